@@ -1,0 +1,142 @@
+"""Per-GPU memory: model states under ZeRO, activations under TP/SP/recompute, in-flight
+micro-batches per pipeline schedule.
+
+Model states follow Rajbhandari et al. 2020 (ZeRO, sec. 3 and 5): mixed-precision Adam
+keeps 2 bytes of 16-bit weights, 2 of 16-bit gradients and 12 of fp32 master weights,
+momentum and variance per parameter (16 Psi), and stage 1/2/3 divide the optimizer /
++gradient / +weight part by the data-parallel degree N.
+
+Activations follow Korthikanti et al. 2022 (sec. 4, Table 2): per layer, 16-bit
+activations and 1-byte dropout masks,
+    no parallelism                  s b h (34 + 5 a s / h)
+    tensor parallel                 s b h (10 + 24/t + 5 a s / (h t))
+    TP + sequence parallel          s b h (34/t + 5 a s / (h t))
+    TP + selective recompute        s b h (10 + 24/t)
+    TP + SP + selective recompute   s b h 34 / t
+    full recompute                  2 s b h (layer input only; / t with SP)
+generalised term by term to GQA (K and V of kv_heads), SwiGLU (gate, up and product of f
+each), models without dropout (no masks) and fused attention (no s x s scores stored).
+"""
+
+from __future__ import annotations
+
+from planner.specs import Activation, DType, ModelSpec, Optimizer, Recompute, Schedule
+
+from .compute import kv_shard, vocab_shard
+
+GIB = float(2**30)
+
+
+# --------------------------------------------------------------------------- model states
+
+
+def state_bytes_per_param(precision: DType, optimizer: Optimizer) -> tuple[int, int, int]:
+    """(weight, gradient, optimizer-state) bytes per parameter before ZeRO sharding."""
+    if precision == DType.fp32:
+        return (4, 4, 8 if optimizer == Optimizer.adam else 4)
+    # 16-bit compute copy and gradients; fp32 master weights + fp32 moments.
+    return (2, 2, 12 if optimizer == Optimizer.adam else 8)
+
+
+def model_state_bytes(
+    params: float, dp: int, zero_stage: int, precision: DType, optimizer: Optimizer
+) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) bytes on one GPU holding `params` parameters.
+
+    Mixed-precision Adam: stage 0: 16 Psi; 1: 4 Psi + 12 Psi/N; 2: 2 Psi + 14 Psi/N; 3: 16 Psi/N.
+    """
+    wb, gb, ob = state_bytes_per_param(precision, optimizer)
+    weights = params * wb / (dp if zero_stage >= 3 else 1)
+    grads = params * gb / (dp if zero_stage >= 2 else 1)
+    opt = params * ob / (dp if zero_stage >= 1 else 1)
+    return weights, grads, opt
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: Recompute,
+    flash_attention: bool,
+    dtype: DType = DType.bf16,
+) -> float:
+    """Activation bytes one layer keeps for backward, per micro-batch, on one TP rank."""
+    s, b, h, f = seq_len, micro_batch, model.hidden_size, model.ffn
+    e = 4 if dtype == DType.fp32 else 2
+    sbh = s * b * h
+    sp_div = tp if sequence_parallel else 1
+    if recompute == Recompute.full:
+        return e * sbh / sp_div
+
+    # Replicated over TP unless sequence parallel: inputs of the two norms, of the QKV and
+    # fc1 projections (4 tensors of s b h), and the two dropout masks (1 byte each).
+    replicated = 4 * e * sbh + (2 * sbh if model.dropout else 0)
+    # Sharded over TP: Q, K, V (for QK^T and AV), input of the output projection, and the MLP.
+    q = s * b * (h // tp)
+    kv = s * b * model.head_dim * kv_shard(model, tp)
+    attention = e * (q + 2 * kv + q)
+    mlp_tensors = 3 if model.activation == Activation.swiglu else 2  # fc1 out, act out (+ gate)
+    mlp = e * mlp_tensors * s * b * (f // tp)
+    total = replicated / sp_div + attention + mlp
+    if recompute == Recompute.none:
+        total += attention_score_bytes(model, micro_batch, seq_len, tp, flash_attention, e)
+    return total
+
+
+def attention_score_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, flash_attention: bool, e: int = 2) -> float:
+    """What core attention keeps beyond Q, K, V: softmax output (2 a s^2 b), dropout mask
+    (a s^2 b) and dropout output (2 a s^2 b), i.e. 5 a s^2 b / t; a fused kernel keeps only the
+    fp32 log-sum-exp per row."""
+    heads = model.num_heads // tp
+    if flash_attention:
+        return 4.0 * micro_batch * heads * seq_len
+    scores = micro_batch * heads * seq_len * seq_len
+    return e * scores + ((1 + e) * scores if model.dropout else 0)
+
+
+def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, sequence_parallel: bool) -> float:
+    """First stage: the embedding's dropout mask (Korthikanti: s b h p / t with SP)."""
+    if not model.dropout:
+        return 0.0
+    return micro_batch * seq_len * model.hidden_size / (tp if sequence_parallel else 1)
+
+
+def head_activation_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, sequence_parallel: bool, dtype: DType = DType.bf16
+) -> float:
+    """Last stage: final-norm input and LM-head input (2 x e s b h) and the fp32 softmax of the
+    cross-entropy over V/t logits (Korthikanti: 4 s b V / t)."""
+    e = 4 if dtype == DType.fp32 else 2
+    sbh = micro_batch * seq_len * model.hidden_size
+    return 2 * e * sbh / (tp if sequence_parallel else 1) + 4.0 * micro_batch * seq_len * vocab_shard(model, tp)
+
+
+def logits_temporary_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: DType = DType.bf16) -> float:
+    """Transient buffers of the loss on the last stage: 16-bit logits and their fp32 gradient."""
+    e = 4 if dtype == DType.fp32 else 2
+    return (e + 4.0) * micro_batch * seq_len * vocab_shard(model, tp)
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def in_flight_micro_batches(schedule: Schedule, pp: int, num_micro_batches: int, rank: int, vpp: int = 1) -> int:
+    """Micro-batches (times model chunks, for interleaving) whose activations pipeline rank
+    `rank` holds at its peak.
+
+    GPipe: all m forward passes finish before any backward. 1F1B (Narayanan et al. 2021):
+    rank i runs p - i warm-up forwards, so it holds min(p - i, m). Interleaved 1F1B (Megatron's
+    warm-up count): 2 (p - i - 1) + (v - 1) p + 1 chunk-micro-batches, at most m v; the first
+    rank's total is L (1 + (p - 1)/(p v)) layers' worth, Korthikanti et al. sec. 4.2.3.
+    """
+    m = num_micro_batches
+    if schedule == Schedule.gpipe:
+        return m * vpp
+    if schedule == Schedule.one_f_one_b:
+        return min(pp - rank, m)
+    return min(2 * (pp - rank - 1) + (vpp - 1) * pp + 1, m * vpp)

@@ -1,0 +1,111 @@
+"""Options and input resolution shared by the commands (model, cluster, GPU count, job)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import click
+from pydantic import ValidationError
+
+from hardware_profiles import load_cluster
+from planner.errors import UsageError
+from planner.models import load_model
+from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, PlanError
+
+
+def target_options(fn: Callable) -> Callable:
+    """--model, --cluster, --gpus/--nodes, --seq-len, precision and optimizer."""
+    options = [
+        click.option("--model", "model_name", help="Model preset name, or a .json/.yaml spec, or a Hugging Face config.json."),
+        click.option("--cluster", "cluster_name", help="Cluster preset name, or a hardware profile .json (from `plan profile`)."),
+        click.option("--gpus", type=int, help="Total GPUs."),
+        click.option("--nodes", type=int, help="Nodes (GPUs = nodes x GPUs per node of the cluster)."),
+        click.option("--seq-len", type=int, help="Tokens per sequence."),
+        click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default=None, help="Compute dtype [default: the model's]."),
+        click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True),
+        click.option(
+            "--no-flash-attention",
+            is_flag=True,
+            help="Cost unfused attention (s x s scores stored), as Megatron-LM without FlashAttention.",
+        ),
+    ]
+    return functools.reduce(lambda f, opt: opt(f), reversed(options), fn)
+
+
+def resolve_target(
+    model_name: Optional[str], cluster_name: Optional[str], gpus: Optional[int], nodes: Optional[int]
+) -> tuple[ModelSpec, ClusterSpec, int]:
+    if not model_name:
+        raise UsageError("--model is required (a preset name such as gpt3-175b, or a spec file)")
+    if not cluster_name:
+        raise UsageError("--cluster is required (a preset name such as dgx-a100-80gb, or a profile file)")
+    model = load_model(model_name)
+    cluster = load_cluster(cluster_name)
+    if gpus is not None and nodes is not None:
+        if gpus != nodes * cluster.gpus_per_node:
+            raise UsageError(
+                f"--gpus {gpus} disagrees with --nodes {nodes} x {cluster.gpus_per_node} GPUs per node = {nodes * cluster.gpus_per_node}; give one of them"
+            )
+    if gpus is None and nodes is None:
+        raise UsageError("give the cluster size with --gpus N or --nodes N")
+    if gpus is None:
+        if nodes < 1:
+            raise UsageError(f"--nodes must be at least 1, got {nodes}")
+        gpus = nodes * cluster.gpus_per_node
+    if gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {gpus}")
+    if gpus > cluster.gpus_per_node and gpus % cluster.gpus_per_node:
+        raise UsageError(
+            f"--gpus {gpus} is not a whole number of {cluster.name} nodes ({cluster.gpus_per_node} GPUs each); use a multiple of {cluster.gpus_per_node}"
+        )
+    if cluster.num_nodes is not None and gpus > cluster.num_nodes * cluster.gpus_per_node:
+        raise UsageError(
+            f"{cluster.name} has {cluster.num_nodes} nodes x {cluster.gpus_per_node} = {cluster.num_nodes * cluster.gpus_per_node} GPUs, fewer than the {gpus} asked for"
+        )
+    return model, cluster, gpus
+
+
+def make_job(model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool) -> JobSpec:
+    seq = seq_len or model.max_seq_len
+    try:
+        return JobSpec(
+            global_batch_size=global_batch,
+            seq_len=seq,
+            precision=precision or model.param_dtype,
+            optimizer=optimizer,
+            flash_attention=not no_flash,
+        )
+    except ValidationError as exc:
+        raise UsageError(_first_error(exc)) from None
+
+
+def make_plan(**fields) -> Plan:
+    """Build a Plan from command-line values; a bad combination becomes a one-line UsageError."""
+    try:
+        return Plan(**fields)
+    except ValidationError as exc:
+        raise UsageError(_first_error(exc)) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {msg}" if loc else msg
+
+
+def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, gpus: int) -> None:
+    try:
+        plan.validate_for(model, job, gpus)
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def parse_int_list(text: Optional[str], what: str) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None

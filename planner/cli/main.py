@@ -1,0 +1,45 @@
+"""`plan`: the command-line entry point. Each subcommand lives in its own short module."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from planner import __version__
+from planner.errors import PlannerError
+
+
+class _Group(click.Group):
+    """Turns planner errors into one line on stderr and an exit code (2 usage, 1 failure)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except PlannerError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="plan")
+def cli() -> None:
+    """Plan, estimate, profile and run distributed training layouts (DP x TP x PP)."""
+
+
+def _register() -> None:
+    from planner.cli import estimate, presets
+
+    cli.add_command(presets.presets)
+    cli.add_command(estimate.estimate)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="plan")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Reading plan files (`plan solve -o`, `plan estimate --json`) back in: data only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.datafile import parse_spec, read_mapping
+from planner.errors import UsageError
+from planner.specs import SCHEMA_VERSION, ClusterSpec, JobSpec, ModelSpec, Plan
+from pydantic import BaseModel, ConfigDict
+
+
+class PlanInput(BaseModel):
+    """The parts of a plan document a command needs; extra keys (estimate, alternatives,
+    search) are ignored because they are outputs, recomputed on read."""
+
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+    model: ModelSpec
+    cluster: ClusterSpec
+    num_gpus: int
+    job: JobSpec
+    plan: Plan
+
+
+def read_plan_file(path: Path) -> PlanInput:
+    if not path.exists():
+        raise UsageError(f"plan file {path} does not exist")
+    data, text = read_mapping(path)
+    version = str(data.get("schema_version", ""))
+    if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise UsageError(
+            f"{path}: schema_version {version or '(missing)'} is not readable by this planner (schema {SCHEMA_VERSION}); re-create the plan"
+        )
+    fields = {k: data.get(k) for k in ("model", "cluster", "num_gpus", "job", "plan")}
+    missing = [k for k, v in fields.items() if v is None]
+    if missing:
+        raise UsageError(f"{path}: not a plan file, missing {', '.join(missing)}")
+    return parse_spec(PlanInput, fields, path, text)

@@ -1,0 +1,116 @@
+"""Every rich table the CLI prints. Human output goes to stdout; with --json the commands
+print only JSON and never call into here."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from cost_models.compute import total_params
+from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument
+
+import sys
+
+# Wide enough for the tables when piped into a file or a CI log (rich falls back to 80).
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _fmt_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _human(n: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
+    t = Table(title="Model presets")
+    for col in ("name", "params", "layers", "hidden", "heads (kv)", "ffn", "vocab", "seq", "mlp"):
+        t.add_column(col, justify="right" if col not in ("name", "mlp") else "left")
+    for m in models:
+        t.add_row(
+            m.name, _human(total_params(m)), str(m.num_layers), str(m.hidden_size), f"{m.num_heads} ({m.kv_heads})",
+            str(m.ffn), str(m.vocab_size), str(m.max_seq_len), m.activation.value,
+        )
+    console.print(t)
+    c = Table(title="Cluster presets")
+    for col in ("name", "device", "bf16 TFLOP/s", "memory GiB", "GPUs/node", "intra-node", "inter-node"):
+        c.add_column(col)
+    for cl in clusters:
+        c.add_row(
+            cl.name, cl.device.name, f"{cl.device.peak_tflops.get('bf16', 0):g}", f"{cl.device.memory_gib:g}",
+            str(cl.gpus_per_node), cl.intra_node.name, cl.inter_node.name,
+        )
+    console.print(c)
+
+
+def plan_summary(plan: Plan) -> str:
+    parts = [f"dp={plan.dp}", f"tp={plan.tp}", f"pp={plan.pp}"]
+    if plan.vpp > 1:
+        parts.append(f"vpp={plan.vpp}")
+    parts += [
+        f"mbs={plan.micro_batch_size}",
+        f"micro-batches={plan.num_micro_batches}" + (f" ({plan.num_micro_batches / plan.pp:g} x pp)" if plan.pp > 1 else ""),
+        f"schedule={plan.schedule.value}",
+        f"recompute={plan.recompute.value if plan.stage_recompute is None else 'per-stage'}",
+        f"zero={plan.zero_stage}",
+    ]
+    if plan.sequence_parallel:
+        parts.append("sp")
+    return " ".join(parts)
+
+
+def time_table(est: Estimate) -> Table:
+    t = Table(title=f"Step time {_fmt_time(est.step_time_s)} (bottleneck: pipeline rank {est.bottleneck_stage})")
+    t.add_column("component")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    for name, value in est.time_breakdown_s.model_dump().items():
+        t.add_row(name.replace("_", " "), _fmt_time(value), f"{100 * value / est.step_time_s:.1f}%")
+    return t
+
+
+def throughput_table(est: Estimate) -> Table:
+    t = Table(title="Throughput")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("tokens/s (cluster)", f"{est.tokens_per_s:,.0f}")
+    t.add_row("model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:.1f}")
+    t.add_row("hardware TFLOP/s per GPU", f"{est.hardware_tflops_per_gpu:.1f}")
+    t.add_row("MFU", f"{100 * est.mfu:.1f}%")
+    return t
+
+
+def memory_table(est: Estimate) -> Table:
+    verdict = "fits" if est.fits else "DOES NOT FIT"
+    t = Table(title=f"Memory per GPU, GiB (peak {est.peak_memory_gib:.1f} of {est.memory_capacity_gib:g}: {verdict})")
+    cols = ("stage", "layers", "weights", "gradients", "optimizer", "activations", "temporary", "overhead", "total")
+    for col in cols:
+        t.add_column(col, justify="right")
+    for sm in est.memory_gib_per_stage:
+        style = "bold red" if sm.total > est.memory_capacity_gib else None
+        t.add_row(
+            str(sm.stage), str(sm.layers),
+            *(f"{x:.2f}" for x in (sm.weights, sm.gradients, sm.optimizer_states, sm.activations, sm.temporary, sm.overhead, sm.total)),
+            style=style,
+        )
+    return t
+
+
+def estimate_report(doc: PlanDocument) -> None:
+    job = doc.job
+    console.print(
+        f"[bold]{doc.model.name}[/bold] on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
+        f"global batch {job.global_batch_size} x {job.seq_len} tokens, {job.precision.value}, {job.optimizer.value}"
+    )
+    console.print(f"layout: {plan_summary(doc.plan)}")
+    console.print(time_table(doc.estimate))
+    console.print(throughput_table(doc.estimate))
+    console.print(memory_table(doc.estimate))

@@ -1,0 +1,467 @@
+"""Every schema of the planner, defined once.
+
+Model, cluster (hardware profile), training job, plan and estimate are pydantic models
+with ``extra="forbid"`` and a description on every field. JSON/YAML in and out goes
+through them; a measured profile (``plan profile``) and a shipped preset are the same
+:class:`ClusterSpec`.
+
+Units: time in seconds unless a field name says otherwise (``_us`` microseconds),
+bandwidth in GB/s (1e9 bytes/s), memory capacity in GiB (2**30 bytes), throughput in
+TFLOP/s (1e12 FLOP/s).
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = "1.0"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class Activation(str, Enum):
+    """MLP flavour: GELU (two matrices, h -> f -> h) or SwiGLU (three: gate, up, down)."""
+
+    gelu = "gelu"
+    swiglu = "swiglu"
+
+
+class DType(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+DTYPE_BYTES = {DType.fp32: 4, DType.bf16: 2, DType.fp16: 2}
+
+
+class Optimizer(str, Enum):
+    adam = "adam"
+    sgd = "sgd"
+
+
+class Schedule(str, Enum):
+    """Pipeline schedule (Narayanan et al. 2021, sec. 2.2)."""
+
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"
+    interleaved_1f1b = "interleaved-1f1b"
+
+
+class Recompute(str, Enum):
+    """Activation recomputation (Korthikanti et al. 2022).
+
+    none: keep every activation; selective: recompute only the core attention
+    (QK^T, softmax, dropout, AV); full: keep only each layer's input and rerun its forward
+    during backward.
+    """
+
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class Axis(str, Enum):
+    """Mesh axes. Glossary: dp = data parallel (replicas of the model, each on a slice of
+    the batch); tp = tensor parallel (each weight matrix split across GPUs); pp = pipeline
+    parallel (consecutive layers on different GPUs)."""
+
+    dp = "dp"
+    tp = "tp"
+    pp = "pp"
+
+
+class Collective(str, Enum):
+    all_reduce = "all_reduce"
+    all_gather = "all_gather"
+    reduce_scatter = "reduce_scatter"
+    p2p = "p2p"
+
+
+# --------------------------------------------------------------------------- model
+
+
+class ModelSpec(_Spec):
+    """A decoder-only transformer (GPT / Llama family)."""
+
+    name: str = Field(description="Model name, e.g. 'gpt3-175b'.")
+    num_layers: int = Field(gt=0, description="Number of transformer layers (blocks).")
+    hidden_size: int = Field(gt=0, description="Model width h.")
+    num_heads: int = Field(gt=0, description="Attention (query) heads a.")
+    num_kv_heads: Optional[int] = Field(
+        default=None, gt=0, description="Key/value heads for grouped-query attention; None means equal to num_heads (MHA)."
+    )
+    ffn_hidden_size: Optional[int] = Field(
+        default=None, gt=0, description="MLP inner width f; None means 4*h (GPT convention)."
+    )
+    vocab_size: int = Field(gt=0, description="Vocabulary size V (padded, as the embedding table is allocated).")
+    max_seq_len: int = Field(gt=0, description="Context length the model was trained with (learned position table size).")
+    activation: Activation = Field(default=Activation.gelu, description="MLP flavour: 'gelu' (2 matrices) or 'swiglu' (3 matrices).")
+    tied_embeddings: bool = Field(default=False, description="Input embedding and LM head share one matrix.")
+    learned_position_embeddings: bool = Field(
+        default=True, description="A learned position table of max_seq_len x h (GPT); False for rotary (Llama)."
+    )
+    linear_bias: bool = Field(default=True, description="Linear layers carry biases (GPT yes, Llama no).")
+    norm: str = Field(default="layernorm", description="'layernorm' (weight+bias) or 'rmsnorm' (weight only).")
+    dropout: bool = Field(
+        default=True,
+        description="Dropout after attention and MLP (stores 1-byte masks, Korthikanti et al.); Llama-style models train without.",
+    )
+    param_dtype: DType = Field(default=DType.bf16, description="dtype of the published weights; the training precision when the job names none.")
+    source: Optional[str] = Field(default=None, description="Where the numbers come from (paper, config file).")
+
+    @field_validator("norm")
+    @classmethod
+    def _norm_kind(cls, v: str) -> str:
+        if v not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', not {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "ModelSpec":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.kv_heads}")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+class EfficiencyPoint(_Spec):
+    """One point of the achievable-matmul-efficiency curve."""
+
+    gemm_flops: float = Field(gt=0, description="FLOPs of one GEMM call (2*m*n*k).")
+    efficiency: float = Field(gt=0, le=1, description="Achieved fraction of peak dense throughput at that size.")
+
+
+class DeviceSpec(_Spec):
+    """One accelerator."""
+
+    name: str = Field(description="Device name, e.g. 'A100-SXM4-80GB'.")
+    peak_tflops: dict[DType, float] = Field(description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
+    memory_gib: float = Field(gt=0, description="Device memory capacity in GiB.")
+    memory_bandwidth_gbps: float = Field(gt=0, description="Peak memory bandwidth in GB/s.")
+    memory_bandwidth_efficiency: float = Field(
+        default=0.8, gt=0, le=1, description="Achieved fraction of memory bandwidth by element-wise kernels (norms, activations, softmax)."
+    )
+    matmul_efficiency: list[EfficiencyPoint] = Field(
+        min_length=1,
+        description="Achievable GEMM efficiency versus GEMM size; interpolated linearly in log10(FLOPs), clamped at the ends.",
+    )
+    framework_overhead_gib: float = Field(
+        default=2.0, ge=0, description="Memory per device that is not model state: CUDA context, communicator buffers, allocator fragmentation."
+    )
+
+    @field_validator("matmul_efficiency")
+    @classmethod
+    def _sorted(cls, v: list[EfficiencyPoint]) -> list[EfficiencyPoint]:
+        return sorted(v, key=lambda p: p.gemm_flops)
+
+
+class CollectiveFit(_Spec):
+    """Alpha-beta model of one collective on one link tier: time = latency + volume / bandwidth.
+
+    ``bandwidth_gbps`` is the *bus* bandwidth in the NCCL-tests sense, so the volume is the
+    per-rank ring volume: 2(n-1)/n x bytes for all-reduce, (n-1)/n x bytes for all-gather and
+    reduce-scatter (bytes = the full, unsharded buffer), bytes for point-to-point.
+    """
+
+    collective: Collective = Field(description="Collective kind.")
+    group_size: Optional[int] = Field(
+        default=None, gt=0, description="Group size this fit was measured at; None means it applies to any size."
+    )
+    latency_us: float = Field(ge=0, description="Fixed cost per call (alpha), microseconds.")
+    bandwidth_gbps: float = Field(gt=0, description="Bus bandwidth (1/beta), GB/s.")
+
+
+class LinkTier(_Spec):
+    """One level of the network: inside a node (NVLink/NVSwitch) or across nodes (InfiniBand)."""
+
+    name: str = Field(description="What the link is, e.g. 'NVLink3 via NVSwitch'.")
+    collectives: list[CollectiveFit] = Field(min_length=1, description="Alpha-beta fits per collective (and optionally per group size).")
+
+    def fit(self, collective: Collective, group_size: int) -> CollectiveFit:
+        """The fit for this collective: exact group size, else a size-free fit, else the nearest size."""
+        exact = generic = nearest = None
+        for f in self.collectives:
+            if f.collective != collective:
+                continue
+            if f.group_size == group_size:
+                exact = f
+            elif f.group_size is None:
+                generic = f
+            elif nearest is None or abs(math.log(f.group_size / group_size)) < abs(math.log(nearest.group_size / group_size)):
+                nearest = f
+        found = exact or generic or nearest
+        if found is None:
+            raise KeyError(f"link tier {self.name!r} has no fit for {collective.value}")
+        return found
+
+
+class ClusterSpec(_Spec):
+    """A cluster of identical nodes: the hardware profile every command reads.
+
+    Shipped presets (hardware_profiles/presets/*.json) and profiles measured by
+    ``plan profile`` share this schema.
+    """
+
+    name: str = Field(description="Cluster name, e.g. 'dgx-a100-80gb'.")
+    device: DeviceSpec = Field(description="The accelerator in every slot.")
+    gpus_per_node: int = Field(gt=0, description="Accelerators per node.")
+    num_nodes: Optional[int] = Field(
+        default=None, gt=0, description="Nodes available; None means as many as a command asks for (a preset of one node type)."
+    )
+    intra_node: LinkTier = Field(description="Link between GPUs of one node.")
+    inter_node: LinkTier = Field(description="Link between nodes, per GPU (one NIC per GPU on DGX).")
+    source: Optional[str] = Field(default=None, description="Where each number comes from.")
+    measured: Optional[dict] = Field(
+        default=None, description="Per-layer measurements and environment written by `plan profile` (None for presets)."
+    )
+
+    @model_validator(mode="after")
+    def _tiers_complete(self) -> "ClusterSpec":
+        for tier in (self.intra_node, self.inter_node):
+            for c in Collective:
+                tier.fit(c, 2)  # raises KeyError if a collective has no fit at all
+        return self
+
+
+# --------------------------------------------------------------------------- job
+
+
+class JobSpec(_Spec):
+    """The training job: what must be computed per optimizer step."""
+
+    global_batch_size: int = Field(gt=0, description="Sequences per optimizer step, summed over data-parallel replicas.")
+    seq_len: int = Field(gt=0, description="Tokens per sequence.")
+    precision: DType = Field(default=DType.bf16, description="Compute dtype (bf16/fp16 = mixed precision with fp32 master weights).")
+    optimizer: Optimizer = Field(default=Optimizer.adam, description="Optimizer; Adam keeps two fp32 moments per parameter.")
+    flash_attention: bool = Field(
+        default=True,
+        description="Fused attention kernel (FlashAttention / SDPA): no s x s score matrix is stored; False reproduces Korthikanti et al.'s unfused accounting.",
+    )
+
+
+# --------------------------------------------------------------------------- plan
+
+
+class StageRecompute(_Spec):
+    """How many layers of one pipeline stage run under each recompute mode (Megatron-style partial recompute)."""
+
+    none: int = Field(default=0, ge=0, description="Layers that keep all activations.")
+    selective: int = Field(default=0, ge=0, description="Layers that recompute only the core attention.")
+    full: int = Field(default=0, ge=0, description="Layers that keep only their input and rerun the forward in backward.")
+
+    @property
+    def layers(self) -> int:
+        return self.none + self.selective + self.full
+
+
+class PlanError(ValueError):
+    """A plan that cannot be laid out; the message names the factor to change."""
+
+
+class Plan(_Spec):
+    """A parallel layout of one training job on one cluster."""
+
+    dp: int = Field(gt=0, description="Data-parallel degree (model replicas).")
+    tp: int = Field(gt=0, description="Tensor-parallel degree (each weight matrix split this many ways).")
+    pp: int = Field(gt=0, description="Pipeline-parallel degree (pipeline ranks).")
+    vpp: int = Field(default=1, gt=0, description="Virtual pipeline stages (model chunks) per pipeline rank; >1 only with the interleaved schedule.")
+    micro_batch_size: int = Field(gt=0, description="Sequences per micro-batch per data-parallel replica.")
+    num_micro_batches: int = Field(gt=0, description="Micro-batches per optimizer step per replica (gradient accumulation).")
+    schedule: Schedule = Field(default=Schedule.one_f_one_b, description="Pipeline schedule.")
+    recompute: Recompute = Field(default=Recompute.none, description="Recompute mode of every layer, unless stage_recompute says otherwise.")
+    stage_recompute: Optional[list[StageRecompute]] = Field(
+        default=None, description="Per virtual stage, how many layers run under each recompute mode; overrides `recompute`."
+    )
+    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP).")
+    sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism: norms/dropout sharded over the TP group.")
+    layers_per_stage: Optional[list[int]] = Field(
+        default=None,
+        description="Transformer layers of each virtual stage in pipeline order (length pp*vpp; virtual stage j runs on pipeline rank j % pp); None = as even as possible.",
+    )
+    mesh_order: list[Axis] = Field(
+        default=[Axis.tp, Axis.dp, Axis.pp],
+        description="Mesh axes from innermost (consecutive ranks, inside a node) to outermost.",
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.pp * self.vpp
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Plan":
+        if sorted(a.value for a in self.mesh_order) != ["dp", "pp", "tp"]:
+            raise PlanError(f"mesh_order must name dp, tp and pp once each, got {[a.value for a in self.mesh_order]}")
+        if self.vpp > 1 and self.schedule != Schedule.interleaved_1f1b:
+            raise PlanError(f"vpp={self.vpp} needs schedule 'interleaved-1f1b', not {self.schedule.value!r}")
+        if self.schedule == Schedule.interleaved_1f1b and self.pp == 1:
+            raise PlanError("the interleaved schedule needs pp > 1")
+        if self.sequence_parallel and self.tp == 1:
+            raise PlanError("sequence_parallel needs tp > 1")
+        if self.layers_per_stage is not None:
+            if len(self.layers_per_stage) != self.virtual_stages:
+                raise PlanError(
+                    f"layers_per_stage has {len(self.layers_per_stage)} entries but pp x vpp = {self.pp} x {self.vpp} = {self.virtual_stages}"
+                )
+            if min(self.layers_per_stage) < 1:
+                raise PlanError(f"every pipeline stage needs at least one layer, got layers_per_stage={self.layers_per_stage}")
+        if self.stage_recompute is not None:
+            if len(self.stage_recompute) != self.virtual_stages:
+                raise PlanError(f"stage_recompute has {len(self.stage_recompute)} entries but pp x vpp = {self.virtual_stages}")
+            if self.layers_per_stage is not None:
+                for j, (n, r) in enumerate(zip(self.layers_per_stage, self.stage_recompute)):
+                    if r.layers != n:
+                        raise PlanError(f"stage {j}: stage_recompute counts {r.layers} layers but layers_per_stage says {n}")
+        return self
+
+    def stage_layers(self, num_layers: int) -> list[int]:
+        """Layers per virtual stage: the explicit split, or the default as-even-as-possible one
+        (extra layers go to middle stages: the first carries the embedding, the last the LM head)."""
+        if self.layers_per_stage is not None:
+            return list(self.layers_per_stage)
+        return even_split(num_layers, self.virtual_stages)
+
+    def stage_recompute_counts(self, num_layers: int) -> list[StageRecompute]:
+        if self.stage_recompute is not None:
+            return list(self.stage_recompute)
+        mode = self.recompute.value
+        return [StageRecompute.model_construct(**{"none": 0, "selective": 0, "full": 0, mode: n}) for n in self.stage_layers(num_layers)]
+
+    def validate_for(self, model: ModelSpec, job: JobSpec, num_gpus: Optional[int] = None) -> None:
+        """Check the plan against a model, job and GPU count; raise PlanError naming the factor to change."""
+        if num_gpus is not None and self.world_size != num_gpus:
+            raise PlanError(
+                f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {self.world_size}, but the cluster has {num_gpus} GPUs; "
+                f"change dp, tp or pp so that their product is {num_gpus}"
+            )
+        if model.num_heads % self.tp:
+            raise PlanError(f"tp={self.tp} does not divide the {model.num_heads} attention heads of {model.name}")
+        if model.kv_heads % self.tp and self.tp % model.kv_heads:
+            raise PlanError(f"tp={self.tp} and the {model.kv_heads} KV heads of {model.name} do not divide each other")
+        if model.ffn % self.tp:
+            raise PlanError(f"tp={self.tp} does not divide the FFN width {model.ffn} of {model.name}")
+        if model.num_layers < self.virtual_stages:
+            raise PlanError(
+                f"{model.name} has {model.num_layers} layers, fewer than pp x vpp = {self.pp} x {self.vpp} = {self.virtual_stages} pipeline stages"
+            )
+        if self.layers_per_stage is not None and sum(self.layers_per_stage) != model.num_layers:
+            raise PlanError(f"layers_per_stage sums to {sum(self.layers_per_stage)} but {model.name} has {model.num_layers} layers")
+        if self.stage_recompute is not None and sum(r.layers for r in self.stage_recompute) != model.num_layers:
+            raise PlanError(f"stage_recompute counts {sum(r.layers for r in self.stage_recompute)} layers but {model.name} has {model.num_layers}")
+        per_step = self.dp * self.micro_batch_size * self.num_micro_batches
+        if per_step != job.global_batch_size:
+            raise PlanError(
+                f"dp x micro_batch_size x micro_batches = {self.dp} x {self.micro_batch_size} x {self.num_micro_batches} = {per_step}, "
+                f"but the global batch is {job.global_batch_size}"
+            )
+        if self.schedule == Schedule.interleaved_1f1b and self.num_micro_batches % self.pp:
+            raise PlanError(
+                f"the interleaved schedule needs micro-batches ({self.num_micro_batches}) to be a multiple of pp ({self.pp})"
+            )
+        if job.seq_len > model.max_seq_len and model.learned_position_embeddings:
+            raise PlanError(f"seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of {model.name}")
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """Split `total` items into `parts` counts differing by at most one, extras to the middle."""
+    base, extra = divmod(total, parts)
+    counts = [base] * parts
+    # Hand the remainder out from the centre outwards.
+    order = sorted(range(parts), key=lambda i: (abs(i - (parts - 1) / 2), i))
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+# --------------------------------------------------------------------------- estimate
+
+
+class TimeBreakdown(_Spec):
+    """Where the step time goes, on the pipeline rank that bounds the step; sums to step_time_s."""
+
+    compute: float = Field(description="Forward and backward math of all micro-batches (GEMMs and memory-bound kernels).")
+    recompute: float = Field(description="Extra forward work of activation recomputation.")
+    pipeline_bubble: float = Field(description="Idle time while the pipeline fills and drains.")
+    tp_communication: float = Field(description="Tensor-parallel all-reduce / all-gather / reduce-scatter, on the critical path.")
+    pp_communication: float = Field(description="Point-to-point sends between pipeline stages.")
+    dp_communication_exposed: float = Field(description="Data-parallel (or ZeRO) communication not hidden behind compute.")
+    optimizer: float = Field(description="Optimizer step (memory-bound update of the local parameter shard).")
+
+
+class StageMemory(_Spec):
+    """Peak memory of one pipeline rank, GiB."""
+
+    stage: int = Field(description="Pipeline rank (0 = first).")
+    layers: int = Field(description="Transformer layers on this rank.")
+    weights: float = Field(description="Parameters held by this GPU (compute copy).")
+    gradients: float = Field(description="Gradients held by this GPU.")
+    optimizer_states: float = Field(description="fp32 master weights and optimizer moments held by this GPU.")
+    activations: float = Field(description="Activations saved for backward, over all in-flight micro-batches.")
+    temporary: float = Field(description="Transient buffers: logits and loss, gathered ZeRO-3 parameters, communication buckets.")
+    overhead: float = Field(description="Framework overhead from the hardware profile.")
+    total: float = Field(description="Sum of the above.")
+
+
+class Estimate(_Spec):
+    """Predicted time and memory of one plan."""
+
+    step_time_s: float = Field(description="Predicted time of one optimizer step.")
+    time_breakdown_s: TimeBreakdown = Field(description="Step time split by cause.")
+    tokens_per_s: float = Field(description="Training throughput of the whole cluster, tokens per second.")
+    model_tflops_per_gpu: float = Field(description="Model FLOPs (no recompute) per GPU per second, TFLOP/s.")
+    hardware_tflops_per_gpu: float = Field(description="FLOPs actually executed (with recompute) per GPU per second, TFLOP/s.")
+    mfu: float = Field(description="Model FLOPs utilisation: model TFLOP/s over peak dense TFLOP/s.")
+    peak_memory_gib: float = Field(description="Largest per-GPU memory over pipeline ranks.")
+    memory_capacity_gib: float = Field(description="Device memory of the cluster's GPUs.")
+    fits: bool = Field(description="peak_memory_gib <= memory_capacity_gib.")
+    memory_gib_per_stage: list[StageMemory] = Field(description="Memory breakdown of every pipeline rank.")
+    bottleneck_stage: int = Field(description="Pipeline rank whose work bounds the step.")
+    model_flops_per_step: float = Field(description="Model FLOPs of one optimizer step, whole cluster.")
+
+
+# --------------------------------------------------------------------------- documents
+
+
+class PlanDocument(_Spec):
+    """The versioned plan file: everything needed to re-estimate or run the plan.
+
+    Written by `plan estimate --json` and `plan solve -o`; read back by `plan estimate --plan`
+    and `plan run`. Other training stacks can read `plan` for the layout (see README).
+    """
+
+    schema_version: str = Field(default=SCHEMA_VERSION, description="Version of this document format (major.minor).")
+    model: ModelSpec = Field(description="The model the plan is for.")
+    cluster: ClusterSpec = Field(description="The hardware profile the plan was costed on.")
+    num_gpus: int = Field(gt=0, description="GPUs the plan uses (dp x tp x pp).")
+    job: JobSpec = Field(description="The training job.")
+    plan: Plan = Field(description="The layout.")
+    estimate: Estimate = Field(description="Predicted time and memory of the layout.")
