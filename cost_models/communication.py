@@ -59,34 +59,32 @@ def axis_degree(plan: Plan, axis: Axis) -> int:
 
 
 class GroupLink:
-    """Alpha-beta costs of every collective over the groups of one mesh axis, resolved once
-    (tier, rails, volume factor) so that evaluating many message sizes is cheap."""
+    """Alpha-beta costs of every collective over the groups of one mesh axis: tier, rails and
+    volume factor resolved once per collective, so that many message sizes are cheap."""
 
-    __slots__ = ("size", "inter_node", "_alpha", "_beta")
+    __slots__ = ("size", "inter_node", "_cluster", "_rails", "_coef")
 
     def __init__(self, cluster: ClusterSpec, plan: Plan, axis: Axis):
         n = self.size = axis_degree(plan, axis)
-        self.inter_node = axis_spans_nodes(plan, axis, cluster.gpus_per_node)
-        self._alpha: dict[Collective, float] = {}
-        self._beta: dict[Collective, float] = {}  # seconds per byte of the full buffer
-        if n <= 1:
-            return
-        rails = 1
-        if self.inter_node:
-            rails = max(1, min(n, cluster.gpus_per_node // axis_strides(plan)[axis]))
-        for c in Collective:
-            tier = cluster.inter_node if self.inter_node else cluster.intra_node
-            fit = tier.fit(c, n)
-            bw = fit.bandwidth_gbps
-            if self.inter_node and c != Collective.p2p:
-                bw = min(bw * rails, cluster.intra_node.fit(c, n).bandwidth_gbps)
-            self._alpha[c] = fit.latency_us * 1e-6
-            self._beta[c] = VOLUME_FACTOR[c](n) / (bw * 1e9)
+        self.inter_node = n > 1 and axis_spans_nodes(plan, axis, cluster.gpus_per_node)
+        self._cluster = cluster
+        self._rails = max(1, min(n, cluster.gpus_per_node // axis_strides(plan)[axis])) if self.inter_node else 1
+        self._coef: dict[Collective, tuple[float, float]] = {}  # (alpha s, seconds per byte of the full buffer)
+
+    def _resolve(self, c: Collective) -> tuple[float, float]:
+        n, cluster = self.size, self._cluster
+        fit = (cluster.inter_node if self.inter_node else cluster.intra_node).fit(c, n)
+        bw = fit.bandwidth_gbps
+        if self.inter_node and c != Collective.p2p:
+            bw = min(bw * self._rails, cluster.intra_node.fit(c, n).bandwidth_gbps)
+        coef = self._coef[c] = (fit.latency_us * 1e-6, VOLUME_FACTOR[c](n) / (bw * 1e9))
+        return coef
 
     def time(self, collective: Collective, nbytes: float) -> float:
         if self.size <= 1 or nbytes <= 0:
             return 0.0
-        return self._alpha[collective] + self._beta[collective] * nbytes
+        alpha, beta = self._coef.get(collective) or self._resolve(collective)
+        return alpha + beta * nbytes
 
 
 def axis_time(cluster: ClusterSpec, plan: Plan, axis: Axis, collective: Collective, nbytes: float) -> float:

@@ -142,58 +142,6 @@ def edge_costs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan)
     )
 
 
-@dataclass(frozen=True)
-class StageTime:
-    """One micro-batch through one virtual stage, split by cause."""
-
-    compute: float
-    recompute: float
-    tp: float
-    pp: float
-    forward: float  # forward part of the above (what ZeRO-3 gathers can hide behind)
-
-    @property
-    def total(self) -> float:
-        return self.compute + self.recompute + self.tp + self.pp
-
-
-def stage_time(j: int, counts: tuple[int, int, int], lc: LayerCosts, ec: EdgeCosts, num_stages: int) -> StageTime:
-    """counts: layers of this stage under (no, selective, full) recompute."""
-    n_none, n_sel, n_full = counts
-    n = n_none + n_sel + n_full
-    first, last = j == 0, j == num_stages - 1
-    comp = n * (lc.forward + lc.backward)
-    fwd = n * (lc.forward + lc.tp_forward)
-    if first:
-        comp += ec.embedding_forward + ec.embedding_backward
-        fwd += ec.embedding_forward
-    if last:
-        comp += ec.head_forward + ec.head_backward
-        fwd += ec.head_forward
-    rec = n_sel * lc.recompute[Recompute.selective] + n_full * lc.recompute[Recompute.full]
-    # Each stage receives an activation and sends one forward, and the reverse backward;
-    # the sender's time is on the critical path (sends are not overlapped with compute).
-    pp_time = ec.p2p * ((0 if last else 1) + (0 if first else 1))
-    return StageTime(compute=comp, recompute=rec, tp=n * (lc.tp_forward + lc.tp_backward), pp=pp_time, forward=fwd)
-
-
-def stage_memory_bytes(
-    j: int, counts: tuple[int, int, int], lc: LayerCosts, ec: EdgeCosts, num_stages: int, in_flight: float
-) -> tuple[float, float, float]:
-    """(parameters, activation bytes, temporary bytes) of one virtual stage."""
-    n_none, n_sel, n_full = counts
-    first, last = j == 0, j == num_stages - 1
-    acts = lc.activation_bytes
-    params = (n_none + n_sel + n_full) * lc.params + (ec.embedding_params if first else 0) + (ec.head_params if last else 0)
-    per_mb = n_none * acts[Recompute.none] + n_sel * acts[Recompute.selective] + n_full * acts[Recompute.full]
-    per_mb += (ec.embedding_activation_bytes if first else 0) + (ec.head_activation_bytes if last else 0)
-    temp = ec.logits_temporary_bytes if last else 0.0
-    if n_full:
-        # A fully recomputed layer rebuilds all its activations during its own backward.
-        temp += acts[Recompute.none]
-    return params, in_flight * per_mb, temp
-
-
 def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Estimate:
     """Predict step time and per-GPU memory of `plan`. Raises PlanError for an impossible plan."""
     plan.validate_for(model, job)
@@ -219,50 +167,71 @@ def estimate_from_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, lc: LayerCosts, ec: EdgeCosts
 ) -> Estimate:
     pp, v, m, dp = plan.pp, plan.vpp, plan.num_micro_batches, plan.dp
-    nstages = plan.virtual_stages
     counts = recompute_counts(plan, model.num_layers)
-    stages = [stage_time(j, c, lc, ec, nstages) for j, c in enumerate(counts)]
+    last = len(counts) - 1
     dev = cluster.device
     e = 4 if job.precision.value == "fp32" else 2
+    R = Recompute
 
-    # --- parameters, activations and transient buffers per pipeline rank
-    rank_layers = [0] * pp
-    rank_params = [0.0] * pp
-    rank_acts = [0.0] * pp
-    rank_temp = [0.0] * pp
+    # --- one micro-batch through each virtual stage, by cause, and what the stage holds
+    fb, fwd_layer, tp_layer = lc.forward + lc.backward, lc.forward + lc.tp_forward, lc.tp_forward + lc.tp_backward
+    rec_sel, rec_full = lc.recompute[R.selective], lc.recompute[R.full]
+    act_none, act_sel, act_full = (lc.activation_bytes[r] for r in (R.none, R.selective, R.full))
     flight = [memory.in_flight_micro_batches(plan.schedule, pp, m, r, v) / v for r in range(pp)]  # per chunk
-    for j, c in enumerate(counts):
-        r = j % pp
-        p, a, t = stage_memory_bytes(j, c, lc, ec, nstages, flight[r])
-        rank_layers[r] += sum(c)
-        rank_params[r] += p
-        rank_acts[r] += a
-        rank_temp[r] = max(rank_temp[r], t)
+    comp, rec, tp, p2p, fwd = [], [], [], [], []
+    rank_layers, rank_params, rank_acts, rank_temp = [0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
+    for j, (n0, n1, n2) in enumerate(counts):
+        n, r = n0 + n1 + n2, j % pp
+        c, f, params, acts, temp = n * fb, n * fwd_layer, n * lc.params, n0 * act_none + n1 * act_sel + n2 * act_full, 0.0
+        if j == 0:
+            c += ec.embedding_forward + ec.embedding_backward
+            f += ec.embedding_forward
+            params += ec.embedding_params
+            acts += ec.embedding_activation_bytes
+        if j == last:
+            c += ec.head_forward + ec.head_backward
+            f += ec.head_forward
+            params += ec.head_params
+            acts += ec.head_activation_bytes
+            temp = ec.logits_temporary_bytes
+        if n2:
+            temp += act_none  # a fully recomputed layer rebuilds all its activations in its backward
+        comp.append(c)
+        rec.append(n1 * rec_sel + n2 * rec_full)
+        tp.append(n * tp_layer)
+        # Each stage receives an activation and sends one forward, and the reverse backward;
+        # sends are not overlapped with compute.
+        p2p.append(ec.p2p * ((j != last) + (j != 0)))
+        fwd.append(f)
+        rank_layers[r] += n
+        rank_params[r] += params
+        rank_acts[r] += flight[r] * acts
+        rank_temp[r] = max(rank_temp[r], temp)
+    totals = [a + b + c + d for a, b, c, d in zip(comp, rec, tp, p2p)]
     if plan.zero_stage >= 3 and dp > 1:
         # FSDP holds the gathered parameters of the current and the prefetched layer.
         rank_temp = [x + 2 * lc.params * e for x in rank_temp]
 
     # --- data-parallel communication per rank
-    dp_time = GroupLink(cluster, plan, Axis.dp).time
-    rank_stage_times = [stages[r::pp] for r in range(pp)]
     dp_per_mb = [0.0] * pp  # ZeRO-3: exposed gathers per micro-batch, stretches the stage
     dp_step = [0.0] * pp  # exposed once per step
     if dp > 1:
+        dp_time = GroupLink(cluster, plan, Axis.dp).time
         for r in range(pp):
             grad_bytes = param_bytes = rank_params[r] * e
-            fwd = sum(st.forward for st in rank_stage_times[r])
-            bwd = sum(st.total for st in rank_stage_times[r]) - fwd
+            f = sum(fwd[r::pp])
+            b = sum(totals[r::pp]) - f
             bucket = min(grad_bytes, GRADIENT_BUCKET_BYTES)
             if plan.zero_stage == 0:
                 # DDP: bucketed all-reduce overlaps the last micro-batch's backward, except the last bucket.
-                dp_step[r] = overlapped(dp_time(Collective.all_reduce, grad_bytes), dp_time(Collective.all_reduce, bucket), bwd)
+                ar = dp_time(Collective.all_reduce, grad_bytes)
+                dp_step[r] = overlapped(ar, dp_time(Collective.all_reduce, bucket), b)
             elif plan.zero_stage in (1, 2):
                 # Reduce-scatter overlaps backward like DDP; the parameter all-gather after the
                 # optimizer step is exposed (DeepSpeed ZeRO-1/2, torch ZeroRedundancyOptimizer).
                 rs = dp_time(Collective.reduce_scatter, grad_bytes)
-                dp_step[r] = overlapped(rs, dp_time(Collective.reduce_scatter, bucket), bwd) + dp_time(
-                    Collective.all_gather, param_bytes
-                )
+                ag = dp_time(Collective.all_gather, param_bytes)
+                dp_step[r] = overlapped(rs, dp_time(Collective.reduce_scatter, bucket), b) + ag
             else:
                 # ZeRO-3 / FSDP: every micro-batch gathers each layer again in forward and in
                 # backward and reduce-scatters its gradients; prefetching hides them behind the
@@ -270,10 +239,10 @@ def estimate_from_costs(
                 ag = dp_time(Collective.all_gather, param_bytes)
                 rs = dp_time(Collective.reduce_scatter, grad_bytes)
                 first = ag / max(1, rank_layers[r])
-                dp_per_mb[r] = overlapped(ag, first, fwd) + overlapped(ag + rs, first, bwd)
+                dp_per_mb[r] = overlapped(ag, first, f) + overlapped(ag + rs, first, b)
 
     # --- pipeline
-    stage_totals = [st.total + dp_per_mb[j % pp] / v for j, st in enumerate(stages)]
+    stage_totals = [t + dp_per_mb[j % pp] / v for j, t in enumerate(totals)]
     t_pipe = pipeline.pipeline_time(stage_totals, pp, m, v)
     rank_work = pipeline.rank_times(stage_totals, pp)
     bottleneck = max(range(pp), key=rank_work.__getitem__)
@@ -285,14 +254,14 @@ def estimate_from_costs(
     t_dp_step = max(dp_step)
     step = t_pipe + t_dp_step + t_opt
 
-    sts = rank_stage_times[bottleneck]
+    b_ = bottleneck
     bd = TimeBreakdown(
-        compute=m * sum(st.compute for st in sts),
-        recompute=m * sum(st.recompute for st in sts),
-        pipeline_bubble=t_pipe - m * rank_work[bottleneck],
-        tp_communication=m * sum(st.tp for st in sts),
-        pp_communication=m * sum(st.pp for st in sts),
-        dp_communication_exposed=m * dp_per_mb[bottleneck] + t_dp_step,
+        compute=m * sum(comp[b_::pp]),
+        recompute=m * sum(rec[b_::pp]),
+        pipeline_bubble=t_pipe - m * rank_work[b_],
+        tp_communication=m * sum(tp[b_::pp]),
+        pp_communication=m * sum(p2p[b_::pp]),
+        dp_communication_exposed=m * dp_per_mb[b_] + t_dp_step,
         optimizer=t_opt,
     )
 
@@ -315,7 +284,7 @@ def estimate_from_costs(
     model_flops = compute.model_flops_per_step(model, job.global_batch_size, job.seq_len)
     sel = sum(c[1] for c in counts)
     full = sum(c[2] for c in counts)
-    rec_flops = (sel * lc.recompute_flops[Recompute.selective] + full * lc.recompute_flops[Recompute.full]) * m * dp
+    rec_flops = (sel * lc.recompute_flops[R.selective] + full * lc.recompute_flops[R.full]) * m * dp
     peak_flops = dev.peak_tflops[job.precision] * 1e12
     return Estimate(
         step_time_s=step,

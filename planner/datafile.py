@@ -56,7 +56,9 @@ def key_line(text: str, key: str) -> int | None:
 
 def validation_message(exc: ValidationError, path: Path | str | None = None, text: str | None = None) -> str:
     """One line: where the first problem is and what is wrong with it."""
-    err = exc.errors()[0]
+    # An unknown field (a typo) explains the missing one it was meant to be: report it first.
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    err = errors[0]
     loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
     line = None
     if text is not None:

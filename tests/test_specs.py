@@ -1,0 +1,101 @@
+"""Schemas: presets load, plans validate with messages that name the factor to change."""
+
+import pytest
+from pydantic import ValidationError
+
+from hardware_profiles import cluster_presets, load_cluster
+from planner.errors import UsageError
+from planner.models import load_model, model_presets
+from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, even_split
+
+REQUIRED_MODELS = {
+    "gpt2-124m", "gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "llama2-7b", "llama2-13b",
+    "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt-neox-20b", "bloom-176b",
+}
+REQUIRED_CLUSTERS = {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200"}
+
+
+def test_all_presets_load_and_cite_a_source():
+    assert REQUIRED_MODELS <= set(model_presets())
+    assert REQUIRED_CLUSTERS <= set(cluster_presets())
+    for name in model_presets():
+        assert load_model(name).source
+    for name in cluster_presets():
+        c = load_cluster(name)
+        assert c.source and c.gpus_per_node == 8
+        # InfiniBand: HDR 200 Gb/s per A100, NDR 400 Gb/s per H100/H200 (bus bandwidth below line rate).
+        ib = c.inter_node.fit("all_reduce", 2).bandwidth_gbps
+        assert ib < (25 if "a100" in name else 50)
+        assert c.intra_node.fit("all_reduce", 8).bandwidth_gbps > 5 * ib
+
+
+def test_cluster_preset_round_trips_through_schema():
+    c = load_cluster("dgx-h100-80gb")
+    assert ClusterSpec.model_validate_json(c.model_dump_json()) == c
+
+
+def test_schema_rejects_unknown_fields():
+    with pytest.raises(ValidationError, match="extra"):
+        ModelSpec(name="x", num_layers=2, hidden_size=64, num_heads=4, vocab_size=10, max_seq_len=8, bogus=1)
+
+
+def test_every_field_is_described():
+    from planner import specs
+
+    for cls in (specs.ModelSpec, specs.ClusterSpec, specs.DeviceSpec, specs.LinkTier, specs.CollectiveFit,
+                specs.JobSpec, specs.Plan, specs.StageRecompute, specs.Estimate, specs.TimeBreakdown,
+                specs.StageMemory, specs.PlanDocument):
+        for name, field in cls.model_fields.items():
+            assert field.description, f"{cls.__name__}.{name} has no description"
+
+
+def _plan(**kw):
+    base = dict(dp=8, tp=8, pp=16, micro_batch_size=1, num_micro_batches=192)
+    base.update(kw)
+    return Plan(**base)
+
+
+def test_world_size_mismatch_prints_every_factor(gpt3_175b):
+    job = JobSpec(global_batch_size=1536, seq_len=2048)
+    with pytest.raises(PlanError, match=r"dp x tp x pp = 8 x 8 x 16 = 1024, but the cluster has 512 GPUs"):
+        _plan().validate_for(gpt3_175b, job, 512)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(tp=5), "tp=5 does not divide the 96 attention heads"),
+        (dict(pp=128, dp=1), "fewer than pp x vpp"),
+        (dict(num_micro_batches=10), "but the global batch is 1536"),
+        (dict(layers_per_stage=[6] * 15 + [7]), "layers_per_stage sums to 97"),
+    ],
+)
+def test_plan_rejects_impossible_layouts(gpt3_175b, kw, message):
+    job = JobSpec(global_batch_size=1536, seq_len=2048)
+    with pytest.raises(PlanError, match=message):
+        _plan(**kw).validate_for(gpt3_175b, job)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(vpp=2), "needs schedule 'interleaved-1f1b'"),
+        (dict(sequence_parallel=True, tp=1), "sequence_parallel needs tp > 1"),
+        (dict(layers_per_stage=[6] * 4), "layers_per_stage has 4 entries"),
+        (dict(mesh_order=["tp", "tp", "pp"]), "mesh_order must name dp, tp and pp"),
+    ],
+)
+def test_plan_field_combinations(kw, message):
+    with pytest.raises(ValidationError, match=message):
+        _plan(**kw)
+
+
+def test_even_split_gives_extras_to_middle_stages():
+    assert even_split(10, 4) == [2, 3, 3, 2]
+    assert even_split(96, 16) == [6] * 16
+    assert sum(even_split(126, 8)) == 126 and max(even_split(126, 8)) - min(even_split(126, 8)) == 1
+
+
+def test_unknown_preset_lists_close_names():
+    with pytest.raises(UsageError, match="did you mean gpt3-175b"):
+        load_model("gpt3-175")
