@@ -624,11 +624,17 @@ def test_pp_p2p_sends_sbh_values(sp, t, a100):
         (dict(dp=2, tp=4, pp=2, mesh_order=[Axis.pp, Axis.tp, Axis.dp]), {Axis.tp: False, Axis.dp: True, Axis.pp: False}),
         # tp=16 cannot fit in one 8-GPU node.
         (dict(dp=1, tp=16, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]), {Axis.tp: True, Axis.dp: False, Axis.pp: False}),
+        # tp=2, dp=3: a dp group covers 6 consecutive ranks, and 8 % 6 != 0, so some dp
+        # groups straddle two nodes (ranks 6..11); tp pairs never do.
+        (dict(dp=3, tp=2, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]), {Axis.tp: False, Axis.dp: True, Axis.pp: False}),
+        # tp=3 on 8-GPU nodes: ranks 6, 7, 8 form a group across two nodes.
+        (dict(dp=8, tp=3, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]), {Axis.tp: True, Axis.dp: True, Axis.pp: False}),
     ],
 )
 def test_axis_spans_nodes(kw, expected):
     """Ranks are laid out node by node (8 consecutive ranks per node); a group of an axis
-    with stride S and degree d occupies S*d consecutive ranks."""
+    with stride S and degree d occupies S*d consecutive ranks, and stays inside a node for
+    every group only if S*d divides the node size."""
     plan = Plan(micro_batch_size=1, num_micro_batches=1, **kw)
     for axis, spans in expected.items():
         assert communication.axis_spans_nodes(plan, axis, 8) is spans, axis
