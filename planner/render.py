@@ -68,7 +68,7 @@ def plan_summary(plan: Plan) -> str:
 
 
 def time_table(est: Estimate) -> Table:
-    t = Table(title=f"Step time {_fmt_time(est.step_time_s)} (bottleneck: pipeline rank {est.bottleneck_stage})")
+    t = Table(title=f"Step time {_fmt_time(est.step_time_s)}", caption=f"bottleneck: pipeline rank {est.bottleneck_stage}")
     t.add_column("component")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
