@@ -29,24 +29,34 @@ def collective_time(tier: LinkTier, collective: Collective, group_size: int, nby
     return fit.latency_us * 1e-6 + VOLUME_FACTOR[collective](group_size) * nbytes / (fit.bandwidth_gbps * 1e9)
 
 
-def axis_strides(plan: Plan) -> dict[Axis, int]:
+def mesh_strides(degrees: dict[Axis, int], mesh_order) -> dict[Axis, int]:
     """Rank distance between neighbours of each axis: the product of the degrees inside it."""
-    degrees = {Axis.dp: plan.dp, Axis.tp: plan.tp, Axis.pp: plan.pp}
     strides, stride = {}, 1
-    for axis in plan.mesh_order:
+    for axis in mesh_order:
         strides[axis] = stride
         stride *= degrees[axis]
     return strides
 
 
-def axis_spans_nodes(plan: Plan, axis: Axis, gpus_per_node: int) -> bool:
-    """True when the ranks of one group of `axis` sit on more than one node (ranks are laid
-    node by node, gpus_per_node consecutive ranks per node)."""
-    degree = {Axis.dp: plan.dp, Axis.tp: plan.tp, Axis.pp: plan.pp}[axis]
+def plan_degrees(plan: Plan) -> dict[Axis, int]:
+    return {Axis.dp: plan.dp, Axis.tp: plan.tp, Axis.pp: plan.pp}
+
+
+def axis_strides(plan: Plan) -> dict[Axis, int]:
+    return mesh_strides(plan_degrees(plan), plan.mesh_order)
+
+
+def spans_nodes(degree: int, stride: int, gpus_per_node: int) -> bool:
+    """True when one group (degree ranks, `stride` apart) sits on more than one node; ranks
+    are laid node by node, gpus_per_node consecutive ranks per node."""
     if degree == 1:
         return False
-    extent = axis_strides(plan)[axis] * degree
+    extent = stride * degree
     return extent > gpus_per_node or gpus_per_node % extent != 0
+
+
+def axis_spans_nodes(plan: Plan, axis: Axis, gpus_per_node: int) -> bool:
+    return spans_nodes(plan_degrees(plan)[axis], axis_strides(plan)[axis], gpus_per_node)
 
 
 def axis_tier(plan: Plan, axis: Axis, cluster: ClusterSpec) -> LinkTier:
@@ -54,46 +64,54 @@ def axis_tier(plan: Plan, axis: Axis, cluster: ClusterSpec) -> LinkTier:
     return cluster.inter_node if axis_spans_nodes(plan, axis, cluster.gpus_per_node) else cluster.intra_node
 
 
-def axis_degree(plan: Plan, axis: Axis) -> int:
-    return {Axis.dp: plan.dp, Axis.tp: plan.tp, Axis.pp: plan.pp}[axis]
-
-
 class GroupLink:
-    """Alpha-beta costs of every collective over the groups of one mesh axis: tier, rails and
-    volume factor resolved once per collective, so that many message sizes are cheap."""
+    """Alpha-beta costs of every collective over one group shape (size, stride): tier, rails
+    and volume factor resolved once per collective, so that many message sizes are cheap."""
 
-    __slots__ = ("size", "inter_node", "_cluster", "_rails", "_coef")
+    __slots__ = ("size", "inter_node", "rails", "_cluster", "_coef")
 
-    def __init__(self, cluster: ClusterSpec, plan: Plan, axis: Axis):
-        n = self.size = axis_degree(plan, axis)
-        self.inter_node = n > 1 and axis_spans_nodes(plan, axis, cluster.gpus_per_node)
+    def __init__(self, cluster: ClusterSpec, size: int, stride: int):
+        self.size = size
+        self.inter_node = size > 1 and spans_nodes(size, stride, cluster.gpus_per_node)
         self._cluster = cluster
-        self._rails = max(1, min(n, cluster.gpus_per_node // axis_strides(plan)[axis])) if self.inter_node else 1
+        self.rails = max(1, min(size, cluster.gpus_per_node // stride)) if self.inter_node else 1
         self._coef: dict[Collective, tuple[float, float]] = {}  # (alpha s, seconds per byte of the full buffer)
 
-    def _resolve(self, c: Collective) -> tuple[float, float]:
-        n, cluster = self.size, self._cluster
-        fit = (cluster.inter_node if self.inter_node else cluster.intra_node).fit(c, n)
-        bw = fit.bandwidth_gbps
-        if self.inter_node and c != Collective.p2p:
-            bw = min(bw * self._rails, cluster.intra_node.fit(c, n).bandwidth_gbps)
-        coef = self._coef[c] = (fit.latency_us * 1e-6, VOLUME_FACTOR[c](n) / (bw * 1e9))
+    @classmethod
+    def for_axis(cls, cluster: ClusterSpec, plan: Plan, axis: Axis) -> "GroupLink":
+        return cls(cluster, plan_degrees(plan)[axis], axis_strides(plan)[axis])
+
+    @property
+    def signature(self) -> tuple:
+        """What the costs depend on: equal signatures give equal costs."""
+        return (self.size, self.inter_node, self.rails)
+
+    def coefficients(self, c: Collective) -> tuple[float, float]:
+        """(alpha seconds, beta seconds per byte of the full buffer) of collective `c`."""
+        coef = self._coef.get(c)
+        if coef is None:
+            n, cluster = self.size, self._cluster
+            fit = (cluster.inter_node if self.inter_node else cluster.intra_node).fit(c, n)
+            bw = fit.bandwidth_gbps
+            if self.inter_node and c != Collective.p2p:
+                bw = min(bw * self.rails, cluster.intra_node.fit(c, n).bandwidth_gbps)
+            coef = self._coef[c] = (fit.latency_us * 1e-6, VOLUME_FACTOR[c](n) / (bw * 1e9))
         return coef
 
     def time(self, collective: Collective, nbytes: float) -> float:
         if self.size <= 1 or nbytes <= 0:
             return 0.0
-        alpha, beta = self._coef.get(collective) or self._resolve(collective)
+        alpha, beta = self.coefficients(collective)
         return alpha + beta * nbytes
 
 
 def axis_time(cluster: ClusterSpec, plan: Plan, axis: Axis, collective: Collective, nbytes: float) -> float:
     """Seconds for one collective of `nbytes` over a group of `axis`, on the tier it lands on."""
-    return GroupLink(cluster, plan, axis).time(collective, nbytes)
+    return GroupLink.for_axis(cluster, plan, axis).time(collective, nbytes)
 
 
 def overlapped(total: float, edge: float, window: float) -> float:
     """Exposed time of communication `total` that runs beside compute `window`, except for a
-    piece `edge` (the last gradient bucket, the first layer's gather) that cannot overlap."""
-    edge = min(edge, total)
-    return edge + max(0.0, total - edge - window)
+    piece `edge` (the last gradient bucket, the first layer's gather) that cannot overlap:
+    max(min(edge, total), total - window)."""
+    return max(min(edge, total), total - window)

@@ -1,12 +1,14 @@
 """The one function that turns (model, cluster, job, plan) into an Estimate.
 
-`plan estimate`, `plan solve` (its ILP cost tables come from :func:`layer_costs` and
-:func:`edge_costs`) and `plan run`'s predicted column all go through here, so a prediction
-never differs between commands.
+`plan estimate`, `plan solve` and `plan run`'s predicted column all go through here, so a
+prediction never differs between commands. The solver's ILP takes its coefficients from
+the same :class:`PipelineCosts` that :func:`evaluate` reads, and decodes every answer back
+through :func:`evaluate`.
 
 Per virtual pipeline stage j, one micro-batch costs
     S_j = n_j (forward + backward + TP comm) + recompute extras
-          + embedding (j = 0) + LM head and loss (j = last) + p2p sends,
+          + embedding (j = 0) + LM head and loss (j = last) + p2p sends
+          (+ exposed ZeRO-3 gathers of its rank / v),
 the pipeline takes T = sum_j S_j + (m - 1) max_j S_j (cost_models.pipeline), and the step
 adds the data-parallel communication that does not hide behind backward plus the
 optimizer update.
@@ -20,21 +22,29 @@ from planner.specs import (
     Axis,
     ClusterSpec,
     Collective,
+    DType,
     Estimate,
     JobSpec,
     ModelSpec,
+    Optimizer,
     Plan,
     Recompute,
+    Schedule,
     StageMemory,
     TimeBreakdown,
 )
 
 from . import compute, memory, pipeline
-from .communication import GroupLink, overlapped
+from .communication import GroupLink, mesh_strides, overlapped
 
 GRADIENT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb=25
 ADAM_UPDATE_BYTES = 30  # per parameter: read fp32 master/m/v + grad, write master/m/v + 16-bit copy
 SGD_UPDATE_BYTES = 18
+MODES = (Recompute.none, Recompute.selective, Recompute.full)
+
+
+def act_bytes(dtype: DType) -> int:
+    return 4 if dtype == DType.fp32 else 2
 
 
 @dataclass(frozen=True)
@@ -45,11 +55,11 @@ class LayerCosts:
     backward: float
     tp_forward: float  # TP collectives on the critical path
     tp_backward: float
-    recompute: dict  # Recompute -> extra backward seconds (compute + comm)
-    activation_bytes: dict  # Recompute -> bytes kept per micro-batch
+    recompute: tuple  # extra backward seconds (compute + comm) per mode (none, selective, full)
+    activation_bytes: tuple  # bytes kept per micro-batch per mode (none, selective, full)
     params: int  # parameters on this GPU (TP-sharded, before ZeRO)
     flops_forward: float  # whole layer (unsharded), for model FLOPs
-    recompute_flops: dict  # Recompute -> extra FLOPs, whole layer
+    recompute_flops: tuple  # extra FLOPs per mode, whole layer
 
 
 @dataclass(frozen=True)
@@ -68,209 +78,273 @@ class EdgeCosts:
     p2p: float  # one activation (or gradient) send between neighbouring stages
 
 
-def layer_costs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> LayerCosts:
-    dtype = job.precision
-    b, s, t, sp = plan.micro_batch_size, job.seq_len, plan.tp, plan.sequence_parallel
-    lc = compute.layer_compute(model, cluster.device, dtype, b, s, t, sp, job.flash_attention)
+def layer_costs(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink
+) -> LayerCosts:
+    dtype, b, s = job.precision, micro_batch, job.seq_len
+    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention)
     # Four all-reduces of b s h per layer per micro-batch, two forward and two backward
     # (Narayanan et al. 2021, sec. 3.2); with sequence parallelism each becomes an
     # all-gather plus a reduce-scatter of the same buffer (Korthikanti et al. sec. 4.2.2).
-    e = 4 if dtype.value == "fp32" else 2
-    buf = e * b * s * model.hidden_size
-    tp_link = GroupLink(cluster, plan, Axis.tp)
+    buf = act_bytes(dtype) * b * s * model.hidden_size
     if sp:
         one = tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, buf)
     else:
         one = tp_link.time(Collective.all_reduce, buf)
     tp_fwd = tp_bwd = 2 * one
-    recompute = {
-        Recompute.none: 0.0,
-        Recompute.selective: lc.attention_core_forward,
-        Recompute.full: lc.forward + tp_fwd,
-    }
-    acts = {
-        r: memory.layer_activation_bytes(model, b, s, t, sp, r, job.flash_attention, dtype) for r in Recompute
-    }
     flops = compute.layer_flops_forward(model, b, s)
     return LayerCosts(
         forward=lc.forward,
         backward=lc.backward,
         tp_forward=tp_fwd,
         tp_backward=tp_bwd,
-        recompute=recompute,
-        activation_bytes=acts,
-        params=compute.layer_params(model, t).total,
+        recompute=(0.0, lc.attention_core_forward, lc.forward + tp_fwd),
+        activation_bytes=tuple(
+            memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype) for r in MODES
+        ),
+        params=compute.layer_params(model, tp).total,
         flops_forward=flops,
-        recompute_flops={
-            Recompute.none: 0.0,
-            Recompute.selective: compute.attention_flops_forward(model, b, s),
-            Recompute.full: flops,
-        },
+        recompute_flops=(0.0, compute.attention_flops_forward(model, b, s), flops),
     )
 
 
-def edge_costs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> EdgeCosts:
-    dtype = job.precision
-    b, s, t, sp = plan.micro_batch_size, job.seq_len, plan.tp, plan.sequence_parallel
-    dev = cluster.device
-    e = 4 if dtype.value == "fp32" else 2
-    buf = e * b * s * model.hidden_size
+def edge_costs(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, pp: int,
+    tp_link: GroupLink, pp_link: GroupLink,
+) -> EdgeCosts:
+    dtype, b, s, dev = job.precision, micro_batch, job.seq_len, cluster.device
+    buf = act_bytes(dtype) * b * s * model.hidden_size
     # Vocab-parallel embedding all-reduces its output (forward); the column-parallel head
     # all-reduces its input gradient (backward); the parallel cross-entropy reduces max and
     # sum of exp over the TP group (b s fp32 values, twice).
-    tp_link = GroupLink(cluster, plan, Axis.tp)
     reduce = Collective.reduce_scatter if sp else Collective.all_reduce
     emb_tp = tp_link.time(reduce, buf)
     head_tp = tp_link.time(reduce, buf)
     loss_tp = 2 * tp_link.time(Collective.all_reduce, 4 * b * s)
-    emb_fwd = compute.embedding_forward_time(model, dev, dtype, b, s) + emb_tp
-    head_fwd = compute.head_forward_time(model, dev, dtype, b, s, t) + loss_tp
+    emb = compute.embedding_forward_time(model, dev, dtype, b, s)
+    head = compute.head_forward_time(model, dev, dtype, b, s, tp)
     # Pipeline sends: b s h values; with SP only the local 1/t shard (Megatron's
     # scatter/gather optimisation, Narayanan et al. sec. 4.1).
-    p2p = GroupLink(cluster, plan, Axis.pp).time(Collective.p2p, buf / (t if sp else 1))
+    p2p = pp_link.time(Collective.p2p, buf / (tp if sp else 1))
     return EdgeCosts(
-        embedding_forward=emb_fwd,
-        embedding_backward=2 * compute.embedding_forward_time(model, dev, dtype, b, s),
-        head_forward=head_fwd,
-        head_backward=2 * (head_fwd - loss_tp) + head_tp,
-        embedding_params=compute.embedding_params(model, t),
-        head_params=compute.head_params(model, t, plan.pp),
-        embedding_activation_bytes=memory.embedding_activation_bytes(model, b, s, t, sp),
-        head_activation_bytes=memory.head_activation_bytes(model, b, s, t, sp, dtype),
-        logits_temporary_bytes=memory.logits_temporary_bytes(model, b, s, t, dtype),
+        embedding_forward=emb + emb_tp,
+        embedding_backward=2 * emb,
+        head_forward=head + loss_tp,
+        head_backward=2 * head + head_tp,
+        embedding_params=compute.embedding_params(model, tp),
+        head_params=compute.head_params(model, tp, pp),
+        embedding_activation_bytes=memory.embedding_activation_bytes(model, b, s, tp, sp),
+        head_activation_bytes=memory.head_activation_bytes(model, b, s, tp, sp, dtype),
+        logits_temporary_bytes=memory.logits_temporary_bytes(model, b, s, tp, dtype),
         p2p=p2p,
     )
 
 
-def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Estimate:
-    """Predict step time and per-GPU memory of `plan`. Raises PlanError for an impossible plan."""
-    plan.validate_for(model, job)
-    lc = layer_costs(model, cluster, job, plan)
-    ec = edge_costs(model, cluster, job, plan)
-    return estimate_from_costs(model, cluster, job, plan, lc, ec)
+def mesh_links(cluster: ClusterSpec, dp: int, tp: int, pp: int, mesh_order) -> dict[Axis, GroupLink]:
+    degrees = {Axis.dp: dp, Axis.tp: tp, Axis.pp: pp}
+    strides = mesh_strides(degrees, mesh_order)
+    return {a: GroupLink(cluster, degrees[a], strides[a]) for a in Axis}
+
+
+@dataclass(frozen=True)
+class StageExtras:
+    """What virtual stage j carries besides its layers, per micro-batch."""
+
+    compute: float  # embedding / head and loss, forward + backward
+    forward: float  # the forward part of `compute`
+    p2p: float  # pipeline sends
+    params: float
+    activation_bytes: float
+    temporary_bytes: float  # logits on the last stage
+
+
+@dataclass(frozen=True)
+class PipelineCosts:
+    """Everything needed to cost any layer split and recompute choice of one layout: the
+    coefficient tables that both :func:`evaluate` and the solver's ILP read."""
+
+    pp: int
+    vpp: int
+    dp: int
+    tp: int
+    num_micro_batches: int
+    zero_stage: int
+    num_layers: int
+    layer: LayerCosts
+    edge: EdgeCosts
+    in_flight: tuple  # per rank, micro-batches per model chunk held at the peak
+    state_bytes_per_param: tuple  # (weights, gradients, optimizer) after ZeRO sharding
+    comm_bytes_per_param: int  # gradients / gathered parameters on the wire
+    dp_link: GroupLink
+    optimizer_seconds_per_param: float  # update of the local shard, per parameter held
+    overhead_bytes: float
+    zero3_gather_bytes: float  # gathered current + prefetched layer (ZeRO-3)
+    zero3_first_gather: float  # exposed all-gather of the first layer (ZeRO-3)
+    tokens_per_step: int
+    model_flops_per_step: float
+    memory_capacity_gib: float
+    peak_flops: float
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+    @property
+    def memory_per_param(self) -> float:
+        return sum(self.state_bytes_per_param)
+
+    def stage_extras(self, j: int) -> StageExtras:
+        ec, last = self.edge, self.num_stages - 1
+        comp = fwd = params = acts = temp = 0.0
+        if j == 0:
+            comp += ec.embedding_forward + ec.embedding_backward
+            fwd += ec.embedding_forward
+            params += ec.embedding_params
+            acts += ec.embedding_activation_bytes
+        if j == last:
+            comp += ec.head_forward + ec.head_backward
+            fwd += ec.head_forward
+            params += ec.head_params
+            acts += ec.head_activation_bytes
+            temp = ec.logits_temporary_bytes
+        # Each stage receives an activation and sends one forward, and the reverse backward;
+        # sends are not overlapped with compute.
+        p2p = ec.p2p * ((j != last) + (j != 0))
+        return StageExtras(comp, fwd, p2p, params, acts, temp)
+
+
+def pipeline_costs(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, links: dict | None = None,
+    layer: LayerCosts | None = None, edge: EdgeCosts | None = None,
+) -> PipelineCosts:
+    """Cost tables of `plan`'s layout; `links`, `layer`, `edge` may come from a cache."""
+    links = links or mesh_links(cluster, plan.dp, plan.tp, plan.pp, plan.mesh_order)
+    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
+    layer = layer or layer_costs(model, cluster, job, b, t, sp, links[Axis.tp])
+    edge = edge or edge_costs(model, cluster, job, b, t, sp, plan.pp, links[Axis.tp], links[Axis.pp])
+    e = act_bytes(job.precision)
+    dp, zero = plan.dp, plan.zero_stage
+    w, g, o = memory.state_bytes_per_param(job.precision, job.optimizer)
+    states = (w / (dp if zero >= 3 else 1), g / (dp if zero >= 2 else 1), o / (dp if zero >= 1 else 1))
+    upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
+    shard = dp if zero >= 1 else 1
+    z3 = zero >= 3 and dp > 1
+    return PipelineCosts(
+        pp=plan.pp,
+        vpp=plan.vpp,
+        dp=dp,
+        tp=t,
+        num_micro_batches=plan.num_micro_batches,
+        zero_stage=zero,
+        num_layers=model.num_layers,
+        layer=layer,
+        edge=edge,
+        in_flight=tuple(
+            memory.in_flight_micro_batches(plan.schedule, plan.pp, plan.num_micro_batches, r, plan.vpp) / plan.vpp
+            for r in range(plan.pp)
+        ),
+        state_bytes_per_param=states,
+        comm_bytes_per_param=e,
+        dp_link=links[Axis.dp],
+        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / shard,
+        overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
+        zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
+        zero3_first_gather=links[Axis.dp].time(Collective.all_gather, layer.params * e) if z3 else 0.0,
+        tokens_per_step=plan.dp * plan.micro_batch_size * plan.num_micro_batches * job.seq_len,
+        model_flops_per_step=compute.model_flops_per_step(
+            model, plan.dp * plan.micro_batch_size * plan.num_micro_batches, job.seq_len
+        ),
+        memory_capacity_gib=cluster.device.memory_gib,
+        peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
+    )
 
 
 def recompute_counts(plan: Plan, num_layers: int) -> list[tuple[int, int, int]]:
     """(none, selective, full) layer counts of every virtual stage."""
     if plan.stage_recompute is not None:
         return [(r.none, r.selective, r.full) for r in plan.stage_recompute]
-    slot = {Recompute.none: 0, Recompute.selective: 1, Recompute.full: 2}[plan.recompute]
-    out = []
-    for n in plan.stage_layers(num_layers):
-        c = [0, 0, 0]
-        c[slot] = n
-        out.append((c[0], c[1], c[2]))
-    return out
+    slot = MODES.index(plan.recompute)
+    return [tuple(n if i == slot else 0 for i in range(3)) for n in plan.stage_layers(num_layers)]
 
 
-def estimate_from_costs(
-    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, lc: LayerCosts, ec: EdgeCosts
-) -> Estimate:
-    pp, v, m, dp = plan.pp, plan.vpp, plan.num_micro_batches, plan.dp
-    counts = recompute_counts(plan, model.num_layers)
-    last = len(counts) - 1
-    dev = cluster.device
-    e = 4 if job.precision.value == "fp32" else 2
-    R = Recompute
+def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Estimate:
+    """Predict step time and per-GPU memory of `plan`. Raises PlanError for an impossible plan."""
+    plan.validate_for(model, job)
+    return evaluate(pipeline_costs(model, cluster, job, plan), recompute_counts(plan, model.num_layers))
 
-    # --- one micro-batch through each virtual stage, by cause, and what the stage holds
+
+def dp_exposed(pc: PipelineCosts, params: float, forward: float, backward: float) -> tuple[float, float]:
+    """(per micro-batch, per step) exposed data-parallel communication of one rank holding
+    `params` parameters, whose micro-batch forward/backward take `forward`/`backward`."""
+    if pc.dp <= 1:
+        return 0.0, 0.0
+    t = pc.dp_link.time
+    nbytes = params * pc.comm_bytes_per_param
+    bucket = min(nbytes, GRADIENT_BUCKET_BYTES)
+    if pc.zero_stage == 0:
+        # DDP: bucketed all-reduce overlaps the last micro-batch's backward, except the last bucket.
+        return 0.0, overlapped(t(Collective.all_reduce, nbytes), t(Collective.all_reduce, bucket), backward)
+    if pc.zero_stage in (1, 2):
+        # Reduce-scatter overlaps backward like DDP; the parameter all-gather after the
+        # optimizer step is exposed (DeepSpeed ZeRO-1/2, torch ZeroRedundancyOptimizer).
+        rs = overlapped(t(Collective.reduce_scatter, nbytes), t(Collective.reduce_scatter, bucket), backward)
+        return 0.0, rs + t(Collective.all_gather, nbytes)
+    # ZeRO-3 / FSDP: every micro-batch gathers each layer again in forward and in backward
+    # and reduce-scatters its gradients; prefetching hides them behind the previous layer's
+    # compute, except the first layer's gather.
+    ag, rs, first = t(Collective.all_gather, nbytes), t(Collective.reduce_scatter, nbytes), pc.zero3_first_gather
+    return overlapped(ag, first, forward) + overlapped(ag + rs, first, backward), 0.0
+
+
+def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
+    """Time and memory of one layer split and recompute choice (counts of layers under
+    none/selective/full per virtual stage) of the layout `pc` describes."""
+    pp, v, m, lc = pc.pp, pc.vpp, pc.num_micro_batches, pc.layer
     fb, fwd_layer, tp_layer = lc.forward + lc.backward, lc.forward + lc.tp_forward, lc.tp_forward + lc.tp_backward
-    rec_sel, rec_full = lc.recompute[R.selective], lc.recompute[R.full]
-    act_none, act_sel, act_full = (lc.activation_bytes[r] for r in (R.none, R.selective, R.full))
-    flight = [memory.in_flight_micro_batches(plan.schedule, pp, m, r, v) / v for r in range(pp)]  # per chunk
+    a0, a1, a2 = lc.activation_bytes
     comp, rec, tp, p2p, fwd = [], [], [], [], []
     rank_layers, rank_params, rank_acts, rank_temp = [0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
     for j, (n0, n1, n2) in enumerate(counts):
-        n, r = n0 + n1 + n2, j % pp
-        c, f, params, acts, temp = n * fb, n * fwd_layer, n * lc.params, n0 * act_none + n1 * act_sel + n2 * act_full, 0.0
-        if j == 0:
-            c += ec.embedding_forward + ec.embedding_backward
-            f += ec.embedding_forward
-            params += ec.embedding_params
-            acts += ec.embedding_activation_bytes
-        if j == last:
-            c += ec.head_forward + ec.head_backward
-            f += ec.head_forward
-            params += ec.head_params
-            acts += ec.head_activation_bytes
-            temp = ec.logits_temporary_bytes
-        if n2:
-            temp += act_none  # a fully recomputed layer rebuilds all its activations in its backward
-        comp.append(c)
-        rec.append(n1 * rec_sel + n2 * rec_full)
+        n, r, x = n0 + n1 + n2, j % pp, pc.stage_extras(j)
+        comp.append(n * fb + x.compute)
+        rec.append(n1 * lc.recompute[1] + n2 * lc.recompute[2])
         tp.append(n * tp_layer)
-        # Each stage receives an activation and sends one forward, and the reverse backward;
-        # sends are not overlapped with compute.
-        p2p.append(ec.p2p * ((j != last) + (j != 0)))
-        fwd.append(f)
+        p2p.append(x.p2p)
+        fwd.append(n * fwd_layer + x.forward)
         rank_layers[r] += n
-        rank_params[r] += params
-        rank_acts[r] += flight[r] * acts
-        rank_temp[r] = max(rank_temp[r], temp)
+        rank_params[r] += n * lc.params + x.params
+        rank_acts[r] += pc.in_flight[r] * (n0 * a0 + n1 * a1 + n2 * a2 + x.activation_bytes)
+        # A fully recomputed layer rebuilds all its activations during its own backward.
+        rank_temp[r] = max(rank_temp[r], x.temporary_bytes + (a0 if n2 else 0.0))
     totals = [a + b + c + d for a, b, c, d in zip(comp, rec, tp, p2p)]
-    if plan.zero_stage >= 3 and dp > 1:
-        # FSDP holds the gathered parameters of the current and the prefetched layer.
-        rank_temp = [x + 2 * lc.params * e for x in rank_temp]
 
-    # --- data-parallel communication per rank
-    dp_per_mb = [0.0] * pp  # ZeRO-3: exposed gathers per micro-batch, stretches the stage
-    dp_step = [0.0] * pp  # exposed once per step
-    if dp > 1:
-        dp_time = GroupLink(cluster, plan, Axis.dp).time
-        for r in range(pp):
-            grad_bytes = param_bytes = rank_params[r] * e
-            f = sum(fwd[r::pp])
-            b = sum(totals[r::pp]) - f
-            bucket = min(grad_bytes, GRADIENT_BUCKET_BYTES)
-            if plan.zero_stage == 0:
-                # DDP: bucketed all-reduce overlaps the last micro-batch's backward, except the last bucket.
-                ar = dp_time(Collective.all_reduce, grad_bytes)
-                dp_step[r] = overlapped(ar, dp_time(Collective.all_reduce, bucket), b)
-            elif plan.zero_stage in (1, 2):
-                # Reduce-scatter overlaps backward like DDP; the parameter all-gather after the
-                # optimizer step is exposed (DeepSpeed ZeRO-1/2, torch ZeroRedundancyOptimizer).
-                rs = dp_time(Collective.reduce_scatter, grad_bytes)
-                ag = dp_time(Collective.all_gather, param_bytes)
-                dp_step[r] = overlapped(rs, dp_time(Collective.reduce_scatter, bucket), b) + ag
-            else:
-                # ZeRO-3 / FSDP: every micro-batch gathers each layer again in forward and in
-                # backward and reduce-scatters its gradients; prefetching hides them behind the
-                # previous layer's compute, except the first gather.
-                ag = dp_time(Collective.all_gather, param_bytes)
-                rs = dp_time(Collective.reduce_scatter, grad_bytes)
-                first = ag / max(1, rank_layers[r])
-                dp_per_mb[r] = overlapped(ag, first, f) + overlapped(ag + rs, first, b)
+    dp_per_mb, dp_step = [0.0] * pp, [0.0] * pp
+    for r in range(pp):
+        f = sum(fwd[r::pp])
+        dp_per_mb[r], dp_step[r] = dp_exposed(pc, rank_params[r], f, sum(totals[r::pp]) - f)
 
-    # --- pipeline
     stage_totals = [t + dp_per_mb[j % pp] / v for j, t in enumerate(totals)]
     t_pipe = pipeline.pipeline_time(stage_totals, pp, m, v)
     rank_work = pipeline.rank_times(stage_totals, pp)
-    bottleneck = max(range(pp), key=rank_work.__getitem__)
-
-    # --- optimizer update on the local shard
-    upd = ADAM_UPDATE_BYTES if job.optimizer.value == "adam" else SGD_UPDATE_BYTES
-    shard = dp if plan.zero_stage >= 1 else 1
-    t_opt = compute.memory_bound_time(dev, max(rank_params) / shard * upd)
-    t_dp_step = max(dp_step)
-    step = t_pipe + t_dp_step + t_opt
-
-    b_ = bottleneck
-    bd = TimeBreakdown(
-        compute=m * sum(comp[b_::pp]),
-        recompute=m * sum(rec[b_::pp]),
-        pipeline_bubble=t_pipe - m * rank_work[b_],
-        tp_communication=m * sum(tp[b_::pp]),
-        pp_communication=m * sum(p2p[b_::pp]),
-        dp_communication_exposed=m * dp_per_mb[b_] + t_dp_step,
+    bn = max(range(pp), key=rank_work.__getitem__)
+    t_opt = pc.optimizer_seconds_per_param * max(rank_params)
+    t_dp = max(dp_step)
+    step = t_pipe + t_dp + t_opt
+    breakdown = TimeBreakdown(
+        compute=m * sum(comp[bn::pp]),
+        recompute=m * sum(rec[bn::pp]),
+        pipeline_bubble=t_pipe - m * rank_work[bn],
+        tp_communication=m * sum(tp[bn::pp]),
+        pp_communication=m * sum(p2p[bn::pp]),
+        dp_communication_exposed=m * dp_per_mb[bn] + t_dp,
         optimizer=t_opt,
     )
 
-    # --- memory per rank
-    overhead = dev.framework_overhead_gib
+    gib, overhead = memory.GIB, pc.overhead_bytes / memory.GIB
     stage_mem = []
     for r in range(pp):
-        w, g, o = memory.model_state_bytes(rank_params[r], dp, plan.zero_stage, job.precision, job.optimizer)
-        w, g, o, a, t = (x / memory.GIB for x in (w, g, o, rank_acts[r], rank_temp[r]))
+        w, g, o = (rank_params[r] * k / gib for k in pc.state_bytes_per_param)
+        a, t = rank_acts[r] / gib, (rank_temp[r] + pc.zero3_gather_bytes) / gib
         stage_mem.append(
             StageMemory(
                 stage=r, layers=rank_layers[r], weights=w, gradients=g, optimizer_states=o,
@@ -279,24 +353,21 @@ def estimate_from_costs(
         )
     peak = max(sm.total for sm in stage_mem)
 
-    # --- throughput
-    gpus = plan.world_size
-    model_flops = compute.model_flops_per_step(model, job.global_batch_size, job.seq_len)
-    sel = sum(c[1] for c in counts)
-    full = sum(c[2] for c in counts)
-    rec_flops = (sel * lc.recompute_flops[R.selective] + full * lc.recompute_flops[R.full]) * m * dp
-    peak_flops = dev.peak_tflops[job.precision] * 1e12
+    gpus = pc.dp * pc.tp * pp
+    sel, full = sum(c[1] for c in counts), sum(c[2] for c in counts)
+    rec_flops = (sel * lc.recompute_flops[1] + full * lc.recompute_flops[2]) * m * pc.dp
+    mf = pc.model_flops_per_step
     return Estimate(
         step_time_s=step,
-        time_breakdown_s=bd,
-        tokens_per_s=job.global_batch_size * job.seq_len / step,
-        model_tflops_per_gpu=model_flops / step / gpus / 1e12,
-        hardware_tflops_per_gpu=(model_flops + rec_flops) / step / gpus / 1e12,
-        mfu=model_flops / step / gpus / peak_flops,
+        time_breakdown_s=breakdown,
+        tokens_per_s=pc.tokens_per_step / step,
+        model_tflops_per_gpu=mf / step / gpus / 1e12,
+        hardware_tflops_per_gpu=(mf + rec_flops) / step / gpus / 1e12,
+        mfu=mf / step / gpus / pc.peak_flops,
         peak_memory_gib=peak,
-        memory_capacity_gib=dev.memory_gib,
-        fits=peak <= dev.memory_gib,
+        memory_capacity_gib=pc.memory_capacity_gib,
+        fits=peak <= pc.memory_capacity_gib,
         memory_gib_per_stage=stage_mem,
-        bottleneck_stage=bottleneck,
-        model_flops_per_step=model_flops,
+        bottleneck_stage=bn,
+        model_flops_per_step=mf,
     )

@@ -25,7 +25,7 @@ from fractions import Fraction as Fr
 import pytest
 
 from cost_models import communication, compute, memory, pipeline
-from cost_models.estimate import edge_costs, estimate, layer_costs
+from cost_models.estimate import estimate, pipeline_costs
 from hardware_profiles import load_cluster
 from planner.models import load_model
 from planner.specs import (
@@ -566,7 +566,7 @@ def test_tp_communication_four_all_reduces_per_layer(shape, b, s, t, a100):
     h = shape["h"]
     plan = Plan(dp=2, tp=t, pp=1, micro_batch_size=b, num_micro_batches=2)
     job = JobSpec(global_batch_size=2 * b * 2, seq_len=s)
-    lc = layer_costs(model, a100, job, plan)
+    lc = pipeline_costs(model, a100, job, plan).layer
     one = communication.collective_time(a100.intra_node, Collective.all_reduce, t, 2 * b * s * h)
     assert lc.tp_forward == pytest.approx(2 * one, rel=REL)
     assert lc.tp_backward == pytest.approx(2 * one, rel=REL)
@@ -585,7 +585,7 @@ def test_tp_communication_sequence_parallel_same_volume(t, a100):
     b, s, h = 2, 2048, 12288
     model = gpt(96, h, 96, 51200, s)
     plan = Plan(dp=1, tp=t, pp=1, micro_batch_size=b, num_micro_batches=1, sequence_parallel=True)
-    lc = layer_costs(model, a100, JobSpec(global_batch_size=b, seq_len=s), plan)
+    lc = pipeline_costs(model, a100, JobSpec(global_batch_size=b, seq_len=s), plan).layer
     ag = communication.collective_time(a100.intra_node, Collective.all_gather, t, 2 * b * s * h)
     rs = communication.collective_time(a100.intra_node, Collective.reduce_scatter, t, 2 * b * s * h)
     assert lc.tp_forward + lc.tp_backward == pytest.approx(4 * (ag + rs), rel=REL)
@@ -593,7 +593,7 @@ def test_tp_communication_sequence_parallel_same_volume(t, a100):
 
 def test_tp_communication_none_without_tp(a100):
     model = gpt(4, 64, 4, 500, 32)
-    lc = layer_costs(model, a100, JobSpec(global_batch_size=2, seq_len=32), Plan(dp=2, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1))
+    lc = pipeline_costs(model, a100, JobSpec(global_batch_size=2, seq_len=32), Plan(dp=2, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)).layer
     assert lc.tp_forward == lc.tp_backward == 0.0
 
 
@@ -605,7 +605,7 @@ def test_pp_p2p_sends_sbh_values(sp, t, a100):
     b, s, h = 1, 2048, 12288
     model = gpt(96, h, 96, 51200, s)
     plan = Plan(dp=8 // t, tp=t, pp=4, micro_batch_size=b, num_micro_batches=4, sequence_parallel=sp)
-    ec = edge_costs(model, a100, JobSpec(global_batch_size=b * 4 * (8 // t), seq_len=s), plan)
+    ec = pipeline_costs(model, a100, JobSpec(global_batch_size=b * 4 * (8 // t), seq_len=s), plan).edge
     values = b * s * h / (t if sp else 1)
     fit = a100.inter_node.fit(Collective.p2p, 2)
     assert ec.p2p == pytest.approx(fit.latency_us * 1e-6 + 2 * values / (fit.bandwidth_gbps * 1e9), rel=REL)
