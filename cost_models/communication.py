@@ -98,6 +98,11 @@ class GroupLink:
             coef = self._coef[c] = (fit.latency_us * 1e-6, VOLUME_FACTOR[c](n) / (bw * 1e9))
         return coef
 
+    def bandwidth_gbps(self, collective: Collective) -> float:
+        """Bus bandwidth of `collective` on this group, GB/s."""
+        _, beta = self.coefficients(collective)
+        return VOLUME_FACTOR[collective](self.size) / beta / 1e9
+
     def time(self, collective: Collective, nbytes: float) -> float:
         if self.size <= 1 or nbytes <= 0:
             return 0.0

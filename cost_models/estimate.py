@@ -17,6 +17,7 @@ optimizer update.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.specs import (
     Axis,
@@ -218,45 +219,56 @@ def pipeline_costs(
     layer: LayerCosts | None = None, edge: EdgeCosts | None = None,
 ) -> PipelineCosts:
     """Cost tables of `plan`'s layout; `links`, `layer`, `edge` may come from a cache."""
-    links = links or mesh_links(cluster, plan.dp, plan.tp, plan.pp, plan.mesh_order)
-    b, t, sp = plan.micro_batch_size, plan.tp, plan.sequence_parallel
-    layer = layer or layer_costs(model, cluster, job, b, t, sp, links[Axis.tp])
-    edge = edge or edge_costs(model, cluster, job, b, t, sp, plan.pp, links[Axis.tp], links[Axis.pp])
+    return layout_costs(
+        model, cluster, job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
+        plan.schedule, plan.zero_stage, plan.sequence_parallel, plan.mesh_order, links, layer, edge,
+    )
+
+
+def layout_costs(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, dp: int, tp: int, pp: int, vpp: int, micro_batch: int,
+    num_micro_batches: int, schedule: Schedule, zero: int, sp: bool, mesh_order, links: dict | None = None,
+    layer: LayerCosts | None = None, edge: EdgeCosts | None = None,
+) -> PipelineCosts:
+    links = links or mesh_links(cluster, dp, tp, pp, mesh_order)
+    layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp])
+    edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp])
     e = act_bytes(job.precision)
-    dp, zero = plan.dp, plan.zero_stage
     w, g, o = memory.state_bytes_per_param(job.precision, job.optimizer)
     states = (w / (dp if zero >= 3 else 1), g / (dp if zero >= 2 else 1), o / (dp if zero >= 1 else 1))
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
-    shard = dp if zero >= 1 else 1
     z3 = zero >= 3 and dp > 1
+    batch = dp * micro_batch * num_micro_batches
+    schedule = Schedule(schedule) if not isinstance(schedule, Schedule) else schedule
     return PipelineCosts(
-        pp=plan.pp,
-        vpp=plan.vpp,
+        pp=pp,
+        vpp=vpp,
         dp=dp,
-        tp=t,
-        num_micro_batches=plan.num_micro_batches,
+        tp=tp,
+        num_micro_batches=num_micro_batches,
         zero_stage=zero,
         num_layers=model.num_layers,
         layer=layer,
         edge=edge,
-        in_flight=tuple(
-            memory.in_flight_micro_batches(plan.schedule, plan.pp, plan.num_micro_batches, r, plan.vpp) / plan.vpp
-            for r in range(plan.pp)
-        ),
+        in_flight=_in_flight_table(schedule, pp, num_micro_batches, vpp),
         state_bytes_per_param=states,
         comm_bytes_per_param=e,
         dp_link=links[Axis.dp],
-        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / shard,
+        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dp if zero >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
         zero3_first_gather=links[Axis.dp].time(Collective.all_gather, layer.params * e) if z3 else 0.0,
-        tokens_per_step=plan.dp * plan.micro_batch_size * plan.num_micro_batches * job.seq_len,
-        model_flops_per_step=compute.model_flops_per_step(
-            model, plan.dp * plan.micro_batch_size * plan.num_micro_batches, job.seq_len
-        ),
+        tokens_per_step=batch * job.seq_len,
+        model_flops_per_step=compute.model_flops_per_step(model, batch, job.seq_len),
         memory_capacity_gib=cluster.device.memory_gib,
         peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
     )
+
+
+@lru_cache(maxsize=4096)
+def _in_flight_table(schedule: Schedule, pp: int, num_micro_batches: int, vpp: int) -> tuple:
+    """Per rank: micro-batches per model chunk held at the peak."""
+    return tuple(memory.in_flight_micro_batches(schedule, pp, num_micro_batches, r, vpp) / vpp for r in range(pp))
 
 
 def recompute_counts(plan: Plan, num_layers: int) -> list[tuple[int, int, int]]:

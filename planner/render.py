@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cost_models.compute import total_params
-from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument
+from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument
 
 import sys
 
@@ -102,6 +102,59 @@ def memory_table(est: Estimate) -> Table:
             style=style,
         )
     return t
+
+
+def stage_layout(plan: Plan) -> str:
+    """Layers per stage, and recompute per stage when it varies."""
+    if plan.layers_per_stage is None:
+        return ""
+    text = "layers per stage: " + ",".join(map(str, plan.layers_per_stage))
+    if plan.stage_recompute is not None:
+        text += "; recompute per stage (none/selective/full): " + " ".join(
+            f"{r.none}/{r.selective}/{r.full}" for r in plan.stage_recompute
+        )
+    return text
+
+
+def solve_report(doc: SolveDocument, limit_gib: float) -> None:
+    job, est = doc.job, doc.estimate
+    console.print(
+        f"[bold]{doc.model.name}[/bold] on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
+        f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {limit_gib:g} GiB"
+    )
+    console.print(f"[bold]recommended[/bold]: {plan_summary(doc.plan)}; global batch {job.global_batch_size}")
+    if stage_layout(doc.plan):
+        console.print(stage_layout(doc.plan))
+    console.print(time_table(est))
+    console.print(throughput_table(est))
+    console.print(memory_table(est))
+    ex = doc.explanation
+    console.print(f"[bold]memory bottleneck[/bold]: {ex.memory_bottleneck}")
+    console.print(f"[bold]time bottleneck[/bold]: {ex.compute_bottleneck}")
+    comm = Table(title="Communication of the recommended plan")
+    for col in ("dimension", "degree", "link", "bus GB/s", "GiB per GPU per step"):
+        comm.add_column(col, justify="right" if col not in ("dimension", "link") else "left")
+    for v in ex.communication:
+        comm.add_row(v.axis.value, str(v.degree), v.link, f"{v.bandwidth_gbps:.0f}", f"{v.gib_per_gpu_per_step:.2f}")
+    console.print(comm)
+    alt = Table(title="Alternatives")
+    for col in ("#", "layout", "step time", "tokens/s", "MFU", "peak GiB", "vs best"):
+        alt.add_column(col, justify="left" if col == "layout" else "right")
+    best_tps = est.tokens_per_s
+    for i, a in enumerate(doc.alternatives, start=1):
+        e = a.estimate
+        alt.add_row(str(i), plan_summary(a.plan), _fmt_time(e.step_time_s), f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}%",
+                    f"{e.peak_memory_gib:.1f}", f"{100 * (best_tps / e.tokens_per_s - 1):+.1f}% time")
+    if doc.alternatives:
+        console.print(alt)
+    s = doc.search
+    rejected = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.infeasible.items()) or "none"
+    console.print(
+        f"searched {s.candidates_considered:,} candidate layouts (about 10^{s.layouts_represented_log10:.0f} with every layer "
+        f"split and per-stage recompute); rejected: {rejected}; pruned by bound: {s.pruned_by_bound:,}; "
+        f"{s.ilps_solved} ILPs over {s.ilp_candidates} candidates ({s.solver}) in {s.solve_time_s:.2f} s; "
+        + ("proven optimal" if s.optimal else "[bold red]not proven optimal (time limit)[/bold red]")
+    )
 
 
 def estimate_report(doc: PlanDocument) -> None:

@@ -465,3 +465,53 @@ class PlanDocument(_Spec):
     job: JobSpec = Field(description="The training job.")
     plan: Plan = Field(description="The layout.")
     estimate: Estimate = Field(description="Predicted time and memory of the layout.")
+
+
+class Alternative(_Spec):
+    """A runner-up layout of `plan solve`."""
+
+    plan: Plan = Field(description="The layout.")
+    global_batch_size: int = Field(description="Sequences per step of this layout (differs between layouts only when the job fixes the micro-batch, not the batch).")
+    estimate: Estimate = Field(description="Its predicted time and memory.")
+
+
+class SearchReport(_Spec):
+    """How `plan solve` searched."""
+
+    candidates_considered: int = Field(description="Layouts enumerated (dp, tp, pp, vpp, micro-batch, schedule, ZeRO, SP, mesh order), rejected ones included.")
+    layouts_represented_log10: float = Field(description="log10 of the layouts covered once every layer split and per-stage recompute count (the ILP's choices) is counted.")
+    infeasible: dict[str, int] = Field(description="Candidates rejected, by reason: divisibility, tp_across_nodes, memory, dominated, excluded_by_fix.")
+    pruned_by_bound: int = Field(description="Candidates never solved because their lower bound could not beat the plans found.")
+    refined_bounds: int = Field(description="Candidates whose memory-aware lower bound was computed.")
+    ilp_candidates: int = Field(description="Candidates that entered an integer program.")
+    ilps_solved: int = Field(description="Integer programs solved.")
+    solver: str = Field(description="MILP solver used through PuLP ('highs' or 'cbc').")
+    solve_time_s: float = Field(description="Wall time of the search.")
+    optimal: bool = Field(description="True when the plan is proven optimal for the search space; False after --time-limit.")
+
+
+class LinkVolume(_Spec):
+    """Traffic of one parallel dimension of the chosen plan."""
+
+    axis: Axis = Field(description="Mesh axis.")
+    degree: int = Field(description="Group size.")
+    link: str = Field(description="What the group communicates over.")
+    inter_node: bool = Field(description="The group spans nodes.")
+    bandwidth_gbps: float = Field(description="Bus bandwidth of its main collective on that link, GB/s.")
+    gib_per_gpu_per_step: float = Field(description="Bytes each GPU sends per step for this dimension, GiB.")
+
+
+class Explanation(_Spec):
+    """Why the chosen plan looks the way it does."""
+
+    memory_bottleneck: str = Field(description="Which stage and which part of memory is closest to the limit, and what relieves it.")
+    compute_bottleneck: str = Field(description="Where the step time goes.")
+    communication: list[LinkVolume] = Field(description="Per parallel dimension: volume per step and the link it rides.")
+
+
+class SolveDocument(PlanDocument):
+    """`plan solve --json` / `-o`: a plan document plus the alternatives and the search."""
+
+    alternatives: list[Alternative] = Field(description="The next-best layouts, best first.")
+    search: SearchReport = Field(description="Search statistics.")
+    explanation: Explanation = Field(description="Bottlenecks and communication of the chosen plan.")

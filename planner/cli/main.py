@@ -28,10 +28,11 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from planner.cli import estimate, presets
+    from planner.cli import estimate, presets, solve
 
     cli.add_command(presets.presets)
     cli.add_command(estimate.estimate)
+    cli.add_command(solve.solve)
 
 
 _register()

@@ -1,0 +1,112 @@
+"""`plan solve`: search every layout and recommend the fastest that fits."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from planner import render
+from planner.cli.common import make_job, resolve_target, target_options
+from planner.datafile import write_atomic
+from planner.errors import InfeasibleError, UsageError
+from planner.search.candidates import SearchSpace
+from planner.search.solve import infeasibility, solve as run_search
+from planner.search.report import solve_document
+from planner.specs import Axis
+
+_FIX_KEYS = {
+    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int),
+    "mbs": ("micro_batch_size", int), "micro_batch_size": ("micro_batch_size", int),
+    "zero": ("zero_stage", int), "zero_stage": ("zero_stage", int),
+    "sp": ("sequence_parallel", "bool"), "sequence_parallel": ("sequence_parallel", "bool"),
+    "schedule": ("schedule", str), "mesh_order": ("mesh_order", "axes"), "recompute": ("recompute", str),
+}
+
+
+def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
+    fixed, modes = {}, (0, 1, 2)
+    for item in fixes:
+        key, sep, value = item.partition("=")
+        if not sep or key not in _FIX_KEYS:
+            raise UsageError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(_FIX_KEYS))}")
+        field, kind = _FIX_KEYS[key]
+        try:
+            if kind is int:
+                fixed[field] = int(value)
+            elif kind == "bool":
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError
+                fixed[field] = value.lower() in ("true", "1", "yes", "on")
+            elif kind == "axes":
+                axes = tuple(Axis(a.strip()) for a in value.split(","))
+                if sorted(a.value for a in axes) != ["dp", "pp", "tp"]:
+                    raise ValueError
+                fixed[field] = axes
+            elif field == "schedule":
+                if value not in ("gpipe", "1f1b", "interleaved-1f1b"):
+                    raise ValueError
+                fixed[field] = value
+            else:
+                names = ("none", "selective", "full")
+                if value not in names:
+                    raise ValueError
+                modes = (names.index(value),)
+        except ValueError:
+            raise UsageError(f"--fix {item!r}: {value!r} is not a valid value for {key}") from None
+    return fixed, modes
+
+
+@click.command()
+@target_options
+@click.option("--global-batch", type=int, help="Sequences per optimizer step (fixes the batch).")
+@click.option("--micro-batch-size", type=int, help="Sequences per micro-batch per replica, when the batch is not fixed.")
+@click.option("--micro-batches", type=int, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
+@click.option("--top-k", type=int, default=3, show_default=True, help="Alternatives to report.")
+@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp mbs zero sp schedule mesh_order recompute).")
+@click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: the device's].")
+@click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
+@click.option("--time-limit", type=float, help="Seconds; return the best plan so far, marked as not proven optimal.")
+@click.option("--solver", type=click.Choice(["highs", "cbc"]), default=None, help="MILP solver [default: highs if installed].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
+def solve(
+    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention,
+    global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp,
+    time_limit, solver, as_json: bool, output: Optional[str],
+) -> None:
+    """Search every layout (dp, tp, pp, interleaving, micro-batching, layer split, per-stage
+    recompute, ZeRO, sequence parallel, mesh order) for the fastest that fits."""
+    model, cluster, gpus = resolve_target(model_name, cluster_name, gpus, nodes)
+    if (global_batch is None) == (micro_batch_size is None):
+        raise UsageError("give either --global-batch B or --micro-batch-size b (with optional --micro-batches N)")
+    if micro_batches is not None and micro_batch_size is None:
+        raise UsageError("--micro-batches goes with --micro-batch-size (with --global-batch the count follows from the batch)")
+    for name, value in (("--global-batch", global_batch), ("--micro-batch-size", micro_batch_size),
+                        ("--micro-batches", micro_batches), ("--top-k", top_k + 1)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be positive, got {value}")
+    if max_memory_gib is not None and max_memory_gib <= 0:
+        raise UsageError(f"--max-memory-gib must be positive, got {max_memory_gib}")
+    fixed, modes = parse_fixes(fixes)
+    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention)
+    space = SearchSpace(
+        num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
+        max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,
+    )
+    limit = min(max_memory_gib or cluster.device.memory_gib, cluster.device.memory_gib)
+    result = run_search(model, cluster, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)
+    if result.best is None:
+        if not result.stats.optimal:
+            raise InfeasibleError(f"no plan found within --time-limit {time_limit:g} s; allow more time")
+        raise infeasibility(model, cluster, job, space, limit)
+    doc = solve_document(model, cluster, gpus, result)
+    text = doc.model_dump_json(indent=2)
+    if output:
+        write_atomic(output, text + "\n")
+    if as_json:
+        click.echo(text)
+    else:
+        render.solve_report(doc, limit)
+        if output:
+            render.console.print(f"plan written to {output}")

@@ -1,0 +1,68 @@
+"""Brute-force enumeration of the whole search space: the reference the ILP search is
+tested against, and the same-run baseline of benchmarks/solve_scaling.py.
+
+Every candidate, dominated ones included (all six mesh orders, GPipe, ZeRO stages at
+dp = 1), every split of the layers into stages and every per-stage count of layers under
+each recompute mode, each evaluated by cost_models.estimate.evaluate. Exponential: for
+small instances only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from cost_models.estimate import evaluate
+from planner.specs import ClusterSpec, JobSpec, ModelSpec
+
+from .candidates import Candidate, CostTables, SearchSpace, enumerate_candidates
+
+
+def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Ordered splits of `total` into `parts` positive integers."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+
+
+def mode_splits(n: int, modes: tuple = (0, 1, 2)) -> list[tuple[int, int, int]]:
+    splits = [(a, b, n - a - b) for a in range(n + 1) for b in range(n + 1 - a)]
+    return [x for x in splits if all(x[i] == 0 or i in modes for i in range(3))]
+
+
+@dataclass
+class BruteResult:
+    value: Optional[float]  # best seconds per token, None if nothing fits
+    candidate: Optional[Candidate]
+    counts: Optional[tuple]
+    evaluated: int
+    seconds: float
+
+
+def brute_force(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace,
+    memory_limit_gib: Optional[float] = None, deadline_s: Optional[float] = None,
+) -> BruteResult:
+    start = time.perf_counter()
+    limit = min(memory_limit_gib or cluster.device.memory_gib, cluster.device.memory_gib)
+    full = SearchSpace(**{**space.__dict__, "include_dominated": True})
+    cands, _ = enumerate_candidates(model, cluster, full)
+    tables = CostTables(model, cluster, job)
+    best = (None, None, None)
+    evaluated = 0
+    for c in cands:
+        pc = tables.pipeline(c)
+        for split in compositions(model.num_layers, c.pp * c.vpp):
+            for counts in itertools.product(*(mode_splits(n, space.recompute_modes) for n in split)):
+                evaluated += 1
+                est = evaluate(pc, list(counts))
+                if est.peak_memory_gib > limit:
+                    continue
+                value = 1.0 / est.tokens_per_s
+                if best[0] is None or value < best[0]:
+                    best = (value, c, counts)
+                if deadline_s is not None and time.perf_counter() - start > deadline_s:
+                    return BruteResult(None, None, None, evaluated, time.perf_counter() - start)
+    return BruteResult(best[0], best[1], best[2], evaluated, time.perf_counter() - start)

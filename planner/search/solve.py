@@ -1,0 +1,282 @@
+"""The search loop: candidates -> bounds -> ILPs in bound order -> decoded plans.
+
+Best-first over candidate layouts keyed by a lower bound on time per token: a cheap bound
+for every candidate, refined (memory-aware) when a candidate reaches the front, then ILP
+batches over the front candidates. The loop stops when no remaining bound can beat the
+k-th best plan found, so the answer (and the top-k list) is the exact optimum of the
+search space under the cost model. A time limit returns the best so far, marked as not
+proven optimal.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from cost_models.estimate import PipelineCosts, evaluate
+from cost_models.memory import GIB
+from planner.errors import InfeasibleError
+from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, StageRecompute
+
+from .candidates import (
+    MEMORY,
+    Candidate,
+    CostTables,
+    SearchSpace,
+    cheap_bound,
+    enumerate_candidates,
+    refined_bound,
+)
+from .ilp import Solution, default_solver, solve_batch
+
+RECOMPUTE_NAMES = ("none", "selective", "full")
+REL_TOL = 1e-9
+
+
+@dataclass
+class Found:
+    candidate: Candidate
+    plan: Plan
+    job: JobSpec
+    estimate: Estimate
+
+    @property
+    def time_per_token(self) -> float:
+        return 1.0 / self.estimate.tokens_per_s
+
+
+@dataclass
+class SearchStats:
+    candidates_considered: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    refined: int = 0
+    ilp_candidates: int = 0
+    ilps_solved: int = 0
+    pruned_by_bound: int = 0
+    solver: str = ""
+    solve_time_s: float = 0.0
+    optimal: bool = True
+    layouts_represented: int = 0  # with every layer split and recompute choice the ILP covers
+
+
+@dataclass
+class SearchResult:
+    best: Optional[Found]
+    alternatives: list
+    stats: SearchStats
+
+
+def decode(c: Candidate, counts) -> Plan:
+    """A Plan from the ILP's per-stage (none, selective, full) layer counts."""
+    layers = [sum(x) for x in counts]
+    modes = {i for x in counts for i, v in enumerate(x) if v}
+    if len(modes) == 1:
+        return c.plan(layers_per_stage=layers, recompute=RECOMPUTE_NAMES[modes.pop()])
+    return c.plan(
+        layers_per_stage=layers,
+        stage_recompute=[StageRecompute(none=x[0], selective=x[1], full=x[2]) for x in counts],
+    )
+
+
+def layouts_represented(stages: int, layers: int, _cache: dict = {}) -> int:
+    """Number of (layer split, per-stage recompute counts) choices: ways to give each of
+    `stages` stages >= 1 of `layers` layers, and split each stage's layers over 3 modes."""
+    key = (stages, layers)
+    if key not in _cache:
+        # coefficient of z^layers in (sum_{n>=1} C(n+2, 2) z^n)^stages, by repeated squaring
+        base = [0] + [(n + 2) * (n + 1) // 2 for n in range(1, layers + 1)]
+
+        def mul(a, b):
+            out = [0] * (layers + 1)
+            for i, ai in enumerate(a):
+                if ai:
+                    for j in range(layers + 1 - i):
+                        out[i + j] += ai * b[j]
+            return out
+
+        result, power, e = [1] + [0] * layers, base, stages
+        while e:
+            if e & 1:
+                result = mul(result, power)
+            e >>= 1
+            if e:
+                power = mul(power, power)
+        _cache[key] = result[layers]
+    return _cache[key]
+
+
+def solve(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    space: SearchSpace,
+    memory_limit_gib: Optional[float] = None,
+    top_k: int = 3,
+    time_limit: Optional[float] = None,
+    solver: Optional[str] = None,
+    batch_size: int = 4,
+    progress: Optional[Callable[[str], None]] = None,
+) -> SearchResult:
+    """Find the layout with the shortest predicted time per token that fits every GPU."""
+    start = time.perf_counter()
+    limit = min(memory_limit_gib or cluster.device.memory_gib, cluster.device.memory_gib)
+    solver = solver or default_solver()
+    stats = SearchStats(solver=solver)
+    cands, stats.rejected = enumerate_candidates(model, cluster, space)
+    stats.candidates_considered = len(cands) + sum(stats.rejected.values())
+    tables = CostTables(model, cluster, job)
+
+    heap: list = []
+    costs: dict[int, PipelineCosts] = {}
+    seen_shapes: set = set()
+    for i, c in enumerate(cands):
+        pc = tables.pipeline(c)
+        lb = cheap_bound(pc, limit)
+        if (c.pp * c.vpp) not in seen_shapes:
+            seen_shapes.add(c.pp * c.vpp)
+        stats.layouts_represented += layouts_represented(c.pp * c.vpp, model.num_layers)
+        if lb is None:
+            stats.rejected[MEMORY] += 1
+            continue
+        costs[i] = pc
+        heapq.heappush(heap, (lb / pc.tokens_per_step, i, False))
+    if progress:
+        progress(f"{len(cands)} candidates bounded in {time.perf_counter() - start:.2f} s")
+
+    found: list[tuple[float, int, Solution]] = []  # (seconds per token, index, solution)
+
+    def threshold() -> float:
+        need = top_k + 1
+        return found[need - 1][0] if len(found) >= need else float("inf")
+
+    solved: set = set()
+    while heap:
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            stats.optimal = False
+            break
+        if heap[0][0] >= threshold() * (1 - REL_TOL):
+            break
+        lb, i, refined = heapq.heappop(heap)
+        if not refined:
+            stats.refined += 1
+            rb = refined_bound(costs[i], limit, space.recompute_modes)
+            if rb is None:
+                stats.rejected[MEMORY] += 1
+                continue
+            heapq.heappush(heap, (max(lb, rb / costs[i].tokens_per_step), i, True))
+            continue
+        # A batch of the front candidates whose bounds are refined.
+        batch = [(lb, i)]
+        while heap and len(batch) < batch_size and heap[0][2] and heap[0][0] < threshold() * (1 - REL_TOL):
+            lb2, i2, _ = heapq.heappop(heap)
+            batch.append((lb2, i2))
+        remaining = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
+        # Compare per token, scaled to seconds of the batch's largest step (keeps the ILP's
+        # objective O(1) for the solver's tolerances).
+        ref = max(costs[j].tokens_per_step for _, j in batch)
+        items = [(cands[j], costs[j], ref / costs[j].tokens_per_step) for _, j in batch]
+        sol, status = solve_batch(items, limit, solver, remaining, space.recompute_modes)
+        stats.ilps_solved += 1
+        stats.ilp_candidates += len(batch)
+        if status != "Optimal":
+            stats.optimal = stats.optimal and status == "Infeasible"
+        if sol is None:
+            if status == "Infeasible":
+                stats.rejected[MEMORY] += len(batch)
+            continue
+        k = next(j for _, j in batch if cands[j] == sol.candidate)
+        value = sol.objective / costs[k].tokens_per_step
+        solved.add(k)
+        found.append((value, k, sol))
+        found.sort(key=lambda t: (t[0], t[1]))
+        # The others are no better than the one chosen: requeue with that as their bound.
+        for lb2, j in batch:
+            if j != k:
+                heapq.heappush(heap, (max(lb2, value), j, True))
+    stats.pruned_by_bound = len(heap)
+    stats.solve_time_s = time.perf_counter() - start
+
+    results = [_materialise(model, cluster, job, tables, costs[i], sol) for _, i, sol in found[: top_k + 1]]
+    if not results:
+        return SearchResult(None, [], stats)
+    return SearchResult(results[0], results[1:], stats)
+
+
+def _materialise(model, cluster, job, tables: CostTables, pc: PipelineCosts, sol: Solution) -> Found:
+    plan = decode(sol.candidate, sol.counts)
+    cjob = tables.job_for(sol.candidate)
+    plan.validate_for(model, cjob)
+    est = evaluate(pc, list(sol.counts))
+    # Internal invariant: the ILP optimises exactly what `plan estimate` predicts.
+    if abs(est.step_time_s - sol.objective) > 1e-6 * est.step_time_s:
+        raise RuntimeError(
+            f"ILP objective {sol.objective:.9g} s differs from the estimate {est.step_time_s:.9g} s for {plan}"
+        )
+    return Found(sol.candidate, plan, cjob, est)
+
+
+def infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace, limit_gib: float) -> InfeasibleError:
+    """Why nothing fits: the least memory any layout needs, how far over that is, and what
+    would make it fit."""
+    need = min_memory_needed(model, cluster, job, space)
+    if need is None:
+        return InfeasibleError("no layout of the search space is valid for this model and GPU count (check --fix and divisibility)")
+    over = need - limit_gib
+    hints = []
+    for factor in (2, 4, 8, 16, 32, 64):
+        bigger = SearchSpace(**{**space.__dict__, "num_gpus": space.num_gpus * factor})
+        m2 = min_memory_needed(model, cluster, job, bigger)
+        if m2 is not None and m2 <= limit_gib:
+            hints.append(f"at least {space.num_gpus * factor} GPUs")
+            break
+    if space.fixed:
+        hints.append("fewer --fix constraints")
+    if space.global_batch_size is None or space.max_micro_batch_size > 1:
+        hints.append("micro-batch size 1")
+    hints.append("a larger-memory cluster")
+    return InfeasibleError(
+        f"no layout fits in {limit_gib:g} GiB per GPU: the least any layout needs (full recompute, best ZeRO stage and split) "
+        f"is {need:.1f} GiB, {over:.1f} GiB ({100 * over / limit_gib:.0f}%) over; to fit, try {', or '.join(hints)}"
+    )
+
+
+def min_memory_needed(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace) -> Optional[float]:
+    """A lower bound (GiB) on the peak memory of the most frugal layout: every layer fully
+    recomputed, layers spread to equalise rank memory (continuous water-filling)."""
+    cands, _ = enumerate_candidates(model, cluster, space)
+    tables = CostTables(model, cluster, job)
+    best = None
+    for c in cands:
+        pc = tables.pipeline(c)
+        need = _frugal_peak(pc)
+        best = need if best is None else min(best, need)
+    return None if best is None else best / GIB
+
+
+def _frugal_peak(pc: PipelineCosts) -> float:
+    lc, L, pp, v = pc.layer, pc.num_layers, pc.pp, pc.vpp
+    s = pc.memory_per_param
+    a_min = min(lc.activation_bytes)
+    fixed, slope = [], []
+    for r in range(pp):
+        xs = [pc.stage_extras(j) for j in range(r, pc.num_stages, pp)]
+        f = pc.in_flight[r]
+        fixed.append(s * sum(x.params for x in xs) + f * sum(x.activation_bytes for x in xs)
+                     + max(x.temporary_bytes for x in xs) + pc.overhead_bytes + pc.zero3_gather_bytes)
+        slope.append(s * lc.params + f * a_min)
+    lo = max(c + q * v for c, q in zip(fixed, slope))
+    if sum(max(v, (lo - c) / q) for c, q in zip(fixed, slope)) >= L:
+        return lo
+    hi = lo * 2
+    while sum((hi - c) / q for c, q in zip(fixed, slope)) < L:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(max(v, (mid - c) / q) for c, q in zip(fixed, slope)) >= L:
+            hi = mid
+        else:
+            lo = mid
+    return hi
