@@ -296,11 +296,18 @@ def dp_exposed(pc: PipelineCosts, params: float, forward: float, backward: float
     if pc.zero_stage == 0:
         # DDP: bucketed all-reduce overlaps the last micro-batch's backward, except the last bucket.
         return 0.0, overlapped(t(Collective.all_reduce, nbytes), t(Collective.all_reduce, bucket), backward)
-    if pc.zero_stage in (1, 2):
-        # Reduce-scatter overlaps backward like DDP; the parameter all-gather after the
-        # optimizer step is exposed (DeepSpeed ZeRO-1/2, torch ZeroRedundancyOptimizer).
+    if pc.zero_stage == 1:
+        # ZeRO-1 (Megatron's distributed optimizer): gradients accumulate in a full buffer
+        # and are reduce-scattered once, overlapping the last micro-batch's backward like
+        # DDP; the parameter all-gather after the optimizer step is exposed.
         rs = overlapped(t(Collective.reduce_scatter, nbytes), t(Collective.reduce_scatter, bucket), backward)
         return 0.0, rs + t(Collective.all_gather, nbytes)
+    if pc.zero_stage == 2:
+        # ZeRO-2 keeps only its gradient shard, so with gradient accumulation it
+        # reduce-scatters after every micro-batch's backward (DeepSpeed stage 2, FSDP
+        # SHARD_GRAD_OP); parameters are all-gathered once per step.
+        rs = overlapped(t(Collective.reduce_scatter, nbytes), t(Collective.reduce_scatter, bucket), backward)
+        return rs, t(Collective.all_gather, nbytes)
     # ZeRO-3 / FSDP: every micro-batch gathers each layer again in forward and in backward
     # and reduce-scatters its gradients; prefetching hides them behind the previous layer's
     # compute, except the first layer's gather.

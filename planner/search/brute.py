@@ -54,7 +54,9 @@ def brute_force(
     evaluated = 0
     for c in cands:
         pc = tables.pipeline(c)
-        for split in compositions(model.num_layers, c.pp * c.vpp):
+        P = c.pp * c.vpp
+        splits = compositions(model.num_layers, P) if c.vpp == 1 else [(model.num_layers // P,) * P]
+        for split in splits:
             for counts in itertools.product(*(mode_splits(n, space.recompute_modes) for n in split)):
                 evaluated += 1
                 est = evaluate(pc, list(counts))

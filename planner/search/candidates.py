@@ -156,7 +156,9 @@ def enumerate_candidates(
                 order_cache[key] = _mesh_orders(cluster, dp, tp, pp, space.include_dominated)
             orders, dropped_orders = order_cache[key]
             for b, m in options:
-                vpps = [1] + [v for v in range(2, space.max_vpp + 1) if pp > 1 and pp * v <= L and m % pp == 0]
+                # Interleaving: Megatron-LM's rule, every model chunk holds L / (pp v) layers
+                # (recompute stays free per chunk); the interleaved schedule needs m % pp == 0.
+                vpps = [1] + [v for v in range(2, space.max_vpp + 1) if pp > 1 and L % (pp * v) == 0 and m % pp == 0]
                 for v in vpps:
                     schedules = ["1f1b", "gpipe"] if v == 1 else ["interleaved-1f1b"]
                     for sched in schedules:
@@ -238,6 +240,17 @@ def _dp_step_floor(pc: PipelineCosts, total_params: float, min_rank_params: floa
     return t(Collective.all_gather, total_params / pc.pp * e)
 
 
+def _dp_micro_batch_floor(pc: PipelineCosts) -> float:
+    """A lower bound on a rank's exposed DP communication per micro-batch (ZeRO-2/3)."""
+    if pc.dp <= 1:
+        return 0.0
+    if pc.zero_stage == 3:
+        return 2 * pc.zero3_first_gather
+    if pc.zero_stage == 2:  # the last gradient bucket of a rank holding at least one layer
+        return pc.dp_link.time(Collective.reduce_scatter, min(pc.layer.params * pc.comm_bytes_per_param, GRADIENT_BUCKET_BYTES))
+    return 0.0
+
+
 def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
     """Seconds per step no split can beat, ignoring activation memory; None if even the
     model states cannot fit (the fullest rank holds at least the mean parameter count)."""
@@ -247,7 +260,7 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
     if floor_mem > memory_limit_gib * GIB:
         return None
     a = lc.forward + lc.backward + lc.tp_forward + lc.tp_backward
-    z3 = 2 * pc.zero3_first_gather  # exposed ZeRO-3 gathers per micro-batch and rank, at least
+    z3 = _dp_micro_batch_floor(pc)  # exposed ZeRO-2/3 traffic per micro-batch and rank, at least
     ends = [pc.stage_extras(0)] if P == 1 else [pc.stage_extras(0), pc.stage_extras(P - 1)]
     W = L * a + sum(x.compute for x in ends) + pc.edge.p2p * 2 * (P - 1) + pc.pp * z3  # sum of stage times
     end_stage = max(a + x.compute + x.p2p for x in ends) + z3 / v  # an end stage holds >= 1 layer
@@ -261,7 +274,7 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
 
 @dataclass(frozen=True)
 class _Rank:
-    K: float  # fixed time per micro-batch (edges, p2p, ZeRO-3 first gathers)
+    K: float  # fixed time per micro-batch (edges, p2p, exposed ZeRO-2/3 floor)
     c: float  # memory needed beyond the layers, minus the limit (bytes); must end <= 0
     q: float  # memory per layer with nothing recomputed
     smax: float  # most memory one layer's recompute can save
@@ -290,7 +303,7 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = (0,
     for r in range(pp):
         xs = [pc.stage_extras(j) for j in range(r, P, pp)]
         f = pc.in_flight[r]
-        K = sum(x.compute + x.p2p for x in xs) + 2 * pc.zero3_first_gather
+        K = sum(x.compute + x.p2p for x in xs) + _dp_micro_batch_floor(pc)
         c = (s * sum(x.params for x in xs) + f * sum(x.activation_bytes for x in xs) + max(x.temporary_bytes for x in xs)
              + pc.overhead_bytes + pc.zero3_gather_bytes - limit)
         q = s * lc.params + f * a0

@@ -33,7 +33,7 @@ from .candidates import (
 from .ilp import Solution, default_solver, solve_batch
 
 RECOMPUTE_NAMES = ("none", "selective", "full")
-REL_TOL = 1e-9
+REL_TOL = 1e-9  # bound comparisons
 
 
 @dataclass
@@ -81,9 +81,13 @@ def decode(c: Candidate, counts) -> Plan:
     )
 
 
-def layouts_represented(stages: int, layers: int, _cache: dict = {}) -> int:
+def layouts_represented(stages: int, layers: int, equal_chunks: bool = False, _cache: dict = {}) -> int:
     """Number of (layer split, per-stage recompute counts) choices: ways to give each of
-    `stages` stages >= 1 of `layers` layers, and split each stage's layers over 3 modes."""
+    `stages` stages >= 1 of `layers` layers (equal chunks when interleaved), and split each
+    stage's layers over 3 modes."""
+    if equal_chunks:
+        n = layers // stages
+        return ((n + 2) * (n + 1) // 2) ** stages
     key = (stages, layers)
     if key not in _cache:
         # coefficient of z^layers in (sum_{n>=1} C(n+2, 2) z^n)^stages, by repeated squaring
@@ -137,7 +141,7 @@ def solve(
         lb = cheap_bound(pc, limit)
         if (c.pp * c.vpp) not in seen_shapes:
             seen_shapes.add(c.pp * c.vpp)
-        stats.layouts_represented += layouts_represented(c.pp * c.vpp, model.num_layers)
+        stats.layouts_represented += layouts_represented(c.pp * c.vpp, model.num_layers, c.vpp > 1)
         if lb is None:
             stats.rejected[MEMORY] += 1
             continue
@@ -199,19 +203,42 @@ def solve(
     stats.pruned_by_bound = len(heap)
     stats.solve_time_s = time.perf_counter() - start
 
-    results = [_materialise(model, cluster, job, tables, costs[i], sol) for _, i, sol in found[: top_k + 1]]
+    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes) for _, i, sol in found[: top_k + 1]]
     if not results:
         return SearchResult(None, [], stats)
     return SearchResult(results[0], results[1:], stats)
 
 
-def _materialise(model, cluster, job, tables: CostTables, pc: PipelineCosts, sol: Solution) -> Found:
-    plan = decode(sol.candidate, sol.counts)
+def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple = (0, 1, 2)) -> tuple:
+    """Drop recomputation the ILP chose where it costs nothing (a stage off the critical
+    path of an interleaved schedule ties with and without it): keep the step time and the
+    memory limit, prefer less recompute, stage by stage."""
+    counts = [tuple(c) for c in counts]
+    best = evaluate(pc, counts).step_time_s
+    for j, (n0, n1, n2) in enumerate(counts):
+        for option in ((n0 + n1 + n2, 0, 0), (n0 + n1, 0, n2), (n0, n1 + n2, 0)):
+            if option == counts[j]:
+                break
+            if any(option[i] and i not in modes for i in range(3)):
+                continue
+            trial = counts[:j] + [option] + counts[j + 1:]
+            est = evaluate(pc, trial)
+            if est.step_time_s <= best * (1 + 1e-12) and est.peak_memory_gib <= limit_gib:
+                counts = trial
+                break
+    return tuple(counts)
+
+
+def _materialise(
+    model, cluster, job, tables: CostTables, pc: PipelineCosts, sol: Solution, limit_gib: float, modes: tuple
+) -> Found:
+    counts = tidy(pc, sol.counts, limit_gib, modes)
+    plan = decode(sol.candidate, counts)
     cjob = tables.job_for(sol.candidate)
     plan.validate_for(model, cjob)
-    est = evaluate(pc, list(sol.counts))
+    est = evaluate(pc, list(counts))
     # Internal invariant: the ILP optimises exactly what `plan estimate` predicts.
-    if abs(est.step_time_s - sol.objective) > 1e-6 * est.step_time_s:
+    if abs(est.step_time_s - sol.objective) > 1e-6 * est.step_time_s:  # tidy() keeps the time
         raise RuntimeError(
             f"ILP objective {sol.objective:.9g} s differs from the estimate {est.step_time_s:.9g} s for {plan}"
         )

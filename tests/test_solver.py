@@ -1,0 +1,199 @@
+"""`plan solve`: exact against brute-force enumeration, respects memory and divisibility,
+finds uneven splits where they win, beats the hand-tuned GPT-3 layout."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from cost_models.estimate import estimate
+from hardware_profiles import load_cluster
+from planner.cli.main import cli
+from planner.errors import InfeasibleError
+from planner.models import load_model
+from planner.search.brute import brute_force
+from planner.search.candidates import SearchSpace
+from planner.search.solve import infeasibility, solve
+from planner.specs import Axis, JobSpec, ModelSpec, Plan
+
+SMALL = ModelSpec(name="small", num_layers=4, hidden_size=1024, num_heads=8, vocab_size=32000, max_seq_len=2048)
+
+
+def tiny_cluster(memory_gib: float, gpus_per_node: int = 2):
+    """An A100 node of 2 GPUs with no framework overhead, so that small models feel the limit."""
+    base = load_cluster("dgx-a100-80gb")
+    device = base.device.model_copy(update={"framework_overhead_gib": 0.0, "memory_gib": memory_gib})
+    return base.model_copy(update={"gpus_per_node": gpus_per_node, "device": device})
+
+
+def assert_same_optimum(model, cluster, job, space):
+    res = solve(model, cluster, job, space, top_k=2)
+    ref = brute_force(model, cluster, job, space)
+    if ref.value is None:
+        assert res.best is None
+        return res
+    assert res.best is not None, f"brute force found {ref.candidate} {ref.counts}"
+    assert 1 / res.best.estimate.tokens_per_s == pytest.approx(ref.value, rel=1e-7), (res.best.plan, ref.candidate, ref.counts)
+    assert res.stats.optimal
+    return res
+
+
+@pytest.mark.parametrize("memory_gib", [1.5, 1.0, 0.7, 0.6])
+def test_matches_brute_force_whole_space(memory_gib):
+    """4 GPUs on 2-GPU nodes, every dp/tp/pp, micro-batch, ZeRO, SP, mesh order, layer split
+    and per-stage recompute. The limits go from roomy to nothing fits."""
+    res = assert_same_optimum(SMALL, tiny_cluster(memory_gib), JobSpec(global_batch_size=2, seq_len=2048),
+                              SearchSpace(num_gpus=4, global_batch_size=2))
+    if memory_gib == 0.7:  # tight: the optimum mixes recompute modes and splits unevenly
+        assert res.best.plan.stage_recompute is not None
+
+
+@pytest.mark.parametrize("memory_gib", [80, 1.0, 0.9])
+def test_matches_brute_force_interleaved(memory_gib):
+    """Two pipeline stages on one node and 4 micro-batches: interleaving (v = 2, 4) shrinks
+    the bubble and wins while memory allows (a small vocabulary keeps stages even)."""
+    model = SMALL.model_copy(update={"num_layers": 8, "vocab_size": 1024})
+    fixed = {"tp": 1, "pp": 2, "micro_batch_size": 1, "zero_stage": 0, "mesh_order": (Axis.tp, Axis.dp, Axis.pp)}
+    space = SearchSpace(num_gpus=2, global_batch_size=4, fixed=fixed)
+    res = assert_same_optimum(model, tiny_cluster(memory_gib), JobSpec(global_batch_size=4, seq_len=2048), space)
+    if memory_gib == 80:
+        assert res.best.plan.vpp > 1 and res.best.plan.schedule.value == "interleaved-1f1b"
+        assert res.best.plan.stage_recompute is None and res.best.plan.recompute.value == "none"
+
+
+def test_matches_brute_force_micro_batch_mode():
+    """Batch not fixed: micro-batch size 1, micro-batches 3 x pp; compared per token."""
+    space = SearchSpace(num_gpus=4, micro_batch_size=1)
+    res = assert_same_optimum(SMALL, tiny_cluster(0.8), JobSpec(global_batch_size=1, seq_len=2048), space)
+    plan = res.best.plan
+    assert plan.num_micro_batches == 3 * plan.pp
+
+
+def test_micro_batches_override():
+    space = SearchSpace(num_gpus=4, micro_batch_size=1, micro_batches=8)
+    res = solve(SMALL, tiny_cluster(80), JobSpec(global_batch_size=1, seq_len=2048), space)
+    assert res.best.plan.num_micro_batches == 8
+
+
+def test_recompute_fix_is_respected():
+    space = SearchSpace(num_gpus=4, global_batch_size=4, recompute_modes=(2,))
+    res = assert_same_optimum(SMALL, tiny_cluster(0.8), JobSpec(global_batch_size=4, seq_len=2048), space)
+    assert res.best.plan.recompute.value == "full" and res.best.plan.stage_recompute is None
+
+
+def test_every_returned_plan_fits_and_divides():
+    model, cluster = load_model("llama2-13b"), load_cluster("dgx-a100-40gb")
+    job = JobSpec(global_batch_size=256, seq_len=4096)
+    res = solve(model, cluster, job, SearchSpace(num_gpus=32, global_batch_size=256), memory_limit_gib=30, top_k=5)
+    assert len(res.alternatives) == 5
+    for found in [res.best, *res.alternatives]:
+        plan, est = found.plan, found.estimate
+        assert est.peak_memory_gib <= 30
+        assert plan.world_size == 32 and plan.tp <= 8
+        assert model.num_heads % plan.tp == 0
+        plan.validate_for(model, job, 32)
+        assert estimate(model, cluster, job, plan).step_time_s == pytest.approx(est.step_time_s, rel=1e-12)
+    # best first
+    times = [f.estimate.step_time_s for f in [res.best, *res.alternatives]]
+    assert times == sorted(times)
+
+
+def test_uneven_split_when_the_head_is_heavy():
+    """A 256k vocabulary makes the last stage's LM head and loss cost several layers."""
+    model = ModelSpec(name="big-vocab", num_layers=16, hidden_size=2048, num_heads=16, vocab_size=256000,
+                      max_seq_len=2048, activation="swiglu", learned_position_embeddings=False, linear_bias=False,
+                      norm="rmsnorm", dropout=False)
+    res = solve(model, load_cluster("dgx-a100-80gb"), JobSpec(global_batch_size=64, seq_len=2048),
+                SearchSpace(num_gpus=4, global_batch_size=64, fixed={"pp": 4, "tp": 1, "vpp": 1}))
+    layers = res.best.plan.layers_per_stage
+    assert sum(layers) == 16 and layers[-1] < layers[1], layers
+    even = res.best.plan.model_copy(update={"layers_per_stage": [4, 4, 4, 4], "stage_recompute": None})
+    slower = estimate(model, load_cluster("dgx-a100-80gb"), JobSpec(global_batch_size=64, seq_len=2048), even)
+    assert res.best.estimate.step_time_s < slower.step_time_s
+
+
+def test_gpt3_175b_at_least_as_fast_as_megatron_layout():
+    """Narayanan et al. 2021 trained GPT-3 175B on 1,024 A100s with TP=8, PP=16 (batch 1,536)."""
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb")
+    job = JobSpec(global_batch_size=1536, seq_len=2048)
+    best = solve(model, cluster, job, SearchSpace(num_gpus=1024, global_batch_size=1536)).best
+    megatron = estimate(model, cluster, job, Plan(dp=8, tp=8, pp=16, micro_batch_size=1, num_micro_batches=192, recompute="full"))
+    assert best.estimate.fits and megatron.fits
+    assert best.estimate.step_time_s <= megatron.step_time_s
+    # the best plan of Megatron's shape: the solver improves on its hand-set details too
+    shaped = solve(model, cluster, job, SearchSpace(num_gpus=1024, global_batch_size=1536, fixed={"tp": 8, "pp": 16})).best
+    assert best.estimate.step_time_s <= shaped.estimate.step_time_s <= megatron.step_time_s
+
+
+def test_time_limit_marks_not_optimal():
+    res = solve(load_model("gpt3-13b"), load_cluster("dgx-a100-80gb"), JobSpec(global_batch_size=512, seq_len=2048),
+                SearchSpace(num_gpus=64, global_batch_size=512), time_limit=0.0)
+    assert not res.stats.optimal
+
+
+def test_infeasible_says_by_how_much_and_what_helps():
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb")
+    job = JobSpec(global_batch_size=16, seq_len=2048)
+    space = SearchSpace(num_gpus=8, global_batch_size=16)
+    assert solve(model, cluster, job, space).best is None
+    err = infeasibility(model, cluster, job, space, 80.0)
+    assert isinstance(err, InfeasibleError)
+    text = str(err)
+    assert "over" in text and "GiB" in text and "GPUs" in text
+
+
+# --------------------------------------------------------------------------- CLI
+
+SOLVE = ["solve", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch", "128"]
+
+
+def test_solve_json_document(tmp_path):
+    out = tmp_path / "plan.json"
+    res = CliRunner().invoke(cli, SOLVE + ["--json", "-o", str(out), "--top-k", "2"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc == json.loads(out.read_text())
+    assert set(doc) >= {"schema_version", "model", "cluster", "job", "plan", "estimate", "alternatives", "search"}
+    assert len(doc["alternatives"]) == 2 and set(doc["alternatives"][0]) >= {"plan", "estimate"}
+    search = doc["search"]
+    for key in ("candidates_considered", "infeasible", "solver", "solve_time_s", "optimal"):
+        assert key in search
+    assert search["optimal"] is True
+    assert doc["explanation"]["communication"]
+    # plan estimate reads the file back and predicts the same
+    again = json.loads(CliRunner().invoke(cli, ["estimate", "--plan", str(out), "--json"]).output)
+    assert again["estimate"]["step_time_s"] == pytest.approx(doc["estimate"]["step_time_s"], rel=1e-12)
+
+
+def test_solve_stdout_is_only_json():
+    out = subprocess.run([sys.executable, "-m", "planner.cli.main", *SOLVE, "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    json.loads(out.stdout)
+    assert "HiGHS" not in out.stdout
+
+
+def test_solve_human_output_explains():
+    res = CliRunner().invoke(cli, SOLVE)
+    assert res.exit_code == 0
+    for word in ("recommended", "memory bottleneck", "Alternatives", "ILPs", "proven optimal", "Communication"):
+        assert word in res.output
+
+
+@pytest.mark.parametrize(
+    "extra, code, message",
+    [
+        (["--fix", "tp=3"], 1, "no layout of the search space is valid"),
+        (["--fix", "banana=2"], 2, "expected KEY=VALUE"),
+        (["--fix", "sp=maybe"], 2, "not a valid value for sp"),
+        (["--micro-batch-size", "2"], 2, "either --global-batch"),
+        (["--max-memory-gib", "1"], 1, "no layout fits in 1 GiB"),
+    ],
+)
+def test_solve_errors_are_one_line(extra, code, message, tmp_path):
+    out = tmp_path / "never.json"
+    res = CliRunner().invoke(cli, SOLVE + extra + ["-o", str(out)])
+    assert res.exit_code == code, res.output
+    assert message in res.output and len(res.output.strip().splitlines()) == 1
+    assert not out.exists()
