@@ -18,6 +18,7 @@ from typing import Optional
 
 from cost_models.estimate import (
     GRADIENT_BUCKET_BYTES,
+    dp_exposed,
     EdgeCosts,
     LayerCosts,
     PipelineCosts,
@@ -274,12 +275,52 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
 
 @dataclass(frozen=True)
 class _Rank:
-    K: float  # fixed time per micro-batch (edges, p2p, exposed ZeRO-2/3 floor)
+    K: float  # fixed time per micro-batch (edges, p2p, least exposed ZeRO-2/3 traffic)
     c: float  # memory needed beyond the layers, minus the limit (bytes); must end <= 0
     q: float  # memory per layer with nothing recomputed
     smax: float  # most memory one layer's recompute can save
     rho: float  # cheapest seconds of recompute per byte saved
-    nmin: int
+    nmin: int  # fewest layers the rank can hold
+    nhi: int  # most layers the rank can hold
+
+
+def _rank_dp_floors(pc: PipelineCosts, xs: list, lo: float, hi: float, rmax: float) -> tuple[float, float]:
+    """Least exposed DP communication (per micro-batch, per step) of a rank holding between
+    `lo` and `hi` layers, whatever the split: cost_models.estimate.dp_exposed is piecewise
+    linear in the layer count n, so its minimum over [lo, hi] sits at an end or a kink.
+    The backward window is taken with every layer recomputed (`rmax` extra per layer),
+    which can only hide more, so the result is a lower bound."""
+    if pc.dp <= 1 or hi < lo:
+        return 0.0, 0.0
+    lc, e = pc.layer, pc.comm_bytes_per_param
+    fl = lc.forward + lc.tp_forward
+    a = lc.forward + lc.backward + lc.tp_forward + lc.tp_backward
+    P_r = sum(x.params for x in xs)
+    F_r = sum(x.forward for x in xs)
+    B_r = sum(x.compute + x.p2p for x in xs) - F_r
+
+    def g(n):  # bytes
+        return e * (lc.params * n + P_r)
+
+    def at(n):
+        return dp_exposed(pc, lc.params * n + P_r, fl * n + F_r, (a - fl + rmax) * n + B_r)
+
+    # Kinks: where a gradient bucket fills, and where alpha + beta g(n) - window(n) meets a
+    # constant (the first gather, the last bucket); solved for every collective and window.
+    pts = {lo, hi}
+    if lc.params:
+        pts.add((GRADIENT_BUCKET_BYTES / e - P_r) / lc.params)
+    consts = [pc.zero3_first_gather] + [pc.dp_link.time(c, GRADIENT_BUCKET_BYTES) for c in (Collective.all_reduce, Collective.reduce_scatter)]
+    coef = [pc.dp_link.coefficients(c) for c in Collective if c != Collective.p2p]
+    coef.append(tuple(x + y for x, y in zip(pc.dp_link.coefficients(Collective.all_gather), pc.dp_link.coefficients(Collective.reduce_scatter))))
+    for alpha, beta in coef:
+        for w0, w1 in ((F_r, fl), (B_r, a - fl + rmax)):
+            slope = beta * e * lc.params - w1
+            if slope:
+                for k in consts + [0.0]:
+                    pts.add((k - alpha - beta * e * P_r + w0) / slope)
+    vals = [at(n) for n in pts if lo <= n <= hi]
+    return min(v[0] for v in vals), min(v[1] for v in vals)
 
 
 def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = (0, 1, 2)) -> Optional[float]:
@@ -288,10 +329,11 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = (0,
     Continuous relaxation per pipeline rank r: with n layers, memory is c_r + q_r n bytes
     before recompute; recompute saves at most smax_r per layer and costs at least rho_r per
     byte saved, so the rank's micro-batch time is at least
-        S_r(n) = K_r + a n + rho_r max(0, c_r + q_r n),  feasible while c_r + (q_r - smax_r) n <= 0.
-    Any split has some rank at least as slow as the smallest tau with sum_r nmax_r(tau) >= L
-    (bisection), and T >= sum_r S_r + (m - 1) tau (interleaved: m tau + (p - 1) tau / v).
-    Returns None when no split fits (memory).
+        S_r(n) = K_r + a n + rho_r max(0, c_r + q_r n),  feasible while c_r + (q_r - smax_r) n <= 0,
+    with K_r including the least exposed ZeRO-2/3 traffic over the rank's possible layer
+    counts. Any split has some rank at least as slow as the smallest tau with
+    sum_r nmax_r(tau) >= L (bisection), and T >= sum_r S_r + (m - 1) tau (interleaved:
+    m tau + (p - 1) tau / v). Returns None when no split fits (memory).
     """
     lc, L, pp, v, m = pc.layer, pc.num_layers, pc.pp, pc.vpp, pc.num_micro_batches
     P = pc.num_stages
@@ -299,22 +341,24 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = (0,
     a0, a1, a2 = lc.activation_bytes
     s = pc.memory_per_param
     limit = memory_limit_gib * GIB
-    ranks = []
+    rmax = max(lc.recompute[i] for i in modes)
+    ranks, step_floor = [], 0.0
     for r in range(pp):
         xs = [pc.stage_extras(j) for j in range(r, P, pp)]
         f = pc.in_flight[r]
-        K = sum(x.compute + x.p2p for x in xs) + _dp_micro_batch_floor(pc)
         c = (s * sum(x.params for x in xs) + f * sum(x.activation_bytes for x in xs) + max(x.temporary_bytes for x in xs)
              + pc.overhead_bytes + pc.zero3_gather_bytes - limit)
         q = s * lc.params + f * a0
         options = [(lc.recompute[i], f * (a0 - ai)) for i, ai in ((1, a1), (2, a2)) if a0 - ai > 0 and i in modes]
         smax = max((sv for _, sv in options), default=0.0)
         rho = min((cost / sv for cost, sv in options), default=float("inf"))
-        ranks.append(_Rank(K, c, q, smax, rho, v))
-
-    def ncap(rk: _Rank) -> float:
-        slope = rk.q - rk.smax  # > 0: recompute keeps each layer's input and weights
-        return -rk.c / slope if slope > 0 else (float("inf") if rk.c <= 0 else -1.0)
+        # Interleaved chunks are equal (L / (pp v) layers each); otherwise >= 1 layer a stage.
+        nmin, nhi = (L // pp, L // pp) if v > 1 else (1, L - pp + 1)
+        slope = q - smax  # > 0: recompute keeps each layer's input and weights
+        cap = -c / slope if slope > 0 else (float("inf") if c <= 0 else -1.0)
+        per_mb, step = _rank_dp_floors(pc, xs, nmin, min(nhi, cap), rmax)
+        step_floor = max(step_floor, step)
+        ranks.append(_Rank(sum(x.compute + x.p2p for x in xs) + per_mb, c, q, smax, rho, nmin, min(nhi, cap)))
 
     def time_at(rk: _Rank, n: float) -> float:
         need = rk.c + rk.q * n
@@ -324,10 +368,9 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = (0,
         n1 = (tau - rk.K) / a
         if rk.c + rk.q * n1 > 0:
             n1 = (tau - rk.K - rk.rho * rk.c) / (a + rk.rho * rk.q) if rk.rho < float("inf") else -rk.c / rk.q
-        return min(n1, ncap(rk))
+        return min(n1, rk.nhi)
 
-    caps = [ncap(rk) for rk in ranks]
-    if any(cap < rk.nmin for cap, rk in zip(caps, ranks)) or sum(caps) < L:
+    if any(rk.nhi < rk.nmin for rk in ranks) or sum(rk.nhi for rk in ranks) < L:
         return None
     lo = max(time_at(rk, rk.nmin) for rk in ranks)
     if sum(nmax(rk, lo) for rk in ranks) < L:
@@ -347,4 +390,4 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = (0,
     t_pipe = total + (m - 1) * tau if v == 1 else m * tau + (pp - 1) * tau / v
     total_params = L * lc.params + pc.edge.embedding_params + pc.edge.head_params
     t_opt = pc.optimizer_seconds_per_param * total_params / pp
-    return t_pipe + _dp_step_floor(pc, total_params, lc.params) + t_opt
+    return t_pipe + max(step_floor, _dp_step_floor(pc, total_params, lc.params)) + t_opt
