@@ -59,12 +59,18 @@ def plan_summary(plan: Plan) -> str:
         f"mbs={plan.micro_batch_size}",
         f"micro-batches={plan.num_micro_batches}" + (f" ({plan.num_micro_batches / plan.pp:g} x pp)" if plan.pp > 1 else ""),
         f"schedule={plan.schedule.value}",
-        f"recompute={plan.recompute.value if plan.stage_recompute is None else 'per-stage'}",
+        f"recompute={plan.recompute.value if plan.stage_recompute is None else _recompute_mix(plan)}",
         f"zero={plan.zero_stage}",
     ]
     if plan.sequence_parallel:
         parts.append("sp")
     return " ".join(parts)
+
+
+def _recompute_mix(plan: Plan) -> str:
+    """Partial recompute in a few characters: layers under none/selective/full, summed."""
+    sr = plan.stage_recompute
+    return f"mixed({sum(r.none for r in sr)} none/{sum(r.selective for r in sr)} sel/{sum(r.full for r in sr)} full)"
 
 
 def time_table(est: Estimate) -> Table:
