@@ -1,0 +1,228 @@
+"""The built-in GPT/Llama-style decoder that `plan profile` measures and `plan run` trains.
+
+Built from any ModelSpec (preset or Hugging Face config.json). Projections are separate
+nn.Linear modules (q, k, v, o; fc1/fc2 or gate/up/down) so that tensor parallelism can
+shard them with DTensor's ColwiseParallel/RowwiseParallel; attention reshapes with the
+*local* head count (`view(B, T, -1, head_dim)`), so a TP-sharded block runs unchanged.
+Dropout is left out (p = 0) so that a distributed run can be checked against a
+single-process one bit for bit up to reduction order.
+
+Each block has a `recompute` attribute: "none", "selective" (checkpoint the attention core:
+QK^T, softmax, AV) or "full" (checkpoint the whole block), the per-layer choice a plan makes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from planner.specs import Activation, ModelSpec
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(spec: ModelSpec, dim: int) -> nn.Module:
+    return nn.LayerNorm(dim) if spec.norm == "layernorm" else RMSNorm(dim)
+
+
+def rotary_tables(head_dim: int, seq_len: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, heads, T, head_dim); rotate pairs (even, odd)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[: x.shape[-2]].to(x.dtype), sin[: x.shape[-2]].to(x.dtype)
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, d = spec.hidden_size, spec.head_dim
+        self.head_dim = d
+        self.rotary = not spec.learned_position_embeddings
+        bias = spec.linear_bias
+        self.q = nn.Linear(h, spec.num_heads * d, bias=bias)
+        self.k = nn.Linear(h, spec.kv_heads * d, bias=bias)
+        self.v = nn.Linear(h, spec.kv_heads * d, bias=bias)
+        self.o = nn.Linear(spec.num_heads * d, h, bias=bias)
+        self.recompute_core = False
+        if self.rotary:
+            cos, sin = rotary_tables(d, spec.max_seq_len)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: share each KV head
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        d = self.head_dim
+        q = self.q(x).view(B, T, -1, d).transpose(1, 2)  # local heads under TP
+        k = self.k(x).view(B, T, -1, d).transpose(1, 2)
+        v = self.v(x).view(B, T, -1, d).transpose(1, 2)
+        if self.rotary:
+            q, k = apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
+        if self.recompute_core and self.training:
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            y = self.core(q, k, v)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, f, bias = spec.hidden_size, spec.ffn, spec.linear_bias
+        self.swiglu = spec.activation == Activation.swiglu
+        if self.swiglu:
+            self.gate = nn.Linear(h, f, bias=bias)
+            self.up = nn.Linear(h, f, bias=bias)
+            self.down = nn.Linear(f, h, bias=bias)
+        else:
+            self.fc1 = nn.Linear(h, f, bias=bias)
+            self.fc2 = nn.Linear(f, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.norm1 = make_norm(spec, spec.hidden_size)
+        self.attn = Attention(spec)
+        self.norm2 = make_norm(spec, spec.hidden_size)
+        self.mlp = MLP(spec)
+        self.recompute = "none"
+
+    def set_recompute(self, mode: str) -> None:
+        if mode not in ("none", "selective", "full"):
+            raise ValueError(f"recompute mode {mode!r}")
+        self.recompute = mode
+        self.attn.recompute_core = mode == "selective"
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute == "full" and self.training:
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+class Embedding(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.pos = nn.Embedding(spec.max_seq_len, spec.hidden_size) if spec.learned_position_embeddings else None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return x
+
+
+class Head(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.norm = make_norm(spec, spec.hidden_size)
+        self.output = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.norm(x))
+
+
+class ReferenceModel(nn.Module):
+    """Embedding -> blocks -> final norm -> LM head; returns logits."""
+
+    def __init__(self, spec: ModelSpec, tie: bool | None = None):
+        super().__init__()
+        self.spec = spec
+        self.embed = Embedding(spec)
+        self.layers = nn.ModuleList(Block(spec) for _ in range(spec.num_layers))
+        self.head = Head(spec)
+        if spec.tied_embeddings if tie is None else tie:
+            self.head.output.weight = self.embed.tok.weight
+        self.apply(_init)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _init(m: nn.Module) -> None:
+    # GPT-2 style: N(0, 0.02) weights, zero biases; deterministic under torch.manual_seed.
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
+def build_model(spec: ModelSpec, seed: int = 0, tie: bool | None = None) -> ReferenceModel:
+    torch.manual_seed(seed)
+    return ReferenceModel(spec, tie=tie)
+
+
+class StageModule(nn.Module):
+    """One pipeline stage of a ReferenceModel: the embedding on the first, a contiguous run
+    of blocks, the final norm and head on the last; returns one tensor."""
+
+    def __init__(self, model: ReferenceModel, first: int, last: int, is_first: bool, is_last: bool):
+        super().__init__()
+        self.embed = model.embed if is_first else None
+        self.layers = nn.ModuleList(model.layers[first:last])
+        self.head = model.head if is_last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        if self.head is not None:
+            x = self.head(x)
+        return x
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def synthetic_batch(spec: ModelSpec, batch: int, seq_len: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and next-token targets, the same on every rank for a (seed, step)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    data = torch.randint(0, spec.vocab_size, (batch, seq_len + 1), generator=g)
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+
+def param_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = [
+    "ReferenceModel", "StageModule", "Block", "build_model", "lm_loss", "synthetic_batch", "param_count", "math",
+]
