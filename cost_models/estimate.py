@@ -79,11 +79,37 @@ class EdgeCosts:
     p2p: float  # one activation (or gradient) send between neighbouring stages
 
 
+def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: str, micro_batch: int, tp: int):
+    """(forward s, backward s) of this layer kind from the profile, if the cluster is a
+    measured profile of this very model, sequence length and dtype (else None: analytic).
+    A micro-batch size that was not measured scales the nearest measured one linearly."""
+    m = cluster.measured
+    if m is None or m.environment.dtype != job.precision:
+        return None
+    ignore = {"name", "source", "param_dtype"}
+    if m.model.model_dump(exclude=ignore) != model.model_dump(exclude=ignore):
+        return None
+    same = [x for x in m.layers if x.kind == kind and x.seq_len == job.seq_len and x.tp == tp]
+    if not same:
+        return None
+    x = min(same, key=lambda x: (abs(x.micro_batch_size - micro_batch), -x.micro_batch_size))
+    scale = micro_batch / x.micro_batch_size
+    return x.forward_s * scale, x.backward_s * scale
+
+
 def layer_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink
 ) -> LayerCosts:
     dtype, b, s = job.precision, micro_batch, job.seq_len
     lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention)
+    measured = measured_layer(cluster, model, job, "block", b, tp)
+    if measured is not None:
+        # A measured profile of this model: its times replace the analytic ones; the core
+        # attention keeps its analytic share of the forward (what selective recompute reruns).
+        share = lc.attention_core_forward / lc.forward if lc.forward else 0.0
+        lc = compute.LayerCompute(
+            forward=measured[0], backward=measured[1], attention_core_forward=share * measured[0], flops_forward=lc.flops_forward,
+        )
     # Four all-reduces of b s h per layer per micro-batch, two forward and two backward
     # (Narayanan et al. 2021, sec. 3.2); with sequence parallelism each becomes an
     # all-gather plus a reduce-scatter of the same buffer (Korthikanti et al. sec. 4.2.2).
@@ -124,14 +150,22 @@ def edge_costs(
     loss_tp = 2 * tp_link.time(Collective.all_reduce, 4 * b * s)
     emb = compute.embedding_forward_time(model, dev, dtype, b, s)
     head = compute.head_forward_time(model, dev, dtype, b, s, tp)
+    emb_bwd = 2 * emb
+    head_bwd = 2 * head
+    m_emb = measured_layer(cluster, model, job, "embedding", b, 1)
+    m_head = measured_layer(cluster, model, job, "head", b, 1)
+    if m_emb is not None:
+        emb, emb_bwd = m_emb
+    if m_head is not None:  # measured unsharded; a vocab-parallel head does 1/tp of the work
+        head, head_bwd = m_head[0] / tp, m_head[1] / tp
     # Pipeline sends: b s h values; with SP only the local 1/t shard (Megatron's
     # scatter/gather optimisation, Narayanan et al. sec. 4.1).
     p2p = pp_link.time(Collective.p2p, buf / (tp if sp else 1))
     return EdgeCosts(
         embedding_forward=emb + emb_tp,
-        embedding_backward=2 * emb,
+        embedding_backward=emb_bwd,
         head_forward=head + loss_tp,
-        head_backward=2 * head + head_tp,
+        head_backward=head_bwd + head_tp,
         embedding_params=compute.embedding_params(model, tp),
         head_params=compute.head_params(model, tp, pp),
         embedding_activation_bytes=memory.embedding_activation_bytes(model, b, s, tp, sp),

@@ -163,6 +163,65 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     )
 
 
+POOR_FIT = 0.25  # a collective fit off by more than this at some measured size is flagged
+
+
+def progress_bar(description: str):
+    """A rich progress bar on stderr (stdout stays for results)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn(f"{description} [progress.description]{{task.description}}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+    )
+
+
+def profile_report(cluster: ClusterSpec) -> None:
+    """A measured profile (or a preset) as tables; poor alpha-beta fits are flagged."""
+    dev, m = cluster.device, cluster.measured
+    peaks = ", ".join(f"{k.value} {v:.3g} TFLOP/s" for k, v in dev.peak_tflops.items())
+    console.print(f"[bold]{cluster.name}[/bold]: {cluster.num_nodes or 'any'} node(s) x {cluster.gpus_per_node} x {dev.name}")
+    console.print(
+        f"peak {peaks}; memory {dev.memory_gib:.1f} GiB per rank; copy bandwidth {dev.memory_bandwidth_gbps:.1f} GB/s; "
+        f"framework overhead {dev.framework_overhead_gib:.2f} GiB"
+    )
+    if m is not None:
+        e = m.environment
+        console.print(
+            f"measured {e.date} on {e.hostname}: torch {e.torch_version}, {e.backend}, {e.device_type}, {e.dtype.value}, "
+            f"{e.world_size} ranks ({e.nnodes} x {e.nproc_per_node}){', quick' if e.quick else ''}; model {m.model.name}"
+        )
+    links = Table(title="Collectives: alpha-beta fits (time = latency + volume / bus bandwidth)")
+    for col in ("tier", "collective", "group", "latency us", "bus GB/s", "max fit error"):
+        links.add_column(col, justify="left" if col in ("tier", "collective") else "right")
+    sweeps = {(s.collective, s.group_size, s.inter_node): s for s in (m.collectives if m else [])}
+    for tier_name, tier, inter in (("intra-node", cluster.intra_node, False), ("inter-node", cluster.inter_node, True)):
+        for f in tier.collectives:
+            s = sweeps.get((f.collective, f.group_size, inter))
+            err = "-" if s is None else f"{100 * s.max_relative_error:.0f}%"
+            style = "bold red" if s is not None and s.max_relative_error > POOR_FIT else None
+            links.add_row(tier_name, f.collective.value, str(f.group_size or "any"), f"{f.latency_us:.1f}",
+                          f"{f.bandwidth_gbps:.3g}", err + (" POOR FIT" if style else ""), style=style)
+    console.print(links)
+    if m is None:
+        return
+    layers = Table(title=f"Per-layer measurements ({m.model.name}, medians over ranks)")
+    for col in ("layer", "mbs", "seq", "tp", "forward", "backward", "saved MiB", "GFLOP fwd", "FLOPs / model"):
+        layers.add_column(col, justify="left" if col == "layer" else "right")
+    for x in m.layers:
+        ratio = f"{x.flops_forward / x.analytic_flops_forward:.3f}" if x.analytic_flops_forward else "-"
+        layers.add_row(x.kind, str(x.micro_batch_size), str(x.seq_len), str(x.tp), _fmt_time(x.forward_s),
+                       _fmt_time(x.backward_s), f"{x.activation_bytes / 2**20:.1f}", f"{x.flops_forward / 1e9:.2f}", ratio)
+    console.print(layers)
+    mm = Table(title="GEMM sweep (efficiency = achieved / peak)")
+    for col in ("n", "TFLOP/s", "efficiency"):
+        mm.add_column(col, justify="right")
+    peak = max(dev.peak_tflops.values())
+    for p in m.matmul:
+        mm.add_row(str(p.n), f"{p.tflops:.4g}", f"{p.tflops / peak:.2f}")
+    console.print(mm)
+
+
 def estimate_report(doc: PlanDocument) -> None:
     job = doc.job
     console.print(

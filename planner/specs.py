@@ -221,6 +221,76 @@ class LinkTier(_Spec):
         return found
 
 
+class ProfileEnvironment(_Spec):
+    """Where and how a profile was measured."""
+
+    torch_version: str = Field(description="torch.__version__ of the workers.")
+    backend: str = Field(description="Process-group backend the links were timed on ('gloo', 'nccl').")
+    device_type: str = Field(description="'cpu' or 'cuda'.")
+    device_name: str = Field(description="Device model as reported by the system.")
+    dtype: DType = Field(description="Compute dtype of the layer and matmul measurements.")
+    world_size: int = Field(gt=0, description="Ranks that took part (nproc_per_node x nnodes).")
+    nproc_per_node: int = Field(gt=0, description="Ranks per node.")
+    nnodes: int = Field(gt=0, description="Nodes.")
+    date: str = Field(description="UTC date and time of the measurement (ISO 8601).")
+    hostname: str = Field(description="Host of rank 0.")
+    quick: bool = Field(description="Measured with --quick (fewer sizes and repetitions).")
+
+
+class LayerMeasurement(_Spec):
+    """Measured cost of one layer kind at one shape, one micro-batch, on one device."""
+
+    kind: str = Field(description="'block' (transformer layer), 'embedding' or 'head' (final norm, LM head and loss).")
+    micro_batch_size: int = Field(gt=0, description="Sequences per micro-batch.")
+    seq_len: int = Field(gt=0, description="Tokens per sequence.")
+    tp: int = Field(gt=0, description="Tensor-parallel shard measured (the local shapes of one rank, run on one device).")
+    forward_s: float = Field(ge=0, description="Median forward time, seconds.")
+    backward_s: float = Field(ge=0, description="Median backward time, seconds.")
+    activation_bytes: float = Field(ge=0, description="Bytes saved for backward by the forward (unique storages).")
+    flops_forward: float = Field(ge=0, description="Forward FLOPs counted by torch.utils.flop_counter.")
+    analytic_flops_forward: float = Field(ge=0, description="The cost model's forward FLOPs for the same shape.")
+    params: int = Field(ge=0, description="Parameters of the measured (sharded) module.")
+
+
+class MatmulPoint(_Spec):
+    """One point of the GEMM sweep."""
+
+    n: int = Field(gt=0, description="Square GEMM size n (n x n times n x n).")
+    flops: float = Field(gt=0, description="2 n^3.")
+    seconds: float = Field(gt=0, description="Median time of one GEMM.")
+    tflops: float = Field(gt=0, description="Achieved TFLOP/s.")
+
+
+class TimedPoint(_Spec):
+    """One timed collective call."""
+
+    nbytes: int = Field(gt=0, description="Size of the full buffer, bytes.")
+    seconds: float = Field(gt=0, description="Median over repetitions of the slowest rank's time.")
+
+
+class CollectiveSweep(_Spec):
+    """A collective timed over message sizes on one group shape, and its alpha-beta fit."""
+
+    collective: Collective = Field(description="Collective kind.")
+    group_size: int = Field(gt=0, description="Ranks in the group.")
+    inter_node: bool = Field(description="The group spans nodes.")
+    points: list[TimedPoint] = Field(min_length=2, description="Timed sizes.")
+    latency_us: float = Field(ge=0, description="Fitted alpha, microseconds.")
+    bandwidth_gbps: float = Field(gt=0, description="Fitted bus bandwidth, GB/s.")
+    max_relative_error: float = Field(ge=0, description="Largest |fit - measured| / measured over the points.")
+
+
+class MeasuredProfile(_Spec):
+    """What `plan profile` measured, beside the preset-shaped hardware numbers."""
+
+    environment: ProfileEnvironment = Field(description="Where and how it was measured.")
+    model: ModelSpec = Field(description="The model whose layers were measured; the cost model uses the layer times only for this model.")
+    layers: list[LayerMeasurement] = Field(description="Per layer kind, micro-batch size and TP shard.")
+    matmul: list[MatmulPoint] = Field(description="GEMM sweep behind the efficiency curve.")
+    memory_bandwidth_gbps: float = Field(gt=0, description="Measured copy bandwidth, GB/s.")
+    collectives: list[CollectiveSweep] = Field(description="Timed collectives and their fits.")
+
+
 class ClusterSpec(_Spec):
     """A cluster of identical nodes: the hardware profile every command reads.
 
@@ -237,8 +307,8 @@ class ClusterSpec(_Spec):
     intra_node: LinkTier = Field(description="Link between GPUs of one node.")
     inter_node: LinkTier = Field(description="Link between nodes, per GPU (one NIC per GPU on DGX).")
     source: Optional[str] = Field(default=None, description="Where each number comes from.")
-    measured: Optional[dict] = Field(
-        default=None, description="Per-layer measurements and environment written by `plan profile` (None for presets)."
+    measured: Optional[MeasuredProfile] = Field(
+        default=None, description="Per-layer measurements, sweeps and environment written by `plan profile` (None for presets)."
     )
 
     @model_validator(mode="after")

@@ -55,6 +55,7 @@ def resolve_target(
         gpus = nodes * cluster.gpus_per_node
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
+    check_profile_size(cluster, gpus, cluster_name)
     if gpus > cluster.gpus_per_node and gpus % cluster.gpus_per_node:
         raise UsageError(
             f"--gpus {gpus} is not a whole number of {cluster.name} nodes ({cluster.gpus_per_node} GPUs each); use a multiple of {cluster.gpus_per_node}"
@@ -66,13 +67,39 @@ def resolve_target(
     return model, cluster, gpus
 
 
-def make_job(model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool) -> JobSpec:
+def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Optional[str] = None) -> None:
+    """A measured profile plans for the world it measured: refuse another world size or backend."""
+    m = cluster.measured
+    if m is None:
+        return
+    env = m.environment
+    if gpus != env.world_size:
+        raise UsageError(
+            f"{where} was measured on {env.world_size} ranks ({env.nnodes} node(s) x {env.nproc_per_node}), not {gpus}: "
+            f"plan for --gpus {env.world_size}, or profile again with the world size you want"
+        )
+    if backend is not None and backend != env.backend:
+        raise UsageError(f"{where} was measured with the {env.backend} backend, not {backend}: profile again with --backend {backend}")
+
+
+def make_job(
+    model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool,
+    cluster: Optional[ClusterSpec] = None,
+) -> JobSpec:
     seq = seq_len or model.max_seq_len
+    dtype = precision or model.param_dtype
+    if cluster is not None:
+        peaks = {k.value if hasattr(k, "value") else k for k in cluster.device.peak_tflops}
+        name = dtype.value if hasattr(dtype, "value") else dtype
+        if name not in peaks:
+            if precision:
+                raise UsageError(f"{cluster.name} has no {name} throughput (it has {', '.join(sorted(peaks))}); pass --precision accordingly")
+            dtype = sorted(peaks)[0]  # e.g. a CPU profile measured in fp32
     try:
         return JobSpec(
             global_batch_size=global_batch,
             seq_len=seq,
-            precision=precision or model.param_dtype,
+            precision=dtype,
             optimizer=optimizer,
             flash_attention=not no_flash,
         )

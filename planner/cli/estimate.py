@@ -56,7 +56,7 @@ def estimate(
         model, cluster, gpus = resolve_target(model_name, cluster_name, gpus, nodes)
         if global_batch is None:
             raise UsageError("--global-batch is required (sequences per optimizer step)")
-        job = make_job(model, global_batch, seq_len, precision, optimizer, no_flash_attention)
+        job = make_job(model, global_batch, seq_len, precision, optimizer, no_flash_attention, cluster)
         if tp < 1 or pp < 1 or (dp is not None and dp < 1) or micro_batch_size < 1:
             raise UsageError("--tp, --pp, --dp and --micro-batch-size must be positive")
         if dp is None:

@@ -28,11 +28,12 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from planner.cli import estimate, presets, solve
+    from planner.cli import estimate, presets, profile, solve
 
     cli.add_command(presets.presets)
     cli.add_command(estimate.estimate)
     cli.add_command(solve.solve)
+    cli.add_command(profile.profile)
 
 
 _register()

@@ -89,7 +89,7 @@ def solve(
     if max_memory_gib is not None and max_memory_gib <= 0:
         raise UsageError(f"--max-memory-gib must be positive, got {max_memory_gib}")
     fixed, modes = parse_fixes(fixes)
-    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention)
+    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster)
     space = SearchSpace(
         num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
         max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,

@@ -1,0 +1,141 @@
+"""Link measurements: collectives timed over message sizes for every group shape the
+solver uses, each fitted to the alpha-beta model of cost_models.communication.
+
+Timing: every member of a group synchronises (barrier), runs the collective `reps`
+times, and the slowest rank's median is the point (all-reduce MAX over the group). The
+fit minimises relative error (weights 1/t^2), because sizes span six orders of magnitude:
+    t(bytes) = alpha + k(n) bytes / B,   k = 2(n-1)/n all-reduce, (n-1)/n gather/scatter, 1 p2p.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from cost_models.communication import VOLUME_FACTOR
+from planner.specs import Collective, CollectiveSweep, TimedPoint
+
+
+def fit_alpha_beta(collective: Collective, group_size: int, points: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """(alpha seconds, bus bandwidth GB/s, max relative error) of a weighted least-squares fit."""
+    k = VOLUME_FACTOR[collective](group_size)
+    xs = [k * b for b, _ in points]
+    ts = [t for _, t in points]
+    ws = [1.0 / (t * t) for t in ts]
+    sw = sum(ws)
+    sx = sum(w * x for w, x in zip(ws, xs))
+    sy = sum(w * t for w, t in zip(ws, ts))
+    sxx = sum(w * x * x for w, x in zip(ws, xs))
+    sxy = sum(w * x * t for w, x, t in zip(ws, xs, ts))
+    det = sw * sxx - sx * sx
+    beta = (sw * sxy - sx * sy) / det if det else 0.0
+    alpha = (sy - beta * sx) / sw
+    if beta <= 0:  # flat curve: pure latency; bandwidth from the largest point
+        beta = max(ts) / max(xs)
+        alpha = min(ts)
+    if alpha < 0:  # refit the slope through the origin
+        alpha = 0.0
+        beta = sum(w * x * t for w, x, t in zip(ws, xs, ts)) / sxx
+    err = max(abs(alpha + beta * x - t) / t for x, t in zip(xs, ts))
+    return alpha, 1.0 / beta / 1e9, err
+
+
+def _run(collective: Collective, group, members: list[int], rank: int, numel: int, dtype, device):
+    """A closure running one call of `collective` for this rank in `group`."""
+    n = len(members)
+    if collective == Collective.all_reduce:
+        buf = torch.ones(numel, dtype=dtype, device=device)
+        return lambda: dist.all_reduce(buf, group=group)
+    if collective == Collective.all_gather:
+        shard = torch.ones(numel // n, dtype=dtype, device=device)
+        full = torch.empty(shard.numel() * n, dtype=dtype, device=device)
+        return lambda: dist.all_gather_into_tensor(full, shard, group=group)
+    if collective == Collective.reduce_scatter:
+        full = torch.ones((numel // n) * n, dtype=dtype, device=device)
+        shard = torch.empty(numel // n, dtype=dtype, device=device)
+        return lambda: dist.reduce_scatter_tensor(shard, full, group=group)
+    # point-to-point: members pair up (0 -> 1, 2 -> 3, ...), as pipeline stages send
+    buf = torch.ones(numel, dtype=dtype, device=device)
+    i = members.index(rank)
+    peer = members[i + 1] if i % 2 == 0 else members[i - 1]
+    if i % 2 == 0:
+        return lambda: dist.send(buf, peer, group=group)
+    return lambda: dist.recv(buf, peer, group=group)
+
+
+def time_collective(
+    collective: Collective, group, members: list[int], rank: int, nbytes: int, reps: int, warmup: int,
+    device: torch.device, sync: Callable[[], None],
+) -> float:
+    """Median over reps of the slowest member's time for one call (members only)."""
+    dtype = torch.float32
+    numel = max(len(members), nbytes // 4)
+    fn = _run(collective, group, members, rank, numel, dtype, device)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        dist.barrier(group=group)
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    local = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+    return float(local.item())
+
+
+def group_shapes(world: int, nproc_per_node: int) -> list[tuple[list[int], bool]]:
+    """(ranks, spans nodes) for every group size the solver can form: inside a node, k
+    consecutive ranks for each k | nproc_per_node; across nodes, one rank per node and, when
+    there is room, the whole world."""
+    shapes = []
+    for k in range(2, nproc_per_node + 1):
+        if nproc_per_node % k == 0:
+            shapes.append((list(range(k)), False))
+    nnodes = world // nproc_per_node
+    if nnodes > 1:
+        shapes.append(([i * nproc_per_node for i in range(nnodes)], True))
+        if nproc_per_node > 1:
+            shapes.append((list(range(world)), True))
+    return shapes
+
+
+def sweep(
+    rank: int, world: int, nproc_per_node: int, sizes: list[int], reps: int, warmup: int, device: torch.device,
+    sync: Callable[[], None], progress: Callable[[str], None] = lambda s: None,
+) -> list[CollectiveSweep]:
+    """Every collective over every group shape; every rank must call this (groups are
+    created collectively). Returns the fits on rank 0, [] elsewhere."""
+    results = []
+    for members, inter in group_shapes(world, nproc_per_node):
+        group = dist.new_group(members)
+        for collective in Collective:
+            if collective == Collective.p2p and len(members) % 2:
+                continue
+            points = []
+            for nbytes in sizes:
+                if rank in members:
+                    # small messages are cheap and noisy: time them more often
+                    r = reps * (8 if nbytes <= 2**16 else 3 if nbytes <= 2**20 else 1)
+                    t = time_collective(collective, group, members, rank, nbytes, r, warmup, device, sync)
+                else:
+                    t = 0.0
+                points.append((nbytes, t))
+                progress(f"{collective.value} x{len(members)}{' across nodes' if inter else ''} {nbytes} B")
+            dist.barrier()
+            if rank == 0:
+                alpha, bw, err = fit_alpha_beta(collective, len(members), points)
+                results.append(
+                    CollectiveSweep(
+                        collective=collective, group_size=len(members), inter_node=inter,
+                        points=[TimedPoint(nbytes=b, seconds=s) for b, s in points],
+                        latency_us=alpha * 1e6, bandwidth_gbps=bw, max_relative_error=err,
+                    )
+                )
+    return results

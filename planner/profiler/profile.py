@@ -1,0 +1,246 @@
+"""`plan profile`'s worker and the assembly of its measurements into a ClusterSpec.
+
+Every rank measures compute at the same time (so the numbers carry the contention of a
+real run), then all ranks time collectives group by group; rank 0 gathers everything and
+returns it to the launcher, which writes a hardware profile in the schema of the shipped
+presets plus the raw measurements (`measured`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import statistics
+from dataclasses import dataclass
+from typing import Optional
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from planner.specs import (
+    ClusterSpec,
+    Collective,
+    CollectiveFit,
+    DeviceSpec,
+    DType,
+    EfficiencyPoint,
+    LayerMeasurement,
+    LinkTier,
+    MeasuredProfile,
+    ModelSpec,
+    ProfileEnvironment,
+)
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    model: ModelSpec
+    seq_len: int
+    micro_batches: tuple
+    quick: bool
+    backend: str
+    progress_path: Optional[str] = None
+    model_factory: Optional[str] = None  # "package.module:function"
+    blocks_attr: Optional[str] = None
+
+    @property
+    def reps(self) -> int:
+        return 2 if self.quick else 5
+
+    @property
+    def warmup(self) -> int:
+        return 1 if self.quick else 2
+
+    @property
+    def matmul_sizes(self) -> list[int]:
+        return [64, 128, 256, 512, 1024] + ([] if self.quick else [2048, 4096])
+
+    @property
+    def message_sizes(self) -> list[int]:
+        exps = range(10, 25, 2) if self.quick else range(8, 27)
+        return [2**e for e in exps]
+
+
+def plan_steps(req: ProfileRequest, tps: list[int], world: int, nproc: int) -> int:
+    from planner.profiler.links import group_shapes
+
+    layers = len(req.micro_batches) * (len(tps) + 2)
+    links = sum(len(req.message_sizes) * (4 if len(m) % 2 == 0 else 3) for m, _ in group_shapes(world, nproc))
+    return layers + 2 + links
+
+
+class Progress:
+    """Rank 0 appends 'done/total message' lines to a file the launcher renders."""
+
+    def __init__(self, path: Optional[str], total: int, enabled: bool):
+        self.path, self.total, self.done, self.enabled = path, total, 0, enabled
+
+    def __call__(self, message: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        line = f"{min(self.done, self.total)}/{self.total} {message}\n"
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(line)
+        else:
+            import sys
+
+            sys.stderr.write(line)
+
+
+def _device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() + " (one CPU process per rank)"
+    except OSError:
+        pass
+    return "CPU (one process per rank)"
+
+
+def _memory_and_overhead(device, nproc: int) -> tuple[float, float]:
+    """(capacity GiB per rank, framework overhead GiB per rank)."""
+    import torch
+
+    gib = 2**30
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        overhead = (total - free - torch.cuda.memory_allocated(device)) / gib
+        return total / gib, max(overhead, 0.0)
+    total = rss = 0.0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                total = float(line.split()[1]) * 1024
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = float(line.split()[1]) * 1024
+    return total / nproc / gib, rss / gib
+
+
+def _tp_shards(model: ModelSpec, nproc: int) -> list[int]:
+    from planner.search.candidates import tp_ok
+
+    return [t for t in range(1, nproc + 1) if nproc % t == 0 and tp_ok(model, t)]
+
+
+@record
+def profile_worker(req: ProfileRequest) -> Optional[dict]:
+    import torch
+    import torch.distributed as dist
+
+    from planner.launch import init_process_group
+    from planner.profiler import compute, links
+
+    rank, world, device = init_process_group(req.backend)
+    nproc = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    dtype = DType.bf16 if device.type == "cuda" else DType.fp32
+    capacity, overhead = _memory_and_overhead(device, nproc)
+    tps = _tp_shards(req.model, nproc)
+    progress = Progress(req.progress_path, plan_steps(req, tps, world, nproc), rank == 0)
+
+    if req.model_factory:
+        layers = compute.profile_factory_blocks(
+            req.model_factory, req.blocks_attr or "layers", req.model, dtype, device, list(req.micro_batches),
+            req.seq_len, req.warmup, req.reps, sync, progress,
+        )
+        for _ in range(len(req.micro_batches) * (len(tps) + 1)):
+            progress("user model: blocks only")
+    else:
+        layers = compute.profile_layers(
+            req.model, dtype, device, list(req.micro_batches), req.seq_len, tps, req.warmup, req.reps, sync, progress,
+        )
+    matmul = compute.matmul_sweep(dtype, device, req.matmul_sizes, req.reps, sync)
+    progress("matmul sweep")
+    bandwidth = compute.copy_bandwidth(device, (64 if req.quick else 256) * 2**20, req.reps, sync)
+    progress("memory bandwidth")
+    dist.barrier()
+    sweeps = links.sweep(rank, world, nproc, req.message_sizes, req.reps + 1, req.warmup, device, sync, progress)
+
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, (layers, matmul, bandwidth, capacity, overhead))
+    dist.barrier()
+    if rank != 0:
+        dist.destroy_process_group()
+        return None
+    env = ProfileEnvironment(
+        torch_version=torch.__version__, backend=dist.get_backend(), device_type=device.type,
+        device_name=_device_name(device), dtype=dtype, world_size=world, nproc_per_node=nproc,
+        nnodes=world // nproc, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        hostname=socket.gethostname(), quick=req.quick,
+    )
+    dist.destroy_process_group()
+    return {"env": env, "per_rank": gathered, "sweeps": sweeps}
+
+
+def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurement]:
+    """The median over ranks of each measurement (ranks measured the same shapes in order)."""
+    out = []
+    for ms in zip(*per_rank):
+        first = ms[0]
+        out.append(first.model_copy(update={
+            "forward_s": statistics.median(m.forward_s for m in ms),
+            "backward_s": statistics.median(m.backward_s for m in ms),
+        }))
+    return out
+
+
+# Datasheet dense peaks (TFLOP/s) for GPUs we know; CPUs and unknown devices use the best
+# GEMM throughput measured, so efficiencies are relative to what the device demonstrably does.
+KNOWN_PEAKS = {"A100": 312.0, "H100": 989.0, "H200": 989.0}
+
+
+def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
+    env: ProfileEnvironment = result["env"]
+    per_rank = result["per_rank"]
+    layers = _median_layers([r[0] for r in per_rank])
+    matmul = per_rank[0][1]
+    bandwidth = statistics.median(r[2] for r in per_rank)
+    capacity = min(r[3] for r in per_rank)
+    overhead = statistics.median(r[4] for r in per_rank)
+    peak = max(p.tflops for p in matmul)
+    if env.device_type == "cuda":
+        peak = next((v for k, v in KNOWN_PEAKS.items() if k in env.device_name), peak)
+    curve = [EfficiencyPoint(gemm_flops=p.flops, efficiency=min(1.0, p.tflops / peak)) for p in matmul]
+    device = DeviceSpec(
+        name=env.device_name, peak_tflops={env.dtype: peak}, memory_gib=capacity, memory_bandwidth_gbps=bandwidth,
+        memory_bandwidth_efficiency=1.0, matmul_efficiency=curve, framework_overhead_gib=overhead,
+    )
+    sweeps = result["sweeps"]
+
+    def tier(inter: bool, label: str) -> Optional[LinkTier]:
+        fits = [
+            CollectiveFit(collective=s.collective, group_size=s.group_size, latency_us=s.latency_us, bandwidth_gbps=s.bandwidth_gbps)
+            for s in sweeps if s.inter_node == inter
+        ]
+        missing = {c for c in Collective} - {f.collective for f in fits}
+        if not fits or missing:
+            return None
+        return LinkTier(name=label, collectives=fits)
+
+    intra = tier(False, f"measured inside a node ({env.backend})")
+    inter = tier(True, f"measured across nodes ({env.backend})")
+    if intra is None and inter is None:  # a single rank: nothing to time
+        intra = LinkTier(name="not measured (one rank)", collectives=[
+            CollectiveFit(collective=c, latency_us=0.0, bandwidth_gbps=1e6) for c in Collective
+        ])
+    if inter is None:
+        inter = intra.model_copy(update={"name": "not measured (single node): the intra-node fits"})
+    if intra is None:
+        intra = inter.model_copy(update={"name": "not measured (one rank per node): the inter-node fits"})
+    return ClusterSpec(
+        name=name, device=device, gpus_per_node=env.nproc_per_node, num_nodes=env.nnodes, intra_node=intra,
+        inter_node=inter,
+        source=f"measured by `plan profile` on {env.hostname}, {env.date}, torch {env.torch_version}, {env.backend}",
+        measured=MeasuredProfile(
+            environment=env, model=model, layers=layers, matmul=matmul, memory_bandwidth_gbps=bandwidth, collectives=sweeps,
+        ),
+    )
