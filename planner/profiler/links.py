@@ -1,8 +1,10 @@
 """Link measurements: collectives timed over message sizes for every group shape the
 solver uses, each fitted to the alpha-beta model of cost_models.communication.
 
-Timing: every member of a group synchronises (barrier), runs the collective `reps`
-times, and the slowest rank's median is the point (all-reduce MAX over the group). The
+Timing: every member of a group synchronises (barrier), runs the collective several
+times back to back (as a training step does; up to 64 calls for small messages, so that
+scheduler noise averages out), and the per-call time of the slowest rank, median over
+repetitions, is the point (all-reduce MAX over the group). The
 fit minimises relative error (weights 1/t^2), because sizes span six orders of magnitude:
     t(bytes) = alpha + k(n) bytes / B,   k = 2(n-1)/n all-reduce, (n-1)/n gather/scatter, 1 p2p.
 """
@@ -78,13 +80,15 @@ def time_collective(
     for _ in range(warmup):
         fn()
     sync()
+    calls = max(1, min(64, 2**20 // max(nbytes, 1)))
     times = []
     for _ in range(reps):
         dist.barrier(group=group)
         t = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         sync()
-        times.append(time.perf_counter() - t)
+        times.append((time.perf_counter() - t) / calls)
     local = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
     return float(local.item())
@@ -121,9 +125,7 @@ def sweep(
             points = []
             for nbytes in sizes:
                 if rank in members:
-                    # small messages are cheap and noisy: time them more often
-                    r = reps * (8 if nbytes <= 2**16 else 3 if nbytes <= 2**20 else 1)
-                    t = time_collective(collective, group, members, rank, nbytes, r, warmup, device, sync)
+                    t = time_collective(collective, group, members, rank, nbytes, reps, warmup, device, sync)
                 else:
                     t = 0.0
                 points.append((nbytes, t))

@@ -1,0 +1,140 @@
+"""`plan profile`: fits, FLOP counts, schema round trip, refusals, and an end-to-end run on
+two CPU processes whose profile `plan solve` then plans with."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from cost_models.estimate import layer_costs, mesh_links
+from hardware_profiles import load_cluster
+from planner.cli.main import cli
+from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec
+
+torch = pytest.importorskip("torch")
+
+from planner.profiler.compute import measure_module, profile_layers  # noqa: E402
+from planner.profiler.links import fit_alpha_beta  # noqa: E402
+
+GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=128, num_heads=4, vocab_size=512, max_seq_len=128)
+LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=128, num_heads=8, num_kv_heads=2, ffn_hidden_size=352,
+                  vocab_size=512, max_seq_len=128, activation="swiglu", learned_position_embeddings=False,
+                  linear_bias=False, norm="rmsnorm", dropout=False)
+
+
+@pytest.mark.parametrize("collective", list(Collective))
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_fit_recovers_alpha_beta(collective, n):
+    alpha, bw = 150e-6, 3.0  # 150 us, 3 GB/s bus bandwidth
+    from cost_models.communication import VOLUME_FACTOR
+
+    k = VOLUME_FACTOR[collective](n)
+    pts = [(2**e, alpha + k * 2**e / (bw * 1e9)) for e in range(8, 26, 2)]
+    a, b, err = fit_alpha_beta(collective, n, pts)
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(bw, rel=1e-6) and err < 1e-9
+
+
+def test_fit_reproduces_noisy_points_within_stated_error():
+    """Stated in the README: with +-15% timing noise the fit stays within 25% of every point."""
+    rng = random.Random(7)
+    alpha, bw, k = 1e-3, 1.2, 1.0  # gloo-like: 1 ms latency
+    pts = [(2**e, (alpha + k * 2**e / (bw * 1e9)) * rng.uniform(0.85, 1.15)) for e in range(10, 25, 2)]
+    a, b, err = fit_alpha_beta(Collective.all_reduce, 2, pts)
+    assert err <= 0.25
+    assert 0.7 * alpha < a < 1.3 * alpha and 0.7 * bw < b < 1.3 * bw
+
+
+@pytest.mark.parametrize("spec", [GPT, LLAMA], ids=["gpt", "llama-gqa-swiglu"])
+def test_layer_flops_match_cost_model(spec):
+    torch.set_num_threads(1)
+    ms = profile_layers(spec, "fp32", torch.device("cpu"), [1, 2], 64, [1, 2], warmup=0, reps=1, sync=lambda: None)
+    kinds = {(m.kind, m.micro_batch_size, m.tp): m for m in ms}
+    assert set(kinds) >= {("block", 1, 1), ("block", 2, 2), ("head", 2, 1), ("embedding", 1, 1)}
+    for m in ms:
+        if m.kind in ("block", "head"):
+            # torch's FLOP counter (with the CPU attention kernels mapped) against the analytic count
+            assert m.flops_forward == pytest.approx(m.analytic_flops_forward, rel=1e-9), m
+        assert m.forward_s > 0 and m.backward_s >= 0 and m.activation_bytes > 0 or m.kind == "embedding"
+    # a TP shard holds 1/tp of the block's sharded weights
+    assert kinds[("block", 1, 2)].params < kinds[("block", 1, 1)].params
+
+
+def _profile_with(layers_forward: float) -> ClusterSpec:
+    """A measured profile of GPT (built from a preset) whose block forward takes `layers_forward`."""
+    from planner.specs import LayerMeasurement, MeasuredProfile, ProfileEnvironment
+
+    base = load_cluster("dgx-a100-80gb")
+    env = ProfileEnvironment(torch_version="x", backend="gloo", device_type="cpu", device_name="cpu", dtype="bf16",
+                             world_size=2, nproc_per_node=2, nnodes=1, date="2026-11-29", hostname="h", quick=True)
+    lm = LayerMeasurement(kind="block", micro_batch_size=1, seq_len=128, tp=1, forward_s=layers_forward,
+                          backward_s=2 * layers_forward, activation_bytes=1.0, flops_forward=1.0,
+                          analytic_flops_forward=1.0, params=1)
+    measured = MeasuredProfile(environment=env, model=GPT, layers=[lm], matmul=[], memory_bandwidth_gbps=1.0, collectives=[])
+    return base.model_copy(update={"measured": measured, "gpus_per_node": 2, "num_nodes": 1})
+
+
+def test_cost_model_prefers_measured_layers():
+    cluster = _profile_with(0.25)
+    job = JobSpec(global_batch_size=4, seq_len=128)
+    links = mesh_links(cluster, 2, 1, 1, [Axis.tp, Axis.dp, Axis.pp])
+    lc = layer_costs(GPT, cluster, job, 1, 1, False, links[Axis.tp])
+    assert (lc.forward, lc.backward) == (0.25, 0.5)
+    lc2 = layer_costs(GPT, cluster, job, 2, 1, False, links[Axis.tp])  # unmeasured size: scaled from b=1
+    assert lc2.forward == pytest.approx(0.5)
+    other = GPT.model_copy(update={"hidden_size": 256})  # another model: analytic
+    assert layer_costs(other, cluster, job, 1, 1, False, links[Axis.tp]).forward < 0.01
+
+
+def test_profile_refused_for_another_world_size(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(_profile_with(0.1).model_dump_json())
+    res = CliRunner().invoke(cli, ["solve", "--model", "gpt2-124m", "--cluster", str(path), "--gpus", "1", "--global-batch", "8"])
+    assert res.exit_code == 2 and "measured on 2 ranks" in res.output and "not 1" in res.output
+
+
+def test_bad_and_truncated_profiles(tmp_path):
+    good = _profile_with(0.1).model_dump_json(indent=2)
+    trunc = tmp_path / "trunc.json"
+    trunc.write_text(good[: len(good) // 3])
+    res = CliRunner().invoke(cli, ["profile", "--show", str(trunc)])
+    assert res.exit_code == 2 and "malformed JSON" in res.output and len(res.output.strip().splitlines()) == 1
+    data = json.loads(good)
+    data["measured"]["layers"][0]["forward_s"] = "fast"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data, indent=2))
+    res = CliRunner().invoke(cli, ["solve", "--model", "gpt2-124m", "--cluster", str(bad), "--gpus", "2", "--global-batch", "8"])
+    assert res.exit_code == 2 and "forward_s" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.distributed
+def test_profile_two_processes_then_solve(tmp_path):
+    """`plan profile --nproc-per-node 2 --quick`, then `plan solve --cluster profile.json --gpus 2`."""
+    model = tmp_path / "tiny.json"
+    model.write_text(GPT.model_dump_json())
+    out = tmp_path / "profile.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "profile", "--model", str(model), "--nproc-per-node", "2", "--quick",
+         "-o", str(out)], capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    cluster = ClusterSpec.model_validate_json(out.read_text())  # round trip through the schema
+    assert ClusterSpec.model_validate_json(cluster.model_dump_json()) == cluster
+    m = cluster.measured
+    assert m.environment.world_size == 2 and m.environment.backend == "gloo"
+    assert {s.collective for s in m.collectives} == set(Collective)
+    assert all(s.bandwidth_gbps > 0 and s.latency_us >= 0 for s in m.collectives)
+    # every layer FLOP count equals the cost model's
+    assert all(x.flops_forward == pytest.approx(x.analytic_flops_forward) for x in m.layers if x.kind != "embedding")
+    solved = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "solve", "--model", str(model), "--cluster", str(out), "--gpus", "2",
+         "--global-batch", "8", "--json"], capture_output=True, text=True, timeout=120,
+    )
+    assert solved.returncode == 0, solved.stderr
+    doc = json.loads(solved.stdout)
+    assert doc["cluster"]["measured"]["environment"]["world_size"] == 2
+    assert doc["job"]["precision"] == "fp32"  # the profile's dtype
+    shown = CliRunner().invoke(cli, ["profile", "--show", str(out)])
+    assert shown.exit_code == 0 and "Per-layer measurements" in shown.output and "GEMM sweep" in shown.output
