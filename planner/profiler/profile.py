@@ -139,6 +139,10 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     from planner.launch import init_process_group
     from planner.profiler import compute, links
 
+    import warnings
+
+    # torch 2.13 prefers all_gather_single / reduce_scatter_single; the older names time the same kernels
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     rank, world, device = init_process_group(req.backend)
     nproc = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
