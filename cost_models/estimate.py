@@ -80,7 +80,7 @@ class EdgeCosts:
 
 
 def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: str, micro_batch: int, tp: int):
-    """(forward s, backward s) of this layer kind from the profile, if the cluster is a
+    """(forward s, backward s, saved bytes) of this layer kind from the profile, if the cluster is a
     measured profile of this very model, sequence length and dtype (else None: analytic).
     A micro-batch size that was not measured scales the nearest measured one linearly."""
     m = cluster.measured
@@ -94,7 +94,7 @@ def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: s
         return None
     x = min(same, key=lambda x: (abs(x.micro_batch_size - micro_batch), -x.micro_batch_size))
     scale = micro_batch / x.micro_batch_size
-    return x.forward_s * scale, x.backward_s * scale
+    return x.forward_s * scale, x.backward_s * scale, x.activation_bytes * scale
 
 
 def layer_costs(
@@ -120,15 +120,19 @@ def layer_costs(
         one = tp_link.time(Collective.all_reduce, buf)
     tp_fwd = tp_bwd = 2 * one
     flops = compute.layer_flops_forward(model, b, s)
+    acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype) for r in MODES)
+    if measured is not None and not sp:
+        # measured bytes saved with nothing recomputed; selective frees the analytic core
+        # attention share of them; full recompute keeps the layer input only (exact).
+        a_none = measured[2]
+        acts = (a_none, max(acts[2], a_none - (acts[0] - acts[1])), acts[2])
     return LayerCosts(
         forward=lc.forward,
         backward=lc.backward,
         tp_forward=tp_fwd,
         tp_backward=tp_bwd,
         recompute=(0.0, lc.attention_core_forward, lc.forward + tp_fwd),
-        activation_bytes=tuple(
-            memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype) for r in MODES
-        ),
+        activation_bytes=acts,
         params=compute.layer_params(model, tp).total,
         flops_forward=flops,
         recompute_flops=(0.0, compute.attention_flops_forward(model, b, s), flops),
@@ -155,7 +159,7 @@ def edge_costs(
     m_emb = measured_layer(cluster, model, job, "embedding", b, 1)
     m_head = measured_layer(cluster, model, job, "head", b, 1)
     if m_emb is not None:
-        emb, emb_bwd = m_emb
+        emb, emb_bwd = m_emb[0], m_emb[1]
     if m_head is not None:  # measured unsharded; a vocab-parallel head does 1/tp of the work
         head, head_bwd = m_head[0] / tp, m_head[1] / tp
     # Pipeline sends: b s h values; with SP only the local 1/t shard (Megatron's
