@@ -135,12 +135,9 @@ def solve(
 
     heap: list = []
     costs: dict[int, PipelineCosts] = {}
-    seen_shapes: set = set()
     for i, c in enumerate(cands):
         pc = tables.pipeline(c)
         lb = cheap_bound(pc, limit)
-        if (c.pp * c.vpp) not in seen_shapes:
-            seen_shapes.add(c.pp * c.vpp)
         stats.layouts_represented += layouts_represented(c.pp * c.vpp, model.num_layers, c.vpp > 1)
         if lb is None:
             stats.rejected[MEMORY] += 1
@@ -156,7 +153,6 @@ def solve(
         need = top_k + 1
         return found[need - 1][0] if len(found) >= need else float("inf")
 
-    solved: set = set()
     while heap:
         if time_limit is not None and time.perf_counter() - start > time_limit:
             stats.optimal = False
@@ -193,7 +189,6 @@ def solve(
             continue
         k = next(j for _, j in batch if cands[j] == sol.candidate)
         value = sol.objective / costs[k].tokens_per_step
-        solved.add(k)
         found.append((value, k, sol))
         found.sort(key=lambda t: (t[0], t[1]))
         # The others are no better than the one chosen: requeue with that as their bound.
