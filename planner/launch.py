@@ -4,21 +4,41 @@ Uses torch.distributed's elastic launcher (`torch.distributed.launcher.api.elast
 the machinery behind torchrun) with a c10d rendezvous: `--nproc-per-node` workers on this
 machine, and for several machines `--nnodes N --node-rank R --rdzv-endpoint host:port`
 (node 0 hosts the rendezvous). No restarts: a rank that raises or dies stops the whole run,
-the launcher terminates the others and we report which rank failed and why. If the
-environment already has RANK/WORLD_SIZE/LOCAL_RANK (a torchrun or Slurm job step), the
-worker function runs in this process instead.
+the agent terminates the others (SIGTERM, then SIGKILL) and we report which rank failed and
+why, in one line. Ctrl-C (SIGINT) or SIGTERM to the launcher stops every worker the same
+way and raises `Interrupted`.
+
+Workers' stdout and stderr go to log files (so `--json` keeps stdout clean); the log
+directory is removed after a successful run and named in the error after a failed one,
+with the failed rank's traceback written beside the logs.
+
+If the environment already has RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT (a
+torchrun job), or a Slurm job step with several tasks plus MASTER_ADDR/MASTER_PORT (each
+task one rank), the worker function runs in this process instead.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from planner.errors import PlannerError, UsageError
+
+# Errors a rank reports because another rank went away first: not the root cause.
+_SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "timed out", "Timed out", "SIGTERM", "Signal 15")
+
+
+class Interrupted(PlannerError):
+    """The launcher was interrupted (Ctrl-C / SIGTERM); all workers were stopped."""
+
+    exit_code = 130
 
 
 @dataclass(frozen=True)
@@ -29,14 +49,28 @@ class LaunchSpec:
     rdzv_endpoint: Optional[str] = None  # host:port; default a free port on localhost
     run_id: Optional[str] = None
     backend: str = "auto"  # "gloo", "nccl" or "auto" (nccl when CUDA is available)
+    join_timeout_s: int = 120  # how long a node waits for the others at the rendezvous
 
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
 
 
+def _slurm_environment() -> None:
+    """Inside a Slurm step with several tasks (srun), each task is one rank: map Slurm's
+    variables to torch's. MASTER_ADDR/MASTER_PORT must come from the job script."""
+    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) < 2:
+        return
+    if not all(k in os.environ for k in ("SLURM_PROCID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")):
+        return
+    os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
+    os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
+    os.environ.setdefault("LOCAL_RANK", os.environ["SLURM_LOCALID"])
+
+
 def inside_launcher() -> bool:
     """True in a process started by torchrun / Slurm with the distributed environment set."""
+    _slurm_environment()
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
 
 
@@ -67,57 +101,100 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
         return {int(os.environ["RANK"]): entrypoint(*args)}
     import logging
 
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    # The elastic agent logs every failure with a traceback; we report one line ourselves.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    try:
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-
-        logs = DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="plan-launch-"))
-    except ImportError:  # pragma: no cover - older torch
-        logs = None
-    endpoint = spec.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    # The elastic agent and torch.multiprocessing log every failure and termination with
+    # tracebacks; we report one line ourselves.
+    # torch's elastic loggers set their own levels, so each one is silenced by name.
+    prefixes = ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed.launcher")
+    for name in [*prefixes, *logging.root.manager.loggerDict]:
+        if name.startswith(prefixes):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    log_dir = tempfile.mkdtemp(prefix="plan-launch-")
     config = LaunchConfig(
         min_nodes=spec.nnodes,
         max_nodes=spec.nnodes,
         nproc_per_node=spec.nproc_per_node,
         run_id=spec.run_id or (uuid.uuid4().hex[:12] if spec.nnodes == 1 else "plan-run"),
-        rdzv_endpoint=endpoint,
+        rdzv_endpoint=spec.rdzv_endpoint or f"127.0.0.1:{free_port()}",
         rdzv_backend="c10d",
-        rdzv_configs={"is_host": spec.node_rank == 0, "rank": spec.node_rank, "join_timeout": 120},
+        rdzv_configs={"is_host": spec.node_rank == 0, "rank": spec.node_rank, "join_timeout": spec.join_timeout_s},
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
-        logs_specs=logs,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL),
     )
+    handlers = _signal_handlers()
     try:
         results = elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
-        raise PlannerError(_failure_message(exc)) from None
-    base = spec.node_rank * spec.nproc_per_node
-    return {base + int(k): v for k, v in results.items()}
+        raise PlannerError(_failure_message(exc, log_dir)) from None
+    except SignalException as exc:
+        raise Interrupted(f"interrupted by signal {exc.sigval.name}; all workers stopped (logs: {log_dir})") from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; all workers stopped (logs: {log_dir})") from None
+    except Exception as exc:  # rendezvous and agent errors: one line, not a traceback
+        detail = str(exc).strip().splitlines()
+        raise PlannerError(f"launch failed: {type(exc).__name__}: {detail[0] if detail else ''} (logs: {log_dir})") from None
+    finally:
+        _restore(handlers)  # the agent's handlers turn a later Ctrl-C into its SignalException
+    shutil.rmtree(log_dir, ignore_errors=True)
+    # The agent keys results by global rank already.
+    return {int(k): v for k, v in results.items()}
 
 
-def _failure_message(exc) -> str:
-    """'rank R failed: <last line of its error>' for the first failed rank."""
-    failures = getattr(exc, "failures", {}) or {}
-    if not failures:
-        return f"a worker failed: {exc}"
-    rank, failure = min(failures.items())
-    text = ""
+def _signal_handlers() -> dict:
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    return {getattr(signal, n): signal.getsignal(getattr(signal, n)) for n in names if hasattr(signal, n)}
+
+
+def _restore(handlers: dict) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
+def _failure_text(failure) -> str:
     message = getattr(failure, "message", None)
     if isinstance(message, dict):
-        text = str(message.get("message", "")).strip()
-    elif message:
-        text = str(message).strip()
-    last = [line for line in text.splitlines() if line.strip()]
-    detail = last[-1] if last else f"exit code {failure.exitcode}"
-    if detail.startswith("<N/A>") or not last:
-        detail = f"exit code {failure.exitcode}" + (" (killed by a signal)" if failure.exitcode < 0 else "")
-    return f"rank {rank} failed: {detail}"
+        message = message.get("message", "")
+    lines = [line for line in str(message or "").splitlines() if line.strip()]
+    if not lines or lines[-1].startswith("To enable traceback") or lines[-1].startswith("<N/A>"):
+        code = failure.exitcode
+        return f"exit code {code}" + (" (killed by a signal)" if code < 0 else "")
+    return lines[-1].strip()
+
+
+def root_cause(failures: dict) -> tuple[int, Any]:
+    """The failure that started it: earliest, and among those of the same second one that
+    is not a peer noticing the others' death (connection closed, timeout, SIGTERM)."""
+
+    def key(item):
+        rank, failure = item
+        text = _failure_text(failure)
+        return (getattr(failure, "timestamp", 0), any(s in text for s in _SECONDARY), rank)
+
+    return min(failures.items(), key=key)
+
+
+def _failure_message(exc, log_dir: str) -> str:
+    """'rank R failed: <last line of its error> (logs: DIR)'."""
+    failures = getattr(exc, "failures", {}) or {}
+    if not failures:
+        return f"a worker failed: {exc} (logs: {log_dir})"
+    rank, failure = root_cause(failures)
+    callstack = (getattr(failure, "error_file_data", None) or {}).get("message", {})
+    if isinstance(callstack, dict) and callstack.get("extraInfo", {}).get("py_callstack"):
+        with open(os.path.join(log_dir, f"rank{rank}-traceback.txt"), "w") as f:
+            f.write(callstack["extraInfo"]["py_callstack"])
+    others = sorted(r for r in failures if r != rank)
+    also = f"; ranks {', '.join(map(str, others))} stopped after it" if others else ""
+    return f"rank {rank} failed: {_failure_text(failure)}{also} (logs: {log_dir})"
 
 
 def init_process_group(backend: str = "auto", timeout_s: float = 120.0):
@@ -139,3 +216,6 @@ def init_process_group(backend: str = "auto", timeout_s: float = 120.0):
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size(), device
+
+
+__all__ = ["LaunchSpec", "Interrupted", "launch", "inside_launcher", "init_process_group", "free_port", "validate"]

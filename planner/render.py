@@ -232,3 +232,77 @@ def estimate_report(doc: PlanDocument) -> None:
     console.print(time_table(doc.estimate))
     console.print(throughput_table(doc.estimate))
     console.print(memory_table(doc.estimate))
+
+
+# ----- plan run
+
+
+def _bytes(n: float) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.0f}%" if abs(x) < 1e6 else "n/a"
+
+
+def run_verification_table(v) -> Table:
+    verdict = "[bold green]PASS[/bold green]" if v.passed else "[bold red]FAIL[/bold red]"
+    t = Table(title=f"Verification against one process: {verdict}", caption=v.message)
+    for col in ("step", "loss", "reference", "rel. diff", "grad norm", "reference", "rel. diff"):
+        t.add_column(col, justify="right")
+    rows = zip(v.losses, v.reference_losses, v.grad_norms, v.reference_grad_norms)
+    for i, (loss, ref, norm, ref_norm) in enumerate(rows):
+        t.add_row(str(i), f"{loss:.7f}", f"{ref:.7f}", f"{abs(loss - ref) / abs(ref):.1e}",
+                  f"{norm:.6f}", f"{ref_norm:.6f}", f"{abs(norm - ref_norm) / abs(ref_norm):.1e}")
+    return t
+
+
+def run_prediction_table(report) -> Table:
+    """Predicted against measured: step time and throughput, then memory per pipeline rank."""
+    tm = report.time
+    t = Table(title=f"Predicted ({report.cluster.name}) against measured", caption=report.ranks[0].memory_method)
+    for col in ("", "layers", "weights", "gradients", "optimizer", "activations", "counted total", "error"):
+        t.add_column(col, justify="left" if not col else "right")
+    t.add_row("step time", "", "", "", "", "", f"{_fmt_time(tm.predicted_step_time_s)} / {_fmt_time(tm.measured_step_time_s)}",
+              _pct(tm.error_pct))
+    t.add_row("tokens/s", "", "", "", "", "", f"{tm.predicted_tokens_per_s:,.0f} / {tm.measured_tokens_per_s:,.0f}",
+              _pct(100 * (tm.predicted_tokens_per_s / tm.measured_tokens_per_s - 1)))
+    for s in report.stages:
+        p, m = s.predicted, s.measured
+        cells = [f"{_bytes(a)} / {_bytes(b)}" for a, b in (
+            (p.weights_bytes, m.weights_bytes), (p.gradients_bytes, m.gradients_bytes),
+            (p.optimizer_states_bytes, m.optimizer_states_bytes), (p.activations_bytes, m.activations_bytes),
+            (p.total_bytes, m.total_bytes))]
+        t.add_row(f"stage {s.stage} memory", str(s.layers), *cells, _pct(s.error_pct))
+    return t
+
+
+def run_ranks_table(report) -> Table:
+    t = Table(title="Per rank (measured)")
+    for col in ("rank", "dp", "tp", "pp", "stages", "layers", "step time", "peak memory"):
+        t.add_column(col, justify="right")
+    for r in report.ranks:
+        step = sum(r.step_times_s) / len(r.step_times_s)
+        t.add_row(str(r.rank), str(r.dp_rank), str(r.tp_rank), str(r.pp_rank), ",".join(map(str, r.virtual_stages)),
+                  str(r.layers), _fmt_time(step), _bytes(r.peak_memory_bytes))
+    return t
+
+
+def run_report(report) -> None:
+    s, job = report.settings, report.job
+    console.print(
+        f"[bold]{report.model.name}[/bold] ({_human(total_params(report.model))} parameters) on {s.world_size} ranks "
+        f"({s.backend}, {s.device}, {s.nnodes} node{'s' if s.nnodes > 1 else ''}); global batch {job.global_batch_size} x "
+        f"{job.seq_len} tokens, {job.precision.value}; {s.steps} steps ({s.warmup_steps} warm-up), seed {s.seed}"
+    )
+    console.print(f"layout: {plan_summary(report.plan)}")
+    if stage_layout(report.plan):
+        console.print(stage_layout(report.plan))
+    for note in s.changes:
+        console.print(f"  changed from the plan file: {note}")
+    console.print(run_verification_table(report.verification))
+    console.print(run_prediction_table(report))
+    console.print(run_ranks_table(report))

@@ -585,3 +585,107 @@ class SolveDocument(PlanDocument):
     alternatives: list[Alternative] = Field(description="The next-best layouts, best first.")
     search: SearchReport = Field(description="Search statistics.")
     explanation: Explanation = Field(description="Bottlenecks and communication of the chosen plan.")
+
+
+# ----- run report
+# `plan run`: a plan executed with torch.distributed, checked against a single-process run
+# of the same model, seed and batch, with predicted against measured time and memory.
+
+
+class MemoryBytes(_Spec):
+    """Memory of one rank (or the largest rank of a pipeline stage) by kind, in bytes.
+    What is counted and how: planner/executor/memory.py and RankMeasurement.memory_method."""
+
+    weights_bytes: float = Field(description="Parameters held (local shards; FSDP's gathered parameters while in place).")
+    gradients_bytes: float = Field(description="Gradients held after the step's last backward.")
+    optimizer_states_bytes: float = Field(description="Optimizer state held (Adam: step, first and second moments).")
+    activations_bytes: float = Field(description="Peak of tensors saved for backward over all in-flight micro-batches.")
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_states_bytes + self.activations_bytes
+
+
+class RankMeasurement(_Spec):
+    """What one rank measured."""
+
+    rank: int = Field(description="Global rank.")
+    dp_rank: int = Field(description="Coordinate on the data-parallel axis.")
+    tp_rank: int = Field(description="Coordinate on the tensor-parallel axis.")
+    pp_rank: int = Field(description="Coordinate on the pipeline axis.")
+    virtual_stages: list[int] = Field(description="Virtual pipeline stages this rank ran (several with interleaving).")
+    layers: int = Field(description="Transformer layers on this rank.")
+    step_times_s: list[float] = Field(description="This rank's time of every measured step (after warm-up): forward, backward, gradient sync and optimizer, without the verification's norm.")
+    memory: MemoryBytes = Field(description="Counted memory by kind over the measured steps.")
+    peak_memory_bytes: float = Field(description="CUDA: the allocator's peak; CPU: the sum of the counted kinds.")
+    memory_method: str = Field(description="How memory was measured on this device.")
+
+
+class StageComparison(_Spec):
+    """Predicted against measured memory of one pipeline rank."""
+
+    stage: int = Field(description="Pipeline rank.")
+    layers: int = Field(description="Transformer layers on this pipeline rank.")
+    predicted: MemoryBytes = Field(description="The cost model's weights, gradients, optimizer states and activations.")
+    predicted_not_measured_bytes: float = Field(description="Predicted temporary buffers and framework overhead, which the CPU count leaves out.")
+    measured: MemoryBytes = Field(description="The largest measurement among the ranks of this pipeline rank, per kind.")
+    error_pct: float = Field(description="(predicted - measured) / measured of the counted total, percent.")
+
+
+class TimeComparison(_Spec):
+    """Predicted against measured step time."""
+
+    predicted_step_time_s: float = Field(description="The cost model's step time for the model that ran, on the plan file's cluster.")
+    measured_step_time_s: float = Field(description="Mean over measured steps of the slowest rank's step time.")
+    error_pct: float = Field(description="(predicted - measured) / measured, percent.")
+    predicted_tokens_per_s: float = Field(description="Predicted tokens per second of the whole run.")
+    measured_tokens_per_s: float = Field(description="Global batch x sequence length / measured step time.")
+    measured_steps: int = Field(description="Steps timed (after warm-up).")
+
+
+class Verification(_Spec):
+    """The distributed run against a single-process reference."""
+
+    passed: bool = Field(description="Every step's loss and gradient norm within the tolerance.")
+    tolerance: float = Field(description="Largest relative difference accepted.")
+    losses: list[float] = Field(description="Mean loss over the global batch at every step, distributed run.")
+    reference_losses: list[float] = Field(description="The same from one process with the whole batch.")
+    grad_norms: list[float] = Field(description="Global gradient norm at every step (all shards and stages), distributed run.")
+    reference_grad_norms: list[float] = Field(description="The same from the single-process reference.")
+    max_loss_rel_error: float = Field(description="Largest relative loss difference over the steps.")
+    max_grad_norm_rel_error: float = Field(description="Largest relative gradient-norm difference over the steps.")
+    message: str = Field(description="One line: what matched, or the first step that did not.")
+
+
+class RunSettings(_Spec):
+    """How the run was made."""
+
+    steps: int = Field(description="Optimizer steps run (warm-up included) and compared with the reference.")
+    warmup_steps: int = Field(description="First steps left out of the timing.")
+    seed: int = Field(description="Seed of the weights and of the synthetic token data.")
+    learning_rate: float = Field(description="Adam learning rate.")
+    world_size: int = Field(description="Processes (ranks).")
+    nnodes: int = Field(description="Launcher processes (machines).")
+    backend: str = Field(description="torch.distributed backend: gloo (CPU) or nccl (CUDA).")
+    device: str = Field(description="Device type of the ranks.")
+    timeout_s: float = Field(description="Process-group timeout.")
+    changes: list[str] = Field(description="How what ran differs from the plan file (scaled model, untied embeddings, fp32, ...).")
+
+
+class RunReport(_Spec):
+    """`plan run -o report.json`: the plan as it ran, the measurements per rank, the
+    reference losses and the verdict."""
+
+    schema_version: str = Field(default=SCHEMA_VERSION, description="Version of this document format (major.minor).")
+    plan_file: Optional[str] = Field(default=None, description="The plan file that was run.")
+    model: ModelSpec = Field(description="The model that ran (after --scale-* options).")
+    cluster: ClusterSpec = Field(description="The hardware profile of the plan file, used for the predictions.")
+    job: JobSpec = Field(description="The job that ran.")
+    plan: Plan = Field(description="The layout that ran.")
+    estimate: Estimate = Field(description="The cost model's prediction for what ran.")
+    settings: RunSettings = Field(description="Steps, seed, launch and what was changed from the plan file.")
+    ranks: list[RankMeasurement] = Field(description="Measurements of every rank.")
+    stages: list[StageComparison] = Field(description="Predicted against measured memory per pipeline rank.")
+    time: TimeComparison = Field(description="Predicted against measured step time and throughput.")
+    verification: Verification = Field(description="Losses and gradient norms against the single-process reference.")
+    verdict: str = Field(description="'pass' when verification passed, else 'fail'.")

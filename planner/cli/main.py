@@ -28,12 +28,13 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from planner.cli import estimate, presets, profile, solve
+    from planner.cli import estimate, presets, profile, run, solve
 
     cli.add_command(presets.presets)
     cli.add_command(estimate.estimate)
     cli.add_command(solve.solve)
     cli.add_command(profile.profile)
+    cli.add_command(run.run)
 
 
 _register()

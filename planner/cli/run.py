@@ -1,0 +1,73 @@
+"""`plan run`: execute a plan with torch.distributed, verify it, compare with the prediction."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from planner import render
+from planner.datafile import write_atomic
+from planner.errors import PlannerError, UsageError
+from planner.executor.prepare import Rehearsal, prepare_case
+from planner.executor.runner import RunOptions, run_plans
+from planner.executor.verify import DEFAULT_TOLERANCE
+from planner.launch import Interrupted, LaunchSpec, inside_launcher
+from planner.plan_file import read_plan_file
+
+
+@click.command()
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--nproc-per-node", type=int, default=None, help="Workers on this machine [default: the plan's dp x tp x pp / --nnodes].")
+@click.option("--nnodes", type=int, default=1, show_default=True, help="Machines (one `plan run` each).")
+@click.option("--node-rank", type=int, default=0, show_default=True, help="This machine's rank; node 0 hosts the rendezvous.")
+@click.option("--rdzv-endpoint", default=None, help="host:port of the rendezvous (node 0), the same on every node.")
+@click.option("--steps", type=int, default=5, show_default=True, help="Training steps (warm-up included), each verified.")
+@click.option("--warmup", type=int, default=2, show_default=True, help="First steps left out of the timing.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the synthetic tokens.")
+@click.option("--lr", type=float, default=1e-3, show_default=True, help="Adam learning rate.")
+@click.option("--scale-layers", type=int, help="Rehearse with this many layers (the layer split is kept in proportion).")
+@click.option("--scale-hidden", type=int, help="Rehearse with this hidden size (FFN scaled alike).")
+@click.option("--scale-heads", type=int, help="Rehearse with this many attention heads (KV ratio kept).")
+@click.option("--scale-vocab", type=int, help="Rehearse with this vocabulary size.")
+@click.option("--scale-seq-len", type=int, help="Rehearse with this sequence length.")
+@click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True, help="Relative difference allowed against the reference (fp32).")
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True, help="Process-group timeout, seconds: a rank that stops answering fails the run after this.")
+@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True, help="auto: nccl with CUDA, else gloo.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON report to this file.")
+def run(
+    plan_file: str, nproc_per_node: Optional[int], nnodes: int, node_rank: int, rdzv_endpoint: Optional[str], steps: int,
+    warmup: int, seed: int, lr: float, scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len,
+    tolerance: float, timeout_s: float, backend: str, as_json: bool, output: Optional[str],
+) -> None:
+    """Train a few steps of PLAN_FILE's layout with torch.distributed, check every loss and
+    gradient norm against one process, and compare time and memory with the prediction."""
+    doc = read_plan_file(Path(plan_file))
+    rehearsal = Rehearsal(scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len)
+    case = prepare_case(doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr)
+    if nproc_per_node is None:
+        if doc.plan.world_size % max(nnodes, 1):
+            raise UsageError(f"the plan's {doc.plan.world_size} ranks do not split over --nnodes {nnodes}; give --nproc-per-node")
+        nproc_per_node = doc.plan.world_size // max(nnodes, 1)
+    if tolerance <= 0 or timeout_s <= 0:
+        raise UsageError("--tolerance and --timeout must be positive")
+    spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    try:
+        report = run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file])[0]
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; all workers stopped") from None
+    if inside_launcher() and os.environ["RANK"] != "0":
+        if not report.verification.passed:
+            raise PlannerError(f"verification failed: {report.verification.message}")
+        return  # inside torchrun/Slurm, rank 0 reports
+    if output:
+        write_atomic(output, report.model_dump_json(indent=2) + "\n")
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        render.run_report(report)
+    if not report.verification.passed:
+        raise PlannerError(f"verification failed: {report.verification.message}")

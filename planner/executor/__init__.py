@@ -1,0 +1,15 @@
+"""`plan run`: execute a plan with torch.distributed and check it against one process.
+
+Data flows one way:
+
+    prepare.py    plan file -> the model, job and plan that will run (scaled for a
+                  rehearsal), refused before launch when they cannot run (no torch import)
+    launch        planner.launch: torchrun-style workers (elastic agent, c10d rendezvous)
+    train.py      per rank: process group -> parallelize.py's ordered apply_* steps ->
+                  K training steps -> measurements (memory.py counts live tensor bytes)
+    verify.py     the single-process reference run and the comparison
+    runner.py     ties them together and builds the RunReport (planner.specs)
+
+Only train.py, parallelize.py, memory.py and verify.py import torch, and only when a run
+starts, so `plan` without the torch extra still plans.
+"""

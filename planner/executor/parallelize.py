@@ -1,0 +1,220 @@
+"""Lay a plan onto torch.distributed: short ordered steps that read only the plan.
+
+    build_mesh -> split_pipeline -> apply_tensor_parallel -> apply_recompute
+               -> apply_data_parallel -> build_optimizer -> build_schedule
+
+Every rank builds the full model from the same seed (so it equals the single-process
+reference bit for bit), keeps its pipeline stages and shards them. Why this order:
+- The pipeline split comes first so a rank shards only the layers it keeps.
+- Tensor parallelism before data parallelism: FSDP2 must see the TP DTensors to shard
+  them a second time over dp (2-D parameters); DDP cannot wrap DTensors at all, so with
+  tp > 1 ZeRO-0/1 use composable `replicate` (FSDP2's replicated sibling) instead.
+- Recompute is a per-block flag read in forward; setting it before FSDP2 replaces the
+  block classes keeps the flag where the blocks' code reads it.
+- PipelineStage wraps the data-parallel module last, so the schedule drives DDP's
+  no_sync / FSDP2's gradient sync across micro-batches itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from planner.reference_model import ReferenceModel, StageModule
+from planner.specs import ModelSpec, Plan, Schedule
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where this rank sits on the mesh."""
+
+    dp: int
+    tp: int
+    pp: int
+    stages: tuple[int, ...]  # virtual pipeline stages this rank runs
+
+
+def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    """A 3-D mesh in the plan's axis order. `plan.mesh_order` lists axes innermost first
+    (consecutive ranks); init_device_mesh's last dimension varies fastest, so reverse it."""
+    names = tuple(a.value for a in reversed(plan.mesh_order))
+    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
+    return init_device_mesh(device_type, tuple(degree[n] for n in names), mesh_dim_names=names)
+
+
+def place(mesh: DeviceMesh, plan: Plan) -> RankPlace:
+    dp, tp, pp = (mesh[a].get_local_rank() for a in ("dp", "tp", "pp"))
+    return RankPlace(dp, tp, pp, tuple(j for j in range(plan.virtual_stages) if j % plan.pp == pp))
+
+
+def stage_bounds(plan: Plan, num_layers: int) -> list[tuple[int, int]]:
+    """[first, last) layer of every virtual stage, in pipeline order."""
+    bounds, start = [], 0
+    for n in plan.stage_layers(num_layers):
+        bounds.append((start, start + n))
+        start += n
+    return bounds
+
+
+def split_pipeline(model: ReferenceModel, plan: Plan, stages: tuple[int, ...]) -> dict[int, StageModule]:
+    """This rank's virtual stages with the plan's exact layer split (stage j on rank j % pp;
+    interleaved ranks hold several). The embedding goes to stage 0, the head to the last."""
+    bounds, last = stage_bounds(plan, model.spec.num_layers), plan.virtual_stages - 1
+    return {j: StageModule(model, *bounds[j], is_first=j == 0, is_last=j == last) for j in stages}
+
+
+def _block_tp_plan(block: nn.Module, sequence_parallel: bool) -> dict:
+    """Megatron's layout: q, k, v and the first MLP matrices column-parallel (heads and FFN
+    split), the output projections row-parallel (one all-reduce each, or a reduce-scatter to
+    sequence shards with SP, where the norms then run on sequence shards)."""
+    mlp = block.mlp
+    cols = ["mlp.gate", "mlp.up"] if mlp.swiglu else ["mlp.fc1"]
+    row_mlp = "mlp.down" if mlp.swiglu else "mlp.fc2"
+    out = Shard(1) if sequence_parallel else Replicate()
+    tp_plan = {name: ColwiseParallel() for name in ("attn.q", "attn.k", "attn.v", *cols)}
+    tp_plan["attn.o"] = RowwiseParallel(output_layouts=out)
+    tp_plan[row_mlp] = RowwiseParallel(output_layouts=out)
+    if sequence_parallel:
+        # use_local_output=True: the blocks' code works on plain tensors (PLATFORM.md: with
+        # the default False the first block fails with "mixed torch.Tensor and DTensor").
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+        tp_plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(), "attn": gather, "mlp": gather})
+    return tp_plan
+
+
+def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Shard every block, the embedding (vocabulary rows) and the LM head (vocabulary
+    columns, logits gathered so the loss sees all of them) over the TP group."""
+    for block in stage.layers:
+        parallelize_module(block, tp_mesh, _block_tp_plan(block, sequence_parallel))
+    tied = stage.embed is not None and stage.head is not None and stage.head.output.weight is stage.embed.tok.weight
+    if stage.embed is not None:
+        parallelize_module(stage.embed, tp_mesh, {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())})
+        if sequence_parallel:
+            # Token + position embeddings are summed replicated, then each rank keeps its
+            # sequence shard (a slice; its backward all-gathers the gradient).
+            parallelize_module(stage.embed, tp_mesh, PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True))
+    if stage.head is not None:
+        head_plan = {"output": ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(), output_layouts=Replicate())}
+        if sequence_parallel:
+            head_plan["norm"] = SequenceParallel()
+        parallelize_module(stage.head, tp_mesh, head_plan)
+    if tied:
+        # Both shard the vocabulary dimension (Shard(0)) on the same mesh: share one DTensor.
+        stage.head.output.weight = stage.embed.tok.weight
+
+
+def recompute_modes(counts) -> list[str]:
+    """Per layer of a stage, in order: full first, then selective, then none (Megatron's
+    'block' method recomputes the first layers of a stage). Memory and time do not depend
+    on the order within a stage; the cost model counts layers per mode."""
+    return ["full"] * counts.full + ["selective"] * counts.selective + ["none"] * counts.none
+
+
+def apply_recompute(stages: dict[int, StageModule], plan: Plan, num_layers: int) -> None:
+    counts = plan.stage_recompute_counts(num_layers)
+    for j, stage in stages.items():
+        for block, mode in zip(stage.layers, recompute_modes(counts[j]), strict=True):
+            block.set_recompute(mode)
+
+
+def apply_data_parallel(stage: StageModule, plan: Plan, mesh: DeviceMesh) -> nn.Module:
+    """ZeRO-0/1: replicated parameters and gradients (DDP; composable replicate with tp > 1);
+    ZeRO-1's optimizer-state sharding is in build_optimizer. ZeRO-2: FSDP2 keeping the
+    gathered parameters from forward to backward (reshard_after_forward=False); ZeRO-3: FSDP2
+    regathering per block. FSDP2 goes per block, then on the stage (the root)."""
+    if plan.dp == 1:
+        return stage
+    dp_mesh = mesh["dp"]
+    if plan.zero_stage >= 2:
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = plan.zero_stage == 3
+        for block in stage.layers:
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+        return stage
+    if plan.tp == 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # Buffers (rotary tables) are constants: nothing to broadcast each forward.
+        return DistributedDataParallel(stage, process_group=dp_mesh.get_group(), broadcast_buffers=False)
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    replicate(stage, mesh=dp_mesh)
+    return stage
+
+
+def unique_parameters(modules) -> list[nn.Parameter]:
+    seen, out = set(), []
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def build_optimizer(modules, plan: Plan, mesh: DeviceMesh, lr: float):
+    """Adam. ZeRO-1 shards its state over dp: each dp rank updates a share of the
+    parameters, then broadcasts them (ZeroRedundancyOptimizer; with tp > 1 our DTensor-aware
+    equivalent, zero.py, because ZeroRedundancyOptimizer cannot broadcast DTensors).
+    ZeRO-2/3 shard it already: FSDP2's parameters are the shards."""
+    params = unique_parameters(modules)
+    if plan.zero_stage == 1 and plan.dp > 1:
+        if plan.tp > 1:
+            from planner.executor.zero import ShardedStateOptimizer
+
+            return ShardedStateOptimizer(params, mesh["dp"].get_group(), lr)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, process_group=mesh["dp"].get_group(), lr=lr)
+    return torch.optim.Adam(params, lr=lr)
+
+
+def stage_io(j: int, plan: Plan, spec: ModelSpec, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Example input and output of virtual stage j for one micro-batch: token ids into the
+    first, logits out of the last, hidden states between (sequence shards with SP)."""
+    b, last = plan.micro_batch_size, plan.virtual_stages - 1
+    hidden = torch.empty(b, seq_len // plan.tp if plan.sequence_parallel else seq_len, spec.hidden_size, device=device)
+    # A received hidden state needs a gradient (sent back to the previous stage); token ids do not.
+    inp = torch.zeros(b, seq_len, dtype=torch.long, device=device) if j == 0 else hidden.clone().requires_grad_()
+    out = torch.empty(b, seq_len, spec.vocab_size, device=device) if j == last else hidden
+    return inp, out
+
+
+def build_schedule(stages: dict[int, nn.Module], plan: Plan, mesh: DeviceMesh, device: torch.device, loss_fn,
+                   spec: ModelSpec, seq_len: int):
+    """torch.distributed.pipelining with the plan's schedule and micro-batch count; the
+    schedule averages gradients over micro-batches (scale_grads), so they equal the
+    gradient of the mean loss over the replica's batch. Stage shapes are given, so the
+    first step runs no shape-inference forward (slower, and on the first stage it kept a
+    graph of saved tensors alive)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    group = mesh["pp"].get_group()
+    pipe = []
+    for j, mod in sorted(stages.items()):
+        inp, out = stage_io(j, plan, spec, seq_len, device)
+        in_grad = None if j == 0 else torch.empty_like(inp)
+        out_grad = None if j == plan.virtual_stages - 1 else torch.empty_like(out)
+        pipe.append(PipelineStage(mod, j, plan.virtual_stages, device, input_args=inp, output_args=out,
+                                  input_grads=in_grad, output_grads=out_grad, group=group))
+    m = plan.num_micro_batches
+    if plan.schedule == Schedule.interleaved_1f1b:
+        return ScheduleInterleaved1F1B(pipe, m, loss_fn=loss_fn)
+    cls = ScheduleGPipe if plan.schedule == Schedule.gpipe else Schedule1F1B
+    return cls(pipe[0], m, loss_fn=loss_fn)

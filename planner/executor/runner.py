@@ -1,0 +1,129 @@
+"""Run plans and build their reports: launch -> workers -> reference -> comparison.
+
+`run_plans` takes several prepared cases and runs them in one launch (one process group,
+a mesh per case): starting workers costs seconds of importing torch, a case a fraction of
+that. `plan run` passes one case; the tests pass a batch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from statistics import mean
+from typing import Optional
+
+from cost_models.estimate import estimate as predict
+from cost_models.memory import GIB
+from planner.executor.prepare import RunCase, check_world
+from planner.executor.verify import DEFAULT_TOLERANCE, compare, reference_run
+from planner.launch import LaunchSpec, inside_launcher
+from planner.specs import (
+    ClusterSpec,
+    MemoryBytes,
+    RankMeasurement,
+    RunReport,
+    RunSettings,
+    StageComparison,
+    TimeComparison,
+)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    tolerance: float = DEFAULT_TOLERANCE
+    timeout_s: float = 120.0  # process-group timeout
+    backend: str = "auto"
+
+
+def launch_world(spec: LaunchSpec) -> tuple[int, str]:
+    """World size of this launch and how it came about (for error messages)."""
+    if inside_launcher():
+        return int(os.environ["WORLD_SIZE"]), "WORLD_SIZE from the enclosing launcher"
+    return spec.world_size, f"--nproc-per-node {spec.nproc_per_node} x --nnodes {spec.nnodes}"
+
+
+def run_plans(
+    cases: list[RunCase], clusters: list[ClusterSpec], spec: LaunchSpec, options: RunOptions = RunOptions(),
+    plan_files: Optional[list[Optional[str]]] = None,
+) -> list[RunReport]:
+    """Execute every case in one launch and report each against its reference. Raises
+    UsageError before launching when a case does not fit the launch, PlannerError when a
+    rank fails."""
+    world, how = launch_world(spec)
+    for case in cases:
+        check_world(case.plan, world, how)
+    from planner.executor.train import WorkerSettings, run_worker
+    from planner.launch import launch
+
+    settings = WorkerSettings(backend=options.backend, timeout_s=options.timeout_s)
+    per_rank = launch(spec, run_worker, cases, settings)
+    results = per_rank[min(per_rank)]  # every rank returns every rank's results
+    backend, device = _backend(options.backend)
+    references: dict = {}
+    reports = []
+    for i, (case, result) in enumerate(zip(cases, results)):
+        key = (case.model.model_dump_json(), case.job.model_dump_json(), case.steps, case.seed, case.learning_rate)
+        if key not in references:
+            references[key] = reference_run(case)
+        ref_losses, ref_norms = references[key]
+        run = RunSettings(
+            steps=case.steps, warmup_steps=case.warmup, seed=case.seed, learning_rate=case.learning_rate,
+            world_size=world, nnodes=spec.nnodes, backend=backend, device=device, timeout_s=options.timeout_s,
+            changes=list(case.notes),
+        )
+        verification = compare(result.losses, result.grad_norms, ref_losses, ref_norms, options.tolerance)
+        file = plan_files[i] if plan_files else None
+        reports.append(build_report(case, clusters[i], run, result.ranks, verification, file))
+    return reports
+
+
+def _backend(requested: str) -> tuple[str, str]:
+    if requested != "auto":
+        return requested, "cuda" if requested == "nccl" else "cpu"
+    import torch
+
+    return ("nccl", "cuda") if torch.cuda.is_available() else ("gloo", "cpu")
+
+
+def build_report(case: RunCase, cluster: ClusterSpec, settings: RunSettings, ranks: list[RankMeasurement],
+                 verification, plan_file: Optional[str]) -> RunReport:
+    est = predict(case.model, cluster, case.job, case.plan)
+    return RunReport(
+        plan_file=plan_file, model=case.model, cluster=cluster, job=case.job, plan=case.plan, estimate=est,
+        settings=settings, ranks=sorted(ranks, key=lambda r: r.rank), stages=stage_comparisons(est, ranks),
+        time=time_comparison(est, case, ranks), verification=verification,
+        verdict="pass" if verification.passed else "fail",
+    )
+
+
+def error_pct(predicted: float, measured: float) -> float:
+    return 100.0 * (predicted - measured) / measured if measured else float("inf") if predicted else 0.0
+
+
+def stage_comparisons(est, ranks: list[RankMeasurement]) -> list[StageComparison]:
+    out = []
+    for sm in est.memory_gib_per_stage:
+        mine = [r.memory for r in ranks if r.pp_rank == sm.stage]
+        measured = MemoryBytes(**{k: max(getattr(m, k) for m in mine) for k in MemoryBytes.model_fields})
+        predicted = MemoryBytes(
+            weights_bytes=sm.weights * GIB, gradients_bytes=sm.gradients * GIB,
+            optimizer_states_bytes=sm.optimizer_states * GIB, activations_bytes=sm.activations * GIB,
+        )
+        out.append(StageComparison(
+            stage=sm.stage, layers=sm.layers, predicted=predicted,
+            predicted_not_measured_bytes=(sm.temporary + sm.overhead) * GIB, measured=measured,
+            error_pct=error_pct(predicted.total_bytes, measured.total_bytes),
+        ))
+    return out
+
+
+def time_comparison(est, case: RunCase, ranks: list[RankMeasurement]) -> TimeComparison:
+    """Each step lasts as long as its slowest rank; the mean over the measured steps."""
+    per_step = [max(r.step_times_s[i] for r in ranks) for i in range(len(ranks[0].step_times_s))]
+    measured = mean(per_step)
+    tokens = case.job.global_batch_size * case.job.seq_len
+    return TimeComparison(
+        predicted_step_time_s=est.step_time_s, measured_step_time_s=measured,
+        error_pct=error_pct(est.step_time_s, measured), predicted_tokens_per_s=est.tokens_per_s,
+        measured_tokens_per_s=tokens / measured, measured_steps=len(per_step),
+    )

@@ -1,0 +1,268 @@
+"""The per-rank entrypoint of `plan run`: lay the plan out, train K steps, measure.
+
+`run_worker(cases, settings)` runs several plans one after another in one process group
+(a mesh per plan), which saves the seconds each launch spends importing torch. Every rank
+returns every rank's results (gathered), so each node's launcher can report the whole run.
+
+Fault injection for tests (environment, read by the worker): PLAN_RUN_FAIL_RANK=r makes
+rank r fail at the start of step PLAN_RUN_FAIL_STEP (default 1) in the way
+PLAN_RUN_FAIL_MODE says: "raise" (an exception, the default), "exit" (the process dies with
+exit code 3) or "hang" (it stops answering; the others time out).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from planner.executor.prepare import RunCase
+from planner.specs import MemoryBytes, RankMeasurement
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    backend: str = "auto"  # gloo on CPU, nccl on CUDA
+    timeout_s: float = 120.0  # process-group timeout: a rank that stops answering fails the others after this
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One plan's outcome, identical on every rank after the gather."""
+
+    losses: list[float]  # mean loss over the global batch, every step
+    grad_norms: list[float]  # global gradient norm (all shards, all stages), every step
+    ranks: list[RankMeasurement]
+
+
+@record
+def run_worker(cases: list[RunCase], settings: WorkerSettings) -> list[CaseResult]:
+    """Entrypoint of every rank (module level: workers are spawned)."""
+    import torch
+    import torch.distributed as dist
+
+    from planner.launch import init_process_group
+
+    warnings.filterwarnings("ignore", category=UserWarning)  # torch's experimental-API notices
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    _, _, device = init_process_group(settings.backend, settings.timeout_s)
+    torch.set_num_threads(1)  # ranks outnumber cores on a CPU rehearsal (PLATFORM.md)
+    try:
+        results = []
+        for case in cases:
+            losses, norms, mine = train_case(case, device)
+            everyone: list = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+            results.append(CaseResult(losses, norms, everyone))
+        dist.barrier()
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+def _maybe_fail(step: int) -> None:
+    rank = os.environ.get("PLAN_RUN_FAIL_RANK")
+    if rank is None or int(rank) != int(os.environ.get("RANK", -1)) or step != int(os.environ.get("PLAN_RUN_FAIL_STEP", 1)):
+        return
+    mode = os.environ.get("PLAN_RUN_FAIL_MODE", "raise")
+    if mode == "exit":
+        os._exit(3)
+    if mode == "hang":
+        while True:
+            time.sleep(60)
+    raise RuntimeError(f"injected failure at step {step} (PLAN_RUN_FAIL_RANK={rank})")
+
+
+def train_case(case: RunCase, device) -> tuple[list[float], list[float], RankMeasurement]:
+    """Build, parallelize and train one plan on this rank; returns losses, gradient norms
+    (both global) and this rank's measurements."""
+    import torch
+    import torch.distributed as dist
+
+    from planner.executor import parallelize as par
+    from planner.executor.memory import MemoryMeter
+    from planner.reference_model import build_model
+
+    plan, spec = case.plan, case.model
+    mesh = par.build_mesh(plan, device.type)
+    where = par.place(mesh, plan)
+    model = build_model(spec, seed=case.seed, tie=case.tie).to(device)
+    stages = par.split_pipeline(model, plan, where.stages)
+    del model  # layers of other stages go with it
+    if plan.tp > 1:
+        for stage in stages.values():
+            par.apply_tensor_parallel(stage, mesh["tp"], plan.sequence_parallel)
+    par.apply_recompute(stages, plan, spec.num_layers)
+    blocks = [b for s in stages.values() for b in s.layers]
+    wrapped = {j: par.apply_data_parallel(s, plan, mesh) for j, s in stages.items()}
+    optimizer = par.build_optimizer(wrapped.values(), plan, mesh, case.learning_rate)
+    meter = MemoryMeter(list(wrapped.values()), optimizer, device)
+    meter.watch_blocks(blocks)
+    step_fn = _pipeline_step(wrapped, case, mesh, device) if plan.pp > 1 else _local_step(wrapped[0], plan)
+    params = par.unique_parameters(wrapped.values())
+
+    losses, norms, times = [], [], []
+    for step in range(case.steps):
+        if step == case.warmup:
+            meter.start()
+        _maybe_fail(step)
+        tokens, targets = _replica_batch(case, step, where.dp, device)
+        meter.activations.begin_step()
+        dist.barrier()
+        t0 = _now(device)
+        with meter.activations.hooks():
+            local_loss = step_fn(tokens, targets)
+        t1 = _now(device)
+        meter.sample_gradients()
+        loss, norm = _global_loss_and_norm(local_loss, params, plan, where, case, device)
+        t2 = _now(device)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= case.warmup:
+            times.append(t1 - t0 + _now(device) - t2)
+        meter.sample_optimizer()
+        meter.sample_weights()
+        losses.append(loss)
+        norms.append(norm)
+    return losses, norms, _measurement(case, where, times, meter, blocks)
+
+
+def _now(device) -> float:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _replica_batch(case: RunCase, step: int, dp_rank: int, device):
+    """This data-parallel replica's slice of the step's global batch (the reference sees all of it)."""
+    from planner.reference_model import synthetic_batch
+
+    plan = case.plan
+    tokens, targets = synthetic_batch(case.model, case.job.global_batch_size, case.job.seq_len, case.seed, step)
+    per_replica = plan.micro_batch_size * plan.num_micro_batches
+    part = slice(dp_rank * per_replica, (dp_rank + 1) * per_replica)
+    return tokens[part].to(device), targets[part].to(device)
+
+
+def _local_step(module, plan):
+    """pp = 1: gradient accumulation over the plan's micro-batches, each loss scaled by 1/m
+    so the gradient is that of the replica's mean loss. DDP and replicate synchronise only on
+    the last micro-batch (as the cost model assumes); ZeRO-2/3 reduce-scatter after every
+    micro-batch (they keep only gradient shards)."""
+    import contextlib
+
+    from planner.reference_model import lm_loss
+
+    m, mbs = plan.num_micro_batches, plan.micro_batch_size
+
+    def sync(last: bool):
+        if hasattr(module, "no_sync"):  # DDP
+            return contextlib.nullcontext() if last else module.no_sync()
+        if hasattr(module, "set_requires_gradient_sync") and plan.zero_stage < 2:  # composable replicate
+            module.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def step(tokens, targets):
+        total = 0.0
+        for i in range(m):
+            part = slice(i * mbs, (i + 1) * mbs)
+            with sync(i == m - 1):
+                loss = lm_loss(module(tokens[part]), targets[part])
+                (loss / m).backward()
+            total += loss.item()
+        return total / m
+
+    return step
+
+
+def _pipeline_step(stages, case: RunCase, mesh, device):
+    """pp > 1: one schedule step; the first stage's rank feeds tokens, the last one's targets
+    and collects the micro-batch losses."""
+    from planner.executor.parallelize import build_schedule
+    from planner.reference_model import lm_loss
+
+    plan = case.plan
+    schedule = build_schedule(stages, plan, mesh, device, lm_loss, case.model, case.job.seq_len)
+    first, last = 0 in stages, plan.virtual_stages - 1 in stages
+
+    def step(tokens, targets):
+        losses: list = []
+        args = (tokens,) if first else ()
+        kwargs = {"target": targets, "losses": losses} if last else {}
+        schedule.step(*args, **kwargs)
+        return sum(x.item() for x in losses) / len(losses) if last else None
+
+    return step
+
+
+def _global_loss_and_norm(local_loss, params, plan, where, case, device) -> tuple[float, float]:
+    """One all-reduce over the world: the mean loss over dp replicas (the last stage's tp
+    ranks all hold it) and the squared gradient norm, each shard counted once (see shard_share)."""
+    import torch
+    import torch.distributed as dist
+
+    from planner.executor.memory import local
+
+    holders = plan.dp * plan.tp  # ranks holding one pipeline stage
+    sq = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        if p.grad is not None:
+            grad = _settled(p.grad)
+            sq += local(grad).detach().double().pow(2).sum().cpu() * shard_share(grad, holders)
+    loss = torch.tensor(0.0 if local_loss is None else local_loss / holders, dtype=torch.float64)
+    both = torch.stack([loss, sq]).to(device)
+    dist.all_reduce(both)
+    return float(both[0]), float(both[1].sqrt())
+
+
+def _settled(grad):
+    """A gradient with its pending sums done: a replicated parameter used on sequence
+    shards (SP norms) gets a Partial gradient, each rank holding its shards' part; the
+    optimizer's DTensor ops reduce it when they read it, and so must the norm."""
+    placements = getattr(grad, "placements", ())
+    if not any(p.is_partial() for p in placements):
+        return grad
+    from torch.distributed.tensor import Replicate
+
+    return grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in placements])
+
+
+def shard_share(grad, holders: int) -> float:
+    """Fraction of a rank's local squared sum that belongs in the global sum: the `holders`
+    ranks of a stage hold n distinct shards (n = product of the sharded mesh dimensions),
+    each held by holders / n of them."""
+    placements = getattr(grad, "placements", None)
+    if placements is None:
+        return 1.0 / holders
+    distinct = 1
+    for dim, pl in enumerate(placements):
+        if not pl.is_replicate():  # Shard, or FSDP2's _StridedShard under TP (is_shard() says False)
+            distinct *= grad.device_mesh.size(dim)
+    return distinct / holders
+
+
+def _measurement(case: RunCase, where, times: list[float], meter, blocks) -> RankMeasurement:
+    import torch.distributed as dist
+
+    return RankMeasurement(
+        rank=dist.get_rank(),
+        dp_rank=where.dp,
+        tp_rank=where.tp,
+        pp_rank=where.pp,
+        virtual_stages=list(where.stages),
+        layers=len(blocks),
+        step_times_s=times,
+        memory=MemoryBytes(
+            weights_bytes=meter.weights,
+            gradients_bytes=meter.gradients,
+            optimizer_states_bytes=meter.optimizer_states,
+            activations_bytes=meter.activations.peak,
+        ),
+        peak_memory_bytes=meter.peak_bytes(),
+        memory_method=meter.method,
+    )
