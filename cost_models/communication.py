@@ -115,8 +115,11 @@ def axis_time(cluster: ClusterSpec, plan: Plan, axis: Axis, collective: Collecti
     return GroupLink.for_axis(cluster, plan, axis).time(collective, nbytes)
 
 
-def overlapped(total: float, edge: float, window: float) -> float:
+def overlapped(total: float, edge: float, window: float, efficiency: float = 1.0) -> float:
     """Exposed time of communication `total` that runs beside compute `window`, except for a
-    piece `edge` (the last gradient bucket, the first layer's gather) that cannot overlap:
-    max(min(edge, total), total - window)."""
-    return max(min(edge, total), total - window)
+    piece `edge` (the last gradient bucket, the first layer's gather) that cannot overlap,
+    when only `efficiency` of the overlappable part actually hides (1 on GPUs):
+    total - efficiency x min(total - edge, window)
+      = max((1 - efficiency) total + efficiency min(edge, total), total - efficiency window)."""
+    edge = min(edge, total)
+    return max((1.0 - efficiency) * total + efficiency * edge, total - efficiency * window)

@@ -215,6 +215,7 @@ class PipelineCosts:
     state_bytes_per_param: tuple  # (weights, gradients, optimizer) after ZeRO sharding
     comm_bytes_per_param: int  # gradients / gathered parameters on the wire
     dp_link: GroupLink
+    overlap: float  # fraction of DP communication that hides behind compute
     optimizer_seconds_per_param: float  # update of the local shard, per parameter held
     overhead_bytes: float
     zero3_gather_bytes: float  # gathered current + prefetched layer (ZeRO-3)
@@ -292,6 +293,7 @@ def layout_costs(
         state_bytes_per_param=states,
         comm_bytes_per_param=e,
         dp_link=links[Axis.dp],
+        overlap=cluster.overlap_efficiency,
         optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dp if zero >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
@@ -328,29 +330,29 @@ def dp_exposed(pc: PipelineCosts, params: float, forward: float, backward: float
     `params` parameters, whose micro-batch forward/backward take `forward`/`backward`."""
     if pc.dp <= 1:
         return 0.0, 0.0
-    t = pc.dp_link.time
+    t, eta = pc.dp_link.time, pc.overlap
     nbytes = params * pc.comm_bytes_per_param
     bucket = min(nbytes, GRADIENT_BUCKET_BYTES)
     if pc.zero_stage == 0:
         # DDP: bucketed all-reduce overlaps the last micro-batch's backward, except the last bucket.
-        return 0.0, overlapped(t(Collective.all_reduce, nbytes), t(Collective.all_reduce, bucket), backward)
+        return 0.0, overlapped(t(Collective.all_reduce, nbytes), t(Collective.all_reduce, bucket), backward, eta)
     if pc.zero_stage == 1:
         # ZeRO-1 (Megatron's distributed optimizer): gradients accumulate in a full buffer
         # and are reduce-scattered once, overlapping the last micro-batch's backward like
         # DDP; the parameter all-gather after the optimizer step is exposed.
-        rs = overlapped(t(Collective.reduce_scatter, nbytes), t(Collective.reduce_scatter, bucket), backward)
+        rs = overlapped(t(Collective.reduce_scatter, nbytes), t(Collective.reduce_scatter, bucket), backward, eta)
         return 0.0, rs + t(Collective.all_gather, nbytes)
     if pc.zero_stage == 2:
         # ZeRO-2 keeps only its gradient shard, so with gradient accumulation it
         # reduce-scatters after every micro-batch's backward (DeepSpeed stage 2, FSDP
         # SHARD_GRAD_OP); parameters are all-gathered once per step.
-        rs = overlapped(t(Collective.reduce_scatter, nbytes), t(Collective.reduce_scatter, bucket), backward)
+        rs = overlapped(t(Collective.reduce_scatter, nbytes), t(Collective.reduce_scatter, bucket), backward, eta)
         return rs, t(Collective.all_gather, nbytes)
     # ZeRO-3 / FSDP: every micro-batch gathers each layer again in forward and in backward
     # and reduce-scatters its gradients; prefetching hides them behind the previous layer's
     # compute, except the first layer's gather.
     ag, rs, first = t(Collective.all_gather, nbytes), t(Collective.reduce_scatter, nbytes), pc.zero3_first_gather
-    return overlapped(ag, first, forward) + overlapped(ag + rs, first, backward), 0.0
+    return overlapped(ag, first, forward, eta) + overlapped(ag + rs, first, backward, eta), 0.0
 
 
 def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:

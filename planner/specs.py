@@ -306,6 +306,10 @@ class ClusterSpec(_Spec):
     )
     intra_node: LinkTier = Field(description="Link between GPUs of one node.")
     inter_node: LinkTier = Field(description="Link between nodes, per GPU (one NIC per GPU on DGX).")
+    overlap_efficiency: float = Field(
+        default=1.0, ge=0, le=1,
+        description="Fraction of the data-parallel communication that can hide behind compute: 1 where collectives run on their own engines (NCCL on GPUs); `plan profile` measures it.",
+    )
     source: Optional[str] = Field(default=None, description="Where each number comes from.")
     measured: Optional[MeasuredProfile] = Field(
         default=None, description="Per-layer measurements, sweeps and environment written by `plan profile` (None for presets)."

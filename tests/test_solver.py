@@ -21,11 +21,11 @@ from planner.specs import Axis, JobSpec, ModelSpec, Plan
 SMALL = ModelSpec(name="small", num_layers=4, hidden_size=1024, num_heads=8, vocab_size=32000, max_seq_len=2048)
 
 
-def tiny_cluster(memory_gib: float, gpus_per_node: int = 2):
+def tiny_cluster(memory_gib: float, gpus_per_node: int = 2, overlap: float = 1.0):
     """An A100 node of 2 GPUs with no framework overhead, so that small models feel the limit."""
     base = load_cluster("dgx-a100-80gb")
     device = base.device.model_copy(update={"framework_overhead_gib": 0.0, "memory_gib": memory_gib})
-    return base.model_copy(update={"gpus_per_node": gpus_per_node, "device": device})
+    return base.model_copy(update={"gpus_per_node": gpus_per_node, "device": device, "overlap_efficiency": overlap})
 
 
 def assert_same_optimum(model, cluster, job, space):
@@ -48,6 +48,13 @@ def test_matches_brute_force_whole_space(memory_gib):
                               SearchSpace(num_gpus=4, global_batch_size=2))
     if memory_gib == 0.7:  # tight: the optimum mixes recompute modes and splits unevenly
         assert res.best.plan.stage_recompute is not None
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.4])
+def test_matches_brute_force_partial_overlap(overlap):
+    """A cluster where DP communication hides only partly behind compute (as gloo on CPU)."""
+    assert_same_optimum(SMALL, tiny_cluster(1.0, overlap=overlap), JobSpec(global_batch_size=2, seq_len=2048),
+                        SearchSpace(num_gpus=4, global_batch_size=2))
 
 
 @pytest.mark.parametrize("memory_gib", [80, 1.0, 0.9])

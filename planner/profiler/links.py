@@ -141,3 +141,45 @@ def sweep(
                     )
                 )
     return results
+
+
+def overlap_efficiency(rank: int, group, device: torch.device, reps: int, sync: Callable[[], None]) -> float:
+    """How much of a collective hides behind compute on this machine: time an all-reduce
+    alone (t_m), a GEMM loop sized to take about as long alone (t_c), and both at once (the
+    collective issued asynchronously, as DDP and FSDP issue theirs): efficiency =
+    (t_c + t_m - t_both) / min(t_c, t_m), clipped to [0, 1], median over ranks."""
+    buf = torch.ones(2**21, dtype=torch.float32, device=device)  # 8 MiB
+    a = torch.randn(256, 256, device=device)
+
+    def median_time(fn) -> float:
+        fn()
+        sync()
+        times = []
+        for _ in range(reps):
+            dist.barrier(group=group)
+            t = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    t_m = median_time(lambda: dist.all_reduce(buf, group=group))
+    t_one = median_time(lambda: a @ a)
+    calls = max(1, int(t_m / max(t_one, 1e-9)))
+
+    def compute():
+        for _ in range(calls):
+            a @ a
+
+    t_c = median_time(compute)
+
+    def both():
+        work = dist.all_reduce(buf, group=group, async_op=True)
+        compute()
+        work.wait()
+
+    t_both = median_time(both)
+    eta = (t_c + t_m - t_both) / min(t_c, t_m)
+    values: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, max(0.0, min(1.0, eta)), group=group)
+    return statistics.median(values)

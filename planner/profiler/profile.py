@@ -66,7 +66,7 @@ def plan_steps(req: ProfileRequest, tps: list[int], world: int, nproc: int) -> i
 
     layers = len(req.micro_batches) * (len(tps) + 2)
     links = sum(len(req.message_sizes) * (4 if len(m) % 2 == 0 else 3) for m, _ in group_shapes(world, nproc))
-    return layers + 2 + links
+    return layers + 3 + links
 
 
 class Progress:
@@ -168,6 +168,8 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     progress("memory bandwidth")
     dist.barrier()
     sweeps = links.sweep(rank, world, nproc, req.message_sizes, req.reps + 1, req.warmup, device, sync, progress)
+    overlap = links.overlap_efficiency(rank, None, device, req.reps + 2, sync) if world > 1 else 1.0
+    progress("communication/compute overlap")
 
     gathered: list = [None] * world
     dist.all_gather_object(gathered, (layers, matmul, bandwidth, capacity, overhead))
@@ -182,7 +184,7 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
         hostname=socket.gethostname(), quick=req.quick,
     )
     dist.destroy_process_group()
-    return {"env": env, "per_rank": gathered, "sweeps": sweeps}
+    return {"env": env, "per_rank": gathered, "sweeps": sweeps, "overlap": overlap}
 
 
 def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurement]:
@@ -242,7 +244,7 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
         intra = inter.model_copy(update={"name": "not measured (one rank per node): the inter-node fits"})
     return ClusterSpec(
         name=name, device=device, gpus_per_node=env.nproc_per_node, num_nodes=env.nnodes, intra_node=intra,
-        inter_node=inter,
+        inter_node=inter, overlap_efficiency=result.get("overlap", 1.0),
         source=f"measured by `plan profile` on {env.hostname}, {env.date}, torch {env.torch_version}, {env.backend}",
         measured=MeasuredProfile(
             environment=env, model=model, layers=layers, matmul=matmul, memory_bandwidth_gbps=bandwidth, collectives=sweeps,

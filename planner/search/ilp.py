@@ -116,6 +116,7 @@ def _block(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limit_gib: 
 
     # Exposed DP communication (evaluate's dp_exposed), linear pieces per rank.
     alpha = {c: tuple(ts * q for q in pc.dp_link.coefficients(c)) if pc.dp > 1 else (0.0, 0.0) for c in Collective}
+    eta = pc.overlap  # fraction of DP communication that hides behind compute
     e = pc.comm_bytes_per_param
 
     def coll(c: Collective, nbytes_expr):
@@ -137,23 +138,25 @@ def _block(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limit_gib: 
             if pc.zero_stage == 3:
                 uf, ub = var(f"uf{k}_{r}", 0), var(f"ub{k}_{r}", 0)
                 first = pc.zero3_first_gather * ts
-                prob += uf >= first * y, f"z3f1{k}_{r}"
-                prob += uf >= coll(Collective.all_gather, G) - fwd[r], f"z3f2{k}_{r}"
-                prob += ub >= first * y, f"z3b1{k}_{r}"
-                prob += ub >= coll(Collective.all_gather, G) + coll(Collective.reduce_scatter, G) - bwd, f"z3b2{k}_{r}"
+                ag_rs = coll(Collective.all_gather, G) + coll(Collective.reduce_scatter, G)
+                prob += uf >= (1 - eta) * coll(Collective.all_gather, G) + eta * first * y, f"z3f1{k}_{r}"
+                prob += uf >= coll(Collective.all_gather, G) - eta * fwd[r], f"z3f2{k}_{r}"
+                prob += ub >= (1 - eta) * ag_rs + eta * first * y, f"z3b1{k}_{r}"
+                prob += ub >= ag_rs - eta * bwd, f"z3b2{k}_{r}"
                 per_mb[r] = uf + ub
                 continue
             red = Collective.all_reduce if pc.zero_stage == 0 else Collective.reduce_scatter
-            # max(min(time(G), time(bucket)), time(G) - backward): the last bucket never hides.
+            # overlapped(): max((1 - eta) time(G) + eta min(time(G), time(bucket)), time(G) - eta backward);
+            # the last bucket never hides.
             extra_params = sum(extras[j].params for j in rs)
             lo_layers = len(rs) if v == 1 else len(rs) * (L // P)
             hi_layers = L - (P - len(rs)) if v == 1 else lo_layers
             g_lo, g_hi = e * (lc.params * lo_layers + extra_params), e * (lc.params * hi_layers + extra_params)
             U = var(f"U{k}_{r}", 0)
-            prob += U >= coll(red, G) - bwd, f"dpwin{k}_{r}"
+            prob += U >= coll(red, G) - eta * bwd, f"dpwin{k}_{r}"
             t_bucket = alpha[red][0] + alpha[red][1] * GRADIENT_BUCKET_BYTES
             if g_lo >= GRADIENT_BUCKET_BYTES:
-                prob += U >= t_bucket * y, f"dpbucket{k}_{r}"
+                prob += U >= (1 - eta) * coll(red, G) + eta * t_bucket * y, f"dpbucket{k}_{r}"
             elif g_hi <= GRADIENT_BUCKET_BYTES:
                 prob += U >= coll(red, G), f"dpall{k}_{r}"
             else:  # the rank's gradients may or may not fill a bucket: one binary
@@ -161,7 +164,7 @@ def _block(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limit_gib: 
                 big = alpha[red][0] + alpha[red][1] * g_hi
                 prob += G >= GRADIENT_BUCKET_BYTES * z, f"dpfull{k}_{r}"
                 prob += z <= y, f"dpzsel{k}_{r}"
-                prob += U >= t_bucket * z, f"dpbucketz{k}_{r}"
+                prob += U >= (1 - eta) * coll(red, G) + eta * t_bucket * z, f"dpbucketz{k}_{r}"
                 prob += U >= coll(red, G) - big * z, f"dpallz{k}_{r}"
             ag = coll(Collective.all_gather, G) if pc.zero_stage in (1, 2) else 0
             if pc.zero_stage == 2:

@@ -1,0 +1,141 @@
+"""Can the numbers be trusted? Profile this machine, solve, run the top plans, compare.
+
+    python benchmarks/fidelity.py [--top-k 4] [--steps 4] [--worlds 2,4] [--keep DIR]
+
+For each world size (CPU processes standing in for GPUs): `plan profile` measures this
+machine and a small GPT model, `plan solve --cluster profile.json` ranks the layouts, and
+`plan run` trains each of the top-k plans (verification against one process included).
+Printed per plan: predicted and measured step time and their error; then the mean absolute
+error, the Spearman rank correlation between predicted and measured times, and the regret:
+how much slower the recommended plan ran than the fastest plan measured. Everything goes
+through the real commands (subprocesses), as a user would run them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODEL = {
+    "name": "fidelity-gpt", "num_layers": 8, "hidden_size": 256, "num_heads": 8, "vocab_size": 2048, "max_seq_len": 128,
+    "dropout": False, "source": "a small GPT for CPU fidelity runs",
+}
+GLOBAL_BATCH = 16
+
+
+def plan_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "planner.cli.main", *args]
+
+
+def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode not in (0,):
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{' '.join(cmd[3:6])} failed ({out.returncode}): {' | '.join(tail)}")
+    return out
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        for pos, i in enumerate(order):
+            r[i] = pos
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (sx * sy) if sx and sy else float("nan")
+
+
+def plan_files(solution: dict, workdir: Path, world: int) -> list[Path]:
+    """The recommended plan and each alternative as a plan file `plan run` reads."""
+    docs = [{k: solution[k] for k in ("schema_version", "model", "cluster", "num_gpus", "job", "plan", "estimate")}]
+    for alt in solution["alternatives"]:
+        job = dict(solution["job"], global_batch_size=alt["global_batch_size"])
+        docs.append(dict(docs[0], job=job, plan=alt["plan"], estimate=alt["estimate"]))
+    paths = []
+    for i, doc in enumerate(docs):
+        p = workdir / f"plan-{world}-{i}.json"
+        p.write_text(json.dumps(doc))
+        paths.append(p)
+    return paths
+
+
+def describe(plan: dict) -> str:
+    s = f"dp{plan['dp']} tp{plan['tp']} pp{plan['pp']}"
+    if plan["vpp"] > 1:
+        s += f" v{plan['vpp']}"
+    s += f" mbs{plan['micro_batch_size']}x{plan['num_micro_batches']} z{plan['zero_stage']}"
+    if plan.get("sequence_parallel"):
+        s += " sp"
+    if plan["pp"] > 1:
+        s += f" {plan['schedule']}"
+    return s
+
+
+def main() -> None:
+    args = sys.argv[1:]
+
+    def opt(name: str, default: str) -> str:
+        return args[args.index(name) + 1] if name in args else default
+
+    top_k = int(opt("--top-k", "4"))
+    steps = opt("--steps", "6")
+    worlds = [int(w) for w in opt("--worlds", "2,4").split(",")]
+    workdir = Path(opt("--keep", "")) if "--keep" in args else Path(tempfile.mkdtemp(prefix="plan-fidelity-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_path = workdir / "model.json"
+    model_path.write_text(json.dumps(MODEL))
+    for world in worlds:
+        t0 = time.perf_counter()
+        profile = workdir / f"profile-{world}.json"
+        run(plan_cmd("profile", "--model", str(model_path), "--nproc-per-node", str(world), "--micro-batch-sizes", "1,2,4",
+                     "-o", str(profile)), timeout=1800)
+        t_profile = time.perf_counter() - t0
+        solved = json.loads(run(plan_cmd("solve", "--model", str(model_path), "--cluster", str(profile), "--gpus", str(world),
+                                         "--global-batch", str(GLOBAL_BATCH), "--top-k", str(top_k - 1), "--json"),
+                                timeout=600).stdout)
+        rows = []
+        for path in plan_files(solved, workdir, world):
+            report_path = path.with_suffix(".report.json")
+            cmd = plan_cmd("run", str(path), "--nproc-per-node", str(world), "--steps", steps, "--warmup", "2", "-o", str(report_path))
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            doc = json.loads(path.read_text())
+            if not report_path.exists():
+                tail = (out.stderr or out.stdout).strip().splitlines()[-1:]
+                rows.append((describe(doc["plan"]), doc["estimate"]["step_time_s"], None, False, " ".join(tail)))
+                continue
+            rep = json.loads(report_path.read_text())
+            t = rep["time"]
+            rows.append((describe(doc["plan"]), t["predicted_step_time_s"], t["measured_step_time_s"],
+                         rep["verification"]["passed"], ""))
+        print(f"\n{world} ranks (profile {t_profile:.0f} s, {profile.name}); global batch {GLOBAL_BATCH} x {MODEL['max_seq_len']} tokens")
+        print(f"{'#':>2} {'plan':44s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s} {'verified':>8s}")
+        for i, (name, pred, meas, ok, note) in enumerate(rows):
+            err = f"{100 * (pred - meas) / meas:+6.1f}%" if meas else "   -  "
+            print(f"{i:>2} {name:44s} {pred:12.4f} {meas if meas is not None else float('nan'):11.4f} {err:>7s} {str(ok):>8s} {note}")
+        done = [(p, m) for _, p, m, _, _ in rows if m]
+        if len(done) >= 2:
+            mae = sum(abs(p - m) / m for p, m in done) / len(done)
+            rho = spearman([p for p, _ in done], [m for _, m in done])
+            fastest = min(m for _, m in done)
+            regret = rows[0][2] / fastest - 1 if rows[0][2] else float("nan")
+            print(f"mean absolute error {100 * mae:.1f}%; Spearman rank correlation {rho:+.2f}; "
+                  f"regret of the recommended plan {100 * regret:.1f}% (ratio {rows[0][2] / fastest:.2f} to the fastest measured)")
+    print(f"\nfiles in {workdir}")
+
+
+if __name__ == "__main__":
+    main()
