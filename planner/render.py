@@ -183,7 +183,8 @@ def profile_report(cluster: ClusterSpec) -> None:
     console.print(f"[bold]{cluster.name}[/bold]: {cluster.num_nodes or 'any'} node(s) x {cluster.gpus_per_node} x {dev.name}")
     console.print(
         f"peak {peaks}; memory {dev.memory_gib:.1f} GiB per rank; copy bandwidth {dev.memory_bandwidth_gbps:.1f} GB/s; "
-        f"framework overhead {dev.framework_overhead_gib:.2f} GiB"
+        f"framework overhead {dev.framework_overhead_gib:.2f} GiB; communication hidden behind compute: "
+        f"{100 * cluster.overlap_efficiency:.0f}%"
     )
     if m is not None:
         e = m.environment
@@ -245,7 +246,9 @@ def _bytes(n: float) -> str:
 
 
 def _pct(x: float) -> str:
-    return f"{x:+.0f}%" if abs(x) < 1e6 else "n/a"
+    if abs(x) >= 1e6:
+        return "n/a"
+    return f"{x:+.1f}%" if abs(x) < 10 else f"{x:+.0f}%"
 
 
 def run_verification_table(v) -> Table:
@@ -260,23 +263,28 @@ def run_verification_table(v) -> Table:
     return t
 
 
-def run_prediction_table(report) -> Table:
-    """Predicted against measured: step time and throughput, then memory per pipeline rank."""
+def run_time_table(report) -> Table:
     tm = report.time
-    t = Table(title=f"Predicted ({report.cluster.name}) against measured", caption=report.ranks[0].memory_method)
-    for col in ("", "layers", "weights", "gradients", "optimizer", "activations", "counted total", "error"):
+    t = Table(title=f"Step time, predicted ({report.cluster.name}) against measured (mean of {tm.measured_steps} steps, slowest rank)")
+    for col in ("", "predicted", "measured", "error"):
         t.add_column(col, justify="left" if not col else "right")
-    t.add_row("step time", "", "", "", "", "", f"{_fmt_time(tm.predicted_step_time_s)} / {_fmt_time(tm.measured_step_time_s)}",
-              _pct(tm.error_pct))
-    t.add_row("tokens/s", "", "", "", "", "", f"{tm.predicted_tokens_per_s:,.0f} / {tm.measured_tokens_per_s:,.0f}",
+    t.add_row("step time", _fmt_time(tm.predicted_step_time_s), _fmt_time(tm.measured_step_time_s), _pct(tm.error_pct))
+    t.add_row("tokens/s", f"{tm.predicted_tokens_per_s:,.0f}", f"{tm.measured_tokens_per_s:,.0f}",
               _pct(100 * (tm.predicted_tokens_per_s / tm.measured_tokens_per_s - 1)))
+    return t
+
+
+def run_memory_table(report) -> Table:
+    """Per pipeline rank, each kind as 'predicted / measured' (the largest rank of the stage)."""
+    largest = max(max(s.predicted.total_bytes, s.measured.total_bytes) for s in report.stages)
+    unit, div = ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
+    t = Table(title=f"Memory per pipeline rank, {unit}: predicted / measured", caption=report.ranks[0].memory_method)
+    for col in ("stage", "layers", "weights", "gradients", "optimizer", "activations", "total", "error"):
+        t.add_column(col, justify="right")
+    kinds = ("weights_bytes", "gradients_bytes", "optimizer_states_bytes", "activations_bytes", "total_bytes")
     for s in report.stages:
-        p, m = s.predicted, s.measured
-        cells = [f"{_bytes(a)} / {_bytes(b)}" for a, b in (
-            (p.weights_bytes, m.weights_bytes), (p.gradients_bytes, m.gradients_bytes),
-            (p.optimizer_states_bytes, m.optimizer_states_bytes), (p.activations_bytes, m.activations_bytes),
-            (p.total_bytes, m.total_bytes))]
-        t.add_row(f"stage {s.stage} memory", str(s.layers), *cells, _pct(s.error_pct))
+        cells = [f"{getattr(s.predicted, k) / div:.2f} / {getattr(s.measured, k) / div:.2f}" for k in kinds]
+        t.add_row(str(s.stage), str(s.layers), *cells, _pct(s.error_pct))
     return t
 
 
@@ -301,8 +309,9 @@ def run_report(report) -> None:
     console.print(f"layout: {plan_summary(report.plan)}")
     if stage_layout(report.plan):
         console.print(stage_layout(report.plan))
-    for note in s.changes:
-        console.print(f"  changed from the plan file: {note}")
+    if s.changes:
+        console.print("changed from the plan file: " + "; ".join(s.changes))
     console.print(run_verification_table(report.verification))
-    console.print(run_prediction_table(report))
+    console.print(run_time_table(report))
+    console.print(run_memory_table(report))
     console.print(run_ranks_table(report))

@@ -252,7 +252,7 @@ def test_two_nodes_on_one_machine(tmp_path):
     assert report == json.loads(out.read_text())
     assert report["verdict"] == "pass" and report["settings"]["nnodes"] == 2 and report["settings"]["world_size"] == 2
     assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
-    assert "Verification against one process: PASS" in out1 and "stage 0 memory" in out1
+    assert "Verification against one process: PASS" in out1 and "Memory per pipeline rank" in out1
     _no_leftovers(marker)
 
 

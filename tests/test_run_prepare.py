@@ -158,3 +158,15 @@ def test_saved_activation_count_matches_the_cost_model_per_layer(mode):
     per_layer = (counts[1] - counts[0]) / 2
     predicted = cm.layer_activation_bytes(spec, 2, 32, 1, False, Recompute(mode), True, DType.fp32)
     assert per_layer == pytest.approx(predicted, rel=0.05)
+
+
+def test_a_model_too_big_for_this_machine_is_refused_before_launch():
+    from hardware_profiles import load_cluster
+    from planner.executor.prepare import check_host_memory
+
+    case = prepare_case(GPT, JOB, plan(pp=2))
+    cluster = load_cluster("dgx-a100-80gb")
+    check_host_memory(case, cluster, 2, 2**30)  # ~10 MiB a rank: fits in 1 GiB
+    with pytest.raises(UsageError, match="per rank x 2 ranks here"):
+        check_host_memory(case, cluster, 2, 2**20)
+    check_host_memory(case, cluster, 2, None)  # unknown: no check

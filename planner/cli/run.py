@@ -9,10 +9,11 @@ from typing import Optional
 import click
 
 from planner import render
+from planner.cli.common import check_profile_size
 from planner.datafile import write_atomic
 from planner.errors import PlannerError, UsageError
-from planner.executor.prepare import Rehearsal, prepare_case
-from planner.executor.runner import RunOptions, run_plans
+from planner.executor.prepare import Rehearsal, check_host_memory, host_memory_bytes, prepare_case
+from planner.executor.runner import RunOptions, launch_world, resolve_backend, run_plans
 from planner.executor.verify import DEFAULT_TOLERANCE
 from planner.launch import Interrupted, LaunchSpec, inside_launcher
 from planner.plan_file import read_plan_file
@@ -55,6 +56,11 @@ def run(
     if tolerance <= 0 or timeout_s <= 0:
         raise UsageError("--tolerance and --timeout must be positive")
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    backend = resolve_backend(backend)
+    if doc.cluster.measured is not None:  # a profile predicts only the world it measured
+        check_profile_size(doc.cluster, launch_world(spec)[0], plan_file, backend)
+    if backend == "gloo" and not inside_launcher():
+        check_host_memory(case, doc.cluster, nproc_per_node, host_memory_bytes())
     try:
         report = run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file])[0]
     except KeyboardInterrupt:

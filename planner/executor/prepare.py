@@ -214,3 +214,34 @@ def check_world(plan: Plan, world_size: int, how: str) -> None:
             f"the plan needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} processes "
             f"but the launch has {world_size} ({how}); change --nproc-per-node/--nnodes or the plan"
         )
+
+
+def host_memory_bytes() -> Optional[int]:
+    """Memory available on this machine (Linux /proc/meminfo), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Optional[int]) -> None:
+    """On CPU, refuse a run that cannot fit this machine's memory: every rank first builds
+    the whole model (fp32, 4 bytes a parameter) from the seed, then holds its share
+    (predicted weights, gradients, optimizer states and activations of its stage)."""
+    if available is None:
+        return
+    from cost_models.compute import total_params
+    from cost_models.estimate import estimate
+
+    est = estimate(case.model, cluster, case.job, case.plan)
+    stage = max(sm.weights + sm.gradients + sm.optimizer_states + sm.activations for sm in est.memory_gib_per_stage)
+    per_rank = 4 * total_params(case.model) + stage * 2**30
+    if per_rank * nproc_per_node > 0.9 * available:
+        raise UsageError(
+            f"{case.model.name} needs about {per_rank / 2**30:.1f} GiB per rank x {nproc_per_node} ranks here, but this machine "
+            f"has {available / 2**30:.1f} GiB available; rehearse a smaller model with --scale-layers/--scale-hidden/--scale-vocab"
+        )

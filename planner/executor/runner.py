@@ -77,12 +77,18 @@ def run_plans(
     return reports
 
 
-def _backend(requested: str) -> tuple[str, str]:
+def resolve_backend(requested: str) -> str:
+    """'auto' is nccl when this machine has CUDA, else gloo (as the workers decide)."""
     if requested != "auto":
-        return requested, "cuda" if requested == "nccl" else "cpu"
+        return requested
     import torch
 
-    return ("nccl", "cuda") if torch.cuda.is_available() else ("gloo", "cpu")
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _backend(requested: str) -> tuple[str, str]:
+    backend = resolve_backend(requested)
+    return backend, "cuda" if backend == "nccl" else "cpu"
 
 
 def build_report(case: RunCase, cluster: ClusterSpec, settings: RunSettings, ranks: list[RankMeasurement],
