@@ -20,6 +20,7 @@ task one rank), the worker function runs in this process instead.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -131,7 +132,8 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
     try:
         results = elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
-        raise PlannerError(_failure_message(exc, log_dir)) from None
+        local = range(spec.node_rank * spec.nproc_per_node, (spec.node_rank + 1) * spec.nproc_per_node)
+        raise PlannerError(_failure_message(exc, log_dir, local)) from None
     except SignalException as exc:
         raise Interrupted(f"interrupted by signal {exc.sigval.name}; all workers stopped (logs: {log_dir})") from None
     except KeyboardInterrupt:
@@ -167,7 +169,8 @@ def _failure_text(failure) -> str:
     if not lines or lines[-1].startswith("To enable traceback") or lines[-1].startswith("<N/A>"):
         code = failure.exitcode
         return f"exit code {code}" + (" (killed by a signal)" if code < 0 else "")
-    return lines[-1].strip()
+    # gloo prefixes its errors with the source file: "[/path/pair.cc:78] Timed out ..."
+    return re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ", "", lines[-1].strip())
 
 
 def root_cause(failures: dict) -> tuple[int, Any]:
@@ -182,12 +185,18 @@ def root_cause(failures: dict) -> tuple[int, Any]:
     return min(failures.items(), key=key)
 
 
-def _failure_message(exc, log_dir: str) -> str:
-    """'rank R failed: <last line of its error> (logs: DIR)'."""
+def _failure_message(exc, log_dir: str, local_ranks=()) -> str:
+    """'rank R failed: <last line of its error> (logs: DIR)'; when R only timed out waiting,
+    the ranks of this node that never failed are named: they stopped answering."""
     failures = getattr(exc, "failures", {}) or {}
     if not failures:
         return f"a worker failed: {exc} (logs: {log_dir})"
     rank, failure = root_cause(failures)
+    silent = [r for r in local_ranks if r not in failures]
+    if silent and "imed out" in _failure_text(failure):
+        which = ", ".join(map(str, silent))
+        return (f"rank{'s' if len(silent) > 1 else ''} {which} stopped answering: rank {rank} failed: "
+                f"{_failure_text(failure)} (logs: {log_dir})")
     callstack = (getattr(failure, "error_file_data", None) or {}).get("message", {})
     if isinstance(callstack, dict) and callstack.get("extraInfo", {}).get("py_callstack"):
         with open(os.path.join(log_dir, f"rank{rank}-traceback.txt"), "w") as f:
