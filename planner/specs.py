@@ -620,8 +620,8 @@ class RankMeasurement(_Spec):
     virtual_stages: list[int] = Field(description="Virtual pipeline stages this rank ran (several with interleaving).")
     layers: int = Field(description="Transformer layers on this rank.")
     step_times_s: list[float] = Field(description="This rank's time of every measured step (after warm-up): forward, backward, gradient sync and optimizer, without the verification's norm.")
-    memory: MemoryBytes = Field(description="Counted memory by kind over the measured steps.")
-    peak_memory_bytes: float = Field(description="CUDA: the allocator's peak; CPU: the sum of the counted kinds.")
+    memory: MemoryBytes = Field(description="Counted memory by kind, largest over the warm-up steps (every step when there is no warm-up).")
+    peak_memory_bytes: float = Field(description="CUDA: the allocator's peak over all steps; CPU: the sum of the counted kinds.")
     memory_method: str = Field(description="How memory was measured on this device.")
 
 
