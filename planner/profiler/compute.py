@@ -67,14 +67,18 @@ def shard_block(block: Block, spec: ModelSpec, tp: int) -> Block:
 
 
 class SavedBytes:
-    """Counts bytes saved for backward (unique storages) with saved_tensors_hooks."""
+    """Counts bytes saved for backward (unique storages) with saved_tensors_hooks; the
+    module's own parameters (which autograd also saves) are not activations and are left out."""
 
-    def __init__(self):
+    def __init__(self, module: nn.Module | None = None):
         self.storages: dict[int, int] = {}
+        self.skip = {p.untyped_storage().data_ptr() for p in module.parameters()} if module is not None else set()
 
     def pack(self, t: torch.Tensor):
         try:
             st = t.untyped_storage()
+            if st.data_ptr() in self.skip:
+                return t
             self.storages[st.data_ptr()] = st.nbytes()
         except (RuntimeError, NotImplementedError):  # pragma: no cover - exotic tensors
             pass
@@ -119,7 +123,7 @@ def measure_module(
     forward = _median_time(lambda: fwd(), reps, sync)
     # backward alone: time forward+backward, subtract the forward median
     both = _median_time(step, reps, sync)
-    saved = SavedBytes()
+    saved = SavedBytes(module)
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
         out = fwd()
     del out
