@@ -5,8 +5,8 @@ the machinery behind torchrun) with a c10d rendezvous: `--nproc-per-node` worker
 machine, and for several machines `--nnodes N --node-rank R --rdzv-endpoint host:port`
 (node 0 hosts the rendezvous). No restarts: a rank that raises or dies stops the whole run,
 the agent terminates the others (SIGTERM, then SIGKILL) and we report which rank failed and
-why, in one line. Ctrl-C (SIGINT) or SIGTERM to the launcher stops every worker the same
-way and raises `Interrupted`.
+why, in one line. Ctrl-C or SIGTERM to the launcher stops every worker the same way and
+raises `Interrupted` (workers do not see Ctrl-C themselves: see _ctrl_c_stops_workers).
 
 Workers' stdout and stderr go to log files (so `--json` keeps stdout clean); the log
 directory is removed after a successful run and named in the error after a failed one,
@@ -27,6 +27,7 @@ import socket
 import tempfile
 import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -127,17 +128,21 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL),
+        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",  # SIGINT: see _ctrl_c_stops_workers
     )
     handlers = _signal_handlers()
+    ctrl_c: dict = {}
     try:
-        results = elastic_launch(config, entrypoint)(*args)
+        with _ctrl_c_stops_workers(ctrl_c):
+            results = elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
         local = range(spec.node_rank * spec.nproc_per_node, (spec.node_rank + 1) * spec.nproc_per_node)
         raise PlannerError(_failure_message(exc, log_dir, local)) from None
     except SignalException as exc:
-        raise Interrupted(f"interrupted by signal {exc.sigval.name}; all workers stopped (logs: {log_dir})") from None
+        how = "Ctrl-C" if ctrl_c else f"signal {exc.sigval.name}"
+        raise Interrupted(f"interrupted by {how}; all workers stopped (logs: {log_dir})") from None
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; all workers stopped (logs: {log_dir})") from None
+        raise Interrupted(f"interrupted by Ctrl-C; all workers stopped (logs: {log_dir})") from None
     except Exception as exc:  # rendezvous and agent errors: one line, not a traceback
         detail = str(exc).strip().splitlines()
         raise PlannerError(f"launch failed: {type(exc).__name__}: {detail[0] if detail else ''} (logs: {log_dir})") from None
@@ -146,6 +151,45 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
     shutil.rmtree(log_dir, ignore_errors=True)
     # The agent keys results by global rank already.
     return {int(k): v for k, v in results.items()}
+
+
+@contextmanager
+def _ctrl_c_stops_workers(seen: dict):
+    """A terminal's Ctrl-C reaches its whole process group, workers included, and a worker
+    still importing torch would die of it with a KeyboardInterrupt traceback. SIG_IGN is
+    the one disposition a child keeps through exec (and then Python installs no SIGINT
+    handler), so SIGINT is ignored while the agent spawns the workers (we wrap the agent's
+    `start_processes` for that moment). The launcher turns its own Ctrl-C into a SIGTERM to
+    itself, which the agent handles by stopping every worker with SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from torch.distributed.elastic.agent.server import local_elastic_agent as agent
+
+    def on_ctrl_c(signum, frame):
+        seen["ctrl_c"] = True
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # the agent is not running yet
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    spawn = getattr(agent, "start_processes", None)
+
+    def spawn_ignoring_ctrl_c(*args, **kwargs):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return spawn(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, on_ctrl_c)
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    if spawn is not None:
+        agent.start_processes = spawn_ignoring_ctrl_c
+    try:
+        yield
+    finally:
+        if spawn is not None:
+            agent.start_processes = spawn
+        signal.signal(signal.SIGINT, previous)
 
 
 def _signal_handlers() -> dict:

@@ -217,21 +217,25 @@ def test_a_failing_rank_stops_everything_with_one_line(tmp_path, mode, timeout, 
         assert "injected failure" in (Path(logs) / "rank1-traceback.txt").read_text()
 
 
-def test_ctrl_c_stops_every_worker(tmp_path):
+@pytest.mark.parametrize("wait_s", [0.5, 4.0])
+def test_ctrl_c_stops_every_worker(tmp_path, wait_s):
+    """Ctrl-C as a terminal sends it: SIGINT to the whole process group, launcher and
+    workers, while workers are still starting (0.5 s) and while they train (4 s)."""
     path = _plan_file(tmp_path, GPT, _plan(dp=2, micro_batch_size=2))
     marker = uuid.uuid4().hex
     # rank 1 hangs, so the run is still going when the signal comes
     env = _marker_env(marker, PLAN_RUN_FAIL_RANK="1", PLAN_RUN_FAIL_MODE="hang")
     proc = subprocess.Popen([sys.executable, "-m", "planner.cli.main", "run", str(path), "--timeout", PG_TIMEOUT],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     deadline = time.time() + 60
     while len(_processes_with(marker)) < 3 and time.time() < deadline:  # launcher + 2 workers
-        time.sleep(0.2)
-    time.sleep(3)  # let the workers reach training
-    proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+    time.sleep(wait_s)
+    os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip().startswith("error: interrupted") and len(err.strip().splitlines()) == 1, err
+    assert err.strip().startswith("error: interrupted by Ctrl-C") and len(err.strip().splitlines()) == 1, err
+    assert out == ""
     _no_leftovers(marker)
 
 

@@ -103,6 +103,7 @@ def _plan_file(tmp_path, **kw):
     (dict(pp=4, micro_batch_size=4, num_micro_batches=2), [], "1F1B needs at least as many micro-batches"),
     (dict(dp=2, num_micro_batches=2), ["--nnodes", "2"], "--rdzv-endpoint"),
     (dict(dp=2, num_micro_batches=2), ["--steps", "2", "--warmup", "2"], "--warmup"),
+    (dict(dp=2, num_micro_batches=2), ["--tolerance", "0"], "--tolerance"),
 ])
 def test_cli_refuses_in_one_line_with_exit_2(tmp_path, kw, args, words):
     res = CliRunner().invoke(cli, ["run", _plan_file(tmp_path, **kw), *args])
@@ -170,3 +171,11 @@ def test_a_model_too_big_for_this_machine_is_refused_before_launch():
     with pytest.raises(UsageError, match="per rank x 2 ranks here"):
         check_host_memory(case, cluster, 2, 2**20)
     check_host_memory(case, cluster, 2, None)  # unknown: no check
+
+
+def test_nccl_without_a_gpu_is_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    res = CliRunner().invoke(cli, ["run", _plan_file(tmp_path, dp=2, num_micro_batches=2), "--backend", "nccl"])
+    assert res.exit_code == 2 and "needs CUDA" in res.output and len(res.output.strip().splitlines()) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +18,7 @@ from planner.executor.runner import RunOptions, launch_world, resolve_backend, r
 from planner.executor.verify import DEFAULT_TOLERANCE
 from planner.launch import Interrupted, LaunchSpec, inside_launcher
 from planner.plan_file import read_plan_file
+from planner.specs import RunReport
 
 
 @click.command()
@@ -46,8 +48,31 @@ def run(
 ) -> None:
     """Train a few steps of PLAN_FILE's layout with torch.distributed, check every loss and
     gradient norm against one process, and compare time and memory with the prediction."""
+    try:
+        report = _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, warmup, seed, lr,
+                          Rehearsal(scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len), tolerance,
+                          timeout_s, backend)
+    except KeyboardInterrupt:  # Ctrl-C outside the launch (imports, the reference run)
+        raise Interrupted("interrupted by Ctrl-C") from None
+    if inside_launcher() and os.environ["RANK"] != "0":
+        if not report.verification.passed:
+            raise PlannerError(f"verification failed: {report.verification.message}")
+        return  # inside torchrun/Slurm, rank 0 reports
+    if output:
+        write_atomic(output, report.model_dump_json(indent=2) + "\n")
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        render.run_report(report)
+    if not report.verification.passed:
+        raise PlannerError(f"verification failed: {report.verification.message}")
+
+
+def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, warmup, seed, lr, rehearsal,
+             tolerance, timeout_s, backend) -> RunReport:
+    """Refuse what cannot run (before any worker starts), launch, verify, report."""
     doc = read_plan_file(Path(plan_file))
-    rehearsal = Rehearsal(scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len)
+    _import_torch()
     case = prepare_case(doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr)
     if nproc_per_node is None:
         if doc.plan.world_size % max(nnodes, 1):
@@ -61,19 +86,17 @@ def run(
         check_profile_size(doc.cluster, launch_world(spec)[0], plan_file, backend)
     if backend == "gloo" and not inside_launcher():
         check_host_memory(case, doc.cluster, nproc_per_node, host_memory_bytes())
+    return run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file])[0]
+
+
+def _import_torch() -> None:
+    """Import torch with Ctrl-C deferred to the end of the import: an import interrupted
+    half-way leaves numpy/torch broken (a RecursionError at their next use, not a clean exit)."""
+    pressed: list = []
+    previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
     try:
-        report = run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file])[0]
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; all workers stopped") from None
-    if inside_launcher() and os.environ["RANK"] != "0":
-        if not report.verification.passed:
-            raise PlannerError(f"verification failed: {report.verification.message}")
-        return  # inside torchrun/Slurm, rank 0 reports
-    if output:
-        write_atomic(output, report.model_dump_json(indent=2) + "\n")
-    if as_json:
-        click.echo(report.model_dump_json(indent=2))
-    else:
-        render.run_report(report)
-    if not report.verification.passed:
-        raise PlannerError(f"verification failed: {report.verification.message}")
+        import torch  # noqa: F401
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt

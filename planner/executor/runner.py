@@ -14,6 +14,7 @@ from typing import Optional
 
 from cost_models.estimate import estimate as predict
 from cost_models.memory import GIB
+from planner.errors import UsageError
 from planner.executor.prepare import RunCase, check_world
 from planner.executor.verify import DEFAULT_TOLERANCE, compare, reference_run
 from planner.launch import LaunchSpec, inside_launcher
@@ -79,10 +80,12 @@ def run_plans(
 
 def resolve_backend(requested: str) -> str:
     """'auto' is nccl when this machine has CUDA, else gloo (as the workers decide)."""
-    if requested != "auto":
-        return requested
     import torch
 
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise UsageError("--backend nccl needs CUDA, and torch sees no GPU here; use --backend gloo")
+    if requested != "auto":
+        return requested
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
