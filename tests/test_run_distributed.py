@@ -279,3 +279,15 @@ def test_inside_torchrun(tmp_path):
     report = json.loads(res.stdout)
     assert report["verdict"] == "pass" and report["settings"]["world_size"] == 2
     _no_leftovers(marker)
+
+
+def test_a_run_that_misses_the_reference_exits_1_with_its_report(tmp_path):
+    """The check can fail: with a tolerance below fp32 rounding, the data-parallel run (whose
+    averaging sums in another order) no longer passes; the JSON report says why, exit 1."""
+    path = _plan_file(tmp_path, GPT, _plan(dp=2, micro_batch_size=2))
+    res = _plan_run(path, "--steps", "2", "--warmup", "1", "--tolerance", "1e-300", "--json", "--timeout", PG_TIMEOUT,
+                    env=_marker_env(uuid.uuid4().hex))
+    assert res.returncode == 1, res.stderr
+    report = json.loads(res.stdout)
+    assert report["verdict"] == "fail" and not report["verification"]["passed"]
+    assert res.stderr.strip().startswith("error: verification failed: step ") and len(res.stderr.strip().splitlines()) == 1
