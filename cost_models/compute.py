@@ -18,7 +18,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from planner.specs import Activation, DeviceSpec, DType, ModelSpec
+from planner.specs import DTYPE_BYTES, Activation, DeviceSpec, DType, ModelSpec
 
 # --------------------------------------------------------------------------- parameters
 
@@ -169,7 +169,7 @@ def layer_compute(
     """Forward/backward time of one transformer layer on one TP rank."""
     b, s, h, f, d = micro_batch, seq_len, model.hidden_size, model.ffn, model.head_dim
     T = b * s
-    e = 2 if dtype != DType.fp32 else 4
+    e = DTYPE_BYTES[dtype]
     heads = model.num_heads // tp
     kv_cols = 2 * d * kv_shard(model, tp)
     mlp_in = 2 if model.activation == Activation.swiglu else 1
@@ -214,7 +214,7 @@ def layer_compute(
 
 def embedding_forward_time(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int) -> float:
     """Embedding lookup (+ position add): memory-bound, writes b s h activations."""
-    e = 2 if dtype != DType.fp32 else 4
+    e = DTYPE_BYTES[dtype]
     rows = micro_batch * seq_len
     nbytes = rows * model.hidden_size * e * (3 if model.learned_position_embeddings else 1)
     return memory_bound_time(device, nbytes)
@@ -223,7 +223,7 @@ def embedding_forward_time(model: ModelSpec, device: DeviceSpec, dtype: DType, m
 def head_forward_time(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int) -> float:
     """Final norm, LM-head GEMM and cross-entropy (softmax over V/tp logits in fp32)."""
     T = micro_batch * seq_len
-    e = 2 if dtype != DType.fp32 else 4
+    e = DTYPE_BYTES[dtype]
     gemm = gemm_time(device, dtype, 2.0 * T * model.hidden_size * vocab_shard(model, tp))
     logits = T * vocab_shard(model, tp)
     # write logits, read them as fp32 for log-softmax, write fp32 probabilities for backward

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.specs import (
+    DTYPE_BYTES,
     Axis,
     ClusterSpec,
     Collective,
@@ -42,10 +43,6 @@ GRADIENT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb=25
 ADAM_UPDATE_BYTES = 30  # per parameter: read fp32 master/m/v + grad, write master/m/v + 16-bit copy
 SGD_UPDATE_BYTES = 18
 MODES = (Recompute.none, Recompute.selective, Recompute.full)
-
-
-def act_bytes(dtype: DType) -> int:
-    return 4 if dtype == DType.fp32 else 2
 
 
 @dataclass(frozen=True)
@@ -113,7 +110,7 @@ def layer_costs(
     # Four all-reduces of b s h per layer per micro-batch, two forward and two backward
     # (Narayanan et al. 2021, sec. 3.2); with sequence parallelism each becomes an
     # all-gather plus a reduce-scatter of the same buffer (Korthikanti et al. sec. 4.2.2).
-    buf = act_bytes(dtype) * b * s * model.hidden_size
+    buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
     if sp:
         one = tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, buf)
     else:
@@ -144,7 +141,7 @@ def edge_costs(
     tp_link: GroupLink, pp_link: GroupLink,
 ) -> EdgeCosts:
     dtype, b, s, dev = job.precision, micro_batch, job.seq_len, cluster.device
-    buf = act_bytes(dtype) * b * s * model.hidden_size
+    buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
     # Vocab-parallel embedding all-reduces its output (forward); the column-parallel head
     # all-reduces its input gradient (backward); the parallel cross-entropy reduces max and
     # sum of exp over the TP group (b s fp32 values, twice).
@@ -272,7 +269,7 @@ def layout_costs(
     links = links or mesh_links(cluster, dp, tp, pp, mesh_order)
     layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp])
     edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp])
-    e = act_bytes(job.precision)
+    e = DTYPE_BYTES[job.precision]
     w, g, o = memory.state_bytes_per_param(job.precision, job.optimizer)
     states = (w / (dp if zero >= 3 else 1), g / (dp if zero >= 2 else 1), o / (dp if zero >= 1 else 1))
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES

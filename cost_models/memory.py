@@ -20,7 +20,7 @@ each), models without dropout (no masks) and fused attention (no s x s scores st
 
 from __future__ import annotations
 
-from planner.specs import Activation, DType, ModelSpec, Optimizer, Recompute, Schedule
+from planner.specs import DTYPE_BYTES, Activation, DType, ModelSpec, Optimizer, Recompute, Schedule
 
 from .compute import kv_shard, vocab_shard
 
@@ -67,7 +67,7 @@ def layer_activation_bytes(
 ) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one TP rank."""
     s, b, h, f = seq_len, micro_batch, model.hidden_size, model.ffn
-    e = 4 if dtype == DType.fp32 else 2
+    e = DTYPE_BYTES[dtype]
     sbh = s * b * h
     sp_div = tp if sequence_parallel else 1
     if recompute == Recompute.full:
@@ -111,14 +111,14 @@ def head_activation_bytes(
 ) -> float:
     """Last stage: final-norm input and LM-head input (2 x e s b h) and the fp32 softmax of the
     cross-entropy over V/t logits (Korthikanti: 4 s b V / t)."""
-    e = 4 if dtype == DType.fp32 else 2
+    e = DTYPE_BYTES[dtype]
     sbh = micro_batch * seq_len * model.hidden_size
     return 2 * e * sbh / (tp if sequence_parallel else 1) + 4.0 * micro_batch * seq_len * vocab_shard(model, tp)
 
 
 def logits_temporary_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: DType = DType.bf16) -> float:
     """Transient buffers of the loss on the last stage: 16-bit logits and their fp32 gradient."""
-    e = 4 if dtype == DType.fp32 else 2
+    e = DTYPE_BYTES[dtype]
     return (e + 4.0) * micro_batch * seq_len * vocab_shard(model, tp)
 
 

@@ -4,9 +4,9 @@ traffic of each parallel dimension with the link it rides."""
 from __future__ import annotations
 
 from cost_models.communication import VOLUME_FACTOR
-from cost_models.estimate import PipelineCosts, act_bytes, recompute_counts
+from cost_models.estimate import PipelineCosts, recompute_counts
 from cost_models.memory import GIB
-from planner.specs import Axis, ClusterSpec, Collective, Estimate, Explanation, JobSpec, LinkVolume, ModelSpec, Plan
+from planner.specs import DTYPE_BYTES, Axis, ClusterSpec, Collective, Estimate, Explanation, JobSpec, LinkVolume, ModelSpec, Plan
 
 _MEMORY_HINTS = {
     "model states": "shard them further (ZeRO stage, more dp/tp/pp)",
@@ -35,7 +35,7 @@ def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, es
         f"({100 * bd[top] / est.step_time_s:.0f}%) on pipeline rank {est.bottleneck_stage}; MFU {100 * est.mfu:.1f}%"
     )
 
-    e = act_bytes(job.precision)
+    e = DTYPE_BYTES[job.precision]
     m, b, s, h = plan.num_micro_batches, plan.micro_batch_size, job.seq_len, model.hidden_size
     counts = recompute_counts(plan, model.num_layers)
     rank = est.bottleneck_stage
