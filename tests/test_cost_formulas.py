@@ -25,7 +25,8 @@ from fractions import Fraction as Fr
 import pytest
 
 from cost_models import communication, compute, memory, pipeline
-from cost_models.estimate import estimate, pipeline_costs
+from cost_models.estimate import estimate
+from cost_models.tables import pipeline_costs
 from hardware_profiles import load_cluster
 from planner.models import load_model
 from planner.specs import (

@@ -9,7 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from cost_models.estimate import layer_costs, mesh_links
+from cost_models.tables import layer_costs, mesh_links
 from hardware_profiles import load_cluster
 from planner.cli.main import cli
 from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec

@@ -16,7 +16,7 @@ from planner.models import load_model
 from planner.search.brute import brute_force
 from planner.search.candidates import SearchSpace
 from planner.search.solve import infeasibility, solve
-from planner.specs import Axis, JobSpec, ModelSpec, Plan
+from planner.specs import Axis, JobSpec, ModelSpec, Plan, Recompute
 
 SMALL = ModelSpec(name="small", num_layers=4, hidden_size=1024, num_heads=8, vocab_size=32000, max_seq_len=2048)
 
@@ -85,7 +85,7 @@ def test_micro_batches_override():
 
 
 def test_recompute_fix_is_respected():
-    space = SearchSpace(num_gpus=4, global_batch_size=4, recompute_modes=(2,))
+    space = SearchSpace(num_gpus=4, global_batch_size=4, recompute_modes=(Recompute.full,))
     res = assert_same_optimum(SMALL, tiny_cluster(0.8), JobSpec(global_batch_size=4, seq_len=2048), space)
     assert res.best.plan.recompute.value == "full" and res.best.plan.stage_recompute is None
 

@@ -13,7 +13,8 @@ from planner.errors import InfeasibleError, UsageError
 from planner.search.candidates import SearchSpace
 from planner.search.solve import infeasibility, solve as run_search
 from planner.search.report import solve_document
-from planner.specs import Axis
+from cost_models.terms import MODES
+from planner.specs import Axis, Recompute, Schedule
 
 _FIX_KEYS = {
     "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int),
@@ -25,7 +26,7 @@ _FIX_KEYS = {
 
 
 def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
-    fixed, modes = {}, (0, 1, 2)
+    fixed, modes = {}, MODES
     for item in fixes:
         key, sep, value = item.partition("=")
         if not sep or key not in _FIX_KEYS:
@@ -44,14 +45,9 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
                     raise ValueError
                 fixed[field] = axes
             elif field == "schedule":
-                if value not in ("gpipe", "1f1b", "interleaved-1f1b"):
-                    raise ValueError
-                fixed[field] = value
+                fixed[field] = Schedule(value)
             else:
-                names = ("none", "selective", "full")
-                if value not in names:
-                    raise ValueError
-                modes = (names.index(value),)
+                modes = (Recompute(value),)
         except ValueError:
             raise UsageError(f"--fix {item!r}: {value!r} is not a valid value for {key}") from None
     return fixed, modes

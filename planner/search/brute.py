@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from cost_models.estimate import evaluate
+from cost_models.terms import MODES
 from planner.specs import ClusterSpec, JobSpec, ModelSpec
 
 from .candidates import Candidate, CostTables, SearchSpace, enumerate_candidates
@@ -27,9 +28,10 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
         yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
 
 
-def mode_splits(n: int, modes: tuple = (0, 1, 2)) -> list[tuple[int, int, int]]:
+def mode_splits(n: int, modes: tuple = MODES) -> list[tuple[int, int, int]]:
+    """Every (none, selective, full) split of n layers that uses only `modes`."""
     splits = [(a, b, n - a - b) for a in range(n + 1) for b in range(n + 1 - a)]
-    return [x for x in splits if all(x[i] == 0 or i in modes for i in range(3))]
+    return [x for x in splits if all(x[i] == 0 or MODES[i] in modes for i in range(3))]
 
 
 @dataclass

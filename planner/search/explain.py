@@ -4,7 +4,8 @@ traffic of each parallel dimension with the link it rides."""
 from __future__ import annotations
 
 from cost_models.communication import VOLUME_FACTOR
-from cost_models.estimate import PipelineCosts, recompute_counts
+from cost_models.estimate import recompute_counts
+from cost_models.tables import PipelineCosts
 from cost_models.memory import GIB
 from planner.specs import DTYPE_BYTES, Axis, ClusterSpec, Collective, Estimate, Explanation, JobSpec, LinkVolume, ModelSpec, Plan
 

@@ -3,14 +3,14 @@
 For a batch of candidate layouts the ILP picks one (binary y_k, sum y_k = 1) and, for it,
 how many layers each virtual stage j runs with no / selective / full recomputation
 (integers x_kj0, x_kj1, x_kj2: Megatron-style partial recompute falls out), minimising the
-step time of cost_models.estimate.evaluate exactly:
+step time of cost_models/estimate.py:evaluate exactly:
     T = sum_j S_j + (m - 1) M,  M >= S_j                      (GPipe / 1F1B)
     T = m MR + (p - 1) MS,  MR >= sum_{j on r} S_j, MS >= S_j   (interleaved)
-plus the exposed DP communication D >= E_r and optimizer time O >= o params_r, each a
-convex piecewise-linear term written as max() constraints (a binary per rank only where
-a gradient bucket may or may not fill). Memory of every rank, with its schedule's
-in-flight micro-batches, is a linear constraint. Every coefficient comes from the
-candidate's PipelineCosts, the same tables `plan estimate` evaluates.
+plus the exposed DP communication D >= E_r and optimizer time O >= o params_r. Every row
+is built from the expressions of cost_models/terms.py: a Linear becomes an lpSum (its
+constant times y_k), a Hidden term a variable U >= each of its pieces (a binary per rank
+only where a gradient bucket may or may not fill), and memory of every rank a linear
+constraint with its largest transient buffer as T >= each stage's.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import pulp
 
-from cost_models.estimate import GRADIENT_BUCKET_BYTES, PipelineCosts
 from cost_models.memory import GIB
-from planner.specs import Collective
+from cost_models.tables import PipelineCosts
+from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, Hidden, LayoutTerms, Linear, RankTerms
 
 from .candidates import Candidate
 
@@ -59,10 +59,12 @@ def quiet_stdout():
         os.close(saved)
 
 
-def make_solver(name: str, time_limit: float | None):
+def make_solver(name: str, time_limit: float | None, exact: bool = False):
+    """`exact`: an integer objective, solved to within half a unit."""
+    gaps = dict(gapRel=0.0, gapAbs=0.5) if exact else dict(gapRel=MIP_GAP, gapAbs=0.0)
     if name == "highs":
-        return pulp.HiGHS(msg=False, gapRel=MIP_GAP, gapAbs=0.0, timeLimit=time_limit, threads=1)
-    return pulp.PULP_CBC_CMD(msg=False, gapRel=MIP_GAP, gapAbs=0.0, timeLimit=time_limit, threads=1)
+        return pulp.HiGHS(msg=False, timeLimit=time_limit, threads=1, **gaps)
+    return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1, **gaps)
 
 
 def default_solver() -> str:
@@ -74,135 +76,142 @@ def default_solver() -> str:
         return "cbc"
 
 
-def _block(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limit_gib: float, modes: tuple, ts: float):
-    """Variables and constraints of one candidate; returns (objective term, decode info).
+class _Block:
+    """The variables of one candidate k in the batch, and builders of its rows.
 
     Times enter multiplied by `ts` (time units chosen so that the step is O(100)): the
-    solver's absolute feasibility tolerances then stay far below what the model resolves.
-    """
-    lc, L, pp, v, m = pc.layer, pc.num_layers, pc.pp, pc.vpp, pc.num_micro_batches
-    P = pc.num_stages
-    a0, a1, a2 = lc.activation_bytes
-    r_sel, r_full = lc.recompute[1] * ts, lc.recompute[2] * ts
-    fb = (lc.forward + lc.backward + lc.tp_forward + lc.tp_backward) * ts
-    fwd_layer = (lc.forward + lc.tp_forward) * ts
-    extras = [pc.stage_extras(j) for j in range(P)]
-    var = lambda name, low=None, up=None, cat="Continuous": prob.add_variable(name, low, up, cat=cat)  # noqa: E731
-    x = [[var(f"x{k}_{j}_{i}", 0, L if i in modes else 0, cat="Integer") for i in range(3)] for j in range(P)]
-    n = [pulp.lpSum(xj) for xj in x]
-    prob += pulp.lpSum(n) == L * y, f"layers{k}"
-    for j in range(P):
-        if v > 1:  # interleaved: equal model chunks (Megatron-LM), see candidates.py
-            prob += n[j] == (L // P) * y, f"chunk{k}_{j}"
-        else:
-            prob += n[j] >= y, f"nonempty{k}_{j}"
-    # A stage with a fully recomputed layer rebuilds one layer's activations in backward.
-    w = [var(f"w{k}_{j}", cat="Binary") for j in range(P)]
-    for j in range(P):
-        prob += x[j][2] <= (L - P + 1) * w[j], f"fullflag{k}_{j}"
-        prob += w[j] <= y, f"fullsel{k}_{j}"
+    solver's absolute feasibility tolerances then stay far below what the model resolves."""
 
-    rank_stages = [list(range(r, P, pp)) for r in range(pp)]
+    def __init__(self, prob, k: int, pc: PipelineCosts, y, ts: float, modes: tuple):
+        self.prob, self.k, self.pc, self.terms, self.y, self.ts = prob, k, pc, pc.terms, y, ts
+        L, P = pc.num_layers, pc.num_stages
+        allowed = [MODES[i] in modes for i in range(3)]
+        self.x = [[self.var(f"x{k}_{j}_{i}", 0, L if allowed[i] else 0, "Integer") for i in range(3)] for j in range(P)]
+        self.n = [pulp.lpSum(xj) for xj in self.x]
+
+    def var(self, name: str, low=None, up=None, cat: str = "Continuous"):
+        return self.prob.add_variable(name, low, up, cat=cat)
+
+    def add(self, row, name: str) -> None:
+        self.prob += row, f"{name}{self.k}"
+
+    def rank_counts(self, r: int) -> list:
+        """The rank's layers per recompute mode (sums of its stages' variables)."""
+        return [pulp.lpSum(self.x[j][i] for j in self.terms.rank_stages(r)) for i in range(3)]
+
+    def lin(self, e: Linear, counts, scale: float = 1.0):
+        """A Linear as an lpSum; its constant counts only when this candidate is chosen."""
+        return pulp.lpSum(scale * s * c for s, c in zip(e.slope, counts) if s) + scale * e.const * self.y
+
+
+def _layer_split(b: _Block) -> None:
+    """All layers placed, each stage non-empty (interleaved: equal model chunks); w_j = 1
+    where stage j has a fully recomputed layer."""
+    t, L, P = b.terms, b.pc.num_layers, b.pc.num_stages
+    b.add(pulp.lpSum(b.n) == L * b.y, "layers")
+    for j in range(P):
+        if b.pc.vpp > 1:
+            b.add(b.n[j] == (L // P) * b.y, f"chunk_{j}_")
+        else:
+            b.add(b.n[j] >= b.y, f"nonempty_{j}_")
+    b.w = [b.var(f"w{b.k}_{j}", cat="Binary") for j in range(P)]
+    for j in range(P):
+        b.add(b.x[j][2] <= (L - P + 1) * b.w[j], f"fullflag_{j}_")
+        b.add(b.w[j] <= b.y, f"fullsel_{j}_")
     # Symmetry: a rank's middle model chunks (neither first nor last stage) cost the same
     # whichever of them holds which layers, so order them by (layers, full, selective),
     # lexicographically, as one weighted key. Any solution can be permuted into this order.
     base = L + 1
-    for rs in rank_stages:
-        middle = [j for j in rs if 0 < j < P - 1]
+    for r in range(b.pc.pp):
+        middle = [j for j in t.rank_stages(r) if 0 < j < P - 1]
         for j, j2 in zip(middle, middle[1:]):
-            key = lambda i: base * base * n[i] + base * x[i][2] + x[i][1]  # noqa: E731
-            prob += key(j) >= key(j2), f"order{k}_{j}"
-    params = [pulp.lpSum(lc.params * n[j] + extras[j].params * y for j in rs) for rs in rank_stages]
+            key = lambda i: base * base * b.n[i] + base * b.x[i][2] + b.x[i][1]  # noqa: E731
+            b.add(key(j) >= key(j2), f"order_{j}_")
 
-    # Exposed DP communication (evaluate's dp_exposed), linear pieces per rank.
-    alpha = {c: tuple(ts * q for q in pc.dp_link.coefficients(c)) if pc.dp > 1 else (0.0, 0.0) for c in Collective}
-    eta = pc.overlap  # fraction of DP communication that hides behind compute
-    e = pc.comm_bytes_per_param
 
-    def coll(c: Collective, nbytes_expr):
-        al, be = alpha[c]
-        return al * y + be * nbytes_expr
-
-    stage_time = []  # S_j without the ZeRO-3 term
-    for j in range(P):
-        xj, ex = x[j], extras[j]
-        stage_time.append(fb * n[j] + r_sel * xj[1] + r_full * xj[2] + (ex.compute + ex.p2p) * ts * y)
-    fwd = [pulp.lpSum(fwd_layer * n[j] + extras[j].forward * ts * y for j in rs) for rs in rank_stages]
-    tot = [pulp.lpSum(stage_time[j] for j in rs) for rs in rank_stages]
-    per_mb = [0] * pp  # exposed DP traffic per micro-batch of each rank (ZeRO-2/3)
-    D = var(f"D{k}", 0)
-    if pc.dp > 1:
-        for r, rs in enumerate(rank_stages):
-            G = e * params[r]
-            bwd = tot[r] - fwd[r]
-            if pc.zero_stage == 3:
-                uf, ub = var(f"uf{k}_{r}", 0), var(f"ub{k}_{r}", 0)
-                first = pc.zero3_first_gather * ts
-                ag_rs = coll(Collective.all_gather, G) + coll(Collective.reduce_scatter, G)
-                prob += uf >= (1 - eta) * coll(Collective.all_gather, G) + eta * first * y, f"z3f1{k}_{r}"
-                prob += uf >= coll(Collective.all_gather, G) - eta * fwd[r], f"z3f2{k}_{r}"
-                prob += ub >= (1 - eta) * ag_rs + eta * first * y, f"z3b1{k}_{r}"
-                prob += ub >= ag_rs - eta * bwd, f"z3b2{k}_{r}"
-                per_mb[r] = uf + ub
-                continue
-            red = Collective.all_reduce if pc.zero_stage == 0 else Collective.reduce_scatter
-            # overlapped(): max((1 - eta) time(G) + eta min(time(G), time(bucket)), time(G) - eta backward);
-            # the last bucket never hides.
-            extra_params = sum(extras[j].params for j in rs)
-            lo_layers = len(rs) if v == 1 else len(rs) * (L // P)
-            hi_layers = L - (P - len(rs)) if v == 1 else lo_layers
-            g_lo, g_hi = e * (lc.params * lo_layers + extra_params), e * (lc.params * hi_layers + extra_params)
-            U = var(f"U{k}_{r}", 0)
-            prob += U >= coll(red, G) - eta * bwd, f"dpwin{k}_{r}"
-            t_bucket = alpha[red][0] + alpha[red][1] * GRADIENT_BUCKET_BYTES
-            if g_lo >= GRADIENT_BUCKET_BYTES:
-                prob += U >= (1 - eta) * coll(red, G) + eta * t_bucket * y, f"dpbucket{k}_{r}"
-            elif g_hi <= GRADIENT_BUCKET_BYTES:
-                prob += U >= coll(red, G), f"dpall{k}_{r}"
-            else:  # the rank's gradients may or may not fill a bucket: one binary
-                z = var(f"zb{k}_{r}", cat="Binary")
-                big = alpha[red][0] + alpha[red][1] * g_hi
-                prob += G >= GRADIENT_BUCKET_BYTES * z, f"dpfull{k}_{r}"
-                prob += z <= y, f"dpzsel{k}_{r}"
-                prob += U >= (1 - eta) * coll(red, G) + eta * t_bucket * z, f"dpbucketz{k}_{r}"
-                prob += U >= coll(red, G) - big * z, f"dpallz{k}_{r}"
-            ag = coll(Collective.all_gather, G) if pc.zero_stage in (1, 2) else 0
-            if pc.zero_stage == 2:
-                per_mb[r] = U  # reduce-scatter after every micro-batch
-                prob += D >= ag, f"dpmax{k}_{r}"
-            else:
-                prob += D >= U + ag, f"dpmax{k}_{r}"
-
-    S = [stage_time[j] + (per_mb[j % pp] * (1.0 / v) if pc.zero_stage in (2, 3) and pc.dp > 1 else 0) for j in range(P)]
-    if v == 1:
-        M = var(f"M{k}", 0)
-        for j in range(P):
-            prob += M >= S[j], f"slowest{k}_{j}"
-        t_pipe = pulp.lpSum(S) + (m - 1) * M
+def _hidden(b: _Block, name: str, h: Hidden, counts, layer_range: tuple[int, int]):
+    """U >= each piece of a Hidden term; where the rank's gradients may or may not fill a
+    bucket, a binary z picks the piece set (z = 1: full)."""
+    ts, U = b.ts, b.var(name, 0)
+    if h.bucket_bytes is None:
+        b.add(U >= b.lin(h.edge_piece(True), counts, ts), f"{name}e_")
+        b.add(U >= b.lin(h.window_piece(), counts, ts), f"{name}w_")
+        return U
+    b.add(U >= b.lin(h.window_piece(), counts, ts), f"{name}w_")
+    lo, hi = (h.bucket_bytes((n, 0, 0)) for n in layer_range)
+    if lo >= GRADIENT_BUCKET_BYTES:
+        b.add(U >= b.lin(h.edge_piece(True), counts, ts), f"{name}e_")
+    elif hi <= GRADIENT_BUCKET_BYTES:
+        b.add(U >= b.lin(h.comm, counts, ts), f"{name}c_")
     else:
-        MR, MS = var(f"MR{k}", 0), var(f"MS{k}", 0)
-        for r in range(pp):
-            prob += MR >= pulp.lpSum(S[j] for j in rank_stages[r]), f"slowrank{k}_{r}"
+        z = b.var(f"{name}z", cat="Binary")
+        big = ts * h.comm((layer_range[1], 0, 0))
+        b.add(b.lin(h.bucket_bytes, counts) >= GRADIENT_BUCKET_BYTES * z, f"{name}zfull_")
+        b.add(z <= b.y, f"{name}zsel_")
+        b.add(U >= (1 - h.efficiency) * b.lin(h.comm, counts, ts) + h.efficiency * h.edge * ts * z, f"{name}ze_")
+        b.add(U >= b.lin(h.comm, counts, ts) - big * z, f"{name}zc_")
+    return U
+
+
+def _exposure(b: _Block, rk: RankTerms, counts) -> tuple:
+    """(per micro-batch, per step) exposed DP communication of one rank, as expressions."""
+    r, rng = rk.rank, b.terms.layer_range(rk.rank)
+
+    def row(term, name):
+        return _hidden(b, name, term, counts, rng) if isinstance(term, Hidden) else b.lin(term, counts, b.ts)
+
+    per_mb = [row(t, f"Um{b.k}_{r}_{i}") for i, t in enumerate(rk.exposure.per_micro_batch)]
+    per_step = [row(t, f"Us{b.k}_{r}_{i}") for i, t in enumerate(rk.exposure.per_step)]
+    return pulp.lpSum(per_mb), pulp.lpSum(per_step)
+
+
+def _pipeline(b: _Block, S: list):
+    """Pipeline time from the stage times S_j (cost_models/pipeline.py), as max() rows."""
+    t, pp, m, P = b.terms, b.pc.pp, b.pc.num_micro_batches, b.pc.num_stages
+    if b.pc.vpp == 1:
+        M = b.var(f"M{b.k}", 0)
         for j in range(P):
-            prob += MS >= S[j], f"slowstage{k}_{j}"
-        t_pipe = m * MR + (pp - 1) * MS
-
-    O = var(f"O{k}", 0)
+            b.add(M >= S[j], f"slowest_{j}_")
+        return pulp.lpSum(S) + (m - 1) * M
+    MR, MS = b.var(f"MR{b.k}", 0), b.var(f"MS{b.k}", 0)
     for r in range(pp):
-        prob += O >= pc.optimizer_seconds_per_param * ts * params[r], f"opt{k}_{r}"
+        b.add(MR >= pulp.lpSum(S[j] for j in t.rank_stages(r)), f"slowrank_{r}_")
+    for j in range(P):
+        b.add(MS >= S[j], f"slowstage_{j}_")
+    return m * MR + (pp - 1) * MS
 
-    # Memory of every rank, in GiB: model states + in-flight activations + transient buffers.
-    limit = memory_limit_gib * GIB
-    for r, rs in enumerate(rank_stages):
-        T = var(f"T{k}_{r}", 0)
-        for j in rs:
-            prob += T >= extras[j].temporary_bytes / GIB * y + a0 / GIB * w[j], f"temp{k}_{j}"
-        acts = pulp.lpSum(a0 * x[j][0] + a1 * x[j][1] + a2 * x[j][2] + extras[j].activation_bytes * y for j in rs)
-        prob += (
-            pc.memory_per_param / GIB * params[r] + pc.in_flight[r] / GIB * acts + T
-            + (pc.overhead_bytes + pc.zero3_gather_bytes) / GIB * y <= limit / GIB * y
-        ), f"memory{k}_{r}"
-    return weight * (t_pipe + D + O), x
+
+def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
+    """Model states + in-flight activations + fixed buffers + the largest transient buffer
+    (a stage with a fully recomputed layer rebuilds one layer's activations: binary w_j)."""
+    mem = rk.memory
+    T = b.var(f"T{b.k}_{rk.rank}", 0)
+    for j, temp in zip(b.terms.rank_stages(rk.rank), mem.temporary):
+        b.add(T >= temp / GIB * b.y + mem.full_recompute_buffer / GIB * b.w[j], f"temp_{j}_")
+    b.add(b.lin(mem.linear, counts, 1 / GIB) + T <= limit_gib * b.y, f"memory_{rk.rank}_")
+
+
+def _block(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limit_gib: float, modes: tuple, ts: float):
+    """Variables and rows of one candidate; returns (objective term, layer variables)."""
+    b = _Block(prob, k, pc, y, ts, modes)
+    _layer_split(b)
+    t: LayoutTerms = b.terms
+    ranks = t.ranks()
+    counts = [b.rank_counts(rk.rank) for rk in ranks]
+    D = b.var(f"D{k}", 0)
+    S = [None] * pc.num_stages
+    for rk, c in zip(ranks, counts):
+        per_mb, per_step = _exposure(b, rk, c)
+        b.add(D >= per_step, f"dpmax_{rk.rank}_")
+        for j, st in zip(t.rank_stages(rk.rank), rk.stages):
+            S[j] = b.lin(st.total, b.x[j], ts) + per_mb * (1.0 / pc.vpp)
+    t_pipe = _pipeline(b, S)
+    O = b.var(f"O{k}", 0)
+    for rk, c in zip(ranks, counts):
+        b.add(O >= b.lin(rk.optimizer, c, ts), f"opt_{rk.rank}_")
+    for rk, c in zip(ranks, counts):
+        _memory(b, rk, c, memory_limit_gib)
+    return weight * (t_pipe + D + O), b.x
 
 
 def solve_batch(
@@ -210,7 +219,7 @@ def solve_batch(
     memory_limit_gib: float,
     solver: str,
     time_limit: float | None = None,
-    modes: tuple = (0, 1, 2),
+    modes: tuple = MODES,
 ) -> tuple[Solution | None, str]:
     """Pick the best candidate of `batch` (each with its objective weight, 1/tokens scaled)
     and its best layer split. Returns (solution or None if none fits, solver status)."""
@@ -236,3 +245,26 @@ def solve_batch(
     cand, pc, weight = batch[k]
     value = pulp.value(terms[k]) / (weight * ts)
     return Solution(cand, counts, value), status
+
+
+def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_gib: float, solver: str, modes: tuple = MODES):
+    """The canonical representative of `counts` among the splits of this layout that are as
+    fast and fit: many splits tie (a stage off an interleaved schedule's critical path may
+    recompute or not), and which of them a MILP solver returns depends on its path, so the
+    answer is fixed here by a second, small MILP: keep the step time, and minimise
+    sum_j (Q k_i + j^2) x_ji over recomputed layers (k = 1 selective, 2 full, Q > every j^2
+    term): the fewest recomputed layers, full ones counted double, placed in the earliest
+    stages. Returns None when the solver cannot confirm one (the caller keeps `counts`)."""
+    prob = pulp.LpProblem("canonical", pulp.LpMinimize)
+    y = prob.add_variable("y", 1, 1)
+    ts = 100.0 / step_time
+    term, x = _block(prob, 0, pc, y, 1.0, memory_limit_gib, modes, ts)
+    prob += term <= 100.0 * (1 + 1e-12), "same_step_time"
+    P = pc.num_stages
+    Q = P * P + 1
+    prob += pulp.lpSum((Q * k + j * j) * x[j][k] for j in range(P) for k in (1, 2))
+    with quiet_stdout():
+        prob.solve(make_solver(solver, None, exact=True))
+    if pulp.LpStatus[prob.status] != "Optimal":
+        return None
+    return tuple(tuple(int(round(xv.value() or 0)) for xv in xj) for xj in x)

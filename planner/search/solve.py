@@ -16,23 +16,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from cost_models.estimate import PipelineCosts, evaluate
+from cost_models.estimate import evaluate
 from cost_models.memory import GIB
+from cost_models.tables import PipelineCosts
+from cost_models.terms import MODES
 from planner.errors import InfeasibleError
 from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, StageRecompute
 
-from .candidates import (
-    MEMORY,
-    Candidate,
-    CostTables,
-    SearchSpace,
-    cheap_bound,
-    enumerate_candidates,
-    refined_bound,
-)
-from .ilp import Solution, default_solver, solve_batch
+from .bounds import cheap_bound, min_peak_memory, refined_bound
+from .candidates import MEMORY, Candidate, CostTables, SearchSpace, enumerate_candidates
+from .ilp import Solution, canonical_counts, default_solver, solve_batch
 
-RECOMPUTE_NAMES = ("none", "selective", "full")
 REL_TOL = 1e-9  # bound comparisons
 
 
@@ -74,7 +68,7 @@ def decode(c: Candidate, counts) -> Plan:
     layers = [sum(x) for x in counts]
     modes = {i for x in counts for i, v in enumerate(x) if v}
     if len(modes) == 1:
-        return c.plan(layers_per_stage=layers, recompute=RECOMPUTE_NAMES[modes.pop()])
+        return c.plan(layers_per_stage=layers, recompute=MODES[modes.pop()])
     return c.plan(
         layers_per_stage=layers,
         stage_recompute=[StageRecompute(none=x[0], selective=x[1], full=x[2]) for x in counts],
@@ -198,13 +192,25 @@ def solve(
     stats.pruned_by_bound = len(heap)
     stats.solve_time_s = time.perf_counter() - start
 
-    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes) for _, i, sol in found[: top_k + 1]]
+    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes, solver) for _, i, sol in found[: top_k + 1]]
     if not results:
         return SearchResult(None, [], stats)
     return SearchResult(results[0], results[1:], stats)
 
 
-def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple = (0, 1, 2)) -> tuple:
+def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: str) -> tuple:
+    """The canonical split of those as fast as `counts` (ilp.canonical_counts), with any
+    recomputation that still costs nothing dropped (:func:`tidy`)."""
+    step = evaluate(pc, list(counts)).step_time_s
+    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes)
+    if canonical is not None:
+        est = evaluate(pc, list(canonical))
+        if est.step_time_s <= step * (1 + 1e-12) and est.peak_memory_gib <= limit_gib:
+            counts = canonical
+    return tidy(pc, counts, limit_gib, modes)
+
+
+def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple = MODES) -> tuple:
     """Drop recomputation the ILP chose where it costs nothing (a stage off the critical
     path of an interleaved schedule ties with and without it): keep the step time and the
     memory limit, prefer less recompute, stage by stage."""
@@ -214,7 +220,7 @@ def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple = (0, 1, 2)) 
         for option in ((n0 + n1 + n2, 0, 0), (n0 + n1, 0, n2), (n0, n1 + n2, 0)):
             if option == counts[j]:
                 break
-            if any(option[i] and i not in modes for i in range(3)):
+            if any(option[i] and MODES[i] not in modes for i in range(3)):
                 continue
             trial = counts[:j] + [option] + counts[j + 1:]
             est = evaluate(pc, trial)
@@ -225,19 +231,14 @@ def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple = (0, 1, 2)) 
 
 
 def _materialise(
-    model, cluster, job, tables: CostTables, pc: PipelineCosts, sol: Solution, limit_gib: float, modes: tuple
+    model, cluster, job, tables: CostTables, pc: PipelineCosts, sol: Solution, limit_gib: float, modes: tuple, solver: str
 ) -> Found:
-    counts = tidy(pc, sol.counts, limit_gib, modes)
+    counts = settle(pc, sol.counts, limit_gib, modes, solver)
     plan = decode(sol.candidate, counts)
     cjob = tables.job_for(sol.candidate)
     plan.validate_for(model, cjob)
-    est = evaluate(pc, list(counts))
-    # Internal invariant: the ILP optimises exactly what `plan estimate` predicts.
-    if abs(est.step_time_s - sol.objective) > 1e-6 * est.step_time_s:  # tidy() keeps the time
-        raise RuntimeError(
-            f"ILP objective {sol.objective:.9g} s differs from the estimate {est.step_time_s:.9g} s for {plan}"
-        )
-    return Found(sol.candidate, plan, cjob, est)
+    # The ILP optimises exactly what `plan estimate` predicts (tests/test_terms_consistency.py).
+    return Found(sol.candidate, plan, cjob, evaluate(pc, list(counts)))
 
 
 def infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace, limit_gib: float) -> InfeasibleError:
@@ -273,32 +274,6 @@ def min_memory_needed(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, spac
     best = None
     for c in cands:
         pc = tables.pipeline(c)
-        need = _frugal_peak(pc)
+        need = min_peak_memory(pc)
         best = need if best is None else min(best, need)
     return None if best is None else best / GIB
-
-
-def _frugal_peak(pc: PipelineCosts) -> float:
-    lc, L, pp, v = pc.layer, pc.num_layers, pc.pp, pc.vpp
-    s = pc.memory_per_param
-    a_min = min(lc.activation_bytes)
-    fixed, slope = [], []
-    for r in range(pp):
-        xs = [pc.stage_extras(j) for j in range(r, pc.num_stages, pp)]
-        f = pc.in_flight[r]
-        fixed.append(s * sum(x.params for x in xs) + f * sum(x.activation_bytes for x in xs)
-                     + max(x.temporary_bytes for x in xs) + pc.overhead_bytes + pc.zero3_gather_bytes)
-        slope.append(s * lc.params + f * a_min)
-    lo = max(c + q * v for c, q in zip(fixed, slope))
-    if sum(max(v, (lo - c) / q) for c, q in zip(fixed, slope)) >= L:
-        return lo
-    hi = lo * 2
-    while sum((hi - c) / q for c, q in zip(fixed, slope)) < L:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(max(v, (mid - c) / q) for c, q in zip(fixed, slope)) >= L:
-            hi = mid
-        else:
-            lo = mid
-    return hi

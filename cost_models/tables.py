@@ -1,0 +1,296 @@
+"""Coefficient tables of one candidate layout: what one layer, the first and last stages and
+the links cost, per micro-batch, on one GPU. cost_models/terms.py turns them into the linear
+expressions that every consumer (estimate, bounds, ILP) reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+
+from planner.specs import (
+    DTYPE_BYTES,
+    Axis,
+    ClusterSpec,
+    Collective,
+    JobSpec,
+    ModelSpec,
+    Optimizer,
+    Plan,
+    Schedule,
+)
+
+from . import compute, memory
+from .communication import GroupLink, mesh_strides
+from .terms import MODES, LayoutTerms
+
+ADAM_UPDATE_BYTES = 30  # per parameter: read fp32 master/m/v + grad, write master/m/v + 16-bit copy
+SGD_UPDATE_BYTES = 18
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """One transformer layer, one micro-batch, one GPU of a (micro-batch, tp, sp) choice."""
+
+    forward: float  # compute seconds
+    backward: float
+    tp_forward: float  # TP collectives on the critical path
+    tp_backward: float
+    recompute: tuple  # extra backward seconds (compute + comm) per mode (none, selective, full)
+    activation_bytes: tuple  # bytes kept per micro-batch per mode (none, selective, full)
+    params: int  # parameters on this GPU (TP-sharded, before ZeRO)
+    flops_forward: float  # whole layer (unsharded), for model FLOPs
+    recompute_flops: tuple  # extra FLOPs per mode, whole layer
+
+
+@dataclass(frozen=True)
+class EdgeCosts:
+    """What the first and last stages carry besides layers, and the pipeline sends."""
+
+    embedding_forward: float
+    embedding_backward: float
+    head_forward: float
+    head_backward: float
+    embedding_params: int
+    head_params: int
+    embedding_activation_bytes: float
+    head_activation_bytes: float
+    logits_temporary_bytes: float
+    p2p: float  # one activation (or gradient) send between neighbouring stages
+
+
+def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: str, micro_batch: int, tp: int):
+    """(forward s, backward s, saved bytes) of this layer kind from the profile, if the cluster is a
+    measured profile of this very model, sequence length and dtype (else None: analytic).
+    A micro-batch size that was not measured scales the nearest measured one linearly."""
+    m = cluster.measured
+    if m is None or m.environment.dtype != job.precision:
+        return None
+    ignore = {"name", "source", "param_dtype"}
+    if m.model.model_dump(exclude=ignore) != model.model_dump(exclude=ignore):
+        return None
+    same = [x for x in m.layers if x.kind == kind and x.seq_len == job.seq_len and x.tp == tp]
+    if not same:
+        return None
+    x = min(same, key=lambda x: (abs(x.micro_batch_size - micro_batch), -x.micro_batch_size))
+    scale = micro_batch / x.micro_batch_size
+    return x.forward_s * scale, x.backward_s * scale, x.activation_bytes * scale
+
+
+def layer_costs(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink
+) -> LayerCosts:
+    dtype, b, s = job.precision, micro_batch, job.seq_len
+    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention)
+    measured = measured_layer(cluster, model, job, "block", b, tp)
+    if measured is not None:
+        # A measured profile of this model: its times replace the analytic ones; the core
+        # attention keeps its analytic share of the forward (what selective recompute reruns).
+        share = lc.attention_core_forward / lc.forward if lc.forward else 0.0
+        lc = compute.LayerCompute(
+            forward=measured[0], backward=measured[1], attention_core_forward=share * measured[0], flops_forward=lc.flops_forward,
+        )
+    # Four all-reduces of b s h per layer per micro-batch, two forward and two backward
+    # (Narayanan et al. 2021, sec. 3.2); with sequence parallelism each becomes an
+    # all-gather plus a reduce-scatter of the same buffer (Korthikanti et al. sec. 4.2.2).
+    buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
+    if sp:
+        one = tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, buf)
+    else:
+        one = tp_link.time(Collective.all_reduce, buf)
+    tp_fwd = tp_bwd = 2 * one
+    flops = compute.layer_flops_forward(model, b, s)
+    acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype) for r in MODES)
+    if measured is not None and not sp:
+        # measured bytes saved with nothing recomputed; selective frees the analytic core
+        # attention share of them; full recompute keeps the layer input only (exact).
+        a_none = measured[2]
+        acts = (a_none, max(acts[2], a_none - (acts[0] - acts[1])), acts[2])
+    return LayerCosts(
+        forward=lc.forward,
+        backward=lc.backward,
+        tp_forward=tp_fwd,
+        tp_backward=tp_bwd,
+        recompute=(0.0, lc.attention_core_forward, lc.forward + tp_fwd),
+        activation_bytes=acts,
+        params=compute.layer_params(model, tp).total,
+        flops_forward=flops,
+        recompute_flops=(0.0, compute.attention_flops_forward(model, b, s), flops),
+    )
+
+
+def edge_costs(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, pp: int,
+    tp_link: GroupLink, pp_link: GroupLink,
+) -> EdgeCosts:
+    dtype, b, s, dev = job.precision, micro_batch, job.seq_len, cluster.device
+    buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
+    # Vocab-parallel embedding all-reduces its output (forward); the column-parallel head
+    # all-reduces its input gradient (backward); the parallel cross-entropy reduces max and
+    # sum of exp over the TP group (b s fp32 values, twice).
+    reduce = Collective.reduce_scatter if sp else Collective.all_reduce
+    emb_tp = tp_link.time(reduce, buf)
+    head_tp = tp_link.time(reduce, buf)
+    loss_tp = 2 * tp_link.time(Collective.all_reduce, 4 * b * s)
+    emb = compute.embedding_forward_time(model, dev, dtype, b, s)
+    head = compute.head_forward_time(model, dev, dtype, b, s, tp)
+    emb_bwd = 2 * emb
+    head_bwd = 2 * head
+    m_emb = measured_layer(cluster, model, job, "embedding", b, 1)
+    m_head = measured_layer(cluster, model, job, "head", b, 1)
+    if m_emb is not None:
+        emb, emb_bwd = m_emb[0], m_emb[1]
+    if m_head is not None:  # measured unsharded; a vocab-parallel head does 1/tp of the work
+        head, head_bwd = m_head[0] / tp, m_head[1] / tp
+    # Pipeline sends: b s h values; with SP only the local 1/t shard (Megatron's
+    # scatter/gather optimisation, Narayanan et al. sec. 4.1).
+    p2p = pp_link.time(Collective.p2p, buf / (tp if sp else 1))
+    return EdgeCosts(
+        embedding_forward=emb + emb_tp,
+        embedding_backward=emb_bwd,
+        head_forward=head + loss_tp,
+        head_backward=head_bwd + head_tp,
+        embedding_params=compute.embedding_params(model, tp),
+        head_params=compute.head_params(model, tp, pp),
+        embedding_activation_bytes=memory.embedding_activation_bytes(model, b, s, tp, sp),
+        head_activation_bytes=memory.head_activation_bytes(model, b, s, tp, sp, dtype),
+        logits_temporary_bytes=memory.logits_temporary_bytes(model, b, s, tp, dtype),
+        p2p=p2p,
+    )
+
+
+def mesh_links(cluster: ClusterSpec, dp: int, tp: int, pp: int, mesh_order) -> dict[Axis, GroupLink]:
+    degrees = {Axis.dp: dp, Axis.tp: tp, Axis.pp: pp}
+    strides = mesh_strides(degrees, mesh_order)
+    return {a: GroupLink(cluster, degrees[a], strides[a]) for a in Axis}
+
+
+@dataclass(frozen=True)
+class StageExtras:
+    """What virtual stage j carries besides its layers, per micro-batch."""
+
+    compute: float  # embedding / head and loss, forward + backward
+    forward: float  # the forward part of `compute`
+    p2p: float  # pipeline sends
+    params: float
+    activation_bytes: float
+    temporary_bytes: float  # logits on the last stage
+
+
+@dataclass(frozen=True)
+class PipelineCosts:
+    """Everything needed to cost any layer split and recompute choice of one layout: the
+    coefficient tables that both :func:`evaluate` and the solver's ILP read."""
+
+    pp: int
+    vpp: int
+    dp: int
+    tp: int
+    num_micro_batches: int
+    zero_stage: int
+    num_layers: int
+    layer: LayerCosts
+    edge: EdgeCosts
+    in_flight: tuple  # per rank, micro-batches per model chunk held at the peak
+    state_bytes_per_param: tuple  # (weights, gradients, optimizer) after ZeRO sharding
+    comm_bytes_per_param: int  # gradients / gathered parameters on the wire
+    dp_link: GroupLink
+    overlap: float  # fraction of DP communication that hides behind compute
+    optimizer_seconds_per_param: float  # update of the local shard, per parameter held
+    overhead_bytes: float
+    zero3_gather_bytes: float  # gathered current + prefetched layer (ZeRO-3)
+    zero3_first_gather: float  # exposed all-gather of the first layer (ZeRO-3)
+    tokens_per_step: int
+    model_flops_per_step: float
+    memory_capacity_gib: float
+    peak_flops: float
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+    @cached_property
+    def terms(self) -> LayoutTerms:
+        """Every cost of this layout as expressions linear in the layer counts."""
+        return LayoutTerms(self)
+
+    @property
+    def memory_per_param(self) -> float:
+        return sum(self.state_bytes_per_param)
+
+    def stage_extras(self, j: int) -> StageExtras:
+        ec, last = self.edge, self.num_stages - 1
+        comp = fwd = params = acts = temp = 0.0
+        if j == 0:
+            comp += ec.embedding_forward + ec.embedding_backward
+            fwd += ec.embedding_forward
+            params += ec.embedding_params
+            acts += ec.embedding_activation_bytes
+        if j == last:
+            comp += ec.head_forward + ec.head_backward
+            fwd += ec.head_forward
+            params += ec.head_params
+            acts += ec.head_activation_bytes
+            temp = ec.logits_temporary_bytes
+        # Each stage receives an activation and sends one forward, and the reverse backward;
+        # sends are not overlapped with compute.
+        p2p = ec.p2p * ((j != last) + (j != 0))
+        return StageExtras(comp, fwd, p2p, params, acts, temp)
+
+
+def pipeline_costs(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, links: dict | None = None,
+    layer: LayerCosts | None = None, edge: EdgeCosts | None = None,
+) -> PipelineCosts:
+    """Cost tables of `plan`'s layout; `links`, `layer`, `edge` may come from a cache."""
+    return layout_costs(
+        model, cluster, job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
+        plan.schedule, plan.zero_stage, plan.sequence_parallel, plan.mesh_order, links, layer, edge,
+    )
+
+
+def layout_costs(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, dp: int, tp: int, pp: int, vpp: int, micro_batch: int,
+    num_micro_batches: int, schedule: Schedule, zero: int, sp: bool, mesh_order, links: dict | None = None,
+    layer: LayerCosts | None = None, edge: EdgeCosts | None = None,
+) -> PipelineCosts:
+    links = links or mesh_links(cluster, dp, tp, pp, mesh_order)
+    layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp])
+    edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp])
+    e = DTYPE_BYTES[job.precision]
+    states = memory.model_state_bytes(1, dp, zero, job.precision, job.optimizer)  # per parameter held
+    upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
+    z3 = zero >= 3 and dp > 1
+    batch = dp * micro_batch * num_micro_batches
+    return PipelineCosts(
+        pp=pp,
+        vpp=vpp,
+        dp=dp,
+        tp=tp,
+        num_micro_batches=num_micro_batches,
+        zero_stage=zero,
+        num_layers=model.num_layers,
+        layer=layer,
+        edge=edge,
+        in_flight=_in_flight_table(schedule, pp, num_micro_batches, vpp),
+        state_bytes_per_param=states,
+        comm_bytes_per_param=e,
+        dp_link=links[Axis.dp],
+        overlap=cluster.overlap_efficiency,
+        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dp if zero >= 1 else 1),
+        overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
+        zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
+        zero3_first_gather=links[Axis.dp].time(Collective.all_gather, layer.params * e) if z3 else 0.0,
+        tokens_per_step=batch * job.seq_len,
+        model_flops_per_step=compute.model_flops_per_step(model, batch, job.seq_len),
+        memory_capacity_gib=cluster.device.memory_gib,
+        peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _in_flight_table(schedule: Schedule, pp: int, num_micro_batches: int, vpp: int) -> tuple:
+    """Per rank: micro-batches per model chunk held at the peak."""
+    return tuple(memory.in_flight_micro_batches(schedule, pp, num_micro_batches, r, vpp) / vpp for r in range(pp))
+
+

@@ -1,0 +1,226 @@
+"""Step 2 of the search: lower bounds on a candidate's best step time and memory, read from
+the same expressions (cost_models/terms.py) that the estimate evaluates and the ILP optimises.
+
+- :func:`cheap_bound`: O(1) per candidate, ignoring activation memory.
+- :func:`refined_bound`: charges the recomputation that memory forces on each pipeline rank
+  (continuous relaxation, bisection on the slowest rank's time).
+- :func:`min_peak_memory`: the least peak memory of any split (every layer in its most frugal
+  recompute mode, ranks balanced by water-filling).
+
+All are proven lower bounds, so pruning on them is safe; tests/test_terms_consistency.py
+checks them against the estimate on random splits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from cost_models.memory import GIB
+from cost_models.tables import PipelineCosts
+from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, Exposure, Hidden, Linear, RankTerms
+
+BUCKET_TOL = 1e-9  # at a bucket's edge take the cheaper side: a bound must never be too high
+
+
+def _one_mode(n: float, mode: int) -> tuple:
+    counts = [0.0, 0.0, 0.0]
+    counts[mode] = n
+    return tuple(counts)
+
+
+def _floor_term(term, counts, window: bool = True) -> float:
+    """A term's value, or (window=False) what it exposes however long the compute beside it;
+    at a gradient bucket's edge, the cheaper side."""
+    if not isinstance(term, Hidden):
+        return term(counts)
+    full = term.bucket_bytes is None or term.bucket_bytes(counts) >= GRADIENT_BUCKET_BYTES * (1 - BUCKET_TOL)
+    return term(counts, full) if window else term.never_hidden(counts, full)
+
+
+def exposure_floor_at_least(exposure: Exposure, n_micro_batch: float, n_step: float) -> tuple[float, float]:
+    """Least exposure per micro-batch / per step of a rank holding at least `n_micro_batch` /
+    `n_step` layers (and possibly more parameters): every term without its window is
+    nondecreasing in the layer count."""
+    return (
+        sum(_floor_term(t, (n_micro_batch, 0, 0), window=False) for t in exposure.per_micro_batch),
+        sum(_floor_term(t, (n_step, 0, 0), window=False) for t in exposure.per_step),
+    )
+
+
+def _breakpoints(term, mode: int) -> list[float]:
+    """Layer counts (all in `mode`) where a term's linear pieces cross or its bucket fills."""
+    if not isinstance(term, Hidden):
+        return []
+    pts = []
+
+    def cross(p: Linear, q: Linear):
+        ds = p.slope[mode] - q.slope[mode]
+        if ds:
+            pts.append((q.const - p.const) / ds)
+
+    cross(term.edge_piece(True), term.window_piece())
+    cross(term.comm, term.window_piece())
+    if term.bucket_bytes is not None and term.bucket_bytes.slope[mode]:
+        pts.append((GRADIENT_BUCKET_BYTES - term.bucket_bytes.const) / term.bucket_bytes.slope[mode])
+    return pts
+
+
+def rank_exposure_floor(rk: RankTerms, lo: float, hi: float, mode: int) -> tuple[float, float]:
+    """Least exposed DP communication (per micro-batch, per step) of rank `rk` holding between
+    `lo` and `hi` layers, whatever the split. The exposure is piecewise linear in the layer
+    count, so its minimum sits at an end or at a breakpoint of one of its terms. All layers
+    are put in `mode`, the allowed recompute mode with the longest backward: a longer window
+    can only hide more, so the result is a lower bound."""
+    ex = rk.exposure
+    if hi < lo or not (ex.per_micro_batch or ex.per_step):
+        return 0.0, 0.0
+    pts = {lo, hi}
+    for term in (*ex.per_micro_batch, *ex.per_step):
+        pts.update(_breakpoints(term, mode))
+    vals = [
+        (sum(_floor_term(t, c) for t in ex.per_micro_batch), sum(_floor_term(t, c) for t in ex.per_step))
+        for c in (_one_mode(n, mode) for n in pts if lo <= n <= hi)
+    ]
+    return min(v[0] for v in vals), min(v[1] for v in vals)
+
+
+def _mean_step_floor(pc: PipelineCosts) -> tuple[float, float]:
+    """(per micro-batch, per step) exposure floors valid for every rank / the fullest rank:
+    a rank holds at least one layer, and the rank with the most parameters at least the
+    mean; costed as a bare rank (no embedding or head) with no window to hide behind."""
+    t = pc.terms
+    if pc.dp <= 1 or not t.layer_params:
+        return 0.0, 0.0
+    bare = t.exposure(Linear.per_layer(0.0, t.layer_params), Linear.per_layer(0.0, 0.0), Linear.per_layer(0.0, 0.0))
+    return exposure_floor_at_least(bare, 1, t.total_params / (pc.pp * t.layer_params))
+
+
+def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
+    """Seconds per step no split can beat, ignoring activation memory; None if even the
+    model states cannot fit (the fullest rank holds at least the mean parameter count)."""
+    t = pc.terms
+    L, P, m, v, pp = pc.num_layers, pc.num_stages, pc.num_micro_batches, pc.vpp, pc.pp
+    mean_params = t.total_params / pp
+    if pc.memory_per_param * mean_params + pc.overhead_bytes + pc.zero3_gather_bytes > memory_limit_gib * GIB:
+        return None
+    a = t.stage_time_slope()[0]
+    per_mb, step = _mean_step_floor(pc)  # exposed ZeRO-2/3 traffic per micro-batch and rank, at least
+    W = L * a + t.stage_constants_sum() + pp * per_mb  # sum of stage times
+    ends = [0] if P == 1 else [0, P - 1]
+    end_stage = max(a + t.stage_time(j).total.const for j in ends) + per_mb / v  # an end stage holds >= 1 layer
+    if v == 1:
+        t_pipe = W + (m - 1) * max(W / P, end_stage)
+    else:
+        t_pipe = m * max(W / pp, end_stage) + (pp - 1) * max(W / P, end_stage)
+    return t_pipe + step + pc.optimizer_seconds_per_param * mean_params
+
+
+@dataclass(frozen=True)
+class _Rank:
+    K: float  # fixed time per micro-batch (edges, p2p, least exposed ZeRO-2/3 traffic)
+    c: float  # memory needed beyond the layers, minus the limit (bytes); must end <= 0
+    q: float  # memory per layer with nothing recomputed
+    smax: float  # most memory one layer's recompute can save
+    rho: float  # cheapest seconds of recompute per byte saved
+    nmin: int  # fewest layers the rank can hold
+    nhi: float  # most layers the rank can hold
+
+
+def _relaxed_rank(rk: RankTerms, t, limit: float, allowed: list[int], mode: int) -> tuple[_Rank, float]:
+    """One rank of the relaxation, and its least per-step DP exposure."""
+    mem, slope = rk.memory.linear, t.stage_time_slope()
+    c = mem.const + max(rk.memory.temporary) - limit
+    q = mem.slope[0]
+    options = [(slope[i] - slope[0], q - mem.slope[i]) for i in allowed if i and q - mem.slope[i] > 0]
+    smax = max((saved for _, saved in options), default=0.0)
+    rho = min((cost / saved for cost, saved in options), default=float("inf"))
+    nmin, nhi = t.layer_range(rk.rank)
+    per_layer = q - smax  # > 0: recompute keeps each layer's input and weights
+    cap = -c / per_layer if per_layer > 0 else (float("inf") if c <= 0 else -1.0)
+    per_mb, step = rank_exposure_floor(rk, nmin, min(nhi, cap), mode)
+    return _Rank(rk.time.const + per_mb, c, q, smax, rho, nmin, min(nhi, cap)), step
+
+
+def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MODES) -> Optional[float]:
+    """Seconds per step no split can beat, charging the recomputation that memory forces.
+
+    Continuous relaxation per pipeline rank r: with n layers, memory is c_r + q_r n bytes
+    before recompute; recompute saves at most smax_r per layer and costs at least rho_r per
+    byte saved, so the rank's micro-batch time is at least
+        S_r(n) = K_r + a n + rho_r max(0, c_r + q_r n),  feasible while c_r + (q_r - smax_r) n <= 0,
+    with K_r including the least exposed ZeRO-2/3 traffic over the rank's possible layer
+    counts. Any split has some rank at least as slow as the smallest tau with
+    sum_r nmax_r(tau) >= L (bisection), and T >= sum_r S_r + (m - 1) tau (interleaved:
+    m tau + (p - 1) tau / v). Returns None when no split fits (memory).
+    """
+    t = pc.terms
+    L, pp, v, m = pc.num_layers, pc.pp, pc.vpp, pc.num_micro_batches
+    a = t.stage_time_slope()[0]
+    allowed = [MODES.index(md) for md in modes]
+    mode = max(allowed, key=lambda i: t.layer_recompute[i])
+    ranks, step_floor = [], 0.0
+    for rk in t.ranks():
+        relaxed, step = _relaxed_rank(rk, t, memory_limit_gib * GIB, allowed, mode)
+        ranks.append(relaxed)
+        step_floor = max(step_floor, step)
+    if any(rk.nhi < rk.nmin for rk in ranks) or sum(rk.nhi for rk in ranks) < L:
+        return None
+    tau = _slowest_rank_time(ranks, a, L)
+    total = L * a + sum(rk.K for rk in ranks)
+    t_pipe = total + (m - 1) * tau if v == 1 else m * tau + (pp - 1) * tau / v
+    t_opt = pc.optimizer_seconds_per_param * t.total_params / pp
+    return t_pipe + max(step_floor, _mean_step_floor(pc)[1]) + t_opt
+
+
+def _slowest_rank_time(ranks: list[_Rank], a: float, L: int) -> float:
+    """Smallest tau at which the ranks can hold all L layers, each within time tau."""
+
+    def time_at(rk: _Rank, n: float) -> float:
+        need = rk.c + rk.q * n
+        return rk.K + a * n + (rk.rho * need if need > 0 else 0.0)
+
+    def nmax(rk: _Rank, tau: float) -> float:
+        n1 = (tau - rk.K) / a
+        if rk.c + rk.q * n1 > 0:
+            n1 = (tau - rk.K - rk.rho * rk.c) / (a + rk.rho * rk.q) if rk.rho < float("inf") else -rk.c / rk.q
+        return min(n1, rk.nhi)
+
+    lo = max(time_at(rk, rk.nmin) for rk in ranks)
+    if sum(nmax(rk, lo) for rk in ranks) >= L:
+        return lo
+    hi = max(lo, 1e-9) * 2
+    while sum(nmax(rk, hi) for rk in ranks) < L:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(nmax(rk, mid) for rk in ranks) >= L:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def min_peak_memory(pc: PipelineCosts) -> float:
+    """Bytes: a lower bound on the peak memory of any split of this layout, every layer in
+    its most frugal recompute mode and the layers spread to equalise rank memory
+    (continuous water-filling)."""
+    t, L, v = pc.terms, pc.num_layers, pc.vpp
+    fixed, slope = [], []
+    for rk in t.ranks():
+        mem = rk.memory.linear
+        fixed.append(mem.const + max(rk.memory.temporary))
+        slope.append(min(mem.slope))
+    lo = max(c + q * v for c, q in zip(fixed, slope))
+    if sum(max(v, (lo - c) / q) for c, q in zip(fixed, slope)) >= L:
+        return lo
+    hi = lo * 2
+    while sum((hi - c) / q for c, q in zip(fixed, slope)) < L:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(max(v, (mid - c) / q) for c, q in zip(fixed, slope)) >= L:
+            hi = mid
+        else:
+            lo = mid
+    return hi
