@@ -191,7 +191,7 @@ def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
     b.add(b.lin(mem.linear, counts, 1 / GIB) + T <= limit_gib * b.y, f"memory_{rk.rank}_")
 
 
-def _block(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limit_gib: float, modes: tuple, ts: float):
+def add_candidate(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limit_gib: float, modes: tuple, ts: float):
     """Variables and rows of one candidate; returns (objective term, layer variables)."""
     b = _Block(prob, k, pc, y, ts, modes)
     _layer_split(b)
@@ -231,7 +231,7 @@ def solve_batch(
     rough = (first.layer.forward + first.layer.backward) * first.num_layers * first.num_micro_batches
     ts = 100.0 / max(rough, 1e-12)
     for k, ((cand, pc, weight), y) in enumerate(zip(batch, ys)):
-        term, x = _block(prob, k, pc, y, weight, memory_limit_gib, modes, ts)
+        term, x = add_candidate(prob, k, pc, y, weight, memory_limit_gib, modes, ts)
         terms.append(term)
         blocks.append(x)
     prob += pulp.lpSum(terms)
@@ -258,7 +258,7 @@ def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_g
     prob = pulp.LpProblem("canonical", pulp.LpMinimize)
     y = prob.add_variable("y", 1, 1)
     ts = 100.0 / step_time
-    term, x = _block(prob, 0, pc, y, 1.0, memory_limit_gib, modes, ts)
+    term, x = add_candidate(prob, 0, pc, y, 1.0, memory_limit_gib, modes, ts)
     prob += term <= 100.0 * (1 + 1e-12), "same_step_time"
     P = pc.num_stages
     Q = P * P + 1
