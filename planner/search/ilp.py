@@ -166,19 +166,22 @@ def _exposure(b: _Block, rk: RankTerms, counts) -> tuple:
 
 
 def _pipeline(b: _Block, S: list):
-    """Pipeline time from the stage times S_j (cost_models/pipeline.py), as max() rows."""
+    """Pipeline time from the stage times S_j (cost_models/pipeline.py), as max() rows. The
+    maxima enter already multiplied by their micro-batch counts (M >= (m - 1) S_j rather than
+    (m - 1) M with M >= S_j): a row satisfied only to the solver's feasibility tolerance then
+    moves the objective by that tolerance, not by m times it."""
     t, pp, m, P = b.terms, b.pc.pp, b.pc.num_micro_batches, b.pc.num_stages
     if b.pc.vpp == 1:
         M = b.var(f"M{b.k}", 0)
         for j in range(P):
-            b.add(M >= S[j], f"slowest_{j}_")
-        return pulp.lpSum(S) + (m - 1) * M
+            b.add(M >= (m - 1) * S[j], f"slowest_{j}_")
+        return pulp.lpSum(S) + M
     MR, MS = b.var(f"MR{b.k}", 0), b.var(f"MS{b.k}", 0)
     for r in range(pp):
-        b.add(MR >= pulp.lpSum(S[j] for j in t.rank_stages(r)), f"slowrank_{r}_")
+        b.add(MR >= m * pulp.lpSum(S[j] for j in t.rank_stages(r)), f"slowrank_{r}_")
     for j in range(P):
-        b.add(MS >= S[j], f"slowstage_{j}_")
-    return m * MR + (pp - 1) * MS
+        b.add(MS >= (pp - 1) * S[j], f"slowstage_{j}_")
+    return MR + MS
 
 
 def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
@@ -227,8 +230,9 @@ def solve_batch(
     ys = [prob.add_variable(f"y{k}", cat="Binary") for k in range(len(batch))]
     prob += pulp.lpSum(ys) == 1, "choose_one"
     terms, blocks = [], []
+    # Time unit: about 1/100 of the first candidate's step (its compute per pipeline rank).
     first = batch[0][1]
-    rough = (first.layer.forward + first.layer.backward) * first.num_layers * first.num_micro_batches
+    rough = (first.layer.forward + first.layer.backward) * first.num_layers * first.num_micro_batches / first.pp
     ts = 100.0 / max(rough, 1e-12)
     for k, ((cand, pc, weight), y) in enumerate(zip(batch, ys)):
         term, x = add_candidate(prob, k, pc, y, weight, memory_limit_gib, modes, ts)
