@@ -29,6 +29,7 @@ stages, so rank expressions depend on the rank's summed counts only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Optional, Union
 
 from planner.specs import Collective, Recompute
@@ -174,6 +175,74 @@ class RankMemory:
         )
 
 
+_DP_COLLECTIVES = (Collective.all_reduce, Collective.all_gather, Collective.reduce_scatter)
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """What a rank's exposed data-parallel communication depends on besides its own counts
+    (a value: equal settings of different layouts share their cached bounds)."""
+
+    size: int
+    zero_stage: int
+    efficiency: float  # fraction of overlappable communication that hides (communication.overlapped)
+    bytes_per_param: int  # gradients / gathered parameters on the wire
+    first_gather: float  # seconds: ZeRO-3's all-gather of the first layer, never hidden
+    costs: tuple  # (alpha s, beta s per byte) of all-reduce, all-gather, reduce-scatter on the DP link
+
+    @staticmethod
+    def of(pc: "PipelineCosts") -> "DataParallel":
+        costs = _link_costs(pc.dp_link) if pc.dp > 1 else ((0.0, 0.0),) * len(_DP_COLLECTIVES)
+        return DataParallel(pc.dp, pc.zero_stage, pc.overlap, pc.comm_bytes_per_param, pc.zero3_first_gather, costs)
+
+    def collective(self, c: Collective, nbytes: Linear) -> Linear:
+        alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
+        return nbytes.scaled(beta).plus(alpha)
+
+    def time(self, c: Collective, nbytes: float) -> float:
+        alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
+        return alpha + beta * nbytes
+
+
+@lru_cache(maxsize=1 << 12)
+def _link_costs(link) -> tuple:
+    """(alpha, beta) of the DP collectives on one link (links are shared between layouts)."""
+    return tuple(link.coefficients(c) for c in _DP_COLLECTIVES)
+
+
+def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear) -> Exposure:
+    """Exposed DP / ZeRO communication of a rank holding `params` parameters whose
+    micro-batch takes `time`, `forward` of it in forward (all three linear in its counts).
+
+    DDP: the bucketed gradient all-reduce overlaps the last micro-batch's backward, except
+    the last bucket. ZeRO-1 (Megatron's distributed optimizer): gradients accumulate in a
+    full buffer and are reduce-scattered once the same way; the parameter all-gather after
+    the optimizer step is exposed. ZeRO-2 keeps only its gradient shard, so it
+    reduce-scatters after every micro-batch's backward (DeepSpeed stage 2, FSDP
+    SHARD_GRAD_OP) and gathers parameters once per step. ZeRO-3 / FSDP gathers every layer
+    again in forward and in backward of every micro-batch and reduce-scatters its
+    gradients; prefetching hides them behind the previous layer's compute, except the first
+    layer's gather (Rajbhandari et al. 2020, sec. 5; PyTorch FSDP, Zhao et al. 2023, sec. 3.3)."""
+    if dp.size <= 1:
+        return NO_EXPOSURE
+    eta = dp.efficiency
+    grad_bytes = params.scaled(dp.bytes_per_param)
+    backward = time - forward
+
+    def bucketed(c: Collective) -> Hidden:
+        return Hidden(dp.collective(c, grad_bytes), dp.time(c, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
+
+    ag, rs = dp.collective(Collective.all_gather, grad_bytes), dp.collective(Collective.reduce_scatter, grad_bytes)
+    if dp.zero_stage == 0:
+        return Exposure((), (bucketed(Collective.all_reduce),))
+    if dp.zero_stage == 1:
+        return Exposure((), (bucketed(Collective.reduce_scatter), ag))
+    if dp.zero_stage == 2:
+        return Exposure((bucketed(Collective.reduce_scatter),), (ag,))
+    first = dp.first_gather
+    return Exposure((Hidden(ag, first, forward, eta), Hidden(ag + rs, first, backward, eta)), ())
+
+
 class LayoutTerms:
     """The cost expressions of one candidate (everything fixed but the layer counts)."""
 
@@ -189,7 +258,9 @@ class LayoutTerms:
         self.layer_forward = lc.forward + lc.tp_forward
         self.layer_recompute = tuple(lc.recompute)
         self.layer_params = lc.params
+        self.data_parallel = DataParallel.of(pc)
         self._ranks: Optional[list] = None
+        self._constants: dict = {}
 
     # ------------------------------------------------------------------ layout rules
 
@@ -219,6 +290,15 @@ class LayoutTerms:
 
     # ------------------------------------------------------------------ time
 
+    def stage_constant(self, j: int) -> float:
+        """What virtual stage j's micro-batch time carries besides its layers (embedding,
+        head and loss, sends): the constant of :meth:`stage_time`'s total."""
+        c = self._constants.get(j)
+        if c is None:
+            x = self.pc.stage_extras(j)
+            c = self._constants[j] = x.compute + x.p2p
+        return c
+
     def stage_time(self, j: int) -> StageTime:
         """One micro-batch through virtual stage j, excluding per-micro-batch DP exposure."""
         x = self.pc.stage_extras(j)
@@ -234,8 +314,8 @@ class LayoutTerms:
         """Sum over all virtual stages of what they carry besides layers, in O(1): the middle
         stages carry only their two sends each."""
         P = self.num_stages
-        ends = self.stage_time(0).total.const + (self.stage_time(P - 1).total.const if P > 1 else 0.0)
-        return ends + (P - 2) * self.stage_time(1).total.const if P > 2 else ends
+        ends = self.stage_constant(0) + (self.stage_constant(P - 1) if P > 1 else 0.0)
+        return ends + (P - 2) * self.stage_constant(1) if P > 2 else ends
 
     def rank_params(self, r: int) -> Linear:
         return Linear.per_layer(sum(self.pc.stage_extras(j).params for j in self.rank_stages(r)), self.layer_params)
@@ -247,42 +327,8 @@ class LayoutTerms:
     # ------------------------------------------------------------------ data parallel
 
     def exposure(self, params: Linear, forward: Linear, time: Linear) -> Exposure:
-        """Exposed DP / ZeRO communication of a rank holding `params` parameters whose
-        micro-batch takes `time`, `forward` of it in forward (all three linear in its counts).
-
-        DDP: the bucketed gradient all-reduce overlaps the last micro-batch's backward,
-        except the last bucket. ZeRO-1 (Megatron's distributed optimizer): gradients
-        accumulate in a full buffer and are reduce-scattered once the same way; the
-        parameter all-gather after the optimizer step is exposed. ZeRO-2 keeps only its
-        gradient shard, so it reduce-scatters after every micro-batch's backward (DeepSpeed
-        stage 2, FSDP SHARD_GRAD_OP) and gathers parameters once per step. ZeRO-3 / FSDP
-        gathers every layer again in forward and in backward of every micro-batch and
-        reduce-scatters its gradients; prefetching hides them behind the previous layer's
-        compute, except the first layer's gather (Rajbhandari et al. 2020, sec. 5; PyTorch
-        FSDP, Zhao et al. 2023, sec. 3.3)."""
-        pc = self.pc
-        if pc.dp <= 1:
-            return NO_EXPOSURE
-        link, eta = pc.dp_link, pc.overlap
-        grad_bytes = params.scaled(pc.comm_bytes_per_param)
-        backward = time - forward
-
-        def coll(c: Collective) -> Linear:
-            alpha, beta = link.coefficients(c)
-            return grad_bytes.scaled(beta).plus(alpha)
-
-        def bucketed(c: Collective) -> Hidden:
-            return Hidden(coll(c), link.time(c, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
-
-        ag, rs = coll(Collective.all_gather), coll(Collective.reduce_scatter)
-        if pc.zero_stage == 0:
-            return Exposure((), (bucketed(Collective.all_reduce),))
-        if pc.zero_stage == 1:
-            return Exposure((), (bucketed(Collective.reduce_scatter), ag))
-        if pc.zero_stage == 2:
-            return Exposure((bucketed(Collective.reduce_scatter),), (ag,))
-        first = pc.zero3_first_gather
-        return Exposure((Hidden(ag, first, forward, eta), Hidden(ag + rs, first, backward, eta)), ())
+        """Exposed DP / ZeRO communication of a rank of this layout (:func:`dp_exposure`)."""
+        return dp_exposure(self.data_parallel, params, forward, time)
 
     # ------------------------------------------------------------------ memory
 

@@ -13,12 +13,14 @@ checks them against the estimate on random splits.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
-from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, Exposure, Hidden, Linear, RankTerms
+from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, DataParallel, Exposure, Hidden, Linear, RankTerms, dp_exposure
 
 BUCKET_TOL = 1e-9  # at a bucket's edge take the cheaper side: a bound must never be too high
 
@@ -92,8 +94,13 @@ def _mean_step_floor(pc: PipelineCosts) -> tuple[float, float]:
     t = pc.terms
     if pc.dp <= 1 or not t.layer_params:
         return 0.0, 0.0
-    bare = t.exposure(Linear.per_layer(0.0, t.layer_params), Linear.per_layer(0.0, 0.0), Linear.per_layer(0.0, 0.0))
-    return exposure_floor_at_least(bare, 1, t.total_params / (pc.pp * t.layer_params))
+    return _bare_rank_floors(t.data_parallel, t.layer_params, t.total_params / (pc.pp * t.layer_params))
+
+
+@lru_cache(maxsize=1 << 16)
+def _bare_rank_floors(dp: DataParallel, layer_params: float, n_step: float) -> tuple[float, float]:
+    none = Linear.per_layer(0.0, 0.0)
+    return exposure_floor_at_least(dp_exposure(dp, Linear.per_layer(0.0, layer_params), none, none), 1, n_step)
 
 
 def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
@@ -108,7 +115,7 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
     per_mb, step = _mean_step_floor(pc)  # exposed ZeRO-2/3 traffic per micro-batch and rank, at least
     W = L * a + t.stage_constants_sum() + pp * per_mb  # sum of stage times
     ends = [0] if P == 1 else [0, P - 1]
-    end_stage = max(a + t.stage_time(j).total.const for j in ends) + per_mb / v  # an end stage holds >= 1 layer
+    end_stage = max(a + t.stage_constant(j) for j in ends) + per_mb / v  # an end stage holds >= 1 layer
     if v == 1:
         t_pipe = W + (m - 1) * max(W / P, end_stage)
     else:
@@ -137,9 +144,14 @@ def _relaxed_rank(rk: RankTerms, t, limit: float, allowed: list[int], mode: int)
     rho = min((cost / saved for cost, saved in options), default=float("inf"))
     nmin, nhi = t.layer_range(rk.rank)
     per_layer = q - smax  # > 0: recompute keeps each layer's input and weights
-    cap = -c / per_layer if per_layer > 0 else (float("inf") if c <= 0 else -1.0)
+    cap = _whole(-c / per_layer) if per_layer > 0 else (float("inf") if c <= 0 else -1.0)
     per_mb, step = rank_exposure_floor(rk, nmin, min(nhi, cap), mode)
     return _Rank(rk.time.const + per_mb, c, q, smax, rho, nmin, min(nhi, cap)), step
+
+
+def _whole(n: float) -> float:
+    """Whole layers within n (a hair of slack for rounding: a bound must never be too high)."""
+    return math.floor(n + 1e-9)
 
 
 def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MODES) -> Optional[float]:
@@ -151,7 +163,7 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
         S_r(n) = K_r + a n + rho_r max(0, c_r + q_r n),  feasible while c_r + (q_r - smax_r) n <= 0,
     with K_r including the least exposed ZeRO-2/3 traffic over the rank's possible layer
     counts. Any split has some rank at least as slow as the smallest tau with
-    sum_r nmax_r(tau) >= L (bisection), and T >= sum_r S_r + (m - 1) tau (interleaved:
+    sum_r floor(nmax_r(tau)) >= L (bisection; layers are whole), and T >= sum_r S_r + (m - 1) tau (interleaved:
     m tau + (p - 1) tau / v). Returns None when no split fits (memory).
     """
     t = pc.terms
@@ -174,17 +186,20 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
 
 
 def _slowest_rank_time(ranks: list[_Rank], a: float, L: int) -> float:
-    """Smallest tau at which the ranks can hold all L layers, each within time tau."""
+    """Smallest tau at which the ranks can hold all L layers, each a whole number of them
+    within time tau: with few layers per rank, one layer more on the slowest rank is what
+    an integer split costs, and the relaxation charges it."""
 
     def time_at(rk: _Rank, n: float) -> float:
         need = rk.c + rk.q * n
         return rk.K + a * n + (rk.rho * need if need > 0 else 0.0)
 
     def nmax(rk: _Rank, tau: float) -> float:
+        """Most whole layers the rank can run within tau per micro-batch."""
         n1 = (tau - rk.K) / a
         if rk.c + rk.q * n1 > 0:
             n1 = (tau - rk.K - rk.rho * rk.c) / (a + rk.rho * rk.q) if rk.rho < float("inf") else -rk.c / rk.q
-        return min(n1, rk.nhi)
+        return min(_whole(n1), rk.nhi)
 
     lo = max(time_at(rk, rk.nmin) for rk in ranks)
     if sum(nmax(rk, lo) for rk in ranks) >= L:

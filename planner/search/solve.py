@@ -1,8 +1,11 @@
 """The search loop: candidates -> bounds -> ILPs in bound order -> decoded plans.
 
 Best-first over candidate layouts keyed by a lower bound on time per token: a cheap bound
-for every candidate, refined (memory-aware) when a candidate reaches the front, then ILP
-batches over the front candidates. The loop stops when no remaining bound can beat the
+for every candidate, refined (memory-aware) when a candidate reaches the front, then an
+ILP per front candidate (planner/search/bounds.py, planner/search/ilp.py). One candidate
+per ILP by default: an ILP that must also choose between candidates has a weak relaxation
+(a fractional choice mixes layouts), and one such batch of four took minutes where the
+four alone take a second. The loop stops when no remaining bound can beat the
 k-th best plan found, so the answer (and the top-k list) is the exact optimum of the
 search space under the cost model. A time limit returns the best so far, marked as not
 proven optimal.
@@ -115,7 +118,7 @@ def solve(
     top_k: int = 3,
     time_limit: Optional[float] = None,
     solver: Optional[str] = None,
-    batch_size: int = 4,
+    batch_size: int = 1,
     progress: Optional[Callable[[str], None]] = None,
 ) -> SearchResult:
     """Find the layout with the shortest predicted time per token that fits every GPU."""
