@@ -13,7 +13,7 @@ does not hide behind backward and the optimizer update, each the maximum over ra
 
 from __future__ import annotations
 
-from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, StageMemory, TimeBreakdown
+from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, PipelineRankMemory, TimeBreakdown
 
 from . import pipeline
 from .memory import GIB
@@ -87,18 +87,18 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
         peak_memory_gib=peak,
         memory_capacity_gib=pc.memory_capacity_gib,
         fits=peak <= pc.memory_capacity_gib,
-        memory_gib_per_stage=stage_mem,
-        bottleneck_stage=bn,
+        memory_gib_per_pipeline_rank=stage_mem,
+        bottleneck_pipeline_rank=bn,
         model_flops_per_step=mf,
     )
 
 
-def _rank_memory(rk, n, stage_counts) -> StageMemory:
+def _rank_memory(rk, n, stage_counts) -> PipelineRankMemory:
     mem = rk.memory
     w, g, o, a = (x(n) / GIB for x in (mem.weights, mem.gradients, mem.optimizer, mem.activations))
     t = (mem.transient(stage_counts) + mem.fixed - mem.overhead) / GIB
     overhead = mem.overhead / GIB
-    return StageMemory(
-        stage=rk.rank, layers=sum(n), weights=w, gradients=g, optimizer_states=o,
+    return PipelineRankMemory(
+        pipeline_rank=rk.rank, layers=sum(n), weights=w, gradients=g, optimizer_states=o,
         activations=a, temporary=t, overhead=overhead, total=w + g + o + a + t + overhead,
     )

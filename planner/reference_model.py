@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from planner.specs import Activation, ModelSpec
+from planner.specs import Activation, ModelSpec, Recompute
 
 
 class RMSNorm(nn.Module):
@@ -114,20 +114,18 @@ class Block(nn.Module):
         self.attn = Attention(spec)
         self.norm2 = make_norm(spec, spec.hidden_size)
         self.mlp = MLP(spec)
-        self.recompute = "none"
+        self.recompute = Recompute.none
 
-    def set_recompute(self, mode: str) -> None:
-        if mode not in ("none", "selective", "full"):
-            raise ValueError(f"recompute mode {mode!r}")
-        self.recompute = mode
-        self.attn.recompute_core = mode == "selective"
+    def set_recompute(self, mode: Recompute) -> None:
+        self.recompute = Recompute(mode)
+        self.attn.recompute_core = self.recompute == Recompute.selective
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.recompute == "full" and self.training:
+        if self.recompute == Recompute.full and self.training:
             return checkpoint(self._forward, x, use_reentrant=False)
         return self._forward(x)
 

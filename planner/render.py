@@ -74,7 +74,7 @@ def _recompute_mix(plan: Plan) -> str:
 
 
 def time_table(est: Estimate) -> Table:
-    t = Table(title=f"Step time {_fmt_time(est.step_time_s)}", caption=f"bottleneck: pipeline rank {est.bottleneck_stage}")
+    t = Table(title=f"Step time {_fmt_time(est.step_time_s)}", caption=f"bottleneck: pipeline rank {est.bottleneck_pipeline_rank}")
     t.add_column("component")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
@@ -100,10 +100,10 @@ def memory_table(est: Estimate) -> Table:
     cols = ("stage", "layers", "weights", "gradients", "optimizer", "activations", "temporary", "overhead", "total")
     for col in cols:
         t.add_column(col, justify="right")
-    for sm in est.memory_gib_per_stage:
+    for sm in est.memory_gib_per_pipeline_rank:
         style = "bold red" if sm.total > est.memory_capacity_gib else None
         t.add_row(
-            str(sm.stage), str(sm.layers),
+            str(sm.pipeline_rank), str(sm.layers),
             *(f"{x:.2f}" for x in (sm.weights, sm.gradients, sm.optimizer_states, sm.activations, sm.temporary, sm.overhead, sm.total)),
             style=style,
         )
@@ -154,10 +154,11 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     if doc.alternatives:
         console.print(alt)
     s = doc.search
-    rejected = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.infeasible.items()) or "none"
+    infeasible = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.infeasible.items()) or "none"
+    skipped = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.skipped.items()) or "none"
     console.print(
         f"searched {s.candidates_considered:,} candidate layouts (about 10^{s.layouts_represented_log10:.0f} with every layer "
-        f"split and per-stage recompute); rejected: {rejected}; pruned by bound: {s.pruned_by_bound:,}; "
+        f"split and per-stage recompute); infeasible: {infeasible}; skipped: {skipped}; pruned by bound: {s.pruned_by_bound:,}; "
         f"{s.ilps_solved} ILPs over {s.ilp_candidates} candidates ({s.solver}) in {s.solve_time_s:.2f} s; "
         + ("proven optimal" if s.optimal else "[bold red]not proven optimal (time limit)[/bold red]")
     )
@@ -276,15 +277,15 @@ def run_time_table(report) -> Table:
 
 def run_memory_table(report) -> Table:
     """Per pipeline rank, each kind as 'predicted / measured' (the largest rank of the stage)."""
-    largest = max(max(s.predicted.total_bytes, s.measured.total_bytes) for s in report.stages)
+    largest = max(max(s.predicted.total_bytes, s.measured.total_bytes) for s in report.pipeline_ranks)
     unit, div = ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
     t = Table(title=f"Memory per pipeline rank, {unit}: predicted / measured", caption=report.ranks[0].memory_method)
     for col in ("stage", "layers", "weights", "gradients", "optimizer", "activations", "total", "error"):
         t.add_column(col, justify="right")
     kinds = ("weights_bytes", "gradients_bytes", "optimizer_states_bytes", "activations_bytes", "total_bytes")
-    for s in report.stages:
+    for s in report.pipeline_ranks:
         cells = [f"{getattr(s.predicted, k) / div:.2f} / {getattr(s.measured, k) / div:.2f}" for k in kinds]
-        t.add_row(str(s.stage), str(s.layers), *cells, _pct(s.error_pct))
+        t.add_row(str(s.pipeline_rank), str(s.layers), *cells, _pct(s.error_pct))
     return t
 
 

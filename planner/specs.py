@@ -18,7 +18,10 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = "1.0"
+# 1.1: a pipeline rank is called so (`pipeline_rank`, `memory_gib_per_pipeline_rank`,
+# `bottleneck_pipeline_rank`, `pipeline_ranks`); "stage" means a virtual pipeline stage only.
+# Readers still accept the 1.0 names (_renamed below).
+SCHEMA_VERSION = "1.1"
 
 
 class _Spec(BaseModel):
@@ -491,10 +494,22 @@ class TimeBreakdown(_Spec):
     optimizer: float = Field(description="Optimizer step (memory-bound update of the local parameter shard).")
 
 
-class StageMemory(_Spec):
+def _renamed(data, old_to_new: dict):
+    """A document written with the 1.0 field names, read with the current ones."""
+    if isinstance(data, dict) and any(k in data for k in old_to_new):
+        return {old_to_new.get(k, k): v for k, v in data.items()}
+    return data
+
+
+class PipelineRankMemory(_Spec):
     """Peak memory of one pipeline rank, GiB."""
 
-    stage: int = Field(description="Pipeline rank (0 = first).")
+    @model_validator(mode="before")
+    @classmethod
+    def _read_v1_0(cls, data):
+        return _renamed(data, {"stage": "pipeline_rank"})
+
+    pipeline_rank: int = Field(description="Pipeline rank (0 = first).")
     layers: int = Field(description="Transformer layers on this rank.")
     weights: float = Field(description="Parameters held by this GPU (compute copy).")
     gradients: float = Field(description="Gradients held by this GPU.")
@@ -508,6 +523,11 @@ class StageMemory(_Spec):
 class Estimate(_Spec):
     """Predicted time and memory of one plan."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_v1_0(cls, data):
+        return _renamed(data, {"memory_gib_per_stage": "memory_gib_per_pipeline_rank", "bottleneck_stage": "bottleneck_pipeline_rank"})
+
     step_time_s: float = Field(description="Predicted time of one optimizer step.")
     time_breakdown_s: TimeBreakdown = Field(description="Step time split by cause.")
     tokens_per_s: float = Field(description="Training throughput of the whole cluster, tokens per second.")
@@ -517,8 +537,8 @@ class Estimate(_Spec):
     peak_memory_gib: float = Field(description="Largest per-GPU memory over pipeline ranks.")
     memory_capacity_gib: float = Field(description="Device memory of the cluster's GPUs.")
     fits: bool = Field(description="peak_memory_gib <= memory_capacity_gib.")
-    memory_gib_per_stage: list[StageMemory] = Field(description="Memory breakdown of every pipeline rank.")
-    bottleneck_stage: int = Field(description="Pipeline rank whose work bounds the step.")
+    memory_gib_per_pipeline_rank: list[PipelineRankMemory] = Field(description="Memory breakdown of every pipeline rank.")
+    bottleneck_pipeline_rank: int = Field(description="Pipeline rank whose work bounds the step.")
     model_flops_per_step: float = Field(description="Model FLOPs of one optimizer step, whole cluster.")
 
 
@@ -554,7 +574,8 @@ class SearchReport(_Spec):
 
     candidates_considered: int = Field(description="Layouts enumerated (dp, tp, pp, vpp, micro-batch, schedule, ZeRO, SP, mesh order), rejected ones included.")
     layouts_represented_log10: float = Field(description="log10 of the layouts covered once every layer split and per-stage recompute count (the ILP's choices) is counted.")
-    infeasible: dict[str, int] = Field(description="Candidates rejected, by reason: divisibility, tp_across_nodes, memory, dominated, excluded_by_fix.")
+    infeasible: dict[str, int] = Field(description="Candidates that cannot run, by reason: divisibility (of heads, layers, batch), memory (no split fits).")
+    skipped: dict[str, int] = Field(default_factory=dict, description="Candidates that could run but were not searched, by reason: dominated (another candidate is as fast with no more memory), tp_across_nodes (without --allow-cross-node-tp), excluded_by_fix.")
     pruned_by_bound: int = Field(description="Candidates never solved because their lower bound could not beat the plans found.")
     refined_bounds: int = Field(description="Candidates whose memory-aware lower bound was computed.")
     ilp_candidates: int = Field(description="Candidates that entered an integer program.")
@@ -625,10 +646,15 @@ class RankMeasurement(_Spec):
     memory_method: str = Field(description="How memory was measured on this device.")
 
 
-class StageComparison(_Spec):
+class PipelineRankComparison(_Spec):
     """Predicted against measured memory of one pipeline rank."""
 
-    stage: int = Field(description="Pipeline rank.")
+    @model_validator(mode="before")
+    @classmethod
+    def _read_v1_0(cls, data):
+        return _renamed(data, {"stage": "pipeline_rank"})
+
+    pipeline_rank: int = Field(description="Pipeline rank.")
     layers: int = Field(description="Transformer layers on this pipeline rank.")
     predicted: MemoryBytes = Field(description="The cost model's weights, gradients, optimizer states and activations.")
     predicted_not_measured_bytes: float = Field(description="Predicted temporary buffers and framework overhead, which the CPU count leaves out.")
@@ -680,6 +706,11 @@ class RunReport(_Spec):
     """`plan run -o report.json`: the plan as it ran, the measurements per rank, the
     reference losses and the verdict."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_v1_0(cls, data):
+        return _renamed(data, {"stages": "pipeline_ranks"})
+
     schema_version: str = Field(default=SCHEMA_VERSION, description="Version of this document format (major.minor).")
     plan_file: Optional[str] = Field(default=None, description="The plan file that was run.")
     model: ModelSpec = Field(description="The model that ran (after --scale-* options).")
@@ -689,7 +720,7 @@ class RunReport(_Spec):
     estimate: Estimate = Field(description="The cost model's prediction for what ran.")
     settings: RunSettings = Field(description="Steps, seed, launch and what was changed from the plan file.")
     ranks: list[RankMeasurement] = Field(description="Measurements of every rank.")
-    stages: list[StageComparison] = Field(description="Predicted against measured memory per pipeline rank.")
+    pipeline_ranks: list[PipelineRankComparison] = Field(description="Predicted against measured memory per pipeline rank.")
     time: TimeComparison = Field(description="Predicted against measured step time and throughput.")
     verification: Verification = Field(description="Losses and gradient norms against the single-process reference.")
     verdict: str = Field(description="'pass' when verification passed, else 'fail'.")

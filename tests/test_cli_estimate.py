@@ -27,10 +27,10 @@ def test_gpt3_json_has_documented_keys():
     assert set(doc) >= {"schema_version", "plan", "estimate"}
     est = doc["estimate"]
     for key in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu",
-                "peak_memory_gib", "memory_gib_per_stage", "time_breakdown_s"):
+                "peak_memory_gib", "memory_gib_per_pipeline_rank", "time_breakdown_s"):
         assert key in est
     assert doc["plan"]["dp"] == 8 and doc["plan"]["num_micro_batches"] == 192
-    assert len(est["memory_gib_per_stage"]) == 16
+    assert len(est["memory_gib_per_pipeline_rank"]) == 16
     assert sum(est["time_breakdown_s"].values()) == pytest.approx(est["step_time_s"], rel=1e-9)
     # tokens/s is the global batch over the step time
     assert est["tokens_per_s"] == pytest.approx(1536 * 2048 / est["step_time_s"])

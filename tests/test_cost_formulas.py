@@ -421,8 +421,8 @@ def test_estimate_first_rank_activations_interleaved_vs_1f1b(shape, p, v, t, m, 
     inter = estimate(model, a100, job, Plan(schedule=Schedule.interleaved_1f1b, vpp=v, **common))
 
     per_layer = memory.layer_activation_bytes(model, b, s, t, False, recompute, flash_attention=False)
-    a_1f1b = one.memory_gib_per_stage[0].activations
-    a_inter = inter.memory_gib_per_stage[0].activations
+    a_1f1b = one.memory_gib_per_pipeline_rank[0].activations
+    a_inter = inter.memory_gib_per_pipeline_rank[0].activations
     assert a_1f1b * GIB == pytest.approx(L * per_layer, rel=1e-9)
     assert a_inter * GIB == pytest.approx(L * per_layer * (1 + (p - 1) / (p * v)), rel=1e-9)
     assert a_inter / a_1f1b == pytest.approx(1 + (p - 1) / (p * v), rel=1e-9)
@@ -438,7 +438,7 @@ def test_estimate_1f1b_rank_activations(p, m, a100):
     est = estimate(model, a100, job, Plan(dp=1, tp=t, pp=p, micro_batch_size=1, num_micro_batches=m))
     per_layer = memory.layer_activation_bytes(model, 1, s, t, False, Recompute.none, flash_attention=False)
     for i in range(p - 1):
-        assert est.memory_gib_per_stage[i].activations * GIB == pytest.approx((L // p) * per_layer * min(p - i, m), rel=1e-9)
+        assert est.memory_gib_per_pipeline_rank[i].activations * GIB == pytest.approx((L // p) * per_layer * min(p - i, m), rel=1e-9)
 
 
 # =========================================================================== 5. ZeRO

@@ -6,6 +6,7 @@ from pydantic import ValidationError
 from hardware_profiles import cluster_presets, load_cluster
 from planner.errors import UsageError
 from planner.models import load_model, model_presets
+from planner import specs
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, even_split
 
 REQUIRED_MODELS = {
@@ -44,7 +45,7 @@ def test_every_field_is_described():
 
     for cls in (specs.ModelSpec, specs.ClusterSpec, specs.DeviceSpec, specs.LinkTier, specs.CollectiveFit,
                 specs.JobSpec, specs.Plan, specs.StageRecompute, specs.Estimate, specs.TimeBreakdown,
-                specs.StageMemory, specs.PlanDocument):
+                specs.PipelineRankMemory, specs.PlanDocument):
         for name, field in cls.model_fields.items():
             assert field.description, f"{cls.__name__}.{name} has no description"
 
@@ -99,3 +100,21 @@ def test_even_split_gives_extras_to_middle_stages():
 def test_unknown_preset_lists_close_names():
     with pytest.raises(UsageError, match="did you mean gpt3-175b"):
         load_model("gpt3-175")
+
+
+def test_schema_1_0_names_still_read():
+    """1.1 renamed "stage" to "pipeline_rank" where it meant a rank; 1.0 documents still read."""
+    from cost_models.estimate import estimate as predict
+    from hardware_profiles import load_cluster
+    from planner.models import load_model
+
+    model, cluster = load_model("gpt3-13b"), load_cluster("dgx-a100-80gb")
+    est = predict(model, cluster, specs.JobSpec(global_batch_size=64, seq_len=2048), specs.Plan(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=32))
+    new = est.model_dump(mode="json")
+    old = dict(new)
+    old["memory_gib_per_stage"] = [
+        {("stage" if k == "pipeline_rank" else k): v for k, v in sm.items()} for sm in old.pop("memory_gib_per_pipeline_rank")
+    ]
+    old["bottleneck_stage"] = old.pop("bottleneck_pipeline_rank")
+    assert specs.Estimate.model_validate(old) == est
+    assert [sm.pipeline_rank for sm in specs.Estimate.model_validate(old).memory_gib_per_pipeline_rank] == [0, 1]

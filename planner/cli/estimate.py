@@ -19,7 +19,7 @@ from planner.cli.common import (
 )
 from planner.errors import UsageError
 from planner.plan_file import read_plan_file
-from planner.specs import PlanDocument
+from planner.specs import PlanDocument, Recompute, Schedule
 
 
 @click.command()
@@ -30,12 +30,12 @@ from planner.specs import PlanDocument
 @click.option("--dp", type=int, default=None, help="Data-parallel degree [default: GPUs / (tp x pp)].")
 @click.option("--vpp", type=int, default=1, show_default=True, help="Virtual stages per pipeline rank (interleaved schedule).")
 @click.option("--micro-batch-size", type=int, default=1, show_default=True, help="Sequences per micro-batch.")
-@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
+@click.option("--recompute", type=click.Choice([m.value for m in Recompute]), default=Recompute.none.value, show_default=True)
 @click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage.")
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1).")
 @click.option(
     "--schedule",
-    type=click.Choice(["gpipe", "1f1b", "interleaved-1f1b"]),
+    type=click.Choice([s.value for s in Schedule]),
     default=None,
     help="Pipeline schedule [default: 1f1b, interleaved-1f1b when --vpp > 1].",
 )
@@ -72,7 +72,7 @@ def estimate(
         plan = make_plan(
             dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch_size=micro_batch_size,
             num_micro_batches=job.global_batch_size // (dp * micro_batch_size),
-            schedule=schedule or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
+            schedule=schedule or (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b),
             recompute=recompute, zero_stage=zero, sequence_parallel=sequence_parallel,
             layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"),
             mesh_order=[a.strip() for a in mesh_order.split(",")],

@@ -33,7 +33,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from planner.reference_model import ReferenceModel, StageModule
-from planner.specs import ModelSpec, Plan, Schedule
+from planner.specs import ModelSpec, Plan, Recompute, Schedule
 
 
 @dataclass(frozen=True)
@@ -117,11 +117,11 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
         stage.head.output.weight = stage.embed.tok.weight
 
 
-def recompute_modes(counts) -> list[str]:
+def recompute_modes(counts) -> list[Recompute]:
     """Per layer of a stage, in order: full first, then selective, then none (Megatron's
     'block' method recomputes the first layers of a stage). Memory and time do not depend
     on the order within a stage; the cost model counts layers per mode."""
-    return ["full"] * counts.full + ["selective"] * counts.selective + ["none"] * counts.none
+    return [Recompute.full] * counts.full + [Recompute.selective] * counts.selective + [Recompute.none] * counts.none
 
 
 def apply_recompute(stages: dict[int, StageModule], plan: Plan, num_layers: int) -> None:

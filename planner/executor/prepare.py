@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from planner.errors import UsageError
+from cost_models.terms import MODES
 from planner.specs import DType, JobSpec, ModelSpec, Plan, PlanError, Schedule, StageRecompute
 
 
@@ -134,7 +135,7 @@ def scale_plan(plan: Plan, old_layers: int, new_layers: int, notes: list[str]) -
     update: dict = {"layers_per_stage": split}
     if plan.stage_recompute is not None:
         update["stage_recompute"] = [
-            StageRecompute(**dict(zip(("none", "selective", "full"), proportional([r.none, r.selective, r.full], n))))
+            StageRecompute(**{m.value: k for m, k in zip(MODES, proportional([r.none, r.selective, r.full], n))})
             for r, n in zip(plan.stage_recompute, split)
         ]
     notes.append(f"layer split {plan.stage_layers(old_layers)} -> {split}")
@@ -238,7 +239,7 @@ def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Op
     from cost_models.estimate import estimate
 
     est = estimate(case.model, cluster, case.job, case.plan)
-    stage = max(sm.weights + sm.gradients + sm.optimizer_states + sm.activations for sm in est.memory_gib_per_stage)
+    stage = max(sm.weights + sm.gradients + sm.optimizer_states + sm.activations for sm in est.memory_gib_per_pipeline_rank)
     per_rank = 4 * total_params(case.model) + stage * 2**30
     if per_rank * nproc_per_node > 0.9 * available:
         raise UsageError(

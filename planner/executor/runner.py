@@ -24,7 +24,7 @@ from planner.specs import (
     RankMeasurement,
     RunReport,
     RunSettings,
-    StageComparison,
+    PipelineRankComparison,
     TimeComparison,
 )
 
@@ -99,7 +99,7 @@ def build_report(case: RunCase, cluster: ClusterSpec, settings: RunSettings, ran
     est = predict(case.model, cluster, case.job, case.plan)
     return RunReport(
         plan_file=plan_file, model=case.model, cluster=cluster, job=case.job, plan=case.plan, estimate=est,
-        settings=settings, ranks=sorted(ranks, key=lambda r: r.rank), stages=stage_comparisons(est, ranks),
+        settings=settings, ranks=sorted(ranks, key=lambda r: r.rank), pipeline_ranks=rank_comparisons(est, ranks),
         time=time_comparison(est, case, ranks), verification=verification,
         verdict="pass" if verification.passed else "fail",
     )
@@ -109,17 +109,17 @@ def error_pct(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured if measured else float("inf") if predicted else 0.0
 
 
-def stage_comparisons(est, ranks: list[RankMeasurement]) -> list[StageComparison]:
+def rank_comparisons(est, ranks: list[RankMeasurement]) -> list[PipelineRankComparison]:
     out = []
-    for sm in est.memory_gib_per_stage:
-        mine = [r.memory for r in ranks if r.pp_rank == sm.stage]
+    for sm in est.memory_gib_per_pipeline_rank:
+        mine = [r.memory for r in ranks if r.pp_rank == sm.pipeline_rank]
         measured = MemoryBytes(**{k: max(getattr(m, k) for m in mine) for k in MemoryBytes.model_fields})
         predicted = MemoryBytes(
             weights_bytes=sm.weights * GIB, gradients_bytes=sm.gradients * GIB,
             optimizer_states_bytes=sm.optimizer_states * GIB, activations_bytes=sm.activations * GIB,
         )
-        out.append(StageComparison(
-            stage=sm.stage, layers=sm.layers, predicted=predicted,
+        out.append(PipelineRankComparison(
+            pipeline_rank=sm.pipeline_rank, layers=sm.layers, predicted=predicted,
             predicted_not_measured_bytes=(sm.temporary + sm.overhead) * GIB, measured=measured,
             error_pct=error_pct(predicted.total_bytes, measured.total_bytes),
         ))

@@ -26,14 +26,16 @@ from cost_models.tables import (
     mesh_links,
 )
 from cost_models.terms import MODES
-from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Schedule
+from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule
 
 MESH_ORDERS = [tuple(p) for p in itertools.permutations((Axis.tp, Axis.dp, Axis.pp))]
 
-# Why a candidate was not solved; reported by `plan solve`.
+# Why a candidate was not solved; reported by `plan solve`: it cannot run...
 DIVISIBILITY = "divisibility"
-TP_ACROSS_NODES = "tp_across_nodes"
 MEMORY = "memory"
+INFEASIBLE = (DIVISIBILITY, MEMORY)
+# ... or it could, but is not searched.
+TP_ACROSS_NODES = "tp_across_nodes"
 DOMINATED = "dominated"
 FIXED = "excluded_by_fix"
 
@@ -53,7 +55,7 @@ class Candidate:
     sequence_parallel: bool
     mesh_order: tuple
 
-    def plan(self, layers_per_stage=None, stage_recompute=None, recompute="none") -> Plan:
+    def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
         return Plan(
             dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size,
             num_micro_batches=self.num_micro_batches, schedule=self.schedule, zero_stage=self.zero_stage,

@@ -18,7 +18,7 @@ _MEMORY_HINTS = {
 
 def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, est: Estimate, pc: PipelineCosts,
             links: dict) -> Explanation:
-    peak = max(est.memory_gib_per_stage, key=lambda s: s.total)
+    peak = max(est.memory_gib_per_pipeline_rank, key=lambda s: s.total)
     parts = {
         "model states": peak.weights + peak.gradients + peak.optimizer_states,
         "activations": peak.activations,
@@ -26,20 +26,20 @@ def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, es
     }
     part = max(parts, key=parts.get)
     memory = (
-        f"pipeline rank {peak.stage}: {peak.total:.1f} of {est.memory_capacity_gib:g} GiB, mostly {part} "
+        f"pipeline rank {peak.pipeline_rank}: {peak.total:.1f} of {est.memory_capacity_gib:g} GiB, mostly {part} "
         f"({parts[part]:.1f} GiB); to relieve it: {_MEMORY_HINTS[part]}"
     )
     bd = est.time_breakdown_s.model_dump()
     top = max(bd, key=bd.get)
     compute = (
         f"{top.replace('_', ' ')} takes {bd[top]:.3g} s of the {est.step_time_s:.3g} s step "
-        f"({100 * bd[top] / est.step_time_s:.0f}%) on pipeline rank {est.bottleneck_stage}; MFU {100 * est.mfu:.1f}%"
+        f"({100 * bd[top] / est.step_time_s:.0f}%) on pipeline rank {est.bottleneck_pipeline_rank}; MFU {100 * est.mfu:.1f}%"
     )
 
     e = DTYPE_BYTES[job.precision]
     m, b, s, h = plan.num_micro_batches, plan.micro_batch_size, job.seq_len, model.hidden_size
     counts = recompute_counts(plan, model.num_layers)
-    rank = est.bottleneck_stage
+    rank = est.bottleneck_pipeline_rank
     rank_counts = counts[rank::plan.pp]
     layers = sum(sum(c) for c in rank_counts)
     full_layers = sum(c[2] for c in rank_counts)

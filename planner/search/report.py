@@ -6,7 +6,7 @@ import math
 
 from planner.specs import Alternative, ClusterSpec, ModelSpec, SearchReport, SolveDocument
 
-from .candidates import CostTables
+from .candidates import INFEASIBLE, CostTables
 from .explain import explain
 from .solve import SearchResult
 
@@ -28,7 +28,8 @@ def solve_document(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, result
         search=SearchReport(
             candidates_considered=st.candidates_considered,
             layouts_represented_log10=math.log10(st.layouts_represented) if st.layouts_represented else 0.0,
-            infeasible=dict(sorted(st.rejected.items())),
+            infeasible={k: v for k, v in sorted(st.rejected.items()) if k in INFEASIBLE},
+            skipped={k: v for k, v in sorted(st.rejected.items()) if k not in INFEASIBLE},
             pruned_by_bound=st.pruned_by_bound,
             refined_bounds=st.refined,
             ilp_candidates=st.ilp_candidates,
