@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 from cost_models.estimate import estimate
 from hardware_profiles import PRESET_DIR, load_cluster

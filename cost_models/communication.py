@@ -11,7 +11,7 @@ bus bandwidth is k x the per-GPU figure, capped by the intra-node link.
 
 from __future__ import annotations
 
-from planner.specs import Axis, ClusterSpec, Collective, LinkTier, Plan
+from planner.specs import Axis, ClusterSpec, Collective
 
 VOLUME_FACTOR = {
     Collective.all_reduce: lambda n: 2.0 * (n - 1) / n,
@@ -19,14 +19,6 @@ VOLUME_FACTOR = {
     Collective.reduce_scatter: lambda n: (n - 1) / n,
     Collective.p2p: lambda n: 1.0,
 }
-
-
-def collective_time(tier: LinkTier, collective: Collective, group_size: int, nbytes: float) -> float:
-    """Seconds for one collective of `nbytes` over `group_size` ranks on `tier`."""
-    if group_size <= 1 or nbytes <= 0:
-        return 0.0
-    fit = tier.fit(collective, group_size)
-    return fit.latency_us * 1e-6 + VOLUME_FACTOR[collective](group_size) * nbytes / (fit.bandwidth_gbps * 1e9)
 
 
 def mesh_strides(degrees: dict[Axis, int], mesh_order) -> dict[Axis, int]:
@@ -38,14 +30,6 @@ def mesh_strides(degrees: dict[Axis, int], mesh_order) -> dict[Axis, int]:
     return strides
 
 
-def plan_degrees(plan: Plan) -> dict[Axis, int]:
-    return {Axis.dp: plan.dp, Axis.tp: plan.tp, Axis.pp: plan.pp}
-
-
-def axis_strides(plan: Plan) -> dict[Axis, int]:
-    return mesh_strides(plan_degrees(plan), plan.mesh_order)
-
-
 def spans_nodes(degree: int, stride: int, gpus_per_node: int) -> bool:
     """True when one group (degree ranks, `stride` apart) sits on more than one node; ranks
     are laid node by node, gpus_per_node consecutive ranks per node."""
@@ -53,15 +37,6 @@ def spans_nodes(degree: int, stride: int, gpus_per_node: int) -> bool:
         return False
     extent = stride * degree
     return extent > gpus_per_node or gpus_per_node % extent != 0
-
-
-def axis_spans_nodes(plan: Plan, axis: Axis, gpus_per_node: int) -> bool:
-    return spans_nodes(plan_degrees(plan)[axis], axis_strides(plan)[axis], gpus_per_node)
-
-
-def axis_tier(plan: Plan, axis: Axis, cluster: ClusterSpec) -> LinkTier:
-    """The link tier a group of `axis` communicates over."""
-    return cluster.inter_node if axis_spans_nodes(plan, axis, cluster.gpus_per_node) else cluster.intra_node
 
 
 class GroupLink:
@@ -76,10 +51,6 @@ class GroupLink:
         self._cluster = cluster
         self.rails = max(1, min(size, cluster.gpus_per_node // stride)) if self.inter_node else 1
         self._coef: dict[Collective, tuple[float, float]] = {}  # (alpha s, seconds per byte of the full buffer)
-
-    @classmethod
-    def for_axis(cls, cluster: ClusterSpec, plan: Plan, axis: Axis) -> "GroupLink":
-        return cls(cluster, plan_degrees(plan)[axis], axis_strides(plan)[axis])
 
     @property
     def signature(self) -> tuple:
@@ -108,11 +79,6 @@ class GroupLink:
             return 0.0
         alpha, beta = self.coefficients(collective)
         return alpha + beta * nbytes
-
-
-def axis_time(cluster: ClusterSpec, plan: Plan, axis: Axis, collective: Collective, nbytes: float) -> float:
-    """Seconds for one collective of `nbytes` over a group of `axis`, on the tier it lands on."""
-    return GroupLink.for_axis(cluster, plan, axis).time(collective, nbytes)
 
 
 def overlapped(total: float, edge: float, window: float, efficiency: float = 1.0) -> float:

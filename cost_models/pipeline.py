@@ -11,11 +11,6 @@ stage, and filling plus draining costs one pass through every other stage:
 from __future__ import annotations
 
 
-def bubble_fraction(pp: int, num_micro_batches: int, vpp: int = 1) -> float:
-    """Idle fraction relative to the ideal time: (p - 1)/(v m)."""
-    return (pp - 1) / (vpp * num_micro_batches)
-
-
 def pipeline_time(stage_times: list[float], pp: int, num_micro_batches: int, vpp: int = 1) -> float:
     """Time for `num_micro_batches` micro-batches through the pipeline.
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional
 
 from planner.specs import Collective, Recompute
 
@@ -109,9 +109,6 @@ class Hidden:
         if not bucket_full:
             return self.comm
         return self.comm.scaled(1.0 - self.efficiency).plus(self.efficiency * self.edge)
-
-
-Term = Union[Linear, Hidden]
 
 
 @dataclass(frozen=True)

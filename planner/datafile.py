@@ -12,7 +12,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -123,6 +123,3 @@ def write_atomic(path: Path | str, text: str) -> None:
             os.unlink(tmp)
         raise
 
-
-def to_json(data: Any) -> str:
-    return json.dumps(data, indent=2) + "\n"

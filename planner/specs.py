@@ -440,12 +440,9 @@ class Plan(_Spec):
                 f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {self.world_size}, but the cluster has {num_gpus} GPUs; "
                 f"change dp, tp or pp so that their product is {num_gpus}"
             )
-        if model.num_heads % self.tp:
-            raise PlanError(f"tp={self.tp} does not divide the {model.num_heads} attention heads of {model.name}")
-        if model.kv_heads % self.tp and self.tp % model.kv_heads:
-            raise PlanError(f"tp={self.tp} and the {model.kv_heads} KV heads of {model.name} do not divide each other")
-        if model.ffn % self.tp:
-            raise PlanError(f"tp={self.tp} does not divide the FFN width {model.ffn} of {model.name}")
+        problem = tp_problem(model, self.tp)
+        if problem:
+            raise PlanError(problem)
         if model.num_layers < self.virtual_stages:
             raise PlanError(
                 f"{model.name} has {model.num_layers} layers, fewer than pp x vpp = {self.pp} x {self.vpp} = {self.virtual_stages} pipeline stages"
@@ -466,6 +463,22 @@ class Plan(_Spec):
             )
         if job.seq_len > model.max_seq_len and model.learned_position_embeddings:
             raise PlanError(f"seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of {model.name}")
+
+
+def tp_problem(model: ModelSpec, tp: int) -> Optional[str]:
+    """Why `tp` cannot shard this model's heads and FFN (Megatron's column/row split), or None."""
+    if model.num_heads % tp:
+        return f"tp={tp} does not divide the {model.num_heads} attention heads of {model.name}"
+    if model.kv_heads % tp and tp % model.kv_heads:
+        return f"tp={tp} and the {model.kv_heads} KV heads of {model.name} do not divide each other"
+    if model.ffn % tp:
+        return f"tp={tp} does not divide the FFN width {model.ffn} of {model.name}"
+    return None
+
+
+def memory_limit_gib(cluster: "ClusterSpec", requested_gib: Optional[float] = None) -> float:
+    """The per-GPU memory a plan may use: the device's, or less if the user asks."""
+    return min(requested_gib or cluster.device.memory_gib, cluster.device.memory_gib)
 
 
 def even_split(total: int, parts: int) -> list[int]:

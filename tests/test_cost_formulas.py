@@ -26,7 +26,7 @@ import pytest
 
 from cost_models import communication, compute, memory, pipeline
 from cost_models.estimate import estimate
-from cost_models.tables import pipeline_costs
+from cost_models.tables import mesh_links, pipeline_costs
 from hardware_profiles import load_cluster
 from planner.models import load_model
 from planner.specs import (
@@ -478,14 +478,6 @@ def test_zero_paper_example_7_5b_on_64_gpus():
 
 @pytest.mark.parametrize("p", [1, 2, 4, 8])
 @pytest.mark.parametrize("m", [1, 4, 7, 32])
-@pytest.mark.parametrize("v", [1, 2, 3])
-def test_bubble_fraction(p, m, v):
-    """[N21] sec. 2.2: bubble (p - 1)/m for GPipe/1F1B, (p - 1)/(v m) interleaved."""
-    assert pipeline.bubble_fraction(p, m, v) == pytest.approx(float(Fr(p - 1, v * m)), rel=REL, abs=0)
-
-
-@pytest.mark.parametrize("p", [1, 2, 4, 8])
-@pytest.mark.parametrize("m", [1, 4, 7, 32])
 def test_pipeline_time_equal_stages(p, m):
     """[N21] sec. 2.2: p equal stages of t per micro-batch take (m + p - 1) t."""
     t = 0.37
@@ -501,7 +493,7 @@ def test_pipeline_time_interleaved(p, m, v):
     t = 0.37
     got = pipeline.pipeline_time([t / v] * (p * v), p, m, v)
     assert got == pytest.approx((m + (p - 1) / v) * t, rel=REL)
-    assert (got - m * t) / (m * t) == pytest.approx(pipeline.bubble_fraction(p, m, v), rel=1e-9)
+    assert (got - m * t) / (m * t) == pytest.approx(float(Fr(p - 1, v * m)), rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -536,19 +528,25 @@ def tier():
     )
 
 
+def link_time(cluster, tier, collective, n, nbytes):
+    """What the cost model charges: a group of n consecutive ranks filling one node of `tier`."""
+    one_node = cluster.model_copy(update={"gpus_per_node": n, "intra_node": tier})
+    return communication.GroupLink(one_node, n, 1).time(collective, nbytes)
+
+
 @pytest.mark.parametrize("collective", list(Collective))
 @pytest.mark.parametrize("n", [2, 3, 8, 64])
 @pytest.mark.parametrize("nbytes", [1, 4096, 3 * 2**30])
-def test_collective_time_alpha_beta_ring(tier, collective, n, nbytes):
+def test_collective_time_alpha_beta_ring(tier, collective, n, nbytes, a100):
     """[T05] ring collectives, bus-bandwidth convention: alpha + k(n) bytes / B with
     k = 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter), 1 (point-to-point)."""
     expected = ALPHA_US[collective] * 1e-6 + float(VOLUME[collective](n)) * nbytes / (BW_GBPS[collective] * 1e9)
-    assert communication.collective_time(tier, collective, n, nbytes) == pytest.approx(expected, rel=REL)
+    assert link_time(a100, tier, collective, n, nbytes) == pytest.approx(expected, rel=REL)
 
 
-def test_collective_time_single_rank_is_free(tier):
+def test_collective_time_single_rank_is_free(tier, a100):
     for c in Collective:
-        assert communication.collective_time(tier, c, 1, 1e9) == 0.0
+        assert link_time(a100, tier, c, 1, 1e9) == 0.0
 
 
 TP_CASES = [
@@ -568,7 +566,7 @@ def test_tp_communication_four_all_reduces_per_layer(shape, b, s, t, a100):
     plan = Plan(dp=2, tp=t, pp=1, micro_batch_size=b, num_micro_batches=2)
     job = JobSpec(global_batch_size=2 * b * 2, seq_len=s)
     lc = pipeline_costs(model, a100, job, plan).layer
-    one = communication.collective_time(a100.intra_node, Collective.all_reduce, t, 2 * b * s * h)
+    one = link_time(a100, a100.intra_node, Collective.all_reduce, t, 2 * b * s * h)
     assert lc.tp_forward == pytest.approx(2 * one, rel=REL)
     assert lc.tp_backward == pytest.approx(2 * one, rel=REL)
     assert lc.tp_forward + lc.tp_backward == pytest.approx(4 * one, rel=REL)
@@ -587,8 +585,8 @@ def test_tp_communication_sequence_parallel_same_volume(t, a100):
     model = gpt(96, h, 96, 51200, s)
     plan = Plan(dp=1, tp=t, pp=1, micro_batch_size=b, num_micro_batches=1, sequence_parallel=True)
     lc = pipeline_costs(model, a100, JobSpec(global_batch_size=b, seq_len=s), plan).layer
-    ag = communication.collective_time(a100.intra_node, Collective.all_gather, t, 2 * b * s * h)
-    rs = communication.collective_time(a100.intra_node, Collective.reduce_scatter, t, 2 * b * s * h)
+    ag = link_time(a100, a100.intra_node, Collective.all_gather, t, 2 * b * s * h)
+    rs = link_time(a100, a100.intra_node, Collective.reduce_scatter, t, 2 * b * s * h)
     assert lc.tp_forward + lc.tp_backward == pytest.approx(4 * (ag + rs), rel=REL)
 
 
@@ -632,10 +630,11 @@ def test_pp_p2p_sends_sbh_values(sp, t, a100):
         (dict(dp=8, tp=3, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]), {Axis.tp: True, Axis.dp: True, Axis.pp: False}),
     ],
 )
-def test_axis_spans_nodes(kw, expected):
+def test_axis_spans_nodes(kw, expected, a100):
     """Ranks are laid out node by node (8 consecutive ranks per node); a group of an axis
     with stride S and degree d occupies S*d consecutive ranks, and stays inside a node for
     every group only if S*d divides the node size."""
-    plan = Plan(micro_batch_size=1, num_micro_batches=1, **kw)
+    assert a100.gpus_per_node == 8
+    links = mesh_links(a100, kw["dp"], kw["tp"], kw["pp"], kw["mesh_order"])
     for axis, spans in expected.items():
-        assert communication.axis_spans_nodes(plan, axis, 8) is spans, axis
+        assert links[axis].inter_node is spans, axis

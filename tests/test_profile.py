@@ -16,7 +16,7 @@ from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec
 
 torch = pytest.importorskip("torch")
 
-from planner.profiler.compute import measure_module, profile_layers  # noqa: E402
+from planner.profiler.compute import profile_layers  # noqa: E402
 from planner.profiler.links import fit_alpha_beta  # noqa: E402
 
 GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=128, num_heads=4, vocab_size=512, max_seq_len=128)

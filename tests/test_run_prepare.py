@@ -139,7 +139,7 @@ def test_saved_activation_count_matches_the_cost_model_per_layer(mode):
     """One process: the bytes autograd saves for one layer (counted with saved_tensors_hooks,
     storages once) against cost_models.memory.layer_activation_bytes (fp32, flash attention,
     no dropout), and everything released after backward."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from planner.executor.memory import ActivationTracker
     from planner.reference_model import build_model, lm_loss, synthetic_batch
 

@@ -14,7 +14,7 @@ from planner.search.candidates import SearchSpace
 from planner.search.solve import infeasibility, solve as run_search
 from planner.search.report import solve_document
 from cost_models.terms import MODES
-from planner.specs import Axis, Recompute, Schedule
+from planner.specs import Axis, Recompute, Schedule, memory_limit_gib
 
 _FIX_KEYS = {
     "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int),
@@ -90,7 +90,7 @@ def solve(
         num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
         max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,
     )
-    limit = min(max_memory_gib or cluster.device.memory_gib, cluster.device.memory_gib)
+    limit = memory_limit_gib(cluster, max_memory_gib)
     result = run_search(model, cluster, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)
     if result.best is None:
         if not result.stats.optimal:

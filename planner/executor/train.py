@@ -80,7 +80,6 @@ def _maybe_fail(step: int) -> None:
 def train_case(case: RunCase, device) -> tuple[list[float], list[float], RankMeasurement]:
     """Build, parallelize and train one plan on this rank; returns losses, gradient norms
     (both global) and this rank's measurements."""
-    import torch
     import torch.distributed as dist
 
     from planner.executor import parallelize as par

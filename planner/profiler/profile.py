@@ -29,6 +29,7 @@ from planner.specs import (
     MeasuredProfile,
     ModelSpec,
     ProfileEnvironment,
+    tp_problem,
 )
 
 
@@ -126,9 +127,7 @@ def _memory_and_overhead(device, nproc: int) -> tuple[float, float]:
 
 
 def _tp_shards(model: ModelSpec, nproc: int) -> list[int]:
-    from planner.search.candidates import tp_ok
-
-    return [t for t in range(1, nproc + 1) if nproc % t == 0 and tp_ok(model, t)]
+    return [t for t in range(1, nproc + 1) if nproc % t == 0 and not tp_problem(model, t)]
 
 
 @record

@@ -17,6 +17,7 @@ from typing import Iterator, Optional
 from cost_models.estimate import evaluate
 from cost_models.terms import MODES
 from planner.specs import ClusterSpec, JobSpec, ModelSpec
+from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .candidates import Candidate, CostTables, SearchSpace, enumerate_candidates
 
@@ -48,7 +49,7 @@ def brute_force(
     memory_limit_gib: Optional[float] = None, deadline_s: Optional[float] = None,
 ) -> BruteResult:
     start = time.perf_counter()
-    limit = min(memory_limit_gib or cluster.device.memory_gib, cluster.device.memory_gib)
+    limit = memory_limit_gib_of(cluster, memory_limit_gib)
     full = SearchSpace(**{**space.__dict__, "include_dominated": True})
     cands, _ = enumerate_candidates(model, cluster, full)
     tables = CostTables(model, cluster, job)

@@ -26,7 +26,7 @@ from cost_models.tables import (
     mesh_links,
 )
 from cost_models.terms import MODES
-from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule
+from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule, tp_problem
 
 MESH_ORDERS = [tuple(p) for p in itertools.permutations((Axis.tp, Axis.dp, Axis.pp))]
 
@@ -88,10 +88,6 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def tp_ok(model: ModelSpec, tp: int) -> bool:
-    return model.num_heads % tp == 0 and model.ffn % tp == 0 and (model.kv_heads % tp == 0 or tp % model.kv_heads == 0)
-
-
 def _batch_options(space: SearchSpace, dp: int, pp: int) -> list[tuple[int, int]]:
     """(micro-batch size, micro-batches) pairs for this dp and pp."""
     if space.global_batch_size is not None:
@@ -138,7 +134,7 @@ def enumerate_candidates(
     fixed = space.fixed
     order_cache: dict = {}
     for tp in divisors(n):
-        if not tp_ok(model, tp):
+        if tp_problem(model, tp):
             rejected[DIVISIBILITY] += 1
             continue
         if tp > max_tp:

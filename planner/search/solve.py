@@ -25,6 +25,7 @@ from cost_models.tables import PipelineCosts
 from cost_models.terms import MODES
 from planner.errors import InfeasibleError
 from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, StageRecompute
+from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
 from .candidates import MEMORY, Candidate, CostTables, SearchSpace, enumerate_candidates
@@ -123,7 +124,7 @@ def solve(
 ) -> SearchResult:
     """Find the layout with the shortest predicted time per token that fits every GPU."""
     start = time.perf_counter()
-    limit = min(memory_limit_gib or cluster.device.memory_gib, cluster.device.memory_gib)
+    limit = memory_limit_gib_of(cluster, memory_limit_gib)
     solver = solver or default_solver()
     stats = SearchStats(solver=solver)
     cands, stats.rejected = enumerate_candidates(model, cluster, space)
