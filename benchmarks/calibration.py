@@ -10,8 +10,11 @@ ratios stay within the tolerance stated in the README.
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
-from planner.calibration import CASES, EXCLUDED, MEMORY_CASES, load_records, run_case
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable as a script from anywhere
+from benchmarks.calibration_cases import CASES, EXCLUDED, MEMORY_CASES, load_records, run_case  # noqa: E402
 
 
 def main() -> None:

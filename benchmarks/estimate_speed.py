@@ -20,7 +20,7 @@ import time
 
 from cost_models.estimate import estimate
 from hardware_profiles import load_cluster
-from planner.models import load_model
+from planner.presets import load_model
 from planner.specs import JobSpec, Plan
 
 CASES = [

@@ -18,12 +18,15 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 from cost_models.estimate import estimate
 from hardware_profiles import PRESET_DIR, load_cluster
-from planner.calibration import CASES, load_records
-from planner.models import load_model
+from planner.presets import load_model
 from planner.specs import EfficiencyPoint, JobSpec, Plan
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable as a script from anywhere
+from benchmarks.calibration_cases import CASES, load_records  # noqa: E402
 
 SIZES = [1e8, 1e9, 1e10, 1e11, 1e12]
 BASE_SHAPE = {

@@ -23,7 +23,7 @@ import os
 from hardware_profiles import load_cluster
 from planner.executor.prepare import prepare_case
 from planner.executor.runner import RunOptions, run_plans
-from planner.launch import LaunchSpec
+from planner.distributed.launch import LaunchSpec
 from planner.specs import JobSpec, ModelSpec, Plan
 
 STAGES, LAYERS, BATCH = 4, 12, 12

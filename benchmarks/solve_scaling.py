@@ -18,8 +18,8 @@ import time
 
 from cost_models.estimate import evaluate
 from hardware_profiles import load_cluster
-from planner.models import load_model
-from planner.render import plan_summary
+from planner.presets import load_model
+from planner.cli.render import plan_summary
 from planner.search.brute import brute_force
 from planner.search.candidates import CostTables, SearchSpace
 from planner.search.solve import solve

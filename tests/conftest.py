@@ -1,7 +1,7 @@
 import pytest
 
 from hardware_profiles import load_cluster
-from planner.models import load_model
+from planner.presets import load_model
 
 
 @pytest.fixture(scope="session")

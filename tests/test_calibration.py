@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from planner.calibration import CASES, MEMORY_CASES, load_records, run_case
+from benchmarks.calibration_cases import CASES, MEMORY_CASES, load_records, run_case
 
 RECORDS = load_records()
 A100 = [c for c in CASES if "a100" in c.cluster]

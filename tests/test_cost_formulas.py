@@ -28,7 +28,7 @@ from cost_models import communication, compute, memory, pipeline
 from cost_models.estimate import estimate
 from cost_models.tables import mesh_links, pipeline_costs
 from hardware_profiles import load_cluster
-from planner.models import load_model
+from planner.presets import load_model
 from planner.specs import (
     Axis,
     Collective,

@@ -6,7 +6,7 @@ import pytest
 
 from cost_models.compute import total_params
 from planner.errors import UsageError
-from planner.models import load_model
+from planner.presets import load_model
 
 LLAMA3_8B_HF = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",

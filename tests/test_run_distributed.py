@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hardware_profiles import load_cluster
-from planner.launch import free_port
+from planner.distributed.launch import free_port
 from planner.specs import JobSpec, ModelSpec, Plan, StageRecompute
 
 pytestmark = pytest.mark.distributed

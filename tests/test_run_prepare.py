@@ -141,7 +141,7 @@ def test_saved_activation_count_matches_the_cost_model_per_layer(mode):
     no dropout), and everything released after backward."""
     pytest.importorskip("torch")
     from planner.executor.memory import ActivationTracker
-    from planner.reference_model import build_model, lm_loss, synthetic_batch
+    from planner.distributed.reference_model import build_model, lm_loss, synthetic_batch
 
     spec = GPT.model_copy(update={"dropout": False})
     counts = []

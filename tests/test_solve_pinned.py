@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hardware_profiles import load_cluster
-from planner.models import load_model
+from planner.presets import load_model
 from cost_models.estimate import evaluate, recompute_counts
 from cost_models.terms import MODES
 from planner.search.candidates import Candidate, CostTables, SearchSpace

@@ -12,7 +12,7 @@ from cost_models.estimate import estimate
 from hardware_profiles import load_cluster
 from planner.cli.main import cli
 from planner.errors import InfeasibleError
-from planner.models import load_model
+from planner.presets import load_model
 from planner.search.brute import brute_force
 from planner.search.candidates import SearchSpace
 from planner.search.solve import infeasibility, solve

@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from hardware_profiles import cluster_presets, load_cluster
 from planner.errors import UsageError
-from planner.models import load_model, model_presets
+from planner.presets import load_model, model_presets
 from planner import specs
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, even_split
 
@@ -106,7 +106,7 @@ def test_schema_1_0_names_still_read():
     """1.1 renamed "stage" to "pipeline_rank" where it meant a rank; 1.0 documents still read."""
     from cost_models.estimate import estimate as predict
     from hardware_profiles import load_cluster
-    from planner.models import load_model
+    from planner.presets import load_model
 
     model, cluster = load_model("gpt3-13b"), load_cluster("dgx-a100-80gb")
     est = predict(model, cluster, specs.JobSpec(global_batch_size=64, seq_len=2048), specs.Plan(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=32))

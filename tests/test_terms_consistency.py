@@ -13,7 +13,7 @@ from cost_models.estimate import evaluate
 from cost_models.memory import GIB
 from cost_models.terms import MODES
 from hardware_profiles import load_cluster
-from planner.models import load_model
+from planner.presets import load_model
 from planner.search.bounds import cheap_bound, min_peak_memory, refined_bound
 from planner.search.candidates import CostTables, SearchSpace, enumerate_candidates
 from planner.search.ilp import add_candidate, make_solver, quiet_stdout

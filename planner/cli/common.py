@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from hardware_profiles import load_cluster
 from planner.errors import UsageError
-from planner.models import load_model
+from planner.presets import load_model
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, PlanError
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 import click
 
 from cost_models.estimate import estimate as run_estimate
-from planner import render
+from planner.cli import render
 from planner.cli.common import (
     check_plan,
     make_job,

@@ -7,8 +7,8 @@ import json
 import click
 
 from hardware_profiles import cluster_presets, load_cluster
-from planner import render
-from planner.models import load_model, model_presets
+from planner.cli import render
+from planner.presets import load_model, model_presets
 
 
 @click.command()

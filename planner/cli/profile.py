@@ -10,11 +10,11 @@ from typing import Optional
 
 import click
 
-from planner import render
+from planner.cli import render
 from planner.datafile import write_atomic
 from planner.errors import PlannerError, UsageError
-from planner.launch import LaunchSpec, inside_launcher, launch, validate
-from planner.models import load_model
+from planner.distributed.launch import LaunchSpec, inside_launcher, launch, validate
+from planner.presets import load_model
 
 
 @click.command()

@@ -9,14 +9,14 @@ from typing import Optional
 
 import click
 
-from planner import render
+from planner.cli import render
 from planner.cli.common import check_profile_size
 from planner.datafile import write_atomic
 from planner.errors import PlannerError, UsageError
 from planner.executor.prepare import Rehearsal, check_host_memory, host_memory_bytes, prepare_case
 from planner.executor.runner import RunOptions, launch_world, resolve_backend, run_plans
 from planner.executor.verify import DEFAULT_TOLERANCE
-from planner.launch import Interrupted, LaunchSpec, inside_launcher
+from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher
 from planner.plan_file import read_plan_file
 from planner.specs import RunReport
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from planner import render
+from planner.cli import render
 from planner.cli.common import make_job, resolve_target, target_options
 from planner.datafile import write_atomic
 from planner.errors import InfeasibleError, UsageError

@@ -4,7 +4,7 @@ Data flows one way:
 
     prepare.py    plan file -> the model, job and plan that will run (scaled for a
                   rehearsal), refused before launch when they cannot run (no torch import)
-    launch        planner.launch: torchrun-style workers (elastic agent, c10d rendezvous)
+    launch        planner.distributed.launch: torchrun-style workers (elastic agent, c10d rendezvous)
     train.py      per rank: process group -> parallelize.py's ordered apply_* steps ->
                   K training steps -> measurements (memory.py counts live tensor bytes;
                   zero.py shards optimizer state for DTensor parameters)

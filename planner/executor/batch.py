@@ -20,7 +20,7 @@ from planner.errors import PlannerError
 from planner.executor.prepare import prepare_case
 from planner.executor.runner import RunOptions, run_plans
 from planner.executor.verify import DEFAULT_TOLERANCE
-from planner.launch import LaunchSpec
+from planner.distributed.launch import LaunchSpec
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 

@@ -32,7 +32,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from planner.reference_model import ReferenceModel, StageModule
+from planner.distributed.reference_model import ReferenceModel, StageModule
 from planner.specs import ModelSpec, Plan, Recompute, Schedule
 
 

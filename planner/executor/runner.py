@@ -17,7 +17,7 @@ from cost_models.memory import GIB
 from planner.errors import UsageError
 from planner.executor.prepare import RunCase, check_world
 from planner.executor.verify import DEFAULT_TOLERANCE, compare, reference_run
-from planner.launch import LaunchSpec, inside_launcher
+from planner.distributed.launch import LaunchSpec, inside_launcher
 from planner.specs import (
     ClusterSpec,
     MemoryBytes,
@@ -54,7 +54,7 @@ def run_plans(
     for case in cases:
         check_world(case.plan, world, how)
     from planner.executor.train import WorkerSettings, run_worker
-    from planner.launch import launch
+    from planner.distributed.launch import launch
 
     settings = WorkerSettings(backend=options.backend, timeout_s=options.timeout_s)
     per_rank = launch(spec, run_worker, cases, settings)

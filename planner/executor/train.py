@@ -45,7 +45,7 @@ def run_worker(cases: list[RunCase], settings: WorkerSettings) -> list[CaseResul
     import torch
     import torch.distributed as dist
 
-    from planner.launch import init_process_group
+    from planner.distributed.launch import init_process_group
 
     warnings.filterwarnings("ignore", category=UserWarning)  # torch's experimental-API notices
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -84,7 +84,7 @@ def train_case(case: RunCase, device) -> tuple[list[float], list[float], RankMea
 
     from planner.executor import parallelize as par
     from planner.executor.memory import MemoryMeter
-    from planner.reference_model import build_model
+    from planner.distributed.reference_model import build_model
 
     plan, spec = case.plan, case.model
     mesh = par.build_mesh(plan, device.type)
@@ -144,7 +144,7 @@ def _now(device) -> float:
 
 def _replica_batch(case: RunCase, step: int, dp_rank: int, device):
     """This data-parallel replica's slice of the step's global batch (the reference sees all of it)."""
-    from planner.reference_model import synthetic_batch
+    from planner.distributed.reference_model import synthetic_batch
 
     plan = case.plan
     tokens, targets = synthetic_batch(case.model, case.job.global_batch_size, case.job.seq_len, case.seed, step)
@@ -158,7 +158,7 @@ def _local_step(module, plan):
     so the gradient is that of the replica's mean loss. DDP and replicate synchronise only on
     the last micro-batch (as the cost model assumes); ZeRO-2/3 reduce-scatter after every
     micro-batch (they keep only gradient shards)."""
-    from planner.reference_model import lm_loss
+    from planner.distributed.reference_model import lm_loss
 
     m, mbs = plan.num_micro_batches, plan.micro_batch_size
 
@@ -186,7 +186,7 @@ def _pipeline_step(stages, case: RunCase, mesh, device):
     """pp > 1: one schedule step; the first stage's rank feeds tokens, the last one's targets
     and collects the micro-batch losses."""
     from planner.executor.parallelize import build_schedule
-    from planner.reference_model import lm_loss
+    from planner.distributed.reference_model import lm_loss
 
     plan = case.plan
     schedule = build_schedule(stages, plan, mesh, device, lm_loss, case.model, case.job.seq_len)

@@ -1,7 +1,7 @@
 """The single-process reference and the comparison a distributed run must pass.
 
 The reference builds the same model from the same seed, takes the whole global batch of
-every step at once (the synthetic data of planner.reference_model, same seed), and
+every step at once (the synthetic data of planner.distributed.reference_model, same seed), and
 minimises the mean loss over it with the same Adam. A correct layout computes the same
 function: micro-batch losses are averaged (gradient accumulation scales each by 1/m, the
 pipeline schedules average gradients over micro-batches) and data-parallel gradients are
@@ -26,7 +26,7 @@ def reference_run(case: RunCase) -> tuple[list[float], list[float]]:
     """(loss, gradient norm) of every step on one process."""
     import torch
 
-    from planner.reference_model import build_model, lm_loss, synthetic_batch
+    from planner.distributed.reference_model import build_model, lm_loss, synthetic_batch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a rehearsal-sized model; matches the workers' arithmetic

@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from cost_models.compute import head_flops_forward, layer_flops_forward
-from planner.reference_model import Block, Embedding, Head, lm_loss, param_count
+from planner.distributed.reference_model import Block, Embedding, Head, lm_loss, param_count
 from planner.specs import DType, LayerMeasurement, MatmulPoint, ModelSpec
 
 TORCH_DTYPES = {DType.fp32: torch.float32, DType.bf16: torch.bfloat16, DType.fp16: torch.float16}

@@ -135,7 +135,7 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     import torch
     import torch.distributed as dist
 
-    from planner.launch import init_process_group
+    from planner.distributed.launch import init_process_group
     from planner.profiler import compute, links
 
     import warnings

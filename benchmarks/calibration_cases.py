@@ -17,10 +17,10 @@ from typing import Optional
 
 from cost_models.estimate import estimate
 from hardware_profiles import load_cluster
-from planner.models import load_model
+from planner.presets import load_model
 from planner.specs import Estimate, JobSpec, Plan
 
-DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "calibration_runs.json"
+DATA = Path(__file__).resolve().parent / "data" / "calibration_runs.json"
 
 
 @dataclass(frozen=True)

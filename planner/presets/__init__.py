@@ -1,4 +1,4 @@
-"""Model presets (YAML files beside this module) and Hugging Face config.json import."""
+"""Model presets (YAML files in models/ beside this module) and Hugging Face config.json import."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from planner.datafile import load_named, parse_spec
 from planner.errors import UsageError
 from planner.specs import ModelSpec
 
-PRESET_DIR = Path(__file__).parent / "presets" / "models"
+PRESET_DIR = Path(__file__).parent / "models"
 
 
 def model_presets() -> dict[str, Path]:
