@@ -3,6 +3,8 @@ and the saved-activation count against the cost model (one process)."""
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -109,6 +111,15 @@ def test_cli_refuses_in_one_line_with_exit_2(tmp_path, kw, args, words):
     res = CliRunner().invoke(cli, ["run", _plan_file(tmp_path, **kw), *args])
     assert res.exit_code == 2, res.output
     assert words in res.output and len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+
+
+def test_cli_refuses_before_importing_torch(tmp_path):
+    """A plan that cannot run is refused in a fraction of a second: torch is never imported."""
+    path = _plan_file(tmp_path, dp=2, num_micro_batches=2)
+    code = ("import sys; from planner.cli.main import main; sys.argv = ['plan', 'run', sys.argv[1], '--nproc-per-node', '3']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "exit 2 False", out.stdout + out.stderr
 
 
 def test_cli_refuses_a_missing_plan_file(tmp_path):

@@ -13,7 +13,7 @@ from planner.cli import render
 from planner.cli.common import check_profile_size
 from planner.datafile import write_atomic
 from planner.errors import PlannerError, UsageError
-from planner.executor.prepare import Rehearsal, check_host_memory, host_memory_bytes, prepare_case
+from planner.executor.prepare import Rehearsal, check_host_memory, check_world, host_memory_bytes, prepare_case
 from planner.executor.runner import RunOptions, launch_world, resolve_backend, run_plans
 from planner.executor.verify import DEFAULT_TOLERANCE
 from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher
@@ -72,7 +72,6 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
              tolerance, timeout_s, backend) -> RunReport:
     """Refuse what cannot run (before any worker starts), launch, verify, report."""
     doc = read_plan_file(Path(plan_file))
-    _import_torch()
     case = prepare_case(doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr)
     if nproc_per_node is None:
         if doc.plan.world_size % max(nnodes, 1):
@@ -81,9 +80,13 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
     if tolerance <= 0 or timeout_s <= 0:
         raise UsageError("--tolerance and --timeout must be positive")
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    world, how = launch_world(spec)
+    check_world(case.plan, world, how)
+    check_profile_size(doc.cluster, world, plan_file)  # a profile predicts only the world it measured
+    # Everything above refuses a bad request in a fraction of a second; torch (seconds) only now.
+    _import_torch()
     backend = resolve_backend(backend)
-    if doc.cluster.measured is not None:  # a profile predicts only the world it measured
-        check_profile_size(doc.cluster, launch_world(spec)[0], plan_file, backend)
+    check_profile_size(doc.cluster, world, plan_file, backend)
     if backend == "gloo" and not inside_launcher():
         check_host_memory(case, doc.cluster, nproc_per_node, host_memory_bytes())
     return run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file])[0]
