@@ -1,7 +1,7 @@
 """Published training runs as (model, cluster, job, plan) cases for the cost model.
 
-Each case names a record of benchmarks/data/calibration_runs.json (a copy of
-shared/reference/calibration_runs.json, which cites every source) and says how we read
+Each case names a record of benchmarks/data/calibration_runs.json (every record cites its
+source) and says how we read
 it: which preset stands for the hardware, which of our knobs stand for the run's
 settings, and which published metric to compare. Runs outside what the cost model
 covers (V100 without a preset, Float8, torch.compile, context parallelism) are listed

@@ -4,7 +4,7 @@ Every test evaluates the published closed form itself (usually with exact ration
 arithmetic) and compares it with what the library computes term by term, so a change in the
 library's accounting makes the test fail.
 
-Sources (see also /work/shared/reference/README.md):
+Sources:
   [N21]  Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
          Clusters Using Megatron-LM" (eq. 2 parameters, eq. 3 FLOPs, sec. 2.2 schedules,
          sec. 3.2 communication).

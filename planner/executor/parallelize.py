@@ -87,8 +87,8 @@ def _block_tp_plan(block: nn.Module, sequence_parallel: bool) -> dict:
     tp_plan["attn.o"] = RowwiseParallel(output_layouts=out)
     tp_plan[row_mlp] = RowwiseParallel(output_layouts=out)
     if sequence_parallel:
-        # use_local_output=True: the blocks' code works on plain tensors (PLATFORM.md: with
-        # the default False the first block fails with "mixed torch.Tensor and DTensor").
+        # use_local_output=True: the blocks' code works on plain tensors (seen with torch 2.13
+        # on CPU: with the default False the first block fails with "mixed torch.Tensor and DTensor").
         gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
         tp_plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(), "attn": gather, "mlp": gather})
     return tp_plan

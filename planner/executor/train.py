@@ -50,7 +50,7 @@ def run_worker(cases: list[RunCase], settings: WorkerSettings) -> list[CaseResul
     warnings.filterwarnings("ignore", category=UserWarning)  # torch's experimental-API notices
     warnings.filterwarnings("ignore", category=FutureWarning)
     _, _, device = init_process_group(settings.backend, settings.timeout_s)
-    torch.set_num_threads(1)  # ranks outnumber cores on a CPU rehearsal (PLATFORM.md)
+    torch.set_num_threads(1)  # ranks outnumber cores on a CPU rehearsal
     try:
         results = []
         for case in cases:
