@@ -166,7 +166,7 @@ def _ctrl_c_stops_workers(seen: dict):
         return
     from torch.distributed.elastic.agent.server import local_elastic_agent as agent
 
-    def on_ctrl_c(signum, frame):
+    def on_ctrl_c(_signum, _frame):
         seen["ctrl_c"] = True
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # the agent is not running yet
             raise KeyboardInterrupt

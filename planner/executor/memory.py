@@ -157,7 +157,6 @@ class MemoryMeter:
         self.activations = ActivationTracker()
         self.weights = self.gradients = self.optimizer_states = 0
         self.counting = True  # off during timed steps (see train.py)
-        self._hooks = []
 
     def _params(self) -> list[torch.Tensor]:
         mine = [p for m in self.modules for p in m.parameters()]
@@ -177,7 +176,8 @@ class MemoryMeter:
 
     def watch_blocks(self, blocks: list[nn.Module]) -> None:
         """Sample parameters after every block's forward (FSDP's gathered ones included)."""
-        self._hooks = [b.register_forward_hook(self.sample_weights) for b in blocks]
+        for b in blocks:  # the hooks stay for the run; `counting` turns them off
+            b.register_forward_hook(self.sample_weights)
 
     def start(self) -> None:
         """Before the first step."""

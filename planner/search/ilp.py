@@ -209,12 +209,12 @@ def add_candidate(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limi
         for j, st in zip(t.rank_stages(rk.rank), rk.stages):
             S[j] = b.lin(st.total, b.x[j], ts) + per_mb * (1.0 / pc.vpp)
     t_pipe = _pipeline(b, S)
-    O = b.var(f"O{k}", 0)
+    opt = b.var(f"O{k}", 0)
     for rk, c in zip(ranks, counts):
-        b.add(O >= b.lin(rk.optimizer, c, ts), f"opt_{rk.rank}_")
+        b.add(opt >= b.lin(rk.optimizer, c, ts), f"opt_{rk.rank}_")
     for rk, c in zip(ranks, counts):
         _memory(b, rk, c, memory_limit_gib)
-    return weight * (t_pipe + D + O), b.x
+    return weight * (t_pipe + D + opt), b.x
 
 
 def solve_batch(
@@ -234,7 +234,7 @@ def solve_batch(
     first = batch[0][1]
     rough = (first.layer.forward + first.layer.backward) * first.num_layers * first.num_micro_batches / first.pp
     ts = 100.0 / max(rough, 1e-12)
-    for k, ((cand, pc, weight), y) in enumerate(zip(batch, ys)):
+    for k, ((_, pc, weight), y) in enumerate(zip(batch, ys)):
         term, x = add_candidate(prob, k, pc, y, weight, memory_limit_gib, modes, ts)
         terms.append(term)
         blocks.append(x)

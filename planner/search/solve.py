@@ -17,6 +17,7 @@ import heapq
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Optional
 
 from cost_models.estimate import evaluate
@@ -40,10 +41,6 @@ class Found:
     plan: Plan
     job: JobSpec
     estimate: Estimate
-
-    @property
-    def time_per_token(self) -> float:
-        return 1.0 / self.estimate.tokens_per_s
 
 
 @dataclass
@@ -79,35 +76,37 @@ def decode(c: Candidate, counts) -> Plan:
     )
 
 
-def layouts_represented(stages: int, layers: int, equal_chunks: bool = False, _cache: dict = {}) -> int:
+def layouts_represented(stages: int, layers: int, equal_chunks: bool = False) -> int:
     """Number of (layer split, per-stage recompute counts) choices: ways to give each of
     `stages` stages >= 1 of `layers` layers (equal chunks when interleaved), and split each
     stage's layers over 3 modes."""
     if equal_chunks:
         n = layers // stages
         return ((n + 2) * (n + 1) // 2) ** stages
-    key = (stages, layers)
-    if key not in _cache:
-        # coefficient of z^layers in (sum_{n>=1} C(n+2, 2) z^n)^stages, by repeated squaring
-        base = [0] + [(n + 2) * (n + 1) // 2 for n in range(1, layers + 1)]
+    return _free_splits(stages, layers)
 
-        def mul(a, b):
-            out = [0] * (layers + 1)
-            for i, ai in enumerate(a):
-                if ai:
-                    for j in range(layers + 1 - i):
-                        out[i + j] += ai * b[j]
-            return out
 
-        result, power, e = [1] + [0] * layers, base, stages
-        while e:
-            if e & 1:
-                result = mul(result, power)
-            e >>= 1
-            if e:
-                power = mul(power, power)
-        _cache[key] = result[layers]
-    return _cache[key]
+@lru_cache(maxsize=1024)
+def _free_splits(stages: int, layers: int) -> int:
+    """Coefficient of z^layers in (sum_{n>=1} C(n+2, 2) z^n)^stages, by repeated squaring."""
+    base = [0] + [(n + 2) * (n + 1) // 2 for n in range(1, layers + 1)]
+
+    def mul(a, b):
+        out = [0] * (layers + 1)
+        for i, ai in enumerate(a):
+            if ai:
+                for j in range(layers + 1 - i):
+                    out[i + j] += ai * b[j]
+        return out
+
+    result, power, e = [1] + [0] * layers, base, stages
+    while e:
+        if e & 1:
+            result = mul(result, power)
+        e >>= 1
+        if e:
+            power = mul(power, power)
+    return result[layers]
 
 
 def solve(
