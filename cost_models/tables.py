@@ -44,6 +44,18 @@ class LayerCosts:
 
 
 @dataclass(frozen=True)
+class StageExtras:
+    """What virtual stage j carries besides its layers, per micro-batch."""
+
+    compute: float  # embedding / head and loss, forward + backward
+    forward: float  # the forward part of `compute`
+    p2p: float  # pipeline sends
+    params: float
+    activation_bytes: float
+    temporary_bytes: float  # logits on the last stage
+
+
+@dataclass(frozen=True)
 class EdgeCosts:
     """What the first and last stages carry besides layers, and the pipeline sends."""
 
@@ -57,6 +69,52 @@ class EdgeCosts:
     head_activation_bytes: float
     logits_temporary_bytes: float
     p2p: float  # one activation (or gradient) send between neighbouring stages
+
+    def stage(self, first: bool, last: bool) -> "StageExtras":
+        """What a virtual stage carries besides its layers: the first the embedding, the last
+        the LM head and loss; each receives an activation and sends one forward, and the
+        reverse backward, except at the ends (sends are not overlapped with compute).
+        Cached: every layout with these edge costs shares the three kinds of stage."""
+        return self._stages[(first, last)]
+
+    def stage_constants(self, num_stages: int) -> tuple[float, float, float]:
+        """(first, last, sum over all) of compute + sends of the stages of a pipeline of
+        `num_stages` virtual stages besides their layers: the middle ones carry only their
+        sends. Cached per pipeline length."""
+        c = self._constants.get(num_stages)
+        if c is None:
+            P, const = num_stages, (lambda x: x.compute + x.p2p)
+            if P == 1:
+                first = last = total = const(self.stage(True, True))
+            else:
+                first, last = const(self.stage(True, False)), const(self.stage(False, True))
+                total = first + last + (P - 2) * const(self.stage(False, False))
+            c = self._constants[num_stages] = (first, last, total)
+        return c
+
+    @cached_property
+    def _constants(self) -> dict:
+        return {}
+
+    @cached_property
+    def _stages(self) -> dict:
+        out = {}
+        for first in (True, False):
+            for last in (True, False):
+                comp = fwd = params = acts = temp = 0.0
+                if first:
+                    comp += self.embedding_forward + self.embedding_backward
+                    fwd += self.embedding_forward
+                    params += self.embedding_params
+                    acts += self.embedding_activation_bytes
+                if last:
+                    comp += self.head_forward + self.head_backward
+                    fwd += self.head_forward
+                    params += self.head_params
+                    acts += self.head_activation_bytes
+                    temp = self.logits_temporary_bytes
+                out[(first, last)] = StageExtras(comp, fwd, self.p2p * ((not last) + (not first)), params, acts, temp)
+        return out
 
 
 def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: str, micro_batch: int, tp: int):
@@ -165,22 +223,12 @@ def mesh_links(cluster: ClusterSpec, dp: int, tp: int, pp: int, mesh_order) -> d
     return {a: GroupLink(cluster, degrees[a], strides[a]) for a in Axis}
 
 
-@dataclass(frozen=True)
-class StageExtras:
-    """What virtual stage j carries besides its layers, per micro-batch."""
-
-    compute: float  # embedding / head and loss, forward + backward
-    forward: float  # the forward part of `compute`
-    p2p: float  # pipeline sends
-    params: float
-    activation_bytes: float
-    temporary_bytes: float  # logits on the last stage
-
-
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class PipelineCosts:
     """Everything needed to cost any layer split and recompute choice of one layout: the
-    coefficient tables that both :func:`evaluate` and the solver's ILP read."""
+    coefficient tables that cost_models/terms.py turns into expressions. Never changed after
+    construction (not frozen only because the search builds one per candidate, and a frozen
+    dataclass's construction costs three times as much)."""
 
     pp: int
     vpp: int
@@ -219,23 +267,7 @@ class PipelineCosts:
         return sum(self.state_bytes_per_param)
 
     def stage_extras(self, j: int) -> StageExtras:
-        ec, last = self.edge, self.num_stages - 1
-        comp = fwd = params = acts = temp = 0.0
-        if j == 0:
-            comp += ec.embedding_forward + ec.embedding_backward
-            fwd += ec.embedding_forward
-            params += ec.embedding_params
-            acts += ec.embedding_activation_bytes
-        if j == last:
-            comp += ec.head_forward + ec.head_backward
-            fwd += ec.head_forward
-            params += ec.head_params
-            acts += ec.head_activation_bytes
-            temp = ec.logits_temporary_bytes
-        # Each stage receives an activation and sends one forward, and the reverse backward;
-        # sends are not overlapped with compute.
-        p2p = ec.p2p * ((j != last) + (j != 0))
-        return StageExtras(comp, fwd, p2p, params, acts, temp)
+        return self.edge.stage(j == 0, j == self.num_stages - 1)
 
 
 def pipeline_costs(
@@ -252,8 +284,10 @@ def pipeline_costs(
 def layout_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, dp: int, tp: int, pp: int, vpp: int, micro_batch: int,
     num_micro_batches: int, schedule: Schedule, zero: int, sp: bool, mesh_order, links: dict | None = None,
-    layer: LayerCosts | None = None, edge: EdgeCosts | None = None,
+    layer: LayerCosts | None = None, edge: EdgeCosts | None = None, model_flops: float | None = None,
 ) -> PipelineCosts:
+    """Cost tables of one layout; `links`, `layer`, `edge` and `model_flops` (per step) may
+    come from a cache."""
     links = links or mesh_links(cluster, dp, tp, pp, mesh_order)
     layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp])
     edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp])
@@ -282,7 +316,7 @@ def layout_costs(
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
         zero3_first_gather=links[Axis.dp].time(Collective.all_gather, layer.params * e) if z3 else 0.0,
         tokens_per_step=batch * job.seq_len,
-        model_flops_per_step=compute.model_flops_per_step(model, batch, job.seq_len),
+        model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),
         memory_capacity_gib=cluster.device.memory_gib,
         peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
     )

@@ -29,8 +29,8 @@ stages, so rank expressions depend on the rank's summed counts only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Optional
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 from planner.specs import Collective, Recompute
 
@@ -43,25 +43,39 @@ MODES = (Recompute.none, Recompute.selective, Recompute.full)
 GRADIENT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb=25
 
 
-@dataclass(frozen=True)
 class Linear:
-    """const + sum_i slope[i] x n_i, with n_i the layers under recompute mode MODES[i]."""
+    """const + sum_i slope[i] x n_i, with n_i the layers under recompute mode MODES[i].
+    (Slotted and never changed after construction: the search builds many of them.)"""
 
-    const: float
-    slope: tuple[float, float, float]
+    __slots__ = ("const", "slope")
+
+    def __init__(self, const: float, slope: tuple[float, float, float]):
+        self.const = const
+        self.slope = slope
+
+    def __repr__(self) -> str:
+        return f"Linear({self.const!r}, {self.slope!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Linear) and self.const == other.const and self.slope == other.slope
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __call__(self, counts) -> float:
         s, n = self.slope, counts
         return self.const + s[0] * n[0] + s[1] * n[1] + s[2] * n[2]
 
     def __add__(self, other: "Linear") -> "Linear":
-        return Linear(self.const + other.const, tuple(a + b for a, b in zip(self.slope, other.slope)))
+        s, t = self.slope, other.slope
+        return Linear(self.const + other.const, (s[0] + t[0], s[1] + t[1], s[2] + t[2]))
 
     def __sub__(self, other: "Linear") -> "Linear":
-        return Linear(self.const - other.const, tuple(a - b for a, b in zip(self.slope, other.slope)))
+        s, t = self.slope, other.slope
+        return Linear(self.const - other.const, (s[0] - t[0], s[1] - t[1], s[2] - t[2]))
 
     def scaled(self, k: float) -> "Linear":
-        return Linear(k * self.const, tuple(k * a for a in self.slope))
+        s = self.slope
+        return Linear(k * self.const, (k * s[0], k * s[1], k * s[2]))
 
     def plus(self, c: float) -> "Linear":
         return Linear(self.const + c, self.slope)
@@ -72,8 +86,7 @@ class Linear:
         return Linear(const, (per_layer, per_layer, per_layer))
 
 
-@dataclass(frozen=True)
-class Hidden:
+class Hidden(NamedTuple):
     """Communication `comm` that runs beside compute `window`, except a piece `edge` (the last
     gradient bucket, the first layer's gather) that can never hide, when a fraction
     `efficiency` of the rest actually hides (communication.overlapped):
@@ -111,8 +124,7 @@ class Hidden:
         return self.comm.scaled(1.0 - self.efficiency).plus(self.efficiency * self.edge)
 
 
-@dataclass(frozen=True)
-class Exposure:
+class Exposure(NamedTuple):
     """Exposed data-parallel communication of one pipeline rank: per micro-batch (added to
     each of the rank's stages, 1/v each) and per step (after the pipeline drains), each the
     sum of its terms."""
@@ -127,8 +139,7 @@ class Exposure:
 NO_EXPOSURE = Exposure((), ())
 
 
-@dataclass(frozen=True)
-class StageTime:
+class StageTime(NamedTuple):
     """One micro-batch through one virtual stage (forward + backward), by cause."""
 
     compute: Linear  # layers' forward + backward math, embedding / head and loss
@@ -136,14 +147,10 @@ class StageTime:
     tp: Linear  # TP collectives on the critical path
     p2p: Linear  # pipeline sends (not overlapped)
     forward: Linear  # the forward part of compute + tp (the window ZeRO-3 gathers hide behind)
-
-    @property
-    def total(self) -> Linear:
-        return self.compute + self.recompute + self.tp + self.p2p
+    total: Linear  # compute + recompute + tp + p2p
 
 
-@dataclass(frozen=True)
-class RankMemory:
+class RankMemory(NamedTuple):
     """Peak memory of one pipeline rank, bytes: linear parts in the rank's summed counts,
     plus the largest transient buffer over its stages."""
 
@@ -155,15 +162,7 @@ class RankMemory:
     overhead: float  # the framework part of `fixed`
     temporary: tuple  # per stage of the rank: transient bytes (logits on the last stage)
     full_recompute_buffer: float  # one layer's activations, rebuilt in a stage with a fully recomputed layer
-
-    @property
-    def states(self) -> Linear:
-        return self.weights + self.gradients + self.optimizer
-
-    @property
-    def linear(self) -> Linear:
-        """Everything but the transient buffer."""
-        return (self.states + self.activations).plus(self.fixed)
+    linear: Linear  # everything but the transient buffer: weights + gradients + optimizer + activations + fixed
 
     def transient(self, stage_counts) -> float:
         """Largest transient buffer of the rank, given each of its stages' counts."""
@@ -175,10 +174,11 @@ class RankMemory:
 _DP_COLLECTIVES = (Collective.all_reduce, Collective.all_gather, Collective.reduce_scatter)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DataParallel:
-    """What a rank's exposed data-parallel communication depends on besides its own counts
-    (a value: equal settings of different layouts share their cached bounds)."""
+    """What a rank's exposed data-parallel communication depends on besides its own counts.
+    Made by :meth:`of`, which returns one object for equal settings, so that layouts with
+    equal settings share cached bounds (compared by identity)."""
 
     size: int
     zero_stage: int
@@ -189,8 +189,8 @@ class DataParallel:
 
     @staticmethod
     def of(pc: "PipelineCosts") -> "DataParallel":
-        costs = _link_costs(pc.dp_link) if pc.dp > 1 else ((0.0, 0.0),) * len(_DP_COLLECTIVES)
-        return DataParallel(pc.dp, pc.zero_stage, pc.overlap, pc.comm_bytes_per_param, pc.zero3_first_gather, costs)
+        return _data_parallel(pc.dp_link if pc.dp > 1 else None, pc.dp, pc.zero_stage, pc.overlap, pc.comm_bytes_per_param,
+                              pc.zero3_first_gather)
 
     def collective(self, c: Collective, nbytes: Linear) -> Linear:
         alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
@@ -201,10 +201,11 @@ class DataParallel:
         return alpha + beta * nbytes
 
 
-@lru_cache(maxsize=1 << 12)
-def _link_costs(link) -> tuple:
-    """(alpha, beta) of the DP collectives on one link (links are shared between layouts)."""
-    return tuple(link.coefficients(c) for c in _DP_COLLECTIVES)
+@lru_cache(maxsize=1 << 14)
+def _data_parallel(link, size: int, zero_stage: int, efficiency: float, bytes_per_param: int, first_gather: float) -> DataParallel:
+    """One DataParallel per setting (links are shared between layouts of one search)."""
+    costs = tuple(link.coefficients(c) for c in _DP_COLLECTIVES) if link is not None else ((0.0, 0.0),) * len(_DP_COLLECTIVES)
+    return DataParallel(size, zero_stage, efficiency, bytes_per_param, first_gather, costs)
 
 
 def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear) -> Exposure:
@@ -245,19 +246,27 @@ class LayoutTerms:
 
     def __init__(self, pc: "PipelineCosts"):
         self.pc = pc
-        lc = pc.layer
-        self.pp, self.vpp, self.num_stages = pc.pp, pc.vpp, pc.pp * pc.vpp
-        self.num_layers = pc.num_layers
+        lc, ec = pc.layer, pc.edge
+        self.pp, self.vpp, self.num_stages, self.num_layers = pc.pp, pc.vpp, pc.pp * pc.vpp, pc.num_layers
         # Per layer and micro-batch: forward + backward compute, TP collectives, and the extra
         # forward that each recompute mode reruns in backward.
         self.layer_compute = lc.forward + lc.backward
         self.layer_tp = lc.tp_forward + lc.tp_backward
         self.layer_forward = lc.forward + lc.tp_forward
-        self.layer_recompute = tuple(lc.recompute)
+        self.layer_recompute = lc.recompute
         self.layer_params = lc.params
-        self.data_parallel = DataParallel.of(pc)
+        a = self.layer_compute + self.layer_tp
+        self._slope = (a + lc.recompute[0], a + lc.recompute[1], a + lc.recompute[2])
+        self.total_params = self.num_layers * lc.params + ec.embedding_params + ec.head_params
+        self._data_parallel: Optional[DataParallel] = None
         self._ranks: Optional[list] = None
         self._constants: dict = {}
+
+    @property
+    def data_parallel(self) -> "DataParallel":
+        if self._data_parallel is None:
+            self._data_parallel = DataParallel.of(self.pc)
+        return self._data_parallel
 
     # ------------------------------------------------------------------ layout rules
 
@@ -274,45 +283,33 @@ class LayoutTerms:
             return n, n
         return 1, L - P + 1
 
-    @property
-    def total_params(self) -> float:
-        """Parameters of the whole model on one TP rank (before ZeRO)."""
-        ec = self.pc.edge
-        return self.num_layers * self.layer_params + ec.embedding_params + ec.head_params
-
     def stage_time_slope(self) -> tuple[float, float, float]:
-        """Seconds per micro-batch one layer adds to its stage, per recompute mode."""
-        a = self.layer_compute + self.layer_tp
-        return tuple(a + rec for rec in self.layer_recompute)
+        """Seconds per micro-batch one layer adds to its stage, per recompute mode: forward +
+        backward compute and TP collectives, plus the forward that the mode reruns."""
+        return self._slope
 
     # ------------------------------------------------------------------ time
 
     def stage_constant(self, j: int) -> float:
         """What virtual stage j's micro-batch time carries besides its layers (embedding,
         head and loss, sends): the constant of :meth:`stage_time`'s total."""
-        c = self._constants.get(j)
-        if c is None:
-            x = self.pc.stage_extras(j)
-            c = self._constants[j] = x.compute + x.p2p
-        return c
+        x = self.pc.stage_extras(j)
+        return x.compute + x.p2p
 
     def stage_time(self, j: int) -> StageTime:
         """One micro-batch through virtual stage j, excluding per-micro-batch DP exposure."""
         x = self.pc.stage_extras(j)
-        return StageTime(
-            compute=Linear.per_layer(x.compute, self.layer_compute),
-            recompute=Linear(0.0, self.layer_recompute),
-            tp=Linear.per_layer(0.0, self.layer_tp),
-            p2p=Linear(x.p2p, (0.0, 0.0, 0.0)),
-            forward=Linear.per_layer(x.forward, self.layer_forward),
-        )
+        compute = Linear.per_layer(x.compute, self.layer_compute)
+        recompute = Linear(0.0, self.layer_recompute)
+        tp = Linear.per_layer(0.0, self.layer_tp)
+        p2p = Linear(x.p2p, (0.0, 0.0, 0.0))
+        forward = Linear.per_layer(x.forward, self.layer_forward)
+        return StageTime(compute, recompute, tp, p2p, forward, compute + recompute + tp + p2p)
 
-    def stage_constants_sum(self) -> float:
-        """Sum over all virtual stages of what they carry besides layers, in O(1): the middle
-        stages carry only their two sends each."""
-        P = self.num_stages
-        ends = self.stage_constant(0) + (self.stage_constant(P - 1) if P > 1 else 0.0)
-        return ends + (P - 2) * self.stage_constant(1) if P > 2 else ends
+    def stage_constants(self) -> tuple[float, float, float]:
+        """The first and last virtual stage's :meth:`stage_constant`, and its sum over all
+        stages, in O(1) (tables.py:EdgeCosts.stage_constants)."""
+        return self.pc.edge.stage_constants(self.num_stages)
 
     def rank_params(self, r: int) -> Linear:
         return Linear.per_layer(sum(self.pc.stage_extras(j).params for j in self.rank_stages(r)), self.layer_params)
@@ -329,18 +326,18 @@ class LayoutTerms:
 
     # ------------------------------------------------------------------ memory
 
-    def rank_memory(self, r: int) -> RankMemory:
+    def rank_memory(self, r: int, params: Optional[Linear] = None) -> RankMemory:
         pc, stages = self.pc, self.rank_stages(r)
         xs = [pc.stage_extras(j) for j in stages]
-        params = self.rank_params(r)
+        params = params or self.rank_params(r)
         w, g, o = (params.scaled(k) for k in pc.state_bytes_per_param)
         f = pc.in_flight[r]
         acts = Linear(f * sum(x.activation_bytes for x in xs), tuple(f * a for a in pc.layer.activation_bytes))
+        fixed = pc.overhead_bytes + pc.zero3_gather_bytes
         return RankMemory(
-            weights=w, gradients=g, optimizer=o, activations=acts,
-            fixed=pc.overhead_bytes + pc.zero3_gather_bytes, overhead=pc.overhead_bytes,
-            temporary=tuple(x.temporary_bytes for x in xs),
-            full_recompute_buffer=pc.layer.activation_bytes[0],
+            weights=w, gradients=g, optimizer=o, activations=acts, fixed=fixed, overhead=pc.overhead_bytes,
+            temporary=tuple(x.temporary_bytes for x in xs), full_recompute_buffer=pc.layer.activation_bytes[0],
+            linear=(w + g + o + acts).plus(fixed),
         )
 
     # ------------------------------------------------------------------ per rank, all together
@@ -351,29 +348,33 @@ class LayoutTerms:
         return self._ranks
 
     def _rank(self, r: int) -> "RankTerms":
-        stages = tuple(self.stage_time(j) for j in self.rank_stages(r))
         # The rank's stages share their per-layer slopes: in the rank's summed counts, its
-        # time is the sum of the stages' constants plus one slope.
-        time = Linear(sum(s.total.const for s in stages), self.stage_time_slope())
-        forward = Linear.per_layer(sum(s.forward.const for s in stages), self.layer_forward)
+        # time is the sum of the stages' constants (stage_time(j).total.const) plus one slope.
+        stages = self.rank_stages(r)
+        time = Linear(sum(self.stage_constant(j) for j in stages), self.stage_time_slope())
+        forward = Linear.per_layer(sum(self.pc.stage_extras(j).forward for j in stages), self.layer_forward)
         params = self.rank_params(r)
-        return RankTerms(
-            rank=r, stages=stages, time=time, forward=forward, params=params,
-            exposure=self.exposure(params, forward, time), optimizer=self.optimizer_time(params),
-            memory=self.rank_memory(r),
-        )
+        return RankTerms(self, r, time, forward, params, self.exposure(params, forward, time), self.optimizer_time(params),
+                         self.rank_memory(r, params))
 
 
-@dataclass(frozen=True)
 class RankTerms:
     """Every cost expression of one pipeline rank (counts: the rank's summed counts, except
     `stages`, which take each stage's own)."""
 
-    rank: int
-    stages: tuple  # StageTime of each of its virtual stages, in pipeline order
-    time: Linear  # one micro-batch through all its stages (sum of the stage totals)
-    forward: Linear  # its forward part
-    params: Linear
-    exposure: Exposure
-    optimizer: Linear
-    memory: RankMemory
+    def __init__(self, layout: LayoutTerms, rank: int, time: Linear, forward: Linear, params: Linear,
+                 exposure: Exposure, optimizer: Linear, memory: RankMemory):
+        self._layout = layout
+        self.rank = rank
+        self.time = time  # one micro-batch through all its stages (the sum of the stage totals)
+        self.forward = forward  # its forward part
+        self.params = params
+        self.exposure = exposure
+        self.optimizer = optimizer  # the update of its parameter shard, once per step
+        self.memory = memory
+
+    @cached_property
+    def stages(self) -> tuple:
+        """StageTime of each of its virtual stages, in pipeline order (built when asked: the
+        bounds need only the rank's sums)."""
+        return tuple(self._layout.stage_time(j) for j in self._layout.rank_stages(self.rank))

@@ -140,6 +140,28 @@ def test_time_limit_marks_not_optimal():
     assert not res.stats.optimal
 
 
+@pytest.mark.parametrize("ticks", [3, 12, 40])
+def test_time_limit_gives_a_plan_and_a_proven_gap(monkeypatch, ticks):
+    """Stopped early (a clock that advances one second per reading, so the stop is
+    reproducible), the search returns its best plan and a gap that the true optimum obeys."""
+    model, cluster = load_model("gpt3-13b"), load_cluster("dgx-a100-80gb")
+    job, space = JobSpec(global_batch_size=512, seq_len=2048), SearchSpace(num_gpus=64, global_batch_size=512)
+    exact = solve(model, cluster, job, space)
+    best = 1 / exact.best.estimate.tokens_per_s
+    import planner.search.solve as search
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(search.time, "perf_counter", lambda: float(next(clock)))
+    res = solve(model, cluster, job, space, time_limit=ticks)
+    assert res.best is not None
+    assert res.stats.optimal is (ticks > 20)  # 3 and 12 readings stop it; 40 let it finish
+    got = 1 / res.best.estimate.tokens_per_s
+    gap = res.stats.optimality_gap
+    assert 0 <= gap < 1
+    assert got >= best * (1 - 1e-9)  # nothing beats the optimum
+    assert got * (1 - gap) <= best * (1 + 1e-9)  # and the optimum is within the gap
+
+
 def test_infeasible_says_by_how_much_and_what_helps():
     model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb")
     job = JobSpec(global_batch_size=16, seq_len=2048)

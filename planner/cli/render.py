@@ -160,7 +160,8 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
         f"searched {s.candidates_considered:,} candidate layouts (about 10^{s.layouts_represented_log10:.0f} with every layer "
         f"split and per-stage recompute); infeasible: {infeasible}; skipped: {skipped}; pruned by bound: {s.pruned_by_bound:,}; "
         f"{s.ilps_solved} ILPs over {s.ilp_candidates} candidates ({s.solver}) in {s.solve_time_s:.2f} s; "
-        + ("proven optimal" if s.optimal else "[bold red]not proven optimal (time limit)[/bold red]")
+        + ("proven optimal" if s.optimal else
+           f"[bold red]not proven optimal (time limit): within {100 * s.optimality_gap:.2g}% of the optimum[/bold red]")
     )
 
 

@@ -3,7 +3,7 @@ the same expressions (cost_models/terms.py) that the estimate evaluates and the 
 
 - :func:`cheap_bound`: O(1) per candidate, ignoring activation memory.
 - :func:`refined_bound`: charges the recomputation that memory forces on each pipeline rank
-  (continuous relaxation, bisection on the slowest rank's time).
+  (continuous relaxation, whole layers per rank).
 - :func:`min_peak_memory`: the least peak memory of any split (every layer in its most frugal
   recompute mode, ranks balanced by water-filling).
 
@@ -13,6 +13,7 @@ checks them against the estimate on random splits.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -113,9 +114,9 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
         return None
     a = t.stage_time_slope()[0]
     per_mb, step = _mean_step_floor(pc)  # exposed ZeRO-2/3 traffic per micro-batch and rank, at least
-    W = L * a + t.stage_constants_sum() + pp * per_mb  # sum of stage times
-    ends = [0] if P == 1 else [0, P - 1]
-    end_stage = max(a + t.stage_constant(j) for j in ends) + per_mb / v  # an end stage holds >= 1 layer
+    first, last, constants = t.stage_constants()
+    W = L * a + constants + pp * per_mb  # sum of stage times
+    end_stage = a + max(first, last) + per_mb / v  # an end stage holds >= 1 layer
     if v == 1:
         t_pipe = W + (m - 1) * max(W / P, end_stage)
     else:
@@ -162,8 +163,8 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
     byte saved, so the rank's micro-batch time is at least
         S_r(n) = K_r + a n + rho_r max(0, c_r + q_r n),  feasible while c_r + (q_r - smax_r) n <= 0,
     with K_r including the least exposed ZeRO-2/3 traffic over the rank's possible layer
-    counts. Any split has some rank at least as slow as the smallest tau with
-    sum_r floor(nmax_r(tau)) >= L (bisection; layers are whole), and T >= sum_r S_r + (m - 1) tau (interleaved:
+    counts. Any split has some rank at least as slow as the smallest tau at which the
+    ranks can hold L whole layers (a merge of the ranks' S_r(k)), and T >= sum_r S_r + (m - 1) tau (interleaved:
     m tau + (p - 1) tau / v). Returns None when no split fits (memory).
     """
     t = pc.terms
@@ -187,33 +188,26 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
 
 def _slowest_rank_time(ranks: list[_Rank], a: float, L: int) -> float:
     """Smallest tau at which the ranks can hold all L layers, each a whole number of them
-    within time tau: with few layers per rank, one layer more on the slowest rank is what
-    an integer split costs, and the relaxation charges it."""
+    within time tau per micro-batch: with few layers per rank, one layer more on the slowest
+    rank is what an integer split costs, and the relaxation charges it. Rank r holds k layers
+    from tau = S_r(k) on, so tau is the largest of the ranks' times at their fewest layers
+    and the (L - sum of those fewest)-th smallest S_r(k) over the further layers (a merge of
+    the ranks' increasing S_r(k), O(L log p))."""
 
     def time_at(rk: _Rank, n: float) -> float:
         need = rk.c + rk.q * n
         return rk.K + a * n + (rk.rho * need if need > 0 else 0.0)
 
-    def nmax(rk: _Rank, tau: float) -> float:
-        """Most whole layers the rank can run within tau per micro-batch."""
-        n1 = (tau - rk.K) / a
-        if rk.c + rk.q * n1 > 0:
-            n1 = (tau - rk.K - rk.rho * rk.c) / (a + rk.rho * rk.q) if rk.rho < float("inf") else -rk.c / rk.q
-        return min(_whole(n1), rk.nhi)
-
     lo = max(time_at(rk, rk.nmin) for rk in ranks)
-    if sum(nmax(rk, lo) for rk in ranks) >= L:
-        return lo
-    hi = max(lo, 1e-9) * 2
-    while sum(nmax(rk, hi) for rk in ranks) < L:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(nmax(rk, mid) for rk in ranks) >= L:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    more = L - sum(rk.nmin for rk in ranks)
+    heap = [(time_at(rk, rk.nmin + 1), i, rk.nmin + 1) for i, rk in enumerate(ranks) if rk.nmin + 1 <= rk.nhi]
+    heapq.heapify(heap)
+    tau = lo
+    for _ in range(more):  # the caller checked that the ranks can hold L layers
+        tau, i, k = heapq.heappop(heap)
+        if k + 1 <= ranks[i].nhi:
+            heapq.heappush(heap, (time_at(ranks[i], k + 1), i, k + 1))
+    return max(lo, tau)
 
 
 def min_peak_memory(pc: PipelineCosts) -> float:

@@ -25,6 +25,7 @@ from cost_models.tables import (
     layout_costs,
     mesh_links,
 )
+from cost_models.compute import model_flops_per_step
 from cost_models.terms import MODES
 from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule, tp_problem
 
@@ -185,6 +186,7 @@ class CostTables:
         self._links: dict = {}
         self._layer: dict = {}
         self._edge: dict = {}
+        self._flops: dict = {}
 
     def links(self, c: Candidate) -> dict:
         key = (c.dp, c.tp, c.pp, c.mesh_order)
@@ -214,8 +216,15 @@ class CostTables:
             return self.job
         return self.job.model_copy(update={"global_batch_size": c.global_batch_size})
 
+    def flops(self, c: Candidate) -> float:
+        batch = c.global_batch_size
+        if batch not in self._flops:
+            self._flops[batch] = model_flops_per_step(self.model, batch, self.job.seq_len)
+        return self._flops[batch]
+
     def pipeline(self, c: Candidate) -> PipelineCosts:
         return layout_costs(
             self.model, self.cluster, self.job, c.dp, c.tp, c.pp, c.vpp, c.micro_batch_size, c.num_micro_batches,
             c.schedule, c.zero_stage, c.sequence_parallel, c.mesh_order, self.links(c), self.layer(c), self.edge(c),
+            self.flops(c),
         )

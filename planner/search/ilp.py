@@ -39,6 +39,7 @@ class Solution:
     candidate: Candidate
     counts: tuple  # per virtual stage (none, selective, full) layer counts
     objective: float  # the ILP's value for this candidate: seconds per step
+    proven: bool  # False when the solver stopped (time limit) before proving it optimal
 
 
 @contextmanager
@@ -225,7 +226,8 @@ def solve_batch(
     modes: tuple = MODES,
 ) -> tuple[Solution | None, str]:
     """Pick the best candidate of `batch` (each with its objective weight, 1/tokens scaled)
-    and its best layer split. Returns (solution or None if none fits, solver status)."""
+    and its best layer split. Returns (solution or None if none fits or none was found in
+    time, solver status)."""
     prob = pulp.LpProblem("layout", pulp.LpMinimize)
     ys = [prob.add_variable(f"y{k}", cat="Binary") for k in range(len(batch))]
     prob += pulp.lpSum(ys) == 1, "choose_one"
@@ -242,13 +244,24 @@ def solve_batch(
     with quiet_stdout():
         prob.solve(make_solver(solver, time_limit))
     status = pulp.LpStatus[prob.status]
-    if status != "Optimal" or prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return None, status
+    # PuLP reports a MILP stopped by the time limit as "Optimal" with an integer-feasible
+    # (or no) solution: only LpSolutionOptimal is proven.
+    proven = prob.sol_status == pulp.LpSolutionOptimal
+    if status != "Optimal" or not (proven or _has_solution(prob)):
+        return None, status if status != "Optimal" else "Not Solved"
     k = max(range(len(batch)), key=lambda i: ys[i].value() or 0)
     counts = tuple(tuple(int(round(xv.value() or 0)) for xv in xj) for xj in blocks[k])
     cand, pc, weight = batch[k]
     value = pulp.value(terms[k]) / (weight * ts)
-    return Solution(cand, counts, value), status
+    return Solution(cand, counts, value, proven), status
+
+
+def _has_solution(prob) -> bool:
+    """Whether a MILP stopped early holds a feasible point (HiGHS says; CBC's PuLP status does)."""
+    model = getattr(prob, "solverModel", None)
+    if model is not None and hasattr(model, "getInfo"):
+        return model.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
+    return prob.sol_status == pulp.LpSolutionIntegerFeasible
 
 
 def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_gib: float, solver: str, modes: tuple = MODES):

@@ -37,6 +37,7 @@ def solve_document(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, result
             solver=st.solver,
             solve_time_s=st.solve_time_s,
             optimal=st.optimal,
+            optimality_gap=st.optimality_gap,
         ),
         explanation=explain(model, cluster, best.job, best.plan, best.estimate, pc, tables.links(best.candidate)),
     )

@@ -54,6 +54,7 @@ class SearchStats:
     solver: str = ""
     solve_time_s: float = 0.0
     optimal: bool = True
+    optimality_gap: float = 0.0  # (best found - lower bound) / best found: 0 when proven optimal
     layouts_represented: int = 0  # with every layer split and recompute choice the ILP covers
 
 
@@ -145,6 +146,7 @@ def solve(
         progress(f"{len(cands)} candidates bounded in {time.perf_counter() - start:.2f} s")
 
     found: list[tuple[float, int, Solution]] = []  # (seconds per token, index, solution)
+    unproven = float("inf")  # least lower bound of candidates whose ILP stopped unproven
 
     def threshold() -> float:
         need = top_k + 1
@@ -178,8 +180,9 @@ def solve(
         sol, status = solve_batch(items, limit, solver, remaining, space.recompute_modes)
         stats.ilps_solved += 1
         stats.ilp_candidates += len(batch)
-        if status != "Optimal":
-            stats.optimal = stats.optimal and status == "Infeasible"
+        if status != "Infeasible" and (sol is None or not sol.proven):
+            stats.optimal = False  # stopped by the time limit: these candidates keep only their bound
+            unproven = min(unproven, min(b for b, _ in batch))
         if sol is None:
             if status == "Infeasible":
                 stats.rejected[MEMORY] += len(batch)
@@ -188,12 +191,16 @@ def solve(
         value = sol.objective / costs[k].tokens_per_step
         found.append((value, k, sol))
         found.sort(key=lambda t: (t[0], t[1]))
-        # The others are no better than the one chosen: requeue with that as their bound.
+        # The others are no better than the one chosen (when proven): requeue with that as their bound.
         for lb2, j in batch:
             if j != k:
-                heapq.heappush(heap, (max(lb2, value), j, True))
+                heapq.heappush(heap, (max(lb2, value) if sol.proven else lb2, j, True))
     stats.pruned_by_bound = len(heap)
     stats.solve_time_s = time.perf_counter() - start
+    if found and not stats.optimal:
+        # Every plan not found is no faster than the least bound left unexplored.
+        lower = min(unproven, heap[0][0] if heap else float("inf"))
+        stats.optimality_gap = max(0.0, (found[0][0] - lower) / found[0][0])
 
     results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes, solver) for _, i, sol in found[: top_k + 1]]
     if not results:
@@ -205,7 +212,8 @@ def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: st
     """The canonical split of those as fast as `counts` (ilp.canonical_counts), with any
     recomputation that still costs nothing dropped (:func:`tidy`)."""
     step = evaluate(pc, list(counts)).step_time_s
-    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes)
+    # One stage has no placement to choose: only how many layers recompute, which tidy() settles.
+    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes) if pc.num_stages > 1 else None
     if canonical is not None:
         est = evaluate(pc, list(canonical))
         if est.step_time_s <= step * (1 + 1e-12) and est.peak_memory_gib <= limit_gib:
