@@ -1,7 +1,7 @@
 """`plan solve` scaling: solve time and candidates for 7B to 1T models on 8 to 4,096 GPUs,
 awkward GPU counts and memory-tight models, against two same-run baselines.
 
-    python benchmarks/solve_scaling.py [--quick] [--baseline GIT-REV] [--baseline-timeout S]
+    python benchmarks/solve_scaling.py [--quick] [--repeat N] [--baseline GIT-REV] [--baseline-timeout S]
 
 1. Brute force (planner/search/brute.py) evaluates every layout, layer split and per-stage
    recompute choice with cost_models/estimate.py:evaluate. It is run for real on the small
@@ -10,7 +10,8 @@ awkward GPU counts and memory-tight models, against two same-run baselines.
    evaluation in this run.
 2. `--baseline REV`: the same large instances solved by the code of git revision REV (a
    temporary worktree of this repository), each in its own process with the same driver as
-   this code's, in this run; the ratio is this code's solve time over REV's. A baseline run
+   this code's, in this run; the ratio is this code's solve time over REV's. Each time is
+   the least of --repeat runs (default 3; this machine is shared and noisy). A baseline run
    longer than --baseline-timeout (default 120 s) is stopped and shown as "> S".
 
 Every large instance must be solved within 10 s and proven optimal (the target of the
@@ -98,6 +99,18 @@ print(json.dumps({
 """
 
 
+def fastest_of(repeat: int, case: dict, root: Path, timeout: float) -> dict | None:
+    """The run with the least solve time of `repeat` (None as soon as one runs past `timeout`)."""
+    best = None
+    for _ in range(repeat):
+        got = solve_in_process(case, root, timeout)
+        if got is None:
+            return None
+        if best is None or got["seconds"] < best["seconds"]:
+            best = got
+    return best
+
+
 def solve_in_process(case: dict, root: Path, timeout: float) -> dict | None:
     """Run DRIVER against the code under `root`; None when it ran past `timeout`."""
     env = {**os.environ, "PYTHONPATH": str(root)}
@@ -156,7 +169,7 @@ def baseline_worktree(rev: str) -> Path:
     return path
 
 
-def large_instances(quick: bool, baseline: str | None, baseline_timeout: float) -> bool:
+def large_instances(quick: bool, baseline: str | None, baseline_timeout: float, repeat: int) -> bool:
     base_root = baseline_worktree(baseline) if baseline else None
     ok = True
     try:
@@ -169,7 +182,7 @@ def large_instances(quick: bool, baseline: str | None, baseline_timeout: float) 
         print(head + "  recommended (predicted step, MFU)")
         for model, cluster_name, gpus, batch, seq, _why in (LARGE[:2] if quick else LARGE):
             case = dict(model=model, cluster=cluster_name, gpus=gpus, batch=batch, seq=seq)
-            got = solve_in_process(case, ROOT, timeout=600)
+            got = fastest_of(repeat, case, ROOT, timeout=600)
             spec = ModelSpec(**model) if isinstance(model, dict) else load_model(model)
             job = JobSpec(global_batch_size=batch, seq_len=seq)
             plan = Plan.model_validate(got["plan"])
@@ -178,7 +191,7 @@ def large_instances(quick: bool, baseline: str | None, baseline_timeout: float) 
             line = (f"{got['model_name'][:12]:12s} {gpus:5d} {got['candidates']:10,d} {'1e%d' % round(math.log10(got['layouts'])):>8s} "
                     f"{got['ilps']:4d} {got['seconds']:8.2f} {'1e%d s' % round(brute_log10):>12s} {str(got['optimal']):>7s}")
             if base_root is not None:
-                old = solve_in_process(case, base_root, timeout=baseline_timeout)
+                old = fastest_of(repeat, case, base_root, timeout=baseline_timeout)
                 if old is None:
                     line += f" {'> %g' % baseline_timeout:>10s} {'< %.3f' % (got['seconds'] / baseline_timeout):>6s}"
                 else:
@@ -197,8 +210,9 @@ def main() -> None:
     quick = "--quick" in sys.argv
     baseline = sys.argv[sys.argv.index("--baseline") + 1] if "--baseline" in sys.argv else None
     timeout = float(sys.argv[sys.argv.index("--baseline-timeout") + 1]) if "--baseline-timeout" in sys.argv else 120.0
+    repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
     small_instances(quick)
-    if not large_instances(quick, baseline, timeout):
+    if not large_instances(quick, baseline, timeout, repeat):
         print(f"\nFAIL: a large instance took over {TARGET_S:g} s or was not proven optimal")
         sys.exit(1)
     print(f"\nevery large instance solved within {TARGET_S:g} s and proven optimal")

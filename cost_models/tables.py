@@ -262,10 +262,6 @@ class PipelineCosts:
         """Every cost of this layout as expressions linear in the layer counts."""
         return LayoutTerms(self)
 
-    @property
-    def memory_per_param(self) -> float:
-        return sum(self.state_bytes_per_param)
-
     def stage_extras(self, j: int) -> StageExtras:
         return self.edge.stage(j == 0, j == self.num_stages - 1)
 

@@ -258,6 +258,8 @@ class LayoutTerms:
         a = self.layer_compute + self.layer_tp
         self._slope = (a + lc.recompute[0], a + lc.recompute[1], a + lc.recompute[2])
         self.total_params = self.num_layers * lc.params + ec.embedding_params + ec.head_params
+        # Memory that does not depend on the split: framework overhead, gathered ZeRO-3 layers.
+        self.fixed_bytes = pc.overhead_bytes + pc.zero3_gather_bytes
         self._data_parallel: Optional[DataParallel] = None
         self._ranks: Optional[list] = None
         self._constants: dict = {}
@@ -318,6 +320,11 @@ class LayoutTerms:
         """The update of the local shard of `params`: memory-bound, once per step."""
         return params.scaled(self.pc.optimizer_seconds_per_param)
 
+    def states_bytes(self, params: float) -> float:
+        """Model states (weights, gradients, optimizer, after ZeRO) of `params` parameters
+        plus the fixed bytes: what a rank holding them needs before any activation."""
+        return sum(self.pc.state_bytes_per_param) * params + self.fixed_bytes
+
     # ------------------------------------------------------------------ data parallel
 
     def exposure(self, params: Linear, forward: Linear, time: Linear) -> Exposure:
@@ -333,7 +340,7 @@ class LayoutTerms:
         w, g, o = (params.scaled(k) for k in pc.state_bytes_per_param)
         f = pc.in_flight[r]
         acts = Linear(f * sum(x.activation_bytes for x in xs), tuple(f * a for a in pc.layer.activation_bytes))
-        fixed = pc.overhead_bytes + pc.zero3_gather_bytes
+        fixed = self.fixed_bytes
         return RankMemory(
             weights=w, gradients=g, optimizer=o, activations=acts, fixed=fixed, overhead=pc.overhead_bytes,
             temporary=tuple(x.temporary_bytes for x in xs), full_recompute_buffer=pc.layer.activation_bytes[0],

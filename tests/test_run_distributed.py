@@ -158,9 +158,9 @@ def test_recompute_and_pipeline_memory_follow_the_cost_model(two, four):
     memory per stage is within 5% of the prediction: saved activations under full
     recompute, the in-flight micro-batches of GPipe / 1F1B on uneven stages."""
     for report in (two["dp2 recompute full"], two["pp2 gpipe uneven"], two["pp2 1f1b mixed recompute"], four["pp4 1f1b uneven"]):
-        for stage in report["stages"]:
-            assert abs(stage["error_pct"]) < 5, (report["plan"], stage)
-    full, none = two["dp2 recompute full"]["stages"][0]["measured"], two["dp2 ddp accumulate"]["stages"][0]["measured"]
+        for rank in report["pipeline_ranks"]:
+            assert abs(rank["error_pct"]) < 5, (report["plan"], rank)
+    full, none = two["dp2 recompute full"]["pipeline_ranks"][0]["measured"], two["dp2 ddp accumulate"]["pipeline_ranks"][0]["measured"]
     assert full["activations_bytes"] < none["activations_bytes"] / 4  # micro-batch 4 keeps less than micro-batch 2 would
 
 

@@ -97,7 +97,7 @@ def throughput_table(est: Estimate) -> Table:
 def memory_table(est: Estimate) -> Table:
     verdict = "fits" if est.fits else "DOES NOT FIT"
     t = Table(title=f"Memory per GPU, GiB (peak {est.peak_memory_gib:.1f} of {est.memory_capacity_gib:g}: {verdict})")
-    cols = ("stage", "layers", "weights", "gradients", "optimizer", "activations", "temporary", "overhead", "total")
+    cols = ("pipeline rank", "layers", "weights", "gradients", "optimizer", "activations", "temporary", "overhead", "total")
     for col in cols:
         t.add_column(col, justify="right")
     for sm in est.memory_gib_per_pipeline_rank:
@@ -277,11 +277,11 @@ def run_time_table(report) -> Table:
 
 
 def run_memory_table(report) -> Table:
-    """Per pipeline rank, each kind as 'predicted / measured' (the largest rank of the stage)."""
+    """Per pipeline rank, each kind as 'predicted / measured' (the largest of the ranks at that pipeline position)."""
     largest = max(max(s.predicted.total_bytes, s.measured.total_bytes) for s in report.pipeline_ranks)
     unit, div = ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
     t = Table(title=f"Memory per pipeline rank, {unit}: predicted / measured", caption=report.ranks[0].memory_method)
-    for col in ("stage", "layers", "weights", "gradients", "optimizer", "activations", "total", "error"):
+    for col in ("pipeline rank", "layers", "weights", "gradients", "optimizer", "activations", "total", "error"):
         t.add_column(col, justify="right")
     kinds = ("weights_bytes", "gradients_bytes", "optimizer_states_bytes", "activations_bytes", "total_bytes")
     for s in report.pipeline_ranks:

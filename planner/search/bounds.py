@@ -110,7 +110,7 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
     t = pc.terms
     L, P, m, v, pp = pc.num_layers, pc.num_stages, pc.num_micro_batches, pc.vpp, pc.pp
     mean_params = t.total_params / pp
-    if pc.memory_per_param * mean_params + pc.overhead_bytes + pc.zero3_gather_bytes > memory_limit_gib * GIB:
+    if t.states_bytes(mean_params) > memory_limit_gib * GIB:
         return None
     a = t.stage_time_slope()[0]
     per_mb, step = _mean_step_floor(pc)  # exposed ZeRO-2/3 traffic per micro-batch and rank, at least
@@ -121,7 +121,7 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
         t_pipe = W + (m - 1) * max(W / P, end_stage)
     else:
         t_pipe = m * max(W / pp, end_stage) + (pp - 1) * max(W / P, end_stage)
-    return t_pipe + step + pc.optimizer_seconds_per_param * mean_params
+    return t_pipe + step + t.optimizer_time(Linear.per_layer(mean_params, 0.0)).const
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
     tau = _slowest_rank_time(ranks, a, L)
     total = L * a + sum(rk.K for rk in ranks)
     t_pipe = total + (m - 1) * tau if v == 1 else m * tau + (pp - 1) * tau / v
-    t_opt = pc.optimizer_seconds_per_param * t.total_params / pp
+    t_opt = t.optimizer_time(Linear.per_layer(t.total_params / pp, 0.0)).const
     return t_pipe + max(step_floor, _mean_step_floor(pc)[1]) + t_opt
 
 

@@ -131,17 +131,7 @@ def solve(
     stats.candidates_considered = len(cands) + sum(stats.rejected.values())
     tables = CostTables(model, cluster, job)
 
-    heap: list = []
-    costs: dict[int, PipelineCosts] = {}
-    for i, c in enumerate(cands):
-        pc = tables.pipeline(c)
-        lb = cheap_bound(pc, limit)
-        stats.layouts_represented += layouts_represented(c.pp * c.vpp, model.num_layers, c.vpp > 1)
-        if lb is None:
-            stats.rejected[MEMORY] += 1
-            continue
-        costs[i] = pc
-        heapq.heappush(heap, (lb / pc.tokens_per_step, i, False))
+    heap, costs = _bound_all(cands, tables, limit, model.num_layers, stats)
     if progress:
         progress(f"{len(cands)} candidates bounded in {time.perf_counter() - start:.2f} s")
 
@@ -173,19 +163,11 @@ def solve(
             lb2, i2, _ = heapq.heappop(heap)
             batch.append((lb2, i2))
         remaining = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
-        # Compare per token, scaled to seconds of the batch's largest step (keeps the ILP's
-        # objective O(1) for the solver's tolerances).
-        ref = max(costs[j].tokens_per_step for _, j in batch)
-        items = [(cands[j], costs[j], ref / costs[j].tokens_per_step) for _, j in batch]
-        sol, status = solve_batch(items, limit, solver, remaining, space.recompute_modes)
-        stats.ilps_solved += 1
-        stats.ilp_candidates += len(batch)
+        sol, status = _solve_front(batch, cands, costs, limit, solver, remaining, space.recompute_modes, stats)
         if status != "Infeasible" and (sol is None or not sol.proven):
             stats.optimal = False  # stopped by the time limit: these candidates keep only their bound
             unproven = min(unproven, min(b for b, _ in batch))
         if sol is None:
-            if status == "Infeasible":
-                stats.rejected[MEMORY] += len(batch)
             continue
         k = next(j for _, j in batch if cands[j] == sol.candidate)
         value = sol.objective / costs[k].tokens_per_step
@@ -206,6 +188,39 @@ def solve(
     if not results:
         return SearchResult(None, [], stats)
     return SearchResult(results[0], results[1:], stats)
+
+
+def _solve_front(batch: list, cands: list, costs: dict, limit: float, solver: str, time_limit, modes: tuple,
+                 stats: SearchStats) -> tuple[Optional[Solution], str]:
+    """The MILP over the front candidates `batch` ((bound, index) pairs), compared per token,
+    scaled to seconds of the batch's largest step (keeps the objective O(1) for the solver's
+    tolerances); an infeasible batch is counted as memory-infeasible."""
+    ref = max(costs[j].tokens_per_step for _, j in batch)
+    items = [(cands[j], costs[j], ref / costs[j].tokens_per_step) for _, j in batch]
+    sol, status = solve_batch(items, limit, solver, time_limit, modes)
+    stats.ilps_solved += 1
+    stats.ilp_candidates += len(batch)
+    if sol is None and status == "Infeasible":
+        stats.rejected[MEMORY] += len(batch)
+    return sol, status
+
+
+def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, stats: SearchStats) -> tuple[list, dict]:
+    """Every candidate's cost tables and cheap bound: a heap of (bound on seconds per token,
+    index, refined?) and the tables by index; what cannot fit even its model states is
+    counted as memory-infeasible."""
+    heap: list = []
+    costs: dict[int, PipelineCosts] = {}
+    for i, c in enumerate(cands):
+        pc = tables.pipeline(c)
+        lb = cheap_bound(pc, limit)
+        stats.layouts_represented += layouts_represented(c.pp * c.vpp, num_layers, c.vpp > 1)
+        if lb is None:
+            stats.rejected[MEMORY] += 1
+            continue
+        costs[i] = pc
+        heapq.heappush(heap, (lb / pc.tokens_per_step, i, False))
+    return heap, costs
 
 
 def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: str) -> tuple:
