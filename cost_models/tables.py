@@ -54,6 +54,11 @@ class StageExtras:
     activation_bytes: float
     temporary_bytes: float  # logits on the last stage
 
+    @property
+    def constant(self) -> float:
+        """Seconds per micro-batch besides the layers: compute + sends."""
+        return self.compute + self.p2p
+
 
 @dataclass(frozen=True)
 class EdgeCosts:
@@ -83,12 +88,12 @@ class EdgeCosts:
         sends. Cached per pipeline length."""
         c = self._constants.get(num_stages)
         if c is None:
-            P, const = num_stages, (lambda x: x.compute + x.p2p)
+            P = num_stages
             if P == 1:
-                first = last = total = const(self.stage(True, True))
+                first = last = total = self.stage(True, True).constant
             else:
-                first, last = const(self.stage(True, False)), const(self.stage(False, True))
-                total = first + last + (P - 2) * const(self.stage(False, False))
+                first, last = self.stage(True, False).constant, self.stage(False, True).constant
+                total = first + last + (P - 2) * self.stage(False, False).constant
             c = self._constants[num_stages] = (first, last, total)
         return c
 

@@ -292,12 +292,6 @@ class LayoutTerms:
 
     # ------------------------------------------------------------------ time
 
-    def stage_constant(self, j: int) -> float:
-        """What virtual stage j's micro-batch time carries besides its layers (embedding,
-        head and loss, sends): the constant of :meth:`stage_time`'s total."""
-        x = self.pc.stage_extras(j)
-        return x.compute + x.p2p
-
     def stage_time(self, j: int) -> StageTime:
         """One micro-batch through virtual stage j, excluding per-micro-batch DP exposure."""
         x = self.pc.stage_extras(j)
@@ -309,12 +303,15 @@ class LayoutTerms:
         return StageTime(compute, recompute, tp, p2p, forward, compute + recompute + tp + p2p)
 
     def stage_constants(self) -> tuple[float, float, float]:
-        """The first and last virtual stage's :meth:`stage_constant`, and its sum over all
-        stages, in O(1) (tables.py:EdgeCosts.stage_constants)."""
+        """The first and last virtual stage's time per micro-batch besides its layers (the
+        constant of :meth:`stage_time`'s total), and its sum over all stages, in O(1)
+        (tables.py:EdgeCosts.stage_constants)."""
         return self.pc.edge.stage_constants(self.num_stages)
 
-    def rank_params(self, r: int) -> Linear:
-        return Linear.per_layer(sum(self.pc.stage_extras(j).params for j in self.rank_stages(r)), self.layer_params)
+    def rank_params(self, r: int, xs: Optional[list] = None) -> Linear:
+        """Parameters on rank r (its stages' extras `xs`, when the caller has them)."""
+        xs = xs if xs is not None else [self.pc.stage_extras(j) for j in self.rank_stages(r)]
+        return Linear.per_layer(sum(x.params for x in xs), self.layer_params)
 
     def optimizer_time(self, params: Linear) -> Linear:
         """The update of the local shard of `params`: memory-bound, once per step."""
@@ -333,10 +330,11 @@ class LayoutTerms:
 
     # ------------------------------------------------------------------ memory
 
-    def rank_memory(self, r: int, params: Optional[Linear] = None) -> RankMemory:
-        pc, stages = self.pc, self.rank_stages(r)
-        xs = [pc.stage_extras(j) for j in stages]
-        params = params or self.rank_params(r)
+    def rank_memory(self, r: int, xs: Optional[list] = None) -> RankMemory:
+        """Rank r's memory (its stages' extras `xs`, when the caller has them)."""
+        pc = self.pc
+        xs = xs if xs is not None else [pc.stage_extras(j) for j in self.rank_stages(r)]
+        params = self.rank_params(r, xs)
         w, g, o = (params.scaled(k) for k in pc.state_bytes_per_param)
         f = pc.in_flight[r]
         acts = Linear(f * sum(x.activation_bytes for x in xs), tuple(f * a for a in pc.layer.activation_bytes))
@@ -357,12 +355,12 @@ class LayoutTerms:
     def _rank(self, r: int) -> "RankTerms":
         # The rank's stages share their per-layer slopes: in the rank's summed counts, its
         # time is the sum of the stages' constants (stage_time(j).total.const) plus one slope.
-        stages = self.rank_stages(r)
-        time = Linear(sum(self.stage_constant(j) for j in stages), self.stage_time_slope())
-        forward = Linear.per_layer(sum(self.pc.stage_extras(j).forward for j in stages), self.layer_forward)
-        params = self.rank_params(r)
+        xs = [self.pc.stage_extras(j) for j in self.rank_stages(r)]
+        time = Linear(sum(x.constant for x in xs), self.stage_time_slope())
+        forward = Linear.per_layer(sum(x.forward for x in xs), self.layer_forward)
+        params = self.rank_params(r, xs)
         return RankTerms(self, r, time, forward, params, self.exposure(params, forward, time), self.optimizer_time(params),
-                         self.rank_memory(r, params))
+                         self.rank_memory(r, xs))
 
 
 class RankTerms:
