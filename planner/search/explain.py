@@ -4,6 +4,7 @@ traffic of each parallel dimension with the link it rides."""
 from __future__ import annotations
 
 from cost_models.communication import VOLUME_FACTOR
+from cost_models.estimate import rank_counts as rank_counts_of
 from cost_models.estimate import recompute_counts
 from cost_models.tables import PipelineCosts
 from cost_models.memory import GIB
@@ -55,9 +56,7 @@ def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, es
         sends = 2 if 0 < rank < plan.pp - 1 else 1
         volumes.append((Axis.pp, Collective.p2p, m * plan.vpp * sends * buf / (t if plan.sequence_parallel else 1)))
     if plan.dp > 1:
-        rank_params = sum(
-            (peak_params(pc, j, c)) for j, c in enumerate(counts) if j % plan.pp == rank
-        )
+        rank_params = pc.terms.ranks()[rank].params(rank_counts_of(counts, plan.pp)[rank])
         g = rank_params * e
         f = VOLUME_FACTOR[Collective.reduce_scatter](plan.dp)
         if plan.zero_stage == 3:
@@ -77,6 +76,3 @@ def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, es
         )
     return Explanation(memory_bottleneck=memory, compute_bottleneck=compute, communication=comms)
 
-
-def peak_params(pc: PipelineCosts, j: int, counts) -> float:
-    return sum(counts) * pc.layer.params + pc.stage_extras(j).params
