@@ -227,8 +227,10 @@ def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: st
     """The canonical split of those as fast as `counts` (ilp.canonical_counts), with any
     recomputation that still costs nothing dropped (:func:`tidy`)."""
     step = evaluate(pc, list(counts)).step_time_s
-    # One stage has no placement to choose: only how many layers recompute, which tidy() settles.
-    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes) if pc.num_stages > 1 else None
+    # One stage has no placement to choose, and a split with no recomputation is already what
+    # the tie-break prefers: tidy() settles those.
+    ties = pc.num_stages > 1 and any(c[1] or c[2] for c in counts)
+    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes) if ties else None
     if canonical is not None:
         est = evaluate(pc, list(canonical))
         if est.step_time_s <= step * (1 + 1e-12) and est.peak_memory_gib <= limit_gib:
