@@ -262,7 +262,6 @@ class LayoutTerms:
         self.fixed_bytes = pc.overhead_bytes + pc.zero3_gather_bytes
         self._data_parallel: Optional[DataParallel] = None
         self._ranks: Optional[list] = None
-        self._constants: dict = {}
 
     @property
     def data_parallel(self) -> "DataParallel":
@@ -330,11 +329,11 @@ class LayoutTerms:
 
     # ------------------------------------------------------------------ memory
 
-    def rank_memory(self, r: int, xs: Optional[list] = None) -> RankMemory:
-        """Rank r's memory (its stages' extras `xs`, when the caller has them)."""
+    def rank_memory(self, r: int, xs: Optional[list] = None, params: Optional[Linear] = None) -> RankMemory:
+        """Rank r's memory (its stages' extras `xs` and parameters, when the caller has them)."""
         pc = self.pc
         xs = xs if xs is not None else [pc.stage_extras(j) for j in self.rank_stages(r)]
-        params = self.rank_params(r, xs)
+        params = params if params is not None else self.rank_params(r, xs)
         w, g, o = (params.scaled(k) for k in pc.state_bytes_per_param)
         f = pc.in_flight[r]
         acts = Linear(f * sum(x.activation_bytes for x in xs), tuple(f * a for a in pc.layer.activation_bytes))
@@ -360,7 +359,7 @@ class LayoutTerms:
         forward = Linear.per_layer(sum(x.forward for x in xs), self.layer_forward)
         params = self.rank_params(r, xs)
         return RankTerms(self, r, time, forward, params, self.exposure(params, forward, time), self.optimizer_time(params),
-                         self.rank_memory(r, xs))
+                         self.rank_memory(r, xs, params))
 
 
 class RankTerms:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Optional
+from typing import ClassVar, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -507,20 +507,24 @@ class TimeBreakdown(_Spec):
     optimizer: float = Field(description="Optimizer step (memory-bound update of the local parameter shard).")
 
 
-def _renamed(data, old_to_new: dict):
-    """A document written with the 1.0 field names, read with the current ones."""
-    if isinstance(data, dict) and any(k in data for k in old_to_new):
-        return {old_to_new.get(k, k): v for k, v in data.items()}
-    return data
+class _ReadsV1_0(_Spec):
+    """A schema some of whose fields had other names in 1.0 documents (V1_0_NAMES: old to
+    new); such documents are read with the current names."""
 
-
-class PipelineRankMemory(_Spec):
-    """Peak memory of one pipeline rank, GiB."""
+    V1_0_NAMES: ClassVar[dict] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _read_v1_0(cls, data):
-        return _renamed(data, {"stage": "pipeline_rank"})
+        if isinstance(data, dict) and any(k in data for k in cls.V1_0_NAMES):
+            return {cls.V1_0_NAMES.get(k, k): v for k, v in data.items()}
+        return data
+
+
+class PipelineRankMemory(_ReadsV1_0):
+    """Peak memory of one pipeline rank, GiB."""
+
+    V1_0_NAMES = {"stage": "pipeline_rank"}
 
     pipeline_rank: int = Field(description="Pipeline rank (0 = first).")
     layers: int = Field(description="Transformer layers on this rank.")
@@ -533,13 +537,10 @@ class PipelineRankMemory(_Spec):
     total: float = Field(description="Sum of the above.")
 
 
-class Estimate(_Spec):
+class Estimate(_ReadsV1_0):
     """Predicted time and memory of one plan."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _read_v1_0(cls, data):
-        return _renamed(data, {"memory_gib_per_stage": "memory_gib_per_pipeline_rank", "bottleneck_stage": "bottleneck_pipeline_rank"})
+    V1_0_NAMES = {"memory_gib_per_stage": "memory_gib_per_pipeline_rank", "bottleneck_stage": "bottleneck_pipeline_rank"}
 
     step_time_s: float = Field(description="Predicted time of one optimizer step.")
     time_breakdown_s: TimeBreakdown = Field(description="Step time split by cause.")
@@ -660,13 +661,10 @@ class RankMeasurement(_Spec):
     memory_method: str = Field(description="How memory was measured on this device.")
 
 
-class PipelineRankComparison(_Spec):
+class PipelineRankComparison(_ReadsV1_0):
     """Predicted against measured memory of one pipeline rank."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _read_v1_0(cls, data):
-        return _renamed(data, {"stage": "pipeline_rank"})
+    V1_0_NAMES = {"stage": "pipeline_rank"}
 
     pipeline_rank: int = Field(description="Pipeline rank.")
     layers: int = Field(description="Transformer layers on this pipeline rank.")
@@ -716,14 +714,11 @@ class RunSettings(_Spec):
     changes: list[str] = Field(description="How what ran differs from the plan file (scaled model, untied embeddings, fp32, ...).")
 
 
-class RunReport(_Spec):
+class RunReport(_ReadsV1_0):
     """`plan run -o report.json`: the plan as it ran, the measurements per rank, the
     reference losses and the verdict."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _read_v1_0(cls, data):
-        return _renamed(data, {"stages": "pipeline_ranks"})
+    V1_0_NAMES = {"stages": "pipeline_ranks"}
 
     schema_version: str = Field(default=SCHEMA_VERSION, description="Version of this document format (major.minor).")
     plan_file: Optional[str] = Field(default=None, description="The plan file that was run.")

@@ -16,7 +16,7 @@ from hardware_profiles import load_cluster
 from planner.presets import load_model
 from planner.search.bounds import cheap_bound, min_peak_memory, refined_bound
 from planner.search.candidates import CostTables, SearchSpace, enumerate_candidates
-from planner.search.ilp import add_candidate, make_solver, quiet_stdout
+from planner.search.ilp import candidate_problem, make_solver, quiet_stdout
 from planner.specs import JobSpec, ModelSpec
 
 SMALL = ModelSpec(name="small", num_layers=6, hidden_size=1024, num_heads=8, vocab_size=32000, max_seq_len=2048)
@@ -79,10 +79,8 @@ def _cases():
 
 def _fixed_split_ilp(pc, counts, limit_gib: float):
     """The ILP of one candidate with its split fixed to `counts`: (status, objective seconds)."""
-    prob = pulp.LpProblem("fixed", pulp.LpMinimize)
-    y = prob.add_variable("y", 1, 1)
     ts = 1.0 / evaluate(pc, counts).step_time_s * 100
-    term, x = add_candidate(prob, 0, pc, y, 1.0, limit_gib, MODES, ts)
+    prob, term, x = candidate_problem("fixed", pc, limit_gib, MODES, ts)
     for j, c in enumerate(counts):
         for i in range(3):
             prob += x[j][i] == c[i], f"fix_{j}_{i}"

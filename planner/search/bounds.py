@@ -104,6 +104,11 @@ def _bare_rank_floors(dp: DataParallel, layer_params: float, n_step: float) -> t
     return exposure_floor_at_least(dp_exposure(dp, Linear.per_layer(0.0, layer_params), none, none), 1, n_step)
 
 
+def _mean_optimizer_time(t) -> float:
+    """The optimizer update of the fullest rank takes at least that of the mean parameters."""
+    return t.optimizer_time(Linear.per_layer(t.total_params / t.pp, 0.0)).const
+
+
 def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
     """Seconds per step no split can beat, ignoring activation memory; None if even the
     model states cannot fit (the fullest rank holds at least the mean parameter count)."""
@@ -121,7 +126,7 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
         t_pipe = W + (m - 1) * max(W / P, end_stage)
     else:
         t_pipe = m * max(W / pp, end_stage) + (pp - 1) * max(W / P, end_stage)
-    return t_pipe + step + t.optimizer_time(Linear.per_layer(mean_params, 0.0)).const
+    return t_pipe + step + _mean_optimizer_time(t)
 
 
 @dataclass(frozen=True)
@@ -182,8 +187,7 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
     tau = _slowest_rank_time(ranks, a, L)
     total = L * a + sum(rk.K for rk in ranks)
     t_pipe = total + (m - 1) * tau if v == 1 else m * tau + (pp - 1) * tau / v
-    t_opt = t.optimizer_time(Linear.per_layer(t.total_params / pp, 0.0)).const
-    return t_pipe + max(step_floor, _mean_step_floor(pc)[1]) + t_opt
+    return t_pipe + max(step_floor, _mean_step_floor(pc)[1]) + _mean_optimizer_time(t)
 
 
 def _slowest_rank_time(ranks: list[_Rank], a: float, L: int) -> float:

@@ -1,16 +1,15 @@
 """Step 3 of the search: the integer program over layer splits and per-stage recompute.
 
-For a batch of candidate layouts the ILP picks one (binary y_k, sum y_k = 1) and, for it,
-how many layers each virtual stage j runs with no / selective / full recomputation
-(integers x_kj0, x_kj1, x_kj2: Megatron-style partial recompute falls out), minimising the
-step time of cost_models/estimate.py:evaluate exactly:
-    T = sum_j S_j + (m - 1) M,  M >= S_j                      (GPipe / 1F1B)
-    T = m MR + (p - 1) MS,  MR >= sum_{j on r} S_j, MS >= S_j   (interleaved)
+For one candidate layout the ILP picks how many layers each virtual stage j runs with no /
+selective / full recomputation (integers x_j0, x_j1, x_j2: Megatron-style partial
+recompute falls out), minimising the step time of cost_models/estimate.py:evaluate exactly:
+    T = sum_j S_j + M,  M >= (m - 1) S_j                          (GPipe / 1F1B)
+    T = MR + MS,  MR >= m sum_{j on r} S_j,  MS >= (p - 1) S_j      (interleaved)
 plus the exposed DP communication D >= E_r and optimizer time O >= o params_r. Every row
 is built from the expressions of cost_models/terms.py: a Linear becomes an lpSum (its
-constant times y_k), a Hidden term a variable U >= each of its pieces (a binary per rank
-only where a gradient bucket may or may not fill), and memory of every rank a linear
-constraint with its largest transient buffer as T >= each stage's.
+constant times y, a variable fixed to 1), a Hidden term a variable U >= each of its
+pieces (a binary per rank only where a gradient bucket may or may not fill), and memory of
+every rank a linear constraint with its largest transient buffer as T >= each stage's.
 """
 
 from __future__ import annotations
@@ -78,30 +77,30 @@ def default_solver() -> str:
 
 
 class _Block:
-    """The variables of one candidate k in the batch, and builders of its rows.
+    """The variables of one candidate, and builders of its rows.
 
     Times enter multiplied by `ts` (time units chosen so that the step is O(100)): the
     solver's absolute feasibility tolerances then stay far below what the model resolves."""
 
-    def __init__(self, prob, k: int, pc: PipelineCosts, y, ts: float, modes: tuple):
-        self.prob, self.k, self.pc, self.terms, self.y, self.ts = prob, k, pc, pc.terms, y, ts
+    def __init__(self, prob, pc: PipelineCosts, y, ts: float, modes: tuple):
+        self.prob, self.pc, self.terms, self.y, self.ts = prob, pc, pc.terms, y, ts
         L, P = pc.num_layers, pc.num_stages
         allowed = [MODES[i] in modes for i in range(3)]
-        self.x = [[self.var(f"x{k}_{j}_{i}", 0, L if allowed[i] else 0, "Integer") for i in range(3)] for j in range(P)]
+        self.x = [[self.var(f"x_{j}_{i}", 0, L if allowed[i] else 0, "Integer") for i in range(3)] for j in range(P)]
         self.n = [pulp.lpSum(xj) for xj in self.x]
 
     def var(self, name: str, low=None, up=None, cat: str = "Continuous"):
         return self.prob.add_variable(name, low, up, cat=cat)
 
     def add(self, row, name: str) -> None:
-        self.prob += row, f"{name}{self.k}"
+        self.prob += row, name
 
     def rank_counts(self, r: int) -> list:
         """The rank's layers per recompute mode (sums of its stages' variables)."""
         return [pulp.lpSum(self.x[j][i] for j in self.terms.rank_stages(r)) for i in range(3)]
 
     def lin(self, e: Linear, counts, scale: float = 1.0):
-        """A Linear as an lpSum; its constant counts only when this candidate is chosen."""
+        """A Linear as an lpSum (its constant times y)."""
         return pulp.lpSum(scale * s * c for s, c in zip(e.slope, counts) if s) + scale * e.const * self.y
 
 
@@ -115,7 +114,7 @@ def _layer_split(b: _Block) -> None:
             b.add(b.n[j] == (L // P) * b.y, f"chunk_{j}_")
         else:
             b.add(b.n[j] >= b.y, f"nonempty_{j}_")
-    b.w = [b.var(f"w{b.k}_{j}", cat="Binary") for j in range(P)]
+    b.w = [b.var(f"w_{j}", cat="Binary") for j in range(P)]
     for j in range(P):
         b.add(b.x[j][2] <= (L - P + 1) * b.w[j], f"fullflag_{j}_")
         b.add(b.w[j] <= b.y, f"fullsel_{j}_")
@@ -134,13 +133,9 @@ def _hidden(b: _Block, name: str, h: Hidden, counts, layer_range: tuple[int, int
     """U >= each piece of a Hidden term; where the rank's gradients may or may not fill a
     bucket, a binary z picks the piece set (z = 1: full)."""
     ts, U = b.ts, b.var(name, 0)
-    if h.bucket_bytes is None:
-        b.add(U >= b.lin(h.edge_piece(True), counts, ts), f"{name}e_")
-        b.add(U >= b.lin(h.window_piece(), counts, ts), f"{name}w_")
-        return U
     b.add(U >= b.lin(h.window_piece(), counts, ts), f"{name}w_")
-    lo, hi = (h.bucket_bytes((n, 0, 0)) for n in layer_range)
-    if lo >= GRADIENT_BUCKET_BYTES:
+    lo, hi = (h.bucket_bytes((n, 0, 0)) for n in layer_range) if h.bucket_bytes is not None else (None, None)
+    if h.bucket_bytes is None or lo >= GRADIENT_BUCKET_BYTES:
         b.add(U >= b.lin(h.edge_piece(True), counts, ts), f"{name}e_")
     elif hi <= GRADIENT_BUCKET_BYTES:
         b.add(U >= b.lin(h.comm, counts, ts), f"{name}c_")
@@ -161,8 +156,8 @@ def _exposure(b: _Block, rk: RankTerms, counts) -> tuple:
     def row(term, name):
         return _hidden(b, name, term, counts, rng) if isinstance(term, Hidden) else b.lin(term, counts, b.ts)
 
-    per_mb = [row(t, f"Um{b.k}_{r}_{i}") for i, t in enumerate(rk.exposure.per_micro_batch)]
-    per_step = [row(t, f"Us{b.k}_{r}_{i}") for i, t in enumerate(rk.exposure.per_step)]
+    per_mb = [row(t, f"Um_{r}_{i}") for i, t in enumerate(rk.exposure.per_micro_batch)]
+    per_step = [row(t, f"Us_{r}_{i}") for i, t in enumerate(rk.exposure.per_step)]
     return pulp.lpSum(per_mb), pulp.lpSum(per_step)
 
 
@@ -173,11 +168,11 @@ def _pipeline(b: _Block, S: list):
     moves the objective by that tolerance, not by m times it."""
     t, pp, m, P = b.terms, b.pc.pp, b.pc.num_micro_batches, b.pc.num_stages
     if b.pc.vpp == 1:
-        M = b.var(f"M{b.k}", 0)
+        M = b.var("M", 0)
         for j in range(P):
             b.add(M >= (m - 1) * S[j], f"slowest_{j}_")
         return pulp.lpSum(S) + M
-    MR, MS = b.var(f"MR{b.k}", 0), b.var(f"MS{b.k}", 0)
+    MR, MS = b.var("MR", 0), b.var("MS", 0)
     for r in range(pp):
         b.add(MR >= m * pulp.lpSum(S[j] for j in t.rank_stages(r)), f"slowrank_{r}_")
     for j in range(P):
@@ -189,20 +184,20 @@ def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
     """Model states + in-flight activations + fixed buffers + the largest transient buffer
     (a stage with a fully recomputed layer rebuilds one layer's activations: binary w_j)."""
     mem = rk.memory
-    T = b.var(f"T{b.k}_{rk.rank}", 0)
+    T = b.var(f"T_{rk.rank}", 0)
     for j, temp in zip(b.terms.rank_stages(rk.rank), mem.temporary):
         b.add(T >= temp / GIB * b.y + mem.full_recompute_buffer / GIB * b.w[j], f"temp_{j}_")
     b.add(b.lin(mem.linear, counts, 1 / GIB) + T <= limit_gib * b.y, f"memory_{rk.rank}_")
 
 
-def add_candidate(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limit_gib: float, modes: tuple, ts: float):
+def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tuple, ts: float):
     """Variables and rows of one candidate; returns (objective term, layer variables)."""
-    b = _Block(prob, k, pc, y, ts, modes)
+    b = _Block(prob, pc, y, ts, modes)
     _layer_split(b)
     t: LayoutTerms = b.terms
     ranks = t.ranks()
     counts = [b.rank_counts(rk.rank) for rk in ranks]
-    D = b.var(f"D{k}", 0)
+    D = b.var("D", 0)
     S = [None] * pc.num_stages
     for rk, c in zip(ranks, counts):
         per_mb, per_step = _exposure(b, rk, c)
@@ -210,37 +205,39 @@ def add_candidate(prob, k: int, pc: PipelineCosts, y, weight: float, memory_limi
         for j, st in zip(t.rank_stages(rk.rank), rk.stages):
             S[j] = b.lin(st.total, b.x[j], ts) + per_mb * (1.0 / pc.vpp)
     t_pipe = _pipeline(b, S)
-    opt = b.var(f"O{k}", 0)
+    opt = b.var("O", 0)
     for rk, c in zip(ranks, counts):
         b.add(opt >= b.lin(rk.optimizer, c, ts), f"opt_{rk.rank}_")
     for rk, c in zip(ranks, counts):
         _memory(b, rk, c, memory_limit_gib)
-    return weight * (t_pipe + D + opt), b.x
+    return t_pipe + D + opt, b.x
 
 
-def solve_batch(
-    batch: list[tuple[Candidate, PipelineCosts, float]],
-    memory_limit_gib: float,
-    solver: str,
-    time_limit: float | None = None,
+def candidate_problem(name: str, pc: PipelineCosts, memory_limit_gib: float, modes: tuple, ts: float):
+    """A MILP holding one candidate's variables and rows, times in units of 1/ts seconds:
+    (problem, step-time expression, layer variables x[j][mode])."""
+    prob = pulp.LpProblem(name, pulp.LpMinimize)
+    y = prob.add_variable("y", 1, 1)
+    term, x = add_candidate(prob, pc, y, memory_limit_gib, modes, ts)
+    return prob, term, x
+
+
+def _counts(x) -> tuple:
+    """Layer counts per stage and recompute mode, as solved."""
+    return tuple(tuple(int(round(xv.value() or 0)) for xv in xj) for xj in x)
+
+
+def solve_candidate(
+    cand: Candidate, pc: PipelineCosts, memory_limit_gib: float, solver: str, time_limit: float | None = None,
     modes: tuple = MODES,
 ) -> tuple[Solution | None, str]:
-    """Pick the best candidate of `batch` (each with its objective weight, 1/tokens scaled)
-    and its best layer split. Returns (solution or None if none fits or none was found in
-    time, solver status)."""
-    prob = pulp.LpProblem("layout", pulp.LpMinimize)
-    ys = [prob.add_variable(f"y{k}", cat="Binary") for k in range(len(batch))]
-    prob += pulp.lpSum(ys) == 1, "choose_one"
-    terms, blocks = [], []
-    # Time unit: about 1/100 of the first candidate's step (its compute per pipeline rank).
-    first = batch[0][1]
-    rough = (first.layer.forward + first.layer.backward) * first.num_layers * first.num_micro_batches / first.pp
+    """The best layer split of one candidate. Returns (solution, or None if none fits or
+    none was found in time; solver status)."""
+    # Time unit: about 1/100 of the step (the compute per pipeline rank).
+    rough = (pc.layer.forward + pc.layer.backward) * pc.num_layers * pc.num_micro_batches / pc.pp
     ts = 100.0 / max(rough, 1e-12)
-    for k, ((_, pc, weight), y) in enumerate(zip(batch, ys)):
-        term, x = add_candidate(prob, k, pc, y, weight, memory_limit_gib, modes, ts)
-        terms.append(term)
-        blocks.append(x)
-    prob += pulp.lpSum(terms)
+    prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts)
+    prob += term
     with quiet_stdout():
         prob.solve(make_solver(solver, time_limit))
     status = pulp.LpStatus[prob.status]
@@ -249,11 +246,7 @@ def solve_batch(
     proven = prob.sol_status == pulp.LpSolutionOptimal
     if status != "Optimal" or not (proven or _has_solution(prob)):
         return None, status if status != "Optimal" else "Not Solved"
-    k = max(range(len(batch)), key=lambda i: ys[i].value() or 0)
-    counts = tuple(tuple(int(round(xv.value() or 0)) for xv in xj) for xj in blocks[k])
-    cand, pc, weight = batch[k]
-    value = pulp.value(terms[k]) / (weight * ts)
-    return Solution(cand, counts, value, proven), status
+    return Solution(cand, _counts(x), pulp.value(term) / ts, proven), status
 
 
 def _has_solution(prob) -> bool:
@@ -272,10 +265,8 @@ def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_g
     sum_j (Q k_i + j^2) x_ji over recomputed layers (k = 1 selective, 2 full, Q > every j^2
     term): the fewest recomputed layers, full ones counted double, placed in the earliest
     stages. Returns None when the solver cannot confirm one (the caller keeps `counts`)."""
-    prob = pulp.LpProblem("canonical", pulp.LpMinimize)
-    y = prob.add_variable("y", 1, 1)
     ts = 100.0 / step_time
-    term, x = add_candidate(prob, 0, pc, y, 1.0, memory_limit_gib, modes, ts)
+    prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts)
     prob += term <= 100.0 * (1 + 1e-12), "same_step_time"
     P = pc.num_stages
     Q = P * P + 1
@@ -284,4 +275,4 @@ def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_g
         prob.solve(make_solver(solver, None, exact=True))
     if pulp.LpStatus[prob.status] != "Optimal":
         return None
-    return tuple(tuple(int(round(xv.value() or 0)) for xv in xj) for xj in x)
+    return _counts(x)

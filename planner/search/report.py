@@ -32,7 +32,7 @@ def solve_document(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, result
             skipped={k: v for k, v in sorted(st.rejected.items()) if k not in INFEASIBLE},
             pruned_by_bound=st.pruned_by_bound,
             refined_bounds=st.refined,
-            ilp_candidates=st.ilp_candidates,
+            ilp_candidates=st.ilps_solved,  # one candidate per ILP
             ilps_solved=st.ilps_solved,
             solver=st.solver,
             solve_time_s=st.solve_time_s,

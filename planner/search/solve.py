@@ -3,9 +3,9 @@
 Best-first over candidate layouts keyed by a lower bound on time per token: a cheap bound
 for every candidate, refined (memory-aware) when a candidate reaches the front, then an
 ILP per front candidate (planner/search/bounds.py, planner/search/ilp.py). One candidate
-per ILP by default: an ILP that must also choose between candidates has a weak relaxation
-(a fractional choice mixes layouts), and one such batch of four took minutes where the
-four alone take a second. The loop stops when no remaining bound can beat the
+per ILP: an ILP that must also choose between candidates has a weak relaxation (a
+fractional choice mixes layouts), and one such batch of four took minutes where the four
+alone take a second. The loop stops when no remaining bound can beat the
 k-th best plan found, so the answer (and the top-k list) is the exact optimum of the
 search space under the cost model. A time limit returns the best so far, marked as not
 proven optimal.
@@ -30,7 +30,7 @@ from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
 from .candidates import MEMORY, Candidate, CostTables, SearchSpace, enumerate_candidates
-from .ilp import Solution, canonical_counts, default_solver, solve_batch
+from .ilp import Solution, canonical_counts, default_solver, solve_candidate
 
 REL_TOL = 1e-9  # bound comparisons
 
@@ -48,7 +48,6 @@ class SearchStats:
     candidates_considered: int = 0
     rejected: Counter = field(default_factory=Counter)
     refined: int = 0
-    ilp_candidates: int = 0
     ilps_solved: int = 0
     pruned_by_bound: int = 0
     solver: str = ""
@@ -119,7 +118,6 @@ def solve(
     top_k: int = 3,
     time_limit: Optional[float] = None,
     solver: Optional[str] = None,
-    batch_size: int = 1,
     progress: Optional[Callable[[str], None]] = None,
 ) -> SearchResult:
     """Find the layout with the shortest predicted time per token that fits every GPU."""
@@ -157,26 +155,19 @@ def solve(
                 continue
             heapq.heappush(heap, (max(lb, rb / costs[i].tokens_per_step), i, True))
             continue
-        # A batch of the front candidates whose bounds are refined.
-        batch = [(lb, i)]
-        while heap and len(batch) < batch_size and heap[0][2] and heap[0][0] < threshold() * (1 - REL_TOL):
-            lb2, i2, _ = heapq.heappop(heap)
-            batch.append((lb2, i2))
+        # The front candidate's bound is refined: solve its ILP.
         remaining = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
-        sol, status = _solve_front(batch, cands, costs, limit, solver, remaining, space.recompute_modes, stats)
+        sol, status = solve_candidate(cands[i], costs[i], limit, solver, remaining, space.recompute_modes)
+        stats.ilps_solved += 1
         if status != "Infeasible" and (sol is None or not sol.proven):
-            stats.optimal = False  # stopped by the time limit: these candidates keep only their bound
-            unproven = min(unproven, min(b for b, _ in batch))
+            stats.optimal = False  # stopped by the time limit: the candidate keeps only its bound
+            unproven = min(unproven, lb)
         if sol is None:
+            if status == "Infeasible":
+                stats.rejected[MEMORY] += 1
             continue
-        k = next(j for _, j in batch if cands[j] == sol.candidate)
-        value = sol.objective / costs[k].tokens_per_step
-        found.append((value, k, sol))
+        found.append((sol.objective / costs[i].tokens_per_step, i, sol))
         found.sort(key=lambda t: (t[0], t[1]))
-        # The others are no better than the one chosen (when proven): requeue with that as their bound.
-        for lb2, j in batch:
-            if j != k:
-                heapq.heappush(heap, (max(lb2, value) if sol.proven else lb2, j, True))
     stats.pruned_by_bound = len(heap)
     stats.solve_time_s = time.perf_counter() - start
     if found and not stats.optimal:
@@ -188,21 +179,6 @@ def solve(
     if not results:
         return SearchResult(None, [], stats)
     return SearchResult(results[0], results[1:], stats)
-
-
-def _solve_front(batch: list, cands: list, costs: dict, limit: float, solver: str, time_limit, modes: tuple,
-                 stats: SearchStats) -> tuple[Optional[Solution], str]:
-    """The MILP over the front candidates `batch` ((bound, index) pairs), compared per token,
-    scaled to seconds of the batch's largest step (keeps the objective O(1) for the solver's
-    tolerances); an infeasible batch is counted as memory-infeasible."""
-    ref = max(costs[j].tokens_per_step for _, j in batch)
-    items = [(cands[j], costs[j], ref / costs[j].tokens_per_step) for _, j in batch]
-    sol, status = solve_batch(items, limit, solver, time_limit, modes)
-    stats.ilps_solved += 1
-    stats.ilp_candidates += len(batch)
-    if sol is None and status == "Infeasible":
-        stats.rejected[MEMORY] += len(batch)
-    return sol, status
 
 
 def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, stats: SearchStats) -> tuple[list, dict]:
@@ -234,16 +210,16 @@ def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: st
     if canonical is not None:
         est = evaluate(pc, list(canonical))
         if est.step_time_s <= step * (1 + 1e-12) and est.peak_memory_gib <= limit_gib:
-            counts = canonical
-    return tidy(pc, counts, limit_gib, modes)
+            counts, step = canonical, est.step_time_s
+    return tidy(pc, counts, limit_gib, modes, step)
 
 
-def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple = MODES) -> tuple:
+def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float) -> tuple:
     """Drop recomputation the ILP chose where it costs nothing (a stage off the critical
-    path of an interleaved schedule ties with and without it): keep the step time and the
-    memory limit, prefer less recompute, stage by stage."""
+    path of an interleaved schedule ties with and without it): keep the step time `step` of
+    `counts` and the memory limit, prefer less recompute, stage by stage."""
     counts = [tuple(c) for c in counts]
-    best = evaluate(pc, counts).step_time_s
+    best = step
     for j, (n0, n1, n2) in enumerate(counts):
         for option in ((n0 + n1 + n2, 0, 0), (n0 + n1, 0, n2), (n0, n1 + n2, 0)):
             if option == counts[j]:
