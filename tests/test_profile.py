@@ -16,7 +16,7 @@ from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec
 
 torch = pytest.importorskip("torch")
 
-from planner.profiler.compute import profile_layers  # noqa: E402
+from planner.profiler.compute import Lockstep, _median_time, profile_layers  # noqa: E402
 from planner.profiler.links import fit_alpha_beta  # noqa: E402
 
 GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=128, num_heads=4, vocab_size=512, max_seq_len=128)
@@ -105,6 +105,35 @@ def test_cost_model_prefers_measured_layers():
     assert lc2.forward == pytest.approx(0.5)
     other = GPT.model_copy(update={"hidden_size": 256})  # another model: analytic
     assert layer_costs(other, cluster, job, 1, 1, False, links[Axis.tp]).forward < 0.01
+
+
+def test_layer_inputs_are_made_outside_the_timed_region():
+    """A layer of a model receives its input: making it (randn) must not count as the layer's time."""
+    import time
+
+    slow_input = lambda: time.sleep(0.05) or 1  # noqa: E731
+    assert _median_time(lambda x: None, 3, lambda: None, prepare=slow_input) < 0.01
+
+
+def test_lockstep_takes_the_slowest_rank_and_alone_is_a_no_op():
+    calls = []
+
+    class Fake(Lockstep):  # two ranks, the other one twice as slow
+        def start(self):
+            calls.append("barrier")
+
+        def slowest(self, times):
+            return [2 * t for t in times]
+
+    t = _median_time(lambda: time_sleep(0.01), 3, lambda: None, Fake())
+    assert calls == ["barrier"] * 3 and t >= 0.02
+    assert Lockstep().slowest([1.0, 2.0]) == [1.0, 2.0]
+
+
+def time_sleep(s: float) -> None:
+    import time
+
+    time.sleep(s)
 
 
 def test_profile_refused_for_another_world_size(tmp_path):

@@ -4,9 +4,14 @@ bytes and FLOPs of the reference model's layer kinds, a GEMM sweep, copy bandwid
 A TP-sharded layer is profiled by running one rank's local shapes on one device: the
 block's projections are rebuilt with 1/tp of their output (column-parallel) or input
 (row-parallel) features, so attention runs on heads/tp local heads, as DTensor's
-ColwiseParallel/RowwiseParallel leave it. Timings are medians over repetitions after
-warm-up; every rank measures at the same time, so that the numbers include the
-contention the real run will have.
+ColwiseParallel/RowwiseParallel leave it.
+
+Timings reproduce the conditions of a run: every rank runs each repetition at the same
+moment (a barrier starts it), so a layer is timed while every other rank computes too, as
+in a training step, where all ranks of a CPU rehearsal share the cores (4 ranks on 2 cores
+each get half of one) and a step waits for its slowest rank. A repetition's time is the
+slowest rank's (all-reduce MAX); the measurement is the median over repetitions, after
+warm-up. Inputs are made before the clock starts.
 """
 
 from __future__ import annotations
@@ -93,36 +98,70 @@ class SavedBytes:
         return sum(self.storages.values())
 
 
-def _median_time(fn: Callable[[], None], reps: int, sync: Callable[[], None]) -> float:
+class Lockstep:
+    """Runs repetitions on all ranks together: `start` lines the ranks up (barrier) before
+    each repetition, `slowest` replaces each rank's repetition times by the slowest rank's.
+    The default (no process group) is one process on its own."""
+
+    def __init__(self, group=None, distributed: bool = False):
+        self.group, self.distributed = group, distributed
+
+    def start(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+
+    def slowest(self, times: list[float]) -> list[float]:
+        if not self.distributed:
+            return times
+        import torch.distributed as dist
+
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return t.tolist()
+
+
+ALONE = Lockstep()
+
+
+def _median_time(fn: Callable, reps: int, sync: Callable[[], None], lockstep: Lockstep = ALONE,
+                 prepare: Callable[[], object] | None = None) -> float:
+    """Median over `reps` repetitions of fn(prepare()) (prepare runs before the clock
+    starts), each repetition started on all ranks together and timed as the slowest rank's."""
     times = []
     for _ in range(reps):
+        arg = prepare() if prepare is not None else None
         sync()
+        lockstep.start()
         t = time.perf_counter()
-        fn()
+        fn(arg) if prepare is not None else fn()
         sync()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(lockstep.slowest(times))
 
 
 def measure_module(
     kind: str, module: nn.Module, make_input: Callable[[], torch.Tensor], loss_of: Callable[[torch.Tensor], torch.Tensor],
     micro_batch: int, seq_len: int, tp: int, analytic: float, warmup: int, reps: int, sync: Callable[[], None],
+    lockstep: Lockstep = ALONE,
 ) -> LayerMeasurement:
     """Forward and backward time (medians), saved bytes and FLOPs of one module."""
     module.train()
 
-    def fwd():
-        return module(make_input())
+    def fwd(x=None):
+        return module(make_input() if x is None else x)
 
-    def step():
-        out = fwd()
+    def step(x=None):
+        out = fwd(x)
         loss_of(out).backward()
 
     for _ in range(warmup):
         step()
-    forward = _median_time(lambda: fwd(), reps, sync)
+    # inputs are made outside the timed region (a layer of a model receives its input)
+    forward = _median_time(fwd, reps, sync, lockstep, make_input)
     # backward alone: time forward+backward, subtract the forward median
-    both = _median_time(step, reps, sync)
+    both = _median_time(step, reps, sync, lockstep, make_input)
     saved = SavedBytes(module)
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
         out = fwd()
@@ -143,6 +182,7 @@ def measure_module(
 def profile_layers(
     spec: ModelSpec, dtype: DType, device: torch.device, micro_batches: list[int], seq_len: int, tps: list[int],
     warmup: int, reps: int, sync: Callable[[], None], progress: Callable[[str], None] = lambda s: None,
+    lockstep: Lockstep = ALONE,
 ) -> list[LayerMeasurement]:
     """Block (per TP shard), embedding and head+loss for every micro-batch size."""
     tdtype = TORCH_DTYPES[dtype]
@@ -156,26 +196,27 @@ def profile_layers(
             progress(f"block b={b} tp={tp}")
             out.append(measure_module(
                 "block", block, hidden, lambda y: y.float().pow(2).mean(), b, seq_len, tp,
-                layer_flops_forward(spec, b, seq_len) / tp, warmup, reps, sync,
+                layer_flops_forward(spec, b, seq_len) / tp, warmup, reps, sync, lockstep,
             ))
             del block
         emb = Embedding(spec).to(device=device, dtype=tdtype)
         progress(f"embedding b={b}")
         out.append(measure_module(
-            "embedding", emb, lambda: tokens, lambda y: y.float().pow(2).mean(), b, seq_len, 1, 0.0, warmup, reps, sync,
+            "embedding", emb, lambda: tokens, lambda y: y.float().pow(2).mean(), b, seq_len, 1, 0.0, warmup, reps, sync, lockstep,
         ))
         head = Head(spec).to(device=device, dtype=tdtype)
         targets = torch.randint(0, spec.vocab_size, (b, seq_len), device=device)
         progress(f"head b={b}")
         out.append(measure_module(
             "head", head, hidden, lambda y: lm_loss(y, targets), b, seq_len, 1,
-            head_flops_forward(spec, b, seq_len), warmup, reps, sync,
+            head_flops_forward(spec, b, seq_len), warmup, reps, sync, lockstep,
         ))
         del emb, head
     return out
 
 
-def matmul_sweep(dtype: DType, device: torch.device, sizes: list[int], reps: int, sync: Callable[[], None]) -> list[MatmulPoint]:
+def matmul_sweep(dtype: DType, device: torch.device, sizes: list[int], reps: int, sync: Callable[[], None],
+                 lockstep: Lockstep = ALONE) -> list[MatmulPoint]:
     tdtype = TORCH_DTYPES[dtype]
     points = []
     for n in sizes:
@@ -190,18 +231,18 @@ def matmul_sweep(dtype: DType, device: torch.device, sizes: list[int], reps: int
             for _ in range(calls):
                 a @ b
 
-        t = _median_time(run, reps, sync) / calls
+        t = _median_time(run, reps, sync, lockstep) / calls
         flops = 2.0 * n**3
         points.append(MatmulPoint(n=n, flops=flops, seconds=t, tflops=flops / t / 1e12))
     return points
 
 
-def copy_bandwidth(device: torch.device, nbytes: int, reps: int, sync: Callable[[], None]) -> float:
+def copy_bandwidth(device: torch.device, nbytes: int, reps: int, sync: Callable[[], None], lockstep: Lockstep = ALONE) -> float:
     """GB/s of a large tensor copy (read + write counted)."""
     x = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     y = torch.empty_like(x)
     y.copy_(x)
-    t = _median_time(lambda: y.copy_(x), reps, sync)
+    t = _median_time(lambda: y.copy_(x), reps, sync, lockstep)
     return 2 * x.numel() * 4 / t / 1e9
 
 
@@ -221,6 +262,7 @@ def load_factory(path: str) -> Callable[[], nn.Module]:
 def profile_factory_blocks(
     factory: str, blocks_attr: str, spec: ModelSpec, dtype: DType, device: torch.device, micro_batches: list[int],
     seq_len: int, warmup: int, reps: int, sync: Callable[[], None], progress: Callable[[str], None] = lambda s: None,
+    lockstep: Lockstep = ALONE,
 ) -> list[LayerMeasurement]:
     """The first block of the user's model, unsharded: its input is (b, s, hidden_size)."""
     model = load_factory(factory)()
@@ -234,6 +276,6 @@ def profile_factory_blocks(
         hidden = lambda: torch.randn(b, seq_len, spec.hidden_size, device=device, dtype=TORCH_DTYPES[dtype], requires_grad=True)  # noqa: E731
         out.append(measure_module(
             "block", block, hidden, lambda y: (y[0] if isinstance(y, tuple) else y).float().pow(2).mean(), b, seq_len, 1,
-            layer_flops_forward(spec, b, seq_len), warmup, reps, sync,
+            layer_flops_forward(spec, b, seq_len), warmup, reps, sync, lockstep,
         ))
     return out

@@ -1,7 +1,9 @@
 """`plan profile`'s worker and the assembly of its measurements into a ClusterSpec.
 
-Every rank measures compute at the same time (so the numbers carry the contention of a
-real run), then all ranks time collectives group by group; rank 0 gathers everything and
+Every rank measures compute in lockstep with the others (each repetition starts on all
+ranks at once and counts as long as the slowest rank took, as a training step does), with
+the thread count `plan run` uses, so that the numbers carry the contention of a real run;
+then all ranks time collectives group by group; rank 0 gathers everything and
 returns it to the launcher, which writes a hardware profile in the schema of the shipped
 presets plus the raw measurements (`measured`).
 """
@@ -47,6 +49,12 @@ class ProfileRequest:
     @property
     def reps(self) -> int:
         return 2 if self.quick else 5
+
+    @property
+    def layer_reps(self) -> int:
+        """Repetitions per layer timing: layers are short (milliseconds on a CPU), and the
+        median of more of them resists a neighbour's bursts of load."""
+        return 5 if self.quick else 11
 
     @property
     def warmup(self) -> int:
@@ -144,7 +152,10 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     rank, world, device = init_process_group(req.backend)
     nproc = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as plan run's workers (planner/executor/train.py): one thread per rank
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    lockstep = compute.Lockstep(None, world > 1)
     dtype = DType.bf16 if device.type == "cuda" else DType.fp32
     capacity, overhead = _memory_and_overhead(device, nproc)
     tps = _tp_shards(req.model, nproc)
@@ -153,17 +164,18 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     if req.model_factory:
         layers = compute.profile_factory_blocks(
             req.model_factory, req.blocks_attr or "layers", req.model, dtype, device, list(req.micro_batches),
-            req.seq_len, req.warmup, req.reps, sync, progress,
+            req.seq_len, req.warmup, req.layer_reps, sync, progress, lockstep,
         )
         for _ in range(len(req.micro_batches) * (len(tps) + 1)):
             progress("user model: blocks only")
     else:
         layers = compute.profile_layers(
-            req.model, dtype, device, list(req.micro_batches), req.seq_len, tps, req.warmup, req.reps, sync, progress,
+            req.model, dtype, device, list(req.micro_batches), req.seq_len, tps, req.warmup, req.layer_reps, sync, progress,
+            lockstep,
         )
-    matmul = compute.matmul_sweep(dtype, device, req.matmul_sizes, req.reps, sync)
+    matmul = compute.matmul_sweep(dtype, device, req.matmul_sizes, req.reps, sync, lockstep)
     progress("matmul sweep")
-    bandwidth = compute.copy_bandwidth(device, (64 if req.quick else 256) * 2**20, req.reps, sync)
+    bandwidth = compute.copy_bandwidth(device, (64 if req.quick else 256) * 2**20, req.reps, sync, lockstep)
     progress("memory bandwidth")
     dist.barrier()
     sweeps = links.sweep(rank, world, nproc, req.message_sizes, req.reps + 1, req.warmup, device, sync, progress)
