@@ -9,12 +9,25 @@ Printed per plan: predicted and measured step time and their error; then the mea
 error, the Spearman rank correlation between predicted and measured times, and the regret:
 how much slower the recommended plan ran than the fastest plan measured. Everything goes
 through the real commands (subprocesses), as a user would run them.
+
+Measured step time: per step the slowest rank's time, median over the timed steps (the
+profile's layer times are medians over repetitions too, so a neighbour's burst of load
+during one step weighs the same on both sides). `plan run`'s report also holds the mean.
+
+Conditions: on a shared machine a profile and the runs it predicts are only comparable if
+they saw the same load. The benchmark measures, for the profile and for each run, how many
+cores other processes kept busy meanwhile ("others"): busy CPU time of the whole machine
+(/proc/stat) minus the CPU time of our own commands and their workers (getrusage of
+children), over the wall time.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +39,42 @@ MODEL = {
     "dropout": False, "source": "a small GPT for CPU fidelity runs",
 }
 GLOBAL_BATCH = 16
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy since boot (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [float(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return (total - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (the plan commands and their
+    workers, which the commands wait for)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class OtherLoad:
+    """Cores that other processes kept busy during a `with` block (measured, not estimated)."""
+
+    def __enter__(self):
+        self.t, self.busy, self.own = time.perf_counter(), _machine_busy_s(), _own_cpu_s()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self.t
+        others = (_machine_busy_s() - self.busy) - (_own_cpu_s() - self.own)
+        self.cores = max(0.0, others / wall) if wall > 0 else 0.0
+        return False
+
+
+def measured_step(report: dict) -> float:
+    """Median over timed steps of the slowest rank's step time."""
+    ranks = report["ranks"]
+    return statistics.median(max(r["step_times_s"][i] for r in ranks) for i in range(len(ranks[0]["step_times_s"])))
 
 
 def plan_cmd(*args: str) -> list[str]:
@@ -92,7 +141,7 @@ def main() -> None:
         return args[args.index(name) + 1] if name in args else default
 
     top_k = int(opt("--top-k", "4"))
-    steps = opt("--steps", "6")
+    steps = opt("--steps", "7")
     worlds = [int(w) for w in opt("--worlds", "2,4").split(",")]
     workdir = Path(opt("--keep", "")) if "--keep" in args else Path(tempfile.mkdtemp(prefix="plan-fidelity-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -101,8 +150,9 @@ def main() -> None:
     for world in worlds:
         t0 = time.perf_counter()
         profile = workdir / f"profile-{world}.json"
-        run(plan_cmd("profile", "--model", str(model_path), "--nproc-per-node", str(world), "--micro-batch-sizes", "1,2,4",
-                     "-o", str(profile)), timeout=1800)
+        with OtherLoad() as profile_load:
+            run(plan_cmd("profile", "--model", str(model_path), "--nproc-per-node", str(world), "--micro-batch-sizes", "1,2,4",
+                         "-o", str(profile)), timeout=1800)
         t_profile = time.perf_counter() - t0
         solved = json.loads(run(plan_cmd("solve", "--model", str(model_path), "--cluster", str(profile), "--gpus", str(world),
                                          "--global-batch", str(GLOBAL_BATCH), "--top-k", str(top_k - 1), "--json"),
@@ -111,22 +161,24 @@ def main() -> None:
         for path in plan_files(solved, workdir, world):
             report_path = path.with_suffix(".report.json")
             cmd = plan_cmd("run", str(path), "--nproc-per-node", str(world), "--steps", steps, "--warmup", "2", "-o", str(report_path))
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            with OtherLoad() as load:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             doc = json.loads(path.read_text())
             if not report_path.exists():
                 tail = (out.stderr or out.stdout).strip().splitlines()[-1:]
-                rows.append((describe(doc["plan"]), doc["estimate"]["step_time_s"], None, False, " ".join(tail)))
+                rows.append((describe(doc["plan"]), doc["estimate"]["step_time_s"], None, False, load.cores, " ".join(tail)))
                 continue
             rep = json.loads(report_path.read_text())
-            t = rep["time"]
-            rows.append((describe(doc["plan"]), t["predicted_step_time_s"], t["measured_step_time_s"],
-                         rep["verification"]["passed"], ""))
-        print(f"\n{world} ranks (profile {t_profile:.0f} s, {profile.name}); global batch {GLOBAL_BATCH} x {MODEL['max_seq_len']} tokens")
-        print(f"{'#':>2} {'plan':44s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s} {'verified':>8s}")
-        for i, (name, pred, meas, ok, note) in enumerate(rows):
+            rows.append((describe(doc["plan"]), rep["time"]["predicted_step_time_s"], measured_step(rep),
+                         rep["verification"]["passed"], load.cores, ""))
+        print(f"\n{world} ranks (profile {t_profile:.0f} s, {profile.name}; other processes used {profile_load.cores:.2f} "
+              f"of {os.cpu_count()} cores meanwhile); global batch {GLOBAL_BATCH} x {MODEL['max_seq_len']} tokens")
+        print(f"{'#':>2} {'plan':44s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s} {'verified':>8s} {'others':>6s}")
+        for i, (name, pred, meas, ok, others, note) in enumerate(rows):
             err = f"{100 * (pred - meas) / meas:+6.1f}%" if meas else "   -  "
-            print(f"{i:>2} {name:44s} {pred:12.4f} {meas if meas is not None else float('nan'):11.4f} {err:>7s} {str(ok):>8s} {note}")
-        done = [(p, m) for _, p, m, _, _ in rows if m]
+            print(f"{i:>2} {name:44s} {pred:12.4f} {meas if meas is not None else float('nan'):11.4f} {err:>7s} {str(ok):>8s} "
+                  f"{others:6.2f} {note}")
+        done = [(p, m) for _, p, m, _, _, _ in rows if m]
         if len(done) >= 2:
             mae = sum(abs(p - m) / m for p, m in done) / len(done)
             rho = spearman([p for p, _ in done], [m for _, m in done])
