@@ -1,7 +1,8 @@
 """Alpha-beta communication costs and where each parallel group lands on the topology.
 
 A collective of `nbytes` (the full, unsharded buffer) over n ranks on a link with latency
-alpha and bus bandwidth B costs alpha + k(n) x nbytes / B, with the ring volume factors
+alpha and bus bandwidth B costs alpha + k(n) x nbytes / B (alpha growing with the group: one hop
+latency per ring step, or per tree level, GroupLink.step_latency_us), with the ring volume factors
 k = 2(n-1)/n for all-reduce and (n-1)/n for all-gather and reduce-scatter (Thakur et al.
 2005; the NCCL-tests "bus bandwidth" convention), and k = 1 for point-to-point.
 A group whose ranks sit on more than one node pays the inter-node tier; when k of its
@@ -10,6 +11,8 @@ bus bandwidth is k x the per-GPU figure, capped by the intra-node link.
 """
 
 from __future__ import annotations
+
+import math
 
 from planner.specs import Axis, ClusterSpec, Collective
 
@@ -66,8 +69,40 @@ class GroupLink:
             bw = fit.bandwidth_gbps
             if self.inter_node and c != Collective.p2p:
                 bw = min(bw * self.rails, cluster.intra_node.fit(c, n).bandwidth_gbps)
-            coef = self._coef[c] = (fit.latency_us * 1e-6, VOLUME_FACTOR[c](n) / (bw * 1e9))
+            alpha = fit.latency_us + self.step_latency_us(c)
+            coef = self._coef[c] = (alpha * 1e-6, VOLUME_FACTOR[c](n) / (bw * 1e9))
         return coef
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the group spans (its ranks on one node each drive their own NIC)."""
+        return max(1, self.size // self.rails) if self.inter_node else 1
+
+    def step_latency_us(self, c: Collective) -> float:
+        """Latency that grows with the group, on top of the per-call latency: a ring takes
+        n-1 steps (all-gather, reduce-scatter) or 2(n-1) (all-reduce), the steps between
+        nodes at the network's hop latency and the rest at the NVLink hop latency; an
+        all-reduce may instead take NCCL's tree, 2((n/nodes - 1) intra + log2(nodes) inter)
+        hops, whichever is shorter (NCCL's tuning model: src/graph/tuning.cc of NVIDIA/nccl).
+        Zero for links without hop latencies (profiles fitted at one group size)."""
+        if c == Collective.p2p or self.size <= 1:
+            return 0.0
+        intra, inter = self._cluster.intra_node, self._cluster.inter_node
+        hop_intra = intra.hop_latency_us
+        hop_inter = inter.hop_latency_us if self.inter_node else hop_intra
+        if hop_intra is None or hop_inter is None:
+            return 0.0
+        n, nodes = self.size, self.nodes
+        per = 2 if c == Collective.all_reduce else 1
+        steps, inter_steps = per * (n - 1), per * (nodes - 1)
+        ring = (steps - inter_steps) * hop_intra + inter_steps * hop_inter
+        if c != Collective.all_reduce or intra.tree_hop_latency_us is None:
+            return ring
+        tree_inter = inter.tree_hop_latency_us if self.inter_node else 0.0
+        if tree_inter is None:
+            return ring
+        tree = 2 * ((n // nodes - 1) * intra.tree_hop_latency_us + math.log2(nodes) * tree_inter)
+        return min(ring, tree)
 
     def bandwidth_gbps(self, collective: Collective) -> float:
         """Bus bandwidth of `collective` on this group, GB/s."""

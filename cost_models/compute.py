@@ -7,9 +7,12 @@ matrix costs 2mkn FLOPs, backward costs twice the forward (input and weight grad
 and attention (QK^T and AV) costs 4 b s^2 h in forward, counted without causal masking.
 Generalised here to grouped-query attention and SwiGLU.
 
-Times: a GEMM runs at peak x efficiency(its FLOPs) (the device's measured curve); norms,
-activations, residual adds, dropout and unfused softmax are memory-bound and cost bytes
-moved / achieved memory bandwidth.
+Times, operator by operator: a GEMM by its shape (tiles, waves, k; DeviceSpec.gemm) or, for
+measured CPU profiles, by its FLOPs on the measured curve; fused attention at the device's
+own kernel efficiency; norms, activations, residual adds, dropout, rotary and unfused softmax
+are memory-bound and cost bytes moved / achieved memory bandwidth; every launched kernel
+adds a gap (DeviceSpec.kernel_overhead_us). Everything that a training loop sustains below
+microbenchmarks scales by DeviceSpec.sustained_fraction.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from planner.specs import DTYPE_BYTES, Activation, DeviceSpec, DType, ModelSpec
+from planner.specs import DTYPE_BYTES, Activation, DeviceSpec, DType, ModelSpec, Target
 
 # --------------------------------------------------------------------------- parameters
 
@@ -134,16 +137,87 @@ def matmul_efficiency(device: DeviceSpec, flops: float) -> float:
 
 
 def gemm_time(device: DeviceSpec, dtype: DType, flops: float) -> float:
-    """Seconds for one GEMM (or batched GEMM) of `flops` at the size-dependent efficiency."""
+    """Seconds for one GEMM (or batched GEMM) of `flops` at the size-dependent efficiency of
+    the device's measured curve (profiles from `plan profile`, which time square GEMMs)."""
     if flops <= 0:
         return 0.0
-    peak = device.peak_tflops[dtype] * 1e12
+    peak = device.peak_tflops[dtype] * 1e12 * device.sustained_fraction
     return flops / (peak * matmul_efficiency(device, flops))
+
+
+def gemm_shape_time(device: DeviceSpec, dtype: DType, m: float, n: float, k: float, batch: int = 1) -> float:
+    """Seconds for `batch` GEMMs of an (m x k) by (k x n) matrix.
+
+    With a shape model (DeviceSpec.gemm): the output is cut in tiles spread over the SMs in
+    waves; a wave streams k (plus a fixed per-tile prologue/epilogue) at the best achievable
+    rate, the last wave is partly idle, and a GEMM is never faster than reading its operands
+    and writing its result once. Time is nondecreasing in m, n and k, and efficiency
+    (FLOPs / time) nondecreasing too: a larger GEMM of the same family never runs slower
+    per FLOP. Without one: the measured efficiency-by-FLOPs curve."""
+    flops = 2.0 * m * n * k * batch
+    if flops <= 0:
+        return 0.0
+    g = device.gemm
+    if g is None:
+        return gemm_time(device, dtype, flops)
+    rate = device.peak_tflops[dtype] * 1e12 * g.max_efficiency * device.sustained_fraction
+    tiles = batch * (max(m, g.tile_m) / g.tile_m) * (max(n, g.tile_n) / g.tile_n)
+    waves = max(1.0, tiles / g.sm_count + g.wave_tail)
+    wave_s = 2.0 * g.tile_m * g.tile_n * (k + g.k_overhead) * g.sm_count / rate
+    stream = memory_bound_time(device, DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n))
+    return max(waves * wave_s, stream)
+
+
+def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n_out: float) -> tuple[float, float]:
+    """(forward, backward) of a linear layer on `tokens` rows: Y = X W is one GEMM
+    (tokens, n_out, n_in); backward is the input gradient (tokens, n_in, n_out) and the weight
+    gradient (n_in, n_out, tokens)."""
+    fwd = gemm_shape_time(device, dtype, tokens, n_out, n_in)
+    bwd = gemm_shape_time(device, dtype, tokens, n_in, n_out) + gemm_shape_time(device, dtype, n_in, n_out, tokens)
+    return fwd, bwd
+
+
+# What each training stack runs (planner/specs.py:Target): its fused-attention kernel, and
+# whether tensor-parallel collectives overlap the GEMMs they feed (Megatron-Core with
+# Transformer Engine's userbuffers, `--tp-comm-overlap`, on in NeMo's recipes).
+TARGETS = {
+    Target.generic: {"attention": "flash2", "tp_comm_overlap": False},
+    Target.deepspeed: {"attention": "flash2", "tp_comm_overlap": False},
+    Target.torchtitan: {"attention": "flash2", "tp_comm_overlap": False},
+    Target.megatron: {"attention": "cudnn", "tp_comm_overlap": True},
+}
+
+
+def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int, d: int, fused: bool,
+                    kernel: str = "flash2") -> tuple[float, float]:
+    """(forward, backward) of the core attention (QK^T, softmax, AV) of `heads` heads, the
+    softmax excluded when unfused (memory-bound, costed with the other element-wise kernels).
+
+    Fused (FlashAttention): a causal kernel skips the masked half; forward at the device's
+    fused-attention efficiency; backward executes 2.5x the forward FLOPs (it recomputes the
+    scores: Dao 2023, FlashAttention-2, sec. 3) at its own efficiency. Unfused: two batched
+    GEMMs (b x heads of (s, s, d) and (s, d, s)), backward twice each."""
+    if fused:
+        flops = 0.5 * 4.0 * b * heads * s * s * d
+        att = (device.attention or {}).get(kernel) or (device.attention or {}).get("flash2")
+        if att is None:  # no kernel table: attention costs what GEMMs of its FLOPs cost
+            fwd = gemm_time(device, dtype, flops)
+            return fwd, 2.0 * fwd
+        peak = device.peak_tflops[dtype] * 1e12 * device.sustained_fraction
+        return flops / (peak * att.forward), 2.5 * flops / (peak * att.backward)
+    batch = b * heads
+    fwd = gemm_shape_time(device, dtype, s, s, d, batch) + gemm_shape_time(device, dtype, s, d, s, batch)
+    return fwd, 2.0 * fwd
 
 
 def memory_bound_time(device: DeviceSpec, nbytes: float) -> float:
     """Seconds to stream `nbytes` through device memory at the achieved bandwidth."""
     return nbytes / (device.memory_bandwidth_gbps * 1e9 * device.memory_bandwidth_efficiency)
+
+
+def kernels_time(device: DeviceSpec, kernels: float) -> float:
+    """The gaps between `kernels` launched kernels of a training loop."""
+    return kernels * device.kernel_overhead_us * 1e-6
 
 
 @dataclass(frozen=True)
@@ -165,8 +239,12 @@ def layer_compute(
     tp: int,
     sequence_parallel: bool,
     flash_attention: bool,
+    target: Target = Target.generic,
 ) -> LayerCompute:
-    """Forward/backward time of one transformer layer on one TP rank."""
+    """Forward/backward time of one transformer layer on one TP rank, operator by operator:
+    four linear layers as GEMMs by shape (forward, input and weight gradients), the core
+    attention (fused kernel or batched GEMMs), the memory-bound kernels at achieved memory
+    bandwidth, and a gap per launched kernel."""
     b, s, h, f, d = micro_batch, seq_len, model.hidden_size, model.ffn, model.head_dim
     T = b * s
     e = DTYPE_BYTES[dtype]
@@ -174,18 +252,12 @@ def layer_compute(
     kv_cols = 2 * d * kv_shard(model, tp)
     mlp_in = 2 if model.activation == Activation.swiglu else 1
 
-    # GEMMs, forward (each backward GEMM pair costs twice the forward one).
-    linear = [
-        2.0 * T * h * (h // tp + kv_cols),  # fused QKV projection (column parallel)
-        2.0 * T * (h // tp) * h,  # attention output projection (row parallel)
-        2.0 * T * h * (mlp_in * f // tp),  # fc1 (and gate for SwiGLU)
-        2.0 * T * (f // tp) * h,  # fc2
-    ]
-    # Attention: batched over b x heads. A fused causal kernel skips the masked half.
-    attn_flops = 4.0 * b * heads * s * s * d
-    attn_exec = attn_flops * (0.5 if flash_attention else 1.0)
-    t_linear = sum(gemm_time(device, dtype, fl) for fl in linear)
-    t_attn = gemm_time(device, dtype, attn_exec)
+    # Linear layers (column-parallel QKV and fc1, row-parallel output and fc2): (in, out).
+    shapes = [(h, h // tp + kv_cols), (h // tp, h), (h, mlp_in * f // tp), (f // tp, h)]
+    lin = [linear_times(device, dtype, T, n_in, n_out) for n_in, n_out in shapes]
+    linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
+    attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, TARGETS[target]["attention"])
+    attn_exec = 4.0 * b * heads * s * s * d * (0.5 if flash_attention else 1.0)
 
     # Memory-bound kernels, forward bytes. Norms/residuals/dropout act on the full sequence on
     # every TP rank unless sequence parallelism shards them.
@@ -202,13 +274,21 @@ def layer_compute(
     t_mem = memory_bound_time(device, norm_bytes + residual_bytes + dropout_bytes + act_bytes + rope_bytes)
     t_softmax = memory_bound_time(device, softmax_bytes)
 
-    forward = t_linear + t_attn + t_mem + t_softmax
-    backward = 2.0 * forward
+    # Kernels launched in forward: 4 GEMMs, 2 norms, 2 residual adds, the activation, the
+    # attention (1 fused; 2 GEMMs + softmax unfused), rotary, dropouts; backward about twice.
+    core_kernels = 1 if flash_attention else 3 + (1 if model.dropout else 0)
+    other_kernels = 4 + 2 + 2 + 1 + (0 if model.learned_position_embeddings else 1) + (2 if model.dropout else 0)
+    core_gap = kernels_time(device, core_kernels)
+    other_gap = kernels_time(device, other_kernels)
+
+    core = attn_fwd + t_softmax + core_gap
+    forward = sum(x[0] for x in lin) + t_mem + other_gap + core
+    backward = sum(x[1] for x in lin) + attn_bwd + 2.0 * (t_mem + t_softmax) + 2.0 * (core_gap + other_gap)
     return LayerCompute(
         forward=forward,
         backward=backward,
-        attention_core_forward=t_attn + t_softmax,
-        flops_forward=sum(linear) + attn_exec,
+        attention_core_forward=core,
+        flops_forward=sum(linear_flops) + attn_exec,
     )
 
 
@@ -224,8 +304,8 @@ def head_forward_time(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_
     """Final norm, LM-head GEMM and cross-entropy (softmax over V/tp logits in fp32)."""
     T = micro_batch * seq_len
     e = DTYPE_BYTES[dtype]
-    gemm = gemm_time(device, dtype, 2.0 * T * model.hidden_size * vocab_shard(model, tp))
+    gemm = gemm_shape_time(device, dtype, T, vocab_shard(model, tp), model.hidden_size)
     logits = T * vocab_shard(model, tp)
     # write logits, read them as fp32 for log-softmax, write fp32 probabilities for backward
     loss_bytes = logits * (e + 4 + 4) + 4 * T * model.hidden_size * e
-    return gemm + memory_bound_time(device, loss_bytes)
+    return gemm + memory_bound_time(device, loss_bytes) + kernels_time(device, 4)

@@ -90,6 +90,8 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
         memory_gib_per_pipeline_rank=stage_mem,
         bottleneck_pipeline_rank=bn,
         model_flops_per_step=mf,
+        step_time_interval_s=[step / (1 + pc.uncertainty[0]), step * (1 + pc.uncertainty[0])] if pc.uncertainty else None,
+        interval_coverage=pc.uncertainty[1] if pc.uncertainty else None,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Optional
 
 from planner.specs import (
     DTYPE_BYTES,
@@ -144,7 +145,7 @@ def layer_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink
 ) -> LayerCosts:
     dtype, b, s = job.precision, micro_batch, job.seq_len
-    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention)
+    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target)
     measured = measured_layer(cluster, model, job, "block", b, tp)
     if measured is not None:
         # A measured profile of this model: its times replace the analytic ones; the core
@@ -161,6 +162,11 @@ def layer_costs(
         one = tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, buf)
     else:
         one = tp_link.time(Collective.all_reduce, buf)
+    if compute.TARGETS[job.target]["tp_comm_overlap"]:
+        # Overlapped with the GEMMs that produce / consume the buffer: what stays is the
+        # slowdown of those GEMMs while the collective runs beside them (1 - overlap
+        # efficiency of it, as for data-parallel overlap: communication.overlapped).
+        one *= 1.0 - cluster.overlap_efficiency
     tp_fwd = tp_bwd = 2 * one
     flops = compute.layer_flops_forward(model, b, s)
     acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype) for r in MODES)
@@ -205,9 +211,13 @@ def edge_costs(
         emb, emb_bwd = m_emb[0], m_emb[1]
     if m_head is not None:  # measured unsharded; a vocab-parallel head does 1/tp of the work
         head, head_bwd = m_head[0] / tp, m_head[1] / tp
-    # Pipeline sends: b s h values; with SP only the local 1/t shard (Megatron's
-    # scatter/gather optimisation, Narayanan et al. sec. 4.1).
+    # Pipeline sends: b s h values. With SP each TP rank holds and sends its 1/t shard. Without
+    # it every TP rank holds the whole activation, and Megatron sends only a 1/t slice per
+    # rank and all-gathers it over the TP link on arrival (its scatter/gather optimisation,
+    # on by default): cheaper when the pipeline link is slower than the TP link.
     p2p = pp_link.time(Collective.p2p, buf / (tp if sp else 1))
+    if tp > 1 and not sp:
+        p2p = min(p2p, pp_link.time(Collective.p2p, buf / tp) + tp_link.time(Collective.all_gather, buf))
     return EdgeCosts(
         embedding_forward=emb + emb_tp,
         embedding_backward=emb_bwd,
@@ -252,11 +262,11 @@ class PipelineCosts:
     optimizer_seconds_per_param: float  # update of the local shard, per parameter held
     overhead_bytes: float
     zero3_gather_bytes: float  # gathered current + prefetched layer (ZeRO-3)
-    zero3_first_gather: float  # exposed all-gather of the first layer (ZeRO-3)
     tokens_per_step: int
     model_flops_per_step: float
     memory_capacity_gib: float
     peak_flops: float
+    uncertainty: Optional[tuple] = None  # (relative half-width, coverage) of the step time, from the cluster
 
     @property
     def num_stages(self) -> int:
@@ -315,11 +325,11 @@ def layout_costs(
         optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dp if zero >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
-        zero3_first_gather=links[Axis.dp].time(Collective.all_gather, layer.params * e) if z3 else 0.0,
         tokens_per_step=batch * job.seq_len,
         model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),
         memory_capacity_gib=cluster.device.memory_gib,
         peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
+        uncertainty=(cluster.uncertainty.relative, cluster.uncertainty.coverage) if cluster.uncertainty else None,
     )
 
 

@@ -184,17 +184,23 @@ class DataParallel:
     zero_stage: int
     efficiency: float  # fraction of overlappable communication that hides (communication.overlapped)
     bytes_per_param: int  # gradients / gathered parameters on the wire
-    first_gather: float  # seconds: ZeRO-3's all-gather of the first layer, never hidden
+    layer_bytes: float  # one layer's parameters on the wire (ZeRO-3's gather / reduce-scatter unit)
     costs: tuple  # (alpha s, beta s per byte) of all-reduce, all-gather, reduce-scatter on the DP link
 
     @staticmethod
     def of(pc: "PipelineCosts") -> "DataParallel":
         return _data_parallel(pc.dp_link if pc.dp > 1 else None, pc.dp, pc.zero_stage, pc.overlap, pc.comm_bytes_per_param,
-                              pc.zero3_first_gather)
+                              pc.layer.params * pc.comm_bytes_per_param)
 
     def collective(self, c: Collective, nbytes: Linear) -> Linear:
+        """One call moving `nbytes` (a bucketed stream pays the latency once)."""
         alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
         return nbytes.scaled(beta).plus(alpha)
+
+    def per_layer_calls(self, c: Collective, nbytes: Linear) -> Linear:
+        """One call per layer moving `nbytes` in all: the latency is paid once per layer."""
+        alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
+        return nbytes.scaled(beta) + Linear.per_layer(0.0, alpha)
 
     def time(self, c: Collective, nbytes: float) -> float:
         alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
@@ -202,10 +208,10 @@ class DataParallel:
 
 
 @lru_cache(maxsize=1 << 14)
-def _data_parallel(link, size: int, zero_stage: int, efficiency: float, bytes_per_param: int, first_gather: float) -> DataParallel:
+def _data_parallel(link, size: int, zero_stage: int, efficiency: float, bytes_per_param: int, layer_bytes: float) -> DataParallel:
     """One DataParallel per setting (links are shared between layouts of one search)."""
     costs = tuple(link.coefficients(c) for c in _DP_COLLECTIVES) if link is not None else ((0.0, 0.0),) * len(_DP_COLLECTIVES)
-    return DataParallel(size, zero_stage, efficiency, bytes_per_param, first_gather, costs)
+    return DataParallel(size, zero_stage, efficiency, bytes_per_param, layer_bytes, costs)
 
 
 def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear) -> Exposure:
@@ -219,8 +225,16 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     reduce-scatters after every micro-batch's backward (DeepSpeed stage 2, FSDP
     SHARD_GRAD_OP) and gathers parameters once per step. ZeRO-3 / FSDP gathers every layer
     again in forward and in backward of every micro-batch and reduce-scatters its
-    gradients; prefetching hides them behind the previous layer's compute, except the first
-    layer's gather (Rajbhandari et al. 2020, sec. 5; PyTorch FSDP, Zhao et al. 2023, sec. 3.3)."""
+    gradients, one collective per layer (each paying the group's latency, which grows with
+    the group: communication.GroupLink.step_latency_us); prefetching one layer ahead hides
+    them behind the neighbouring layers' compute, except the first layer's gather in forward
+    and the first gather and last reduce-scatter in backward (Rajbhandari et al. 2020, sec. 5;
+    PyTorch FSDP, Zhao et al. 2023, sec. 3.3). Identical layers make the per-layer overlap
+    max(0, comm - compute) summed over layers equal to the rank's total one.
+
+    What hides is slowed: compute that runs beside a collective loses a fraction
+    1 - efficiency of its speed (SMs and memory bandwidth taken by the communication
+    kernels), which is what `efficiency` < 1 charges (communication.overlapped)."""
     if dp.size <= 1:
         return NO_EXPOSURE
     eta = dp.efficiency
@@ -230,15 +244,18 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     def bucketed(c: Collective) -> Hidden:
         return Hidden(dp.collective(c, grad_bytes), dp.time(c, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
 
-    ag, rs = dp.collective(Collective.all_gather, grad_bytes), dp.collective(Collective.reduce_scatter, grad_bytes)
+    ag = dp.collective(Collective.all_gather, grad_bytes)
     if dp.zero_stage == 0:
         return Exposure((), (bucketed(Collective.all_reduce),))
     if dp.zero_stage == 1:
         return Exposure((), (bucketed(Collective.reduce_scatter), ag))
     if dp.zero_stage == 2:
         return Exposure((bucketed(Collective.reduce_scatter),), (ag,))
-    first = dp.first_gather
-    return Exposure((Hidden(ag, first, forward, eta), Hidden(ag + rs, first, backward, eta)), ())
+    ag_calls = dp.per_layer_calls(Collective.all_gather, grad_bytes)
+    rs_calls = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes)
+    first = dp.time(Collective.all_gather, dp.layer_bytes)
+    last = dp.time(Collective.reduce_scatter, dp.layer_bytes)
+    return Exposure((Hidden(ag_calls, first, forward, eta), Hidden(ag_calls + rs_calls, first + last, backward, eta)), ())
 
 
 class LayoutTerms:

@@ -52,6 +52,16 @@ class Optimizer(str, Enum):
     sgd = "sgd"
 
 
+class Target(str, Enum):
+    """The training stack a plan will run on: which kernels and overlap features exist
+    (cost_models/compute.py:TARGETS says what each selects)."""
+
+    generic = "generic"  # PyTorch eager: FlashAttention-2 through SDPA, no TP overlap
+    megatron = "megatron"  # Megatron-Core / NeMo with Transformer Engine: cuDNN fused attention, TP comm overlap
+    deepspeed = "deepspeed"
+    torchtitan = "torchtitan"
+
+
 class Schedule(str, Enum):
     """Pipeline schedule (Narayanan et al. 2021, sec. 2.2)."""
 
@@ -160,6 +170,28 @@ class EfficiencyPoint(_Spec):
     efficiency: float = Field(gt=0, le=1, description="Achieved fraction of peak dense throughput at that size.")
 
 
+class GemmModel(_Spec):
+    """How a GEMM of shape (m, n, k) runs: output tiles spread over the SMs in waves, each
+    tile streaming k (plus a fixed prologue/epilogue worth `k_overhead`) at the best
+    achievable rate. Efficiency = max_efficiency x (tiles/SMs) / max(1, tiles/SMs + wave_tail)
+    x k / (k + k_overhead) (wave and tile quantisation, NVIDIA's "Matrix multiplication
+    background" guide), and never faster than streaming the operands from memory."""
+
+    sm_count: int = Field(gt=0, description="Streaming multiprocessors (A100: 108, H100 SXM: 132).")
+    tile_m: int = Field(default=128, gt=0, description="Output tile rows of the typical large-GEMM kernel.")
+    tile_n: int = Field(default=128, gt=0, description="Output tile columns.")
+    k_overhead: float = Field(default=64, ge=0, description="Per-tile prologue/epilogue, in equivalent k elements.")
+    wave_tail: float = Field(default=0.25, ge=0, le=1, description="Average idle fraction of the last wave, in waves.")
+    max_efficiency: float = Field(gt=0, le=1, description="Best achievable fraction of peak of a large, aligned GEMM (measured, e.g. MAMF).")
+
+
+class AttentionEfficiency(_Spec):
+    """Achieved fraction of peak of the fused attention kernel (FlashAttention-style)."""
+
+    forward: float = Field(gt=0, le=1, description="Forward kernel, FLOPs executed / (peak x time).")
+    backward: float = Field(gt=0, le=1, description="Backward kernel (2.5x the forward FLOPs: it recomputes the scores).")
+
+
 class DeviceSpec(_Spec):
     """One accelerator."""
 
@@ -170,18 +202,41 @@ class DeviceSpec(_Spec):
     memory_bandwidth_efficiency: float = Field(
         default=0.8, gt=0, le=1, description="Achieved fraction of memory bandwidth by element-wise kernels (norms, activations, softmax)."
     )
-    matmul_efficiency: list[EfficiencyPoint] = Field(
-        min_length=1,
-        description="Achievable GEMM efficiency versus GEMM size; interpolated linearly in log10(FLOPs), clamped at the ends.",
+    matmul_efficiency: Optional[list[EfficiencyPoint]] = Field(
+        default=None, min_length=1,
+        description="Achievable GEMM efficiency versus GEMM size (measured square GEMMs); interpolated linearly in "
+        "log10(FLOPs), clamped at the ends. Used where `gemm` (the shape model) is not given; one of the two is required.",
     )
     framework_overhead_gib: float = Field(
         default=2.0, ge=0, description="Memory per device that is not model state: CUDA context, communicator buffers, allocator fragmentation."
     )
+    gemm: Optional[GemmModel] = Field(
+        default=None, description="Shape-aware GEMM model; None: GEMMs follow matmul_efficiency by FLOPs (measured CPU profiles)."
+    )
+    attention: Optional[dict[str, AttentionEfficiency]] = Field(
+        default=None,
+        description="Fused attention kernel efficiency by kernel ('flash2': FlashAttention-2; 'cudnn': cuDNN / "
+        "FlashAttention-3 class, as Transformer Engine runs it); None: attention runs as GEMMs.",
+    )
+    kernel_overhead_us: float = Field(
+        default=0.0, ge=0, description="Gap per launched kernel in a training loop (launch, dependency wait), microseconds."
+    )
+    sustained_fraction: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Throughput a training loop sustains relative to microbenchmarks (clocks under sustained power, "
+        "synchronisation): multiplies GEMM and attention rates. Fitted by benchmarks/fidelity_published.py.",
+    )
 
     @field_validator("matmul_efficiency")
     @classmethod
-    def _sorted(cls, v: list[EfficiencyPoint]) -> list[EfficiencyPoint]:
-        return sorted(v, key=lambda p: p.gemm_flops)
+    def _sorted(cls, v: Optional[list[EfficiencyPoint]]) -> Optional[list[EfficiencyPoint]]:
+        return sorted(v, key=lambda p: p.gemm_flops) if v is not None else None
+
+    @model_validator(mode="after")
+    def _has_gemm_model(self) -> "DeviceSpec":
+        if self.gemm is None and self.matmul_efficiency is None:
+            raise ValueError("the device needs `gemm` (shape model) or `matmul_efficiency` (measured curve)")
+        return self
 
 
 class CollectiveFit(_Spec):
@@ -205,6 +260,15 @@ class LinkTier(_Spec):
 
     name: str = Field(description="What the link is, e.g. 'NVLink3 via NVSwitch'.")
     collectives: list[CollectiveFit] = Field(min_length=1, description="Alpha-beta fits per collective (and optionally per group size).")
+    hop_latency_us: Optional[float] = Field(
+        default=None, ge=0,
+        description="Latency of one ring step over this link (NCCL's Simple protocol); a ring collective over n ranks pays "
+        "one per step (n-1 for all-gather / reduce-scatter, 2(n-1) for all-reduce). None: latency_us covers the whole call "
+        "(fits measured at one group size).",
+    )
+    tree_hop_latency_us: Optional[float] = Field(
+        default=None, ge=0, description="Latency of one level of NCCL's tree all-reduce over this link; None: no tree algorithm."
+    )
 
     def fit(self, collective: Collective, group_size: int) -> CollectiveFit:
         """The fit for this collective: exact group size, else a size-free fit, else the nearest size."""
@@ -294,6 +358,14 @@ class MeasuredProfile(_Spec):
     collectives: list[CollectiveSweep] = Field(description="Timed collectives and their fits.")
 
 
+class Uncertainty(_Spec):
+    """How far a prediction may be off: the cross-validated error of the cost model on the
+    published runs (benchmarks/fidelity_published.py writes it)."""
+
+    relative: float = Field(ge=0, description="Relative half-width of the interval: step time x/ (1 + relative).")
+    coverage: float = Field(gt=0, lt=1, description="Fraction of held-out published runs inside the interval.")
+
+
 class ClusterSpec(_Spec):
     """A cluster of identical nodes: the hardware profile every command reads.
 
@@ -314,6 +386,9 @@ class ClusterSpec(_Spec):
         description="Fraction of the data-parallel communication that can hide behind compute: 1 where collectives run on their own engines (NCCL on GPUs); `plan profile` measures it.",
     )
     source: Optional[str] = Field(default=None, description="Where each number comes from.")
+    uncertainty: Optional[Uncertainty] = Field(
+        default=None, description="Cross-validated error of predictions on this preset's kind of hardware; None: unknown."
+    )
     measured: Optional[MeasuredProfile] = Field(
         default=None, description="Per-layer measurements, sweeps and environment written by `plan profile` (None for presets)."
     )
@@ -336,6 +411,10 @@ class JobSpec(_Spec):
     seq_len: int = Field(gt=0, description="Tokens per sequence.")
     precision: DType = Field(default=DType.bf16, description="Compute dtype (bf16/fp16 = mixed precision with fp32 master weights).")
     optimizer: Optimizer = Field(default=Optimizer.adam, description="Optimizer; Adam keeps two fp32 moments per parameter.")
+    target: Target = Field(
+        default=Target.generic,
+        description="Training stack the plan will run on: selects its kernels (fused attention) and overlap features.",
+    )
     flash_attention: bool = Field(
         default=True,
         description="Fused attention kernel (FlashAttention / SDPA): no s x s score matrix is stored; False reproduces Korthikanti et al.'s unfused accounting.",
@@ -476,9 +555,15 @@ def tp_problem(model: ModelSpec, tp: int) -> Optional[str]:
     return None
 
 
+MEMORY_HEADROOM = 0.05  # of device memory that `plan solve` leaves free unless told otherwise
+
+
 def memory_limit_gib(cluster: "ClusterSpec", requested_gib: Optional[float] = None) -> float:
-    """The per-GPU memory a plan may use: the device's, or less if the user asks."""
-    return min(requested_gib or cluster.device.memory_gib, cluster.device.memory_gib)
+    """The per-GPU memory a plan may use: the device's less a 5% headroom (what the estimate
+    cannot see: allocator fragmentation peaks, workspaces of kernels chosen at run time), or
+    what the user asks, up to the whole device."""
+    cap = cluster.device.memory_gib
+    return min(requested_gib, cap) if requested_gib else cap * (1.0 - MEMORY_HEADROOM)
 
 
 def even_split(total: int, parts: int) -> list[int]:
@@ -554,6 +639,14 @@ class Estimate(_ReadsV1_0):
     memory_gib_per_pipeline_rank: list[PipelineRankMemory] = Field(description="Memory breakdown of every pipeline rank.")
     bottleneck_pipeline_rank: int = Field(description="Pipeline rank whose work bounds the step.")
     model_flops_per_step: float = Field(description="Model FLOPs of one optimizer step, whole cluster.")
+    step_time_interval_s: Optional[list[float]] = Field(
+        default=None,
+        description="[low, high] step time: the prediction x/ (1 + the cluster's cross-validated relative error); "
+        "None where the cluster states no uncertainty (measured profiles).",
+    )
+    interval_coverage: Optional[float] = Field(
+        default=None, description="Fraction of held-out published runs whose step time fell inside such an interval."
+    )
 
 
 # --------------------------------------------------------------------------- documents

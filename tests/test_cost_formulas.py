@@ -571,9 +571,12 @@ def test_tp_communication_four_all_reduces_per_layer(shape, b, s, t, a100):
     assert lc.tp_backward == pytest.approx(2 * one, rel=REL)
     assert lc.tp_forward + lc.tp_backward == pytest.approx(4 * one, rel=REL)
 
-    # Volume: subtract the four latencies, convert seconds back to 16-bit values.
+    # Volume: subtract the four latencies (per call + ring steps), convert seconds back to 16-bit values.
     fit = a100.intra_node.fit(Collective.all_reduce, t)
-    values = (lc.tp_forward + lc.tp_backward - 4 * fit.latency_us * 1e-6) * fit.bandwidth_gbps * 1e9 / 2
+    alpha = fit.latency_us + 2 * (t - 1) * a100.intra_node.hop_latency_us
+    if a100.intra_node.tree_hop_latency_us is not None:
+        alpha = min(alpha, fit.latency_us + 2 * (t - 1) * a100.intra_node.tree_hop_latency_us)
+    values = (lc.tp_forward + lc.tp_backward - 4 * alpha * 1e-6) * fit.bandwidth_gbps * 1e9 / 2
     assert values == pytest.approx(float(8 * b * s * h * Fr(t - 1, t)), rel=1e-9)
 
 
@@ -599,15 +602,22 @@ def test_tp_communication_none_without_tp(a100):
 @pytest.mark.parametrize("sp,t", [(False, 8), (True, 8), (True, 4)])
 def test_pp_p2p_sends_sbh_values(sp, t, a100):
     """[N21] sec. 4.1: pipeline stages send b s h values per micro-batch; with Megatron's
-    scatter/gather optimisation (here: sequence parallelism) only the 1/t shard crosses nodes.
+    scatter/gather optimisation only the 1/t shard crosses nodes, all-gathered over NVLink
+    on arrival (with sequence parallelism the shard is all a rank holds: no gather).
     With tp x dp = 8 GPUs inside a node and pp outermost, the send crosses nodes."""
     b, s, h = 1, 2048, 12288
     model = gpt(96, h, 96, 51200, s)
     plan = Plan(dp=8 // t, tp=t, pp=4, micro_batch_size=b, num_micro_batches=4, sequence_parallel=sp)
     ec = pipeline_costs(model, a100, JobSpec(global_batch_size=b * 4 * (8 // t), seq_len=s), plan).edge
-    values = b * s * h / (t if sp else 1)
     fit = a100.inter_node.fit(Collective.p2p, 2)
-    assert ec.p2p == pytest.approx(fit.latency_us * 1e-6 + 2 * values / (fit.bandwidth_gbps * 1e9), rel=REL)
+    shard = fit.latency_us * 1e-6 + 2 * b * s * h / t / (fit.bandwidth_gbps * 1e9)
+    if sp:
+        assert ec.p2p == pytest.approx(shard, rel=REL)
+    else:
+        gather = link_time(a100, a100.intra_node, Collective.all_gather, t, 2 * b * s * h)
+        whole = fit.latency_us * 1e-6 + 2 * b * s * h / (fit.bandwidth_gbps * 1e9)
+        assert ec.p2p == pytest.approx(min(whole, shard + gather), rel=REL)
+        assert ec.p2p < 0.3 * whole  # InfiniBand carries 1/t of it
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from cost_models.terms import MODES
 from planner.search.candidates import Candidate, CostTables, SearchSpace
 from planner.search.ilp import default_solver
 from planner.search.solve import decode, settle, solve
-from planner.specs import JobSpec, ModelSpec, Plan
+from planner.specs import JobSpec, ModelSpec, Plan, memory_limit_gib
 
 PINNED = Path(__file__).parent / "data" / "solve_pinned.json"
 
@@ -73,7 +73,7 @@ def canonical(name: str, plan_json: dict) -> dict:
         plan.zero_stage, plan.sequence_parallel, tuple(plan.mesh_order),
     )
     pc = CostTables(model, cluster, job).pipeline(cand)
-    counts = settle(pc, recompute_counts(plan, model.num_layers), cluster.device.memory_gib, MODES, default_solver())
+    counts = settle(pc, recompute_counts(plan, model.num_layers), memory_limit_gib(cluster), MODES, default_solver())
     assert math.isclose(evaluate(pc, list(counts)).step_time_s, evaluate(pc, recompute_counts(plan, model.num_layers)).step_time_s, rel_tol=1e-12)
     return decode(cand, counts).model_dump(mode="json")
 

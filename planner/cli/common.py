@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from hardware_profiles import load_cluster
 from planner.errors import UsageError
 from planner.presets import load_model
-from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, PlanError
+from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Target
 
 
 def target_options(fn: Callable) -> Callable:
@@ -28,6 +28,11 @@ def target_options(fn: Callable) -> Callable:
             "--no-flash-attention",
             is_flag=True,
             help="Cost unfused attention (s x s scores stored), as Megatron-LM without FlashAttention.",
+        ),
+        click.option(
+            "--target", "stack", type=click.Choice([t.value for t in Target]), default="generic", show_default=True,
+            help="Training stack the plan will run on: its attention kernel and TP communication overlap (megatron: "
+            "Transformer Engine's cuDNN attention and --tp-comm-overlap).",
         ),
     ]
     return functools.reduce(lambda f, opt: opt(f), reversed(options), fn)
@@ -84,7 +89,7 @@ def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Opt
 
 def make_job(
     model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool,
-    cluster: Optional[ClusterSpec] = None,
+    cluster: Optional[ClusterSpec] = None, stack: str = "generic",
 ) -> JobSpec:
     seq = seq_len or model.max_seq_len
     dtype = precision or model.param_dtype
@@ -102,6 +107,7 @@ def make_job(
             precision=dtype,
             optimizer=optimizer,
             flash_attention=not no_flash,
+            target=stack,
         )
     except ValidationError as exc:
         raise UsageError(_first_error(exc)) from None

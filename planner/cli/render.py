@@ -74,7 +74,11 @@ def _recompute_mix(plan: Plan) -> str:
 
 
 def time_table(est: Estimate) -> Table:
-    t = Table(title=f"Step time {_fmt_time(est.step_time_s)}", caption=f"bottleneck: pipeline rank {est.bottleneck_pipeline_rank}")
+    title = f"Step time {_fmt_time(est.step_time_s)}"
+    if est.step_time_interval_s:
+        lo, hi = est.step_time_interval_s
+        title += f" ({_fmt_time(lo)} - {_fmt_time(hi)}, {100 * est.interval_coverage:.0f}% interval)"
+    t = Table(title=title, caption=f"bottleneck: pipeline rank {est.bottleneck_pipeline_rank}")
     t.add_column("component")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
@@ -153,6 +157,12 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
                     f"{e.peak_memory_gib:.1f}", f"{100 * (best_tps / e.tokens_per_s - 1):+.1f}% time")
     if doc.alternatives:
         console.print(alt)
+        tied = [str(i) for i, a in enumerate(doc.alternatives, start=1)
+                if est.step_time_interval_s and a.estimate.step_time_interval_s
+                and a.estimate.step_time_interval_s[0] <= est.step_time_interval_s[1]]
+        if tied:
+            console.print(f"alternatives {', '.join(tied)} lie within the recommended plan's interval: the prediction cannot "
+                          "tell them apart; measure them (`plan run`) before committing to one")
     s = doc.search
     infeasible = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.infeasible.items()) or "none"
     skipped = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.skipped.items()) or "none"

@@ -60,14 +60,14 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
 @click.option("--micro-batches", type=int, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
 @click.option("--top-k", type=int, default=3, show_default=True, help="Alternatives to report.")
 @click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp mbs zero sp schedule mesh_order recompute).")
-@click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: the device's].")
+@click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
 @click.option("--time-limit", type=float, help="Seconds; return the best plan so far, marked as not proven optimal.")
 @click.option("--solver", type=click.Choice(["highs", "cbc"]), default=None, help="MILP solver [default: highs if installed].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 def solve(
-    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention,
+    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack,
     global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp,
     time_limit, solver, as_json: bool, output: Optional[str],
 ) -> None:
@@ -85,7 +85,7 @@ def solve(
     if max_memory_gib is not None and max_memory_gib <= 0:
         raise UsageError(f"--max-memory-gib must be positive, got {max_memory_gib}")
     fixed, modes = parse_fixes(fixes)
-    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster)
+    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster, stack)
     space = SearchSpace(
         num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
         max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,
