@@ -53,9 +53,7 @@ def predict(c: Case, theta=None):
     """(predicted metric, estimate) of case c with constants theta (None: as the presets ship)."""
     cc = with_constants(c, theta) if theta is not None else c
     est = estimate(cc.model, cc.cluster, cc.job, cc.plan)
-    if c.metric == "tokens_per_s_per_gpu":
-        return est.tokens_per_s / c.plan.world_size, est
-    return est.hardware_tflops_per_gpu, est
+    return c.predicted(est), est
 
 
 def naive(c: Case, fraction: float, est) -> float:

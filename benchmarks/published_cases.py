@@ -70,6 +70,12 @@ class Case:
     peak_memory_gib: Optional[float] = None  # published peak memory, where given
     notes: tuple = field(default=())
 
+    def predicted(self, est) -> float:
+        """The published metric, read off our estimate of this run."""
+        if self.metric == "tokens_per_s_per_gpu":
+            return est.tokens_per_s / self.plan.world_size
+        return est.hardware_tflops_per_gpu
+
 
 def load_records() -> list[dict]:
     out = []

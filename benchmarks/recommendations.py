@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable as a script from anywhere
 from cost_models.estimate import estimate  # noqa: E402
 from hardware_profiles import load_cluster  # noqa: E402
+from planner.cli.render import plan_summary  # noqa: E402
 from planner.presets import load_model  # noqa: E402
 from planner.search.candidates import SearchSpace  # noqa: E402
 from planner.search.solve import solve  # noqa: E402
@@ -45,7 +46,7 @@ SETTINGS = [
 
 
 def main() -> None:
-    print(f"{'setting':26s} {'layout':52s} {'step s':>8s} {'interval s':>16s} {'MFU':>6s}")
+    print(f"{'setting':26s} {'step s':>8s} {'interval s':>15s} {'MFU':>6s}  layout")
     for title, model, cluster_name, gpus, batch, seq, practice in SETTINGS:
         model = load_model(model) if isinstance(model, str) else model
         cluster = load_cluster(cluster_name)
@@ -55,11 +56,9 @@ def main() -> None:
         best = res.best.estimate
         for name, plan, est in (("planner", res.best.plan, best), ("practice", Plan(**practice), ref)):
             lo, hi = est.step_time_interval_s
-            layout = (f"dp{plan.dp} tp{plan.tp} pp{plan.pp} v{plan.vpp} mbs{plan.micro_batch_size}x{plan.num_micro_batches} "
-                      f"z{plan.zero_stage}{' sp' if plan.sequence_parallel else ''} {plan.recompute.value}")
             fits = "" if est.fits else " (does not fit)"
-            print(f"{title if name == 'planner' else '':26s} {name + ': ' + layout:52s} {est.step_time_s:8.2f} "
-                  f"{lo:7.2f}-{hi:7.2f} {100 * est.mfu:5.1f}%{fits}")
+            print(f"{title if name == 'planner' else '':26s} {est.step_time_s:8.2f} {lo:7.2f}-{hi:7.2f} "
+                  f"{100 * est.mfu:5.1f}%  {name}: {plan_summary(plan)}{fits}")
         overlap = best.step_time_interval_s[1] >= ref.step_time_interval_s[0]
         b, r = best.time_breakdown_s, ref.time_breakdown_s
         diffs = {k: getattr(r, k) - getattr(b, k) for k in type(b).model_fields}

@@ -199,7 +199,8 @@ def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int
     GEMMs (b x heads of (s, s, d) and (s, d, s)), backward twice each."""
     if fused:
         flops = 0.5 * 4.0 * b * heads * s * s * d
-        att = (device.attention or {}).get(kernel) or (device.attention or {}).get("flash2")
+        table = device.attention or {}
+        att = table.get(kernel) or table.get("flash2")
         if att is None:  # no kernel table: attention costs what GEMMs of its FLOPs cost
             fwd = gemm_time(device, dtype, flops)
             return fwd, 2.0 * fwd

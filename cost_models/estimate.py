@@ -77,6 +77,7 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
     sel, full = sum(c[1] for c in counts), sum(c[2] for c in counts)
     rec_flops = (sel * lc.recompute_flops[1] + full * lc.recompute_flops[2]) * m * pc.dp
     mf = pc.model_flops_per_step
+    u = pc.uncertainty
     return Estimate(
         step_time_s=step,
         time_breakdown_s=breakdown,
@@ -90,8 +91,8 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
         memory_gib_per_pipeline_rank=stage_mem,
         bottleneck_pipeline_rank=bn,
         model_flops_per_step=mf,
-        step_time_interval_s=[step / (1 + pc.uncertainty[0]), step * (1 + pc.uncertainty[0])] if pc.uncertainty else None,
-        interval_coverage=pc.uncertainty[1] if pc.uncertainty else None,
+        step_time_interval_s=[step / (1 + u.relative), step * (1 + u.relative)] if u else None,
+        interval_coverage=u.coverage if u else None,
     )
 
 

@@ -19,10 +19,11 @@ from planner.specs import (
     Optimizer,
     Plan,
     Schedule,
+    Uncertainty,
 )
 
 from . import compute, memory
-from .communication import GroupLink, mesh_strides
+from .communication import GroupLink, mesh_strides, overlapped
 from .terms import MODES, LayoutTerms
 
 ADAM_UPDATE_BYTES = 30  # per parameter: read fp32 master/m/v + grad, write master/m/v + 16-bit copy
@@ -162,12 +163,14 @@ def layer_costs(
         one = tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, buf)
     else:
         one = tp_link.time(Collective.all_reduce, buf)
-    if compute.TARGETS[job.target]["tp_comm_overlap"]:
-        # Overlapped with the GEMMs that produce / consume the buffer: what stays is the
-        # slowdown of those GEMMs while the collective runs beside them (1 - overlap
-        # efficiency of it, as for data-parallel overlap: communication.overlapped).
-        one *= 1.0 - cluster.overlap_efficiency
     tp_fwd = tp_bwd = 2 * one
+    if compute.TARGETS[job.target]["tp_comm_overlap"]:
+        # Overlapped with the layer's GEMMs that produce / consume the buffers, as data-parallel
+        # overlap is (communication.overlapped): what stays exposed is the slowdown of the
+        # compute beside it, and whatever outlasts that compute.
+        eta = cluster.overlap_efficiency
+        tp_fwd = overlapped(tp_fwd, 0.0, lc.forward, eta)
+        tp_bwd = overlapped(tp_bwd, 0.0, lc.backward, eta)
     flops = compute.layer_flops_forward(model, b, s)
     acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype) for r in MODES)
     if measured is not None and not sp:
@@ -266,7 +269,7 @@ class PipelineCosts:
     model_flops_per_step: float
     memory_capacity_gib: float
     peak_flops: float
-    uncertainty: Optional[tuple] = None  # (relative half-width, coverage) of the step time, from the cluster
+    uncertainty: Optional[Uncertainty] = None  # the cluster's cross-validated step-time error
 
     @property
     def num_stages(self) -> int:
@@ -329,7 +332,7 @@ def layout_costs(
         model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),
         memory_capacity_gib=cluster.device.memory_gib,
         peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
-        uncertainty=(cluster.uncertainty.relative, cluster.uncertainty.coverage) if cluster.uncertainty else None,
+        uncertainty=cluster.uncertainty,
     )
 
 

@@ -262,7 +262,7 @@ class LinkTier(_Spec):
     collectives: list[CollectiveFit] = Field(min_length=1, description="Alpha-beta fits per collective (and optionally per group size).")
     hop_latency_us: Optional[float] = Field(
         default=None, ge=0,
-        description="Latency of one ring step over this link (NCCL's Simple protocol); a ring collective over n ranks pays "
+        description="Latency of one ring step over this link (the presets take NCCL's LL128 figures); a ring collective over n ranks pays "
         "one per step (n-1 for all-gather / reduce-scatter, 2(n-1) for all-reduce). None: latency_us covers the whole call "
         "(fits measured at one group size).",
     )

@@ -20,8 +20,7 @@ CASES, _ = cases()
 
 def ratio(c):
     est = estimate(c.model, c.cluster, c.job, c.plan)
-    pred = est.tokens_per_s / c.plan.world_size if c.metric == "tokens_per_s_per_gpu" else est.hardware_tflops_per_gpu
-    return pred / c.published, est
+    return c.predicted(est) / c.published, est
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name[:60])
