@@ -124,6 +124,30 @@ def mape(pairs) -> float:
     return 100 * sum(abs(p / q - 1) for p, q in pairs) / len(pairs)
 
 
+def per_term_widths(resid, comm_share) -> tuple[float, float]:
+    """(sd_compute, sd_communication) maximising the likelihood of the residuals under
+    log(predicted / published) ~ N(0, ((1 - f) sd_c)^2 + (f sd_m)^2), f a run's communication
+    share, with sd_c <= sd_m <= ln 2 (communication figures come from microbenchmarks on idle
+    networks: never more certain than compute; exposed communication is what is left of a
+    collective once compute hides part of it, so a factor 2 at one sd is a wide but physical
+    bound, which the runs, at most ~15% communication, cannot pin down further). Grid search."""
+    def nll(sc, sm):
+        tot = 0.0
+        for r, f in zip(resid, comm_share):
+            var = ((1 - f) * sc) ** 2 + (f * sm) ** 2
+            tot += 0.5 * math.log(var) + r * r / (2 * var)
+        return tot
+    grid = [0.005 * i for i in range(1, 139)]  # 0.005 .. 0.69 = ln 2
+    return min(((sc, sm) for sc in grid for sm in grid if sm >= sc), key=lambda x: nll(*x))
+
+
+def coverage_scale(resid, comm_share, sds, coverage: float) -> float:
+    """The factor k such that `coverage` of the runs lie within k x their predicted sd: the
+    intervals then hold the stated share of held-out runs whatever the residuals' shape."""
+    z = sorted(abs(r) / math.hypot((1 - f) * sds[0], f * sds[1]) for r, f in zip(resid, comm_share))
+    return z[min(len(z) - 1, math.ceil(coverage * len(z)) - 1)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the fitted constants into hardware_profiles/presets")
@@ -149,7 +173,7 @@ def main() -> None:
 
     print("\nleave-one-group-out cross-validation (fit without the group, predict it); ratio = predicted / published")
     print(f"{'group':26s} {'runs':>4s} {'fitted on the others':44s} {'model MAPE':>10s} {'naive MAPE':>10s}  better")
-    resid = []
+    resid, comm_share = [], []
     for g, gcs in groups.items():
         rest = [c for c in cs if c.group != g]
         th = fit(rest, sweeps=2)
@@ -160,13 +184,24 @@ def main() -> None:
             model_pairs.append((p, c.published))
             naive_pairs.append((naive(c, fr, est), c.published))
             resid.append(math.log(p / c.published))
+            b = est.time_breakdown_s
+            comm_share.append((b.tp_communication + b.pp_communication + b.dp_communication_exposed) / est.step_time_s)
         m, n = mape(model_pairs), mape(naive_pairs)
         consts = " ".join(f"{v:.3f}" for v in th)
         print(f"{g:26s} {len(gcs):4d} {consts:44s} {m:9.1f}% {n:9.1f}%  {'yes' if m < n else 'NO'}")
+    per_term = per_term_widths(resid, comm_share)
+    print(f"\nper-term error (maximum likelihood on the cross-validated residuals, communication no more certain than "
+          f"compute): compute {per_term[0]:.3f}, communication {per_term[1]:.3f} (log sd; from {len(resid)} runs whose "
+          f"communication share is at most {100 * max(comm_share):.0f}%, so the communication figure is weakly determined"
+          + (", at its bound ln 2)" if per_term[1] >= 0.69 else ")"))
+    k = coverage_scale(resid, comm_share, per_term, 0.8)
+    a_c, a_m = k * per_term[0], k * per_term[1]
+    print(f"per-term intervals at 80% coverage of the held-out runs: compute x/ {math.exp(a_c):.3f}, "
+          f"communication x/ {math.exp(a_m):.3f}")
     resid.sort(key=abs)
     q80 = abs(resid[int(0.8 * (len(resid) - 1))])
-    print(f"\ncross-validated |log ratio|: median {abs(resid[len(resid) // 2]):.3f}, 80th percentile {q80:.3f} "
-          f"(interval at 80% coverage: x/ {math.exp(q80):.3f})")
+    print(f"cross-validated |log ratio|: median {abs(resid[len(resid) // 2]):.3f}, 80th percentile {q80:.3f} "
+          f"(one interval for every plan at 80% coverage: x/ {math.exp(q80):.3f})")
     print(f"\nexcluded {len(skipped)} records:")
     why = defaultdict(int)
     for _, w in skipped:
@@ -179,7 +214,8 @@ def main() -> None:
             data["device"]["sustained_fraction"] = round(theta[0], 4)
             data["device"]["kernel_overhead_us"] = round(theta[1], 3)
             data["overlap_efficiency"] = round(theta[2], 4)
-            data["uncertainty"] = {"relative": round(math.exp(q80) - 1, 4), "coverage": 0.8}
+            data["uncertainty"] = {"relative": round(math.exp(q80) - 1, 4), "coverage": 0.8,
+                                   "compute": round(math.exp(a_c) - 1, 4), "communication": round(math.exp(a_m) - 1, 4)}
             f.write_text(json.dumps(data, indent=2) + "\n")
         print("wrote the constants into", PRESET_DIR)
 

@@ -188,7 +188,10 @@ def case(rec: dict) -> Case:
     flash = rec["group"] not in ("bloom", "gpt_neox_20b")
     job = JobSpec(global_batch_size=gbs, seq_len=rec["model"]["seq_len"], flash_attention=flash,
                   precision="fp16" if rec["group"] == "gpt_neox_20b" else "bf16",
-                  target="megatron" if "DGXC" in rec["name"] else "generic")
+                  target="megatron" if "DGXC" in rec["name"] else "generic",
+                  # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
+                  # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
+                  loss_kernel="fused" if rec["group"].startswith("llm_foundry") else None)
     per_gpu = res.get("tokens_per_sec_per_gpu")
     if per_gpu is None and res.get("tokens_per_sec"):
         per_gpu = res["tokens_per_sec"] / n

@@ -21,7 +21,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from planner.specs import DTYPE_BYTES, Activation, DeviceSpec, DType, ModelSpec, Target
+from planner.specs import DTYPE_BYTES, Activation, DeviceSpec, DType, LossKernel, ModelSpec, Target
 
 # --------------------------------------------------------------------------- parameters
 
@@ -181,11 +181,16 @@ def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n
 # whether tensor-parallel collectives overlap the GEMMs they feed (Megatron-Core with
 # Transformer Engine's userbuffers, `--tp-comm-overlap`, on in NeMo's recipes).
 TARGETS = {
-    Target.generic: {"attention": "flash2", "tp_comm_overlap": False},
-    Target.deepspeed: {"attention": "flash2", "tp_comm_overlap": False},
-    Target.torchtitan: {"attention": "flash2", "tp_comm_overlap": False},
-    Target.megatron: {"attention": "cudnn", "tp_comm_overlap": True},
+    Target.generic: {"attention": "flash2", "tp_comm_overlap": False, "loss": LossKernel.eager},
+    Target.deepspeed: {"attention": "flash2", "tp_comm_overlap": False, "loss": LossKernel.eager},
+    Target.torchtitan: {"attention": "flash2", "tp_comm_overlap": False, "loss": LossKernel.eager},
+    Target.megatron: {"attention": "cudnn", "tp_comm_overlap": True, "loss": LossKernel.vocab_parallel},
 }
+
+
+def loss_kernel(job) -> LossKernel:
+    """The job's cross-entropy implementation: its own, else its target's."""
+    return job.loss_kernel or TARGETS[job.target]["loss"]
 
 
 def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int, d: int, fused: bool,

@@ -13,6 +13,8 @@ does not hide behind backward and the optimizer update, each the maximum over ra
 
 from __future__ import annotations
 
+import math
+
 from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, PipelineRankMemory, TimeBreakdown
 
 from . import pipeline
@@ -91,9 +93,29 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
         memory_gib_per_pipeline_rank=stage_mem,
         bottleneck_pipeline_rank=bn,
         model_flops_per_step=mf,
-        step_time_interval_s=[step / (1 + u.relative), step * (1 + u.relative)] if u else None,
         interval_coverage=u.coverage if u else None,
+        **_interval(u, breakdown, step),
     )
+
+
+COMMUNICATION_TERMS = ("tp_communication", "pp_communication", "dp_communication_exposed")
+
+
+def _interval(u, breakdown: TimeBreakdown, step: float) -> dict:
+    """The step-time interval and per-term uncertainty from the cluster's cross-validated
+    errors: compute-like and communication terms each carry their own relative error, taken
+    as independent (combined in quadrature, in log space)."""
+    if u is None:
+        return {}
+    terms = breakdown.model_dump()
+    comm = sum(terms[k] for k in COMMUNICATION_TERMS)
+    w = u.log_halfwidth((step - comm) / step, comm / step)
+    out = {"step_time_interval_s": [step * math.exp(-w), step * math.exp(w)]}
+    if u.compute is not None and u.communication is not None:
+        out["time_uncertainty_s"] = TimeBreakdown(
+            **{k: v * (u.communication if k in COMMUNICATION_TERMS else u.compute) for k, v in terms.items()}
+        )
+    return out
 
 
 def _rank_memory(rk, n, stage_counts) -> PipelineRankMemory:

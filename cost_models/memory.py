@@ -20,7 +20,7 @@ each), models without dropout (no masks) and fused attention (no s x s scores st
 
 from __future__ import annotations
 
-from planner.specs import DTYPE_BYTES, Activation, DType, ModelSpec, Optimizer, Recompute, Schedule
+from planner.specs import DTYPE_BYTES, Activation, DType, LossKernel, ModelSpec, Optimizer, Recompute, Schedule
 
 from .compute import kv_shard, vocab_shard
 
@@ -106,20 +106,44 @@ def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int,
     return micro_batch * seq_len * model.hidden_size / (tp if sequence_parallel else 1)
 
 
+def loss_bytes_per_logit(kernel: LossKernel, e: int) -> tuple[float, float]:
+    """(kept for backward, transient at the start of backward) bytes per logit of the loss,
+    e the 16-bit element size.
+
+    eager (PyTorch `cross_entropy(logits.float(), ...)`): the fp32 log-softmax is saved (4,
+    Korthikanti et al.'s 4 s b V / t); at the start of backward the 16-bit logits, still held
+    by the model's output, and the fp32 gradient (4) are live too.
+    vocab-parallel (Megatron-Core's fused vocab-parallel cross-entropy): the 16-bit logits are
+    upcast once and freed, the softmax is formed in place in the fp32 copy (4, saved), and
+    backward writes the gradient into that buffer before casting it to 16 bits (e).
+    fused (flash-attn's cross_entropy kernel, llm-foundry's default `loss_fn`): the kernel
+    reads the 16-bit logits (e, saved) and keeps one fp32 log-sum-exp per row; backward
+    produces a 16-bit gradient (e)."""
+    if kernel == LossKernel.vocab_parallel:
+        return 4.0, float(e)
+    if kernel == LossKernel.fused:
+        return float(e), float(e)
+    return 4.0, e + 4.0
+
+
 def head_activation_bytes(
-    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, sequence_parallel: bool, dtype: DType = DType.bf16
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, sequence_parallel: bool, dtype: DType = DType.bf16,
+    loss: LossKernel = LossKernel.eager,
 ) -> float:
-    """Last stage: final-norm input and LM-head input (2 x e s b h) and the fp32 softmax of the
-    cross-entropy over V/t logits (Korthikanti: 4 s b V / t)."""
+    """Last stage: final-norm input and LM-head input (2 x e s b h) and what the loss keeps
+    per logit over V/t logits (loss_bytes_per_logit)."""
     e = DTYPE_BYTES[dtype]
     sbh = micro_batch * seq_len * model.hidden_size
-    return 2 * e * sbh / (tp if sequence_parallel else 1) + 4.0 * micro_batch * seq_len * vocab_shard(model, tp)
+    kept, _ = loss_bytes_per_logit(loss, e)
+    return 2 * e * sbh / (tp if sequence_parallel else 1) + kept * micro_batch * seq_len * vocab_shard(model, tp)
 
 
-def logits_temporary_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: DType = DType.bf16) -> float:
-    """Transient buffers of the loss on the last stage: 16-bit logits and their fp32 gradient."""
-    e = DTYPE_BYTES[dtype]
-    return (e + 4.0) * micro_batch * seq_len * vocab_shard(model, tp)
+def logits_temporary_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: DType = DType.bf16, loss: LossKernel = LossKernel.eager
+) -> float:
+    """Transient buffers of the loss on the last stage at the start of backward."""
+    _, transient = loss_bytes_per_logit(loss, DTYPE_BYTES[dtype])
+    return transient * micro_batch * seq_len * vocab_shard(model, tp)
 
 
 # --------------------------------------------------------------------------- schedules

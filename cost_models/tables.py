@@ -197,6 +197,7 @@ def edge_costs(
 ) -> EdgeCosts:
     dtype, b, s, dev = job.precision, micro_batch, job.seq_len, cluster.device
     buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
+    loss = compute.loss_kernel(job)
     # Vocab-parallel embedding all-reduces its output (forward); the column-parallel head
     # all-reduces its input gradient (backward); the parallel cross-entropy reduces max and
     # sum of exp over the TP group (b s fp32 values, twice).
@@ -229,8 +230,8 @@ def edge_costs(
         embedding_params=compute.embedding_params(model, tp),
         head_params=compute.head_params(model, tp, pp),
         embedding_activation_bytes=memory.embedding_activation_bytes(model, b, s, tp, sp),
-        head_activation_bytes=memory.head_activation_bytes(model, b, s, tp, sp, dtype),
-        logits_temporary_bytes=memory.logits_temporary_bytes(model, b, s, tp, dtype),
+        head_activation_bytes=memory.head_activation_bytes(model, b, s, tp, sp, dtype, loss),
+        logits_temporary_bytes=memory.logits_temporary_bytes(model, b, s, tp, dtype, loss),
         p2p=p2p,
     )
 

@@ -62,6 +62,15 @@ class Target(str, Enum):
     torchtitan = "torchtitan"
 
 
+class LossKernel(str, Enum):
+    """How the cross-entropy over the vocabulary is computed, which sets what the loss holds
+    per logit (cost_models/memory.py:LOSS_BYTES_PER_LOGIT)."""
+
+    eager = "eager"  # PyTorch eager: logits upcast to fp32, log-softmax saved, fp32 gradient
+    vocab_parallel = "vocab-parallel"  # Megatron's fused vocab-parallel cross-entropy: fp32 softmax in place
+    fused = "fused"  # a fused kernel (flash-attn's cross_entropy, llm-foundry's default): 16-bit logits, in-kernel softmax
+
+
 class Schedule(str, Enum):
     """Pipeline schedule (Narayanan et al. 2021, sec. 2.2)."""
 
@@ -364,6 +373,21 @@ class Uncertainty(_Spec):
 
     relative: float = Field(ge=0, description="Relative half-width of the interval: step time x/ (1 + relative).")
     coverage: float = Field(gt=0, lt=1, description="Fraction of held-out published runs inside the interval.")
+    compute: Optional[float] = Field(
+        default=None, ge=0,
+        description="Per term: relative half-width of the time spent computing (compute, recompute, pipeline bubble, optimizer). "
+        "With `communication`, a plan's interval is x/ exp(sqrt((f_c ln(1 + compute))^2 + (f_m ln(1 + communication))^2)), "
+        "f_c and f_m the shares of its step time; None: `relative` for every plan.",
+    )
+    communication: Optional[float] = Field(
+        default=None, ge=0, description="Per term: relative half-width of the exposed communication (TP, pipeline sends, DP)."
+    )
+
+    def log_halfwidth(self, compute_share: float, communication_share: float) -> float:
+        """ln of the interval's factor for a step with these shares of compute and communication."""
+        if self.compute is None or self.communication is None:
+            return math.log1p(self.relative)
+        return math.hypot(compute_share * math.log1p(self.compute), communication_share * math.log1p(self.communication))
 
 
 class ClusterSpec(_Spec):
@@ -418,6 +442,10 @@ class JobSpec(_Spec):
     flash_attention: bool = Field(
         default=True,
         description="Fused attention kernel (FlashAttention / SDPA): no s x s score matrix is stored; False reproduces Korthikanti et al.'s unfused accounting.",
+    )
+    loss_kernel: Optional[LossKernel] = Field(
+        default=None,
+        description="Cross-entropy implementation (what the loss keeps per logit); None: the target's (megatron: vocab-parallel, others: eager).",
     )
 
 
@@ -646,6 +674,11 @@ class Estimate(_ReadsV1_0):
     )
     interval_coverage: Optional[float] = Field(
         default=None, description="Fraction of held-out published runs whose step time fell inside such an interval."
+    )
+    time_uncertainty_s: Optional[TimeBreakdown] = Field(
+        default=None,
+        description="Per term of time_breakdown_s, how far it may be off (+/- seconds, the cluster's per-term relative "
+        "half-width times the term); the step's interval combines them in quadrature.",
     )
 
 

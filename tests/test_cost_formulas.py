@@ -36,6 +36,7 @@ from planner.specs import (
     DType,
     JobSpec,
     LinkTier,
+    LossKernel,
     ModelSpec,
     Optimizer,
     Plan,
@@ -363,6 +364,37 @@ def test_activations_flash_attention_keeps_only_logsumexp(h, a, s, b, t, sp):
     expected_selective = (k22_tp_sp_selective if sp else k22_tp_selective)(s, b, h, a, t)
     assert selective == pytest.approx(float(expected_selective), rel=REL)
     assert flash == pytest.approx(float(expected_selective + 4 * b * Fr(a, t) * s), rel=REL)
+
+
+@pytest.mark.parametrize("t,sp", [(1, False), (4, False), (8, True)])
+@pytest.mark.parametrize(
+    "kernel,kept,transient",
+    [
+        # eager: fp32 log-softmax saved ([K22]'s 4 s b V / t); 16-bit logits + fp32 gradient at backward
+        (LossKernel.eager, 4, 2 + 4),
+        # Megatron's vocab-parallel cross-entropy: fp32 softmax in place, 16-bit gradient cast
+        (LossKernel.vocab_parallel, 4, 2),
+        # a fused kernel (flash-attn): 16-bit logits saved, 16-bit gradient
+        (LossKernel.fused, 2, 2),
+    ],
+)
+def test_loss_bytes_per_logit(kernel, kept, transient, t, sp):
+    """What the last stage holds for the loss, per logit of its V/t vocabulary shard, besides
+    the final-norm and head inputs (2 x 2 s b h, / t with SP)."""
+    model = load_model("gpt3-175b")
+    s, b, V = 2048, 2, model.vocab_size
+    shard = -(-V // t)
+    head = memory.head_activation_bytes(model, b, s, t, sp, DType.bf16, kernel)
+    assert head == pytest.approx(2 * 2 * s * b * model.hidden_size / (t if sp else 1) + kept * s * b * shard, rel=1e-3)
+    assert memory.logits_temporary_bytes(model, b, s, t, DType.bf16, kernel) == pytest.approx(transient * s * b * shard, rel=1e-3)
+
+
+def test_loss_kernel_defaults_to_the_targets():
+    """Megatron runs its vocab-parallel cross-entropy; other stacks PyTorch's; a job may name its own."""
+    job = JobSpec(global_batch_size=8, seq_len=1024)
+    assert compute.loss_kernel(job) == LossKernel.eager
+    assert compute.loss_kernel(job.model_copy(update={"target": "megatron"})) == LossKernel.vocab_parallel
+    assert compute.loss_kernel(JobSpec(global_batch_size=8, seq_len=1024, target="megatron", loss_kernel="fused")) == LossKernel.fused
 
 
 # =========================================================================== 4. in-flight micro-batches

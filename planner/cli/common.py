@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from hardware_profiles import load_cluster
 from planner.errors import UsageError
 from planner.presets import load_model
-from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Target
+from planner.specs import ClusterSpec, JobSpec, LossKernel, ModelSpec, Plan, PlanError, Target
 
 
 def target_options(fn: Callable) -> Callable:
@@ -33,6 +33,11 @@ def target_options(fn: Callable) -> Callable:
             "--target", "stack", type=click.Choice([t.value for t in Target]), default="generic", show_default=True,
             help="Training stack the plan will run on: its attention kernel and TP communication overlap (megatron: "
             "Transformer Engine's cuDNN attention and --tp-comm-overlap).",
+        ),
+        click.option(
+            "--loss-kernel", type=click.Choice([k.value for k in LossKernel]), default=None,
+            help="Cross-entropy implementation, which sets the loss's memory per logit [default: the target's: "
+            "megatron vocab-parallel, others eager; fused = a fused kernel such as flash-attn's].",
         ),
     ]
     return functools.reduce(lambda f, opt: opt(f), reversed(options), fn)
@@ -89,7 +94,7 @@ def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Opt
 
 def make_job(
     model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool,
-    cluster: Optional[ClusterSpec] = None, stack: str = "generic",
+    cluster: Optional[ClusterSpec] = None, stack: str = "generic", loss_kernel: Optional[str] = None,
 ) -> JobSpec:
     seq = seq_len or model.max_seq_len
     dtype = precision or model.param_dtype
@@ -108,6 +113,7 @@ def make_job(
             optimizer=optimizer,
             flash_attention=not no_flash,
             target=stack,
+            loss_kernel=loss_kernel,
         )
     except ValidationError as exc:
         raise UsageError(_first_error(exc)) from None

@@ -44,7 +44,7 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None, help="Re-estimate a plan file (from `plan solve -o` or `--json`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema_version, plan, estimate, ...).")
 def estimate(
-    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack,
+    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
     global_batch, tp, pp, dp, vpp, micro_batch_size, recompute, zero, sequence_parallel, schedule,
     layers_per_stage, mesh_order, plan_file: Optional[str], as_json: bool,
 ) -> None:
@@ -56,7 +56,7 @@ def estimate(
         model, cluster, gpus = resolve_target(model_name, cluster_name, gpus, nodes)
         if global_batch is None:
             raise UsageError("--global-batch is required (sequences per optimizer step)")
-        job = make_job(model, global_batch, seq_len, precision, optimizer, no_flash_attention, cluster, stack)
+        job = make_job(model, global_batch, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel)
         if tp < 1 or pp < 1 or (dp is not None and dp < 1) or micro_batch_size < 1:
             raise UsageError("--tp, --pp, --dp and --micro-batch-size must be positive")
         if dp is None:

@@ -82,8 +82,12 @@ def time_table(est: Estimate) -> Table:
     t.add_column("component")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
+    spread = est.time_uncertainty_s.model_dump() if est.time_uncertainty_s else None
+    if spread:
+        t.add_column("+/-", justify="right")
     for name, value in est.time_breakdown_s.model_dump().items():
-        t.add_row(name.replace("_", " "), _fmt_time(value), f"{100 * value / est.step_time_s:.1f}%")
+        row = [name.replace("_", " "), _fmt_time(value), f"{100 * value / est.step_time_s:.1f}%"]
+        t.add_row(*row, *([_fmt_time(spread[name])] if spread else []))
     return t
 
 
@@ -163,6 +167,11 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
         if tied:
             console.print(f"alternatives {', '.join(tied)} lie within the recommended plan's interval: the prediction cannot "
                           "tell them apart; measure them (`plan run`) before committing to one")
+        faster = [str(i) for i, a in enumerate(doc.alternatives, start=1) if a.estimate.tokens_per_s > est.tokens_per_s]
+        if faster:
+            console.print(f"alternative {', '.join(faster)} is predicted faster, but within the recommended plan's interval; "
+                          "the recommendation's interval ends lower (it depends less on communication, whose error is "
+                          "wider): among tied plans the best worst case wins")
     s = doc.search
     infeasible = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.infeasible.items()) or "none"
     skipped = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.skipped.items()) or "none"

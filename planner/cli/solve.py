@@ -67,7 +67,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 def solve(
-    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack,
+    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
     global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp,
     time_limit, solver, as_json: bool, output: Optional[str],
 ) -> None:
@@ -85,7 +85,7 @@ def solve(
     if max_memory_gib is not None and max_memory_gib <= 0:
         raise UsageError(f"--max-memory-gib must be positive, got {max_memory_gib}")
     fixed, modes = parse_fixes(fixes)
-    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster, stack)
+    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel)
     space = SearchSpace(
         num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
         max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,

@@ -59,9 +59,10 @@ class SearchStats:
 
 @dataclass
 class SearchResult:
-    best: Optional[Found]
+    best: Optional[Found]  # the recommendation: the fastest, or a tied plan with a better worst case (break_ties)
     alternatives: list
     stats: SearchStats
+    fastest: Optional[Found] = None  # the shortest predicted time (the ILP's optimum)
 
 
 def decode(c: Candidate, counts) -> Plan:
@@ -178,7 +179,29 @@ def solve(
     results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes, solver) for _, i, sol in found[: top_k + 1]]
     if not results:
         return SearchResult(None, [], stats)
-    return SearchResult(results[0], results[1:], stats)
+    fastest = results[0]
+    results = break_ties(results)
+    return SearchResult(results[0], results[1:], stats, fastest)
+
+
+def _per_token(f: Found, t: float) -> float:
+    return t / (f.job.global_batch_size * f.job.seq_len)
+
+
+def break_ties(results: list) -> list:
+    """The tie rule. Plans whose intervals overlap the fastest plan's cannot be told apart
+    by the prediction; among them recommend the one whose interval ends lowest (the best
+    worst case, time per token). Compute and communication carry different errors
+    (planner/specs.py:Uncertainty), so this prefers the plan that depends least on the
+    uncertain terms: a communication-heavy plan must be faster by more than its wider
+    interval to be recommended. Without intervals (measured profiles) the fastest stays first."""
+    best = results[0]
+    if best.estimate.step_time_interval_s is None:
+        return results
+    top = _per_token(best, best.estimate.step_time_interval_s[1])
+    tied = [f for f in results if f.estimate.step_time_interval_s and _per_token(f, f.estimate.step_time_interval_s[0]) <= top]
+    pick = min(tied, key=lambda f: _per_token(f, f.estimate.step_time_interval_s[1]))
+    return [pick] + [f for f in results if f is not pick]
 
 
 def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, stats: SearchStats) -> tuple[list, dict]:
