@@ -38,10 +38,10 @@ SETTINGS = [
           recompute="selective")),
     ("Llama 3 70B, 512 H100", "llama3-70b", "dgx-h100-80gb", 512, 1024, 8192,
      dict(dp=32, tp=4, pp=4, vpp=5, micro_batch_size=1, num_micro_batches=32, sequence_parallel=True, zero_stage=1,
-          schedule="interleaved-1f1b")),
+          schedule="interleaved-1f1b", tp_comm_overlap=True)),
     ("Llama 3 405B, 1,024 H100", "llama3-405b", "dgx-h100-80gb", 1024, 512, 8192,
      dict(dp=16, tp=8, pp=8, vpp=2, micro_batch_size=1, num_micro_batches=32, sequence_parallel=True, zero_stage=1,
-          schedule="interleaved-1f1b", recompute="selective")),
+          schedule="interleaved-1f1b", recompute="selective", tp_comm_overlap=True)),
 ]
 
 
@@ -51,7 +51,7 @@ def main() -> None:
         model = load_model(model) if isinstance(model, str) else model
         cluster = load_cluster(cluster_name)
         job = JobSpec(global_batch_size=batch, seq_len=seq, target="megatron")
-        res = solve(model, cluster, job, SearchSpace(num_gpus=gpus, global_batch_size=batch), top_k=1)
+        res = solve(model, cluster, job, SearchSpace(num_gpus=gpus, global_batch_size=batch, tp_comm_overlap=(False, True)), top_k=1)
         ref = estimate(model, cluster, job, Plan(**practice))
         best = res.best.estimate
         for name, plan, est in (("planner", res.best.plan, best), ("practice", Plan(**practice), ref)):

@@ -133,7 +133,7 @@ def small_cluster(memory_gib: float):
 def eval_seconds(model, cluster, job, plan) -> float:
     """Measured cost of one brute-force evaluation on this machine, now."""
     cand = Candidate(plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches, plan.schedule,
-                     plan.zero_stage, plan.sequence_parallel, tuple(plan.mesh_order))
+                     plan.zero_stage, plan.sequence_parallel, tuple(plan.mesh_order), plan.tp_comm_overlap)
     pc = CostTables(model, cluster, job).pipeline(cand)
     P = cand.pp * cand.vpp
     counts = [(model.num_layers // P, 0, 0)] * P

@@ -177,14 +177,14 @@ def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n
     return fwd, bwd
 
 
-# What each training stack runs (planner/specs.py:Target): its fused-attention kernel, and
-# whether tensor-parallel collectives overlap the GEMMs they feed (Megatron-Core with
-# Transformer Engine's userbuffers, `--tp-comm-overlap`, on in NeMo's recipes).
+# What each training stack runs (planner/specs.py:Target): its fused-attention kernel and its
+# cross-entropy. Whether TP collectives may overlap their GEMMs is Target.tp_comm_overlap, and
+# a plan's choice (Plan.tp_comm_overlap).
 TARGETS = {
-    Target.generic: {"attention": "flash2", "tp_comm_overlap": False, "loss": LossKernel.eager},
-    Target.deepspeed: {"attention": "flash2", "tp_comm_overlap": False, "loss": LossKernel.eager},
-    Target.torchtitan: {"attention": "flash2", "tp_comm_overlap": False, "loss": LossKernel.eager},
-    Target.megatron: {"attention": "cudnn", "tp_comm_overlap": True, "loss": LossKernel.vocab_parallel},
+    Target.generic: {"attention": "flash2", "loss": LossKernel.eager},
+    Target.deepspeed: {"attention": "flash2", "loss": LossKernel.eager},
+    Target.torchtitan: {"attention": "flash2", "loss": LossKernel.eager},
+    Target.megatron: {"attention": "cudnn", "loss": LossKernel.vocab_parallel},
 }
 
 

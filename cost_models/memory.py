@@ -146,6 +146,14 @@ def logits_temporary_bytes(
     return transient * micro_batch * seq_len * vocab_shard(model, tp)
 
 
+def tp_overlap_buffer_bytes(model: ModelSpec, micro_batch: int, seq_len: int, e: int) -> float:
+    """Communication buffers of TP comm overlap: Megatron-LM registers Transformer Engine
+    userbuffers of shape (seq_len x micro_batch, hidden) (megatron/training's
+    _initialize_tp_communicators), one per overlapped GEMM: the forward and input-gradient
+    GEMMs of QKV, the attention projection, fc1 and fc2, i.e. eight of s b h elements."""
+    return 8.0 * e * seq_len * micro_batch * model.hidden_size
+
+
 # --------------------------------------------------------------------------- schedules
 
 

@@ -143,7 +143,8 @@ def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: s
 
 
 def layer_costs(
-    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink,
+    tp_overlap: bool = False,
 ) -> LayerCosts:
     dtype, b, s = job.precision, micro_batch, job.seq_len
     lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target)
@@ -164,7 +165,7 @@ def layer_costs(
     else:
         one = tp_link.time(Collective.all_reduce, buf)
     tp_fwd = tp_bwd = 2 * one
-    if compute.TARGETS[job.target]["tp_comm_overlap"]:
+    if tp_overlap:
         # Overlapped with the layer's GEMMs that produce / consume the buffers, as data-parallel
         # overlap is (communication.overlapped): what stays exposed is the slowdown of the
         # compute beside it, and whatever outlasts that compute.
@@ -266,6 +267,7 @@ class PipelineCosts:
     optimizer_seconds_per_param: float  # update of the local shard, per parameter held
     overhead_bytes: float
     zero3_gather_bytes: float  # gathered current + prefetched layer (ZeRO-3)
+    comm_buffer_bytes: float  # TP-overlap communication buffers
     tokens_per_step: int
     model_flops_per_step: float
     memory_capacity_gib: float
@@ -293,6 +295,7 @@ def pipeline_costs(
     return layout_costs(
         model, cluster, job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
         plan.schedule, plan.zero_stage, plan.sequence_parallel, plan.mesh_order, links, layer, edge,
+        tp_overlap=plan.tp_comm_overlap,
     )
 
 
@@ -300,11 +303,12 @@ def layout_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, dp: int, tp: int, pp: int, vpp: int, micro_batch: int,
     num_micro_batches: int, schedule: Schedule, zero: int, sp: bool, mesh_order, links: dict | None = None,
     layer: LayerCosts | None = None, edge: EdgeCosts | None = None, model_flops: float | None = None,
+    tp_overlap: bool = False,
 ) -> PipelineCosts:
     """Cost tables of one layout; `links`, `layer`, `edge` and `model_flops` (per step) may
     come from a cache."""
     links = links or mesh_links(cluster, dp, tp, pp, mesh_order)
-    layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp])
+    layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp], tp_overlap)
     edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp])
     e = DTYPE_BYTES[job.precision]
     states = memory.model_state_bytes(1, dp, zero, job.precision, job.optimizer)  # per parameter held
@@ -329,6 +333,7 @@ def layout_costs(
         optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dp if zero >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
+        comm_buffer_bytes=memory.tp_overlap_buffer_bytes(model, micro_batch, job.seq_len, e) if tp_overlap else 0.0,
         tokens_per_step=batch * job.seq_len,
         model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),
         memory_capacity_gib=cluster.device.memory_gib,

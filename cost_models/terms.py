@@ -158,7 +158,7 @@ class RankMemory(NamedTuple):
     gradients: Linear
     optimizer: Linear
     activations: Linear  # in-flight micro-batches x saved bytes
-    fixed: float  # framework overhead + gathered ZeRO-3 layers
+    fixed: float  # framework overhead + gathered ZeRO-3 layers + TP-overlap buffers
     overhead: float  # the framework part of `fixed`
     temporary: tuple  # per stage of the rank: transient bytes (logits on the last stage)
     full_recompute_buffer: float  # one layer's activations, rebuilt in a stage with a fully recomputed layer
@@ -276,7 +276,7 @@ class LayoutTerms:
         self._slope = (a + lc.recompute[0], a + lc.recompute[1], a + lc.recompute[2])
         self.total_params = self.num_layers * lc.params + ec.embedding_params + ec.head_params
         # Memory that does not depend on the split: framework overhead, gathered ZeRO-3 layers.
-        self.fixed_bytes = pc.overhead_bytes + pc.zero3_gather_bytes
+        self.fixed_bytes = pc.overhead_bytes + pc.zero3_gather_bytes + pc.comm_buffer_bytes
         self._data_parallel: Optional[DataParallel] = None
         self._ranks: Optional[list] = None
 

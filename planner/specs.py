@@ -61,6 +61,13 @@ class Target(str, Enum):
     deepspeed = "deepspeed"
     torchtitan = "torchtitan"
 
+    @property
+    def tp_comm_overlap(self) -> bool:
+        """Whether the stack can overlap TP communication with the GEMMs next to it: Megatron's
+        --tp-comm-overlap (Transformer Engine userbuffers) and torchtitan's async TP (micro-
+        pipelined all-gather / reduce-scatter matmuls), both on top of sequence parallelism."""
+        return self in (Target.megatron, Target.torchtitan)
+
 
 class LossKernel(str, Enum):
     """How the cross-entropy over the vocabulary is computed, which sets what the loss holds
@@ -484,6 +491,11 @@ class Plan(_Spec):
     )
     zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP).")
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism: norms/dropout sharded over the TP group.")
+    tp_comm_overlap: bool = Field(
+        default=False,
+        description="Overlap TP all-gathers / reduce-scatters with the GEMMs beside them (Megatron --tp-comm-overlap, torchtitan async "
+        "TP): needs sequence parallelism and a target that has it; costs communication buffers.",
+    )
     layers_per_stage: Optional[list[int]] = Field(
         default=None,
         description="Transformer layers of each virtual stage in pipeline order (length pp*vpp; virtual stage j runs on pipeline rank j % pp); None = as even as possible.",
@@ -511,6 +523,8 @@ class Plan(_Spec):
             raise PlanError("the interleaved schedule needs pp > 1")
         if self.sequence_parallel and self.tp == 1:
             raise PlanError("sequence_parallel needs tp > 1")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise PlanError("tp_comm_overlap needs sequence_parallel (and tp > 1): the overlap pipelines its all-gathers and reduce-scatters")
         if self.layers_per_stage is not None:
             if len(self.layers_per_stage) != self.virtual_stages:
                 raise PlanError(
@@ -567,6 +581,10 @@ class Plan(_Spec):
         if self.schedule == Schedule.interleaved_1f1b and self.num_micro_batches % self.pp:
             raise PlanError(
                 f"the interleaved schedule needs micro-batches ({self.num_micro_batches}) to be a multiple of pp ({self.pp})"
+            )
+        if self.tp_comm_overlap and not Target(job.target).tp_comm_overlap:
+            raise PlanError(
+                f"tp_comm_overlap is not available in target {Target(job.target).value}; use --target megatron or torchtitan, or drop it"
             )
         if job.seq_len > model.max_seq_len and model.learned_position_embeddings:
             raise PlanError(f"seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of {model.name}")

@@ -46,3 +46,18 @@ def test_interval_contains_the_runs_at_the_stated_coverage():
         published_step = est.step_time_s * r  # the published throughput, as a step time
         inside += lo <= published_step <= hi
     assert coverage is not None and inside / len(CASES) >= coverage
+
+
+# Runs the memory model still predicts not to fit, with by how much at most: Nemotron-4 340B on
+# 128 H100 (TP8 PP8 VP12, dp 2) comes out at ~83 of 79.6 GiB. Its recipe's memory savers are not
+# stated for that table (README "Calibration and trust" names it as an open miss).
+KNOWN_MISSES = {"DGXC Nemotron4 340B BF16, 128 H100, TP8 PP8 VP12": 1.06}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name[:60])
+def test_published_run_fits_its_gpus(case):
+    """A run that ran is predicted to fit its GPUs (memory as allocated: states, activations,
+    the loss's buffers per cross-entropy kernel, communication buffers, framework overhead)."""
+    est = estimate(case.model, case.cluster, case.job, case.plan)
+    over = est.peak_memory_gib / est.memory_capacity_gib
+    assert over <= KNOWN_MISSES.get(case.name, 1.0), f"{case.name}: {est.peak_memory_gib:.1f} of {est.memory_capacity_gib} GiB"

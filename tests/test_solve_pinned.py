@@ -70,7 +70,7 @@ def canonical(name: str, plan_json: dict) -> dict:
     plan = Plan.model_validate(plan_json)
     cand = Candidate(
         plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches, plan.schedule,
-        plan.zero_stage, plan.sequence_parallel, tuple(plan.mesh_order),
+        plan.zero_stage, plan.sequence_parallel, tuple(plan.mesh_order), plan.tp_comm_overlap,
     )
     pc = CostTables(model, cluster, job).pipeline(cand)
     counts = settle(pc, recompute_counts(plan, model.num_layers), memory_limit_gib(cluster), MODES, default_solver())

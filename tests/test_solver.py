@@ -262,3 +262,37 @@ def test_tie_rule_prefers_the_plan_that_depends_least_on_communication():
     # No communication difference: the fastest stays first.
     a, b = found(1.00, 0.0), found(1.01, 0.0)
     assert break_ties([a, b])[0] is a
+
+
+@pytest.mark.parametrize("memory_gib", [1.5, 0.7])
+def test_matches_brute_force_with_tp_comm_overlap_choice(memory_gib):
+    """Target megatron: TP comm overlap is a plan choice (with SP); the ILP search and brute
+    force agree over it, and with room to spare an overlapped TP plan is at least as fast."""
+    job = JobSpec(global_batch_size=2, seq_len=2048, target="megatron")
+    space = SearchSpace(num_gpus=4, global_batch_size=2, tp_comm_overlap=(False, True))
+    assert_same_optimum(SMALL, tiny_cluster(memory_gib), job, space)
+
+
+def test_tp_comm_overlap_saves_time_and_costs_buffers():
+    """Overlapping the TP collectives hides them behind the layer's GEMMs (up to the compute
+    slowdown beside them) and adds eight s b h 16-bit userbuffers per GPU."""
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-h100-80gb")
+    job = JobSpec(global_batch_size=64, seq_len=2048, target="megatron")
+    base = dict(dp=2, tp=8, pp=8, micro_batch_size=1, num_micro_batches=32, sequence_parallel=True, recompute="selective")
+    off = estimate(model, cluster, job, Plan(**base))
+    on = estimate(model, cluster, job, Plan(**base, tp_comm_overlap=True))
+    assert on.time_breakdown_s.tp_communication < 0.5 * off.time_breakdown_s.tp_communication
+    assert on.step_time_s < off.step_time_s
+    extra = (on.peak_memory_gib - off.peak_memory_gib) * 2**30
+    assert extra == pytest.approx(8 * 2 * 2048 * 1 * model.hidden_size, rel=1e-6)
+
+
+@pytest.mark.parametrize("fields,target,message", [
+    (dict(tp=2, sequence_parallel=False, tp_comm_overlap=True), "megatron", "needs sequence_parallel"),
+    (dict(tp=2, sequence_parallel=True, tp_comm_overlap=True), "generic", "not available in target generic"),
+])
+def test_tp_comm_overlap_is_refused_where_it_cannot_run(fields, target, message):
+    from planner.specs import PlanError
+    job = JobSpec(global_batch_size=4, seq_len=1024, target=target)
+    with pytest.raises((PlanError, ValueError), match=message):
+        Plan(dp=2, pp=1, micro_batch_size=2, num_micro_batches=1, **fields).validate_for(load_model("gpt2-124m"), job)

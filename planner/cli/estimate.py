@@ -33,6 +33,7 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.option("--recompute", type=click.Choice([m.value for m in Recompute]), default=Recompute.none.value, show_default=True)
 @click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage.")
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1).")
+@click.option("--tp-comm-overlap", is_flag=True, help="Overlap TP communication with GEMMs (needs --sequence-parallel and --target megatron or torchtitan).")
 @click.option(
     "--schedule",
     type=click.Choice([s.value for s in Schedule]),
@@ -45,7 +46,7 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema_version, plan, estimate, ...).")
 def estimate(
     model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
-    global_batch, tp, pp, dp, vpp, micro_batch_size, recompute, zero, sequence_parallel, schedule,
+    global_batch, tp, pp, dp, vpp, micro_batch_size, recompute, zero, sequence_parallel, tp_comm_overlap, schedule,
     layers_per_stage, mesh_order, plan_file: Optional[str], as_json: bool,
 ) -> None:
     """Predict step time, throughput and per-GPU memory of one layout."""
@@ -73,7 +74,7 @@ def estimate(
             dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch_size=micro_batch_size,
             num_micro_batches=job.global_batch_size // (dp * micro_batch_size),
             schedule=schedule or (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b),
-            recompute=recompute, zero_stage=zero, sequence_parallel=sequence_parallel,
+            recompute=recompute, zero_stage=zero, sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap,
             layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"),
             mesh_order=[a.strip() for a in mesh_order.split(",")],
         )

@@ -64,6 +64,8 @@ def plan_summary(plan: Plan) -> str:
     ]
     if plan.sequence_parallel:
         parts.append("sp")
+    if plan.tp_comm_overlap:
+        parts.append("tp-overlap")
     return " ".join(parts)
 
 

@@ -22,6 +22,7 @@ _FIX_KEYS = {
     "zero": ("zero_stage", int), "zero_stage": ("zero_stage", int),
     "sp": ("sequence_parallel", "bool"), "sequence_parallel": ("sequence_parallel", "bool"),
     "schedule": ("schedule", str), "mesh_order": ("mesh_order", "axes"), "recompute": ("recompute", str),
+    "tp_comm_overlap": ("tp_comm_overlap", "bool"),
 }
 
 
@@ -59,7 +60,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
 @click.option("--micro-batch-size", type=int, help="Sequences per micro-batch per replica, when the batch is not fixed.")
 @click.option("--micro-batches", type=int, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
 @click.option("--top-k", type=int, default=3, show_default=True, help="Alternatives to report.")
-@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp mbs zero sp schedule mesh_order recompute).")
+@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp mbs zero sp schedule mesh_order recompute tp_comm_overlap).")
 @click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
 @click.option("--time-limit", type=float, help="Seconds; return the best plan so far, marked as not proven optimal.")
@@ -89,6 +90,7 @@ def solve(
     space = SearchSpace(
         num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
         max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,
+        tp_comm_overlap=(False, True) if job.target.tp_comm_overlap else (False,),
     )
     limit = memory_limit_gib(cluster, max_memory_gib)
     result = run_search(model, cluster, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)

@@ -55,12 +55,13 @@ class Candidate:
     zero_stage: int
     sequence_parallel: bool
     mesh_order: tuple
+    tp_comm_overlap: bool = False
 
     def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
         return Plan(
             dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size,
             num_micro_batches=self.num_micro_batches, schedule=self.schedule, zero_stage=self.zero_stage,
-            sequence_parallel=self.sequence_parallel, mesh_order=list(self.mesh_order),
+            sequence_parallel=self.sequence_parallel, mesh_order=list(self.mesh_order), tp_comm_overlap=self.tp_comm_overlap,
             layers_per_stage=layers_per_stage, stage_recompute=stage_recompute, recompute=recompute,
         )
 
@@ -83,6 +84,7 @@ class SearchSpace:
     include_dominated: bool = False  # brute-force tests: enumerate dominated choices too
     fixed: dict = field(default_factory=dict)
     recompute_modes: tuple = MODES  # the Recompute modes the ILP may use
+    tp_comm_overlap: tuple = (False,)  # choices for Plan.tp_comm_overlap (both where the target has it)
 
 
 def divisors(n: int) -> list[int]:
@@ -169,8 +171,8 @@ def enumerate_candidates(
                                     rejected[DOMINATED] += len(MESH_ORDERS)
                                     continue
                                 rejected[DOMINATED] += dropped_orders
-                                for order in orders:
-                                    c = Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order)
+                                for order, ov in itertools.product(orders, space.tp_comm_overlap if sp else (False,)):
+                                    c = Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov)
                                     if any(getattr(c, k) != val for k, val in fixed.items()):
                                         rejected[FIXED] += 1
                                         continue
@@ -196,9 +198,11 @@ class CostTables:
 
     def layer(self, c: Candidate) -> LayerCosts:
         tp_link = self.links(c)[Axis.tp]
-        key = (c.micro_batch_size, c.tp, c.sequence_parallel, tp_link.signature)
+        key = (c.micro_batch_size, c.tp, c.sequence_parallel, tp_link.signature, c.tp_comm_overlap)
         if key not in self._layer:
-            self._layer[key] = layer_costs(self.model, self.cluster, self.job, c.micro_batch_size, c.tp, c.sequence_parallel, tp_link)
+            self._layer[key] = layer_costs(
+                self.model, self.cluster, self.job, c.micro_batch_size, c.tp, c.sequence_parallel, tp_link, c.tp_comm_overlap
+            )
         return self._layer[key]
 
     def edge(self, c: Candidate) -> EdgeCosts:
@@ -226,5 +230,5 @@ class CostTables:
         return layout_costs(
             self.model, self.cluster, self.job, c.dp, c.tp, c.pp, c.vpp, c.micro_batch_size, c.num_micro_batches,
             c.schedule, c.zero_stage, c.sequence_parallel, c.mesh_order, self.links(c), self.layer(c), self.edge(c),
-            self.flops(c),
+            self.flops(c), tp_overlap=c.tp_comm_overlap,
         )
