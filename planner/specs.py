@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # 1.1: a pipeline rank is called so (`pipeline_rank`, `memory_gib_per_pipeline_rank`,
 # `bottleneck_pipeline_rank`, `pipeline_ranks`); "stage" means a virtual pipeline stage only.
 # Readers still accept the 1.0 names (_renamed below).
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 class _Spec(BaseModel):
