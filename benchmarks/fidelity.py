@@ -1,13 +1,18 @@
 """Can the numbers be trusted? Profile this machine, solve, run the top plans, compare.
 
-    python benchmarks/fidelity.py [--top-k 4] [--steps 4] [--worlds 2,4] [--keep DIR]
+    python benchmarks/fidelity.py [--top-k 4] [--steps 7] [--worlds 2,4] [--pinned zero=3,tp=2] [--keep DIR]
 
 For each world size (CPU processes standing in for GPUs): `plan profile` measures this
 machine and a small GPT model, `plan solve --cluster profile.json` ranks the layouts, and
-`plan run` trains each of the top-k plans (verification against one process included).
-Printed per plan: predicted and measured step time and their error; then the mean absolute
-error, the Spearman rank correlation between predicted and measured times, and the regret:
-how much slower the recommended plan ran than the fastest plan measured. Everything goes
+`plan run` trains each of the top-k plans (verification against one process included), then
+the best plan of each pinned family (`plan solve --fix zero=3`, `--fix tp=2`) that the top-k
+lacks, so that the layouts with many small collective calls are checked even when the
+solver (rightly) ranks them lower.
+Printed per plan (pinned families marked +): predicted and measured step time and their
+error; then, over all of them, the mean absolute error, the Spearman rank correlation between
+predicted and measured times, and the regret: how much slower the recommended plan ran than
+the fastest plan measured. Above the table: the profile's per-call overheads of collectives
+(LinkTier.call_overhead_us), what each call costs beyond the back-to-back fits. Everything goes
 through the real commands (subprocesses), as a user would run them.
 
 Measured step time: per step the slowest rank's time, median over the timed steps (the
@@ -39,6 +44,9 @@ MODEL = {
     "dropout": False, "source": "a small GPT for CPU fidelity runs",
 }
 GLOBAL_BATCH = 16
+# Micro-batch sizes profiled: the plans at this batch on 2-4 ranks run 4-8 sequences per
+# micro-batch, and the profile times its TP / ZeRO-3 stacks at the largest (calls.py).
+MICRO_BATCHES = "1,2,4,8"
 
 
 def _machine_busy_s() -> float:
@@ -89,6 +97,12 @@ def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     return out
 
 
+def solve(model_path: Path, profile: Path, world: int, top_k: int, *fix: str) -> dict:
+    """`plan solve --json` on the profile: the best plan and `top_k` alternatives."""
+    return json.loads(run(plan_cmd("solve", "--model", str(model_path), "--cluster", str(profile), "--gpus", str(world),
+                                   "--global-batch", str(GLOBAL_BATCH), "--top-k", str(top_k), "--json", *fix), timeout=600).stdout)
+
+
 def spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v):
         order = sorted(range(len(v)), key=v.__getitem__)
@@ -108,7 +122,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (sx * sy) if sx and sy else float("nan")
 
 
-def plan_files(solution: dict, workdir: Path, world: int) -> list[Path]:
+def plan_files(solution: dict, workdir: Path, stem: str) -> list[Path]:
     """The recommended plan and each alternative as a plan file `plan run` reads."""
     docs = [{k: solution[k] for k in ("schema_version", "model", "cluster", "num_gpus", "job", "plan", "estimate")}]
     for alt in solution["alternatives"]:
@@ -116,10 +130,18 @@ def plan_files(solution: dict, workdir: Path, world: int) -> list[Path]:
         docs.append(dict(docs[0], job=job, plan=alt["plan"], estimate=alt["estimate"]))
     paths = []
     for i, doc in enumerate(docs):
-        p = workdir / f"plan-{world}-{i}.json"
+        p = workdir / f"{stem}-{i}.json"
         p.write_text(json.dumps(doc))
         paths.append(p)
     return paths
+
+
+def call_overheads(profile: Path) -> str:
+    """The profile's per-call overheads (LinkTier.call_overhead_us) and overlap efficiency."""
+    doc = json.loads(profile.read_text())
+    got = doc["intra_node"].get("call_overhead_us") or {}
+    calls = ", ".join(f"{c} {us / 1e3:.1f} ms" for c, us in sorted(got.items())) or "none"
+    return f"call overhead beyond the fits: {calls}; overlap efficiency {doc['overlap_efficiency']:.2f}"
 
 
 def describe(plan: dict) -> str:
@@ -143,6 +165,7 @@ def main() -> None:
     top_k = int(opt("--top-k", "4"))
     steps = opt("--steps", "7")
     worlds = [int(w) for w in opt("--worlds", "2,4").split(",")]
+    pinned = [f for f in opt("--pinned", "zero=3,tp=2").split(",") if f]
     workdir = Path(opt("--keep", "")) if "--keep" in args else Path(tempfile.mkdtemp(prefix="plan-fidelity-"))
     workdir.mkdir(parents=True, exist_ok=True)
     model_path = workdir / "model.json"
@@ -151,14 +174,18 @@ def main() -> None:
         t0 = time.perf_counter()
         profile = workdir / f"profile-{world}.json"
         with OtherLoad() as profile_load:
-            run(plan_cmd("profile", "--model", str(model_path), "--nproc-per-node", str(world), "--micro-batch-sizes", "1,2,4",
+            run(plan_cmd("profile", "--model", str(model_path), "--nproc-per-node", str(world), "--micro-batch-sizes", MICRO_BATCHES,
                          "-o", str(profile)), timeout=1800)
         t_profile = time.perf_counter() - t0
-        solved = json.loads(run(plan_cmd("solve", "--model", str(model_path), "--cluster", str(profile), "--gpus", str(world),
-                                         "--global-batch", str(GLOBAL_BATCH), "--top-k", str(top_k - 1), "--json"),
-                                timeout=600).stdout)
+        paths = plan_files(solve(model_path, profile, world, top_k - 1), workdir, f"plan-{world}")
+        plans = [json.loads(p.read_text())["plan"] for p in paths]
+        for fix in pinned:
+            key, value = fix.split("=")
+            if any(str(p[{"zero": "zero_stage"}.get(key, key)]) == value for p in plans):
+                continue  # the top-k already has one
+            paths += plan_files(solve(model_path, profile, world, 0, "--fix", fix), workdir, f"plan-{world}-{key}{value}")
         rows = []
-        for path in plan_files(solved, workdir, world):
+        for path in paths:
             report_path = path.with_suffix(".report.json")
             cmd = plan_cmd("run", str(path), "--nproc-per-node", str(world), "--steps", steps, "--warmup", "2", "-o", str(report_path))
             with OtherLoad() as load:
@@ -173,8 +200,10 @@ def main() -> None:
                          rep["verification"]["passed"], load.cores, ""))
         print(f"\n{world} ranks (profile {t_profile:.0f} s, {profile.name}; other processes used {profile_load.cores:.2f} "
               f"of {os.cpu_count()} cores meanwhile); global batch {GLOBAL_BATCH} x {MODEL['max_seq_len']} tokens")
+        print(call_overheads(profile))
         print(f"{'#':>2} {'plan':44s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s} {'verified':>8s} {'others':>6s}")
         for i, (name, pred, meas, ok, others, note) in enumerate(rows):
+            i = i if i < len(plans) else "+"  # best plan of a pinned family
             err = f"{100 * (pred - meas) / meas:+6.1f}%" if meas else "   -  "
             print(f"{i:>2} {name:44s} {pred:12.4f} {meas if meas is not None else float('nan'):11.4f} {err:>7s} {str(ok):>8s} "
                   f"{others:6.2f} {note}")

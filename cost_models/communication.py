@@ -8,6 +8,12 @@ k = 2(n-1)/n for all-reduce and (n-1)/n for all-gather and reduce-scatter (Thaku
 A group whose ranks sit on more than one node pays the inter-node tier; when k of its
 ranks share a node, NCCL drives k NICs at once (one channel per rail), so the inter-node
 bus bandwidth is k x the per-GPU figure, capped by the intra-node link.
+
+Each call also pays the link tier's `call_overhead_us` for its collective, where a profile
+measured one (planner/profiler/calls.py): what a call costs a training step beyond the fit of
+calls timed back to back (ranks meeting, the framework's host work around the call). It enters
+alpha, so it is charged once per call wherever the model counts calls (one per bucketed
+stream, one per layer for ZeRO-3, four per layer for TP). The presets have none.
 """
 
 from __future__ import annotations
@@ -69,9 +75,15 @@ class GroupLink:
             bw = fit.bandwidth_gbps
             if self.inter_node and c != Collective.p2p:
                 bw = min(bw * self.rails, cluster.intra_node.fit(c, n).bandwidth_gbps)
-            alpha = fit.latency_us + self.step_latency_us(c)
+            alpha = fit.latency_us + self.step_latency_us(c) + self.call_overhead_us(c)
             coef = self._coef[c] = (alpha * 1e-6, VOLUME_FACTOR[c](n) / (bw * 1e9))
         return coef
+
+    def call_overhead_us(self, c: Collective) -> float:
+        """What one call costs beyond the fit of back-to-back calls (LinkTier.call_overhead_us;
+        0 where the tier has no figure for `c`)."""
+        tier = self._cluster.inter_node if self.inter_node else self._cluster.intra_node
+        return (tier.call_overhead_us or {}).get(c, 0.0)
 
     @property
     def nodes(self) -> int:

@@ -285,6 +285,22 @@ class LinkTier(_Spec):
     tree_hop_latency_us: Optional[float] = Field(
         default=None, ge=0, description="Latency of one level of NCCL's tree all-reduce over this link; None: no tree algorithm."
     )
+    call_overhead_us: Optional[dict[Collective, float]] = Field(
+        default=None,
+        description="Per collective, microseconds added to every call's latency for what a call costs a training step beyond the "
+        "fits (which time calls back to back): the ranks meeting (a call waits for the last rank and wakes the blocked ones; on "
+        "shared CPU cores, scheduler time slices), the framework's host work around the call (DTensor redistribution, FSDP2 "
+        "copy-in / copy-out), and, where the framework issues the call synchronously, the transfer time the overlap model counts "
+        "as hidden. Measured by `plan profile`: the value with which the cost model reproduces a few blocks timed as `plan run` "
+        "executes them (planner/profiler/calls.py). None or a missing collective: 0 (the GPU presets: the host runs ahead).",
+    )
+
+    @field_validator("call_overhead_us")
+    @classmethod
+    def _overheads_not_negative(cls, v):
+        if v is not None and any(x < 0 for x in v.values()):
+            raise ValueError("call overheads must be >= 0 microseconds")
+        return v
 
     def fit(self, collective: Collective, group_size: int) -> CollectiveFit:
         """The fit for this collective: exact group size, else a size-free fit, else the nearest size."""

@@ -174,6 +174,10 @@ def test_profile_two_processes_then_solve(tmp_path):
     assert m.environment.world_size == 2 and m.environment.backend == "gloo"
     assert {s.collective for s in m.collectives} == set(Collective)
     assert all(s.bandwidth_gbps > 0 and s.latency_us >= 0 for s in m.collectives)
+    # the TP and ZeRO-3 stacks, timed as plan run executes them, set each call's overhead
+    overheads = cluster.intra_node.call_overhead_us
+    assert set(overheads) == {Collective.all_reduce, Collective.all_gather, Collective.reduce_scatter}
+    assert all(v >= 0 for v in overheads.values())
     # every layer FLOP count equals the cost model's
     assert all(x.flops_forward == pytest.approx(x.analytic_flops_forward) for x in m.layers if x.kind != "embedding")
     solved = subprocess.run(

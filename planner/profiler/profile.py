@@ -3,9 +3,10 @@
 Every rank measures compute in lockstep with the others (each repetition starts on all
 ranks at once and counts as long as the slowest rank took, as a training step does), with
 the thread count `plan run` uses, so that the numbers carry the contention of a real run;
-then all ranks time collectives group by group; rank 0 gathers everything and
-returns it to the launcher, which writes a hardware profile in the schema of the shipped
-presets plus the raw measurements (`measured`).
+then all ranks time collectives group by group, and a few blocks as `plan run` executes them
+with TP and with ZeRO-3, for what each call costs beyond the fits (calls.py); rank 0 gathers
+everything and returns it to the launcher, which writes a hardware profile in the schema of
+the shipped presets plus the raw measurements (`measured`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from planner.profiler.calls import fit_call_overheads
 from planner.specs import (
     ClusterSpec,
     Collective,
@@ -26,6 +28,7 @@ from planner.specs import (
     DeviceSpec,
     DType,
     EfficiencyPoint,
+    JobSpec,
     LayerMeasurement,
     LinkTier,
     MeasuredProfile,
@@ -75,7 +78,7 @@ def plan_steps(req: ProfileRequest, tps: list[int], world: int, nproc: int) -> i
 
     layers = len(req.micro_batches) * (len(tps) + 2)
     links = sum(len(req.message_sizes) * (4 if len(m) % 2 == 0 else 3) for m, _ in group_shapes(world, nproc))
-    return layers + 3 + links
+    return layers + 4 + links  # 4: matmul sweep, memory bandwidth, overlap, collective calls
 
 
 class Progress:
@@ -144,7 +147,7 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     import torch.distributed as dist
 
     from planner.distributed.launch import init_process_group
-    from planner.profiler import compute, links
+    from planner.profiler import calls, compute, links
 
     import warnings
 
@@ -181,6 +184,12 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     sweeps = links.sweep(rank, world, nproc, req.message_sizes, req.reps + 1, req.warmup, device, sync, progress)
     overlap = links.overlap_efficiency(rank, None, device, req.reps + 2, sync) if world > 1 else 1.0
     progress("communication/compute overlap")
+    stacks = []
+    if world > 1 and not req.model_factory:  # the executor shards the reference model's blocks only
+        tp = min((t for t in tps if t > 1), default=1)
+        stacks = calls.time_stacks(req.model, device, max(req.micro_batches), req.seq_len, tp, req.layer_reps, req.warmup, sync,
+                                   lockstep)
+    progress("collective calls as plan run issues them")
 
     gathered: list = [None] * world
     dist.all_gather_object(gathered, (layers, matmul, bandwidth, capacity, overhead))
@@ -195,7 +204,7 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
         hostname=socket.gethostname(), quick=req.quick,
     )
     dist.destroy_process_group()
-    return {"env": env, "per_rank": gathered, "sweeps": sweeps, "overlap": overlap}
+    return {"env": env, "per_rank": gathered, "sweeps": sweeps, "overlap": overlap, "stacks": stacks}
 
 
 def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurement]:
@@ -253,7 +262,7 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
         inter = intra.model_copy(update={"name": "not measured (single node): the intra-node fits"})
     if intra is None:
         intra = inter.model_copy(update={"name": "not measured (one rank per node): the inter-node fits"})
-    return ClusterSpec(
+    cluster = ClusterSpec(
         name=name, device=device, gpus_per_node=env.nproc_per_node, num_nodes=env.nnodes, intra_node=intra,
         inter_node=inter, overlap_efficiency=result.get("overlap", 1.0),
         source=f"measured by `plan profile` on {env.hostname}, {env.date}, torch {env.torch_version}, {env.backend}",
@@ -261,3 +270,8 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
             environment=env, model=model, layers=layers, matmul=matmul, memory_bandwidth_gbps=bandwidth, collectives=sweeps,
         ),
     )
+    stacks = result.get("stacks", [])
+    if not stacks:
+        return cluster
+    job = JobSpec(global_batch_size=1, seq_len=stacks[0].seq_len, precision=env.dtype)
+    return fit_call_overheads(cluster, model, job, stacks)
