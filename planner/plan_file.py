@@ -22,7 +22,9 @@ class PlanInput(BaseModel):
     plan: Plan
 
 
-def read_plan_file(path: Path) -> PlanInput:
+def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
+    """The plan of a plan document, or (`alternative` K >= 1) the K-th alternative of a
+    `plan solve` document, with that alternative's global batch."""
     if not path.exists():
         raise UsageError(f"plan file {path} does not exist")
     data, text = read_mapping(path)
@@ -32,6 +34,18 @@ def read_plan_file(path: Path) -> PlanInput:
             f"{path}: schema_version {version or '(missing)'} is not readable by this planner (schema {SCHEMA_VERSION}); re-create the plan"
         )
     fields = {k: data.get(k) for k in ("model", "cluster", "num_gpus", "job", "plan")}
+    if alternative is not None:
+        alts = data.get("alternatives")
+        if not isinstance(alts, list) or not alts:
+            raise UsageError(f"{path}: has no alternatives (only `plan solve` documents do); drop --alternative")
+        if not 1 <= alternative <= len(alts):
+            raise UsageError(f"--alternative {alternative}: {path} has alternatives 1 to {len(alts)}")
+        alt = alts[alternative - 1]
+        if not isinstance(alt, dict) or not isinstance(fields["job"], dict):
+            raise UsageError(f"{path}: alternative {alternative} is malformed")
+        fields["plan"] = alt.get("plan")
+        if alt.get("global_batch_size") is not None:
+            fields["job"] = {**fields["job"], "global_batch_size": alt["global_batch_size"]}
     missing = [k for k, v in fields.items() if v is None]
     if missing:
         raise UsageError(f"{path}: not a plan file, missing {', '.join(missing)}")

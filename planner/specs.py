@@ -25,7 +25,26 @@ SCHEMA_VERSION = "1.2"
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    """Every spec: unknown fields refused, numbers finite (no NaN / infinity), integers given
+    as integers (a `true` or "12" or 2.5 where a count belongs is refused, not read as 1 or 12)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integers_are_integers(cls, value, info):
+        field = cls.model_fields.get(info.field_name) if info.field_name else None
+        if field is not None and _is_int_field(field.annotation) and (isinstance(value, (bool, str, float))):
+            raise ValueError(f"must be an integer, got {value!r}")
+        return value
+
+
+def _is_int_field(annotation) -> bool:
+    """int or Optional[int] (not bool, not float)."""
+    if annotation is int:
+        return True
+    args = getattr(annotation, "__args__", ())
+    return bool(args) and int in args and all(a in (int, type(None)) for a in args)
 
 
 # --------------------------------------------------------------------------- enums
@@ -123,17 +142,17 @@ class ModelSpec(_Spec):
     """A decoder-only transformer (GPT / Llama family)."""
 
     name: str = Field(description="Model name, e.g. 'gpt3-175b'.")
-    num_layers: int = Field(gt=0, description="Number of transformer layers (blocks).")
-    hidden_size: int = Field(gt=0, description="Model width h.")
-    num_heads: int = Field(gt=0, description="Attention (query) heads a.")
+    num_layers: int = Field(gt=0, le=100_000, description="Number of transformer layers (blocks).")
+    hidden_size: int = Field(gt=0, le=1_000_000, description="Model width h.")
+    num_heads: int = Field(gt=0, le=100_000, description="Attention (query) heads a.")
     num_kv_heads: Optional[int] = Field(
         default=None, gt=0, description="Key/value heads for grouped-query attention; None means equal to num_heads (MHA)."
     )
     ffn_hidden_size: Optional[int] = Field(
         default=None, gt=0, description="MLP inner width f; None means 4*h (GPT convention)."
     )
-    vocab_size: int = Field(gt=0, description="Vocabulary size V (padded, as the embedding table is allocated).")
-    max_seq_len: int = Field(gt=0, description="Context length the model was trained with (learned position table size).")
+    vocab_size: int = Field(gt=0, le=100_000_000, description="Vocabulary size V (padded, as the embedding table is allocated).")
+    max_seq_len: int = Field(gt=0, le=100_000_000, description="Context length the model was trained with (learned position table size).")
     activation: Activation = Field(default=Activation.gelu, description="MLP flavour: 'gelu' (2 matrices) or 'swiglu' (3 matrices).")
     tied_embeddings: bool = Field(default=False, description="Input embedding and LM head share one matrix.")
     learned_position_embeddings: bool = Field(
@@ -212,8 +231,16 @@ class DeviceSpec(_Spec):
     """One accelerator."""
 
     name: str = Field(description="Device name, e.g. 'A100-SXM4-80GB'.")
-    peak_tflops: dict[DType, float] = Field(description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
-    memory_gib: float = Field(gt=0, description="Device memory capacity in GiB.")
+    peak_tflops: dict[DType, float] = Field(min_length=1, description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _peaks_positive(cls, value: dict) -> dict:
+        for k, v in value.items():
+            if not 0 < v <= 1e6:
+                raise ValueError(f"peak for {getattr(k, 'value', k)} must be a positive TFLOP/s figure (at most 1e6), got {v}")
+        return value
+    memory_gib: float = Field(gt=0, le=1e6, description="Device memory capacity in GiB.")
     memory_bandwidth_gbps: float = Field(gt=0, description="Peak memory bandwidth in GB/s.")
     memory_bandwidth_efficiency: float = Field(
         default=0.8, gt=0, le=1, description="Achieved fraction of memory bandwidth by element-wise kernels (norms, activations, softmax)."
@@ -422,7 +449,7 @@ class ClusterSpec(_Spec):
 
     name: str = Field(description="Cluster name, e.g. 'dgx-a100-80gb'.")
     device: DeviceSpec = Field(description="The accelerator in every slot.")
-    gpus_per_node: int = Field(gt=0, description="Accelerators per node.")
+    gpus_per_node: int = Field(gt=0, le=4096, description="Accelerators per node.")
     num_nodes: Optional[int] = Field(
         default=None, gt=0, description="Nodes available; None means as many as a command asks for (a preset of one node type)."
     )
@@ -444,7 +471,11 @@ class ClusterSpec(_Spec):
     def _tiers_complete(self) -> "ClusterSpec":
         for tier in (self.intra_node, self.inter_node):
             for c in Collective:
-                tier.fit(c, 2)  # raises KeyError if a collective has no fit at all
+                try:
+                    tier.fit(c, 2)
+                except KeyError:
+                    raise ValueError(f"link tier {tier.name!r} has no fit for {c.value}; every tier needs all of "
+                                     f"{', '.join(x.value for x in Collective)}") from None
         return self
 
 
@@ -847,6 +878,8 @@ class TimeComparison(_Spec):
 
 class Verification(_Spec):
     """The distributed run against a single-process reference."""
+
+    model_config = ConfigDict(**{**_Spec.model_config, "allow_inf_nan": True})  # a diverged run reports NaN losses
 
     passed: bool = Field(description="Every step's loss and gradient norm within the tolerance.")
     tolerance: float = Field(description="Largest relative difference accepted.")

@@ -43,6 +43,36 @@ def target_options(fn: Callable) -> Callable:
     return functools.reduce(lambda f, opt: opt(f), reversed(options), fn)
 
 
+# Bounds on what is physically meaningful: the largest clusters built have ~10^5 GPUs; no
+# optimizer step holds 10^8 sequences; no context is 10^8 tokens. Beyond them an input is a typo.
+MAX_GPUS = 2**20
+MAX_GLOBAL_BATCH = 10**8
+MAX_SEQ_LEN = 10**8
+# Without --seq-len a model trains at its maximum length, unless that is a long-context
+# extension (Qwen2.5's 131,072, Llama 3.1's 131,072): then --seq-len is required.
+DEFAULT_SEQ_LIMIT = 16384
+
+
+def check_count(name: str, value: Optional[int], limit: int, what: str) -> None:
+    """A positive count within `limit`, else a one-line usage error."""
+    if value is None:
+        return
+    if value < 1:
+        raise UsageError(f"{name} must be positive, got {value}")
+    if value > limit:
+        raise UsageError(f"{name} {value:,} is more than {limit:,} {what}; check the value")
+
+
+def check_real(name: str, value: Optional[float], positive: bool = True) -> None:
+    """A finite (positive) number, else a one-line usage error: nan and inf are refused."""
+    if value is None:
+        return
+    if value != value or value in (float("inf"), float("-inf")):
+        raise UsageError(f"{name} must be a finite number, got {value}")
+    if positive and value <= 0:
+        raise UsageError(f"{name} must be positive, got {value:g}")
+
+
 def resolve_target(
     model_name: Optional[str], cluster_name: Optional[str], gpus: Optional[int], nodes: Optional[int]
 ) -> tuple[ModelSpec, ClusterSpec, int]:
@@ -52,6 +82,11 @@ def resolve_target(
         raise UsageError("--cluster is required (a preset name such as dgx-a100-80gb, or a profile file)")
     model = load_model(model_name)
     cluster = load_cluster(cluster_name)
+    return model, cluster, cluster_size(cluster, gpus, nodes, cluster_name)
+
+
+def cluster_size(cluster: ClusterSpec, gpus: Optional[int], nodes: Optional[int], cluster_name: str) -> int:
+    """The GPUs asked for (--gpus or --nodes), checked against the cluster."""
     if gpus is not None and nodes is not None:
         if gpus != nodes * cluster.gpus_per_node:
             raise UsageError(
@@ -65,6 +100,8 @@ def resolve_target(
         gpus = nodes * cluster.gpus_per_node
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
+    if gpus > MAX_GPUS:
+        raise UsageError(f"--gpus {gpus:,} is beyond any cluster ({MAX_GPUS:,} GPUs at most); give the GPUs you will train on")
     check_profile_size(cluster, gpus, cluster_name)
     if gpus > cluster.gpus_per_node and gpus % cluster.gpus_per_node:
         raise UsageError(
@@ -74,7 +111,7 @@ def resolve_target(
         raise UsageError(
             f"{cluster.name} has {cluster.num_nodes} nodes x {cluster.gpus_per_node} = {cluster.num_nodes * cluster.gpus_per_node} GPUs, fewer than the {gpus} asked for"
         )
-    return model, cluster, gpus
+    return gpus
 
 
 def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Optional[str] = None) -> None:
@@ -96,7 +133,16 @@ def make_job(
     model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool,
     cluster: Optional[ClusterSpec] = None, stack: str = "generic", loss_kernel: Optional[str] = None,
 ) -> JobSpec:
+    check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
+    check_count("--seq-len", seq_len, MAX_SEQ_LEN, "tokens")
+    if seq_len is None and model.max_seq_len > DEFAULT_SEQ_LIMIT:
+        raise UsageError(
+            f"{model.name} allows {model.max_seq_len:,} positions, more than a usual training length; give --seq-len "
+            f"(e.g. --seq-len 4096 or 8192)"
+        )
     seq = seq_len or model.max_seq_len
+    if model.learned_position_embeddings and seq > model.max_seq_len:
+        raise UsageError(f"--seq-len {seq} exceeds the {model.max_seq_len} learned positions of {model.name}; give --seq-len {model.max_seq_len} or less")
     dtype = precision or model.param_dtype
     if cluster is not None:
         peaks = {k.value if hasattr(k, "value") else k for k in cluster.device.peak_tflops}

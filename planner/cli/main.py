@@ -11,7 +11,25 @@ from planner.errors import PlannerError
 
 
 class _Group(click.Group):
-    """Turns planner errors into one line on stderr and an exit code (2 usage, 1 failure)."""
+    """Turns planner errors into one line on stderr and an exit code (2 usage, 1 failure);
+    click's own usage errors too (it prints four lines: usage, hint, blank, error)."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            command = exc.ctx.command_path if exc.ctx is not None else "plan"
+            click.echo(f"error: {exc.format_message()} (`{command} --help` lists the options)", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context):
         try:

@@ -11,7 +11,7 @@ from typing import Optional
 import click
 
 from planner.cli import render
-from planner.datafile import write_atomic
+from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError, UsageError
 from planner.distributed.launch import LaunchSpec, inside_launcher, launch, validate
 from planner.presets import load_model
@@ -46,7 +46,7 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
     if not output:
         raise UsageError("give -o profile.json (where to write the profile), or --show profile.json")
     model = load_model(model_name)
-    seq = seq_len or model.max_seq_len
+    seq = seq_len if seq_len is not None else model.max_seq_len
     if seq < 1 or (model.learned_position_embeddings and seq > model.max_seq_len):
         raise UsageError(f"--seq-len {seq} must be between 1 and the model's {model.max_seq_len} positions")
     try:
@@ -57,8 +57,7 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
         raise UsageError("--micro-batch-sizes must be positive")
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, backend=backend)
     validate(spec)
-    if not Path(output).resolve().parent.exists():
-        raise UsageError(f"cannot write {output}: its directory does not exist")
+    check_output(output, (model_name, show_path))
     if model_factory:
         from planner.profiler.compute import load_factory
 

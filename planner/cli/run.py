@@ -10,8 +10,8 @@ from typing import Optional
 import click
 
 from planner.cli import render
-from planner.cli.common import check_profile_size
-from planner.datafile import write_atomic
+from planner.cli.common import check_plan, check_profile_size, check_real
+from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError, UsageError
 from planner.executor.prepare import Rehearsal, check_host_memory, check_world, host_memory_bytes, prepare_case
 from planner.executor.runner import RunOptions, launch_world, resolve_backend, run_plans
@@ -48,6 +48,8 @@ def run(
 ) -> None:
     """Train a few steps of PLAN_FILE's layout with torch.distributed, check every loss and
     gradient norm against one process, and compare time and memory with the prediction."""
+    if output is not None:
+        check_output(output, (plan_file,))
     try:
         report = _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, warmup, seed, lr,
                           Rehearsal(scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len), tolerance,
@@ -72,6 +74,10 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
              tolerance, timeout_s, backend) -> RunReport:
     """Refuse what cannot run (before any worker starts), launch, verify, report."""
     doc = read_plan_file(Path(plan_file))
+    check_plan(doc.plan, doc.model, doc.job, doc.num_gpus)  # the same validation as `plan estimate --plan`
+    check_real("--lr", lr)
+    check_real("--tolerance", tolerance)
+    check_real("--timeout", timeout_s)
     case = prepare_case(doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr)
     if nproc_per_node is None:
         if doc.plan.world_size % max(nnodes, 1):

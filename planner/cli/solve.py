@@ -7,8 +7,8 @@ from typing import Optional
 import click
 
 from planner.cli import render
-from planner.cli.common import make_job, resolve_target, target_options
-from planner.datafile import write_atomic
+from planner.cli.common import MAX_GLOBAL_BATCH, check_count, check_real, make_job, resolve_target, target_options
+from planner.datafile import check_output, write_atomic
 from planner.errors import InfeasibleError, UsageError
 from planner.search.candidates import SearchSpace
 from planner.search.solve import infeasibility, solve as run_search
@@ -33,9 +33,14 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
         if not sep or key not in _FIX_KEYS:
             raise UsageError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(_FIX_KEYS))}")
         field, kind = _FIX_KEYS[key]
+        before = fixed.get(field, modes if field == "recompute" and modes != MODES else None)
         try:
             if kind is int:
-                fixed[field] = int(value)
+                n = int(value)
+                low, high = (0, 3) if field == "zero_stage" else (1, 2**20)
+                if not low <= n <= high:
+                    raise ValueError
+                fixed[field] = n
             elif kind == "bool":
                 if value.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
                     raise ValueError
@@ -50,7 +55,11 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
             else:
                 modes = (Recompute(value),)
         except ValueError:
-            raise UsageError(f"--fix {item!r}: {value!r} is not a valid value for {key}") from None
+            allowed = " (0 to 3)" if field == "zero_stage" else " (a positive integer)" if kind is int else ""
+            raise UsageError(f"--fix {item!r}: {value!r} is not a valid value for {key}{allowed}") from None
+        after = fixed.get(field, modes if field == "recompute" else None)
+        if before is not None and before != after:
+            raise UsageError(f"--fix {item!r} contradicts an earlier --fix of {key}; give each choice once")
     return fixed, modes
 
 
@@ -59,7 +68,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
 @click.option("--global-batch", type=int, help="Sequences per optimizer step (fixes the batch).")
 @click.option("--micro-batch-size", type=int, help="Sequences per micro-batch per replica, when the batch is not fixed.")
 @click.option("--micro-batches", type=int, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
-@click.option("--top-k", type=int, default=3, show_default=True, help="Alternatives to report.")
+@click.option("--top-k", type=int, default=3, show_default=True, help="Alternatives to report (0: none).")
 @click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp mbs zero sp schedule mesh_order recompute tp_comm_overlap).")
 @click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
@@ -74,17 +83,19 @@ def solve(
 ) -> None:
     """Search every layout (dp, tp, pp, interleaving, micro-batching, layer split, per-stage
     recompute, ZeRO, sequence parallel, mesh order) for the fastest that fits."""
+    if output is not None:
+        check_output(output, (model_name, cluster_name))
     model, cluster, gpus = resolve_target(model_name, cluster_name, gpus, nodes)
     if (global_batch is None) == (micro_batch_size is None):
         raise UsageError("give either --global-batch B or --micro-batch-size b (with optional --micro-batches N)")
     if micro_batches is not None and micro_batch_size is None:
         raise UsageError("--micro-batches goes with --micro-batch-size (with --global-batch the count follows from the batch)")
-    for name, value in (("--global-batch", global_batch), ("--micro-batch-size", micro_batch_size),
-                        ("--micro-batches", micro_batches), ("--top-k", top_k + 1)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name} must be positive, got {value}")
-    if max_memory_gib is not None and max_memory_gib <= 0:
-        raise UsageError(f"--max-memory-gib must be positive, got {max_memory_gib}")
+    check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
+    check_count("--micro-batch-size", micro_batch_size, MAX_GLOBAL_BATCH, "sequences")
+    check_count("--micro-batches", micro_batches, MAX_GLOBAL_BATCH, "micro-batches")
+    check_count("--top-k", top_k + 1, 1001, "alternatives")
+    check_real("--max-memory-gib", max_memory_gib)
+    check_real("--time-limit", time_limit)
     fixed, modes = parse_fixes(fixes)
     job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel)
     space = SearchSpace(

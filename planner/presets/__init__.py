@@ -24,6 +24,33 @@ def is_hf_config(data: dict) -> bool:
     return "num_hidden_layers" in data or "n_layer" in data
 
 
+# Fields of architectures the cost model does not cover yet; a config carrying one is refused
+# rather than planned as a dense decoder (a Mixtral costed as a 7B "fits" on 8 GPUs).
+_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+_NOT_DECODERS = {"bert", "roberta", "deberta", "deberta-v2", "distilbert", "electra", "albert", "xlm-roberta", "t5", "mt5",
+                 "bart", "mbart", "pegasus", "whisper", "vit", "clip", "encoder-decoder"}
+
+
+def unsupported(data: dict, name: str) -> str | None:
+    """Why this Hugging Face config cannot be planned (one line naming the field), or None."""
+    for key in _MOE_FIELDS:
+        value = data.get(key)
+        if value not in (None, 0, 1, False):
+            return (f"{name}: field '{key}' = {value!r}: mixture-of-experts models are not modelled yet; planning it as a dense "
+                    "model would be wrong (remove the field only if the model is really dense)")
+    model_type = str(data.get("model_type", "")).lower()
+    if model_type in _NOT_DECODERS or data.get("is_encoder_decoder"):
+        field = "model_type" if model_type in _NOT_DECODERS else "is_encoder_decoder"
+        return f"{name}: field '{field}' = {data.get(field)!r}: only decoder-only language models are planned"
+    for key in ("vision_config", "audio_config", "text_config"):
+        if key in data:
+            return f"{name}: field '{key}': multimodal configs are not modelled; give the language model's own config"
+    archs = [a for a in data.get("architectures") or [] if isinstance(a, str)]
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return f"{name}: field 'architectures' = {archs}: only causal language models (…ForCausalLM) are planned"
+    return None
+
+
 def from_hf_config(data: dict, name: str) -> dict:
     """Translate a Hugging Face config.json into ModelSpec fields.
 
@@ -38,6 +65,9 @@ def from_hf_config(data: dict, name: str) -> dict:
                 return data[k]
         raise UsageError(f"{name}: Hugging Face config has no {' / '.join(keys)}")
 
+    why = unsupported(data, name)
+    if why:
+        raise UsageError(why)
     dtype = _HF_DTYPES.get(str(data.get("torch_dtype") or data.get("dtype") or "bfloat16"), "bf16")
     model_type = str(data.get("model_type", "")).lower()
     if "n_layer" in data:  # GPT-2 family
@@ -56,7 +86,7 @@ def from_hf_config(data: dict, name: str) -> dict:
             linear_bias=True,
             norm="layernorm",
             dropout=bool(data.get("resid_pdrop", 0.1) or data.get("attn_pdrop", 0.1)),
-            param_dtype=dtype if "torch_dtype" in data else "fp32",
+            param_dtype=dtype,  # without torch_dtype: bf16 mixed precision, like every other input
             source=f"Hugging Face config.json ({model_type or 'gpt2'} style)",
         )
     act = str(data.get("hidden_act", "silu")).lower()

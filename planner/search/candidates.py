@@ -87,8 +87,22 @@ class SearchSpace:
     tp_comm_overlap: tuple = (False,)  # choices for Plan.tp_comm_overlap (both where the target has it)
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, limit: Optional[int] = None) -> list[int]:
+    """Divisors of n (up to `limit`), ascending, from its prime factorisation: the work grows
+    with the number of divisors, not with n (2^40 GPUs or a batch of 10^9 are instant)."""
+    factors: dict[int, int] = {}
+    m, p = n, 2
+    while p * p <= m:
+        while m % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            m //= p
+        p += 1 if p == 2 else 2
+    if m > 1:
+        factors[m] = factors.get(m, 0) + 1
+    out = [1]
+    for prime, k in factors.items():
+        out = [d * prime**e for d in out for e in range(k + 1) if limit is None or d * prime**e <= limit]
+    return sorted(out)
 
 
 def _batch_options(space: SearchSpace, dp: int, pp: int) -> list[tuple[int, int]]:
@@ -97,7 +111,7 @@ def _batch_options(space: SearchSpace, dp: int, pp: int) -> list[tuple[int, int]
         if space.global_batch_size % dp:
             return []
         per_replica = space.global_batch_size // dp
-        return [(b, per_replica // b) for b in divisors(per_replica) if b <= space.max_micro_batch_size]
+        return [(b, per_replica // b) for b in divisors(per_replica, space.max_micro_batch_size)]
     m = space.micro_batches or 3 * pp  # the usual 2-4x rule for 1F1B: m = 3 x stages
     return [(space.micro_batch_size, m)]
 
@@ -153,7 +167,12 @@ def enumerate_candidates(
                 rejected[DIVISIBILITY] += 1
             key = (dp, tp, pp)
             if key not in order_cache:
-                order_cache[key] = _mesh_orders(cluster, dp, tp, pp, space.include_dominated)
+                orders, dropped = _mesh_orders(cluster, dp, tp, pp, space.include_dominated)
+                if space.max_tp is None:  # TP stays on NVLink: no mesh order may stretch it across nodes
+                    inside = [o for o in orders if not mesh_links(cluster, dp, tp, pp, o)[Axis.tp].inter_node]
+                    rejected[TP_ACROSS_NODES] += len(orders) - len(inside)
+                    orders = inside
+                order_cache[key] = (orders, dropped)
             orders, dropped_orders = order_cache[key]
             for b, m in options:
                 # Interleaving: Megatron-LM's rule, every model chunk holds L / (pp v) layers

@@ -1,0 +1,274 @@
+"""The bad-input corpus: every way a user or a hostile tester got a traceback, a hang, a
+silently wrong answer or a clobbered file, run through the CLI.
+
+Each case states the command line (files it needs are made in a temporary directory) and the
+exit code it must end with; every case must print exactly one line on stderr starting with
+"error:", no traceback, and leave every file in the directory as it was (none created, none
+changed). Most cases run in-process through the click entry point (the same `_Group.main`
+that the `plan` script runs); a sample also runs as a real subprocess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli.main import cli
+
+SOLVE = ["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "16", "--seq-len", "512"]
+EST = ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "16", "--seq-len", "512"]
+
+GOOD_MODEL = {"name": "m", "num_layers": 4, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000, "max_seq_len": 512}
+LLAMA_HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
+            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+
+
+def _files() -> dict[str, bytes]:
+    """Input files the cases refer to by name (written into the case's directory)."""
+    j = lambda d: json.dumps(d).encode()  # noqa: E731
+    files = {
+        "empty.json": b"",
+        "list.json": b"[1, 2]",
+        "binary.json": bytes(range(256)),
+        "latin1.yaml": "name: caf\xe9".encode("latin-1"),
+        "deep.json": b"[" * 50000 + b"]" * 50000,
+        "bigint.json": b'{"num_layers": ' + b"9" * 5000 + b"}",
+        "nan.json": b'{"num_layers": NaN}',
+        "truncated.json": b'{"name": "m", "num_layers": 4,',
+        "bad.yaml": b"name: [unclosed\n",
+        "bomb.yaml": b"a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                     b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
+        "good_model.json": j(GOOD_MODEL),
+        "mixtral/config.json": j({**LLAMA_HF, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_local_experts": 8,
+                                  "num_experts_per_tok": 2}),
+        "qwen_moe/config.json": j({**LLAMA_HF, "model_type": "qwen2_moe", "num_experts": 60, "moe_intermediate_size": 1408}),
+        "deepseek/config.json": j({**LLAMA_HF, "model_type": "deepseek_v3", "n_routed_experts": 256}),
+        "bert/config.json": j({"model_type": "bert", "architectures": ["BertForMaskedLM"], "num_hidden_layers": 12, "hidden_size": 768,
+                               "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522,
+                               "max_position_embeddings": 512}),
+        "t5/config.json": j({**LLAMA_HF, "model_type": "t5", "is_encoder_decoder": True}),
+        "llava/config.json": j({**LLAMA_HF, "model_type": "llava", "vision_config": {}}),
+        "classifier/config.json": j({**LLAMA_HF, "architectures": ["LlamaForSequenceClassification"]}),
+        "longctx/config.json": j({**LLAMA_HF, "max_position_embeddings": 131072}),
+    }
+    for field, value in [("num_layers", True), ("num_layers", "12"), ("num_layers", 0), ("num_layers", -3), ("num_layers", 10**12),
+                         ("num_layers", 2.5), ("hidden_size", 10**9), ("num_heads", 3), ("vocab_size", 0), ("max_seq_len", -1),
+                         ("num_heads", None), ("bogus_field", 1), ("dropout", "maybe")]:
+        files[f"model_{field}_{value}.json"] = j({**GOOD_MODEL, field: value})
+    cluster = json.loads(Path(__file__).resolve().parent.parent.joinpath("hardware_profiles/presets/dgx-a100-80gb.json").read_text())
+
+    def with_device(**kw):
+        return j({**cluster, "device": {**cluster["device"], **kw}})
+
+    files["cl_peak_neg.json"] = with_device(peak_tflops={"bf16": -312})
+    files["cl_peak_zero.json"] = with_device(peak_tflops={"bf16": 0})
+    files["cl_mem_zero.json"] = with_device(memory_gib=0)
+    files["cl_mem_huge.json"] = with_device(memory_gib=1e300)
+    files["cl_bw_neg.json"] = with_device(memory_bandwidth_gbps=-1)
+    files["cl_eff_2.json"] = with_device(memory_bandwidth_efficiency=2.0)
+    files["cl_sustained_0.json"] = with_device(sustained_fraction=0)
+    no_coll = json.loads(json.dumps(cluster))
+    no_coll["intra_node"]["collectives"] = [c for c in no_coll["intra_node"]["collectives"] if c["collective"] != "all_gather"]
+    files["cl_no_allgather.json"] = j(no_coll)
+    neg_bw = json.loads(json.dumps(cluster))
+    neg_bw["inter_node"]["collectives"][0]["bandwidth_gbps"] = -5
+    files["cl_link_neg.json"] = j(neg_bw)
+    files["cl_gpn_zero.json"] = j({**cluster, "gpus_per_node": 0})
+    return files
+
+
+def _plan_doc() -> dict:
+    r = CliRunner().invoke(cli, EST + ["--tp", "2", "--pp", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _tampered() -> dict[str, bytes]:
+    doc = _plan_doc()
+    out = {}
+
+    def put(name, mutate):
+        d = json.loads(json.dumps(doc))
+        mutate(d)
+        out[name] = json.dumps(d).encode()
+
+    put("plan_split.json", lambda d: d["plan"].update(layers_per_stage=[5, 5]))
+    put("plan_gpus.json", lambda d: d.update(num_gpus=16))
+    put("plan_schema.json", lambda d: d.update(schema_version="2.0"))
+    put("plan_noschema.json", lambda d: d.pop("schema_version"))
+    put("plan_dp0.json", lambda d: d["plan"].update(dp=0))
+    put("plan_batch.json", lambda d: d["job"].update(global_batch_size=17))
+    put("plan_nomodel.json", lambda d: d.pop("model"))
+    put("plan_zero9.json", lambda d: d["plan"].update(zero_stage=9))
+    put("plan_seq0.json", lambda d: d["job"].update(seq_len=0))
+    put("plan_ok.json", lambda d: None)
+    return out
+
+
+INT_OPTIONS = ["--gpus", "--global-batch", "--seq-len", "--micro-batch-size", "--top-k"]
+BAD_INTS = ["0", "-1", "abc", "1.5", "", str(10**30)]
+FLOAT_OPTIONS = ["--max-memory-gib", "--time-limit"]
+BAD_FLOATS = ["0", "-1", "nan", "inf", "-inf", "abc"]
+
+
+def _without(args, opt):
+    """`args` with option `opt` (and its value) removed."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == opt:
+            skip = True
+            continue
+        out.append(a)
+    return out
+
+
+def _cases() -> list[tuple[str, list[str], int]]:
+    cases = []
+    for opt in INT_OPTIONS:
+        for v in BAD_INTS:
+            if opt == "--top-k" and v == "0":
+                continue  # --top-k 0 asks for no alternatives: valid
+            base = _without(SOLVE, opt)
+            if opt == "--micro-batch-size":
+                base = _without(base, "--global-batch")
+            cases.append((f"solve {opt}={v!r}", base + [opt, v], 2))
+    for opt in ["--gpus", "--global-batch", "--seq-len"]:
+        for v in BAD_INTS:
+            cases.append((f"estimate {opt}={v!r}", _without(EST, opt) + [opt, v], 2))
+    for opt in ["--tp", "--pp", "--dp", "--vpp", "--micro-batch-size", "--zero"]:
+        for v in ["0", "-1", "abc", str(10**30)]:
+            if opt == "--zero" and v == "0":
+                continue
+            cases.append((f"estimate {opt}={v!r}", EST + [opt, v], 2))
+    for opt in FLOAT_OPTIONS:
+        for v in BAD_FLOATS:
+            cases.append((f"solve {opt}={v!r}", SOLVE + [opt, v], 2))
+    cases += [
+        ("gpus 2^40", _without(SOLVE, "--gpus") + ["--gpus", str(2**40)], 2),
+        ("global batch 10^9", _without(SOLVE, "--global-batch") + ["--global-batch", str(10**9)], 2),
+        ("nodes 0", _without(SOLVE, "--gpus") + ["--nodes", "0"], 2),
+        ("gpus and nodes disagree", SOLVE + ["--nodes", "3"], 2),
+        ("gpus not whole nodes", _without(SOLVE, "--gpus") + ["--gpus", "12"], 2),
+        ("no model", ["solve", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "8"], 2),
+        ("no cluster", ["solve", "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "8"], 2),
+        ("no size", ["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--global-batch", "8"], 2),
+        ("both batch modes", SOLVE + ["--micro-batch-size", "2"], 2),
+        ("micro-batches without mbs", SOLVE + ["--micro-batches", "4"], 2),
+        ("unknown model preset", ["solve", "--model", "gpt5", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "8"], 2),
+        ("unknown cluster preset", ["solve", "--model", "gpt2-124m", "--cluster", "h100", "--gpus", "8", "--global-batch", "8"], 2),
+        ("seq longer than positions", _without(SOLVE, "--seq-len") + ["--seq-len", "4096"], 2),
+        ("unknown option", SOLVE + ["--modle", "x"], 2),
+        ("unknown command", ["bogus"], 2),
+        ("precision not in cluster", SOLVE + ["--precision", "fp8"], 2),
+        ("estimate no batch", ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "8"], 2),
+        ("estimate tp not dividing", EST + ["--tp", "3"], 2),
+        ("estimate batch not divisible", EST + ["--micro-batch-size", "3"], 2),
+        ("estimate sp without tp", EST + ["--sequence-parallel"], 2),
+        ("estimate tp overlap without target", EST + ["--tp", "2", "--sequence-parallel", "--tp-comm-overlap"], 2),
+        ("estimate bad split", EST + ["--pp", "2", "--layers-per-stage", "5,5"], 2),
+        ("estimate split not ints", EST + ["--pp", "2", "--layers-per-stage", "a,b"], 2),
+        ("estimate bad mesh", EST + ["--mesh-order", "tp,dp"], 2),
+        ("estimate bad mesh axis", EST + ["--mesh-order", "tp,dp,xx"], 2),
+        ("estimate more stages than layers", EST + ["--pp", "2", "--vpp", "7"], 2),
+        ("estimate interleaved m % pp", EST + ["--pp", "4", "--vpp", "3", "--micro-batch-size", "4", "--gpus", "8"], 2),
+        ("alternative without plan", EST + ["--alternative", "1"], 2),
+        ("plan with model", ["estimate", "--plan", "plan_ok.json", "--model", "gpt2-124m"], 2),
+        ("plan alternative of estimate doc", ["estimate", "--plan", "plan_ok.json", "--alternative", "1"], 2),
+        ("plan what-if tp not dividing", ["estimate", "--plan", "plan_ok.json", "--tp", "3"], 2),
+    ]
+    for fix in ["tp=0", "zero=9", "tp=abc", "sp=maybe", "schedule=zigzag", "mesh_order=tp,dp", "recompute=most", "nokey", "foo=1",
+                "mbs=-1", "vpp=0", "tp_comm_overlap=perhaps"]:
+        cases.append((f"--fix {fix}", SOLVE + ["--fix", fix], 2))
+    cases.append(("--fix conflicting", SOLVE + ["--fix", "tp=2", "--fix", "tp=4"], 2))
+    cases.append(("--fix recompute conflicting", SOLVE + ["--fix", "recompute=full", "--fix", "recompute=none"], 2))
+    cases.append(("--fix impossible", SOLVE + ["--fix", "tp=16"], 1))
+    model_files = [n for n in _files() if n.endswith((".json", ".yaml")) and not n.startswith(("cl_", "good_", "longctx"))]
+    for name in model_files:
+        cases.append((f"model file {name}", ["estimate", "--model", name] + EST[3:], 2))
+    for name in [n for n in _files() if n.startswith("cl_")]:
+        cases.append((f"cluster file {name}", ["estimate", "--model", "gpt2-124m", "--cluster", name] + EST[5:], 2))
+    cases.append(("model file missing", ["estimate", "--model", "nothere.json"] + EST[3:], 2))
+    cases.append(("model is a directory", ["estimate", "--model", "mixtral/"] + EST[3:], 2))
+    cases.append(("long context without --seq-len", ["estimate", "--model", "longctx/config.json", "--cluster", "dgx-a100-80gb",
+                                                      "--gpus", "8", "--global-batch", "16"], 2))
+    for name in _tampered():
+        if name != "plan_ok.json":
+            cases.append((f"estimate --plan {name}", ["estimate", "--plan", name], 2))
+            cases.append((f"run {name}", ["run", name], 2))
+    for out in ["''", "dir", "missing/p.json", "x" * 250 + ".json", "plan_ok.json"]:
+        o = "" if out == "''" else out
+        args = SOLVE + ["-o", o] if out != "plan_ok.json" else ["estimate", "--plan", "plan_ok.json", "-o", o]
+        cases.append((f"-o {out[:20]}", args, 2))
+        cases.append((f"run -o {out[:20]}", ["run", "plan_ok.json", "-o", o], 2))
+    cases += [
+        ("run timeout nan", ["run", "plan_ok.json", "--timeout", "nan"], 2),
+        ("run lr -1", ["run", "plan_ok.json", "--lr", "-1"], 2),
+        ("run tolerance 0", ["run", "plan_ok.json", "--tolerance", "0"], 2),
+        ("run missing plan", ["run", "nothere.json"], 2),
+        ("profile no output", ["profile", "--model", "gpt2-124m"], 2),
+        ("profile -o dir", ["profile", "--model", "gpt2-124m", "-o", "dir"], 2),
+        ("profile seq 0", ["profile", "--model", "gpt2-124m", "--seq-len", "0", "-o", "p.json"], 2),
+        ("profile bad mbs", ["profile", "--model", "gpt2-124m", "--micro-batch-sizes", "1,x", "-o", "p.json"], 2),
+        ("profile show missing", ["profile", "--show", "nothere.json"], 2),
+    ]
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("bad")
+    (d / "dir").mkdir()
+    for name, data in {**_files(), **_tampered()}.items():
+        p = d / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return d
+
+
+def _snapshot(d: Path) -> dict:
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir" for p in sorted(d.rglob("*"))}
+
+
+def test_the_corpus_is_large():
+    assert len(CASES) >= 200
+
+
+@pytest.mark.parametrize("name,args,code", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_touches_nothing(inputs, monkeypatch, name, args, code):
+    monkeypatch.chdir(inputs)
+    before = _snapshot(inputs)
+    r = CliRunner().invoke(cli, args)
+    err = r.stderr.strip().splitlines()
+    assert r.exit_code == code, (name, r.exit_code, r.output, r.exception)
+    assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit), (name, repr(r.exception))
+    assert len(err) == 1 and err[0].startswith("error: "), (name, r.stderr)
+    assert "Traceback" not in r.output
+    assert _snapshot(inputs) == before, name
+
+
+SUBPROCESS = [c for c in CASES if c[0] in (
+    "unknown option", "gpus 2^40", "model file deep.json", "model file binary.json", "cluster file cl_no_allgather.json",
+    "estimate --plan plan_split.json", "run plan_gpus.json", "-o missing/p.json", "--fix tp=0", "solve --time-limit='nan'",
+)]
+
+
+@pytest.mark.parametrize("name,args,code", SUBPROCESS, ids=[c[0] for c in SUBPROCESS])
+def test_bad_input_through_the_installed_entry_point(inputs, name, args, code):
+    r = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], cwd=inputs, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "100"})
+    assert r.returncode == code, (name, r.stderr)
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
