@@ -63,3 +63,28 @@ def test_measurements_run_on_cpu():
     dev = load_cluster("dgx-a100-80gb").device
     fake = kernels.gemm_model(108, [(2e9, 0.1)], 1.0)
     dev.model_validate({**dev.model_dump(), "gemm": fake.model_dump(), "kernel_overhead_us": gap})
+
+
+def test_a_gpu_profile_carries_the_kernel_tables():
+    """assemble(): on a GPU the measured tables replace the curve-only device (GEMMs by shape
+    with the measured ceiling, attention per kernel, the launch gap), keeping the shipped
+    preset's fitted sustained fraction for that part; a CPU profile stays curve-only."""
+    from planner.profiler.profile import assemble
+    from planner.specs import MatmulPoint, ProfileEnvironment
+
+    env = ProfileEnvironment(torch_version="2.13", backend="nccl", device_type="cuda", device_name="NVIDIA H100 80GB HBM3",
+                             dtype=DType.bf16, world_size=1, nproc_per_node=1, nnodes=1, date="2026-11-30", hostname="h", quick=True)
+    n = 8192
+    point = MatmulPoint(n=n, flops=2.0 * n**3, seconds=2.0 * n**3 / 750e12, tflops=750.0)
+    tables = {"gemm": kernels.gemm_model(132, [(point.flops, point.seconds)], 989.0),
+              "attention": {"flash2": kernels.attention_efficiency(1e12, 1e12 / 400e12, 2.5e12 / 300e12, 989.0)},
+              "kernel_overhead_us": 6.0}
+    result = {"env": env, "per_rank": [([], [point], 3000.0, 79.0, 1.0)], "sweeps": [], "overlap": 1.0, "stacks": [], "kernels": tables}
+    dev = assemble(result, "h100-measured", load_model("gpt2-124m")).device
+    assert dev.gemm.sm_count == 132 and dev.gemm.max_efficiency == pytest.approx(750 / 989)
+    assert dev.attention["flash2"].forward == pytest.approx(400 / 989)
+    assert dev.kernel_overhead_us == 6.0
+    assert dev.sustained_fraction == load_cluster("dgx-h100-80gb").device.sustained_fraction
+    cpu = assemble({**result, "env": env.model_copy(update={"device_type": "cpu", "device_name": "cpu"}), "kernels": {}},
+                   "cpu", load_model("gpt2-124m")).device
+    assert cpu.gemm is None and cpu.attention is None

@@ -180,6 +180,13 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     progress("matmul sweep")
     bandwidth = compute.copy_bandwidth(device, (64 if req.quick else 256) * 2**20, req.reps, sync, lockstep)
     progress("memory bandwidth")
+    tables: dict = {}
+    if device.type == "cuda":  # the presets' kernel tables, measured (planner/profiler/kernels.py)
+        from planner.profiler import kernels
+
+        peak = known_peak(_device_name(device), max(p.tflops for p in matmul))
+        tables = kernels.device_tables(torch, device, torch.bfloat16, req.reps, sync, [(p.flops, p.seconds) for p in matmul], peak,
+                                       torch.cuda.get_device_properties(device).multi_processor_count)
     dist.barrier()
     sweeps = links.sweep(rank, world, nproc, req.message_sizes, req.reps + 1, req.warmup, device, sync, progress)
     overlap = links.overlap_efficiency(rank, None, device, req.reps + 2, sync) if world > 1 else 1.0
@@ -204,7 +211,7 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
         hostname=socket.gethostname(), quick=req.quick,
     )
     dist.destroy_process_group()
-    return {"env": env, "per_rank": gathered, "sweeps": sweeps, "overlap": overlap, "stacks": stacks}
+    return {"env": env, "per_rank": gathered, "sweeps": sweeps, "overlap": overlap, "stacks": stacks, "kernels": tables}
 
 
 def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurement]:
@@ -222,6 +229,14 @@ def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurem
 # Datasheet dense peaks (TFLOP/s) for GPUs we know; CPUs and unknown devices use the best
 # GEMM throughput measured, so efficiencies are relative to what the device demonstrably does.
 KNOWN_PEAKS = {"A100": 312.0, "H100": 989.0, "H200": 989.0}
+# The shipped preset of each known part: a measured profile keeps its fitted sustained fraction
+# (what a training loop keeps of the microbenchmarks: benchmarks/fidelity_published.py).
+KNOWN_PRESETS = {"A100": "dgx-a100-80gb", "H100": "dgx-h100-80gb", "H200": "dgx-h200"}
+
+
+def known_peak(device_name: str, measured_tflops: float) -> float:
+    """Datasheet dense peak of a known GPU, else the best measured GEMM throughput."""
+    return next((v for k, v in KNOWN_PEAKS.items() if k in device_name), measured_tflops)
 
 
 def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
@@ -234,12 +249,18 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     overhead = statistics.median(r[4] for r in per_rank)
     peak = max(p.tflops for p in matmul)
     if env.device_type == "cuda":
-        peak = next((v for k, v in KNOWN_PEAKS.items() if k in env.device_name), peak)
+        peak = known_peak(env.device_name, peak)
     curve = [EfficiencyPoint(gemm_flops=p.flops, efficiency=min(1.0, p.tflops / peak)) for p in matmul]
     device = DeviceSpec(
         name=env.device_name, peak_tflops={env.dtype: peak}, memory_gib=capacity, memory_bandwidth_gbps=bandwidth,
         memory_bandwidth_efficiency=1.0, matmul_efficiency=curve, framework_overhead_gib=overhead,
     )
+    if result.get("kernels"):  # a GPU: GEMMs by shape, fused attention, launch gap, as the presets
+        from hardware_profiles import load_cluster
+
+        preset = next((v for k, v in KNOWN_PRESETS.items() if k in env.device_name), None)
+        sustained = load_cluster(preset).device.sustained_fraction if preset else 1.0
+        device = device.model_copy(update={**result["kernels"], "sustained_fraction": sustained})
     sweeps = result["sweeps"]
 
     def tier(inter: bool, label: str) -> Optional[LinkTier]:
