@@ -249,8 +249,10 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
         return Exposure((), (bucketed(Collective.all_reduce),))
     if dp.zero_stage == 1:
         return Exposure((), (bucketed(Collective.reduce_scatter), ag))
-    if dp.zero_stage == 2:
-        return Exposure((bucketed(Collective.reduce_scatter),), (ag,))
+    if dp.zero_stage == 2:  # one reduce-scatter and one gather per layer, as FSDP issues them (plan run's FSDP2)
+        rs = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes)
+        rs = Hidden(rs, dp.time(Collective.reduce_scatter, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
+        return Exposure((rs,), (dp.per_layer_calls(Collective.all_gather, grad_bytes),))
     ag_calls = dp.per_layer_calls(Collective.all_gather, grad_bytes)
     rs_calls = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes)
     first = dp.time(Collective.all_gather, dp.layer_bytes)

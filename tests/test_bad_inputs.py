@@ -272,3 +272,16 @@ def test_bad_input_through_the_installed_entry_point(inputs, name, args, code):
                        env={**os.environ, "COLUMNS": "100"})
     assert r.returncode == code, (name, r.stderr)
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["run", "plan_ok.json"], ["profile", "--model", "gpt2-124m", "-o", "p.json"]])
+def test_without_torch_one_line_says_what_to_install(inputs, monkeypatch, args):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None if name == "torch" else real(name, *a, **k))
+    monkeypatch.chdir(inputs)
+    before = _snapshot(inputs)
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "needs PyTorch" in r.stderr, r.output
+    assert _snapshot(inputs) == before

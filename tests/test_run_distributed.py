@@ -239,6 +239,23 @@ def test_ctrl_c_stops_every_worker(tmp_path, wait_s):
     _no_leftovers(marker)
 
 
+def test_sigkill_of_the_launcher_leaves_no_worker(tmp_path):
+    """`kill -9` of `plan run` (no chance to clean up): the workers die with it (parent-death
+    signal), and with them the resource tracker: nothing of the run survives 3 s."""
+    path = _plan_file(tmp_path, GPT, _plan(dp=2, micro_batch_size=2))
+    marker = uuid.uuid4().hex
+    env = _marker_env(marker, PLAN_RUN_FAIL_RANK="1", PLAN_RUN_FAIL_MODE="hang")
+    proc = subprocess.Popen([sys.executable, "-m", "planner.cli.main", "run", str(path), "--timeout", PG_TIMEOUT],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.time() + 60
+    while len(_processes_with(marker)) < 3 and time.time() < deadline:  # launcher + 2 workers
+        time.sleep(0.1)
+    time.sleep(2.0)  # the workers are past start-up
+    proc.kill()
+    proc.wait(timeout=10)
+    _no_leftovers(marker, grace_s=3.0)
+
+
 def test_two_nodes_on_one_machine(tmp_path):
     """Two launchers with --nnodes 2 rendezvous on localhost (one rank each): both verify,
     node 0 prints JSON and writes -o, node 1 prints the tables."""

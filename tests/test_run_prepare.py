@@ -142,6 +142,22 @@ def test_compare_passes_within_tolerance_and_names_the_first_bad_step():
     assert relative_error(1.0, 1.0) == 0.0
 
 
+def test_the_tolerance_grows_with_the_step():
+    """Rounding differences compound over a long run: 3e-5 apart fails at step 0 (tolerance
+    1e-5) and passes at step 284 (1e-5 x 29.4), while a wrong gradient (1e-2) fails there too."""
+    from planner.executor.verify import step_tolerance
+
+    assert step_tolerance(1e-5, 0) == 1e-5 and step_tolerance(1e-5, 284) == pytest.approx(2.94e-4)
+    n = 285
+    ref = [1.0] * n
+    early = compare([1.0 + 3e-5] + [1.0] * (n - 1), ref, ref, ref, 1e-5)
+    assert not early.passed and early.message.startswith("step 0: loss")
+    late = compare([1.0] * (n - 1) + [1.0 + 3e-5], ref, ref, ref, 1e-5)
+    assert late.passed
+    wrong = compare([1.0] * (n - 1) + [1.0 + 1e-2], ref, ref, ref, 1e-5)
+    assert not wrong.passed and "step 284" in wrong.message
+
+
 # --------------------------------------------------------------------------- memory count
 
 
@@ -178,10 +194,26 @@ def test_a_model_too_big_for_this_machine_is_refused_before_launch():
 
     case = prepare_case(GPT, JOB, plan(pp=2))
     cluster = load_cluster("dgx-a100-80gb")
-    check_host_memory(case, cluster, 2, 2**30)  # ~10 MiB a rank: fits in 1 GiB
+    check_host_memory(case, cluster, 2, 2**30)  # ~10 MiB a rank plus torch's own 0.3 GiB: fits in 1 GiB
     with pytest.raises(UsageError, match="per rank x 2 ranks here"):
-        check_host_memory(case, cluster, 2, 2**20)
+        check_host_memory(case, cluster, 2, 2**29)  # torch's own footprint alone does not fit twice
     check_host_memory(case, cluster, 2, None)  # unknown: no check
+
+
+def test_more_ranks_than_this_machine_can_run_are_refused_before_launch():
+    """A 1,024-GPU plan rehearsed as 1,024 CPU processes on a laptop: refused by core count
+    (and by memory: torch alone takes 0.3 GiB a process), with how to rehearse it instead."""
+    import os
+
+    from hardware_profiles import load_cluster
+    from planner.executor.prepare import RANKS_PER_CORE, check_host_memory
+
+    case = prepare_case(GPT, JOB, plan(pp=2))
+    too_many = RANKS_PER_CORE * (os.cpu_count() or 1) + 1
+    with pytest.raises(UsageError, match="rehearse the plan on fewer ranks"):
+        check_host_memory(case, load_cluster("dgx-a100-80gb"), too_many, None)
+    with pytest.raises(UsageError, match="GiB per rank"):
+        check_host_memory(case, load_cluster("dgx-a100-80gb"), 2, int(0.5 * 2**30))
 
 
 def test_nccl_without_a_gpu_is_refused(tmp_path):

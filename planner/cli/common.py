@@ -9,7 +9,7 @@ import click
 from pydantic import ValidationError
 
 from hardware_profiles import load_cluster
-from planner.errors import UsageError
+from planner.errors import PlannerError, UsageError
 from planner.presets import load_model
 from planner.specs import ClusterSpec, JobSpec, LossKernel, ModelSpec, Plan, PlanError, Target
 
@@ -194,3 +194,14 @@ def parse_int_list(text: Optional[str], what: str) -> Optional[list[int]]:
         return [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def require_torch(command: str) -> None:
+    """One line, not a ModuleNotFoundError traceback, when torch is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise PlannerError(
+            f"`plan {command}` needs PyTorch, which is not installed: pip install torch (pin your site's build, e.g. "
+            "torch==2.13.0 from the CPU or CUDA index), then pip install 'planner[torch]'"
+        )

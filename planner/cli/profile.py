@@ -11,6 +11,7 @@ from typing import Optional
 import click
 
 from planner.cli import render
+from planner.cli.common import require_torch
 from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError, UsageError
 from planner.distributed.launch import LaunchSpec, inside_launcher, launch, validate
@@ -66,6 +67,7 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
         except (ImportError, ValueError) as exc:
             raise UsageError(f"--model-factory: {exc}") from None
 
+    require_torch("profile")
     from planner.profiler.profile import ProfileRequest, assemble
 
     progress_file = tempfile.NamedTemporaryFile(prefix="plan-profile-", suffix=".log", delete=False)

@@ -10,7 +10,7 @@ from typing import Optional
 import click
 
 from planner.cli import render
-from planner.cli.common import check_plan, check_profile_size, check_real
+from planner.cli.common import check_plan, check_profile_size, check_real, require_torch
 from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError, UsageError
 from planner.executor.prepare import Rehearsal, check_host_memory, check_world, host_memory_bytes, prepare_case
@@ -101,6 +101,7 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
 def _import_torch() -> None:
     """Import torch with Ctrl-C deferred to the end of the import: an import interrupted
     half-way leaves numpy/torch broken (a RecursionError at their next use, not a clean exit)."""
+    require_torch("run")
     pressed: list = []
     previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
     try:

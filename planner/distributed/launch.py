@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import uuid
@@ -250,10 +251,29 @@ def _failure_message(exc, log_dir: str, local_ranks=()) -> str:
     return f"rank {rank} failed: {_failure_text(failure)}{also} (logs: {log_dir})"
 
 
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this worker when the process that started it dies (Linux
+    prctl PR_SET_PDEATHSIG): a launcher killed with SIGKILL leaves no worker behind (and
+    so no resource tracker waiting on them). If the parent is already gone, exit now."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def init_process_group(backend: str = "auto", timeout_s: float = 120.0):
     """Initialise torch.distributed from the launcher's environment; returns (rank, world, device)."""
     from datetime import timedelta
 
+    die_with_parent()
     import torch
     import torch.distributed as dist
 

@@ -19,6 +19,8 @@ recorded as a note for the report:
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -229,10 +231,23 @@ def host_memory_bytes() -> Optional[int]:
     return None
 
 
+# What one CPU worker holds before any model: the interpreter, torch and gloo (about 0.25 GiB
+# resident, the framework overhead `plan profile` measures on CPU; docs/notebook.md).
+TORCH_PROCESS_BYTES = 0.3 * 2**30
+# CPU processes standing in for GPUs, per core: beyond this a rehearsal only measures contention.
+RANKS_PER_CORE = 8
+
+
 def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Optional[int]) -> None:
     """On CPU, refuse a run that cannot fit this machine's memory: every rank first builds
     the whole model (fp32, 4 bytes a parameter) from the seed, then holds its share
     (predicted weights, gradients, optimizer states and activations of its stage)."""
+    cores = os.cpu_count() or 1
+    if nproc_per_node > RANKS_PER_CORE * cores:
+        raise UsageError(
+            f"{nproc_per_node} CPU processes on {cores} cores is more than this machine can run ({RANKS_PER_CORE} per core at most); "
+            "rehearse the plan on fewer ranks: re-solve for fewer GPUs (plan solve --gpus N) and run that plan"
+        )
     if available is None:
         return
     from cost_models.compute import total_params
@@ -240,7 +255,7 @@ def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Op
 
     est = estimate(case.model, cluster, case.job, case.plan)
     stage = max(sm.weights + sm.gradients + sm.optimizer_states + sm.activations for sm in est.memory_gib_per_pipeline_rank)
-    per_rank = 4 * total_params(case.model) + stage * 2**30
+    per_rank = TORCH_PROCESS_BYTES + 4 * total_params(case.model) + stage * 2**30
     if per_rank * nproc_per_node > 0.9 * available:
         raise UsageError(
             f"{case.model.name} needs about {per_rank / 2**30:.1f} GiB per rank x {nproc_per_node} ranks here, but this machine "

@@ -20,6 +20,16 @@ from planner.executor.prepare import RunCase
 from planner.specs import Verification
 
 DEFAULT_TOLERANCE = 1e-5  # fp32; see the module docstring
+# Rounding differences compound as training goes on: each step's parameters inherit the
+# previous steps' differences, which Adam's normalised updates carry forward rather than damp.
+# The tolerance at step i is tolerance x (1 + i / STEPS_PER_TOLERANCE): the stated tolerance over
+# the first steps, where a wrong gradient shows at once, twice it by step 10, 30x by step 290.
+STEPS_PER_TOLERANCE = 10
+
+
+def step_tolerance(tolerance: float, step: int) -> float:
+    """The relative difference allowed at `step` (0-based)."""
+    return tolerance * (1 + step / STEPS_PER_TOLERANCE)
 
 
 def reference_run(case: RunCase) -> tuple[list[float], list[float]]:
@@ -60,19 +70,20 @@ def compare(
     """Pass when every step's loss and gradient norm is within `tolerance` (relative)."""
     loss_err = [relative_error(a, b) for a, b in zip(losses, ref_losses)]
     norm_err = [relative_error(a, b) for a, b in zip(norms, ref_norms)]
-    bad = [(i, "loss", losses[i], ref_losses[i], e) for i, e in enumerate(loss_err) if not e <= tolerance]
-    bad += [(i, "gradient norm", norms[i], ref_norms[i], e) for i, e in enumerate(norm_err) if not e <= tolerance]
+    bad = [(i, "loss", losses[i], ref_losses[i], e) for i, e in enumerate(loss_err) if not e <= step_tolerance(tolerance, i)]
+    bad += [(i, "gradient norm", norms[i], ref_norms[i], e) for i, e in enumerate(norm_err) if not e <= step_tolerance(tolerance, i)]
     complete = len(losses) == len(ref_losses) and len(norms) == len(ref_norms)
     passed = complete and not bad
     if not complete:
         message = f"the run reported {len(losses)} steps, the reference {len(ref_losses)}"
     elif bad:
         i, what, got, ref, err = min(bad)
-        message = f"step {i}: {what} {got:.8g} against the reference's {ref:.8g} (relative {err:.1e} > {tolerance:g})"
+        message = (f"step {i}: {what} {got:.8g} against the reference's {ref:.8g} (relative {err:.1e} > {step_tolerance(tolerance, i):.2g}, "
+                   f"the tolerance {tolerance:g} grown by 1 + step/{STEPS_PER_TOLERANCE})")
     else:
         message = (
             f"all {len(losses)} steps match the single-process reference: loss within {max(loss_err):.1e}, "
-            f"gradient norm within {max(norm_err):.1e} (tolerance {tolerance:g})"
+            f"gradient norm within {max(norm_err):.1e} (tolerance {tolerance:g}, x (1 + step/{STEPS_PER_TOLERANCE}))"
         )
     return Verification(
         passed=passed, tolerance=tolerance, losses=losses, reference_losses=ref_losses, grad_norms=norms,
