@@ -137,7 +137,7 @@ def load_named(
             raise UsageError(f"{kind} file {name_or_path} does not exist")
         data, text = read_mapping(path)
         return parse(data, path, text)
-    close = difflib.get_close_matches(name_or_path, list(presets), n=4, cutoff=0.5)
+    close = [p for p in presets if name_or_path.lower() in p.lower()][:4] or difflib.get_close_matches(name_or_path, list(presets), n=4, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise UsageError(
         f"unknown {kind} preset {name_or_path!r}{hint} (`plan presets` lists them; or give a path to a .json/.yaml file)"

@@ -285,3 +285,8 @@ def test_without_torch_one_line_says_what_to_install(inputs, monkeypatch, args):
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "needs PyTorch" in r.stderr, r.output
     assert _snapshot(inputs) == before
+
+
+def test_a_partial_preset_name_is_suggested():
+    r = CliRunner().invoke(cli, ["solve", "--model", "gpt2-124m", "--cluster", "h100", "--gpus", "8", "--global-batch", "8"])
+    assert r.exit_code == 2 and "did you mean dgx-h100-80gb?" in r.stderr
