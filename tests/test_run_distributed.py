@@ -239,9 +239,12 @@ def test_ctrl_c_stops_every_worker(tmp_path, wait_s):
     _no_leftovers(marker)
 
 
-def test_sigkill_of_the_launcher_leaves_no_worker(tmp_path):
-    """`kill -9` of `plan run` (no chance to clean up): the workers die with it (parent-death
-    signal), and with them the resource tracker: nothing of the run survives 3 s."""
+@pytest.mark.parametrize("wait_s", [0.3, 2.0])
+def test_sigkill_of_the_launcher_leaves_no_worker(tmp_path, wait_s):
+    """`kill -9` of `plan run` (no chance to clean up), while the workers start (0.3 s) and
+    once they run (2 s): the workers die with it (parent-death signal, set before they import
+    anything heavy; one that starts after the launcher died exits at once), and with them the
+    resource tracker: nothing of the run survives 3 s."""
     path = _plan_file(tmp_path, GPT, _plan(dp=2, micro_batch_size=2))
     marker = uuid.uuid4().hex
     env = _marker_env(marker, PLAN_RUN_FAIL_RANK="1", PLAN_RUN_FAIL_MODE="hang")
@@ -250,7 +253,7 @@ def test_sigkill_of_the_launcher_leaves_no_worker(tmp_path):
     deadline = time.time() + 60
     while len(_processes_with(marker)) < 3 and time.time() < deadline:  # launcher + 2 workers
         time.sleep(0.1)
-    time.sleep(2.0)  # the workers are past start-up
+    time.sleep(wait_s)
     proc.kill()
     proc.wait(timeout=10)
     _no_leftovers(marker, grace_s=3.0)

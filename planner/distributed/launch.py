@@ -24,7 +24,6 @@ import re
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import uuid
@@ -32,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from planner._pdeath import LAUNCHER_PID, die_with_parent
 from planner.errors import PlannerError, UsageError
 
 # Errors a rank reports because another rank went away first: not the root cause.
@@ -133,6 +133,7 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
     )
     handlers = _signal_handlers()
     ctrl_c: dict = {}
+    os.environ[LAUNCHER_PID] = str(os.getpid())
     try:
         with _ctrl_c_stops_workers(ctrl_c):
             results = elastic_launch(config, entrypoint)(*args)
@@ -148,6 +149,7 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
         detail = str(exc).strip().splitlines()
         raise PlannerError(f"launch failed: {type(exc).__name__}: {detail[0] if detail else ''} (logs: {log_dir})") from None
     finally:
+        os.environ.pop(LAUNCHER_PID, None)
         _restore(handlers)  # the agent's handlers turn a later Ctrl-C into its SignalException
     shutil.rmtree(log_dir, ignore_errors=True)
     # The agent keys results by global rank already.
@@ -249,24 +251,6 @@ def _failure_message(exc, log_dir: str, local_ranks=()) -> str:
     others = sorted(r for r in failures if r != rank)
     also = f"; ranks {', '.join(map(str, others))} stopped after it" if others else ""
     return f"rank {rank} failed: {_failure_text(failure)}{also} (logs: {log_dir})"
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this worker when the process that started it dies (Linux
-    prctl PR_SET_PDEATHSIG): a launcher killed with SIGKILL leaves no worker behind (and
-    so no resource tracker waiting on them). If the parent is already gone, exit now."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def init_process_group(backend: str = "auto", timeout_s: float = 120.0):
