@@ -239,6 +239,30 @@ def test_ctrl_c_stops_every_worker(tmp_path, wait_s):
     _no_leftovers(marker)
 
 
+def test_ctrl_c_stops_plan_profile_within_seconds(tmp_path):
+    """`plan profile` launches from a thread (its progress bar holds the main one): Ctrl-C to
+    the process group while the workers measure stops everything, exits 130 with one line,
+    writes no profile and leaves no process behind."""
+    marker = uuid.uuid4().hex
+    out_path = tmp_path / "profile.json"
+    proc = subprocess.Popen([sys.executable, "-m", "planner.cli.main", "profile", "--model", "gpt2-124m", "--nproc-per-node", "2",
+                             "--seq-len", "128", "-o", str(out_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_marker_env(marker), start_new_session=True)
+    deadline = time.time() + 60
+    while len(_processes_with(marker)) < 3 and time.time() < deadline:  # launcher + 2 workers
+        time.sleep(0.1)
+    time.sleep(3.0)  # measuring
+    sent = time.time()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert time.time() - sent < 5.0
+    assert proc.returncode == 130, err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: interrupted by Ctrl-C") and "Traceback" not in err, err
+    assert not out_path.exists()
+    _no_leftovers(marker, grace_s=3.0)
+
+
 @pytest.mark.parametrize("wait_s", [0.3, 2.0])
 def test_sigkill_of_the_launcher_leaves_no_worker(tmp_path, wait_s):
     """`kill -9` of `plan run` (no chance to clean up), while the workers start (0.3 s) and

@@ -14,7 +14,7 @@ from planner.cli import render
 from planner.cli.common import require_torch
 from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError, UsageError
-from planner.distributed.launch import LaunchSpec, inside_launcher, launch, validate
+from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher, launch, validate
 from planner.presets import load_model
 
 
@@ -106,22 +106,84 @@ def _launch_with_progress(spec: LaunchSpec, req, progress_path: str) -> dict:
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    with render.progress_bar("measuring") as bar:
-        task = bar.add_task("starting workers", total=None)
-        while worker.is_alive():
-            worker.join(0.25)
-            line = _last_line(progress_path)
-            if line:
-                done, _, message = line.partition(" ")
-                n, _, total = done.partition("/")
-                if n.isdigit() and total.isdigit():
-                    bar.update(task, completed=int(n), total=int(total), description=message)
+    try:
+        with render.progress_bar("measuring") as bar:
+            task = bar.add_task("starting workers", total=None)
+            while worker.is_alive():
+                worker.join(0.25)
+                line = _last_line(progress_path)
+                if line:
+                    done, _, message = line.partition(" ")
+                    n, _, total = done.partition("/")
+                    if n.isdigit() and total.isdigit():
+                        bar.update(task, completed=int(n), total=int(total), description=message)
+    except KeyboardInterrupt:
+        # The launch runs in this thread's shadow (the progress bar needs the main thread), so
+        # the agent cannot see Ctrl-C: stop the workers here. They also die with this process
+        # (planner/_pdeath.py), which exits right after with 130.
+        _stop_workers()
+        raise Interrupted("interrupted by Ctrl-C; all workers stopped, nothing written") from None
     if "error" in box:
         err = box["error"]
         if isinstance(err, PlannerError):
             raise err
         raise PlannerError(f"profiling failed: {err}") from None
     return box["result"]
+
+
+def _stop_workers() -> None:
+    """SIGTERM to this process's children (the workers), then SIGKILL to whatever is left after 1 s."""
+    import signal
+    import time
+
+    children = _children(os.getpid())
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.time() + 1.0
+    while time.time() < deadline and any(_alive(p) for p in children):
+        time.sleep(0.05)
+    for pid in children:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _children(pid: int) -> list[int]:
+    """Worker processes started by any thread of `pid` (Linux /proc), not multiprocessing's
+    resource tracker, which cleans up and exits by itself once this process is gone."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids = [int(x) for x in f.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/cmdline", "rb") as f:
+                    if b"resource_tracker" in f.read():
+                        continue
+            except OSError:
+                continue
+            out.append(kid)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 def _last_line(path: str) -> str:
