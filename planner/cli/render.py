@@ -216,7 +216,7 @@ def profile_report(cluster: ClusterSpec) -> None:
             f"{e.world_size} ranks ({e.nnodes} x {e.nproc_per_node}){', quick' if e.quick else ''}; model {m.model.name}"
         )
     links = Table(title="Collectives: alpha-beta fits (time = latency + volume / bus bandwidth)")
-    for col in ("tier", "collective", "group", "latency us", "bus GB/s", "max fit error"):
+    for col in ("tier", "collective", "group", "latency us", "bus GB/s", "per call us", "max fit error"):
         links.add_column(col, justify="left" if col in ("tier", "collective") else "right")
     sweeps = {(s.collective, s.group_size, s.inter_node): s for s in (m.collectives if m else [])}
     for tier_name, tier, inter in (("intra-node", cluster.intra_node, False), ("inter-node", cluster.inter_node, True)):
@@ -224,8 +224,10 @@ def profile_report(cluster: ClusterSpec) -> None:
             s = sweeps.get((f.collective, f.group_size, inter))
             err = "-" if s is None else f"{100 * s.max_relative_error:.0f}%"
             style = "bold red" if s is not None and s.max_relative_error > POOR_FIT else None
+            per_call = (tier.call_overhead_us or {}).get(f.collective)
             links.add_row(tier_name, f.collective.value, str(f.group_size or "any"), f"{f.latency_us:.1f}",
-                          f"{f.bandwidth_gbps:.3g}", err + (" POOR FIT" if style else ""), style=style)
+                          f"{f.bandwidth_gbps:.3g}", "-" if per_call is None else f"{per_call:.0f}",
+                          err + (" POOR FIT" if style else ""), style=style)
     console.print(links)
     if m is None:
         return
