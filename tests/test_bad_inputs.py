@@ -290,3 +290,15 @@ def test_without_torch_one_line_says_what_to_install(inputs, monkeypatch, args):
 def test_a_partial_preset_name_is_suggested():
     r = CliRunner().invoke(cli, ["solve", "--model", "gpt2-124m", "--cluster", "h100", "--gpus", "8", "--global-batch", "8"])
     assert r.exit_code == 2 and "did you mean dgx-h100-80gb?" in r.stderr
+
+
+def test_a_torch_older_than_the_floor_is_refused_in_one_line(monkeypatch):
+    import importlib.metadata
+
+    from planner.cli.common import _version_tuple, require_torch
+
+    assert _version_tuple("2.13.0+cpu") == (2, 13) and _version_tuple("2.9.1") == (2, 9) and _version_tuple("2.14.0a0") == (2, 14)
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.4.1" if name == "torch" else real(name))
+    with pytest.raises(Exception, match=r"needs torch >= 2.13 .* found 2.4.1"):
+        require_torch("run")

@@ -205,3 +205,26 @@ def require_torch(command: str) -> None:
             f"`plan {command}` needs PyTorch, which is not installed: pip install torch (pin your site's build, e.g. "
             "torch==2.13.0 from the CPU or CUDA index), then pip install 'planner[torch]'"
         )
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("torch")
+    except PackageNotFoundError:
+        return
+    if _version_tuple(found) < MIN_TORCH:
+        raise PlannerError(
+            f"`plan {command}` needs torch >= {'.'.join(map(str, MIN_TORCH))} (it uses fully_shard and replicate_with_fsdp), "
+            f"found {found}; upgrade torch"
+        )
+
+
+MIN_TORCH = (2, 13)  # pyproject.toml's torch extra says why
+
+
+def _version_tuple(text: str) -> tuple:
+    """(major, minor) of a version string such as '2.13.0+cpu'."""
+    parts = []
+    for piece in text.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)

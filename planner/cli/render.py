@@ -9,10 +9,12 @@ from rich.table import Table
 from cost_models.compute import total_params
 from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument
 
+import os
 import sys
 
-# Wide enough for the tables when piped into a file or a CI log (rich falls back to 80).
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# Wide enough for the tables when piped into a file or a CI log (rich falls back to 80), unless
+# COLUMNS says otherwise (rich reads it when no width is given).
+console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 
 
 def _fmt_time(seconds: float) -> str:
