@@ -193,11 +193,11 @@ POOR_FIT = 0.25  # a collective fit off by more than this at some measured size 
 
 def progress_bar(description: str):
     """A rich progress bar on stderr (stdout stays for results)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(
         TextColumn(f"{description} [progress.description]{{task.description}}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=Console(stderr=True), transient=True,
     )
 
 
