@@ -7,6 +7,7 @@ parameters are named by the protocol that calls them."""
 # planner/specs.py: fields written to and read from plan / report documents
 model_config  # pydantic's configuration hook (also planner/plan_file.py)
 sgd  # Optimizer enum member, chosen by name in job files
+deepspeed  # Target enum member, chosen by name (--target deepspeed)
 source  # provenance of model and cluster presets
 tp_communication, pp_communication, dp_communication_exposed  # TimeBreakdown fields
 schema_version

@@ -177,20 +177,9 @@ def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n
     return fwd, bwd
 
 
-# What each training stack runs (planner/specs.py:Target): its fused-attention kernel and its
-# cross-entropy. Whether TP collectives may overlap their GEMMs is Target.tp_comm_overlap, and
-# a plan's choice (Plan.tp_comm_overlap).
-TARGETS = {
-    Target.generic: {"attention": "flash2", "loss": LossKernel.eager},
-    Target.deepspeed: {"attention": "flash2", "loss": LossKernel.eager},
-    Target.torchtitan: {"attention": "flash2", "loss": LossKernel.eager},
-    Target.megatron: {"attention": "cudnn", "loss": LossKernel.vocab_parallel},
-}
-
-
 def loss_kernel(job) -> LossKernel:
     """The job's cross-entropy implementation: its own, else its target's."""
-    return job.loss_kernel or TARGETS[job.target]["loss"]
+    return job.loss_kernel or Target(job.target).loss_kernel
 
 
 def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int, d: int, fused: bool,
@@ -262,7 +251,7 @@ def layer_compute(
     shapes = [(h, h // tp + kv_cols), (h // tp, h), (h, mlp_in * f // tp), (f // tp, h)]
     lin = [linear_times(device, dtype, T, n_in, n_out) for n_in, n_out in shapes]
     linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
-    attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, TARGETS[target]["attention"])
+    attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, Target(target).attention_kernel)
     attn_exec = 4.0 * b * heads * s * s * d * (0.5 if flash_attention else 1.0)
 
     # Memory-bound kernels, forward bytes. Norms/residuals/dropout act on the full sequence on

@@ -72,8 +72,8 @@ class Optimizer(str, Enum):
 
 
 class Target(str, Enum):
-    """The training stack a plan will run on: which kernels and overlap features exist
-    (cost_models/compute.py:TARGETS says what each selects)."""
+    """The training stack a plan will run on: which kernels and overlap features exist (the
+    properties below are the one table of what each stack selects)."""
 
     generic = "generic"  # PyTorch eager: FlashAttention-2 through SDPA, no TP overlap
     megatron = "megatron"  # Megatron-Core / NeMo with Transformer Engine: cuDNN fused attention, TP comm overlap
@@ -87,10 +87,21 @@ class Target(str, Enum):
         pipelined all-gather / reduce-scatter matmuls), both on top of sequence parallelism."""
         return self in (Target.megatron, Target.torchtitan)
 
+    @property
+    def attention_kernel(self) -> str:
+        """The fused-attention kernel whose efficiency the device table gives: Transformer
+        Engine's cuDNN attention in Megatron, FlashAttention-2 (through SDPA) elsewhere."""
+        return "cudnn" if self == Target.megatron else "flash2"
+
+    @property
+    def loss_kernel(self) -> "LossKernel":
+        """The cross-entropy the stack runs: Megatron's vocab-parallel one, PyTorch's elsewhere."""
+        return LossKernel.vocab_parallel if self == Target.megatron else LossKernel.eager
+
 
 class LossKernel(str, Enum):
     """How the cross-entropy over the vocabulary is computed, which sets what the loss holds
-    per logit (cost_models/memory.py:LOSS_BYTES_PER_LOGIT)."""
+    per logit (cost_models/memory.py:loss_bytes_per_logit)."""
 
     eager = "eager"  # PyTorch eager: logits upcast to fp32, log-softmax saved, fp32 gradient
     vocab_parallel = "vocab-parallel"  # Megatron's fused vocab-parallel cross-entropy: fp32 softmax in place
@@ -633,8 +644,9 @@ class Plan(_Spec):
             raise PlanError(
                 f"tp_comm_overlap is not available in target {Target(job.target).value}; use --target megatron or torchtitan, or drop it"
             )
-        if job.seq_len > model.max_seq_len and model.learned_position_embeddings:
-            raise PlanError(f"seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of {model.name}")
+        problem = seq_problem(model, job.seq_len)
+        if problem:
+            raise PlanError(problem)
 
 
 def tp_problem(model: ModelSpec, tp: int) -> Optional[str]:
@@ -645,6 +657,13 @@ def tp_problem(model: ModelSpec, tp: int) -> Optional[str]:
         return f"tp={tp} and the {model.kv_heads} KV heads of {model.name} do not divide each other"
     if model.ffn % tp:
         return f"tp={tp} does not divide the FFN width {model.ffn} of {model.name}"
+    return None
+
+
+def seq_problem(model: ModelSpec, seq_len: int) -> Optional[str]:
+    """Why this model cannot train on `seq_len` tokens (beyond its learned position table), or None."""
+    if model.learned_position_embeddings and seq_len > model.max_seq_len:
+        return f"seq_len {seq_len} exceeds the {model.max_seq_len} learned positions of {model.name}"
     return None
 
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from hardware_profiles import load_cluster
 from planner.errors import PlannerError, UsageError
 from planner.presets import load_model
-from planner.specs import ClusterSpec, JobSpec, LossKernel, ModelSpec, Plan, PlanError, Target
+from planner.specs import ClusterSpec, JobSpec, LossKernel, ModelSpec, Plan, PlanError, Target, seq_problem
 
 
 def target_options(fn: Callable) -> Callable:
@@ -141,8 +141,9 @@ def make_job(
             f"(e.g. --seq-len 4096 or 8192)"
         )
     seq = seq_len or model.max_seq_len
-    if model.learned_position_embeddings and seq > model.max_seq_len:
-        raise UsageError(f"--seq-len {seq} exceeds the {model.max_seq_len} learned positions of {model.name}; give --seq-len {model.max_seq_len} or less")
+    problem = seq_problem(model, seq)  # the check Plan.validate_for makes, before any search
+    if problem:
+        raise UsageError(f"{problem}; give --seq-len {model.max_seq_len} or less")
     dtype = precision or model.param_dtype
     if cluster is not None:
         peaks = {k.value if hasattr(k, "value") else k for k in cluster.device.peak_tflops}

@@ -136,8 +136,8 @@ def what_if(path: Path, alternative: Optional[int], given: set, params: dict):
                            job_updates.get("precision", job.precision.value), job_updates.get("optimizer", job.optimizer.value),
                            not job.flash_attention, cluster, job_updates.get("target", job.target.value),
                            job_updates.get("loss_kernel", job.loss_kernel.value if job.loss_kernel else None))
-        changes += [f"{k} {getattr(job, k).value if hasattr(getattr(job, k), 'value') else getattr(job, k)} -> {v}"
-                    for k, v in job_updates.items() if str(getattr(job, k)) != str(v) and getattr(job, k) != v]
+        changes += [f"{k} {_show(getattr(job, k))} -> {_show(getattr(new_job, k))}" for k in job_updates
+                    if getattr(job, k) != getattr(new_job, k)]
         job = new_job
     fields = plan.model_dump()
     for opt, field in _PLAN_OPTIONS.items():
