@@ -17,7 +17,11 @@ from planner.specs import ClusterSpec, JobSpec, LossKernel, ModelSpec, Plan, Pla
 def target_options(fn: Callable) -> Callable:
     """--model, --cluster, --gpus/--nodes, --seq-len, precision and optimizer."""
     options = [
-        click.option("--model", "model_name", help="Model preset name, or a .json/.yaml spec, or a Hugging Face config.json."),
+        click.option(
+            "--model", "model_name",
+            help="Model preset name; or a .json/.yaml spec, a Hugging Face config.json or model directory; or a hub id "
+            "(ORG/NAME) whose config.json is in the local Hugging Face cache (nothing is downloaded).",
+        ),
         click.option("--cluster", "cluster_name", help="Cluster preset name, or a hardware profile .json (from `plan profile`)."),
         click.option("--gpus", type=int, help="Total GPUs."),
         click.option("--nodes", type=int, help="Nodes (GPUs = nodes x GPUs per node of the cluster)."),

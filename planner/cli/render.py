@@ -4,9 +4,11 @@ print only JSON and never call into here."""
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cost_models.compute import total_params
+from planner.presets import HUB_SOURCE
 from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument
 
 import os
@@ -15,6 +17,11 @@ import sys
 # Wide enough for the tables when piped into a file or a CI log (rich falls back to 80), unless
 # COLUMNS says otherwise (rich reads it when no width is given).
 console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+
+
+def _narrow() -> bool:
+    """A terminal too narrow for the tables' long headers (the memory table's need 105 columns)."""
+    return console.width < 105
 
 
 def _fmt_time(seconds: float) -> str:
@@ -33,24 +40,29 @@ def _human(n: float) -> str:
 
 
 def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
+    # Names never wrap (rich would cut them to "llama…" in 80 columns); the tables are kept
+    # narrow enough for that: the MLP's activation shares a cell with its width, and the link
+    # descriptions, which wrap well, have a table of their own.
     t = Table(title="Model presets")
-    for col in ("name", "params", "layers", "hidden", "heads (kv)", "ffn", "vocab", "seq", "mlp"):
-        t.add_column(col, justify="right" if col not in ("name", "mlp") else "left")
+    for col in ("name", "params", "layers", "hidden", "heads (kv)", "mlp", "vocab", "seq"):
+        t.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=col == "name")
     for m in models:
         t.add_row(
             m.name, _human(total_params(m)), str(m.num_layers), str(m.hidden_size), f"{m.num_heads} ({m.kv_heads})",
-            str(m.ffn), str(m.vocab_size), str(m.max_seq_len), m.activation.value,
+            f"{m.activation.value} {m.ffn}", str(m.vocab_size), str(m.max_seq_len),
         )
     console.print(t)
     c = Table(title="Cluster presets")
-    for col in ("name", "device", "bf16 TFLOP/s", "memory GiB", "GPUs/node", "intra-node", "inter-node"):
-        c.add_column(col)
+    for col in ("name", "device", "bf16 TFLOP/s", "memory GiB", "GPUs/node"):
+        c.add_column(col, no_wrap=col in ("name", "device"))
+    links = Table(title="Cluster links")
+    for col in ("name", "intra-node", "inter-node"):
+        links.add_column(col, no_wrap=col == "name")
     for cl in clusters:
-        c.add_row(
-            cl.name, cl.device.name, f"{cl.device.peak_tflops.get('bf16', 0):g}", f"{cl.device.memory_gib:g}",
-            str(cl.gpus_per_node), cl.intra_node.name, cl.inter_node.name,
-        )
+        c.add_row(cl.name, cl.device.name, f"{cl.device.peak_tflops.get('bf16', 0):g}", f"{cl.device.memory_gib:g}", str(cl.gpus_per_node))
+        links.add_row(cl.name, cl.intra_node.name, cl.inter_node.name)
     console.print(c)
+    console.print(links)
 
 
 def plan_summary(plan: Plan) -> str:
@@ -109,17 +121,25 @@ def throughput_table(est: Estimate) -> Table:
 def memory_table(est: Estimate) -> Table:
     verdict = "fits" if est.fits else "DOES NOT FIT"
     t = Table(title=f"Memory per GPU, GiB (peak {est.peak_memory_gib:.1f} of {est.memory_capacity_gib:g}: {verdict})")
-    cols = ("pipeline rank", "layers", "weights", "gradients", "optimizer", "activations", "temporary", "overhead", "total")
+    # Values of at most five characters, and in a narrow terminal short headers, keep the nine
+    # columns within 80 (rich would cut the long headers to "weigh…").
+    cols = (("pp rank", "layers", "weights", "grads", "optim", "activ", "temp", "overhead", "total") if _narrow() else
+            ("pipeline rank", "layers", "weights", "gradients", "optimizer", "activations", "temporary", "overhead", "total"))
     for col in cols:
         t.add_column(col, justify="right")
     for sm in est.memory_gib_per_pipeline_rank:
         style = "bold red" if sm.total > est.memory_capacity_gib else None
         t.add_row(
             str(sm.pipeline_rank), str(sm.layers),
-            *(f"{x:.2f}" for x in (sm.weights, sm.gradients, sm.optimizer_states, sm.activations, sm.temporary, sm.overhead, sm.total)),
+            *(_gib(x) for x in (sm.weights, sm.gradients, sm.optimizer_states, sm.activations, sm.temporary, sm.overhead, sm.total)),
             style=style,
         )
     return t
+
+
+def _gib(x: float) -> str:
+    """Four significant figures or so in at most five characters: 16.12, 140.4, 1234."""
+    return f"{x:.2f}" if x < 99.995 else f"{x:.1f}" if x < 999.95 else f"{x:.0f}"
 
 
 def stage_layout(plan: Plan) -> str:
@@ -134,13 +154,39 @@ def stage_layout(plan: Plan) -> str:
     return text
 
 
+def layout_details(plans: list[Plan], num_layers: int) -> list[str]:
+    """What plan_summary leaves out (mesh order, layer split, recompute per stage), for each
+    plan whose summary another plan shares, and only the fields that tell those plans apart;
+    '' for the others. Splits are the effective ones (an even split shown as its counts)."""
+
+    def fields(plan: Plan) -> dict[str, str]:
+        mix = plan.stage_recompute  # without it every layer has the one mode the summary shows
+        return {
+            "mesh": ",".join(a.value for a in plan.mesh_order),
+            "split": ",".join(map(str, plan.stage_layers(num_layers))),
+            "recompute per stage": " ".join(f"{r.none}/{r.selective}/{r.full}" for r in mix) if mix else "",
+        }
+
+    summaries = [plan_summary(p) for p in plans]
+    details = []
+    for plan, summary in zip(plans, summaries):
+        twins = [fields(p) for p, s in zip(plans, summaries) if s == summary]
+        mine = fields(plan)
+        differ = [k for k in mine if mine[k] and any(t[k] != mine[k] for t in twins)]
+        details.append(" ".join(f"{k}={mine[k]}" for k in differ))
+    return details
+
+
+def _with_details(summary: str, details: str) -> str:
+    return f"{summary} {details}" if details else summary
+
+
 def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     job, est = doc.job, doc.estimate
-    console.print(
-        f"[bold]{doc.model.name}[/bold] on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
-        f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {limit_gib:g} GiB"
-    )
-    console.print(f"[bold]recommended[/bold]: {plan_summary(doc.plan)}; global batch {job.global_batch_size}")
+    _header(doc.model, f"on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
+            f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {limit_gib:g} GiB")
+    details = layout_details([doc.plan] + [a.plan for a in doc.alternatives], doc.model.num_layers)
+    console.print(f"[bold]recommended[/bold]: {_with_details(plan_summary(doc.plan), details[0])}; global batch {job.global_batch_size}")
     if stage_layout(doc.plan):
         console.print(stage_layout(doc.plan))
     console.print(time_table(est))
@@ -155,14 +201,23 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     for v in ex.communication:
         comm.add_row(v.axis.value, str(v.degree), v.link, f"{v.bandwidth_gbps:.0f}", f"{v.gib_per_gpu_per_step:.2f}")
     console.print(comm)
+    # rich narrows the widest columns first; in a narrow terminal, capping the numbers' columns
+    # (they wrap at spaces) leaves the layout about 30 of 80 columns, room for its longest word
+    # (schedule=interleaved-1f1b); a longer one (a split of many stages) folds instead of being cut.
+    narrow = _narrow()
     alt = Table(title="Alternatives")
-    for col in ("#", "layout", "step time", "tokens/s", "MFU", "peak GiB", "vs best"):
-        alt.add_column(col, justify="left" if col == "layout" else "right")
+    alt.add_column("#", justify="right")
+    alt.add_column("layout", overflow="fold")
+    alt.add_column("step time (vs best)", justify="right", max_width=9 if narrow else None)
+    alt.add_column("tokens/s", justify="right")
+    alt.add_column("MFU", justify="right")
+    alt.add_column("peak GiB", justify="right", max_width=6 if narrow else None)
     best_tps = est.tokens_per_s
     for i, a in enumerate(doc.alternatives, start=1):
         e = a.estimate
-        alt.add_row(str(i), plan_summary(a.plan), _fmt_time(e.step_time_s), f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}%",
-                    f"{e.peak_memory_gib:.1f}", f"{100 * (best_tps / e.tokens_per_s - 1):+.1f}% time")
+        alt.add_row(str(i), _with_details(plan_summary(a.plan), details[i]),
+                    f"{_fmt_time(e.step_time_s)} ({100 * (best_tps / e.tokens_per_s - 1):+.1f}%)", f"{e.tokens_per_s:,.0f}",
+                    f"{100 * e.mfu:.1f}%", f"{e.peak_memory_gib:.1f}")
     if doc.alternatives:
         console.print(alt)
         tied = [str(i) for i, a in enumerate(doc.alternatives, start=1)
@@ -250,12 +305,17 @@ def profile_report(cluster: ClusterSpec) -> None:
     console.print(mm)
 
 
+def _header(model: ModelSpec, rest: str) -> None:
+    """The report's first line; a model from the Hugging Face cache also says which revision."""
+    console.print(f"[bold]{escape(model.name)}[/bold] {rest}")  # a directory's name may hold [brackets]
+    if model.source and HUB_SOURCE in model.source:
+        console.print(f"model: {model.source}", markup=False)
+
+
 def estimate_report(doc: PlanDocument) -> None:
     job = doc.job
-    console.print(
-        f"[bold]{doc.model.name}[/bold] on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
-        f"global batch {job.global_batch_size} x {job.seq_len} tokens, {job.precision.value}, {job.optimizer.value}"
-    )
+    _header(doc.model, f"on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
+            f"global batch {job.global_batch_size} x {job.seq_len} tokens, {job.precision.value}, {job.optimizer.value}")
     console.print(f"layout: {plan_summary(doc.plan)}")
     console.print(time_table(doc.estimate))
     console.print(throughput_table(doc.estimate))

@@ -1,10 +1,14 @@
-"""Model presets (YAML files in models/ beside this module) and Hugging Face config.json import."""
+"""Model presets (YAML files in models/ beside this module) and Hugging Face config.json import,
+from a file, a model directory, or a hub id found in the local Hugging Face cache."""
 
 from __future__ import annotations
 
+import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from planner.datafile import load_named, parse_spec
+from planner.datafile import load_named, parse_spec, read_mapping
 from planner.errors import UsageError
 from planner.specs import ModelSpec
 
@@ -112,13 +116,139 @@ def from_hf_config(data: dict, name: str) -> dict:
     )
 
 
-def _parse(data: dict, path: Path, text: str) -> ModelSpec:
+def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelSpec:
     if is_hf_config(data):
-        name = path.parent.name if path.name == "config.json" else path.stem
-        return parse_spec(ModelSpec, from_hf_config(data, name), path, text)
+        return parse_spec(ModelSpec, from_hf_config(data, name or _hf_name(path)), path, text)
     return parse_spec(ModelSpec, data, path, text)
 
 
+def _hf_name(path: Path) -> str:
+    """A config.json is named after its directory (a snapshot's, after its repository); another file after its stem."""
+    if path.name != "config.json":
+        return path.stem
+    parts = Path(os.path.abspath(path)).parts  # '..' resolved, symlinks (a snapshot's into blobs/) not
+    if len(parts) >= 4 and parts[-3] == "snapshots" and parts[-4].startswith("models--"):
+        return parts[-4].removeprefix("models--").replace("--", "/")
+    return parts[-2]
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A model preset by name, or our JSON/YAML spec, or a Hugging Face config.json."""
-    return load_named(name_or_path, "model", model_presets(), _parse)
+    """A model preset by name; else an existing path: our JSON/YAML spec, a Hugging Face
+    config.json, or a model directory holding one; else a hub id (ORG/NAME, or a NAME that one
+    cached repository ends with) whose config.json is in the local Hugging Face cache.
+    Nothing is downloaded."""
+    path = Path(name_or_path)
+    kind = _path_kind(path)
+    if name_or_path not in model_presets() and kind == "directory":
+        config = path / "config.json"
+        if not config.is_file():
+            raise UsageError(f"{name_or_path} is a directory without a config.json; give a Hugging Face model directory, "
+                             "or the path of a .json/.yaml spec")
+        data, text = read_mapping(config)
+        return _parse(data, config, text)
+    if name_or_path in model_presets() or kind or path.suffix in (".json", ".yaml", ".yml"):
+        return load_named(name_or_path, "model", model_presets(), _parse)
+    snapshot = find_in_hub_cache(name_or_path)
+    if snapshot is None:  # not an ORG/NAME, nor a cached NAME: the preset error, with its suggestions
+        return load_named(name_or_path, "model", model_presets(), _parse)
+    data, text = read_mapping(snapshot.config)
+    model = _parse(data, snapshot.config, text, name=snapshot.repo_id)
+    return model.model_copy(update={"source": "; ".join(filter(None, (snapshot.describe(), model.source)))})
+
+
+def _path_kind(path: Path) -> str | None:
+    """'directory', 'file' or None; a name the OS refuses (too long, a NUL byte) is no path."""
+    try:
+        return "directory" if path.is_dir() else "file" if path.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
+# ----- the local Hugging Face cache (the layout huggingface_hub writes; read without it)
+
+# ORG/NAME as the Hub spells repository ids: letters, digits, '-', '_', '.'.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
+_COMMIT = re.compile(r"[0-9a-f]{40}")  # what refs/main holds: a commit hash, never a path
+HUB_SOURCE = "local Hugging Face cache"
+
+
+def hub_cache_dir() -> Path:
+    """Where huggingface_hub keeps downloads, by its own rule: $HF_HUB_CACHE, else $HF_HOME/hub,
+    else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    env = os.environ
+    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):  # the second is the older name
+        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "huggingface" / "hub"
+
+
+@dataclass(frozen=True)
+class HubSnapshot:
+    """A model's config.json in the local cache: models--ORG--NAME/snapshots/REVISION/config.json."""
+
+    repo_id: str
+    revision: str
+    chosen_by: str  # why this revision: refs/main, the only snapshot, or the newest of several
+    config: Path
+
+    def describe(self) -> str:
+        return f"{self.repo_id} revision {self.revision} ({self.chosen_by}) from the {HUB_SOURCE}, {self.config}"
+
+
+def find_in_hub_cache(name: str) -> HubSnapshot | None:
+    """The cached config.json of hub id ORG/NAME, or of the one cached repository called NAME.
+    None when `name` is not hub-id shaped, or is a bare NAME the cache does not hold."""
+    if len(name) > 200 or not (HUB_ID.fullmatch(name) or _NAME.fullmatch(name)):  # the Hub allows 96 per part
+        return None
+    cache = hub_cache_dir()
+    folder = "models--" + name.replace("/", "--")
+    try:
+        cached = [d.name for d in cache.iterdir() if d.name.startswith("models--")] if cache.is_dir() else []
+    except OSError as exc:
+        raise UsageError(f"cannot read the Hugging Face cache {cache}: {exc.strerror or exc}") from None
+    if folder in cached:
+        matches = [folder]
+    elif "/" in name:  # the Hub treats ids case-insensitively; so do we, when unambiguous
+        matches = [d for d in cached if d.lower() == folder.lower()]
+    else:  # a bare NAME: the cached repositories ORG/NAME
+        matches = [d for d in cached if d.lower().endswith("--" + name.lower()) or d.lower() == folder.lower()]
+    ids = sorted(d.removeprefix("models--").replace("--", "/") for d in matches)
+    if len(matches) > 1:
+        raise UsageError(f"{name} is ambiguous: the Hugging Face cache {cache} holds {', '.join(ids)}; give one of them")
+    if not matches:
+        if "/" not in name:
+            return None
+        raise UsageError(
+            f"{name} is not a model preset, a file or a directory, and the Hugging Face cache has no {folder} (looked in "
+            f"{cache}); fetch its config with `huggingface-cli download {name} config.json`, or give the path of its config.json"
+        )
+    return _snapshot(cache / matches[0], ids[0])
+
+
+def _snapshot(repo: Path, repo_id: str) -> HubSnapshot:
+    """The revision refs/main names; without it the only snapshot, or the most recently written."""
+    fetch = f"`huggingface-cli download {repo_id} config.json`"
+    ref = repo / "refs" / "main"
+    try:
+        if ref.is_file():
+            with ref.open("rb") as f:
+                revision = f.read(100).decode("utf-8", errors="replace").strip()
+            if not _COMMIT.fullmatch(revision):
+                raise UsageError(f"{ref}: {revision[:40]!r} is not a commit hash; fetch the model again with {fetch}")
+            chosen_by = "refs/main"
+        else:
+            snapshots = repo / "snapshots"
+            found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()] if snapshots.is_dir() else []
+            if not found:
+                raise UsageError(f"{repo_id} is in the Hugging Face cache ({repo}) without a config.json; fetch it with {fetch}")
+            newest = max(found, key=lambda d: (d.stat().st_mtime, d.name))
+            revision = newest.name
+            chosen_by = "the only snapshot" if len(found) == 1 else f"the newest of {len(found)} snapshots, there is no refs/main"
+    except OSError as exc:
+        raise UsageError(f"cannot read {repo} in the Hugging Face cache: {exc.strerror or exc}") from None
+    config = repo / "snapshots" / revision / "config.json"
+    if not config.is_file():
+        raise UsageError(f"{repo_id} revision {revision} ({chosen_by}) has no config.json in the Hugging Face cache; fetch it with {fetch}")
+    return HubSnapshot(repo_id, revision, chosen_by, config)
