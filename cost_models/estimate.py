@@ -51,7 +51,11 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
     stage_totals = [
         ranks[j % pp].stages[j // pp].total(c) + exposed[j % pp][0] / v for j, c in enumerate(counts)
     ]
-    t_pipe = pipeline.pipeline_time(stage_totals, pp, m, v)
+    if pc.gpipe:
+        forward = [ranks[j % pp].stages[j // pp].forward_pass(c) for j, c in enumerate(counts)]
+        t_pipe = pipeline.gpipe_time(stage_totals, forward, m)
+    else:
+        t_pipe = pipeline.pipeline_time(stage_totals, pp, m, v)
     rank_work = pipeline.rank_times(stage_totals, pp)
     bn = max(range(pp), key=rank_work.__getitem__)
     t_opt = max(rk.optimizer(n) for rk, n in zip(ranks, totals))

@@ -273,6 +273,7 @@ class PipelineCosts:
     memory_capacity_gib: float
     peak_flops: float
     uncertainty: Optional[Uncertainty] = None  # the cluster's cross-validated step-time error
+    gpipe: bool = False  # all forwards, then all backwards (cost_models/pipeline.py:gpipe_time)
 
     @property
     def num_stages(self) -> int:
@@ -339,6 +340,7 @@ def layout_costs(
         memory_capacity_gib=cluster.device.memory_gib,
         peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
         uncertainty=cluster.uncertainty,
+        gpipe=schedule == Schedule.gpipe,
     )
 
 

@@ -149,6 +149,12 @@ class StageTime(NamedTuple):
     forward: Linear  # the forward part of compute + tp (the window ZeRO-3 gathers hide behind)
     total: Linear  # compute + recompute + tp + p2p
 
+    @property
+    def forward_pass(self) -> Linear:
+        """The forward pass of one micro-batch: the forward part plus half the sends (the
+        backward pass is the rest of `total`: recompute, backward math, the other half)."""
+        return self.forward + self.p2p.scaled(0.5)
+
 
 class RankMemory(NamedTuple):
     """Peak memory of one pipeline rank, bytes: linear parts in the rank's summed counts,

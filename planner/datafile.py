@@ -176,7 +176,7 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
     return target
 
 
-def write_atomic(path: Path | str, text: str) -> None:
+def write_atomic(path: Path | str, text: str | bytes) -> None:
     """Write through a temporary file in the same directory, then rename: never a half-written
     file. Writes through a symlink to its target; a new file gets the umask's permissions, an
     existing one keeps its own. An OS error (read-only, permission, disk full) becomes one
@@ -189,7 +189,7 @@ def write_atomic(path: Path | str, text: str) -> None:
     except OSError as exc:
         raise PlannerError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, target)

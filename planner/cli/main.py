@@ -46,13 +46,14 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from planner.cli import estimate, presets, profile, run, solve
+    from planner.cli import estimate, presets, profile, run, show, solve
 
     cli.add_command(presets.presets)
     cli.add_command(estimate.estimate)
     cli.add_command(solve.solve)
     cli.add_command(profile.profile)
     cli.add_command(run.run)
+    cli.add_command(show.show)
 
 
 _register()

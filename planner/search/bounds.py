@@ -113,7 +113,7 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
     """Seconds per step no split can beat, ignoring activation memory; None if even the
     model states cannot fit (the fullest rank holds at least the mean parameter count)."""
     t = pc.terms
-    L, P, m, v, pp = pc.num_layers, pc.num_stages, pc.num_micro_batches, pc.vpp, pc.pp
+    L, m, v, pp = pc.num_layers, pc.num_micro_batches, pc.vpp, pc.pp
     mean_params = t.total_params / pp
     if t.states_bytes(mean_params) > memory_limit_gib * GIB:
         return None
@@ -122,10 +122,7 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
     first, last, constants = t.stage_constants()
     W = L * a + constants + pp * per_mb  # sum of stage times
     end_stage = a + max(first, last) + per_mb / v  # an end stage holds >= 1 layer
-    if v == 1:
-        t_pipe = W + (m - 1) * max(W / P, end_stage)
-    else:
-        t_pipe = m * max(W / pp, end_stage) + (pp - 1) * max(W / P, end_stage)
+    t_pipe = W / v + (m - 1 / v) * max(W / pp, end_stage)  # the slowest rank works at least W / pp
     return t_pipe + step + _mean_optimizer_time(t)
 
 
@@ -173,7 +170,7 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
     m tau + (p - 1) tau / v). Returns None when no split fits (memory).
     """
     t = pc.terms
-    L, pp, v, m = pc.num_layers, pc.pp, pc.vpp, pc.num_micro_batches
+    L, v, m = pc.num_layers, pc.vpp, pc.num_micro_batches
     a = t.stage_time_slope()[0]
     allowed = [MODES.index(md) for md in modes]
     mode = max(allowed, key=lambda i: t.layer_recompute[i])
@@ -186,7 +183,7 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
         return None
     tau = _slowest_rank_time(ranks, a, L)
     total = L * a + sum(rk.K for rk in ranks)
-    t_pipe = total + (m - 1) * tau if v == 1 else m * tau + (pp - 1) * tau / v
+    t_pipe = total / v + (m - 1 / v) * tau
     return t_pipe + max(step_floor, _mean_step_floor(pc)[1]) + _mean_optimizer_time(t)
 
 

@@ -161,23 +161,22 @@ def _exposure(b: _Block, rk: RankTerms, counts) -> tuple:
     return pulp.lpSum(per_mb), pulp.lpSum(per_step)
 
 
-def _pipeline(b: _Block, S: list):
+def _pipeline(b: _Block, S: list, F: list):
     """Pipeline time from the stage times S_j (cost_models/pipeline.py), as max() rows. The
-    maxima enter already multiplied by their micro-batch counts (M >= (m - 1) S_j rather than
-    (m - 1) M with M >= S_j): a row satisfied only to the solver's feasibility tolerance then
-    moves the objective by that tolerance, not by m times it."""
-    t, pp, m, P = b.terms, b.pc.pp, b.pc.num_micro_batches, b.pc.num_stages
-    if b.pc.vpp == 1:
-        M = b.var("M", 0)
-        for j in range(P):
-            b.add(M >= (m - 1) * S[j], f"slowest_{j}_")
-        return pulp.lpSum(S) + M
-    MR, MS = b.var("MR", 0), b.var("MS", 0)
+    maximum enters already multiplied by its micro-batch count (M >= (m - 1/v) W_r rather
+    than (m - 1/v) M with M >= W_r): a row satisfied only to the solver's feasibility
+    tolerance then moves the objective by that tolerance, not by m times it."""
+    t, pp, m, v = b.terms, b.pc.pp, b.pc.num_micro_batches, b.pc.vpp
+    if b.pc.gpipe:  # every forward, then every backward: a slowest stage per direction
+        MF, MB = b.var("MF", 0), b.var("MB", 0)
+        for j, (s, f) in enumerate(zip(S, F)):
+            b.add(MF >= (m - 1) * f, f"slowfwd_{j}_")
+            b.add(MB >= (m - 1) * (s - f), f"slowbwd_{j}_")
+        return pulp.lpSum(S) + MF + MB
+    M = b.var("M", 0)
     for r in range(pp):
-        b.add(MR >= m * pulp.lpSum(S[j] for j in t.rank_stages(r)), f"slowrank_{r}_")
-    for j in range(P):
-        b.add(MS >= (pp - 1) * S[j], f"slowstage_{j}_")
-    return MR + MS
+        b.add(M >= (m - 1 / v) * pulp.lpSum(S[j] for j in t.rank_stages(r)), f"slowest_{r}_")
+    return pulp.lpSum(S) * (1 / v) + M
 
 
 def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
@@ -198,13 +197,15 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
     ranks = t.ranks()
     counts = [b.rank_counts(rk.rank) for rk in ranks]
     D = b.var("D", 0)
-    S = [None] * pc.num_stages
+    S, F = [None] * pc.num_stages, [None] * pc.num_stages
     for rk, c in zip(ranks, counts):
         per_mb, per_step = _exposure(b, rk, c)
         b.add(D >= per_step, f"dpmax_{rk.rank}_")
         for j, st in zip(t.rank_stages(rk.rank), rk.stages):
             S[j] = b.lin(st.total, b.x[j], ts) + per_mb * (1.0 / pc.vpp)
-    t_pipe = _pipeline(b, S)
+            if pc.gpipe:
+                F[j] = b.lin(st.forward_pass, b.x[j], ts)
+    t_pipe = _pipeline(b, S, F)
     opt = b.var("O", 0)
     for rk, c in zip(ranks, counts):
         b.add(opt >= b.lin(rk.optimizer, c, ts), f"opt_{rk.rank}_")

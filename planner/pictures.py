@@ -1,0 +1,225 @@
+"""What `plan show` draws, as data: the pipeline schedule of one step, memory per pipeline
+rank, and where every rank sits. No plotting here (planner/draw.py draws these; the terminal
+text is in planner/cli/show.py), so tests check the numbers a picture is made of.
+
+The timeline replays the plan's schedule op by op from the cost model's per-stage times
+(cost_models/estimate.py reads the same PipelineCosts): each pipeline rank runs its forward
+(F) and backward (B) passes in the order the schedule prescribes, and an op starts when its
+rank is free and its input is ready (F of stage j after F of stage j-1; B of stage j after
+B of stage j+1, the last stage's B after its own F). Op orders:
+  gpipe: every forward, then every backward;
+  1f1b: p - r - 1 warm-up forwards on rank r, then one forward and one backward in turn,
+    then the remaining backwards (Narayanan et al. 2021, sec. 2.2);
+  interleaved-1f1b: Megatron-LM's order (schedules.py of megatron-core): forwards go through
+    micro-batches in groups of p, model chunk by model chunk; (p - r - 1) x 2 + (v - 1) x p
+    warm-up forwards; backwards visit the chunks in reverse.
+Inside an op, the stage's time is split by cause: a forward is the forward part of compute
+and TP collectives (split between them in proportion to the stage's compute and TP time)
+plus half the pipeline sends; a backward is the rest, with the recomputation first and the
+stage's exposed per-micro-batch ZeRO traffic last. After its last op, each rank's exposed
+per-step data-parallel communication, then its optimizer step.
+
+The estimate's pipeline time is the closed form sum_j S_j + (m - 1) max_j S_j (exact for
+equal stages); the replay is the schedule itself, so where stages differ the two may differ
+slightly, and `plan show` prints both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cost_models.communication import mesh_strides
+from cost_models.estimate import rank_counts, recompute_counts
+from cost_models.tables import mesh_links, pipeline_costs
+from planner.errors import PlannerError
+from planner.specs import Axis, ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Schedule
+
+# What a segment of an op is doing; "idle" is what is left of a rank's step.
+KINDS = ("forward", "backward", "recompute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
+
+
+@dataclass
+class Op:
+    """One forward or backward pass of one micro-batch through one virtual stage."""
+
+    rank: int
+    kind: str  # "F" or "B"
+    stage: int  # virtual stage
+    micro_batch: int
+    start: float
+    segments: list[tuple[str, float]]  # (KINDS entry, seconds), in order
+
+    @property
+    def duration(self) -> float:
+        return sum(s for _, s in self.segments)
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+@dataclass
+class Timeline:
+    """One optimizer step, every pipeline rank's ops and its per-step tail."""
+
+    pp: int
+    num_micro_batches: int
+    ops: list[Op]
+    tails: list[list[tuple[str, float, float]]]  # per rank: (kind, start, seconds) after its last op
+    pipeline_end: float  # when the last op ends
+    step_time: float  # the end of the step (the last rank's optimizer)
+    bottleneck_rank: int  # the estimate's bottleneck pipeline rank
+    busy: list[float] = field(default_factory=list)  # per rank, seconds of ops
+
+    def idle(self, rank: int) -> float:
+        """Idle time of `rank` while the pipeline runs (its bubble)."""
+        return self.pipeline_end - self.busy[rank]
+
+    @property
+    def bubble_share(self) -> float:
+        """The bottleneck rank's pipeline bubble as a share of the step (the estimate's
+        time_breakdown_s.pipeline_bubble / step_time_s)."""
+        return self.idle(self.bottleneck_rank) / self.step_time
+
+
+def _orders(schedule: Schedule, pp: int, vpp: int, m: int) -> list[list[tuple[str, int, int]]]:
+    """Per pipeline rank, its ops (kind, virtual stage, micro-batch) in execution order."""
+    orders = []
+    for r in range(pp):
+        if schedule == Schedule.interleaved_1f1b:
+            total = m * vpp
+
+            def chunk_mb(k: int, backward: bool) -> tuple[int, int]:
+                group, within = divmod(k, pp * vpp)
+                chunk = within // pp
+                return (vpp - 1 - chunk if backward else chunk), group * pp + within % pp
+
+            fwd = [("F", chunk * pp + r, mb) for chunk, mb in (chunk_mb(k, False) for k in range(total))]
+            bwd = [("B", chunk * pp + r, mb) for chunk, mb in (chunk_mb(k, True) for k in range(total))]
+            warm = total if m == pp else min(total, (pp - r - 1) * 2 + (vpp - 1) * pp)
+        else:
+            fwd = [("F", r, i) for i in range(m)]
+            bwd = [("B", r, i) for i in range(m)]
+            warm = m if schedule == Schedule.gpipe else min(m, pp - r - 1)
+        order = fwd[:warm]
+        for i in range(len(fwd) - warm):
+            order += [fwd[warm + i], bwd[i]]
+        order += bwd[len(fwd) - warm:]
+        orders.append(order)
+    return orders
+
+
+# Above this many ops a replay (and its picture) stops being useful and gets slow.
+MAX_OPS = 400_000
+
+
+def timeline(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, est: Estimate) -> Timeline:
+    """Replay one step of `plan` (see the module docstring)."""
+    pc = pipeline_costs(model, cluster, job, plan)
+    pp, v, m = pc.pp, pc.vpp, pc.num_micro_batches
+    if 2 * m * pp * v > MAX_OPS:
+        raise PlannerError(
+            f"the timeline would have {2 * m * pp * v:,} passes (more than {MAX_OPS:,}); show a plan with fewer micro-batches"
+        )
+    counts = recompute_counts(plan, model.num_layers)
+    ranks = pc.terms.ranks()
+    totals = rank_counts(counts, pp)
+    exposed = [rk.exposure.values(n) for rk, n in zip(ranks, totals)]
+
+    segments: dict[tuple[str, int], list[tuple[str, float]]] = {}
+    for j, c in enumerate(counts):
+        r = j % pp
+        st = ranks[r].stages[j // pp]
+        comp, tp, rec, p2p, fwd = st.compute(c), st.tp(c), st.recompute(c), st.p2p(c), st.forward(c)
+        share = comp / (comp + tp) if comp + tp > 0 else 1.0
+        f_comp, f_tp = fwd * share, fwd * (1 - share)
+        segments["F", j] = [("forward", f_comp), ("tp_comm", f_tp), ("pp_comm", p2p / 2)]
+        segments["B", j] = [
+            ("recompute", rec), ("backward", comp - f_comp), ("tp_comm", tp - f_tp), ("pp_comm", p2p / 2),
+            ("dp_comm", exposed[r][0] / v),
+        ]
+
+    last = pp * v - 1
+    end: dict[tuple[str, int, int], float] = {}
+    orders = _orders(plan.schedule, pp, v, m)
+    pos, free = [0] * pp, [0.0] * pp
+    ops: list[Op] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            while pos[r] < len(orders[r]):
+                kind, j, i = orders[r][pos[r]]
+                dep = ("F", j - 1, i) if kind == "F" else (("B", j + 1, i) if j < last else ("F", j, i))
+                if kind == "F" and j == 0:
+                    ready = 0.0
+                elif dep in end:
+                    ready = end[dep]
+                else:
+                    break
+                op = Op(r, kind, j, i, max(free[r], ready), [s for s in segments[kind, j] if s[1] > 0])
+                end[kind, j, i] = free[r] = op.end
+                ops.append(op)
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # an order that waits on itself: a bug here, not the user's input
+            raise AssertionError(f"schedule {plan.schedule.value} deadlocked at {pos}")
+
+    pipeline_end = max(free)
+    busy = [0.0] * pp
+    for op in ops:
+        busy[op.rank] += op.duration
+    tails = []
+    for r, (rk, n) in enumerate(zip(ranks, totals)):
+        t, tail = free[r], []
+        for kind, seconds in (("dp_comm", exposed[r][1]), ("optimizer", rk.optimizer(n))):
+            if seconds > 0:
+                tail.append((kind, t, seconds))
+                t += seconds
+        tails.append(tail)
+    step = max([pipeline_end] + [k[1] + k[2] for tail in tails for k in tail])
+    return Timeline(pp, m, ops, tails, pipeline_end, step, est.bottleneck_pipeline_rank, busy)
+
+
+MEMORY_KINDS = ("weights", "gradients", "optimizer_states", "activations", "temporary", "overhead")
+
+
+def memory_bars(est: Estimate) -> list[dict[str, float]]:
+    """Per pipeline rank, GiB by kind (the estimate's memory_gib_per_pipeline_rank)."""
+    return [{k: getattr(m, k) for k in MEMORY_KINDS} for m in est.memory_gib_per_pipeline_rank]
+
+
+@dataclass
+class Placement:
+    """Where every rank sits: node, GPU on the node, and its coordinate on each axis."""
+
+    gpus_per_node: int
+    ranks: list[dict]  # {"rank", "node", "gpu", "dp", "tp", "pp"}
+    axes: list[dict]  # per axis: {"axis", "degree", "stride", "inter_node", "rails", "link"}
+
+
+def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
+    """Rank r = sum over axes of coordinate x stride, the axes in the plan's mesh order
+    (innermost first; cost_models/communication.py:mesh_strides); ranks fill nodes in order,
+    gpus_per_node each (as torchrun numbers them)."""
+    degrees = {Axis.dp: plan.dp, Axis.tp: plan.tp, Axis.pp: plan.pp}
+    strides = mesh_strides(degrees, plan.mesh_order)
+    g = cluster.gpus_per_node
+    ranks = []
+    for rank in range(plan.world_size):
+        coord = {a.value: (rank // strides[a]) % degrees[a] for a in Axis}
+        ranks.append({"rank": rank, "node": rank // g, "gpu": rank % g, **coord})
+    links = mesh_links(cluster, plan.dp, plan.tp, plan.pp, plan.mesh_order)
+    axes = []
+    for a in plan.mesh_order:
+        link = links[a]
+        tier = cluster.inter_node if link.inter_node else cluster.intra_node
+        axes.append({
+            "axis": a.value, "degree": degrees[a], "stride": strides[a], "inter_node": link.inter_node,
+            "rails": link.rails if link.inter_node else None, "link": tier.name if degrees[a] > 1 else "none (degree 1)",
+        })
+    return Placement(g, ranks, axes)
+
+
+__all__ = ["KINDS", "MEMORY_KINDS", "Op", "Placement", "Timeline", "memory_bars", "placement", "timeline"]
