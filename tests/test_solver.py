@@ -16,7 +16,7 @@ from planner.presets import load_model
 from planner.search.brute import brute_force
 from planner.search.candidates import SearchSpace
 from planner.search.solve import infeasibility, solve
-from planner.specs import MEMORY_HEADROOM, Axis, JobSpec, ModelSpec, Plan, Recompute
+from planner.specs import MEMORY_HEADROOM, Axis, JobSpec, ModelSpec, Plan, Recompute, Schedule
 
 SMALL = ModelSpec(name="small", num_layers=4, hidden_size=1024, num_heads=8, vocab_size=32000, max_seq_len=2048)
 
@@ -296,3 +296,28 @@ def test_tp_comm_overlap_is_refused_where_it_cannot_run(fields, target, message)
     job = JobSpec(global_batch_size=4, seq_len=1024, target=target)
     with pytest.raises((PlanError, ValueError), match=message):
         Plan(dp=2, pp=1, micro_batch_size=2, num_micro_batches=1, **fields).validate_for(load_model("gpt2-124m"), job)
+
+
+@pytest.mark.parametrize("memory_gib", [80, 8])
+def test_matches_brute_force_gpipe(memory_gib):
+    """GPipe alone (a dominated schedule, searched only when fixed): its time takes a slowest
+    stage per direction (cost_models/pipeline.py:gpipe_time), which the ILP models with two
+    maxima; a large vocabulary makes the head's stage the slowest forward while recomputed
+    layers make another stage the slowest backward."""
+    model = SMALL.model_copy(update={"num_layers": 6, "vocab_size": 128000})
+    fixed = {"tp": 1, "pp": 2, "micro_batch_size": 1, "zero_stage": 0, "schedule": Schedule.gpipe,
+             "mesh_order": (Axis.tp, Axis.dp, Axis.pp)}
+    space = SearchSpace(num_gpus=2, global_batch_size=4, fixed=fixed, include_dominated=True)
+    res = assert_same_optimum(model, tiny_cluster(memory_gib), JobSpec(global_batch_size=4, seq_len=2048), space)
+    assert res.best.plan.schedule == Schedule.gpipe
+
+
+def test_huge_batch_reports_the_estimate_of_its_plan():
+    """At 10^8 sequences per step (the bound) the ILP's coefficients are large; what solve
+    reports is still exactly `plan estimate` of the plan it returns."""
+    model, cluster = load_model("gpt3-1.3b"), load_cluster("dgx-a100-80gb")
+    job = JobSpec(global_batch_size=10**8, seq_len=2048)
+    res = solve(model, cluster, job, SearchSpace(num_gpus=8, global_batch_size=10**8), top_k=2)
+    for found in [res.best, *res.alternatives]:
+        assert found.estimate == estimate(model, cluster, found.job, found.plan)
+    assert res.stats.optimal
