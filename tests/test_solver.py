@@ -321,3 +321,24 @@ def test_huge_batch_reports_the_estimate_of_its_plan():
     for found in [res.best, *res.alternatives]:
         assert found.estimate == estimate(model, cluster, found.job, found.plan)
     assert res.stats.optimal
+
+
+@pytest.mark.parametrize("stages,layers", [(1, 1), (1, 7), (2, 5), (3, 9), (4, 4), (4, 12), (5, 3), (6, 17)])
+def test_layouts_represented_counts_every_split_and_recompute_mix(stages, layers):
+    """The number `plan solve` reports (about 10^N layouts) against direct enumeration: every
+    split of `layers` into `stages` parts >= 1, each part's layers over 3 recompute modes."""
+    import itertools as it
+
+    from planner.search.solve import layouts_represented
+
+    def mixes(n):
+        return (n + 2) * (n + 1) // 2
+
+    want = 0
+    for split in it.product(range(1, layers + 1), repeat=stages):
+        if sum(split) == layers:
+            prod = 1
+            for n in split:
+                prod *= mixes(n)
+            want += prod
+    assert layouts_represented(stages, layers) == want

@@ -13,6 +13,8 @@ proven optimal.
 
 from __future__ import annotations
 
+import math
+
 import heapq
 import time
 from collections import Counter
@@ -89,25 +91,19 @@ def layouts_represented(stages: int, layers: int, equal_chunks: bool = False) ->
 
 @lru_cache(maxsize=1024)
 def _free_splits(stages: int, layers: int) -> int:
-    """Coefficient of z^layers in (sum_{n>=1} C(n+2, 2) z^n)^stages, by repeated squaring."""
-    base = [0] + [(n + 2) * (n + 1) // 2 for n in range(1, layers + 1)]
-
-    def mul(a, b):
-        out = [0] * (layers + 1)
-        for i, ai in enumerate(a):
-            if ai:
-                for j in range(layers + 1 - i):
-                    out[i + j] += ai * b[j]
-        return out
-
-    result, power, e = [1] + [0] * layers, base, stages
-    while e:
-        if e & 1:
-            result = mul(result, power)
-        e >>= 1
-        if e:
-            power = mul(power, power)
-    return result[layers]
+    """Coefficient of z^L in f(z)^S, f(z) = sum_{n>=1} C(n+2, 2) z^n = 1/(1-z)^3 - 1
+    = z (3 - 3z + z^2) / (1-z)^3 (S = stages, L = layers). With P(z) = (3 - 3z + z^2)^S = sum p_k z^k,
+    the coefficient is sum_k p_k C(L - S - k + 3S - 1, 3S - 1): at most 2S + 1 terms, so
+    10^5 layers cost milliseconds (a convolution of the series took seconds at 10^4). The p_k
+    follow from q P' = S q' P, q = 3 - 3z + z^2: 3(k+1) p_{k+1} = 3(k - S) p_k + (2S - k + 1) p_{k-1}."""
+    S, L = stages, layers
+    if L < S:
+        return 0
+    total, p_prev, p = 0, 0, 3**S
+    for k in range(min(2 * S, L - S) + 1):
+        total += p * math.comb(L - S - k + 3 * S - 1, 3 * S - 1)
+        p_prev, p = p, ((3 * k - 3 * S) * p + (2 * S - k + 1) * p_prev) // (3 * (k + 1))
+    return total
 
 
 def solve(
