@@ -79,6 +79,7 @@ class Target(str, Enum):
     megatron = "megatron"  # Megatron-Core / NeMo with Transformer Engine: cuDNN fused attention, TP comm overlap
     deepspeed = "deepspeed"
     torchtitan = "torchtitan"
+    accelerate = "accelerate"  # Hugging Face Accelerate with FSDP2 (and its ParallelismConfig TP)
 
     @property
     def tp_comm_overlap(self) -> bool:

@@ -1,0 +1,102 @@
+"""What a training stack can express, as data: one `Rules` per stack (in its exporter module),
+read by `plan export` (refuse what breaks a rule), by the search (`plan solve --target`:
+candidates.py filters layouts, ilp.py constrains the layer split and recompute) and by the
+README's table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from planner.specs import Axis, ModelSpec, Plan, Schedule
+
+
+@dataclass(frozen=True)
+class Export:
+    """A stack's configuration for one plan."""
+
+    stack: str
+    text: str  # what `plan export` prints / writes: shell arguments, JSON or YAML
+    data: object  # the same as structured data (argument list, dict) for --json and tests
+    kind: str  # "args" | "json" | "yaml"
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What one stack can express. Layout-level fields filter candidates; `split` and
+    `recompute` constrain the ILP's layer split and per-stage recompute."""
+
+    stack: str
+    zero_stages: tuple = (0, 1, 2, 3)  # ZeRO stages the stack has at all
+    zero_stages_with_pp: tuple = (0, 1, 2, 3)  # ... when pp > 1
+    zero_stages_with_tp: tuple = (0, 1, 2, 3)  # ... when tp > 1
+    max_pp: Optional[int] = None  # None: any; 1: no pipeline parallelism
+    max_tp: Optional[int] = None
+    schedules: tuple = tuple(Schedule)
+    interleaved: bool = True  # vpp > 1
+    sequence_parallel: bool = True
+    tp_comm_overlap: bool = False
+    mesh_orders: Optional[tuple] = None  # allowed mesh orders (innermost first); None: any
+    # "free": any layers per stage; "first_last": equal middle stages, first and last may differ;
+    # "even": every stage the same (L divisible by the stages)
+    split: str = "free"
+    # "per_stage": any (none, selective, full) counts per stage; "same_per_stage": every stage
+    # the same counts (Megatron's --recompute-num-layers per stage); "uniform": one mode for all layers
+    recompute: str = "per_stage"
+    notes: dict = field(default_factory=dict)  # feature -> one line for the README table
+
+    def layout_problems(self, *, dp: int, tp: int, pp: int, vpp: int, schedule: Schedule, zero_stage: int,
+                        sequence_parallel: bool, tp_comm_overlap: bool, mesh_order) -> list[str]:
+        """Why a layout (everything but the layer split and recompute) cannot be expressed."""
+        out = []
+        if zero_stage not in self.zero_stages:
+            out.append(f"ZeRO stage {zero_stage} ({self.stack} has stages {_list(self.zero_stages)})")
+        elif pp > 1 and zero_stage not in self.zero_stages_with_pp:
+            out.append(f"ZeRO stage {zero_stage} with pipeline parallelism ({self.stack} allows stages {_list(self.zero_stages_with_pp)} with pp > 1)")
+        elif tp > 1 and zero_stage not in self.zero_stages_with_tp:
+            out.append(f"ZeRO stage {zero_stage} with tensor parallelism ({self.stack} allows stages {_list(self.zero_stages_with_tp)} with tp > 1)")
+        if self.max_pp is not None and pp > self.max_pp:
+            out.append(f"pipeline parallelism pp={pp} ({self.stack} has none)" if self.max_pp == 1 else f"pp={pp} (at most {self.max_pp})")
+        if self.max_tp is not None and tp > self.max_tp:
+            out.append(f"tensor parallelism tp={tp} ({self.stack} has none)" if self.max_tp == 1 else f"tp={tp} (at most {self.max_tp})")
+        if pp > 1 and schedule not in self.schedules:
+            out.append(f"schedule {schedule.value} ({self.stack} has {_list(s.value for s in self.schedules)})")
+        if vpp > 1 and not self.interleaved:
+            out.append(f"interleaved virtual stages vpp={vpp}")
+        if sequence_parallel and not self.sequence_parallel:
+            out.append("sequence parallelism")
+        if tp_comm_overlap and not self.tp_comm_overlap:
+            out.append("TP communication overlap")
+        order = tuple(Axis(a) for a in mesh_order)
+        if self.mesh_orders is not None and _effective(order, dp, tp, pp) not in {_effective(o, dp, tp, pp) for o in self.mesh_orders}:
+            out.append(f"mesh order {','.join(a.value for a in order)} ({self.stack} lays ranks out as "
+                       f"{' or '.join(','.join(a.value for a in o) for o in self.mesh_orders)}, innermost first)")
+        return out
+
+    def plan_problems(self, plan: Plan, model: ModelSpec) -> list[str]:
+        out = self.layout_problems(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, schedule=plan.schedule, zero_stage=plan.zero_stage,
+                                   sequence_parallel=plan.sequence_parallel, tp_comm_overlap=plan.tp_comm_overlap,
+                                   mesh_order=plan.mesh_order)
+        layers = plan.stage_layers(model.num_layers)
+        if len(set(layers)) > 1:
+            middle = layers[1:-1]
+            if self.split == "even":
+                out.append(f"uneven layers per stage {_list(layers)} ({self.stack} splits layers evenly)")
+            elif self.split == "first_last" and len(set(middle)) > 1:
+                out.append(f"uneven middle stages {_list(layers)} ({self.stack} lets only the first and last stage differ)")
+        counts = [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
+        if self.recompute == "uniform" and sum(1 for i in range(3) if any(c[i] for c in counts)) > 1:
+            out.append(f"recompute mixing modes across layers ({self.stack} applies one mode to every layer)")
+        elif self.recompute == "same_per_stage" and (len(set(counts)) > 1 or any(c[1] and c[2] for c in counts)):
+            out.append(f"a different recompute per stage ({self.stack} recomputes the same number of layers in every stage, one mode)")
+        return out
+
+
+def _effective(order: tuple, dp: int, tp: int, pp: int) -> tuple:
+    """A mesh order with degree-1 axes dropped: those do not change where ranks go."""
+    degree = {Axis.dp: dp, Axis.tp: tp, Axis.pp: pp}
+    return tuple(a for a in order if degree[a] > 1)
+
+
+def _list(xs) -> str:
+    return ", ".join(str(x) for x in xs)
