@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-LAUNCHER_PID = "PLAN_LAUNCHER_PID"  # set by planner/distributed/launch.py:launch for its workers
+LAUNCHER_PID = "PLAN_LAUNCHER_PID"  # set for its workers by planner/distributed/launch.py:_worker_environment
 
 
 def die_with_parent() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -16,7 +18,7 @@ from planner.errors import PlannerError, UsageError
 from planner.executor.prepare import Rehearsal, check_host_memory, check_world, host_memory_bytes, prepare_case
 from planner.executor.runner import RunOptions, launch_world, resolve_backend, run_plans
 from planner.executor.verify import DEFAULT_TOLERANCE
-from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher
+from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher, signals_interrupt
 from planner.plan_file import read_plan_file
 from planner.specs import RunReport
 
@@ -41,6 +43,7 @@ from planner.specs import RunReport
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True, help="auto: nccl with CUDA, else gloo.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON report to this file.")
+@signals_interrupt()  # SIGTERM / SIGHUP: workers stopped, temporary files removed, one line, exit 143 / 129
 def run(
     plan_file: str, nproc_per_node: Optional[int], nnodes: int, node_rank: int, rdzv_endpoint: Optional[str], steps: int,
     warmup: int, seed: int, lr: float, scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len,
@@ -95,7 +98,20 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
     check_profile_size(doc.cluster, world, plan_file, backend)
     if backend == "gloo" and not inside_launcher():
         check_host_memory(case, doc.cluster, nproc_per_node, host_memory_bytes())
-    return run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file])[0]
+    with _progress() as progress:
+        return run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file], progress)[0]
+
+
+@contextlib.contextmanager
+def _progress():
+    """A progress bar on stderr when stderr is a terminal (never on stdout, so --json stays
+    clean): the distributed run's steps, then the single-process reference run."""
+    if not sys.stderr.isatty() or inside_launcher():
+        yield None
+        return
+    with render.progress_bar("plan run:") as bar:
+        task = bar.add_task("starting workers", total=None)
+        yield lambda done, total, message: bar.update(task, completed=done, total=total, description=message)
 
 
 def _import_torch() -> None:

@@ -5,12 +5,17 @@ the machinery behind torchrun) with a c10d rendezvous: `--nproc-per-node` worker
 machine, and for several machines `--nnodes N --node-rank R --rdzv-endpoint host:port`
 (node 0 hosts the rendezvous). No restarts: a rank that raises or dies stops the whole run,
 the agent terminates the others (SIGTERM, then SIGKILL) and we report which rank failed and
-why, in one line. Ctrl-C or SIGTERM to the launcher stops every worker the same way and
-raises `Interrupted` (workers do not see Ctrl-C themselves: see _ctrl_c_stops_workers).
+why, in one line. Ctrl-C, SIGTERM or SIGHUP to the launcher stops every worker the same way
+and raises `Interrupted` (workers do not see Ctrl-C themselves: see _ctrl_c_stops_workers).
 
 Workers' stdout and stderr go to log files (so `--json` keeps stdout clean); the log
-directory is removed after a successful run and named in the error after a failed one,
-with the failed rank's traceback written beside the logs.
+directory is removed after a successful or interrupted run and named in the error after a
+failed one, with the failed rank's traceback written beside the logs.
+
+Hygiene of the workers (see _worker_environment): they import from the launcher's import
+path only (the spawn bootstrap `python -c ...` would otherwise put the current directory
+first, so a `multiprocessing/` or `torch/` folder there would be imported by every worker),
+and on one machine everything listens on 127.0.0.1 only (see _loopback_rendezvous).
 
 If the environment already has RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT (a
 torchrun job), or a Slurm job step with several tasks plus MASTER_ADDR/MASTER_PORT (each
@@ -38,10 +43,45 @@ from planner.errors import PlannerError, UsageError
 _SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "timed out", "Timed out", "SIGTERM", "Signal 15")
 
 
-class Interrupted(PlannerError):
-    """The launcher was interrupted (Ctrl-C / SIGTERM); all workers were stopped."""
+LOOPBACK = "127.0.0.1"
+_LOOPBACK_RENDEZVOUS = "plan-loopback"  # our name for torch's c10d rendezvous kept on loopback
 
-    exit_code = 130
+
+class Interrupted(PlannerError):
+    """The launcher was interrupted (Ctrl-C, SIGTERM, SIGHUP); all workers were stopped.
+    The exit code is the shell's for a process the signal ended: 128 + its number
+    (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+
+
+def _signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+@contextmanager
+def signals_interrupt():
+    """SIGTERM and SIGHUP raise `Interrupted` in this (main) thread instead of killing the
+    process where it stands, so `finally` blocks remove temporary files and the command ends
+    with one line and exit code 143 (129). Inside the launch the agent's own handlers take
+    over and stop the workers first. Not inside torchrun or Slurm: there the enclosing
+    launcher owns this process's lifetime."""
+    if threading.current_thread() is not threading.main_thread() or inside_launcher():
+        yield
+        return
+
+    def interrupt(signum, _frame):
+        raise Interrupted(f"interrupted by {_signal_name(signum)}", signum)
+
+    handlers = _signal_handlers()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        _restore(handlers)
 
 
 @dataclass(frozen=True)
@@ -79,7 +119,7 @@ def inside_launcher() -> bool:
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
 
 
@@ -107,6 +147,7 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # The elastic agent and torch.multiprocessing log every failure and termination with
@@ -116,44 +157,123 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
     for name in [*prefixes, *logging.root.manager.loggerDict]:
         if name.startswith(prefixes):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    log_dir = tempfile.mkdtemp(prefix="plan-launch-")
-    config = LaunchConfig(
-        min_nodes=spec.nnodes,
-        max_nodes=spec.nnodes,
-        nproc_per_node=spec.nproc_per_node,
-        run_id=spec.run_id or (uuid.uuid4().hex[:12] if spec.nnodes == 1 else "plan-run"),
-        rdzv_endpoint=spec.rdzv_endpoint or f"127.0.0.1:{free_port()}",
-        rdzv_backend="c10d",
-        rdzv_configs={"is_host": spec.node_rank == 0, "rank": spec.node_rank, "join_timeout": spec.join_timeout_s},
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL),
-        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",  # SIGINT: see _ctrl_c_stops_workers
-    )
+    rendezvous_handler_registry.register(_LOOPBACK_RENDEZVOUS, _loopback_rendezvous)  # idempotent
+    one_node = spec.nnodes == 1 and not spec.rdzv_endpoint
     handlers = _signal_handlers()
     ctrl_c: dict = {}
-    os.environ[LAUNCHER_PID] = str(os.getpid())
+    keep_logs = False  # only a failure names its logs; success and interruption remove them
+    log_dir = tempfile.mkdtemp(prefix="plan-launch-")
     try:
-        with _ctrl_c_stops_workers(ctrl_c):
+        config = LaunchConfig(
+            min_nodes=spec.nnodes,
+            max_nodes=spec.nnodes,
+            nproc_per_node=spec.nproc_per_node,
+            run_id=spec.run_id or (uuid.uuid4().hex[:12] if spec.nnodes == 1 else "plan-run"),
+            # One machine: port 0, the loopback store picks a free one (no race with another run).
+            rdzv_endpoint=f"{LOOPBACK}:0" if one_node else spec.rdzv_endpoint,
+            rdzv_backend=_LOOPBACK_RENDEZVOUS if one_node else "c10d",
+            rdzv_configs={"is_host": spec.node_rank == 0, "rank": spec.node_rank, "join_timeout": spec.join_timeout_s},
+            local_addr=LOOPBACK if one_node else None,  # becomes the workers' MASTER_ADDR
+            max_restarts=0,
+            monitor_interval=0.1,
+            start_method="spawn",
+            logs_specs=DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL),
+            signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",  # SIGINT: see _ctrl_c_stops_workers
+        )
+        with _worker_environment(one_node), _ctrl_c_stops_workers(ctrl_c):
             results = elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
+        keep_logs = True
         local = range(spec.node_rank * spec.nproc_per_node, (spec.node_rank + 1) * spec.nproc_per_node)
         raise PlannerError(_failure_message(exc, log_dir, local)) from None
     except SignalException as exc:
-        how = "Ctrl-C" if ctrl_c else f"signal {exc.sigval.name}"
-        raise Interrupted(f"interrupted by {how}; all workers stopped (logs: {log_dir})") from None
+        signum = signal.SIGINT if ctrl_c else exc.sigval
+        raise Interrupted(f"interrupted by {_signal_name(signum)}; all workers stopped", signum) from None
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted by Ctrl-C; all workers stopped (logs: {log_dir})") from None
+        raise Interrupted("interrupted by Ctrl-C; all workers stopped") from None
+    except Interrupted:  # signals_interrupt's, before the agent had its handlers: no worker yet
+        raise
     except Exception as exc:  # rendezvous and agent errors: one line, not a traceback
+        keep_logs = True
         detail = str(exc).strip().splitlines()
         raise PlannerError(f"launch failed: {type(exc).__name__}: {detail[0] if detail else ''} (logs: {log_dir})") from None
     finally:
-        os.environ.pop(LAUNCHER_PID, None)
         _restore(handlers)  # the agent's handlers turn a later Ctrl-C into its SignalException
-    shutil.rmtree(log_dir, ignore_errors=True)
+        if not keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
     # The agent keys results by global rank already.
     return {int(k): v for k, v in results.items()}
+
+
+@contextmanager
+def _worker_environment(one_node: bool):
+    """What the workers inherit through the environment, for the time of the launch:
+    - LAUNCHER_PID: they die with this process (planner/_pdeath.py);
+    - PYTHONSAFEPATH: the spawn bootstrap (`python -c "from multiprocessing.spawn import
+      ..."`, and the resource tracker's alike) would put '' (the current directory) first
+      on sys.path and import `multiprocessing` from there before any of our code runs;
+      multiprocessing then sets the worker's sys.path to the launcher's, nothing more
+      (Python 3.11+; 3.10 ignores the variable);
+    - GLOO_SOCKET_IFNAME (one machine, unless set): gloo listens on loopback, not on the
+      address the host name resolves to."""
+    values = {LAUNCHER_PID: str(os.getpid()), "PYTHONSAFEPATH": "1"}
+    if one_node and "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
+        values["GLOO_SOCKET_IFNAME"] = "lo"
+    names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE"]  # the agent sets the last one for itself
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _loopback_store(port: int, timeout_s: int = 60):
+    """A TCPStore server listening on 127.0.0.1 only. Given any host name, TCPStore listens
+    on every interface ('::'); a socket bound here and handed over (master_listen_fd, which
+    the store then owns) is how to narrow it."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LOOPBACK, port))
+        sock.listen(socket.SOMAXCONN)
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(LOOPBACK, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(),
+                         timeout=timedelta(seconds=timeout_s))
+
+
+def _loopback_rendezvous(params):
+    """torch's c10d rendezvous handler (`create_handler`, the one torchrun uses) for a single
+    machine, with both of its stores on loopback: the rendezvous store, and the store the
+    workers' process group starts from (MASTER_ADDR/MASTER_PORT; the agent creates it in
+    `_create_tcp_store_server`, replaced here)."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    class Backend(C10dRendezvousBackend):
+        @property
+        def name(self) -> str:  # the registry checks that the handler reports the name it was asked for
+            return _LOOPBACK_RENDEZVOUS
+
+    _, port = parse_rendezvous_endpoint(params.endpoint, default_port=0)
+    store = _loopback_store(port, params.get_as_int("read_timeout", 60))
+    handler = create_handler(store, Backend(store, params.run_id), params)
+    # torch makes the workers' store in this method; this handler's makes it on loopback (setattr:
+    # an assignment would read as an unused attribute to vulture, which cannot see torch call it)
+    setattr(handler, "_create_tcp_store_server", lambda _addr, _port: _loopback_store(0))  # noqa: B010
+    return handler
 
 
 @contextmanager
@@ -169,9 +289,11 @@ def _ctrl_c_stops_workers(seen: dict):
         return
     from torch.distributed.elastic.agent.server import local_elastic_agent as agent
 
+    before = signal.getsignal(signal.SIGTERM)
+
     def on_ctrl_c(_signum, _frame):
         seen["ctrl_c"] = True
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # the agent is not running yet
+        if signal.getsignal(signal.SIGTERM) is before:  # the agent is not running yet
             raise KeyboardInterrupt
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -275,4 +397,55 @@ def init_process_group(backend: str = "auto", timeout_s: float = 120.0):
     return dist.get_rank(), dist.get_world_size(), device
 
 
-__all__ = ["LaunchSpec", "Interrupted", "launch", "inside_launcher", "init_process_group", "free_port", "validate"]
+def report_progress(path: Optional[str], done: int, total: int, message: str) -> None:
+    """A worker's progress line, 'done/total message', appended to a file its launcher
+    follows (follow_progress). The first worker of each node writes (LOCAL_RANK 0), so
+    every node's launcher shows its own; planner/profiler/profile.py:Progress writes alike."""
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{done}/{total} {message}\n")
+
+
+def _last_progress(path: str) -> Optional[tuple[int, int, str]]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 400))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return None
+    done, _, message = (lines[-1] if lines else "").partition(" ")
+    n, _, total = done.partition("/")
+    return (int(n), int(total), message) if n.isdigit() and total.isdigit() else None
+
+
+@contextmanager
+def follow_progress(path: Optional[str], update: Optional[Callable[[int, int, str], None]], interval_s: float = 0.25):
+    """While the launch holds this (main) thread, a daemon thread reads the last line of
+    `path` every `interval_s` and calls update(done, total, message) when it changes; once
+    more when the launch is over, so a run shorter than the interval still shows its end."""
+    if not path or update is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def follow():
+        seen, over = None, False
+        while not over:
+            over = stop.wait(interval_s)
+            line = _last_progress(path)
+            if line is not None and line != seen:
+                seen = line
+                update(*line)
+
+    thread = threading.Thread(target=follow, name="plan-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2 * interval_s + 1)
+
+
+__all__ = ["LaunchSpec", "Interrupted", "launch", "inside_launcher", "init_process_group", "free_port", "validate",
+           "signals_interrupt", "report_progress", "follow_progress"]

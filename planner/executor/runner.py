@@ -8,9 +8,10 @@ that. `plan run` passes one case; the tests pass a batch.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from statistics import mean
-from typing import Optional
+from typing import Callable, Optional
 
 from cost_models.estimate import estimate as predict
 from cost_models.memory import GIB
@@ -45,26 +46,26 @@ def launch_world(spec: LaunchSpec) -> tuple[int, str]:
 
 def run_plans(
     cases: list[RunCase], clusters: list[ClusterSpec], spec: LaunchSpec, options: RunOptions = RunOptions(),
-    plan_files: Optional[list[Optional[str]]] = None,
+    plan_files: Optional[list[Optional[str]]] = None, progress: Optional[Callable[[int, int, str], None]] = None,
 ) -> list[RunReport]:
     """Execute every case in one launch and report each against its reference. Raises
     UsageError before launching when a case does not fit the launch, PlannerError when a
-    rank fails."""
+    rank fails. `progress(done, total, message)` hears of each training step, then of each
+    single-process reference run."""
     world, how = launch_world(spec)
     for case in cases:
         check_world(case.plan, world, how)
-    from planner.executor.train import WorkerSettings, run_worker
-    from planner.distributed.launch import launch
-
-    settings = WorkerSettings(backend=options.backend, timeout_s=options.timeout_s)
-    per_rank = launch(spec, run_worker, cases, settings)
+    per_rank = _launch_workers(cases, spec, options, progress)
     results = per_rank[min(per_rank)]  # every rank returns every rank's results
     backend, device = _backend(options.backend)
     references: dict = {}
     reports = []
+    distinct = len({_reference_key(case) for case in cases})
     for i, (case, result) in enumerate(zip(cases, results)):
-        key = (case.model.model_dump_json(), case.job.model_dump_json(), case.steps, case.seed, case.learning_rate)
+        key = _reference_key(case)
         if key not in references:
+            if progress is not None:
+                progress(len(references), distinct, "single-process reference run")
             references[key] = reference_run(case)
         ref_losses, ref_norms = references[key]
         run = RunSettings(
@@ -76,6 +77,30 @@ def run_plans(
         file = plan_files[i] if plan_files else None
         reports.append(build_report(case, clusters[i], run, result.ranks, verification, file))
     return reports
+
+
+def _reference_key(case: RunCase) -> tuple:
+    """Cases with the same key share one single-process reference run."""
+    return case.model.model_dump_json(), case.job.model_dump_json(), case.steps, case.seed, case.learning_rate
+
+
+def _launch_workers(cases: list[RunCase], spec: LaunchSpec, options: RunOptions, progress) -> dict:
+    """The distributed run; with `progress`, the first worker of the node reports each step
+    through a temporary file (removed however the launch ends)."""
+    from planner.distributed.launch import follow_progress, launch
+    from planner.executor.train import WorkerSettings, run_worker
+
+    path = None
+    try:
+        if progress is not None and not inside_launcher():
+            fd, path = tempfile.mkstemp(prefix="plan-run-", suffix=".progress")
+            os.close(fd)
+        settings = WorkerSettings(backend=options.backend, timeout_s=options.timeout_s, progress_path=path)
+        with follow_progress(path, progress):
+            return launch(spec, run_worker, cases, settings)
+    finally:
+        if path:
+            os.unlink(path)
 
 
 def resolve_backend(requested: str) -> str:

@@ -17,6 +17,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -28,6 +29,7 @@ from planner.specs import MemoryBytes, RankMeasurement
 class WorkerSettings:
     backend: str = "auto"  # gloo on CPU, nccl on CUDA
     timeout_s: float = 120.0  # process-group timeout: a rank that stops answering fails the others after this
+    progress_path: Optional[str] = None  # where the node's first worker reports each step (launch.report_progress)
 
 
 @dataclass(frozen=True)
@@ -45,16 +47,24 @@ def run_worker(cases: list[RunCase], settings: WorkerSettings) -> list[CaseResul
     import torch
     import torch.distributed as dist
 
-    from planner.distributed.launch import init_process_group
+    from planner.distributed.launch import init_process_group, report_progress
 
     warnings.filterwarnings("ignore", category=UserWarning)  # torch's experimental-API notices
     warnings.filterwarnings("ignore", category=FutureWarning)
     _, _, device = init_process_group(settings.backend, settings.timeout_s)
     torch.set_num_threads(1)  # ranks outnumber cores on a CPU rehearsal
+    total, done = sum(case.steps for case in cases), 0
+    path = settings.progress_path if int(os.environ.get("LOCAL_RANK", 0)) == 0 else None
+
+    def step_done() -> None:
+        nonlocal done
+        done += 1
+        report_progress(path, done, total, f"distributed run on {dist.get_world_size()} ranks, step")
+
     try:
         results = []
         for case in cases:
-            losses, norms, mine = train_case(case, device)
+            losses, norms, mine = train_case(case, device, step_done)
             everyone: list = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
             results.append(CaseResult(losses, norms, everyone))
@@ -77,9 +87,9 @@ def _maybe_fail(step: int) -> None:
     raise RuntimeError(f"injected failure at step {step} (PLAN_RUN_FAIL_RANK={rank})")
 
 
-def train_case(case: RunCase, device) -> tuple[list[float], list[float], RankMeasurement]:
+def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: None) -> tuple[list[float], list[float], RankMeasurement]:
     """Build, parallelize and train one plan on this rank; returns losses, gradient norms
-    (both global) and this rank's measurements."""
+    (both global) and this rank's measurements. `step_done()` after each step."""
     import torch.distributed as dist
 
     from planner.executor import parallelize as par
@@ -131,6 +141,7 @@ def train_case(case: RunCase, device) -> tuple[list[float], list[float], RankMea
         meter.sample_weights()
         losses.append(loss)
         norms.append(norm)
+        step_done()
     return losses, norms, _measurement(case, where, times, meter, blocks)
 
 
