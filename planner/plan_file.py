@@ -46,7 +46,17 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
         fields["plan"] = alt.get("plan")
         if alt.get("global_batch_size") is not None:
             fields["job"] = {**fields["job"], "global_batch_size": alt["global_batch_size"]}
+    if _older(version, (1, 3)) and isinstance(fields["plan"], dict) and fields["plan"].get("stage_recompute"):
+        # before 1.3 `recompute` could contradict stage_recompute (which won): derive it again
+        fields["plan"] = {k: v for k, v in fields["plan"].items() if k != "recompute"}
     missing = [k for k, v in fields.items() if v is None]
     if missing:
         raise UsageError(f"{path}: not a plan file, missing {', '.join(missing)}")
     return parse_spec(PlanInput, fields, path, text)
+
+
+def _older(version: str, than: tuple) -> bool:
+    try:
+        return tuple(int(x) for x in version.split(".")[:2]) < than
+    except ValueError:
+        return False

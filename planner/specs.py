@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # 1.1: a pipeline rank is called so (`pipeline_rank`, `memory_gib_per_pipeline_rank`,
 # `bottleneck_pipeline_rank`, `pipeline_ranks`); "stage" means a virtual pipeline stage only.
 # Readers still accept the 1.0 names (_renamed below).
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 
 class _Spec(BaseModel):
@@ -128,6 +128,7 @@ class Recompute(str, Enum):
     none = "none"
     selective = "selective"
     full = "full"
+    mixed = "mixed"  # layers under different modes: Plan.stage_recompute says which (schema 1.3)
 
 
 class Axis(str, Enum):
@@ -544,9 +545,13 @@ class Plan(_Spec):
     micro_batch_size: int = Field(gt=0, description="Sequences per micro-batch per data-parallel replica.")
     num_micro_batches: int = Field(gt=0, description="Micro-batches per optimizer step per replica (gradient accumulation).")
     schedule: Schedule = Field(default=Schedule.one_f_one_b, description="Pipeline schedule.")
-    recompute: Recompute = Field(default=Recompute.none, description="Recompute mode of every layer, unless stage_recompute says otherwise.")
+    recompute: Recompute = Field(
+        default=Recompute.none,
+        description="Recompute mode of every layer; 'mixed' when stage_recompute puts layers under different modes. With "
+        "stage_recompute it must agree with it (the one mode used, or 'mixed'); left out, it is derived from it.",
+    )
     stage_recompute: Optional[list[StageRecompute]] = Field(
-        default=None, description="Per virtual stage, how many layers run under each recompute mode; overrides `recompute`."
+        default=None, description="Per virtual stage, how many layers run under each recompute mode (none, selective, full)."
     )
     zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP).")
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism: norms/dropout sharded over the TP group.")
@@ -572,8 +577,27 @@ class Plan(_Spec):
     def virtual_stages(self) -> int:
         return self.pp * self.vpp
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_recompute(cls, data):
+        """`recompute` left out next to `stage_recompute`: the mode every layer uses, or mixed."""
+        if isinstance(data, dict) and data.get("stage_recompute") and "recompute" not in data:
+            modes = {m for r in data["stage_recompute"] for m, k in _recompute_items(r) if k}
+            data = {**data, "recompute": modes.pop() if len(modes) == 1 else Recompute.mixed.value}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":
+        if self.stage_recompute is None and self.recompute == Recompute.mixed:
+            raise PlanError("recompute 'mixed' needs stage_recompute (how many layers of each stage run under each mode)")
+        if self.stage_recompute is not None:
+            used = [m for m in ("none", "selective", "full") if any(getattr(r, m) for r in self.stage_recompute)]
+            want = used[0] if len(used) == 1 else Recompute.mixed.value
+            if self.recompute.value != want:
+                raise PlanError(
+                    f"recompute says {self.recompute.value!r} but stage_recompute puts layers under {', '.join(used) or 'no mode'}; "
+                    f"set recompute to {want!r} or leave it out"
+                )
         if sorted(a.value for a in self.mesh_order) != ["dp", "pp", "tp"]:
             raise PlanError(f"mesh_order must name dp, tp and pp once each, got {[a.value for a in self.mesh_order]}")
         if self.vpp > 1 and self.schedule != Schedule.interleaved_1f1b:
@@ -648,6 +672,13 @@ class Plan(_Spec):
         problem = seq_problem(model, job.seq_len)
         if problem:
             raise PlanError(problem)
+
+
+def _recompute_items(r) -> list:
+    """(mode, layers) pairs of a StageRecompute or its dict form."""
+    if isinstance(r, dict):
+        return [(m, r.get(m, 0)) for m in ("none", "selective", "full")]
+    return [(m, getattr(r, m, 0)) for m in ("none", "selective", "full")]
 
 
 def tp_problem(model: ModelSpec, tp: int) -> Optional[str]:

@@ -34,7 +34,7 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.option("--dp", type=int, default=None, help="Data-parallel degree [default: GPUs / (tp x pp)].")
 @click.option("--vpp", type=int, default=1, show_default=True, help="Virtual stages per pipeline rank (interleaved schedule).")
 @click.option("--micro-batch-size", type=int, default=1, show_default=True, help="Sequences per micro-batch.")
-@click.option("--recompute", type=click.Choice([m.value for m in Recompute]), default=Recompute.none.value, show_default=True)
+@click.option("--recompute", type=click.Choice([m.value for m in Recompute if m != Recompute.mixed]), default=Recompute.none.value, show_default=True)
 @click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage.")
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1).")
 @click.option("--tp-comm-overlap", is_flag=True, help="Overlap TP communication with GEMMs (needs --sequence-parallel and --target megatron or torchtitan).")
@@ -167,6 +167,9 @@ def what_if(path: Path, alternative: Optional[int], given: set, params: dict):
             fields[key] = None
     if "recompute" in given:
         fields["stage_recompute"] = None
+    elif fields.get("stage_recompute") is None and fields["recompute"] == "mixed":
+        changes.append("recompute mixed -> none (the per-stage recompute was dropped; give --recompute to choose)")
+        fields["recompute"] = "none"
     for k in ("dp", "num_micro_batches"):
         if fields[k] != getattr(plan, k):
             changes.append(f"{k} {getattr(plan, k)} -> {fields[k]}")

@@ -46,7 +46,7 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from planner.cli import estimate, presets, profile, run, show, solve
+    from planner.cli import estimate, export, presets, profile, run, schema, show, solve
 
     cli.add_command(presets.presets)
     cli.add_command(estimate.estimate)
@@ -54,6 +54,8 @@ def _register() -> None:
     cli.add_command(profile.profile)
     cli.add_command(run.run)
     cli.add_command(show.show)
+    cli.add_command(export.export)
+    cli.add_command(schema.schema)
 
 
 _register()

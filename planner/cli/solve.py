@@ -53,6 +53,8 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
             elif field == "schedule":
                 fixed[field] = Schedule(value)
             else:
+                if value == Recompute.mixed.value:
+                    raise ValueError  # a mix is what the search decides; fix one mode
                 modes = (Recompute(value),)
         except ValueError:
             allowed = " (0 to 3)" if field == "zero_stage" else " (a positive integer)" if kind is int else ""

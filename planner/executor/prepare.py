@@ -141,7 +141,10 @@ def scale_plan(plan: Plan, old_layers: int, new_layers: int, notes: list[str]) -
             for r, n in zip(plan.stage_recompute, split)
         ]
     notes.append(f"layer split {plan.stage_layers(old_layers)} -> {split}")
-    return _plan(plan.model_dump() | update)
+    fields = plan.model_dump() | update
+    if "stage_recompute" in update:
+        del fields["recompute"]  # derived again: scaling may empty a mode
+    return _plan(fields)
 
 
 def proportional(counts: list[int], total: int, minimum: int = 0) -> list[int]:

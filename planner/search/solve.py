@@ -27,7 +27,7 @@ from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
 from cost_models.terms import MODES
 from planner.errors import InfeasibleError
-from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, StageRecompute
+from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recompute, StageRecompute
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
@@ -74,7 +74,7 @@ def decode(c: Candidate, counts) -> Plan:
     if len(modes) == 1:
         return c.plan(layers_per_stage=layers, recompute=MODES[modes.pop()])
     return c.plan(
-        layers_per_stage=layers,
+        layers_per_stage=layers, recompute=Recompute.mixed,
         stage_recompute=[StageRecompute(none=x[0], selective=x[1], full=x[2]) for x in counts],
     )
 

@@ -1,0 +1,40 @@
+"""`plan schema`: the JSON Schema of the documents `plan` writes, generated from their
+pydantic models (planner/specs.py), so the published format cannot drift from the code.
+The checked-in copies under schemas/ are compared with these by tests/test_schema.py."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from planner.specs import SCHEMA_VERSION, PlanDocument, RunReport, SolveDocument
+
+DOCUMENTS = {
+    "plan": (PlanDocument, "`plan estimate --json` / `-o`: model, cluster, job, plan and its estimate"),
+    "solve": (SolveDocument, "`plan solve --json` / `-o`: a plan document plus alternatives, search statistics and the explanation"),
+    "run-report": (RunReport, "`plan run --json` / `-o`: predicted against measured, and the verification against one process"),
+}
+
+
+def document_schema(name: str) -> dict:
+    model, what = DOCUMENTS[name]
+    schema = model.model_json_schema(mode="serialization")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"planner/{name}-{SCHEMA_VERSION}.json",
+        "description": f"{what}. schema_version {SCHEMA_VERSION}: readers accept every 1.x document; a minor version only "
+        "adds optional fields or values, a major version changes or removes one (README: Plan file format).",
+        **schema,
+    }
+
+
+def schema_text(name: str) -> str:
+    return json.dumps(document_schema(name), indent=2, sort_keys=True) + "\n"
+
+
+@click.command("schema")
+@click.argument("document", type=click.Choice(list(DOCUMENTS)), default="plan")
+def schema(document: str) -> None:
+    """Print the JSON Schema of a document `plan` writes (plan, solve or run-report)."""
+    click.echo(schema_text(document), nl=False)
