@@ -831,7 +831,7 @@ class SearchReport(_Spec):
     candidates_considered: int = Field(description="Layouts enumerated (dp, tp, pp, vpp, micro-batch, schedule, ZeRO, SP, mesh order), rejected ones included.")
     layouts_represented_log10: float = Field(description="log10 of the layouts covered once every layer split and per-stage recompute count (the ILP's choices) is counted.")
     infeasible: dict[str, int] = Field(description="Candidates that cannot run, by reason: divisibility (of heads, layers, batch), memory (no split fits).")
-    skipped: dict[str, int] = Field(default_factory=dict, description="Candidates that could run but were not searched, by reason: dominated (another candidate is as fast with no more memory), tp_across_nodes (without --allow-cross-node-tp), excluded_by_fix.")
+    skipped: dict[str, int] = Field(default_factory=dict, description="Candidates that could run but were not searched, by reason: dominated (another candidate is as fast with no more memory), tp_across_nodes (without --allow-cross-node-tp), excluded_by_fix, not_expressible_in_target (--target).")
     pruned_by_bound: int = Field(description="Candidates never solved because their lower bound could not beat the plans found.")
     refined_bounds: int = Field(description="Candidates whose memory-aware lower bound was computed.")
     ilp_candidates: int = Field(description="Candidates that entered an integer program.")

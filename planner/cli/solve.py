@@ -14,7 +14,8 @@ from planner.search.candidates import SearchSpace
 from planner.search.solve import infeasibility, solve as run_search
 from planner.search.report import solve_document
 from cost_models.terms import MODES
-from planner.specs import Axis, Recompute, Schedule, memory_limit_gib
+from planner.export import rules as export_rules
+from planner.specs import Axis, Recompute, Schedule, Target, memory_limit_gib
 
 _FIX_KEYS = {
     "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int),
@@ -104,6 +105,8 @@ def solve(
         num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
         max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,
         tp_comm_overlap=(False, True) if job.target.tp_comm_overlap else (False,),
+        # a named stack: only the layouts, splits and recompute it can express (planner/export)
+        rules=None if job.target == Target.generic else export_rules(job.target.value),
     )
     limit = memory_limit_gib(cluster, max_memory_gib)
     result = run_search(model, cluster, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)

@@ -77,18 +77,31 @@ class Rules:
         out = self.layout_problems(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, schedule=plan.schedule, zero_stage=plan.zero_stage,
                                    sequence_parallel=plan.sequence_parallel, tp_comm_overlap=plan.tp_comm_overlap,
                                    mesh_order=plan.mesh_order)
-        layers = plan.stage_layers(model.num_layers)
+        counts = [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
+        return out + self.counts_problems(counts)
+
+    def counts_problems(self, counts) -> list[str]:
+        """Why a layer split and recompute choice (per virtual stage: layers under none,
+        selective, full) cannot be expressed. The ILP (planner/search/ilp.py:_stack_rules)
+        states the same rules as constraints."""
+        out = []
+        layers = [sum(c) for c in counts]
         if len(set(layers)) > 1:
-            middle = layers[1:-1]
             if self.split == "even":
                 out.append(f"uneven layers per stage {_list(layers)} ({self.stack} splits layers evenly)")
-            elif self.split == "first_last" and len(set(middle)) > 1:
+            elif self.split == "first_last" and len(set(layers[1:-1])) > 1:
                 out.append(f"uneven middle stages {_list(layers)} ({self.stack} lets only the first and last stage differ)")
-        counts = [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
-        if self.recompute == "uniform" and sum(1 for i in range(3) if any(c[i] for c in counts)) > 1:
+        used = [i for i in range(3) if any(c[i] for c in counts)]
+        total = sum(layers)
+        if self.recompute == "uniform" and len(used) > 1:
             out.append(f"recompute mixing modes across layers ({self.stack} applies one mode to every layer)")
-        elif self.recompute == "same_per_stage" and (len(set(counts)) > 1 or any(c[1] and c[2] for c in counts)):
-            out.append(f"a different recompute per stage ({self.stack} recomputes the same number of layers in every stage, one mode)")
+        elif self.recompute == "same_per_stage":
+            selective = sum(c[1] for c in counts)
+            if 0 < selective < total:
+                out.append(f"selective recompute on some layers only ({self.stack} applies it to every layer)")
+            elif len({c[2] for c in counts}) > 1:
+                out.append(f"a different number of fully recomputed layers per stage {_list(c[2] for c in counts)} "
+                           f"({self.stack} recomputes the same number in every stage)")
         return out
 
 

@@ -61,6 +61,8 @@ def brute_force(
         splits = compositions(model.num_layers, P) if c.vpp == 1 else [(model.num_layers // P,) * P]
         for split in splits:
             for counts in itertools.product(*(mode_splits(n, space.recompute_modes) for n in split)):
+                if space.rules is not None and space.rules.counts_problems(counts):
+                    continue  # the target stack cannot run this split / recompute
                 evaluated += 1
                 est = evaluate(pc, list(counts))
                 if est.peak_memory_gib > limit:

@@ -39,6 +39,7 @@ INFEASIBLE = (DIVISIBILITY, MEMORY)
 TP_ACROSS_NODES = "tp_across_nodes"
 DOMINATED = "dominated"
 FIXED = "excluded_by_fix"
+TARGET = "not_expressible_in_target"  # plan solve --target: the stack cannot run the layout
 
 
 @dataclass(frozen=True, order=True)
@@ -85,6 +86,7 @@ class SearchSpace:
     fixed: dict = field(default_factory=dict)
     recompute_modes: tuple = MODES  # the Recompute modes the ILP may use
     tp_comm_overlap: tuple = (False,)  # choices for Plan.tp_comm_overlap (both where the target has it)
+    rules: Optional[object] = None  # planner/export/rules.py:Rules of the target stack: only what it can express
 
 
 def divisors(n: int, limit: Optional[int] = None) -> list[int]:
@@ -195,8 +197,21 @@ def enumerate_candidates(
                                     if any(getattr(c, k) != val for k, val in fixed.items()):
                                         rejected[FIXED] += 1
                                         continue
+                                    if space.rules is not None and _inexpressible(space.rules, c, L):
+                                        rejected[TARGET] += 1
+                                        continue
                                     out.append(c)
     return out, rejected
+
+
+def _inexpressible(rules, c: Candidate, num_layers: int) -> bool:
+    """Whether the target stack cannot run this layout whatever its split (an even split it
+    needs but the layers do not divide counts too)."""
+    if rules.split == "even" and num_layers % (c.pp * c.vpp):
+        return True
+    return bool(rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
+                                      sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
+                                      mesh_order=c.mesh_order))
 
 
 class CostTables:

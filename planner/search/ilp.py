@@ -82,8 +82,8 @@ class _Block:
     Times enter multiplied by `ts` (time units chosen so that the step is O(100)): the
     solver's absolute feasibility tolerances then stay far below what the model resolves."""
 
-    def __init__(self, prob, pc: PipelineCosts, y, ts: float, modes: tuple):
-        self.prob, self.pc, self.terms, self.y, self.ts = prob, pc, pc.terms, y, ts
+    def __init__(self, prob, pc: PipelineCosts, y, ts: float, modes: tuple, rules=None):
+        self.prob, self.pc, self.terms, self.y, self.ts, self.rules = prob, pc, pc.terms, y, ts, rules
         L, P = pc.num_layers, pc.num_stages
         allowed = [MODES[i] in modes for i in range(3)]
         self.x = [[self.var(f"x_{j}_{i}", 0, L if allowed[i] else 0, "Integer") for i in range(3)] for j in range(P)]
@@ -127,6 +127,36 @@ def _layer_split(b: _Block) -> None:
         for j, j2 in zip(middle, middle[1:]):
             key = lambda i: base * base * b.n[i] + base * b.x[i][2] + b.x[i][1]  # noqa: E731
             b.add(key(j) >= key(j2), f"order_{j}_")
+
+
+def _stack_rules(b: _Block) -> None:
+    """What the target stack can express of the split and recompute (planner/export/rules.py:
+    Rules.counts_problems states the same rules): "even" every stage L / P layers;
+    "first_last" equal middle stages; "uniform" one recompute mode for every layer (a binary
+    u_i per mode); "same_per_stage" every layer selective (binary s) or the same number of
+    fully recomputed layers in every stage, the rest not recomputed."""
+    rules, L, P, x, y = b.rules, b.pc.num_layers, b.pc.num_stages, b.x, b.y
+    if rules is None or P == 0:
+        return
+    if rules.split == "even" and b.pc.vpp == 1:
+        for j in range(P):
+            b.add(b.n[j] == (L / P) * y, f"even_{j}_")
+    elif rules.split == "first_last" and b.pc.vpp == 1:
+        for j in range(2, P - 1):
+            b.add(b.n[j] == b.n[1], f"middle_{j}_")
+    if rules.recompute == "uniform":
+        u = [b.var(f"u_{i}", cat="Binary") for i in range(3)]
+        b.add(pulp.lpSum(u) == y, "onemode")
+        for i in range(3):
+            b.add(pulp.lpSum(x[j][i] for j in range(P)) == L * u[i], f"onemode_{i}_")
+    elif rules.recompute == "same_per_stage":
+        s = b.var("s_sel", cat="Binary")
+        b.add(s <= y, "sel_y")
+        b.add(pulp.lpSum(x[j][1] for j in range(P)) == L * s, "sel_all")
+        for j in range(P):
+            b.add(x[j][2] <= L * (y - s), f"sel_nofull_{j}_")
+            if j:
+                b.add(x[j][2] == x[0][2], f"samefull_{j}_")
 
 
 def _hidden(b: _Block, name: str, h: Hidden, counts, layer_range: tuple[int, int]):
@@ -189,10 +219,12 @@ def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
     b.add(b.lin(mem.linear, counts, 1 / GIB) + T <= limit_gib * b.y, f"memory_{rk.rank}_")
 
 
-def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tuple, ts: float):
-    """Variables and rows of one candidate; returns (objective term, layer variables)."""
-    b = _Block(prob, pc, y, ts, modes)
+def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tuple, ts: float, rules=None):
+    """Variables and rows of one candidate (`rules`: what the target stack can express of
+    the split and recompute, or None); returns (objective term, layer variables)."""
+    b = _Block(prob, pc, y, ts, modes, rules)
     _layer_split(b)
+    _stack_rules(b)
     t: LayoutTerms = b.terms
     ranks = t.ranks()
     counts = [b.rank_counts(rk.rank) for rk in ranks]
@@ -214,12 +246,12 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
     return t_pipe + D + opt, b.x
 
 
-def candidate_problem(name: str, pc: PipelineCosts, memory_limit_gib: float, modes: tuple, ts: float):
+def candidate_problem(name: str, pc: PipelineCosts, memory_limit_gib: float, modes: tuple, ts: float, rules=None):
     """A MILP holding one candidate's variables and rows, times in units of 1/ts seconds:
     (problem, step-time expression, layer variables x[j][mode])."""
     prob = pulp.LpProblem(name, pulp.LpMinimize)
     y = prob.add_variable("y", 1, 1)
-    term, x = add_candidate(prob, pc, y, memory_limit_gib, modes, ts)
+    term, x = add_candidate(prob, pc, y, memory_limit_gib, modes, ts, rules)
     return prob, term, x
 
 
@@ -230,14 +262,14 @@ def _counts(x) -> tuple:
 
 def solve_candidate(
     cand: Candidate, pc: PipelineCosts, memory_limit_gib: float, solver: str, time_limit: float | None = None,
-    modes: tuple = MODES,
+    modes: tuple = MODES, rules=None,
 ) -> tuple[Solution | None, str]:
     """The best layer split of one candidate. Returns (solution, or None if none fits or
     none was found in time; solver status)."""
     # Time unit: about 1/100 of the step (the compute per pipeline rank).
     rough = (pc.layer.forward + pc.layer.backward) * pc.num_layers * pc.num_micro_batches / pc.pp
     ts = 100.0 / max(rough, 1e-12)
-    prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts)
+    prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules)
     prob += term
     with quiet_stdout():
         prob.solve(make_solver(solver, time_limit))
@@ -258,7 +290,8 @@ def _has_solution(prob) -> bool:
     return prob.sol_status == pulp.LpSolutionIntegerFeasible
 
 
-def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_gib: float, solver: str, modes: tuple = MODES):
+def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_gib: float, solver: str, modes: tuple = MODES,
+                     rules=None):
     """The canonical representative of `counts` among the splits of this layout that are as
     fast and fit: many splits tie (a stage off an interleaved schedule's critical path may
     recompute or not), and which of them a MILP solver returns depends on its path, so the
@@ -267,7 +300,7 @@ def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_g
     term): the fewest recomputed layers, full ones counted double, placed in the earliest
     stages. Returns None when the solver cannot confirm one (the caller keeps `counts`)."""
     ts = 100.0 / step_time
-    prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts)
+    prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts, rules)
     prob += term <= 100.0 * (1 + 1e-12), "same_step_time"
     P = pc.num_stages
     Q = P * P + 1

@@ -154,7 +154,7 @@ def solve(
             continue
         # The front candidate's bound is refined: solve its ILP.
         remaining = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
-        sol, status = solve_candidate(cands[i], costs[i], limit, solver, remaining, space.recompute_modes)
+        sol, status = solve_candidate(cands[i], costs[i], limit, solver, remaining, space.recompute_modes, space.rules)
         stats.ilps_solved += 1
         if status != "Infeasible" and (sol is None or not sol.proven):
             stats.optimal = False  # stopped by the time limit: the candidate keeps only its bound
@@ -172,7 +172,8 @@ def solve(
         lower = min(unproven, heap[0][0] if heap else float("inf"))
         stats.optimality_gap = max(0.0, (found[0][0] - lower) / found[0][0])
 
-    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes, solver) for _, i, sol in found[: top_k + 1]]
+    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes, solver, space.rules)
+               for _, i, sol in found[: top_k + 1]]
     if not results:
         return SearchResult(None, [], stats)
     fastest = results[0]
@@ -218,22 +219,22 @@ def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, s
     return heap, costs
 
 
-def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: str) -> tuple:
+def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: str, rules=None) -> tuple:
     """The canonical split of those as fast as `counts` (ilp.canonical_counts), with any
     recomputation that still costs nothing dropped (:func:`tidy`)."""
     step = evaluate(pc, list(counts)).step_time_s
     # One stage has no placement to choose, and a split with no recomputation is already what
     # the tie-break prefers: tidy() settles those.
     ties = pc.num_stages > 1 and any(c[1] or c[2] for c in counts)
-    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes) if ties else None
+    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes, rules) if ties else None
     if canonical is not None:
         est = evaluate(pc, list(canonical))
         if est.step_time_s <= step * (1 + 1e-12) and est.peak_memory_gib <= limit_gib:
             counts, step = canonical, est.step_time_s
-    return tidy(pc, counts, limit_gib, modes, step)
+    return tidy(pc, counts, limit_gib, modes, step, rules)
 
 
-def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float) -> tuple:
+def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float, rules=None) -> tuple:
     """Drop recomputation the ILP chose where it costs nothing (a stage off the critical
     path of an interleaved schedule ties with and without it): keep the step time `step` of
     `counts` and the memory limit, prefer less recompute, stage by stage."""
@@ -246,6 +247,8 @@ def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float)
             if any(option[i] and MODES[i] not in modes for i in range(3)):
                 continue
             trial = counts[:j] + [option] + counts[j + 1:]
+            if rules is not None and rules.counts_problems(trial):
+                continue  # the target stack could not run it
             est = evaluate(pc, trial)
             if est.step_time_s <= best * (1 + 1e-12) and est.peak_memory_gib <= limit_gib:
                 counts = trial
@@ -254,9 +257,10 @@ def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float)
 
 
 def _materialise(
-    model, cluster, job, tables: CostTables, pc: PipelineCosts, sol: Solution, limit_gib: float, modes: tuple, solver: str
+    model, cluster, job, tables: CostTables, pc: PipelineCosts, sol: Solution, limit_gib: float, modes: tuple, solver: str,
+    rules=None,
 ) -> Found:
-    counts = settle(pc, sol.counts, limit_gib, modes, solver)
+    counts = settle(pc, sol.counts, limit_gib, modes, solver, rules)
     plan = decode(sol.candidate, counts)
     cjob = tables.job_for(sol.candidate)
     plan.validate_for(model, cjob)
