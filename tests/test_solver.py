@@ -342,3 +342,28 @@ def test_layouts_represented_counts_every_split_and_recompute_mix(stages, layers
                 prod *= mixes(n)
             want += prod
     assert layouts_represented(stages, layers) == want
+
+
+@pytest.mark.parametrize("split,recompute", [("free", "uniform"), ("even", "per_stage"), ("first_last", "same_per_stage"),
+                                             ("even", "uniform"), ("free", "same_per_stage")])
+@pytest.mark.parametrize("memory_gib", [1.1, 1.2, 1.4])
+def test_stack_rules_match_brute_force(split, recompute, memory_gib):
+    """`plan solve --target`: the ILP's split / recompute rows (ilp.py:_stack_rules) find the
+    same optimum as brute force over only the splits the rules allow; the answer breaks no
+    rule and is never faster than the free search."""
+    from planner.export.rules import Rules
+
+    rules = Rules(stack="test", split=split, recompute=recompute)
+    model = SMALL.model_copy(update={"num_layers": 6})
+    job, cluster = JobSpec(global_batch_size=2, seq_len=2048), tiny_cluster(memory_gib)
+    fixed = {"tp": 1, "mesh_order": (Axis.tp, Axis.dp, Axis.pp)}
+    free = solve(model, cluster, job, SearchSpace(num_gpus=4, global_batch_size=2, fixed=fixed), top_k=0)
+    res = assert_same_optimum(model, cluster, job, SearchSpace(num_gpus=4, global_batch_size=2, fixed=fixed, rules=rules))
+    if res.best is not None:
+        for found in [res.best, *res.alternatives]:
+            assert rules.plan_problems(found.plan, model) == []
+        assert res.fastest.estimate.tokens_per_s <= free.fastest.estimate.tokens_per_s * (1 + 1e-9)
+    if memory_gib == 1.1:  # tight: the free optimum (5 + 1 layers, 2 of them fully recomputed) breaks every rule
+        assert rules.plan_problems(free.fastest.plan, model)
+    if (memory_gib, recompute, split) == (1.1, "uniform", "free"):  # ... and one mode for all costs 15%
+        assert res.fastest.estimate.step_time_s > 1.1 * free.fastest.estimate.step_time_s
