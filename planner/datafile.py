@@ -139,9 +139,9 @@ def load_named(
         return parse(data, path, text)
     close = [p for p in presets if name_or_path.lower() in p.lower()][:4] or difflib.get_close_matches(name_or_path, list(presets), n=4, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise UsageError(
-        f"unknown {kind} preset {name_or_path!r}{hint} (`plan presets` lists them; or give a path to a .json/.yaml file)"
-    )
+    where = ("a path to a .json/.yaml spec, a Hugging Face config.json or model directory, or a hub id in the local cache"
+             if kind == "model" else "a path to a .json/.yaml file")
+    raise UsageError(f"unknown {kind} preset {name_or_path!r}{hint} (`plan presets` lists them; or give {where})")
 
 
 # Longest file name most file systems take (NAME_MAX); the temporary name adds to the output's.
