@@ -1,0 +1,195 @@
+"""A plan as a DeepSpeed 0.19.8 config JSON: what `deepspeed.initialize(config=...)` reads.
+
+Batch, precision, ZeRO with the buckets and prefetch the cost model assumes, AutoTP, activation
+checkpointing and the pipeline engine's keys are DeepSpeed's own. What DeepSpeed takes in code
+rather than in its JSON (PipelineModule's `num_stages` and `partition_method`, the layout, the
+rank order) goes in a top-level "planner" block, which DeepSpeedConfig ignores (it reads only
+the keys it knows, runtime/config.py:DeepSpeedConfig._initialize_params).
+
+Every rule below cites the installed package's source (deepspeed/...); the tests feed every
+export to deepspeed.runtime.config.DeepSpeedConfig and to DeepSpeed's own partitioner,
+schedule and topology classes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from cost_models.compute import layer_params
+from cost_models.terms import GRADIENT_BUCKET_BYTES
+from planner.export.rules import Export, Rules
+from planner.specs import DTYPE_BYTES, Axis, DType, Optimizer, Recompute, Schedule
+
+# PipelineModule(partition_method="type:REGEX") balances the layers whose class name matches
+# REGEX (case-insensitive search, runtime/pipe/module.py:_find_layer_type): LlamaDecoderLayer,
+# MistralDecoderLayer, Qwen2DecoderLayer, Megatron-DeepSpeed's ParallelTransformerLayerPipe.
+# Another block class (GPT2Block) must be named here; a regex matching nothing fails loudly.
+BLOCK_TYPE = "DecoderLayer|TransformerLayer"
+
+MESH_ORDER = (Axis.tp, Axis.dp, Axis.pp)  # innermost first
+
+RULES = Rules(
+    stack="deepspeed",
+    # runtime/zero/config.py: DeepSpeedZeroConfig.stage is a ZeroStageEnum 0 (disabled) ... 3 (weights).
+    zero_stages=(0, 1, 2, 3),
+    # runtime/pipe/engine.py PipelineEngine.__init__: assert zero_optimization_stage() <
+    # ZeroStageEnum.gradients, "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
+    zero_stages_with_pp=(0, 1),
+    # runtime/engine.py _configure_tensor_parallel_states: "AutoTP + ZeRO stage 3 is supported for
+    # both inference and training"; ZeRO-3 places AutoTP shards over the DP group
+    # (_resolve_zero3_param_placement); stages 1 and 2 take AutoTP shards like any parameter.
+    zero_stages_with_tp=(0, 1, 2, 3),
+    # Any pipeline depth (PipelineModule(num_stages=...)); any AutoTP size
+    # (tensor_parallel.autotp_size, runtime/tensor_parallel/config.py:TPTrainingConfig), but
+    # AutoTP only on a plain module: problems() refuses tp > 1 with pp > 1.
+    max_pp=None,
+    max_tp=None,
+    # runtime/pipe/engine.py _train_schedule: always schedule.TrainSchedule, a 1F1B schedule
+    # (stage s holds at most min(p - s, m) micro-batches; the tests count it); no GPipe.
+    schedules=(Schedule.one_f_one_b,),
+    # No looped virtual stages. DualPipeV (runtime/pipe/dualpipev.py) puts stages s and 2p-1-s
+    # on rank s (a V), not stage j on rank j % p as interleaved-1f1b does.
+    interleaved=False,
+    # DeepSpeed's sequence parallelism is Ulysses (sequence_parallel_size: an all-to-all over
+    # attention heads, runtime/sequence_parallel/ulysses_sp.py), not Megatron's norm/dropout
+    # sharding over the TP group; AutoTP has no such mode.
+    sequence_parallel=False,
+    # tensor_parallel.tp_overlap_comm overlaps AutoTP's all-reduce only ("Currently, only
+    # allreduce supports overlap", TPTrainingConfig); the plan's overlap is the SP one.
+    tp_comm_overlap=False,
+    # runtime/pipe/topology.py PipeModelDataParallelTopology: axes ['pipe', 'data', 'model'],
+    # row-major, so model (tp) is innermost and pipe outermost; AutoTP without a pipeline:
+    # utils/groups.py _init_tp_mesh_device meshes (data_parallel, tensor_parallel), tp innermost.
+    mesh_orders=(MESH_ORDER,),
+    # runtime/pipe/module.py _partition_layers: 'uniform' (all layer specs, embedding and head
+    # included), 'parameters', 'type:REGEX' (balanced counts of matching layers); no list of
+    # layers per stage. 'type:' splits the transformer blocks evenly when pp divides them.
+    split="even",
+    # pipeline.activation_checkpoint_interval checkpoints every N layers alike
+    # (runtime/pipe/module.py forward); plain modules checkpoint whole layers in model code.
+    # Whole-layer ("full") or none: problems() refuses selective.
+    recompute="uniform",
+    notes={
+        "uneven stages": "no: PipelineModule(partition_method='type:<block class>') balances the blocks; pp must divide the layers",
+        "per-stage recompute": "no: activation_checkpoint_interval=1 checkpoints every layer (full) or none; no selective recompute",
+        "ZeRO": "stages 0-3; 0-1 with pp > 1 (pipe/engine.py assert); 0-3 with AutoTP",
+        "tensor parallelism": "AutoTP (tensor_parallel.autotp_size) on a plain module: not with pp > 1; no Megatron sequence parallelism",
+        "schedule": "1F1B (TrainSchedule); no GPipe, no interleaving (DualPipeV is a V placement, not vpp)",
+        "mesh order": "tp innermost, then dp, then pp (PipeModelDataParallelTopology)",
+        "DP overlap": "ZeRO 1-3 overlap_comm hides the gradient reduce at pp = 1; ZeRO-0 and every pp > 1 reduce after backward",
+    },
+)
+
+
+def problems(plan, model, job) -> list[str]:
+    """What the Rules cannot say: AutoTP and the pipeline do not combine, and DeepSpeed has no
+    selective (attention-only) recompute."""
+    out = []
+    if plan.tp > 1 and plan.pp > 1:
+        # deepspeed/__init__.py initialize: a PipelineModule brings its own mpu (its grid) and AutoTP
+        # (runtime/engine.py _configure_tensor_parallel_states) replaces it with a dp x tp mesh of
+        # all ranks; TP inside a pipeline needs model-side TP layers (Megatron-DeepSpeed).
+        out.append("tensor parallelism together with pipeline parallelism (DeepSpeed's AutoTP does not shard a PipelineModule)")
+    if any(r.selective for r in plan.stage_recompute_counts(model.num_layers)):
+        out.append("selective recompute (DeepSpeed checkpoints whole layers: full or none)")
+    return out
+
+
+def export(plan, model, job, num_gpus: int) -> Export:
+    full = any(r.full for r in plan.stage_recompute_counts(model.num_layers))
+    config = {
+        # DeepSpeedConfig._batch_assertion: train_batch_size == micro x accumulation x DP size.
+        "train_batch_size": plan.dp * plan.micro_batch_size * plan.num_micro_batches,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.num_micro_batches,
+        **_precision(job.precision),
+        "zero_optimization": _zero(plan, model, job),
+    }
+    if plan.zero_stage and job.optimizer == Optimizer.sgd:
+        # runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS lists no SGD; the engine asserts unless allowed.
+        config["zero_allow_untested_optimizer"] = True
+    if plan.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": plan.tp}
+    if full:
+        # deepspeed.checkpointing's settings: keep each checkpointed layer input whole and on the
+        # GPU, as the cost model counts it (no partitioning over TP, no CPU offload).
+        config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
+                                              "contiguous_memory_optimization": False}
+    if plan.pp > 1:
+        # runtime/config.py get_pipeline_config reads this section; the pipeline engine applies
+        # activation_checkpoint_interval (pipe/engine.py). "stages" and "partition" are parsed but
+        # applied only by PipelineModule's constructor arguments (see the "planner" block).
+        config["pipeline"] = {"stages": plan.pp, "partition": f"type:{BLOCK_TYPE}", "activation_checkpoint_interval": 1 if full else 0}
+    config["planner"] = _planner_block(plan, model, num_gpus, full)
+    return Export(stack="deepspeed", text=json.dumps(config, indent=2) + "\n", data=config, kind="json")
+
+
+def _precision(precision: DType) -> dict:
+    """bf16 / fp16 mixed precision (fp32 master weights in the ZeRO or BF16 optimizer); fp32: neither."""
+    if precision == DType.bf16:
+        return {"bf16": {"enabled": True}}
+    if precision == DType.fp16:
+        return {"fp16": {"enabled": True}}  # dynamic loss scaling (runtime/fp16 defaults)
+    return {}
+
+
+def _zero(plan, model, job) -> dict:
+    """ZeRO settings that make DeepSpeed communicate as the cost model (cost_models/terms.py
+    dp_exposure) charges: gradients reduced in GRADIENT_BUCKET_BYTES buckets beside backward
+    (ZeRO-1 on the last micro-batch, ZeRO-2 on every one), ZeRO-3 gathering one layer ahead
+    with at most the current and the prefetched layer live (cost_models/tables.py
+    zero3_gather_bytes). DeepSpeed sizes buckets in elements of the 16-bit (or fp32) gradient."""
+    if plan.zero_stage == 0:
+        # Without ZeRO DeepSpeed all-reduces after backward in fixed 5e8-element buffers
+        # (runtime/engine.py allreduce_gradients, MEMORY_OPT_ALLREDUCE_SIZE): nothing to set.
+        return {"stage": 0}
+    bucket = GRADIENT_BUCKET_BYTES // DTYPE_BYTES[job.precision]
+    zero = {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": bucket}
+    if plan.zero_stage < 3:
+        zero |= {"reduce_scatter": True, "allgather_bucket_size": bucket}
+    else:
+        layer = layer_params(model, plan.tp).total  # one layer's parameters on this TP rank
+        zero |= {"stage3_prefetch_bucket_size": layer, "stage3_max_live_parameters": 2 * layer}
+    return zero
+
+
+def _planner_block(plan, model, num_gpus: int, full: bool) -> dict:
+    """What DeepSpeed takes in code, not in its JSON; DeepSpeedConfig ignores this key."""
+    block = {
+        "about": "not read by DeepSpeed: the layout, and what to pass in code",
+        "layout": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "world_size": num_gpus,
+                   "mesh_order": ",".join(a.value for a in MESH_ORDER) + " (innermost first; DeepSpeed's fixed order)"},
+        "recompute": "full: checkpoint every transformer layer" if full else "none",
+    }
+    if plan.pp > 1:
+        block["pipeline_module"] = {"num_stages": plan.pp, "partition_method": f"type:{BLOCK_TYPE}",
+                                    "layers_per_stage": plan.stage_layers(model.num_layers)}
+    elif full:
+        block["recompute"] += " in model code (deepspeed.checkpointing.checkpoint or HF gradient_checkpointing_enable())"
+    if plan.tp > 1:
+        # runtime/config.py DeepSpeedConfig: world_size is mpu.get_data_parallel_world_size(), else all ranks.
+        block["autotp_batch"] = (f"pass deepspeed.initialize(..., mpu=...) whose get_data_parallel_world_size() is {plan.dp}: "
+                                 "without an mpu DeepSpeed checks train_batch_size against all dp x tp ranks")
+    return block
+
+
+def read_back(data: dict) -> dict:
+    """Our fields from a DeepSpeed config dict: the exported one, or the same keys as
+    DeepSpeed's parser (deepspeed.runtime.config.DeepSpeedConfig) holds them."""
+    batch, micro, accumulation = data["train_batch_size"], data["train_micro_batch_size_per_gpu"], data["gradient_accumulation_steps"]
+    pipeline = data.get("pipeline", {})
+    pp = pipeline.get("stages", 1) if isinstance(pipeline.get("stages"), int) else 1  # DeepSpeed's default is "auto"
+    tp = max(1, data.get("tensor_parallel", {}).get("autotp_size", 0))  # 0: AutoTP off
+    if pp > 1:
+        full = pipeline.get("activation_checkpoint_interval", 0) > 0
+    else:  # a plain module checkpoints in model code: only the planner block says so
+        full = data.get("planner", {}).get("recompute", "none").startswith("full")
+    precision = "bf16" if data.get("bf16", {}).get("enabled") else "fp16" if data.get("fp16", {}).get("enabled") else "fp32"
+    return {
+        "dp": batch // (micro * accumulation), "tp": tp, "pp": pp, "vpp": 1,
+        "micro_batch_size": micro, "num_micro_batches": accumulation, "global_batch_size": batch,
+        "zero_stage": int(data.get("zero_optimization", {}).get("stage", 0)), "sequence_parallel": False,
+        "schedule": Schedule.one_f_one_b.value, "recompute": (Recompute.full if full else Recompute.none).value,
+        "precision": precision, "mesh_order": [a.value for a in MESH_ORDER],
+    }
+
