@@ -101,12 +101,18 @@ def solve(
     check_real("--time-limit", time_limit)
     fixed, modes = parse_fixes(fixes)
     job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel)
+    rules = None if job.target == Target.generic else export_rules(job.target.value)
+    if rules is not None:
+        kept = tuple(m for m in modes if m.value in rules.recompute_modes)
+        if not kept:
+            raise UsageError(f"--fix recompute={modes[0].value}: {rules.stack} has recompute {', '.join(rules.recompute_modes)}")
+        modes = kept
     space = SearchSpace(
         num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
         max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,
         tp_comm_overlap=(False, True) if job.target.tp_comm_overlap else (False,),
         # a named stack: only the layouts, splits and recompute it can express (planner/export)
-        rules=None if job.target == Target.generic else export_rules(job.target.value),
+        rules=rules,
     )
     limit = memory_limit_gib(cluster, max_memory_gib)
     result = run_search(model, cluster, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)

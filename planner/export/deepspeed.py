@@ -44,6 +44,12 @@ RULES = Rules(
     # AutoTP only on a plain module: problems() refuses tp > 1 with pp > 1.
     max_pp=None,
     max_tp=None,
+    # deepspeed/__init__.py initialize: a PipelineModule brings its own mpu (its grid) and AutoTP
+    # (runtime/engine.py _configure_tensor_parallel_states) replaces it with a dp x tp mesh of
+    # all ranks; TP inside a pipeline needs model-side TP layers (Megatron-DeepSpeed).
+    tp_with_pp=False,
+    # DeepSpeed checkpoints whole layers (runtime/activation_checkpointing): no selective mode.
+    recompute_modes=("none", "full"),
     # runtime/pipe/engine.py _train_schedule: always schedule.TrainSchedule, a 1F1B schedule
     # (stage s holds at most min(p - s, m) micro-batches; the tests count it); no GPipe.
     schedules=(Schedule.one_f_one_b,),
@@ -82,17 +88,8 @@ RULES = Rules(
 
 
 def problems(plan, model, job) -> list[str]:
-    """What the Rules cannot say: AutoTP and the pipeline do not combine, and DeepSpeed has no
-    selective (attention-only) recompute."""
-    out = []
-    if plan.tp > 1 and plan.pp > 1:
-        # deepspeed/__init__.py initialize: a PipelineModule brings its own mpu (its grid) and AutoTP
-        # (runtime/engine.py _configure_tensor_parallel_states) replaces it with a dp x tp mesh of
-        # all ranks; TP inside a pipeline needs model-side TP layers (Megatron-DeepSpeed).
-        out.append("tensor parallelism together with pipeline parallelism (DeepSpeed's AutoTP does not shard a PipelineModule)")
-    if any(r.selective for r in plan.stage_recompute_counts(model.num_layers)):
-        out.append("selective recompute (DeepSpeed checkpoints whole layers: full or none)")
-    return out
+    """Nothing beyond RULES (tp with pp and selective recompute are rules there)."""
+    return []
 
 
 def export(plan, model, job, num_gpus: int) -> Export:

@@ -32,6 +32,7 @@ class Rules:
     zero_stages_with_tp: tuple = (0, 1, 2, 3)  # ... when tp > 1
     max_pp: Optional[int] = None  # None: any; 1: no pipeline parallelism
     max_tp: Optional[int] = None
+    tp_with_pp: bool = True  # tensor and pipeline parallelism together
     schedules: tuple = tuple(Schedule)
     interleaved: bool = True  # vpp > 1
     sequence_parallel: bool = True
@@ -43,6 +44,7 @@ class Rules:
     # "per_stage": any (none, selective, full) counts per stage; "same_per_stage": every stage
     # the same counts (Megatron's --recompute-num-layers per stage); "uniform": one mode for all layers
     recompute: str = "per_stage"
+    recompute_modes: tuple = ("none", "selective", "full")  # the recompute modes the stack has
     notes: dict = field(default_factory=dict)  # feature -> one line for the README table
 
     def layout_problems(self, *, dp: int, tp: int, pp: int, vpp: int, schedule: Schedule, zero_stage: int,
@@ -57,6 +59,8 @@ class Rules:
             out.append(f"ZeRO stage {zero_stage} with tensor parallelism ({self.stack} allows stages {_list(self.zero_stages_with_tp)} with tp > 1)")
         if self.max_pp is not None and pp > self.max_pp:
             out.append(f"pipeline parallelism pp={pp} ({self.stack} has none)" if self.max_pp == 1 else f"pp={pp} (at most {self.max_pp})")
+        if tp > 1 and pp > 1 and not self.tp_with_pp:
+            out.append(f"tensor parallelism together with pipeline parallelism ({self.stack} has one or the other)")
         if self.max_tp is not None and tp > self.max_tp:
             out.append(f"tensor parallelism tp={tp} ({self.stack} has none)" if self.max_tp == 1 else f"tp={tp} (at most {self.max_tp})")
         if pp > 1 and schedule not in self.schedules:
@@ -93,6 +97,9 @@ class Rules:
                 out.append(f"uneven middle stages {_list(layers)} ({self.stack} lets only the first and last stage differ)")
         used = [i for i in range(3) if any(c[i] for c in counts)]
         total = sum(layers)
+        missing = [("none", "selective", "full")[i] for i in used if ("none", "selective", "full")[i] not in self.recompute_modes]
+        if missing:
+            out.append(f"{missing[0]} recompute ({self.stack} has {_list(self.recompute_modes)})")
         if self.recompute == "uniform" and len(used) > 1:
             out.append(f"recompute mixing modes across layers ({self.stack} applies one mode to every layer)")
         elif self.recompute == "same_per_stage":
