@@ -1,0 +1,296 @@
+"""Megatron-LM command-line arguments for a plan (megatron-core 0.16.1 and the Megatron-LM of
+the same tag, core_v0.16.1): `plan export PLAN --to megatron` prints them, one flag a line, to
+append to `torchrun ... pretrain_gpt.py`.
+
+Where the flags come from: Megatron-LM's megatron/training/arguments.py writes a few by hand
+(batch, pipeline split, data-parallel and optimizer flags) and generates the rest from
+megatron-core's config dataclasses (megatron/training/argument_utils.py: field `sequence_parallel`
+-> `--sequence-parallel`, unless the field's `argparse_meta` names the flag, as for
+`add_bias_linear` -> `--disable-bias-linear`); megatron-core's TransformerConfig /
+ModelParallelConfig then validate them (tests/test_export_megatron.py builds those from the
+exported arguments).
+
+The data-parallel degree is no flag: Megatron-LM takes it as WORLD_SIZE / (tp x pp) from the
+launcher (arguments.py: `args.world_size = int(os.getenv("WORLD_SIZE"))`,
+`args.data_parallel_size = args.world_size // total_model_size`) and the micro-batch count as
+global batch / (micro-batch x dp) (megatron/core/num_microbatches_calculator.py). So
+`read_back` needs the GPU count to return dp and the micro-batch count.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Optional
+
+from planner.errors import UsageError
+from planner.export.rules import Export, Rules, _effective
+from planner.specs import Activation, Axis, DType, JobSpec, ModelSpec, Optimizer, Plan, Schedule, StageRecompute
+
+RULES = Rules(
+    stack="megatron",
+    # ZeRO-1 is the distributed optimizer (--use-distributed-optimizer: megatron/core/optimizer/
+    # distrib_optimizer.py shards the fp32 main weights and Adam moments over the data-parallel
+    # group; the gradient buffer stays whole). Stages 2 and 3 exist only as Megatron-FSDP
+    # (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params,
+    # megatron/core/distributed/fsdp/) and torch FSDP2 (--use-torch-fsdp2, pp=1 only), which
+    # this exporter does not write.
+    zero_stages=(0, 1),
+    zero_stages_with_pp=(0, 1),
+    zero_stages_with_tp=(0, 1),
+    # pipeline_parallel/schedules.py:get_forward_backward_func: pp > 1 runs
+    # forward_backward_pipelining_without_interleaving (1F1B) or, with virtual stages,
+    # forward_backward_pipelining_with_interleaving; there is no all-forward-then-all-backward
+    # (GPipe) schedule.
+    schedules=(Schedule.one_f_one_b, Schedule.interleaved_1f1b),
+    interleaved=True,  # ModelParallelConfig.virtual_pipeline_model_parallel_size
+    sequence_parallel=True,  # ModelParallelConfig.sequence_parallel (needs tp > 1, checked there)
+    tp_comm_overlap=True,  # ModelParallelConfig.tp_comm_overlap: Transformer Engine userbuffers
+    # parallel_state.initialize_model_parallel(order=...): "tp-cp-ep-dp-pp" by default (tp
+    # innermost, then dp, then pp) and "tp-cp-ep-pp-dp" under Megatron-LM's
+    # --use-tp-pp-dp-mapping; its docstring: "we support tp-dp-pp and tp-pp-dp orders".
+    mesh_orders=((Axis.tp, Axis.dp, Axis.pp), (Axis.tp, Axis.pp, Axis.dp)),
+    # TransformerConfig.pipeline_model_parallel_layout (--pipeline-model-parallel-layout,
+    # transformer/pipeline_parallel_layer_layout.py) gives every virtual stage its own layer
+    # count, in our order (layout[i], i = chunk x pp + pipeline rank).
+    split="free",
+    # transformer/transformer_block.py:_checkpointed_forward: --recompute-granularity full with
+    # --recompute-method block recomputes the first --recompute-num-layers layers of every model
+    # chunk (the same N everywhere); uniform recomputes all of them; selective recomputes the
+    # core attention of every layer (recompute_num_layers must then be None). same_per_stage is
+    # a little stricter: it wants equal full counts, where block gives a short chunk
+    # min(N, its layers) and uniform recomputes every layer of unequal chunks.
+    recompute="same_per_stage",
+    notes={
+        "uneven stages": "any split: --decoder-first/last-pipeline-num-layers when only the first and last rank differ, "
+        "else --pipeline-model-parallel-layout",
+        "per-stage recompute": "full on the first N layers of every stage (--recompute-method block), or one mode for all layers",
+        "ZeRO": "0, and 1 as --use-distributed-optimizer; Megatron-FSDP and torch FSDP2 (ZeRO-2/3) exist but are not exported",
+        "mesh order": "tp,dp,pp (default) or tp,pp,dp (--use-tp-pp-dp-mapping)",
+        "data parallel": "not a flag: WORLD_SIZE / (tp x pp) from the launcher",
+    },
+)
+
+_FULL_UNIFORM = ("full", "uniform", 1)  # every layer keeps only its input (chunks of one layer)
+
+
+def megatron_stage_layers(num_layers: int, pp: int, vpp: int, first: Optional[int] = None, last: Optional[int] = None) -> list[int]:
+    """Layers per virtual stage (chunk x pp + rank) as Megatron builds them without a layout
+    (transformer/transformer_block.py:get_num_layers_to_build): the first / last pipeline rank
+    gets `first` / `last` layers, the others share the rest equally, and each rank divides its
+    layers equally among its vpp chunks. None where Megatron refuses the numbers."""
+    per_rank = [None] * pp
+    if first is not None:
+        per_rank[0] = first
+    if last is not None:
+        per_rank[-1] = last
+    rest = num_layers - sum(n for n in per_rank if n is not None)
+    middle = per_rank.count(None)
+    if rest < 0 or (middle and rest % middle) or (not middle and rest):
+        return None
+    per_rank = [rest // middle if n is None else n for n in per_rank]
+    if any(n <= 0 or n % vpp for n in per_rank):
+        return None
+    return [per_rank[rank] // vpp for _ in range(vpp) for rank in range(pp)]
+
+
+def layout_string(stage_layers: list[int]) -> str:
+    """--pipeline-model-parallel-layout for these layers per virtual stage: 'E' (embedding)
+    opens the first stage, 'L' (loss) closes the last, 't*n' is n decoder layers."""
+    stages = [f"t*{n}" for n in stage_layers]
+    stages[0], stages[-1] = "E," + stages[0], stages[-1] + ",L"
+    return "|".join(stages)
+
+
+def layout_layers(layout: str) -> list[int]:
+    """Decoder layers per virtual stage of a layout written by layout_string."""
+    counts = []
+    for stage in layout.split("|"):
+        n = 0
+        for item in filter(None, stage.split(",")):
+            kind, _, times = item.partition("*")
+            n += int(times or 1) if kind == "t" else 0
+        counts.append(n)
+    return counts
+
+
+def megatron_recompute(setting: Optional[tuple], stage_layers: list[int]) -> list[StageRecompute]:
+    """(none, selective, full) layers per virtual stage under Megatron's recompute flags
+    (granularity, method, num_layers), as transformer_block.py:_checkpointed_forward applies
+    them to each model chunk: block recomputes the chunk's first N layers, uniform all of them."""
+    out = []
+    for n in stage_layers:
+        if setting is None:
+            out.append(StageRecompute(none=n))
+        elif setting[0] == "selective":
+            out.append(StageRecompute(selective=n))
+        else:
+            full = min(setting[2], n) if setting[1] == "block" else n
+            out.append(StageRecompute(none=n - full, full=full))
+    return out
+
+
+def _recompute_setting(counts: list[StageRecompute]) -> Optional[tuple]:
+    """Megatron's recompute flags nearest to per-stage counts (megatron_recompute says whether
+    they reproduce the counts exactly)."""
+    if any(c.selective for c in counts):
+        return ("selective", None, None)
+    if not any(c.full for c in counts):
+        return None
+    if all(c.full == c.layers for c in counts):
+        return _FULL_UNIFORM
+    return ("full", "block", max(c.full for c in counts))
+
+
+def _split_flags(plan: Plan, num_layers: int) -> list[tuple]:
+    """The pipeline split: nothing when Megatron's even split is the plan's, the first / last
+    rank flags when they reproduce it, else the explicit layout (which also sets vpp)."""
+    layers = plan.stage_layers(num_layers)
+    vpp_flag = [("--num-virtual-stages-per-pipeline-rank", plan.vpp)] if plan.vpp > 1 else []
+    if layers == megatron_stage_layers(num_layers, plan.pp, plan.vpp):
+        return vpp_flag
+    # --num-virtual-stages-per-pipeline-rank, not --num-layers-per-virtual-pipeline-stage: only
+    # the former goes with the first / last flags (arguments.py:validate_args).
+    first, last = layers[0] * plan.vpp, layers[plan.pp - 1] * plan.vpp
+    if plan.pp > 1 and layers == megatron_stage_layers(num_layers, plan.pp, plan.vpp, first, last):
+        return [("--decoder-first-pipeline-num-layers", first), ("--decoder-last-pipeline-num-layers", last)] + vpp_flag
+    return [("--pipeline-model-parallel-layout", layout_string(layers))]
+
+
+def _recompute_flags(setting: Optional[tuple]) -> list[tuple]:
+    if setting is None:
+        return []
+    granularity, method, num_layers = setting
+    flags = [("--recompute-granularity", granularity)]
+    if method is not None:
+        flags += [("--recompute-method", method), ("--recompute-num-layers", num_layers)]
+    return flags
+
+
+def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    out = []
+    layers = plan.stage_layers(model.num_layers)
+    counts = plan.stage_recompute_counts(model.num_layers)
+    if megatron_recompute(_recompute_setting(counts), layers) != counts:
+        out.append("recompute other than selective on every layer or full on the first N layers of every stage "
+                   f"({', '.join(f'{c.none}/{c.selective}/{c.full}' for c in counts)} none/selective/full)")
+    # schedules.py: the interleaved schedule runs micro-batches in groups of
+    # microbatch_group_size_per_vp_stage (default pp) and raises on a remainder smaller than pp.
+    if plan.vpp > 1 and plan.num_micro_batches % plan.pp:
+        out.append(f"interleaved schedule with {plan.num_micro_batches} micro-batches, not a multiple of pp={plan.pp}")
+    # tensor_parallel/mappings.py: sequence parallelism scatters the sequence over the TP group
+    # ("First dimension of the tensor should be divisible by tensor parallel size").
+    if plan.sequence_parallel and job.seq_len % plan.tp:
+        out.append(f"sequence parallelism with seq_len {job.seq_len} not divisible by tp={plan.tp}")
+    return out
+
+
+def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
+    """Megatron-LM flags for the plan; `num_gpus` is the WORLD_SIZE to launch with (dp x tp x pp)."""
+    if num_gpus != plan.world_size:  # no flag carries dp: the launch's world size sets it
+        raise UsageError(f"Megatron takes dp from the world size: dp x tp x pp = {plan.world_size} GPUs, not {num_gpus}")
+    L = model.num_layers
+    flags = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
+    flags += _split_flags(plan, L)
+    if plan.sequence_parallel:
+        flags.append(("--sequence-parallel", None))
+    if plan.tp_comm_overlap:
+        flags.append(("--tp-comm-overlap", None))
+    order = tuple(Axis(a) for a in plan.mesh_order)
+    if _effective(order, plan.dp, plan.tp, plan.pp) != _effective(RULES.mesh_orders[0], plan.dp, plan.tp, plan.pp):
+        flags.append(("--use-tp-pp-dp-mapping", None))
+    flags += _recompute_flags(_recompute_setting(plan.stage_recompute_counts(L)))
+    flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
+    precision = DType(job.precision)
+    if precision != DType.fp32:
+        flags.append((f"--{precision.value}", None))
+    if plan.zero_stage == 1:
+        flags.append(("--use-distributed-optimizer", None))
+    if plan.dp > 1:  # the cost model hides data-parallel traffic behind the backward
+        flags.append(("--overlap-grad-reduce", None))
+        if plan.zero_stage == 1:  # arguments.py: param gather overlap needs the distributed optimizer
+            flags.append(("--overlap-param-gather", None))
+    if Optimizer(job.optimizer) != Optimizer.adam:
+        flags.append(("--optimizer", Optimizer(job.optimizer).value))
+    flags += _model_flags(model, job)
+    argv = [str(x) for flag, value in flags for x in ((flag,) if value is None else (flag, value))]
+    text = " \\\n".join(flag if value is None else f"{flag} {shlex.quote(str(value))}" for flag, value in flags)
+    return Export(stack="megatron", text=text, data=argv, kind="args")
+
+
+def _model_flags(model: ModelSpec, job: JobSpec) -> list[tuple]:
+    """Shape and architecture flags; the tokenizer and data flags stay the user's."""
+    flags = [("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
+             ("--ffn-hidden-size", model.ffn), ("--num-attention-heads", model.num_heads)]
+    if model.kv_heads != model.num_heads:
+        flags += [("--group-query-attention", None), ("--num-query-groups", model.kv_heads)]
+    # arguments.py requires max_position_embeddings >= seq_length even for rotary positions,
+    # where it sizes no table.
+    max_positions = model.max_seq_len if model.learned_position_embeddings else max(model.max_seq_len, job.seq_len)
+    flags += [("--seq-length", job.seq_len), ("--max-position-embeddings", max_positions)]
+    if not model.learned_position_embeddings:
+        flags.append(("--position-embedding-type", "rope"))
+    if Activation(model.activation) == Activation.swiglu:
+        flags.append(("--swiglu", None))
+    if model.norm == "rmsnorm":
+        flags.append(("--normalization", "RMSNorm"))
+    if not model.linear_bias:
+        flags.append(("--disable-bias-linear", None))
+    if not model.dropout:
+        flags += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
+    if not model.tied_embeddings:
+        flags.append(("--untie-embeddings-and-output-weights", None))
+    if not job.flash_attention:  # the plan stored the s x s scores: Megatron's unfused attention
+        flags.append(("--attention-backend", "unfused"))
+    return flags
+
+
+def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
+    """Our fields from Megatron-LM arguments (as `export` writes them). dp and the micro-batch
+    count come from `world_size` (Megatron's WORLD_SIZE); None without it."""
+    args = _parse_argv(data)
+    tp, pp = int(args.get("tensor-model-parallel-size", 1)), int(args.get("pipeline-model-parallel-size", 1))
+    L = int(args["num-layers"])
+    if "pipeline-model-parallel-layout" in args:
+        layers = layout_layers(args["pipeline-model-parallel-layout"])
+    else:
+        first, last = (int(args[k]) if k in args else None for k in ("decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"))
+        layers = megatron_stage_layers(L, pp, int(args.get("num-virtual-stages-per-pipeline-rank", 1)), first, last)
+    vpp = len(layers) // pp
+    setting = None
+    if "recompute-granularity" in args:
+        num = args.get("recompute-num-layers")
+        setting = (args["recompute-granularity"], args.get("recompute-method"), int(num) if num is not None else None)
+    micro, global_batch = int(args["micro-batch-size"]), int(args["global-batch-size"])
+    dp = world_size // (tp * pp) if world_size else None
+    return {
+        "dp": dp, "tp": tp, "pp": pp, "vpp": vpp,
+        "schedule": None if pp == 1 else (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b).value,
+        "micro_batch_size": micro, "global_batch_size": global_batch,
+        "num_micro_batches": global_batch // (micro * dp) if dp else None,
+        "zero_stage": 1 if "use-distributed-optimizer" in args else 0,
+        "sequence_parallel": "sequence-parallel" in args, "tp_comm_overlap": "tp-comm-overlap" in args,
+        "mesh_order": ["tp", "pp", "dp"] if "use-tp-pp-dp-mapping" in args else ["tp", "dp", "pp"],
+        "stage_layers": layers,
+        "stage_recompute": [(c.none, c.selective, c.full) for c in megatron_recompute(setting, layers)],
+        "precision": "bf16" if "bf16" in args else "fp16" if "fp16" in args else "fp32",
+        "optimizer": args.get("optimizer", "adam"),
+        "num_layers": L, "hidden_size": int(args["hidden-size"]), "ffn_hidden_size": int(args["ffn-hidden-size"]),
+        "num_heads": int(args["num-attention-heads"]),
+        "num_kv_heads": int(args["num-query-groups"]) if "group-query-attention" in args else int(args["num-attention-heads"]),
+        "seq_len": int(args["seq-length"]),
+        "activation": "swiglu" if "swiglu" in args else "gelu",
+        "tied_embeddings": "untie-embeddings-and-output-weights" not in args,
+    }
+
+
+def _parse_argv(argv: list[str]) -> dict:
+    """--flag value / --flag (True) pairs, keyed without the dashes."""
+    out, i = {}, 0
+    while i < len(argv):
+        flag = argv[i]
+        if not flag.startswith("--"):
+            raise ValueError(f"expected a --flag at position {i}, got {flag!r}")
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        out[flag[2:]] = argv[i + 1] if has_value else True
+        i += 2 if has_value else 1
+    return out

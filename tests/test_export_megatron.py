@@ -1,0 +1,475 @@
+"""plan export --to megatron: Megatron-LM arguments, checked against megatron-core 0.16.1.
+
+Megatron-LM's argument parser (megatron/training/arguments.py) is not in the megatron-core
+wheel, so `megatron_lm` below reads the arguments the way it does at tag core_v0.16.1: a flag
+per TransformerConfig field named by megatron/training/argument_utils.py's rule (taken from the
+installed dataclass, so a flag that is no field fails), the hand-written flags listed in
+LM_FLAGS, the validate_args checks that concern these flags, and
+core_transformer_config_from_args' mapping. The real megatron-core then validates: the
+TransformerConfig / ModelParallelConfig / DDP and optimizer configs, the micro-batch calculator,
+get_num_layers_to_build and the layout parser, the schedule chooser, the rank generator, and
+the block's recompute loop (run on stand-in layers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import shutil
+import subprocess
+import typing
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+
+from planner.errors import UsageError
+from planner.export import export, rules
+from planner.export import megatron as mlm
+from planner.presets import load_model
+from planner.specs import JobSpec, Plan, StageRecompute
+
+PINNED = "0.16.1"
+SKIP = "the export extra is not installed: pip install '.[export]'"
+
+
+def R(none=0, selective=0, full=0):
+    return StageRecompute(none=none, selective=selective, full=full)
+
+
+def job_for(plan: Plan, seq_len=4096, **kw) -> JobSpec:
+    return JobSpec(global_batch_size=plan.dp * plan.micro_batch_size * plan.num_micro_batches, seq_len=seq_len, target="megatron", **kw)
+
+
+# (id, model, plan, job options): every ZeRO stage, schedule, split and recompute form Megatron has.
+MATRIX = [
+    ("gpt-dp8-fp16", "gpt3-1.3b", dict(dp=8, tp=1, pp=1, micro_batch_size=4, num_micro_batches=2), dict(seq_len=2048, precision="fp16")),
+    ("gpt-tp2-pp2-zero1-selective-tppdp", "gpt3-1.3b",
+     dict(dp=2, tp=2, pp=2, micro_batch_size=2, num_micro_batches=4, zero_stage=1, sequence_parallel=True,
+          recompute="selective", mesh_order=["tp", "pp", "dp"]), dict(seq_len=2048)),
+    ("gpt-fp32-sgd-unfused-tp2", "gpt3-1.3b", dict(dp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=3),
+     dict(seq_len=1024, precision="fp32", optimizer="sgd", flash_attention=False)),
+    ("gpt-pp2-vpp3-layout-block", "gpt3-1.3b",
+     dict(dp=1, tp=1, pp=2, vpp=3, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=4,
+          layers_per_stage=[4, 4, 4, 4, 5, 3], stage_recompute=[R(3, 0, 1), R(3, 0, 1), R(3, 0, 1), R(3, 0, 1), R(4, 0, 1), R(2, 0, 1)]),
+     dict(seq_len=2048)),
+    ("gpt-interleaved-vpp1-is-1f1b", "gpt3-1.3b",
+     dict(dp=2, tp=1, pp=2, schedule="interleaved-1f1b", micro_batch_size=2, num_micro_batches=4), dict(seq_len=2048)),
+    ("llama8b-pp4-vpp2-sp-overlap-full", "llama3-8b",
+     dict(dp=2, tp=2, pp=4, vpp=2, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=8, zero_stage=1,
+          sequence_parallel=True, tp_comm_overlap=True, recompute="full"), {}),
+    ("llama8b-pp4-first-last-block2", "llama3-8b",
+     dict(dp=4, tp=1, pp=4, micro_batch_size=1, num_micro_batches=8, layers_per_stage=[7, 9, 9, 7],
+          stage_recompute=[R(5, 0, 2), R(7, 0, 2), R(7, 0, 2), R(5, 0, 2)]), {}),
+    ("llama8b-pp4-vpp2-first-last", "llama3-8b",
+     dict(dp=1, tp=4, pp=4, vpp=2, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=4,
+          layers_per_stage=[3, 5, 5, 3, 3, 5, 5, 3], sequence_parallel=True), {}),
+    ("llama70b-pp4-layout-block3", "llama3-70b",
+     dict(dp=2, tp=8, pp=4, micro_batch_size=1, num_micro_batches=16, zero_stage=1, sequence_parallel=True, tp_comm_overlap=True,
+          layers_per_stage=[19, 21, 20, 20], stage_recompute=[R(16, 0, 3), R(18, 0, 3), R(17, 0, 3), R(17, 0, 3)]), {}),
+    ("llama70b-pp8-vpp5-selective", "llama3-70b",
+     dict(dp=1, tp=8, pp=8, vpp=5, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=16,
+          sequence_parallel=True, recompute="selective"), {}),
+    ("llama70b-pp3-default-uneven", "llama3-70b",
+     dict(dp=2, tp=4, pp=3, micro_batch_size=2, num_micro_batches=6, zero_stage=1, sequence_parallel=True), {}),
+]
+# Megatron runs these, but the Rules' same_per_stage (equal full counts per stage) refuses them:
+# every layer fully recomputed over unequal stages (--recompute-method uniform), and block
+# recompute of more layers than a short stage holds.
+BEYOND_RULES = [
+    ("llama70b-pp3-uneven-all-full", "llama3-70b",
+     dict(dp=2, tp=4, pp=3, micro_batch_size=2, num_micro_batches=6, sequence_parallel=True, recompute="full"), {}),
+    ("llama8b-pp4-block-beyond-short-stage", "llama3-8b",
+     dict(dp=1, tp=1, pp=4, micro_batch_size=1, num_micro_batches=4, layers_per_stage=[2, 10, 10, 10],
+          stage_recompute=[R(0, 0, 2), R(7, 0, 3), R(7, 0, 3), R(7, 0, 3)]), {}),
+]
+
+
+def matrix_case(case):
+    _, model_name, plan_kw, job_kw = case
+    model = load_model(model_name)
+    plan = Plan(**plan_kw)
+    job = job_for(plan, **job_kw)
+    plan.validate_for(model, job, plan.world_size)
+    return plan, model, job
+
+
+# --------------------------------------------------------------------------- without megatron-core
+
+
+def test_rules_state_what_megatron_expresses():
+    r = rules("megatron")
+    assert r is mlm.RULES and r.zero_stages == (0, 1) and r.zero_stages_with_pp == (0, 1)
+    assert [s.value for s in r.schedules] == ["1f1b", "interleaved-1f1b"] and r.interleaved
+    assert r.sequence_parallel and r.tp_comm_overlap
+    assert [[a.value for a in o] for o in r.mesh_orders] == [["tp", "dp", "pp"], ["tp", "pp", "dp"]]
+    assert (r.split, r.recompute) == ("free", "same_per_stage")
+    assert "Megatron-FSDP" in r.notes["ZeRO"] and len(r.notes) >= 4
+
+
+BASE = dict(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4)
+
+
+@pytest.mark.parametrize("change, feature", [
+    (dict(zero_stage=2), "ZeRO stage 2"),
+    (dict(zero_stage=3), "ZeRO stage 3"),
+    (dict(schedule="gpipe"), "schedule gpipe"),
+    (dict(mesh_order=["dp", "tp", "pp"]), "mesh order dp,tp,pp"),
+    (dict(stage_recompute=[R(14, 0, 2), R(15, 0, 1)]), "a different number of fully recomputed layers per stage"),
+    (dict(stage_recompute=[R(8, 8, 0), R(8, 8, 0)]), "selective recompute on some layers only"),
+    # megatron.py:problems, beyond the Rules
+    (dict(pp=2, vpp=2, schedule="interleaved-1f1b", num_micro_batches=3), "interleaved schedule with 3 micro-batches"),
+    (dict(sequence_parallel=True), "sequence parallelism with seq_len 4095"),
+])
+def test_export_refuses_what_megatron_cannot_run(change, feature):
+    plan = Plan(**{**BASE, **change})
+    with pytest.raises(UsageError, match=f"megatron cannot run this plan: {feature}"):
+        export("megatron", plan, load_model("llama3-8b"), job_for(plan, seq_len=4095), plan.world_size)
+
+
+def test_export_needs_the_plans_world_size():
+    """Megatron has no dp flag: the launch's WORLD_SIZE sets it, so it must be the plan's."""
+    plan = Plan(**BASE)
+    with pytest.raises(UsageError, match="dp x tp x pp = 8 GPUs, not 16"):
+        mlm.export(plan, load_model("llama3-8b"), job_for(plan), 16)
+
+
+def test_split_flags_pick_the_plainest_form():
+    def split(layers, pp, vpp=1):
+        plan = Plan(dp=1, tp=1, pp=pp, vpp=vpp, micro_batch_size=1, num_micro_batches=pp,
+                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=layers)
+        return mlm._split_flags(plan, sum(layers))
+
+    assert split([8, 8, 8, 8], 4) == []
+    assert split([4] * 8, 4, 2) == [("--num-virtual-stages-per-pipeline-rank", 2)]
+    assert split([7, 9, 9, 7], 4) == [("--decoder-first-pipeline-num-layers", 7), ("--decoder-last-pipeline-num-layers", 7)]
+    assert split([9, 7, 8, 8], 4) == [("--pipeline-model-parallel-layout", "E,t*9|t*7|t*8|t*8,L")]
+    assert mlm.layout_layers(mlm.layout_string([9, 7, 1, 8])) == [9, 7, 1, 8]
+    assert mlm.megatron_stage_layers(32, 4, 2, 6, 6) == [3, 5, 5, 3, 3, 5, 5, 3]
+    assert mlm.megatron_stage_layers(30, 4, 1) is None  # Megatron refuses 30 layers over 4 ranks evenly
+
+
+def test_recompute_counts_under_megatron_flags():
+    assert mlm.megatron_recompute(("full", "block", 3), [2, 5]) == [R(0, 0, 2), R(2, 0, 3)]
+    assert mlm.megatron_recompute(("full", "uniform", 1), [2, 5]) == [R(0, 0, 2), R(0, 0, 5)]
+    assert mlm.megatron_recompute(("selective", None, None), [2, 5]) == [R(0, 2, 0), R(0, 5, 0)]
+
+
+@pytest.mark.parametrize("case", BEYOND_RULES, ids=[c[0] for c in BEYOND_RULES])
+def test_rules_refuse_recompute_megatron_could_run(case):
+    """The Rules are stricter than Megatron here (tests below run these through megatron-core)."""
+    plan, model, job = matrix_case(case)
+    assert mlm.problems(plan, model, job) == []
+    assert "fully recomputed layers per stage" in mlm.RULES.plan_problems(plan, model)[0]
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[c[0] for c in MATRIX])
+def test_text_is_the_argument_list_for_a_shell(case):
+    plan, model, job = matrix_case(case)
+    out = export("megatron", plan, model, job, plan.world_size)
+    assert out.kind == "args" and out.stack == "megatron"
+    if shutil.which("bash") is None:
+        pytest.skip("no bash to read the text")
+    printed = subprocess.run(["bash", "-c", "printf '%s\\0' " + out.text], capture_output=True, text=True, check=True).stdout
+    assert printed.split("\0")[:-1] == out.data
+
+
+def test_read_back_needs_the_world_size_for_dp():
+    plan, model, job = matrix_case(MATRIX[1])
+    back = mlm.read_back(export("megatron", plan, model, job, 8).data)
+    assert back["dp"] is None and back["num_micro_batches"] is None and back["tp"] == 2
+
+
+# --------------------------------------------------------------------------- with megatron-core
+
+# Megatron-LM flags not generated from TransformerConfig (arguments.py / training_config.py at
+# core_v0.16.1): dest -> type (bool: store_true), and the allowed values where it lists them.
+LM_FLAGS = {
+    "micro_batch_size": int, "global_batch_size": int, "seq_length": int, "max_position_embeddings": int,
+    "position_embedding_type": ("learned_absolute", "rope", "mrope", "relative", "none"),
+    "swiglu": bool, "untie_embeddings_and_output_weights": bool, "group_query_attention": bool,
+    "decoder_first_pipeline_num_layers": int, "decoder_last_pipeline_num_layers": int,
+    "pipeline_model_parallel_layout": str, "num_virtual_stages_per_pipeline_rank": int,
+    "num_layers_per_virtual_pipeline_stage": int,
+    "use_distributed_optimizer": bool, "overlap_grad_reduce": bool, "overlap_param_gather": bool,
+    "use_tp_pp_dp_mapping": bool, "optimizer": ("adam", "sgd", "muon", "dist_muon"),
+}
+# TransformerConfig fields arguments.py:_add_network_size_args gives no flag of their own (set
+# from the flags above or from the precision).
+NOT_FLAGS = {"virtual_pipeline_model_parallel_size", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+             "pipeline_model_parallel_layout", "params_dtype", "pipeline_dtype", "gated_linear_unit", "activation_func",
+             "bias_activation_fusion"}
+
+
+@pytest.fixture(scope="module")
+def mcore():
+    pytest.importorskip("megatron.core", reason=SKIP)
+    import megatron.core
+
+    return megatron.core
+
+
+def _config_flags(TransformerConfig) -> dict:
+    """flag -> (field, value a bool flag stores, or None for a flag that takes a value), named as
+    megatron/training/argument_utils.py:ArgumentGroupFactory names them."""
+    hints, out = typing.get_type_hints(TransformerConfig), {}
+    for f in dataclasses.fields(TransformerConfig):
+        if not f.init or f.name in NOT_FLAGS:
+            continue
+        dashed = f.name.replace("_", "-")
+        names = f.metadata.get("argparse_meta", {}).get("arg_names")
+        if hints[f.name] is bool:
+            names = names or ([f"--{dashed}"] if f.default is False else [f"--no-{dashed}", f"--disable-{dashed}"])
+            out.update({n: (f.name, f.default is False) for n in names})
+        else:
+            out.update({n: (f.name, None) for n in names or [f"--{dashed}"]})
+    return out
+
+
+def _convert(kind, text: str):
+    if typing.get_origin(kind) is typing.Union:
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    if typing.get_origin(kind) is typing.Literal or isinstance(kind, tuple):
+        choices = typing.get_args(kind) if not isinstance(kind, tuple) else kind
+        assert text in choices, f"{text!r} is not one of {choices}"
+        return text
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return kind[text]
+    return kind(text)
+
+
+def megatron_lm(argv: list[str], world_size: int):
+    """What Megatron-LM makes of the arguments on `world_size` GPUs: the real configs."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    flags, hints = _config_flags(TransformerConfig), typing.get_type_hints(TransformerConfig)
+    kw, lm, i = {}, {}, 0
+    while i < len(argv):
+        flag, dest = argv[i], argv[i][2:].replace("-", "_")
+        assert flag not in argv[:i], f"{flag} given twice"
+        if dest in LM_FLAGS and LM_FLAGS[dest] is bool:
+            lm[dest], i = True, i + 1
+        elif dest in LM_FLAGS:
+            lm[dest], i = _convert(LM_FLAGS[dest], argv[i + 1]), i + 2
+        elif flag in flags and flags[flag][1] is not None:
+            kw[flags[flag][0]], i = flags[flag][1], i + 1
+        elif flag in flags:
+            kw[flags[flag][0]], i = _convert(hints[flags[flag][0]], argv[i + 1]), i + 2
+        else:
+            raise AssertionError(f"Megatron-LM 0.16.1 has no flag {flag}")
+    tp, pp, L = kw.get("tensor_model_parallel_size", 1), kw.get("pipeline_model_parallel_size", 1), kw["num_layers"]
+    # arguments.py:validate_args, the checks that concern these flags.
+    assert world_size % (tp * pp) == 0
+    first, last = lm.get("decoder_first_pipeline_num_layers"), lm.get("decoder_last_pipeline_num_layers")
+    layout, vpp = lm.get("pipeline_model_parallel_layout"), lm.get("num_virtual_stages_per_pipeline_rank")
+    assert sum(k in lm for k in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
+                                 "pipeline_model_parallel_layout")) <= 1
+    if layout is not None:
+        vpp = PipelineParallelLayerLayout.get_num_stages_from_str(layout) // pp
+    elif first is None and last is None:
+        assert L % pp == 0, "Number of layers should be divisible by the pipeline-model-parallel size"
+    if lm.get("overlap_param_gather"):
+        assert lm.get("use_distributed_optimizer") and lm.get("overlap_grad_reduce")
+    if kw.get("tp_comm_overlap"):
+        assert kw.get("sequence_parallel")
+    assert lm["max_position_embeddings"] >= lm["seq_length"]
+    # arguments.py:core_transformer_config_from_args.
+    dtype = torch.bfloat16 if kw.get("bf16") else torch.float16 if kw.get("fp16") else torch.float32
+    swiglu = lm.get("swiglu", False)
+    if not lm.get("group_query_attention"):
+        kw["num_query_groups"] = None
+    config = TransformerConfig(
+        **kw, num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
+        virtual_pipeline_model_parallel_size=vpp if vpp and vpp > 1 else None, pipeline_model_parallel_layout=layout,
+        params_dtype=dtype, pipeline_dtype=dtype, gated_linear_unit=swiglu, activation_func=F.silu if swiglu else F.gelu,
+        # bias_swiglu_fusion / bias_gelu_fusion default on; validate_args turns the gelu one off without biases
+        bias_activation_fusion=swiglu or kw.get("add_bias_linear", True),
+    )
+    dp = world_size // (tp * pp)
+    return SimpleNamespace(
+        config=config, lm=lm, dp=dp,
+        ddp=DistributedDataParallelConfig(use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
+                                          overlap_grad_reduce=lm.get("overlap_grad_reduce", False),
+                                          overlap_param_gather=lm.get("overlap_param_gather", False)),
+        optimizer=OptimizerConfig(optimizer=lm.get("optimizer", "adam"), use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
+                                  bf16=config.bf16, fp16=config.fp16, params_dtype=dtype),
+        batches=ConstantNumMicroBatchesCalculator(lm["global_batch_size"], lm["micro_batch_size"], dp,
+                                                  decrease_batch_size_if_needed=False, rank=0),
+        order="tp-cp-ep-pp-dp" if lm.get("use_tp_pp_dp_mapping") else "tp-cp-ep-dp-pp",
+    )
+
+
+def built_layers(config) -> list[int]:
+    """Layers per virtual stage (chunk x pp + rank) as Megatron builds them."""
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    pp, vpp = config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size or 1
+    if config.pipeline_model_parallel_layout is not None:
+        grid = config.pipeline_model_parallel_layout.layout  # [pp rank][chunk] -> layer kinds
+        return [grid[r][c].count(LayerType.decoder) for c in range(vpp) for r in range(pp)]
+    return [get_num_layers_to_build(config, vp_stage=c if vpp > 1 else None, pp_rank=r) for c in range(vpp) for r in range(pp)]
+
+
+def recomputed(config, n: int) -> StageRecompute:
+    """(none, selective, full) of a model chunk of n layers: selective from attention.py's
+    checkpoint_core_attention rule, full by running TransformerBlock._checkpointed_forward over
+    stand-in layers and counting those it runs inside tensor_parallel.checkpoint."""
+    import torch
+    from megatron.core import tensor_parallel
+    from megatron.core.transformer.transformer_block import TransformerBlock
+
+    if config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules:
+        return R(selective=n)
+    if config.recompute_granularity != "full":  # TransformerBlock.forward checkpoints only under 'full'
+        return R(none=n)
+    inside, ran = [], []
+
+    def checkpoint(forward, distribute_saved_activations, *args):
+        inside.append(True)
+        try:
+            return forward(*args)
+        finally:
+            inside.pop()
+
+    def layer(hidden_states, context, **_):
+        ran.append(bool(inside))
+        return hidden_states, context
+
+    block = SimpleNamespace(config=config, num_layers_per_pipeline_rank=n, layers=[layer] * n, _get_layer=lambda i: layer)
+    with mock.patch.object(tensor_parallel, "checkpoint", checkpoint):
+        TransformerBlock._checkpointed_forward(block, hidden_states=torch.zeros(1), attention_mask=None, context=None, context_mask=None,
+                                               rotary_pos_emb=None, attention_bias=None, packed_seq_params=None,
+                                               use_inner_quantization_context=False)
+    assert len(ran) == n
+    return R(none=ran.count(False), full=ran.count(True))
+
+
+def mesh_groups(plan: Plan) -> dict:
+    """Rank groups of each axis with the plan's mesh order (innermost first)."""
+    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
+    order = [a.value for a in plan.mesh_order]
+    stride = {a: 1 for a in order}
+    for inner, outer in zip(order, order[1:]):
+        stride[outer] = stride[inner] * degree[inner]
+    groups = {}
+    for axis in order:
+        others = [a for a in order if a != axis]
+        starts = {sum(stride[a] * k for a, k in zip(others, ks))
+                  for ks in _product([range(degree[a]) for a in others])}
+        groups[axis] = sorted(sorted(s + stride[axis] * k for k in range(degree[axis])) for s in starts)
+    return groups
+
+
+def _product(ranges):
+    out = [()]
+    for r in ranges:
+        out = [o + (k,) for o in out for k in r]
+    return out
+
+
+def test_megatron_core_is_the_pinned_version(mcore):
+    assert mcore.__version__ == PINNED, f"the export rules cite megatron-core {PINNED}; installed {mcore.__version__}"
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[c[0] for c in MATRIX])
+def test_megatron_accepts_the_export_and_it_means_the_plan(case, mcore):
+    plan, model, job = matrix_case(case)
+    check_means_the_plan(export("megatron", plan, model, job, plan.world_size).data, plan, model, job)
+
+
+@pytest.mark.parametrize("case", BEYOND_RULES, ids=[c[0] for c in BEYOND_RULES])
+def test_megatron_runs_the_recompute_the_rules_refuse(case, mcore):
+    plan, model, job = matrix_case(case)
+    check_means_the_plan(mlm.export(plan, model, job, plan.world_size).data, plan, model, job)
+
+
+def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> None:
+    from megatron.core.parallel_state import RankGenerator
+    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+
+    m = megatron_lm(data, plan.world_size)
+    c, L = m.config, model.num_layers
+    vpp = c.virtual_pipeline_model_parallel_size
+    assert (m.dp, c.tensor_model_parallel_size, c.pipeline_model_parallel_size) == (plan.dp, plan.tp, plan.pp)
+    assert (m.batches.micro_batch_size, m.batches.num_micro_batches) == (plan.micro_batch_size, plan.num_micro_batches)
+    # the interleaved schedule with one chunk per rank is 1F1B: Megatron runs it without interleaving
+    assert (vpp or 1) == plan.vpp
+    want = {1: "forward_backward_no_pipelining"}.get(plan.pp, "forward_backward_pipelining_" + ("with_interleaving" if plan.vpp > 1 else "without_interleaving"))
+    assert get_forward_backward_func(plan.pp, vpp).__name__ == want
+    if vpp:  # schedules.py: micro-batches run in groups of microbatch_group_size_per_vp_stage
+        assert plan.num_micro_batches % c.microbatch_group_size_per_vp_stage == 0
+    layers = built_layers(c)
+    assert layers == plan.stage_layers(L)
+    assert [recomputed(c, n) for n in layers] == plan.stage_recompute_counts(L)
+    assert m.ddp.use_distributed_optimizer == m.optimizer.use_distributed_optimizer == (plan.zero_stage == 1)
+    assert m.ddp.overlap_grad_reduce == (plan.dp > 1)
+    assert (c.sequence_parallel, c.tp_comm_overlap) == (plan.sequence_parallel, plan.tp_comm_overlap)
+    assert (c.bf16, c.fp16) == (job.precision == "bf16", job.precision == "fp16") and m.optimizer.optimizer == job.optimizer
+    ranks = RankGenerator(tp=plan.tp, ep=1, dp=plan.dp, pp=plan.pp, cp=1, order=m.order)
+    assert {a: sorted(ranks.get_ranks(a)) for a in ("tp", "dp", "pp")} == mesh_groups(plan)
+    assert (c.num_layers, c.hidden_size, c.ffn_hidden_size, c.num_attention_heads, c.num_query_groups) == (
+        L, model.hidden_size, model.ffn, model.num_heads, model.kv_heads)
+    assert c.gated_linear_unit == (model.activation == "swiglu") and c.add_bias_linear == model.linear_bias
+    assert c.normalization == {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[model.norm]
+    assert (c.hidden_dropout > 0) == model.dropout and (c.attention_backend.name == "unfused") == (not job.flash_attention)
+    assert m.lm["seq_length"] == job.seq_len and m.lm.get("untie_embeddings_and_output_weights", False) == (not model.tied_embeddings)
+    assert (m.lm.get("position_embedding_type", "learned_absolute") == "learned_absolute") == model.learned_position_embeddings
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[c[0] for c in MATRIX])
+def test_round_trip_through_megatron(case, mcore):
+    plan, model, job = matrix_case(case)
+    data = export("megatron", plan, model, job, plan.world_size).data
+    m = megatron_lm(data, plan.world_size)
+    back = mlm.read_back(data, plan.world_size)
+    assert back["stage_layers"] == built_layers(m.config)
+    assert (back["dp"], back["num_micro_batches"]) == (m.dp, m.batches.num_micro_batches)
+    mine = {k: back[k] for k in ("dp", "tp", "pp", "vpp", "micro_batch_size", "num_micro_batches", "zero_stage",
+                                 "sequence_parallel", "tp_comm_overlap", "precision", "optimizer")}
+    assert mine == dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, micro_batch_size=plan.micro_batch_size,
+                        num_micro_batches=plan.num_micro_batches, zero_stage=plan.zero_stage, sequence_parallel=plan.sequence_parallel,
+                        tp_comm_overlap=plan.tp_comm_overlap, precision=job.precision.value, optimizer=job.optimizer.value)
+    assert back["global_batch_size"] == job.global_batch_size
+    assert back["stage_layers"] == plan.stage_layers(model.num_layers)
+    assert back["stage_recompute"] == [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
+    if plan.pp > 1:
+        assert back["schedule"] == ("interleaved-1f1b" if plan.vpp > 1 else "1f1b")
+    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
+    assert [a for a in back["mesh_order"] if degree[a] > 1] == [a.value for a in plan.mesh_order if degree[a.value] > 1]
+    assert (back["num_layers"], back["num_kv_heads"], back["activation"], back["tied_embeddings"]) == (
+        model.num_layers, model.kv_heads, model.activation.value, model.tied_embeddings)
+
+
+def _replace(argv, flag, value):
+    argv = list(argv)
+    argv[argv.index(flag) + 1] = str(value)
+    return argv
+
+
+def test_megatron_rejects_a_broken_export(mcore):
+    """The checks can fail: a global batch one more than micro x dp x micro-batches, a first
+    stage that leaves the middle ranks unequal, sequence parallelism without tp (which
+    megatron-core refuses; Megatron-LM's validate_args would drop it first), a flag that does
+    not exist, a layout one layer short."""
+    plan, model, job = matrix_case(MATRIX[6])  # llama8b-pp4-first-last-block2
+    data = export("megatron", plan, model, job, plan.world_size).data
+    megatron_lm(data, plan.world_size)
+    with pytest.raises(AssertionError, match="global batch size"):
+        megatron_lm(_replace(data, "--global-batch-size", job.global_batch_size + 1), plan.world_size)
+    with pytest.raises(ValueError, match="middle stage"):
+        megatron_lm(_replace(data, "--decoder-first-pipeline-num-layers", 6), plan.world_size)
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        megatron_lm(["--sequence-parallel"] + data, plan.world_size)
+    with pytest.raises(AssertionError, match="no flag --num-gpus"):
+        megatron_lm(data + ["--num-gpus", "16"], plan.world_size)
+    plan, model, job = matrix_case(MATRIX[8])  # llama70b-pp4-layout-block3
+    data = export("megatron", plan, model, job, plan.world_size).data
+    with pytest.raises(AssertionError, match="Number of decoder layers"):
+        megatron_lm(_replace(data, "--pipeline-model-parallel-layout", "E,t*19|t*21|t*20|t*19,L"), plan.world_size)
