@@ -1,0 +1,223 @@
+"""Hugging Face Accelerate 1.15: a plan as the YAML config `accelerate config` writes and
+`accelerate launch --config_file` reads.
+
+ZeRO-2/3 become FSDP2 (`distributed_type: FSDP`, `fsdp_version: 2`) sharded over every
+data-parallel rank (`parallelism_config_dp_shard_size` = dp), with tensor parallelism as
+`parallelism_config_tp_size`; ZeRO-0 is plain DDP (`MULTI_GPU`). The config holds no batch
+size: micro-batch, gradient accumulation and sequence length go to the training script, so
+the export states them in a comment block at the top that `read_back` reads again.
+
+Sources cited below are files of the installed `accelerate` 1.15.0 package (and of
+`transformers`, which Accelerate's TP delegates to).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import yaml
+
+from planner.errors import UsageError
+from planner.export.rules import Export, Rules
+from planner.specs import Axis, DType, ModelSpec, Plan, Recompute
+
+RULES = Rules(
+    stack="accelerate",
+    # ZeRO-0 is DDP (distributed_type MULTI_GPU). FSDP2 always shards gradients and
+    # optimizer states with the parameters: ZeRO-2 is fully_shard(reshard_after_forward=False)
+    # (parameters gathered once per forward and kept through backward), ZeRO-3 is
+    # reshard_after_forward=True (utils/dataclasses.py:FullyShardedDataParallelPlugin, a bool for
+    # fsdp_version 2; utils/fsdp_utils.py:fsdp2_prepare_model passes it to fully_shard). Nothing
+    # shards only the optimizer states: no ZeRO-1 (that is the DeepSpeed plugin's, not this path).
+    zero_stages=(0, 2, 3),
+    zero_stages_with_pp=(0, 2, 3),  # moot: there is no pipeline (max_pp below)
+    # TP is ParallelismConfig.tp_size, which the config path reaches only with FSDP2:
+    # commands/launch.py:_validate_launch_command refuses --use_parallelism_config without
+    # --use_fsdp and --fsdp_version=2, commands/config/cluster.py asks for it only under FSDP2, and
+    # parallelism_config.py:ParallelismConfig.__post_init__ rejects DDP + TP (dp_replicate > 1,
+    # dp_shard == 1, tp > 1).
+    zero_stages_with_tp=(2, 3),
+    # No pipeline parallelism on the FSDP2 / ParallelismConfig path: its mesh dimensions are
+    # dp_replicate, dp_shard, cp, sp and tp only (parallelism_config.py:_get_mesh). (Pipelines
+    # exist only inside the separate Megatron-LM plugin, which this export does not target.)
+    max_pp=1,
+    schedules=(),
+    interleaved=False,
+    # Megatron sequence parallelism (norms and dropout sharded over the TP group) is not in
+    # Accelerate's TP: the shards come from transformers' tp_plan (Llama's base_model_tp_plan
+    # in models/llama/configuration_llama.py lists colwise/rowwise projections, no norm).
+    # ParallelismConfig.sp_size is DeepSpeed Ulysses (sp_backend "deepspeed"), a different thing.
+    sequence_parallel=False,
+    # utils/dataclasses.py:TorchTensorParallelConfig ignores enable_async_tp with a warning.
+    tp_comm_overlap=False,
+    # ParallelismConfig._get_mesh orders the mesh dp_replicate, dp_shard, cp, sp, tp (outermost
+    # first; init_device_mesh puts the last dimension on consecutive ranks): tp innermost, then dp.
+    mesh_orders=((Axis.tp, Axis.dp, Axis.pp),),
+    split="even",  # one pipeline stage holds every layer
+    # fsdp_activation_checkpointing wraps every auto-wrapped layer in checkpoint_wrapper
+    # (utils/fsdp_utils.py:fsdp2_apply_ac): all layers fully recomputed, or none.
+    recompute="uniform",
+    notes={
+        "ZeRO": "0 is DDP (MULTI_GPU), 2 is FSDP2 with reshard_after_forward false, 3 is FSDP2 full shard, no ZeRO-1",
+        "TP": "parallelism_config tp_size, only under FSDP2 with dp > 1, through transformers' tp_plan (Llama-family models)",
+        "sequence parallelism": "none (sp_size is DeepSpeed Ulysses, not Megatron SP)",
+        "recompute": "fsdp_activation_checkpointing, every layer full or none, no selective",
+        "mesh order": "tp innermost, then dp (ParallelismConfig: dp_replicate, dp_shard, cp, sp, tp)",
+        "batch": "not in the config, micro-batch and accumulation go to the script (a comment block says them)",
+    },
+)
+
+_PRECISION = {DType.bf16: "bf16", DType.fp16: "fp16", DType.fp32: "no"}  # ClusterConfig.mixed_precision
+_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")  # what `accelerate config` asks
+_PREFIX = "parallelism_config_"  # the keys' prefix in the YAML (commands/config/cluster.py)
+# The comment lines `read_back` recovers: `#   name: value`.
+_SCRIPT_LINE = re.compile(r"^#\s+(micro_batch_size|gradient_accumulation_steps|global_batch_size|seq_len|recompute):\s*(\S+)")
+
+
+def problems(plan: Plan, model: ModelSpec, job) -> list[str]:
+    """What Accelerate cannot run that `RULES` does not cover."""
+    out = []
+    counts = plan.stage_recompute_counts(model.num_layers)
+    if any(c.selective for c in counts):
+        out.append("selective recompute (Accelerate's activation checkpointing reruns whole layers: full or none)")
+    if plan.tp > 1 and plan.dp == 1 and plan.zero_stage in RULES.zero_stages_with_tp:
+        # ParallelismConfig._validate_accelerator: FSDP2 with dp_shard_size == cp_size == 1 has
+        # nothing to shard across and is refused.
+        out.append(f"tensor parallelism tp={plan.tp} without data parallelism (FSDP2 beside TP needs dp > 1 to shard over)")
+    if plan.tp > 1 and model.kv_heads % plan.tp:
+        # transformers' TP splits k_proj/v_proj colwise by whole heads
+        # (distributed/tensor_parallel.py:get_kv_heads_per_rank); it cannot replicate KV heads.
+        out.append(f"tp={plan.tp} over {model.kv_heads} KV heads of {model.name} (transformers' TP shards whole KV heads)")
+    return out
+
+
+def export(plan: Plan, model: ModelSpec, job, num_gpus: int, gpus_per_node: Optional[int] = None) -> Export:
+    """The Accelerate config for `plan` on `num_gpus` GPUs; `gpus_per_node` (the cluster's)
+    sets num_machines, else one node is written and a comment says what to change."""
+    num_machines = _machines(num_gpus, gpus_per_node)
+    data = _config(plan, job, num_gpus, num_machines)
+    header = _header(plan, model, job, num_gpus, num_machines, gpus_per_node)
+    text = "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=True)
+    return Export(stack="accelerate", text=text, data=data, kind="yaml")
+
+
+def _machines(num_gpus: int, gpus_per_node: Optional[int]) -> int:
+    if gpus_per_node is None or num_gpus <= gpus_per_node:
+        return 1
+    if num_gpus % gpus_per_node:
+        # accelerate launch starts num_processes // num_machines processes on every node.
+        raise UsageError(f"{num_gpus} GPUs do not fill whole nodes of {gpus_per_node}; Accelerate starts the same number of processes on every node")
+    return num_gpus // gpus_per_node
+
+
+def _config(plan: Plan, job, num_gpus: int, num_machines: int) -> dict:
+    """The keys `accelerate config` writes (commands/config/cluster.py), for ClusterConfig."""
+    config = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "downcast_bf16": "no",
+        "enable_cpu_affinity": False,
+        "machine_rank": 0,  # each node passes its own --machine_rank to accelerate launch
+        "main_training_function": "main",
+        "mixed_precision": _PRECISION[DType(job.precision)],
+        "num_machines": num_machines,
+        "num_processes": num_gpus,  # all processes over all machines (utils/launch.py: nproc_per_node = this // num_machines)
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if plan.zero_stage == 0:
+        config["distributed_type"] = "MULTI_GPU" if num_gpus > 1 else "NO"
+        if num_gpus > 1:
+            config["gpu_ids"] = "all"
+        return config
+    full = _full_recompute(plan)
+    config["distributed_type"] = "FSDP"
+    config["fsdp_config"] = {
+        "fsdp_version": 2,
+        "fsdp_reshard_after_forward": plan.zero_stage == 3,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",  # one FSDP unit per decoder layer (_no_split_modules)
+        "fsdp_activation_checkpointing": full,
+        "fsdp_cpu_ram_efficient_loading": False,
+        "fsdp_offload_params": False,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+    }
+    sizes = {"dp_replicate_size": 1, "dp_shard_size": plan.dp, "tp_size": plan.tp, "cp_size": 1}
+    config["parallelism_config"] = {_PREFIX + k: sizes[k] for k in _SIZES}
+    return config
+
+
+def _full_recompute(plan: Plan) -> bool:
+    return plan.recompute == Recompute.full  # with stage_recompute: every layer of every stage full
+
+
+def _header(plan: Plan, model: ModelSpec, job, num_gpus: int, num_machines: int, gpus_per_node: Optional[int]) -> list[str]:
+    """The comment block: what the training script sets (the config has no batch size)."""
+    if plan.zero_stage == 0:
+        layout = f"DDP over dp={plan.dp}" if num_gpus > 1 else "one GPU"
+    else:
+        layout = f"FSDP2 {'full shard (ZeRO-3)' if plan.zero_stage == 3 else 'reshard_after_forward false (ZeRO-2)'} over dp={plan.dp}, tp={plan.tp}"
+    lines = [
+        f"# Accelerate 1.15 config for {model.name} on {num_gpus} GPU(s): {layout}, no pipeline.",
+        "# Run: accelerate launch --config_file THIS_FILE train.py",
+        "# The config holds no batch size; the training script sets:",
+        f"#   micro_batch_size: {plan.micro_batch_size}  (per device: DataLoader(batch_size={plan.micro_batch_size}))",
+        f"#   gradient_accumulation_steps: {plan.num_micro_batches}  (Accelerator(gradient_accumulation_steps={plan.num_micro_batches}))",
+        f"#   global_batch_size: {job.global_batch_size}  (= dp {plan.dp} x micro-batch {plan.micro_batch_size} x accumulation {plan.num_micro_batches})",
+        f"#   seq_len: {job.seq_len}",
+    ]
+    if plan.zero_stage == 0 and _full_recompute(plan):
+        lines.append("#   recompute: full  (DDP has no config key: model.gradient_checkpointing_enable() before accelerator.prepare)")
+    if plan.tp > 1:
+        lines.append(f'# TP: load the model with from_pretrained(..., tp_plan="auto", tp_size={plan.tp}, '
+                     "device_mesh=accelerator.torch_device_mesh) (a transformers model with a tp_plan, e.g. Llama)")
+    if gpus_per_node is None and num_gpus > 1:
+        lines.append("# Several nodes: set num_machines to the node count (num_processes counts every GPU).")
+    if num_machines > 1:
+        lines.append(f"# {num_machines} nodes: on each pass --machine_rank R --main_process_ip HOST --main_process_port PORT.")
+    return lines
+
+
+def read_back(data) -> dict:
+    """Our fields from an Accelerate config: the YAML text (its comment block gives the batch),
+    a parsed ClusterConfig (`to_dict()`), or the structured dict `export` returns."""
+    script = {}
+    if isinstance(data, str):
+        for line in data.splitlines():
+            m = _SCRIPT_LINE.match(line)
+            if m:
+                script[m.group(1)] = m.group(2)
+        data = yaml.safe_load(data)
+    elif hasattr(data, "to_dict"):
+        data = data.to_dict()
+    out = _layout(data)
+    if "recompute" in script:
+        out["recompute"] = script["recompute"]
+    for key, name in (("micro_batch_size", "micro_batch_size"), ("gradient_accumulation_steps", "num_micro_batches"),
+                      ("global_batch_size", "global_batch_size"), ("seq_len", "seq_len")):
+        if key in script:
+            out[name] = int(script[key])
+    if "global_batch_size" in out and out["global_batch_size"] != out["dp"] * out["micro_batch_size"] * out["num_micro_batches"]:
+        raise ValueError(f"global_batch_size {out['global_batch_size']} is not dp {out['dp']} x micro_batch_size "
+                         f"{out['micro_batch_size']} x gradient_accumulation_steps {out['num_micro_batches']}")
+    return out
+
+
+def _layout(config: dict) -> dict:
+    """Degrees, ZeRO stage, recompute and precision from the config's own keys."""
+    kind = str(getattr(config["distributed_type"], "value", config["distributed_type"]))
+    fsdp = config.get("fsdp_config") or {}
+    sizes = {k: int((config.get("parallelism_config") or {}).get(_PREFIX + k, 1)) for k in _SIZES}
+    tp = sizes["tp_size"]
+    if kind == "FSDP":
+        dp = sizes["dp_replicate_size"] * sizes["dp_shard_size"]
+        zero = 3 if fsdp.get("fsdp_reshard_after_forward", True) else 2
+    else:
+        dp, zero = int(config.get("num_processes", 1)) // tp, 0
+    precision = {v: k.value for k, v in _PRECISION.items()}[config.get("mixed_precision") or "no"]
+    return {
+        "num_gpus": int(config.get("num_processes", 1)), "dp": dp, "tp": tp, "pp": 1, "vpp": 1, "zero_stage": zero,
+        "sequence_parallel": False, "recompute": "full" if fsdp.get("fsdp_activation_checkpointing") else "none",
+        "precision": precision, "mesh_order": [Axis.tp.value, Axis.dp.value, Axis.pp.value],
+    }

@@ -1,0 +1,270 @@
+"""`plan export --to accelerate`: the YAML goes through Accelerate 1.15's own loader and launcher
+(ClusterConfig.from_yaml_file, `accelerate launch`'s argument validation and environment, then
+FullyShardedDataParallelPlugin and ParallelismConfig built from that environment as the training
+process builds them), broken configs are rejected by the same code, the config reads back to the
+plan, and plans Accelerate cannot run are refused naming the feature."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from planner import export as exporters
+from planner.errors import UsageError
+from planner.export.accelerate import RULES, problems, read_back
+from planner.presets import load_model
+from planner.specs import Axis, JobSpec, Plan, StageRecompute
+
+EXTRA = "the export extra is not installed: pip install '.[export]'"
+TP_EXTRA = "Accelerate's tensor parallelism needs transformers (TorchTensorParallelConfig checks it): pip install '.[export]'"
+
+
+def case(model: str, gpus: int, dp: int, tp: int, zero: int, mbs: int, m: int, *, recompute="none", precision="bf16",
+         seq=4096, per_node=None, **plan_fields):
+    """A valid (model, plan, job, gpus, gpus_per_node) for one data-parallel x TP layout."""
+    spec = load_model(model)
+    plan = Plan(dp=dp, tp=tp, pp=1, micro_batch_size=mbs, num_micro_batches=m, recompute=recompute, zero_stage=zero, **plan_fields)
+    job = JobSpec(global_batch_size=dp * mbs * m, seq_len=min(seq, spec.max_seq_len), precision=precision)
+    plan.validate_for(spec, job, gpus)
+    return SimpleNamespace(model=spec, plan=plan, job=job, gpus=gpus, per_node=per_node)
+
+
+# Every ZeRO stage Accelerate has (0 = DDP, 2, 3 = FSDP2), TP with FSDP2, both recompute modes
+# (also given per stage), each precision, one GPU, one node, several nodes.
+MATRIX = {
+    "8b-fsdp3-dp16": case("llama3-8b", 16, 16, 1, 3, 2, 2, per_node=8),
+    "8b-fsdp3-tp2-full": case("llama3-8b", 16, 8, 2, 3, 4, 2, recompute="full", per_node=8),
+    "8b-fsdp2-tp4": case("llama3-8b", 16, 4, 4, 2, 1, 8),
+    "8b-fsdp3-tp8-one-node": case("llama3-8b", 16, 2, 8, 3, 1, 4, per_node=16),
+    "70b-fsdp3-tp8-full": case("llama3-70b", 64, 8, 8, 3, 1, 16, recompute="full", per_node=8),
+    "70b-fsdp2-tp8-full-per-stage": case("llama3-70b", 32, 4, 8, 2, 1, 8, per_node=8, recompute="full",
+                                         stage_recompute=[StageRecompute(full=80)]),
+    "1.3b-ddp-fp16": case("gpt3-1.3b", 8, 8, 1, 0, 4, 2, precision="fp16", per_node=8),
+    "1.3b-ddp-full": case("gpt3-1.3b", 8, 8, 1, 0, 4, 2, recompute="full"),
+    "1.3b-fsdp2-fp32": case("gpt3-1.3b", 4, 4, 1, 2, 2, 1, precision="fp32"),
+    "1.3b-one-gpu": case("gpt3-1.3b", 1, 1, 1, 0, 8, 4),
+}
+
+
+def _export(c):
+    exporters.export("accelerate", c.plan, c.model, c.job, c.gpus)  # passes the registry's checks
+    return exporters.stack_module("accelerate").export(c.plan, c.model, c.job, c.gpus, gpus_per_node=c.per_node)
+
+
+def _expected(c) -> dict:
+    full = c.plan.recompute.value == "full"
+    return {"num_gpus": c.gpus, "dp": c.plan.dp, "tp": c.plan.tp, "pp": 1, "vpp": 1, "zero_stage": c.plan.zero_stage,
+            "sequence_parallel": False, "recompute": "full" if full else "none", "precision": c.job.precision.value,
+            "mesh_order": ["tp", "dp", "pp"], "micro_batch_size": c.plan.micro_batch_size,
+            "num_micro_batches": c.plan.num_micro_batches, "global_batch_size": c.job.global_batch_size, "seq_len": c.job.seq_len}
+
+
+# --------------------------------------------------------------------------- without the package
+
+
+@pytest.mark.parametrize("name", MATRIX)
+def test_export_text_is_the_data_and_reads_back_to_the_plan(name):
+    c = MATRIX[name]
+    out = _export(c)
+    assert (out.stack, out.kind) == ("accelerate", "yaml")
+    assert yaml.safe_load(out.text) == out.data  # the comment block is only comments
+    assert read_back(out.text) == _expected(c)
+    degrees = read_back(out.data)  # the structured data alone: no batch (it is not in Accelerate's config)
+    assert {k: degrees[k] for k in ("dp", "tp", "zero_stage", "precision")} == {
+        k: _expected(c)[k] for k in ("dp", "tp", "zero_stage", "precision")}
+    assert ("tp_plan=\"auto\"" in out.text) == (c.plan.tp > 1)
+
+
+def test_read_back_refuses_a_batch_comment_that_does_not_multiply():
+    text = _export(MATRIX["8b-fsdp3-dp16"]).text.replace("global_batch_size: 64", "global_batch_size: 65")
+    with pytest.raises(ValueError, match="global_batch_size 65 is not dp 16 x micro_batch_size 2"):
+        read_back(text)
+
+
+def test_nodes_from_gpus_per_node():
+    c = MATRIX["70b-fsdp3-tp8-full"]
+    assert _export(c).data["num_machines"] == 8
+    one = exporters.export("accelerate", c.plan, c.model, c.job, c.gpus)  # no cluster: one node, and the comment says so
+    assert one.data["num_machines"] == 1 and "set num_machines to the node count" in one.text
+    with pytest.raises(UsageError, match="do not fill whole nodes of 24"):
+        exporters.stack_module("accelerate").export(c.plan, c.model, c.job, c.gpus, gpus_per_node=24)
+
+
+def _refused(model: str, gpus: int, target="generic", **fields):
+    """A valid plan (for `target`'s job) that Accelerate cannot run."""
+    spec = load_model(model)
+    fields = {"pp": 1, "micro_batch_size": 1, "num_micro_batches": 8, **fields}
+    plan = Plan(**fields)
+    job = JobSpec(global_batch_size=plan.dp * plan.micro_batch_size * plan.num_micro_batches, seq_len=2048, target=target)
+    plan.validate_for(spec, job, gpus)
+    return plan, spec, job
+
+
+REFUSED = {
+    "ZeRO stage 1": _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=1),
+    "pipeline parallelism pp=2": _refused("llama3-8b", 16, dp=8, tp=1, pp=2, zero_stage=3),
+    "interleaved virtual stages vpp=2": _refused("llama3-8b", 16, dp=8, tp=1, pp=2, vpp=2, schedule="interleaved-1f1b", zero_stage=0),
+    "sequence parallelism": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, sequence_parallel=True),
+    "TP communication overlap": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, sequence_parallel=True, tp_comm_overlap=True,
+                                         target="megatron"),
+    "ZeRO stage 0 with tensor parallelism": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=0),
+    "tensor parallelism tp=8 without data parallelism": _refused("llama3-8b", 8, dp=1, tp=8, zero_stage=3),
+    "selective recompute": _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=3, recompute="selective"),
+    "recompute mixing modes": _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=3,
+                                       stage_recompute=[StageRecompute(none=16, full=16)]),
+    "mesh order dp,tp,pp": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, mesh_order=["dp", "tp", "pp"]),
+    "tp=16 over 8 KV heads": _refused("llama3-8b", 32, dp=2, tp=16, zero_stage=3),
+}
+
+
+@pytest.mark.parametrize("feature", REFUSED)
+def test_plans_accelerate_cannot_run_are_refused_naming_the_feature(feature):
+    plan, model, job = REFUSED[feature]
+    found = RULES.plan_problems(plan, model) + problems(plan, model, job)
+    assert any(feature in p for p in found), found
+    with pytest.raises(UsageError, match=r"accelerate cannot run this plan: .*--target accelerate") as err:
+        exporters.export("accelerate", plan, model, job, plan.world_size)
+    assert found[0] in str(err.value)
+
+
+def test_mesh_order_with_one_nontrivial_axis_is_accepted():
+    c = case("llama3-8b", 16, 16, 1, 3, 1, 4, mesh_order=[Axis.dp, Axis.pp, Axis.tp])  # tp = 1: order is moot
+    assert _export(c).data["parallelism_config"]["parallelism_config_dp_shard_size"] == 16
+
+
+def test_module_imports_neither_torch_nor_accelerate():
+    code = "import sys, planner.export.accelerate; print(sorted({'torch', 'accelerate', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- Accelerate's own code
+
+
+def _write(tmp_path, text: str, name="accelerate.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _launch(path, monkeypatch):
+    """What `accelerate launch --config_file PATH train.py` makes of the file, up to the objects
+    the training process builds from the launcher's environment (Accelerator.__init__ builds
+    ParallelismConfig() from PARALLELISM_CONFIG_* and FullyShardedDataParallelPlugin() from
+    FSDP_*; ParallelismConfig._validate_accelerator then checks it against the world)."""
+    pytest.importorskip("accelerate", reason=EXTRA)
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+
+    config = ClusterConfig.from_yaml_file(str(path))
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "train.py"]))
+    env = prepare_multi_gpu_env(args) if (args.use_fsdp or args.multi_gpu) else prepare_simple_launcher_cmd_env(args)[1]
+    for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_")):
+            monkeypatch.setenv(key, value)
+    fsdp = FullyShardedDataParallelPlugin() if args.use_fsdp else None
+    sizes = ParallelismConfig() if env.get("ACCELERATE_USE_PARALLELISM_CONFIG") == "true" else None
+    if sizes is not None:
+        world = SimpleNamespace(num_processes=config.num_processes, multi_device=config.num_processes > 1, is_main_process=True,
+                                is_fsdp2=fsdp is not None and fsdp.fsdp_version == 2, distributed_type=config.distributed_type)
+        sizes._validate_accelerator(world)
+    return SimpleNamespace(config=config, args=args, env=env, fsdp=fsdp, sizes=sizes)
+
+
+@pytest.mark.parametrize("name", MATRIX)
+def test_accelerate_launch_accepts_the_export_and_means_the_plan(name, tmp_path, monkeypatch):
+    c = MATRIX[name]
+    if c.plan.tp > 1:
+        pytest.importorskip("transformers", reason=TP_EXTRA)
+    run = _launch(_write(tmp_path, _export(c).text), monkeypatch)
+    assert run.config.num_processes == c.gpus
+    assert run.args.mixed_precision == {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[c.job.precision.value]
+    per_node = c.gpus // run.config.num_machines
+    assert per_node == min(c.per_node or c.gpus, c.gpus)
+    if c.plan.zero_stage == 0:
+        assert run.config.distributed_type.value == ("MULTI_GPU" if c.gpus > 1 else "NO")
+        assert run.fsdp is None and run.sizes is None
+        if c.gpus > 1:
+            assert run.args.nproc_per_node == str(per_node)
+        return
+    assert run.config.distributed_type.value == "FSDP" and run.fsdp.fsdp_version == 2
+    assert run.args.nproc_per_node == str(per_node)
+    assert run.fsdp.reshard_after_forward is (c.plan.zero_stage == 3)  # ZeRO-3 full shard, ZeRO-2 keeps params through backward
+    assert run.fsdp.activation_checkpointing is (_expected(c)["recompute"] == "full")
+    assert (run.sizes.total_size, run.sizes.dp_shard_size, run.sizes.dp_replicate_size, run.sizes.tp_size) == (c.gpus, c.plan.dp, 1, c.plan.tp)
+    names, shape = run.sizes._get_mesh()  # outermost first
+    innermost_first = [{"dp_shard": "dp", "tp": "tp"}[n] for n in reversed(names)]
+    assert innermost_first == [a.value for a in c.plan.mesh_order if {"dp": c.plan.dp, "tp": c.plan.tp, "pp": 1}[a.value] > 1]
+
+
+@pytest.mark.parametrize("name", MATRIX)
+def test_round_trip_through_accelerates_loader(name, tmp_path):
+    pytest.importorskip("accelerate", reason=EXTRA)
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    c = MATRIX[name]
+    text = _export(c).text
+    parsed = ClusterConfig.from_yaml_file(str(_write(tmp_path, text)))
+    back = read_back(parsed)  # degrees from what Accelerate parsed
+    script = read_back(text)  # the batch from the comment block
+    expected = _expected(c)
+    layout_keys = ("num_gpus", "dp", "tp", "pp", "vpp", "zero_stage", "sequence_parallel", "precision", "mesh_order")
+    assert {k: back[k] for k in layout_keys} == {k: expected[k] for k in layout_keys}
+    assert script == expected
+    assert script["dp"] * script["micro_batch_size"] * script["num_micro_batches"] == c.job.global_batch_size
+
+
+def _broken(tmp_path, name: str, edit):
+    data = _export(MATRIX[name]).data
+    edit(data)
+    return _write(tmp_path, yaml.safe_dump(data))
+
+
+def test_sizes_that_do_not_multiply_to_the_world_are_rejected(tmp_path, monkeypatch):
+    path = _broken(tmp_path, "8b-fsdp3-dp16", lambda d: d["parallelism_config"].update(parallelism_config_dp_shard_size=8))
+    with pytest.raises(ValueError, match=r"total_size \(8\) does not match num_processes \(16\)"):
+        _launch(path, monkeypatch)
+
+
+def test_batch_keys_in_the_config_are_rejected(tmp_path):
+    """The tempting mistake: Accelerate's config has no batch or accumulation key."""
+    pytest.importorskip("accelerate", reason=EXTRA)
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    path = _broken(tmp_path, "8b-fsdp3-dp16", lambda d: d.update(gradient_accumulation_steps=2, per_device_train_batch_size=2))
+    with pytest.raises(ValueError, match=r"unknown keys \(\['gradient_accumulation_steps', 'per_device_train_batch_size'\]\)"):
+        ClusterConfig.from_yaml_file(str(path))
+
+
+def test_fsdp1_sharding_strategy_under_fsdp2_is_rejected(tmp_path, monkeypatch):
+    path = _broken(tmp_path, "8b-fsdp3-dp16", lambda d: d["fsdp_config"].update(fsdp_reshard_after_forward="FULL_SHARD"))
+    with pytest.raises(ValueError, match="invalid truth value full_shard"):
+        _launch(path, monkeypatch)
+
+
+def test_ddp_beside_tp_is_rejected(tmp_path, monkeypatch):
+    """Why RULES allows TP only with ZeRO-2/3: replicas without sharding next to TP are refused."""
+    pytest.importorskip("transformers", reason=TP_EXTRA)
+    path = _broken(tmp_path, "8b-fsdp3-tp2-full", lambda d: d["parallelism_config"].update(
+        parallelism_config_dp_replicate_size=8, parallelism_config_dp_shard_size=1))
+    with pytest.raises(ValueError, match="cannot be used with pure data parallelism"):
+        _launch(path, monkeypatch)
+
+
+def test_fsdp_without_a_shard_dimension_beside_tp_is_rejected(tmp_path, monkeypatch):
+    """Why problems() refuses tp > 1 with dp = 1 under FSDP2."""
+    pytest.importorskip("transformers", reason=TP_EXTRA)
+    path = _broken(tmp_path, "8b-fsdp3-tp2-full", lambda d: d.update(num_processes=2, num_machines=1) or d["parallelism_config"].update(
+        parallelism_config_dp_shard_size=1, parallelism_config_tp_size=2))
+    with pytest.raises(ValueError, match="no dimension for FSDP to shard across"):
+        _launch(path, monkeypatch)
