@@ -41,8 +41,9 @@ class Rules:
     # "free": any layers per stage; "first_last": equal middle stages, first and last may differ;
     # "even": every stage the same (L divisible by the stages)
     split: str = "free"
-    # "per_stage": any (none, selective, full) counts per stage; "same_per_stage": every stage
-    # the same counts (Megatron's --recompute-num-layers per stage); "uniform": one mode for all layers
+    # "per_stage": any (none, selective, full) counts per stage; "same_per_stage": every layer
+    # selective, or the first min(N, layers) layers of every stage fully recomputed for one N
+    # (Megatron's --recompute-method block --recompute-num-layers N); "uniform": one mode for all layers
     recompute: str = "per_stage"
     recompute_modes: tuple = ("none", "selective", "full")  # the recompute modes the stack has
     notes: dict = field(default_factory=dict)  # feature -> one line for the README table
@@ -106,9 +107,11 @@ class Rules:
             selective = sum(c[1] for c in counts)
             if 0 < selective < total:
                 out.append(f"selective recompute on some layers only ({self.stack} applies it to every layer)")
-            elif len({c[2] for c in counts}) > 1:
-                out.append(f"a different number of fully recomputed layers per stage {_list(c[2] for c in counts)} "
-                           f"({self.stack} recomputes the same number in every stage)")
+            else:
+                n = max(c[2] for c in counts)
+                if any(c[2] != min(n, sum(c)) for c in counts):
+                    out.append(f"a different number of fully recomputed layers per stage {_list(c[2] for c in counts)} "
+                               f"({self.stack} recomputes the first N layers of every stage, all of a shorter one)")
         return out
 
 

@@ -133,8 +133,9 @@ def _stack_rules(b: _Block) -> None:
     """What the target stack can express of the split and recompute (planner/export/rules.py:
     Rules.counts_problems states the same rules): "even" every stage L / P layers;
     "first_last" equal middle stages; "uniform" one recompute mode for every layer (a binary
-    u_i per mode); "same_per_stage" every layer selective (binary s) or the same number of
-    fully recomputed layers in every stage, the rest not recomputed."""
+    u_i per mode); "same_per_stage" every layer selective (binary s) or min(N, n_j) fully
+    recomputed layers in every stage j for one integer N (binary b_j: 1 where N <= n_j), the
+    rest not recomputed."""
     rules, L, P, x, y = b.rules, b.pc.num_layers, b.pc.num_stages, b.x, b.y
     if rules is None or P == 0:
         return
@@ -153,10 +154,14 @@ def _stack_rules(b: _Block) -> None:
         s = b.var("s_sel", cat="Binary")
         b.add(s <= y, "sel_y")
         b.add(pulp.lpSum(x[j][1] for j in range(P)) == L * s, "sel_all")
+        N = b.var("N_full", 0, L, "Integer")
         for j in range(P):
             b.add(x[j][2] <= L * (y - s), f"sel_nofull_{j}_")
-            if j:
-                b.add(x[j][2] == x[0][2], f"samefull_{j}_")
+            bj = b.var(f"b_full_{j}", cat="Binary")
+            b.add(x[j][2] <= N, f"fullN_{j}_")  # full_j = min(N, n_j)
+            b.add(x[j][2] <= b.n[j], f"fulln_{j}_")
+            b.add(x[j][2] >= N - L * (1 - bj), f"fullNlo_{j}_")
+            b.add(x[j][2] >= b.n[j] - L * bj, f"fullnlo_{j}_")
 
 
 def _hidden(b: _Block, name: str, h: Hidden, counts, layer_range: tuple[int, int]):
