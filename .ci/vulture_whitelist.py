@@ -18,3 +18,7 @@ max_loss_rel_error, max_grad_norm_rel_error
 set_to_none
 # planner/profiler/compute.py: torch.utils.flop_counter registry signature
 out_shape
+# planner/export/*.py: read_back maps a stack's parsed configuration back to the plan's fields
+# (the round-trip tests use it); Target.accelerate is selected by name from the CLI.
+read_back
+accelerate

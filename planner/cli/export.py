@@ -26,7 +26,7 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
         check_output(output, (plan_file,))
     doc = read_plan_file(Path(plan_file), alternative)
     check_plan(doc.plan, doc.model, doc.job, doc.num_gpus)
-    out = exporters.export(stack, doc.plan, doc.model, doc.job, doc.num_gpus)
+    out = exporters.export(stack, doc.plan, doc.model, doc.job, doc.num_gpus, doc.cluster.gpus_per_node)
     if output:
         write_atomic(output, out.text if out.text.endswith("\n") else out.text + "\n")
     if as_json:

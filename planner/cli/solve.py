@@ -113,6 +113,7 @@ def solve(
         tp_comm_overlap=(False, True) if job.target.tp_comm_overlap else (False,),
         # a named stack: only the layouts, splits and recompute it can express (planner/export)
         rules=rules,
+        target_problems=None if rules is None else _target_problems(job.target.value, model, job),
     )
     limit = memory_limit_gib(cluster, max_memory_gib)
     result = run_search(model, cluster, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)
@@ -130,3 +131,11 @@ def solve(
         render.solve_report(doc, limit)
         if output:
             render.console.print(f"plan written to {output}")
+
+
+def _target_problems(stack: str, model, job):
+    """What the stack's exporter refuses beyond its Rules, as a check on a candidate's plan."""
+    from planner.export import stack_module
+
+    problems = stack_module(stack).problems
+    return lambda plan: problems(plan, model, job)

@@ -9,6 +9,7 @@ layouts the rules allow (planner/search/candidates.py and ilp.py read the same R
 
 from __future__ import annotations
 
+import inspect
 from importlib import import_module
 
 from planner.errors import UsageError
@@ -27,9 +28,10 @@ def rules(stack: str) -> Rules:
     return stack_module(stack).RULES
 
 
-def export(stack: str, plan, model, job, num_gpus: int) -> Export:
+def export(stack: str, plan, model, job, num_gpus: int, gpus_per_node: int | None = None) -> Export:
     """The stack's configuration for `plan`; UsageError naming the first feature the stack
-    cannot express (and suggesting `plan solve --target`)."""
+    cannot express (and suggesting `plan solve --target`). `gpus_per_node`: the cluster's, for
+    stacks whose configuration names the node count (accelerate)."""
     mod = stack_module(stack)
     problems = mod.RULES.plan_problems(plan, model) + mod.problems(plan, model, job)
     if problems:
@@ -38,6 +40,8 @@ def export(stack: str, plan, model, job, num_gpus: int) -> Export:
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
             + f"; re-plan with `plan solve ... --target {stack}`, which searches only what {stack} can express"
         )
+    if "gpus_per_node" in inspect.signature(mod.export).parameters:
+        return mod.export(plan, model, job, num_gpus, gpus_per_node=gpus_per_node)
     return mod.export(plan, model, job, num_gpus)
 
 

@@ -58,6 +58,8 @@ RULES = Rules(
     # fsdp_activation_checkpointing wraps every auto-wrapped layer in checkpoint_wrapper
     # (utils/fsdp_utils.py:fsdp2_apply_ac): all layers fully recomputed, or none.
     recompute="uniform",
+    # Accelerate's activation checkpointing reruns whole layers: full or none, no selective.
+    recompute_modes=("none", "full"),
     notes={
         "ZeRO": "0 is DDP (MULTI_GPU), 2 is FSDP2 with reshard_after_forward false, 3 is FSDP2 full shard, no ZeRO-1",
         "TP": "parallelism_config tp_size, only under FSDP2 with dp > 1, through transformers' tp_plan (Llama-family models)",
@@ -78,9 +80,6 @@ _SCRIPT_LINE = re.compile(r"^#\s+(micro_batch_size|gradient_accumulation_steps|g
 def problems(plan: Plan, model: ModelSpec, job) -> list[str]:
     """What Accelerate cannot run that `RULES` does not cover."""
     out = []
-    counts = plan.stage_recompute_counts(model.num_layers)
-    if any(c.selective for c in counts):
-        out.append("selective recompute (Accelerate's activation checkpointing reruns whole layers: full or none)")
     if plan.tp > 1 and plan.dp == 1 and plan.zero_stage in RULES.zero_stages_with_tp:
         # ParallelismConfig._validate_accelerator: FSDP2 with dp_shard_size == cp_size == 1 has
         # nothing to shard across and is refused.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from cost_models.tables import (
     EdgeCosts,
@@ -87,6 +87,7 @@ class SearchSpace:
     recompute_modes: tuple = MODES  # the Recompute modes the ILP may use
     tp_comm_overlap: tuple = (False,)  # choices for Plan.tp_comm_overlap (both where the target has it)
     rules: Optional[object] = None  # planner/export/rules.py:Rules of the target stack: only what it can express
+    target_problems: Optional[Callable] = None  # Plan -> what else the stack cannot run (its exporter's problems())
 
 
 def divisors(n: int, limit: Optional[int] = None) -> list[int]:
@@ -198,6 +199,9 @@ def enumerate_candidates(
                                         rejected[FIXED] += 1
                                         continue
                                     if space.rules is not None and _inexpressible(space.rules, c, L):
+                                        rejected[TARGET] += 1
+                                        continue
+                                    if space.target_problems is not None and space.target_problems(c.plan()):
                                         rejected[TARGET] += 1
                                         continue
                                     out.append(c)
