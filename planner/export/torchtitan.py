@@ -1,0 +1,365 @@
+"""torchtitan 0.3.0: a plan as the command-line overrides of `torchtitan.train`.
+
+torchtitan 0.3 picks the model with `--module llama3 --config llama3_8b` (a function of
+torchtitan/models/llama3/config_registry.py that returns a whole Trainer.Config; the model's
+dimensions are in it and not on the command line: Trainer.Config.model_spec is
+`tyro.conf.Suppress`ed in trainer.py). Everything else is a tyro override of that config
+(config/manager.py:ConfigManager.parse_args), e.g. `--parallelism.tensor_parallel_degree 4`;
+activation checkpointing is a tyro subcommand (`activation-checkpoint:full`) and must come last.
+
+A model that is one of torchtitan's Llama 3 configs (8B, 70B, 405B: same layers, width, heads,
+KV heads, FFN width and vocabulary) gets `--module llama3 --config ...`. Any other model is
+"generic": the overrides are the same, but the user must name a config_registry function that
+builds the model (`--module M --config F`, see config_registry.py); the text says so and lists
+the dimensions that model must have. `data` is then the overrides alone.
+
+The world size is no override: torchrun starts the ranks, and ParallelDims
+(distributed/parallel_dims.py) checks that dp_replicate x dp_shard x cp x tp x pp equals it.
+
+Sources cited below are files of the installed `torchtitan` 0.3.0 package (and of torch, for the
+pipeline schedules); tests/test_export_torchtitan.py feeds the exports to them.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Optional
+
+from planner.export.rules import Export, Rules
+from planner.specs import Activation, Axis, DType, JobSpec, ModelSpec, Optimizer, Plan, Recompute, Schedule
+
+RULES = Rules(
+    stack="torchtitan",
+    # Data parallelism is always FSDP2's fully_shard (models/llama3/parallelize.py calls
+    # apply_fsdp_to_decoder in every case; there is no separate DDP wrapper). ZeRO-0 = a
+    # replicate-only mesh (data_parallel_replicate_degree = dp, shard degree 1, which
+    # ParallelismConfig's docstring calls DDP: parameters, gradients and optimizer states whole on
+    # every rank, gradients all-reduced); ZeRO-2 = sharded with
+    # fsdp_reshard_after_forward "never" (parameters gathered in forward are kept through
+    # backward; gradients and optimizer states sharded); ZeRO-3 = "always"
+    # (distributed/fsdp.py:get_fsdp_reshard_after_forward_policy). fully_shard shards optimizer
+    # states only together with gradients and parameters, and config/configs.py:ParallelismConfig
+    # has no optimizer-only sharding: no ZeRO-1.
+    zero_stages=(0, 2, 3),
+    # apply_fsdp_to_decoder(pp_enabled=...) runs on every pipeline model chunk
+    # (distributed/pipeline_parallel.py:pipeline_llm calls parallelize_fn per chunk), and FSDP
+    # works over the TP mesh's data-parallel axes (distributed/full_dtensor.py:resolve_fsdp_mesh).
+    zero_stages_with_pp=(0, 2, 3),
+    zero_stages_with_tp=(0, 2, 3),
+    # --parallelism.pipeline_parallel_schedule is any name of torch's get_schedule_class
+    # (torch/distributed/pipelining/schedules.py): "GPipe", "1F1B", "Interleaved1F1B", ...
+    schedules=(Schedule.gpipe, Schedule.one_f_one_b, Schedule.interleaved_1f1b),
+    # module_fqns_per_model_part with pp x vpp parts; looped schedules put part j on pipeline
+    # rank j % pp (pipeline_parallel.py:_get_pp_rank_to_stage_indices_mapping, style "loop"),
+    # our order.
+    interleaved=True,
+    # ParallelismConfig.enable_sequence_parallel (default True; --parallelism.no_enable_sequence_parallel
+    # turns it off): models/llama3/model.py passes it to set_llama3_sharding_config.
+    sequence_parallel=True,
+    # CompileConfig.enable_async_tensor_parallel (needs --compile.enable with "model" in
+    # --compile.components, CompileConfig.__post_init__): inductor's micro-pipelined TP
+    # (distributed/compile.py:_maybe_enable_async_tp).
+    tp_comm_overlap=True,
+    # ParallelDims.build_mesh unflattens the world as ("pp", "dp_replicate", "dp_shard", "cp",
+    # "tp"), outermost first: tp on consecutive ranks, then dp, then pp. Nothing reorders it.
+    mesh_orders=((Axis.tp, Axis.dp, Axis.pp),),
+    # ParallelismConfig.module_fqns_per_model_part lists every part's modules by name, so any
+    # number of layers per (virtual) stage (pipeline_llm uses it instead of the generated split).
+    split="free",
+    # Trainer.Config.activation_checkpoint is one policy, and ActivationCheckpointing.apply
+    # (distributed/activation_checkpoint.py) wraps every transformer block with it.
+    recompute="uniform",
+    # FullAC reruns whole blocks (our "full"); activation-checkpoint:none keeps everything. Its
+    # SelectiveAC is not our "selective" (rerun the core attention only): it is per-op SAC that
+    # saves the outputs of matmuls and attention except every second matmul and recomputes the
+    # rest (SelectiveAC._wrap_block), another memory/compute trade the plan does not estimate.
+    recompute_modes=("none", "full"),
+    notes={
+        "ZeRO": "0 = replicate-only FSDP2 mesh (DDP-like); 2 = FSDP2 reshard_after_forward never; 3 = always; no ZeRO-1",
+        "uneven stages": "any split: --parallelism.module_fqns_per_model_part lists each stage's layers",
+        "per-stage recompute": "one policy for every layer: activation-checkpoint:none or :full",
+        "selective recompute": "no: torchtitan's selective AC is per-op SAC (saves matmuls but every second one), not core-attention recompute",
+        "sequence parallelism": "on or off with TP (--parallelism.[no_]enable_sequence_parallel)",
+        "TP overlap": "async TP under torch.compile (--compile.enable_async_tensor_parallel)",
+        "mesh order": "tp innermost, then dp, then pp (ParallelDims: pp, dp_replicate, dp_shard, cp, tp)",
+        "model": "llama3 8B/70B/405B by --config; any other model needs the user's own config_registry function",
+    },
+)
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """One of torchtitan's Llama 3 configs: the config_registry function and the model it builds
+    (models/llama3/__init__.py: _8b, _70b, _405b; FFN width from compute_ffn_hidden_dim)."""
+
+    config: str
+    flavor: str  # ModelSpec.flavor of the Trainer.Config it returns
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    kv_heads: int
+    ffn: int
+    vocab_size: int
+    note: str = ""
+
+
+FLAVORS = (
+    Flavor("llama3_8b", "8B", 32, 4096, 32, 8, 14336, 128256),
+    Flavor("llama3_70b", "70B", 80, 8192, 64, 8, 28672, 128256),
+    Flavor("llama3_405b", "405B", 126, 16384, 128, 8, 53248, 128256,
+           note="llama3_405b builds float8 linear layers (in its model spec, not an override; building it needs torchao "
+                "and an SM89+ GPU), which the plan's 16-bit estimate does not model"),
+)
+ROPE_MAX_SEQ = 131072  # the llama3 flavors' RoPE max_seq_len; Decoder.Config.update_from_config refuses longer
+
+_SCHEDULES = {Schedule.gpipe: "GPipe", Schedule.one_f_one_b: "1F1B", Schedule.interleaved_1f1b: "Interleaved1F1B"}
+_PRECISION = {DType.bf16: "bfloat16", DType.fp32: "float32"}  # TrainingConfig.mixed_precision_param's choices
+_RESHARD = {0: "default", 2: "never", 3: "always"}  # fsdp_reshard_after_forward per ZeRO stage
+_AC = "activation-checkpoint:"  # tyro subcommand prefix (activation_checkpoint.py:ActivationCheckpointingConfig)
+
+
+def matching_flavor(model: ModelSpec) -> Optional[Flavor]:
+    """The torchtitan Llama 3 config that builds this model, or None (a generic export)."""
+    llama = (model.activation == Activation.swiglu and model.norm == "rmsnorm" and not model.linear_bias
+             and not model.learned_position_embeddings and not model.tied_embeddings)
+    shape = (model.num_layers, model.hidden_size, model.num_heads, model.kv_heads, model.ffn, model.vocab_size)
+    for f in FLAVORS:
+        if llama and shape == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn, f.vocab_size):
+            return f
+    return None
+
+
+def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """What torchtitan 0.3 cannot run that `RULES` does not cover."""
+    out = []
+    if DType(job.precision) not in _PRECISION:
+        out.append(f"{DType(job.precision).value} precision (torchtitan's mixed_precision_param is bfloat16 or float32)")
+    if Optimizer(job.optimizer) != Optimizer.adam:
+        # components/optimizer/optimizer.py:_resolve_optimizer_factory knows Adam and AdamW only.
+        out.append(f"optimizer {Optimizer(job.optimizer).value} (torchtitan builds Adam or AdamW)")
+    if plan.tp > 1 and model.kv_heads % plan.tp:
+        # models/common/decoder.py:Decoder.Config.update_from_config: tp must divide n_kv_heads.
+        out.append(f"tp={plan.tp} over the {model.kv_heads} KV heads of {model.name} (torchtitan shards KV heads, never replicates them)")
+    if plan.sequence_parallel and job.seq_len % plan.tp:
+        # trainer.py (Trainer.__init__): seq_len must be divisible by tp under sequence parallelism.
+        out.append(f"seq_len {job.seq_len} with sequence parallelism over tp={plan.tp} (torchtitan needs seq_len divisible by tp)")
+    if plan.pp > 1 and model.tied_embeddings:
+        # Decoder.Config.update_from_config: "Weight tying is not supported with Pipeline Parallel."
+        out.append("tied embeddings with pipeline parallelism (torchtitan does not tie weights across pipeline stages)")
+    if plan.pp > 1 and plan.schedule == Schedule.one_f_one_b and plan.num_micro_batches < plan.pp:
+        # torch/distributed/pipelining/schedules.py: Schedule1F1B needs n_microbatches >= stages.
+        out.append(f"1F1B with {plan.num_micro_batches} micro-batches on {plan.pp} pipeline ranks (torch's Schedule1F1B needs at least pp)")
+    if matching_flavor(model) is not None and job.seq_len > ROPE_MAX_SEQ:
+        out.append(f"seq_len {job.seq_len} beyond the {ROPE_MAX_SEQ} RoPE positions of torchtitan's llama3 configs")
+    return out
+
+
+def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
+    """The overrides for `plan` (data: the argv list; text: a bash array of them, with a header)."""
+    args = _model_args(model) + _parallel_args(plan, model) + _training_args(plan, job) + _ac_args(plan, model)
+    return Export(stack="torchtitan", text=_text(args, plan, model, job, num_gpus), data=args, kind="args")
+
+
+def _model_args(model: ModelSpec) -> list[str]:
+    f = matching_flavor(model)
+    return ["--module", "llama3", "--config", f.config] if f else []
+
+
+def _parallel_args(plan: Plan, model: ModelSpec) -> list[str]:
+    replicate, shard = (plan.dp, 1) if plan.zero_stage == 0 else (1, plan.dp)
+    out = ["--parallelism.data_parallel_replicate_degree", str(replicate),
+           "--parallelism.data_parallel_shard_degree", str(shard),
+           "--parallelism.fsdp_reshard_after_forward", _RESHARD[plan.zero_stage],
+           "--parallelism.tensor_parallel_degree", str(plan.tp)]
+    if plan.tp > 1:
+        out.append("--parallelism.enable_sequence_parallel" if plan.sequence_parallel else "--parallelism.no_enable_sequence_parallel")
+    out += ["--parallelism.pipeline_parallel_degree", str(plan.pp)]
+    if plan.pp > 1:
+        out += ["--parallelism.pipeline_parallel_schedule", _SCHEDULES[Schedule(plan.schedule)],
+                "--parallelism.pipeline_parallel_microbatch_size", str(plan.micro_batch_size),
+                "--parallelism.module_fqns_per_model_part", *model_parts(plan.stage_layers(model.num_layers)),
+                # Trainer.Config._validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet"
+                "--training.disable_cuda_graphs"]
+    return out
+
+
+def model_parts(stage_layers: list[int]) -> list[str]:
+    """One comma-separated module list per virtual stage, in pipeline order: the first holds the
+    embedding, the last the final norm and LM head (the names of pipeline_parallel.py's split)."""
+    parts, first = [], 0
+    for j, n in enumerate(stage_layers):
+        names = [f"layers.{i}" for i in range(first, first + n)]
+        first += n
+        if j == 0:
+            names.insert(0, "tok_embeddings")
+        if j == len(stage_layers) - 1:
+            names += ["norm", "lm_head"]
+        parts.append(",".join(names))
+    return parts
+
+
+def _training_args(plan: Plan, job: JobSpec) -> list[str]:
+    """Batch, sequence, precision, TP overlap. Without a pipeline, local_batch_size is one
+    micro-batch and torchtitan accumulates global / (local x dp) of them; with one, the
+    schedule runs all micro-batches of a step: local = micro-batch x count, one accumulation
+    step (trainer.py: gradient_accumulation_steps, num_pipeline_parallel_microbatches)."""
+    local = plan.micro_batch_size * (plan.num_micro_batches if plan.pp > 1 else 1)
+    out = ["--training.local_batch_size", str(local),
+           "--training.global_batch_size", str(job.global_batch_size),
+           "--training.seq_len", str(job.seq_len),
+           "--training.dtype", "float32",  # fp32 master weights and optimizer states; compute in:
+           "--training.mixed_precision_param", _PRECISION[DType(job.precision)]]
+    if plan.tp_comm_overlap:
+        return out + ["--compile.enable", "--compile.components", "model,loss", "--compile.enable_async_tensor_parallel"]
+    return out + ["--compile.no_enable_async_tensor_parallel"]  # llama3_405b turns it on
+
+
+def _ac_args(plan: Plan, model: ModelSpec) -> list[str]:
+    """The activation-checkpoint subcommand: the one mode of every layer (RULES: uniform)."""
+    return [_AC + recompute_mode(plan, model).value]
+
+
+def recompute_mode(plan: Plan, model: ModelSpec) -> Recompute:
+    """The one recompute mode of every layer (the first used, should RULES have let a mixture by)."""
+    counts = plan.stage_recompute_counts(model.num_layers)
+    modes = (Recompute.none, Recompute.selective, Recompute.full)  # the per-layer modes (not `mixed`)
+    return next((m for m in modes if any(getattr(c, m.value) for c in counts)), Recompute.none)
+
+
+def _text(args: list[str], plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> str:
+    f = matching_flavor(model)
+    dp = {0: f"replicated over dp={plan.dp} (ZeRO-0)", 2: f"FSDP over dp={plan.dp}, parameters kept from forward to backward (ZeRO-2)",
+          3: f"FSDP full shard over dp={plan.dp} (ZeRO-3)"}[plan.zero_stage]
+    lines = [f"# torchtitan 0.3.0 overrides: {model.name} on {num_gpus} GPUs = dp {plan.dp} x tp {plan.tp} x pp {plan.pp} "
+             f"(tp innermost); {dp}"]
+    if plan.pp > 1:
+        lines.append(f"# batch: global {job.global_batch_size} = dp {plan.dp} x {plan.num_micro_batches} pipeline micro-batches "
+                     f"of {plan.micro_batch_size} (local batch {plan.micro_batch_size * plan.num_micro_batches}), no accumulation")
+    else:
+        lines.append(f"# batch: global {job.global_batch_size} = dp {plan.dp} x local batch {plan.micro_batch_size} "
+                     f"x {plan.num_micro_batches} accumulation steps")
+    module = ""
+    if f is None:
+        module = " --module YOUR_MODULE --config YOUR_CONFIG"
+        lines += [f"# {model.name} is none of torchtitan's llama3 configs: write a config_registry function (as in "
+                  "torchtitan/models/llama3/config_registry.py) whose model has", "#   " + _dimensions(model),
+                  "# with modules named tok_embeddings, layers.<i>, norm, lm_head (the pipeline split names them), "
+                  "and pass it as --module/--config."]
+    elif f.note:
+        lines.append(f"# {f.note}")
+    lines.append(f"# launch {num_gpus} ranks in all: torchrun --nnodes N --nproc_per_node G ... -m torchtitan.train"
+                 f"{module} \"${{TORCHTITAN_ARGS[@]}}\"")
+    return "\n".join(lines + ["TORCHTITAN_ARGS=("] + [f"  {line}" for line in _grouped(args)] + [")"]) + "\n"
+
+
+def _dimensions(model: ModelSpec) -> str:
+    return (f"{model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads ({model.kv_heads} KV), "
+            f"FFN {model.ffn} ({model.activation.value}), vocabulary {model.vocab_size}, {model.norm}"
+            + (", learned positions" if model.learned_position_embeddings else ", rotary positions")
+            + (", biases" if model.linear_bias else "") + (", tied embeddings" if model.tied_embeddings else ""))
+
+
+def _grouped(args: list[str]) -> list[str]:
+    """One option and its values a line, shell-quoted."""
+    lines: list[list[str]] = []
+    for a in args:
+        if (a.startswith("--") and a != "--config") or a.startswith(_AC) or not lines:  # --module M --config F: one line
+            lines.append([a])
+        else:
+            lines[-1].append(a)
+    return [shlex.join(words) for words in lines]
+
+
+# --------------------------------------------------------------------------- read back
+
+
+def read_back(data) -> dict:
+    """Our fields from torchtitan overrides: the Trainer.Config that ConfigManager.parse_args
+    returns, or the argv list `export` gives (keys it omits take configs.py's defaults). The
+    batch follows trainer.py: accumulation = global / (local x dp); with a pipeline, local is
+    split into micro-batches of pipeline_parallel_microbatch_size."""
+    s = _from_config(data) if hasattr(data, "parallelism") else _from_argv(list(data))
+    if s["shard"] < 1:
+        raise ValueError("data_parallel_shard_degree -1 (the leftover ranks) needs the world size to read back")
+    if s["dtype"] != "float32":
+        raise ValueError(f"training.dtype {s['dtype']} (no fp32 master weights) is none of our precisions")
+    if s["ac"] not in ("none", "full"):
+        raise ValueError(f"activation-checkpoint:{s['ac']} is none of our recompute modes (torchtitan's selective is per-op SAC)")
+    dp, pp, local, parts = s["replicate"] * s["shard"], s["pp"], s["local"], s["parts"]
+    global_batch = s["global"] if s["global"] > 0 else local * dp
+    if global_batch % (local * dp):  # trainer.py asserts the same in Trainer.__init__
+        raise ValueError(f"global batch {global_batch} is not a multiple of local batch {local} x data-parallel degree {dp}")
+    mbs = s["pp_mbs"] if pp > 1 else local
+    schedule = {v.lower(): k.value for k, v in _SCHEDULES.items()}.get(s["schedule"].lower(), s["schedule"])
+    if pp > 1 and not parts:  # pipeline_parallel.py:_get_pipeline_metadata's default: 2 stages a rank if looped
+        parts = [[]] * (pp * (2 if schedule == Schedule.interleaved_1f1b.value else 1))
+    return {
+        "dp": dp, "tp": s["tp"], "pp": pp, "vpp": len(parts) // pp if pp > 1 else 1,
+        "micro_batch_size": mbs, "num_micro_batches": (local // mbs) * (global_batch // (local * dp)),
+        "global_batch_size": global_batch, "seq_len": s["seq_len"], "zero_stage": _zero_stage(s["reshard"], s["shard"], pp),
+        "sequence_parallel": s["tp"] > 1 and s["sp"], "tp_comm_overlap": s["async_tp"], "schedule": schedule,
+        "layers_per_stage": [sum(1 for n in p if n.startswith("layers.")) for p in parts] if pp > 1 and any(parts) else None,
+        "recompute": s["ac"], "precision": {v: k.value for k, v in _PRECISION.items()}[s["mp_param"]],
+        "mesh_order": [a.value for a in RULES.mesh_orders[0]], "flavor": s["flavor"],
+    }
+
+
+def _zero_stage(reshard: str, shard: int, pp: int) -> int:
+    """fsdp.py:get_fsdp_reshard_after_forward_policy: "default" reshards unless pp > 1."""
+    if reshard == "default":
+        return 0 if shard == 1 else (2 if pp > 1 else 3)
+    return {"never": 2, "always": 3}[reshard]
+
+
+def _from_config(c) -> dict:
+    p, t = c.parallelism, c.training
+    policy = type(c.activation_checkpoint).__qualname__.split(".")[0]  # e.g. FullAC.Config -> FullAC
+    spec = getattr(c, "model_spec", None)
+    return {"replicate": p.data_parallel_replicate_degree, "shard": p.data_parallel_shard_degree,
+            "reshard": p.fsdp_reshard_after_forward, "tp": p.tensor_parallel_degree, "sp": p.enable_sequence_parallel,
+            "pp": p.pipeline_parallel_degree, "schedule": p.pipeline_parallel_schedule,
+            "pp_mbs": p.pipeline_parallel_microbatch_size, "parts": p.module_fqns_per_model_part,
+            "local": t.local_batch_size, "global": t.global_batch_size, "seq_len": t.seq_len, "dtype": t.dtype,
+            "mp_param": t.mixed_precision_param, "async_tp": c.compile.enable_async_tensor_parallel,
+            "ac": _AC_NAMES.get(policy, policy), "flavor": spec.flavor if spec is not None else None}
+
+
+_AC_NAMES = {"NoneType": "none", "FullAC": "full", "SelectiveAC": "selective", "MemoryBudgetAC": "memory-budget"}
+# argv key -> (our key, type); absent keys take config/configs.py's defaults (_ARGV_DEFAULTS).
+_ARGV_KEYS = {
+    "--parallelism.data_parallel_replicate_degree": ("replicate", int), "--parallelism.data_parallel_shard_degree": ("shard", int),
+    "--parallelism.fsdp_reshard_after_forward": ("reshard", str), "--parallelism.tensor_parallel_degree": ("tp", int),
+    "--parallelism.pipeline_parallel_degree": ("pp", int), "--parallelism.pipeline_parallel_schedule": ("schedule", str),
+    "--parallelism.pipeline_parallel_microbatch_size": ("pp_mbs", int), "--training.local_batch_size": ("local", int),
+    "--training.global_batch_size": ("global", int), "--training.seq_len": ("seq_len", int), "--training.dtype": ("dtype", str),
+    "--training.mixed_precision_param": ("mp_param", str), "--config": ("flavor", str),
+}
+_ARGV_FLAGS = {"--parallelism.enable_sequence_parallel": "sp", "--compile.enable_async_tensor_parallel": "async_tp"}
+_ARGV_DEFAULTS = {"replicate": 1, "shard": -1, "reshard": "default", "tp": 1, "sp": True, "pp": 1, "schedule": "1F1B",
+                  "pp_mbs": 1, "parts": None, "local": 8, "global": -1, "seq_len": 2048, "dtype": "float32",
+                  "mp_param": "bfloat16", "async_tp": False, "ac": "selective", "flavor": None}  # Trainer.Config's AC: SelectiveAC
+
+
+def _from_argv(argv: list[str]) -> dict:
+    s, i = dict(_ARGV_DEFAULTS), 0
+    while i < len(argv):
+        a = "--" + argv[i][2:].replace("-", "_") if argv[i].startswith("--") else argv[i]  # tyro takes - or _
+        if a in _ARGV_KEYS:
+            key, kind = _ARGV_KEYS[a]
+            s[key], i = kind(argv[i + 1]), i + 2
+            continue
+        if a == "--parallelism.module_fqns_per_model_part":
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--") and ":" not in argv[j]:
+                j += 1
+            s["parts"], i = [part.split(",") for part in argv[i + 1:j]], j
+            continue
+        flag = a.replace(".no_", ".", 1)
+        if flag in _ARGV_FLAGS:
+            s[_ARGV_FLAGS[flag]] = flag == a
+        elif a.replace("_", "-").startswith(_AC):
+            s["ac"] = a.split(":", 1)[1]
+        i += 1
+    s["flavor"] = next((f.flavor for f in FLAVORS if f.config == s["flavor"]), s["flavor"])
+    return s

@@ -1,0 +1,401 @@
+"""`plan export --to torchtitan`: the overrides go through torchtitan 0.3.0's own parser
+(ConfigManager.parse_args: tyro over the config_registry's Trainer.Config, with its
+__post_init__ checks), its ParallelDims (degrees x world size, and the device mesh built on a
+fake process group), its model config's checks (Decoder.Config.update_from_config), its
+pipeline split and schedule builder (pipeline_parallel.py, with torch's schedules); broken
+overrides are rejected by the same code; the overrides read back to the plan; plans torchtitan
+cannot run are refused naming the feature. The exporter, RULES and the refusals are tested
+without torchtitan too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from planner import export as exporters
+from planner.errors import UsageError
+from planner.export import torchtitan as tt
+from planner.presets import load_model
+from planner.specs import Axis, JobSpec, Plan, StageRecompute
+
+EXTRA = "the export extra is not installed: pip install '.[export]'"
+BASE = ["--module", "llama3", "--config", "llama3_8b"]  # a base config for generic exports (their overrides are model-free)
+
+
+def case(model: str, gpus: int, dp: int, tp: int, pp: int, mbs: int, m: int, *, zero=3, vpp=1, schedule="1f1b", sp=None,
+         overlap=False, recompute="none", precision="bf16", seq=4096, **plan_fields):
+    """A valid (model, plan, job, gpus) for one layout; SP on with TP unless told otherwise."""
+    spec = load_model(model)
+    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch_size=mbs, num_micro_batches=m, schedule=schedule, zero_stage=zero,
+                sequence_parallel=tp > 1 if sp is None else sp, tp_comm_overlap=overlap, recompute=recompute, **plan_fields)
+    job = JobSpec(global_batch_size=dp * mbs * m, seq_len=min(seq, spec.max_seq_len), precision=precision, target="torchtitan")
+    plan.validate_for(spec, job, gpus)
+    return SimpleNamespace(model=spec, plan=plan, job=job, gpus=gpus)
+
+
+# Every ZeRO stage torchtitan has (0 replicate, 2 never reshard, 3 full shard) with and without
+# TP and PP, SP on and off, async TP, each schedule (Interleaved1F1B with vpp 1 and 2), uneven
+# splits, none and full recompute (also given per stage), bf16 and fp32, dp = 1, each llama3
+# config, and generic models (a Llama-like and a GPT).
+MATRIX = {
+    "8b-fsdp3-dp16": case("llama3-8b", 16, 16, 1, 1, 2, 2),
+    "8b-zero2-tp4-overlap-full": case("llama3-8b", 16, 4, 4, 1, 1, 4, zero=2, overlap=True, recompute="full"),
+    "8b-zero0-tp2-no-sp-fp32": case("llama3-8b", 16, 8, 2, 1, 1, 2, zero=0, sp=False, precision="fp32"),
+    "8b-fsdp3-tp4-pp2-1f1b": case("llama3-8b", 16, 2, 4, 2, 1, 32, recompute="full"),
+    "8b-zero2-tp2-pp4-gpipe-uneven": case("llama3-8b", 16, 2, 2, 4, 2, 3, zero=2, schedule="gpipe", layers_per_stage=[5, 9, 9, 9]),
+    "8b-zero0-pp4-interleaved-vpp1": case("llama3-8b", 8, 2, 1, 4, 1, 8, zero=0, schedule="interleaved-1f1b"),
+    "8b-one-rank-dp-tp8-fsdp3": case("llama3-8b", 8, 1, 8, 1, 4, 2),
+    "70b-fsdp3-tp8-pp4-vpp2-uneven-full": case("llama3-70b", 64, 2, 8, 4, 1, 8, vpp=2, schedule="interleaved-1f1b",
+                                                layers_per_stage=[9, 10, 10, 11, 10, 10, 10, 10], recompute="full"),
+    "70b-zero0-tp8-pp4-full-per-stage": case("llama3-70b", 32, 1, 8, 4, 1, 4, zero=0, recompute="full",
+                                              stage_recompute=[StageRecompute(full=20)] * 4),
+    "405b-fsdp3-tp8-pp8-vpp2-overlap": case("llama3-405b", 128, 2, 8, 8, 1, 16, vpp=2, schedule="interleaved-1f1b",
+                                             overlap=True, recompute="full"),
+    "llama2-7b-generic-zero2-tp2-pp2": case("llama2-7b", 8, 2, 2, 2, 2, 4, zero=2),
+    "gpt3-1.3b-generic-zero0-fp32": case("gpt3-1.3b", 8, 8, 1, 1, 4, 2, zero=0, precision="fp32", seq=2048),
+}
+
+
+def _export(c):
+    return exporters.export("torchtitan", c.plan, c.model, c.job, c.gpus)
+
+
+def _expected(c) -> dict:
+    """What read_back must return: the plan's own fields."""
+    p, pipeline = c.plan, c.plan.pp > 1
+    return {
+        "dp": p.dp, "tp": p.tp, "pp": p.pp, "vpp": p.vpp, "micro_batch_size": p.micro_batch_size,
+        "num_micro_batches": p.num_micro_batches, "global_batch_size": c.job.global_batch_size, "seq_len": c.job.seq_len,
+        "zero_stage": p.zero_stage, "sequence_parallel": p.sequence_parallel, "tp_comm_overlap": p.tp_comm_overlap,
+        "layers_per_stage": p.stage_layers(c.model.num_layers) if pipeline else None,
+        "recompute": tt.recompute_mode(p, c.model).value, "precision": c.job.precision.value,
+        "mesh_order": [a.value for a in p.mesh_order],
+    }
+
+
+def _compare(got: dict, c) -> None:
+    want = _expected(c)
+    assert {k: got[k] for k in want} == want
+    if c.plan.pp > 1:
+        assert got["schedule"] == c.plan.schedule.value
+
+
+# --------------------------------------------------------------------------- without torchtitan
+
+
+def test_rules_state_what_torchtitan_0_3_expresses():
+    r = tt.RULES
+    assert r.zero_stages == r.zero_stages_with_pp == r.zero_stages_with_tp == (0, 2, 3)
+    assert r.max_pp is None and r.max_tp is None and r.interleaved and r.sequence_parallel and r.tp_comm_overlap
+    assert set(r.schedules) == set(tt._SCHEDULES)
+    assert r.mesh_orders == ((Axis.tp, Axis.dp, Axis.pp),)
+    assert (r.split, r.recompute, r.recompute_modes) == ("free", "uniform", ("none", "full"))
+
+
+def test_the_exporter_imports_no_torch():
+    code = "import sys, planner.export.torchtitan; sys.exit(any(m.split('.')[0] in ('torch', 'torchtitan', 'tyro') for m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_llama3_presets_get_their_config_and_others_are_generic():
+    assert tt.matching_flavor(load_model("llama3-8b")).config == "llama3_8b"
+    assert tt.matching_flavor(load_model("llama3-70b")).config == "llama3_70b"
+    assert tt.matching_flavor(load_model("llama3-405b")).config == "llama3_405b"
+    assert tt.matching_flavor(load_model("llama2-7b")) is None  # other shape
+    assert tt.matching_flavor(load_model("gpt3-1.3b")) is None  # GELU, LayerNorm, learned positions
+    generic = _export(MATRIX["llama2-7b-generic-zero2-tp2-pp2"])
+    assert "--module" not in generic.data and "--config" not in generic.data
+    assert "--module YOUR_MODULE --config YOUR_CONFIG" in generic.text and "32 layers, hidden 4096" in generic.text
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_the_text_is_a_bash_array_of_the_data(name):
+    """Shell-ready: bash reads the text's TORCHTITAN_ARGS back as exactly `data`."""
+    out = _export(MATRIX[name])
+    assert out.kind == "args" and out.stack == "torchtitan" and all(isinstance(a, str) for a in out.data)
+    script = out.text + 'printf "%s\\n" "${TORCHTITAN_ARGS[@]}"\n'
+    printed = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert printed.splitlines() == out.data
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_argv_reads_back_to_the_plan(name):
+    c = MATRIX[name]
+    _compare(tt.read_back(_export(c).data), c)
+
+
+def test_zero_stages_map_to_replicate_and_reshard():
+    def settings(c):
+        d = _export(c).data
+        return tuple(d[d.index(k) + 1] for k in ("--parallelism.data_parallel_replicate_degree",
+                                                  "--parallelism.data_parallel_shard_degree", "--parallelism.fsdp_reshard_after_forward"))
+    assert settings(MATRIX["8b-zero0-tp2-no-sp-fp32"]) == ("8", "1", "default")
+    assert settings(MATRIX["8b-zero2-tp4-overlap-full"]) == ("1", "4", "never")
+    assert settings(MATRIX["8b-fsdp3-dp16"]) == ("1", "16", "always")
+
+
+def test_pipeline_batch_is_one_schedule_without_accumulation():
+    c = MATRIX["8b-fsdp3-tp4-pp2-1f1b"]
+    d = _export(c).data
+    assert d[d.index("--training.local_batch_size") + 1] == "32"  # 32 micro-batches of 1 in one schedule
+    assert d[d.index("--parallelism.pipeline_parallel_microbatch_size") + 1] == "1"
+    assert "--training.disable_cuda_graphs" in d and d[-1] == "activation-checkpoint:full"
+
+
+def test_read_back_refuses_what_is_none_of_our_fields():
+    d = _export(MATRIX["8b-fsdp3-dp16"]).data
+    with pytest.raises(ValueError, match="per-op SAC"):
+        tt.read_back(d[:-1] + ["activation-checkpoint:selective"])
+    with pytest.raises(ValueError, match="not a multiple of local batch"):
+        tt.read_back(_with(d, "--training.global_batch_size", "50"))
+
+
+def _with(argv: list[str], key: str, value: str) -> list[str]:
+    out = list(argv)
+    out[out.index(key) + 1] = value
+    return out
+
+
+def _refusal(c, **changes) -> str:
+    plan = Plan.model_validate({**c.plan.model_dump(), **changes.pop("plan", {})})
+    job = JobSpec.model_validate({**c.job.model_dump(), **changes.pop("job", {})})
+    with pytest.raises(UsageError) as err:
+        exporters.export("torchtitan", plan, changes.pop("model", c.model), job, c.gpus)
+    return str(err.value)
+
+
+def test_plans_torchtitan_cannot_run_are_refused_naming_the_feature():
+    dp16, tp4, pp = MATRIX["8b-fsdp3-dp16"], MATRIX["8b-zero2-tp4-overlap-full"], MATRIX["8b-fsdp3-tp4-pp2-1f1b"]
+    assert "ZeRO stage 1" in _refusal(dp16, plan={"zero_stage": 1})
+    assert "selective recompute" in _refusal(dp16, plan={"recompute": "selective"})
+    mixed = [StageRecompute(none=8, full=8), StageRecompute(full=16)]
+    assert "recompute mixing modes" in _refusal(pp, plan={"recompute": "mixed", "stage_recompute": mixed})
+    assert "mesh order dp,tp,pp" in _refusal(tp4, plan={"mesh_order": [Axis.dp, Axis.tp, Axis.pp]})
+    assert "fp16 precision" in _refusal(dp16, job={"precision": "fp16"})
+    assert "optimizer sgd" in _refusal(dp16, job={"optimizer": "sgd"})
+    assert "seq_len 4090 with sequence parallelism over tp=4" in _refusal(tp4, job={"seq_len": 4090})
+    assert "1F1B with 2 micro-batches on 4 pipeline ranks" in _refusal(
+        MATRIX["8b-zero2-tp2-pp4-gpipe-uneven"], plan={"schedule": "1f1b", "num_micro_batches": 2})
+    gpt = MATRIX["gpt3-1.3b-generic-zero0-fp32"]
+    assert "tied embeddings with pipeline parallelism" in _refusal(gpt, plan={"dp": 4, "pp": 2})
+    seventy = MATRIX["70b-zero0-tp8-pp4-full-per-stage"]  # tp=16 x 8 KV heads: our tp_problem allows it, torchtitan not
+    assert "tp=16 over the 8 KV heads" in _refusal(seventy, plan={"tp": 16, "pp": 2, "stage_recompute": None})
+
+
+# --------------------------------------------------------------------------- through torchtitan 0.3.0
+
+
+@pytest.fixture(scope="module")
+def titan():
+    pytest.importorskip("torchtitan", reason=EXTRA)
+    pytest.importorskip("triton", reason=EXTRA + " (torchtitan 0.3 imports triton even on CPU)")
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    import torch
+
+    # llama3_405b's config converts its linears to float8 while it is built (its model_registry
+    # call runs Float8LinearConverter), which needs torchao and an SM89+ GPU.
+    float8 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+    return SimpleNamespace(parse=lambda argv: ConfigManager().parse_args(list(argv)), ParallelDims=ParallelDims, float8=float8)
+
+
+def _parsed(titan, c, argv=None):
+    """The overrides through ConfigManager; generic ones on BASE, and 405B's on the 70B config
+    where the 405B config cannot be built (test_llama3_405b_config_is_built_with_float8)."""
+    argv = list(_export(c).data if argv is None else argv)
+    if "llama3_405b" in argv and not titan.float8:
+        argv[argv.index("llama3_405b")] = "llama3_70b"
+    return titan.parse(argv if "--module" in argv else BASE + argv)
+
+
+def _base_flavor(titan, c) -> str:
+    """The flavor of the config _parsed builds for this case."""
+    flavor = tt.matching_flavor(c.model)
+    if flavor is None:
+        return "8B"
+    return "70B" if flavor.flavor == "405B" and not titan.float8 else flavor.flavor
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_torchtitan_parses_the_overrides_and_they_mean_the_plan(titan, name):
+    c = MATRIX[name]
+    config = _parsed(titan, c)
+    p, t, plan = config.parallelism, config.training, c.plan
+    assert (p.data_parallel_replicate_degree * p.data_parallel_shard_degree, p.tensor_parallel_degree,
+            p.pipeline_parallel_degree, p.context_parallel_degree, p.expert_parallel_degree) == (plan.dp, plan.tp, plan.pp, 1, 1)
+    assert (t.global_batch_size, t.seq_len, t.dtype) == (c.job.global_batch_size, c.job.seq_len, "float32")
+    policy = type(config.activation_checkpoint).__qualname__
+    assert policy == {"none": "NoneType", "full": "FullAC.Config"}[tt.recompute_mode(plan, c.model).value]
+    assert config.compile.enable_async_tensor_parallel == plan.tp_comm_overlap
+    assert not plan.tp_comm_overlap or config.compile.enable
+    assert (config.model_spec.name, config.model_spec.flavor) == ("llama3", _base_flavor(titan, c))
+    if tt.matching_flavor(c.model) is not None:
+        # The model's own checks: tp divides heads and KV heads, seq_len within RoPE, no tying with PP.
+        config.model_spec.model.update_from_config(config=config)
+    dims = titan.ParallelDims.from_config(p, world_size=c.gpus)
+    assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp) == (plan.dp, plan.tp, plan.pp)
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_parsed_config_reads_back_to_the_plan(titan, name):
+    c = MATRIX[name]
+    got = tt.read_back(_parsed(titan, c))
+    _compare(got, c)
+    assert got["flavor"] == _base_flavor(titan, c)
+
+
+def test_llama3_405b_config_is_built_with_float8(titan):
+    """The one config this machine may not build: torchtitan makes llama3_405b's float8 linears
+    as it builds the config (so the 405B overrides are parsed on llama3_70b elsewhere here)."""
+    argv = _export(MATRIX["405b-fsdp3-tp8-pp8-vpp2-overlap"]).data
+    if titan.float8:
+        assert titan.parse(argv).model_spec.flavor == "405B"
+    else:
+        with pytest.raises((ImportError, ValueError), match="torchao|float8"):
+            titan.parse(argv)
+
+
+def test_flavors_are_torchtitans_llama3_models(titan):
+    from torchtitan.models.llama3 import model_registry
+
+    for f in tt.FLAVORS:
+        model = model_registry(f.flavor).model
+        attention = model.layers[0].attention
+        assert (len(model.layers), model.dim, attention.n_heads, attention.n_kv_heads, model.layers[0].feed_forward.w1.out_features,
+                model.vocab_size, model.enable_weight_tying) == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn,
+                                                                 f.vocab_size, False)
+        assert attention.rope.max_seq_len == tt.ROPE_MAX_SEQ
+
+
+@pytest.fixture
+def fake_world():
+    """torch's fake process group of a given size (no communication), torn down after the test."""
+    pytest.importorskip("torchtitan", reason=EXTRA)
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def start(world_size: int):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+
+    yield start
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", [n for n in MATRIX if MATRIX[n].gpus > 1])
+def test_the_mesh_puts_tp_innermost_then_dp_then_pp(titan, fake_world, name):
+    """ParallelDims.build_mesh, as rank 0 sees it: its TP group is ranks 0..tp-1, its
+    data-parallel group strides by tp, its pipeline group by tp x dp (the plan's mesh order)."""
+    c = MATRIX[name]
+    fake_world(c.gpus)
+    dims = titan.ParallelDims.from_config(_parsed(titan, c).parallelism, world_size=c.gpus)
+    dims.build_mesh()
+    tp, dp, pp = c.plan.tp, c.plan.dp, c.plan.pp
+
+    def ranks(axis: str, degree: int) -> list[int]:
+        return dims.get_mesh(axis).mesh.tolist() if degree > 1 else [0]  # degree-1 axes are not available
+
+    assert (ranks("tp", tp), ranks("batch", dp), ranks("pp", pp)) == (
+        list(range(tp)), [i * tp for i in range(dp)], [i * tp * dp for i in range(pp)])
+
+
+@pytest.mark.parametrize("name", [n for n in MATRIX if MATRIX[n].plan.pp > 1])
+def test_the_pipeline_split_and_schedule_are_the_plans(titan, fake_world, name):
+    """The parts name every layer once, in order, with the plan's count per virtual stage; rank
+    0 holds parts 0, pp, 2pp, ... (our j % pp); torchtitan's schedule builder accepts the batch
+    with the plan's micro-batch count."""
+    import torch
+    import torch.nn as nn
+    from torch.distributed.pipelining import PipelineStage
+    from torchtitan.distributed.pipeline_parallel import _build_pipeline_schedule, _get_pp_rank_to_stage_indices_mapping
+
+    c = MATRIX[name]
+    config = _parsed(titan, c)
+    p, plan = config.parallelism, c.plan
+    parts = p.module_fqns_per_model_part
+    layers = [n for part in parts for n in part if n.startswith("layers.")]
+    assert layers == [f"layers.{i}" for i in range(c.model.num_layers)]
+    assert [sum(n.startswith("layers.") for n in part) for part in parts] == plan.stage_layers(c.model.num_layers)
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+    stages = _get_pp_rank_to_stage_indices_mapping(0, plan.pp, p.pipeline_parallel_schedule, len(parts))
+    assert stages == tuple(range(0, plan.pp * plan.vpp, plan.pp))
+    fake_world(plan.pp)
+    import torch.distributed as dist
+
+    modules = [PipelineStage(nn.Linear(2, 2), j, len(parts), torch.device("cpu"), group=dist.group.WORLD) for j in stages]
+    schedule = _build_pipeline_schedule(parallelism=p, local_batch_size=config.training.local_batch_size, stages=modules,
+                                        loss_fn=lambda out, target: (out.sum(), None))
+    assert schedule._n_microbatches == plan.num_micro_batches
+
+
+def test_the_part_names_are_torchtitans_modules(titan):
+    """_split_module (pipeline_parallel.py) keeps exactly the named modules of the real model."""
+    import torch
+    from torchtitan.distributed.pipeline_parallel import _split_module
+
+    c = MATRIX["8b-zero2-tp2-pp4-gpipe-uneven"]
+    config = _parsed(titan, c)
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    for names, count in zip(config.parallelism.module_fqns_per_model_part, c.plan.layers_per_stage):
+        part = _split_module(model, names)
+        assert len(part.layers) == count
+        assert (part.tok_embeddings is not None, part.lm_head is not None) == ("tok_embeddings" in names, "lm_head" in names)
+
+
+# --------------------------------------------------------------------------- broken overrides are rejected
+
+
+def test_degrees_that_miss_the_world_size_are_rejected(titan):
+    c = MATRIX["8b-fsdp3-tp4-pp2-1f1b"]
+    config = _parsed(titan, c, _with(_export(c).data, "--parallelism.data_parallel_shard_degree", "3"))
+    with pytest.raises(AssertionError, match=r"dp_shard\(3\) \* cp\(1\) \* tp\(4\) \* pp\(2\) != WORLD_SIZE\(16\)"):
+        titan.ParallelDims.from_config(config.parallelism, world_size=c.gpus)
+    titan.ParallelDims.from_config(_parsed(titan, c).parallelism, world_size=c.gpus)  # the export itself passes
+
+
+def test_a_local_batch_the_micro_batch_does_not_divide_is_rejected(titan):
+    c = MATRIX["8b-zero2-tp2-pp4-gpipe-uneven"]
+    with pytest.raises(SystemExit):
+        _parsed(titan, c, _with(_export(c).data, "--training.local_batch_size", "5"))
+
+
+def test_a_pipeline_without_disabling_cuda_graphs_is_rejected(titan):
+    c = MATRIX["8b-fsdp3-tp4-pp2-1f1b"]
+    with pytest.raises(SystemExit):
+        _parsed(titan, c, [a for a in _export(c).data if a != "--training.disable_cuda_graphs"])
+
+
+def test_async_tp_without_compile_is_rejected(titan):
+    c = MATRIX["8b-zero2-tp4-overlap-full"]
+    with pytest.raises(SystemExit):
+        _parsed(titan, c, [a for a in _export(c).data if a != "--compile.enable"])
+
+
+def test_tp_over_kv_heads_it_cannot_shard_is_rejected_by_the_model(titan):
+    c = MATRIX["70b-zero0-tp8-pp4-full-per-stage"]
+    config = _parsed(titan, c, _with(_export(c).data, "--parallelism.tensor_parallel_degree", "16"))
+    with pytest.raises(ValueError, match=r"must divide n_kv_heads \(8\)"):
+        config.model_spec.model.update_from_config(config=config)
+
+
+def test_1f1b_with_fewer_micro_batches_than_ranks_is_rejected(titan, fake_world):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.pipelining import PipelineStage
+    from torchtitan.distributed.pipeline_parallel import _build_pipeline_schedule
+
+    config = _parsed(titan, None, BASE + ["--parallelism.pipeline_parallel_degree", "4", "--training.disable_cuda_graphs",
+                                          "--training.local_batch_size", "2"])
+    fake_world(4)
+    stage = PipelineStage(nn.Linear(2, 2), 0, 4, torch.device("cpu"), group=dist.group.WORLD)
+    with pytest.raises(ValueError, match="must be greater than or equal to the number of stages"):
+        _build_pipeline_schedule(parallelism=config.parallelism, local_batch_size=2, stages=[stage],
+                                 loss_fn=lambda out, target: (out.sum(), None))
