@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # 1.1: a pipeline rank is called so (`pipeline_rank`, `memory_gib_per_pipeline_rank`,
 # `bottleneck_pipeline_rank`, `pipeline_ranks`); "stage" means a virtual pipeline stage only.
 # Readers still accept the 1.0 names (_renamed below).
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 
 class _Spec(BaseModel):
@@ -178,6 +178,16 @@ class ModelSpec(_Spec):
         description="Dropout after attention and MLP (stores 1-byte masks, Korthikanti et al.); Llama-style models train without.",
     )
     param_dtype: DType = Field(default=DType.bf16, description="dtype of the published weights; the training precision when the job names none.")
+    num_experts: Optional[int] = Field(
+        default=None, gt=1, le=100_000,
+        description="Mixture-of-experts: routed experts per MoE layer; None for a dense model (schema 1.4).",
+    )
+    experts_per_token: Optional[int] = Field(default=None, gt=0, description="Routed experts each token goes to (top-k).")
+    moe_ffn_hidden_size: Optional[int] = Field(default=None, gt=0, description="Inner width of one expert's MLP; None means ffn_hidden_size.")
+    num_shared_experts: int = Field(default=0, ge=0, le=1_000, description="Experts every token goes to besides the routed ones (DeepSeek).")
+    first_dense_layers: int = Field(
+        default=0, ge=0, description="The first k layers have a dense MLP of ffn_hidden_size instead of experts (DeepSeek-V3: 3)."
+    )
     source: Optional[str] = Field(default=None, description="Where the numbers come from (paper, config file).")
 
     @field_validator("norm")
@@ -193,7 +203,24 @@ class ModelSpec(_Spec):
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.kv_heads}")
+        if self.num_experts is None:
+            if self.experts_per_token or self.moe_ffn_hidden_size or self.num_shared_experts or self.first_dense_layers:
+                raise ValueError("experts_per_token, moe_ffn_hidden_size, num_shared_experts and first_dense_layers need num_experts")
+        else:
+            if self.experts_per_token is None or self.experts_per_token > self.num_experts:
+                raise ValueError(f"a mixture-of-experts model needs experts_per_token between 1 and num_experts ({self.num_experts})")
+            if self.first_dense_layers >= self.num_layers:
+                raise ValueError(f"first_dense_layers {self.first_dense_layers} leaves no MoE layer of {self.num_layers}")
         return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def moe_ffn(self) -> int:
+        """One expert's MLP width."""
+        return self.moe_ffn_hidden_size or self.ffn
 
     @property
     def kv_heads(self) -> int:
@@ -539,6 +566,11 @@ class Plan(_Spec):
     """A parallel layout of one training job on one cluster."""
 
     dp: int = Field(gt=0, description="Data-parallel degree (model replicas).")
+    ep: int = Field(
+        default=1, gt=0,
+        description="Expert-parallel degree (mixture-of-experts): each MoE layer's experts are split over ep ranks of the "
+        "tp x dp block (Megatron-Core's parallel folding with expert-TP 1); ep divides tp x dp and the expert count (schema 1.4).",
+    )
     tp: int = Field(gt=0, description="Tensor-parallel degree (each weight matrix split this many ways).")
     pp: int = Field(gt=0, description="Pipeline-parallel degree (pipeline ranks).")
     vpp: int = Field(default=1, gt=0, description="Virtual pipeline stages (model chunks) per pipeline rank; >1 only with the interleaved schedule.")
@@ -672,6 +704,14 @@ class Plan(_Spec):
         problem = seq_problem(model, job.seq_len)
         if problem:
             raise PlanError(problem)
+        problem = ep_problem(model, self.dp, self.tp, self.ep, self.sequence_parallel)
+        if problem:
+            raise PlanError(problem)
+        if model.first_dense_layers and self.stage_layers(model.num_layers)[0] < model.first_dense_layers:
+            raise PlanError(
+                f"the first pipeline stage holds {self.stage_layers(model.num_layers)[0]} layers, fewer than the "
+                f"{model.first_dense_layers} dense layers {model.name} starts with; give it at least that many"
+            )
 
 
 def _recompute_items(r) -> list:
@@ -679,6 +719,19 @@ def _recompute_items(r) -> list:
     if isinstance(r, dict):
         return [(m, r.get(m, 0)) for m in ("none", "selective", "full")]
     return [(m, getattr(r, m, 0)) for m in ("none", "selective", "full")]
+
+
+def ep_problem(model: ModelSpec, dp: int, tp: int, ep: int, sequence_parallel: bool) -> Optional[str]:
+    """Why expert parallelism `ep` cannot split this model's experts over the layout, or None."""
+    if not model.is_moe:
+        return f"ep={ep}: {model.name} has no experts (a dense model); use ep=1" if ep > 1 else None
+    if model.num_experts % ep:
+        return f"ep={ep} does not divide the {model.num_experts} experts of {model.name}"
+    if (tp * dp) % ep:
+        return f"ep={ep} does not divide tp x dp = {tp} x {dp}: expert-parallel groups are carved from those ranks"
+    if tp > 1 and not sequence_parallel:
+        return "a mixture-of-experts layer with tp > 1 needs sequence_parallel (each TP rank dispatches its sequence shard)"
+    return None
 
 
 def tp_problem(model: ModelSpec, tp: int) -> Optional[str]:
