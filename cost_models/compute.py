@@ -31,11 +31,12 @@ class LayerParams:
     """Parameters of one transformer layer on one tensor-parallel rank."""
 
     sharded: int  # split over the TP group (weights of column/row-parallel linears, column biases)
-    replicated: int  # copied on every TP rank (norms, row-parallel biases)
+    replicated: int  # copied on every TP rank (norms, row-parallel biases, the MoE router)
+    expert: int = 0  # routed experts held by this GPU (num_experts / ep of them; expert-TP 1)
 
     @property
     def total(self) -> int:
-        return self.sharded + self.replicated
+        return self.sharded + self.replicated + self.expert
 
 
 def kv_shard(model: ModelSpec, tp: int) -> int:
@@ -43,20 +44,34 @@ def kv_shard(model: ModelSpec, tp: int) -> int:
     return max(1, model.kv_heads // tp)
 
 
-def layer_params(model: ModelSpec, tp: int = 1) -> LayerParams:
-    """Parameters of one layer per TP rank. With tp=1 and a GPT layer: 12h^2 + 13h (Narayanan eq. 2)."""
-    h, d, f = model.hidden_size, model.head_dim, model.ffn
+def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, dense: bool = False) -> LayerParams:
+    """Parameters of one layer per TP rank. With tp=1 and a GPT layer: 12h^2 + 13h (Narayanan eq. 2).
+
+    A mixture-of-experts layer (model.is_moe and not `dense`, which asks for one of the first
+    dense layers) replaces the MLP by a router (h x E, replicated), shared experts (an MLP of
+    num_shared x expert width, TP-sharded like the dense one) and E routed experts of
+    (mlp matrices) x h x expert width each, E / ep of them on this GPU, not TP-sharded
+    (expert-TP 1, Megatron-Core's recommended setting for fine-grained experts)."""
+    h, d = model.hidden_size, model.head_dim
+    moe = model.is_moe and not dense
+    f = model.num_shared_experts * model.moe_ffn if moe else model.ffn
     q_cols = h // tp
     kv_cols = 2 * d * kv_shard(model, tp)
     mlp_in = 2 if model.activation == Activation.swiglu else 1
     sharded = h * (q_cols + kv_cols) + q_cols * h + mlp_in * h * (f // tp) + (f // tp) * h
     replicated = 0
+    expert = 0
     if model.linear_bias:
         sharded += q_cols + kv_cols + mlp_in * (f // tp)  # column-parallel biases
         replicated += 2 * h  # row-parallel biases (attention output, fc2)
     norm_params = 2 * h if model.norm == "layernorm" else h
     replicated += 2 * norm_params
-    return LayerParams(sharded, replicated)
+    if moe:
+        replicated += h * model.num_experts  # router
+        expert = (model.num_experts // ep) * (mlp_in + 1) * h * model.moe_ffn
+        if model.linear_bias:
+            expert += (model.num_experts // ep) * (mlp_in * model.moe_ffn + h)
+    return LayerParams(sharded, replicated, expert)
 
 
 def vocab_shard(model: ModelSpec, tp: int) -> int:
@@ -84,21 +99,46 @@ def head_params(model: ModelSpec, tp: int = 1, pipeline_stages: int = 1) -> int:
 
 def total_params(model: ModelSpec) -> int:
     """Parameter count of the whole model (each tensor once)."""
-    return model.num_layers * layer_params(model).total + embedding_params(model) + head_params(model)
+    k = model.first_dense_layers
+    layers = (model.num_layers - k) * layer_params(model).total + k * layer_params(model, dense=True).total
+    return layers + embedding_params(model) + head_params(model)
+
+
+def active_params(model: ModelSpec) -> int:
+    """Parameters one token passes through: a MoE layer's router, shared experts and top-k
+    routed experts instead of all of them (equal to total_params for a dense model)."""
+    if not model.is_moe:
+        return total_params(model)
+    moe = layer_params(model)
+    per_expert = moe.expert // model.num_experts
+    k = model.first_dense_layers
+    layers = (model.num_layers - k) * (moe.total - moe.expert + model.experts_per_token * per_expert)
+    return layers + k * layer_params(model, dense=True).total + embedding_params(model) + head_params(model)
 
 
 # --------------------------------------------------------------------------- FLOPs
 
 
-def layer_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
+def active_ffn(model: ModelSpec, dense: bool = False) -> int:
+    """MLP width a token passes through: the dense width, or (top-k + shared) x expert width."""
+    if not model.is_moe or dense:
+        return model.ffn
+    return (model.experts_per_token + model.num_shared_experts) * model.moe_ffn
+
+
+def layer_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int, dense: bool = False) -> float:
     """Forward FLOPs of one layer, whole (unsharded): 2 x tokens x matmul weights + 4 b s^2 h.
 
-    For a GPT layer (f = 4h, MHA) this is 24 b s h^2 + 4 b s^2 h (Narayanan et al. 2021).
+    For a GPT layer (f = 4h, MHA) this is 24 b s h^2 + 4 b s^2 h (Narayanan et al. 2021). A MoE
+    layer counts the weights a token passes through (active parameters: router, shared and
+    top-k experts), the convention of MoE MFU figures (e.g. DeepSeek-V3's 37B active).
     """
     tokens = micro_batch * seq_len
-    h, f, d = model.hidden_size, model.ffn, model.head_dim
+    h, f, d = model.hidden_size, active_ffn(model, dense), model.head_dim
     mlp_in = 2 if model.activation == Activation.swiglu else 1
     matmul_weights = 2 * h * h + 2 * h * d * model.kv_heads + (mlp_in + 1) * h * f
+    if model.is_moe and not dense:
+        matmul_weights += h * model.num_experts  # router
     return 2.0 * tokens * matmul_weights + attention_flops_forward(model, micro_batch, seq_len)
 
 
@@ -115,7 +155,9 @@ def head_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int) -> floa
 def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> float:
     """Model FLOPs of one step, no recompute: 3 x forward (Korthikanti et al.:
     72 B L s h^2 (1 + s/(6h) + V/(12 h L)) for GPT layers)."""
-    fwd = model.num_layers * layer_flops_forward(model, 1, seq_len) + head_flops_forward(model, 1, seq_len)
+    k = model.first_dense_layers
+    fwd = ((model.num_layers - k) * layer_flops_forward(model, 1, seq_len) + k * layer_flops_forward(model, 1, seq_len, dense=True)
+           + head_flops_forward(model, 1, seq_len))
     return 3.0 * global_batch * fwd
 
 
