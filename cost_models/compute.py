@@ -210,13 +210,45 @@ def gemm_shape_time(device: DeviceSpec, dtype: DType, m: float, n: float, k: flo
     return max(waves * wave_s, stream)
 
 
-def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n_out: float) -> tuple[float, float]:
+def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n_out: float, batch: int = 1) -> tuple[float, float]:
     """(forward, backward) of a linear layer on `tokens` rows: Y = X W is one GEMM
     (tokens, n_out, n_in); backward is the input gradient (tokens, n_in, n_out) and the weight
-    gradient (n_in, n_out, tokens)."""
-    fwd = gemm_shape_time(device, dtype, tokens, n_out, n_in)
-    bwd = gemm_shape_time(device, dtype, tokens, n_in, n_out) + gemm_shape_time(device, dtype, n_in, n_out, tokens)
+    gradient (n_in, n_out, tokens). `batch` such layers side by side (grouped experts)."""
+    fwd = gemm_shape_time(device, dtype, tokens, n_out, n_in, batch)
+    bwd = gemm_shape_time(device, dtype, tokens, n_in, n_out, batch) + gemm_shape_time(device, dtype, n_in, n_out, tokens, batch)
     return fwd, bwd
+
+
+def routed_tokens(model: ModelSpec, micro_batch: int, seq_len: int, tp: int) -> float:
+    """Token-expert assignments one GPU computes per MoE layer and micro-batch: its sequence
+    shard (b s / tp with sequence parallelism; b s at tp 1) times top-k, whatever ep is: with
+    balanced routing (every expert receives the same share, the assumption stated) the ep
+    ranks of a group send each other equal numbers of tokens."""
+    return micro_batch * seq_len / tp * model.experts_per_token
+
+
+def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int, ep: int) -> tuple:
+    """(forward, backward, executed forward FLOPs) of one MoE layer's router and routed
+    experts on one GPU: the router GEMM over its tokens, then E / ep experts as grouped GEMMs
+    of (assignments / local experts) rows each, the activation, and the token permutations
+    around the dispatch and combine (memory-bound copies)."""
+    h, f, e = model.hidden_size, model.moe_ffn, DTYPE_BYTES[dtype]
+    local = model.num_experts // ep
+    tokens = micro_batch * seq_len / tp
+    assigned = routed_tokens(model, micro_batch, seq_len, tp)
+    rows = assigned / local
+    mlp_in = 2 if model.activation == Activation.swiglu else 1
+    router = linear_times(device, dtype, tokens, h, model.num_experts)
+    fc1 = linear_times(device, dtype, rows, h, mlp_in * f, local)
+    fc2 = linear_times(device, dtype, rows, f, h, local)
+    act_bytes = (mlp_in + 1) * assigned * f * e
+    permute_bytes = 2 * (2 * assigned * h * e)  # dispatch and combine: read + write each
+    t_mem = memory_bound_time(device, act_bytes + permute_bytes + 4 * tokens * model.num_experts)  # + fp32 router softmax
+    gap = kernels_time(device, 6)  # router, top-k, permute, 2 grouped GEMMs (+ act), unpermute
+    forward = router[0] + fc1[0] + fc2[0] + t_mem + gap
+    backward = router[1] + fc1[1] + fc2[1] + 2 * t_mem + 2 * gap
+    flops = 2.0 * (tokens * h * model.num_experts + assigned * (mlp_in + 1) * h * f)
+    return forward, backward, flops
 
 
 def loss_kernel(job) -> LossKernel:
@@ -277,12 +309,17 @@ def layer_compute(
     sequence_parallel: bool,
     flash_attention: bool,
     target: Target = Target.generic,
+    ep: int = 1,
+    dense: bool = False,
 ) -> LayerCompute:
     """Forward/backward time of one transformer layer on one TP rank, operator by operator:
     four linear layers as GEMMs by shape (forward, input and weight gradients), the core
     attention (fused kernel or batched GEMMs), the memory-bound kernels at achieved memory
     bandwidth, and a gap per launched kernel."""
-    b, s, h, f, d = micro_batch, seq_len, model.hidden_size, model.ffn, model.head_dim
+    moe = model.is_moe and not dense
+    # A MoE layer's TP-sharded MLP is its shared experts (none: no dense MLP at all).
+    b, s, h, d = micro_batch, seq_len, model.hidden_size, model.head_dim
+    f = model.num_shared_experts * model.moe_ffn if moe else model.ffn
     T = b * s
     e = DTYPE_BYTES[dtype]
     heads = model.num_heads // tp
@@ -290,7 +327,7 @@ def layer_compute(
     mlp_in = 2 if model.activation == Activation.swiglu else 1
 
     # Linear layers (column-parallel QKV and fc1, row-parallel output and fc2): (in, out).
-    shapes = [(h, h // tp + kv_cols), (h // tp, h), (h, mlp_in * f // tp), (f // tp, h)]
+    shapes = [(h, h // tp + kv_cols), (h // tp, h)] + ([(h, mlp_in * f // tp), (f // tp, h)] if f else [])
     lin = [linear_times(device, dtype, T, n_in, n_out) for n_in, n_out in shapes]
     linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
     attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, Target(target).attention_kernel)
@@ -321,11 +358,15 @@ def layer_compute(
     core = attn_fwd + t_softmax + core_gap
     forward = sum(x[0] for x in lin) + t_mem + other_gap + core
     backward = sum(x[1] for x in lin) + attn_bwd + 2.0 * (t_mem + t_softmax) + 2.0 * (core_gap + other_gap)
+    flops = sum(linear_flops) + attn_exec
+    if moe:
+        x_fwd, x_bwd, x_flops = expert_times(model, device, dtype, b, s, tp, ep)
+        forward, backward, flops = forward + x_fwd, backward + x_bwd, flops + x_flops
     return LayerCompute(
         forward=forward,
         backward=backward,
         attention_core_forward=core,
-        flops_forward=sum(linear_flops) + attn_exec,
+        flops_forward=flops,
     )
 
 

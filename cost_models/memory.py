@@ -64,9 +64,15 @@ def layer_activation_bytes(
     recompute: Recompute,
     flash_attention: bool,
     dtype: DType = DType.bf16,
+    dense: bool = False,
 ) -> float:
-    """Activation bytes one layer keeps for backward, per micro-batch, on one TP rank."""
-    s, b, h, f = seq_len, micro_batch, model.hidden_size, model.ffn
+    """Activation bytes one layer keeps for backward, per micro-batch, on one TP rank. A MoE
+    layer's MLP keeps, per token-expert assignment (top-k of them per token of this rank's
+    sequence shard), the permuted expert input and the expert MLP's tensors, plus the fp32
+    router probabilities; its shared experts keep what a dense MLP of their width does."""
+    moe = model.is_moe and not dense
+    s, b, h = seq_len, micro_batch, model.hidden_size
+    f = (model.experts_per_token + model.num_shared_experts) * model.moe_ffn if moe else model.ffn
     e = DTYPE_BYTES[dtype]
     sbh = s * b * h
     sp_div = tp if sequence_parallel else 1
@@ -83,6 +89,9 @@ def layer_activation_bytes(
     mlp_tensors = 3 if model.activation == Activation.swiglu else 2  # fc1 out, act out (+ gate)
     mlp = e * mlp_tensors * s * b * (f // tp)
     total = replicated / sp_div + attention + mlp
+    if moe:
+        rows = s * b / tp  # this rank's tokens (MoE with tp > 1 runs with sequence parallelism)
+        total += e * rows * model.experts_per_token * h + 4 * rows * model.num_experts
     if recompute == Recompute.none:
         total += attention_score_bytes(model, micro_batch, seq_len, tp, flash_attention, e)
     return total

@@ -40,9 +40,12 @@ class LayerCosts:
     tp_backward: float
     recompute: tuple  # extra backward seconds (compute + comm) per mode (none, selective, full)
     activation_bytes: tuple  # bytes kept per micro-batch per mode (none, selective, full)
-    params: int  # parameters on this GPU (TP-sharded, before ZeRO)
+    params: int  # parameters on this GPU (TP-sharded, before ZeRO), routed experts included
     flops_forward: float  # whole layer (unsharded), for model FLOPs
     recompute_flops: tuple  # extra FLOPs per mode, whole layer
+    expert_params: int = 0  # of `params`, the routed experts (sharded by ZeRO over the expert-DP group)
+    ep_forward: float = 0.0  # MoE token dispatch + combine all-to-alls (in tp_forward / tp_backward too)
+    ep_backward: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -142,12 +145,21 @@ def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: s
     return x.forward_s * scale, x.backward_s * scale, x.activation_bytes * scale
 
 
+def all_to_all_time(link: GroupLink, nbytes: float) -> float:
+    """One all-to-all of `nbytes` per rank over `link`: each rank sends (n-1)/n of its buffer and
+    receives as much, which the all-gather fit of the same tier prices (the profiles measure
+    no all-to-all; NCCL runs both as n-1 concurrent point-to-point exchanges)."""
+    return link.time(Collective.all_gather, nbytes) if link.size > 1 else 0.0
+
+
 def layer_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink,
-    tp_overlap: bool = False,
+    tp_overlap: bool = False, ep: int = 1, ep_link: GroupLink | None = None, dense: bool = False,
 ) -> LayerCosts:
+    """One layer of the model (`dense`: one of a MoE model's first dense layers)."""
     dtype, b, s = job.precision, micro_batch, job.seq_len
-    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target)
+    moe = model.is_moe and not dense
+    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target, ep, dense)
     measured = measured_layer(cluster, model, job, "block", b, tp)
     if measured is not None:
         # A measured profile of this model: its times replace the analytic ones; the core
@@ -172,8 +184,16 @@ def layer_costs(
         eta = cluster.overlap_efficiency
         tp_fwd = overlapped(tp_fwd, 0.0, lc.forward, eta)
         tp_bwd = overlapped(tp_bwd, 0.0, lc.backward, eta)
-    flops = compute.layer_flops_forward(model, b, s)
-    acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype) for r in MODES)
+    # MoE: each rank's token-expert assignments go to the ranks holding their experts and come
+    # back (dispatch and combine), forward and again backward, on the critical path (not
+    # overlapped: Megatron-Core overlaps them only with its optional shared-expert overlap).
+    ep_fwd = ep_bwd = 0.0
+    if moe and ep > 1 and ep_link is not None:
+        one = all_to_all_time(ep_link, DTYPE_BYTES[dtype] * compute.routed_tokens(model, b, s, tp) * model.hidden_size)
+        ep_fwd = ep_bwd = 2 * one
+        tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
+    flops = compute.layer_flops_forward(model, b, s, dense)
+    acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense) for r in MODES)
     if measured is not None and not sp:
         # measured bytes saved with nothing recomputed; selective frees the analytic core
         # attention share of them; full recompute keeps the layer input only (exact).
@@ -186,16 +206,23 @@ def layer_costs(
         tp_backward=tp_bwd,
         recompute=(0.0, lc.attention_core_forward, lc.forward + tp_fwd),
         activation_bytes=acts,
-        params=compute.layer_params(model, tp).total,
+        params=compute.layer_params(model, tp, ep, dense).total,
         flops_forward=flops,
         recompute_flops=(0.0, compute.attention_flops_forward(model, b, s), flops),
+        expert_params=compute.layer_params(model, tp, ep, dense).expert,
+        ep_forward=ep_fwd,
+        ep_backward=ep_bwd,
     )
 
 
 def edge_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, pp: int,
-    tp_link: GroupLink, pp_link: GroupLink,
+    tp_link: GroupLink, pp_link: GroupLink, ep: int = 1, ep_link: GroupLink | None = None, layer: LayerCosts | None = None,
 ) -> EdgeCosts:
+    """The first stage's embedding, the last stage's head and loss, the pipeline sends; a MoE
+    model's first dense layers (first_dense_layers, which the first stage must hold: Plan's
+    rule) enter the first stage as what they cost beyond the MoE layers they are counted as
+    (time, parameters, activations kept with no recompute)."""
     dtype, b, s, dev = job.precision, micro_batch, job.seq_len, cluster.device
     buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
     loss = compute.loss_kernel(job)
@@ -223,18 +250,43 @@ def edge_costs(
     p2p = pp_link.time(Collective.p2p, buf / (tp if sp else 1))
     if tp > 1 and not sp:
         p2p = min(p2p, pp_link.time(Collective.p2p, buf / tp) + tp_link.time(Collective.all_gather, buf))
+    extra = _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer)
     return EdgeCosts(
-        embedding_forward=emb + emb_tp,
-        embedding_backward=emb_bwd,
+        embedding_forward=emb + emb_tp + extra[0],
+        embedding_backward=emb_bwd + extra[1],
         head_forward=head + loss_tp,
         head_backward=head_bwd + head_tp,
-        embedding_params=compute.embedding_params(model, tp),
+        embedding_params=compute.embedding_params(model, tp) + extra[2],
         head_params=compute.head_params(model, tp, pp),
-        embedding_activation_bytes=memory.embedding_activation_bytes(model, b, s, tp, sp),
+        embedding_activation_bytes=memory.embedding_activation_bytes(model, b, s, tp, sp) + extra[3],
         head_activation_bytes=memory.head_activation_bytes(model, b, s, tp, sp, dtype, loss),
         logits_temporary_bytes=memory.logits_temporary_bytes(model, b, s, tp, dtype, loss),
         p2p=p2p,
     )
+
+
+def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer) -> tuple:
+    """(forward s, backward s, parameters, activation bytes) the first dense layers add beyond
+    as many MoE layers; zeros for a dense model."""
+    k = model.first_dense_layers
+    if not model.is_moe or not k:
+        return (0.0, 0.0, 0, 0.0)
+    moe = layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link)
+    dense = layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, dense=True)
+    return (
+        k * (dense.forward + dense.tp_forward - moe.forward - moe.tp_forward),
+        k * (dense.backward + dense.tp_backward - moe.backward - moe.tp_backward),
+        k * (dense.params - moe.params),
+        k * (dense.activation_bytes[0] - moe.activation_bytes[0]),
+    )
+
+
+def ep_link_of(cluster: ClusterSpec, dp: int, tp: int, pp: int, ep: int, mesh_order) -> GroupLink:
+    """The link of an expert-parallel group: ep ranks carved from the tp x dp block, the
+    innermost of the two axes first (Megatron-Core's folding, tp-cp-ep-dp-pp order)."""
+    strides = mesh_strides({Axis.dp: dp, Axis.tp: tp, Axis.pp: pp}, mesh_order)
+    inner = min(strides[Axis.tp], strides[Axis.dp]) if tp > 1 else strides[Axis.dp]
+    return GroupLink(cluster, ep, inner)
 
 
 def mesh_links(cluster: ClusterSpec, dp: int, tp: int, pp: int, mesh_order) -> dict[Axis, GroupLink]:
@@ -274,6 +326,7 @@ class PipelineCosts:
     peak_flops: float
     uncertainty: Optional[Uncertainty] = None  # the cluster's cross-validated step-time error
     gpipe: bool = False  # all forwards, then all backwards (cost_models/pipeline.py:gpipe_time)
+    expert_state_bytes_per_param: tuple = ()  # (weights, gradients, optimizer) of routed experts after ZeRO over expert-DP
 
     @property
     def num_stages(self) -> int:
@@ -296,7 +349,7 @@ def pipeline_costs(
     return layout_costs(
         model, cluster, job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
         plan.schedule, plan.zero_stage, plan.sequence_parallel, plan.mesh_order, links, layer, edge,
-        tp_overlap=plan.tp_comm_overlap,
+        tp_overlap=plan.tp_comm_overlap, ep=plan.ep,
     )
 
 
@@ -304,15 +357,18 @@ def layout_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, dp: int, tp: int, pp: int, vpp: int, micro_batch: int,
     num_micro_batches: int, schedule: Schedule, zero: int, sp: bool, mesh_order, links: dict | None = None,
     layer: LayerCosts | None = None, edge: EdgeCosts | None = None, model_flops: float | None = None,
-    tp_overlap: bool = False,
+    tp_overlap: bool = False, ep: int = 1,
 ) -> PipelineCosts:
     """Cost tables of one layout; `links`, `layer`, `edge` and `model_flops` (per step) may
     come from a cache."""
     links = links or mesh_links(cluster, dp, tp, pp, mesh_order)
-    layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp], tp_overlap)
-    edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp])
+    ep_link = ep_link_of(cluster, dp, tp, pp, ep, mesh_order) if ep > 1 else None
+    layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link)
+    edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer)
     e = DTYPE_BYTES[job.precision]
     states = memory.model_state_bytes(1, dp, zero, job.precision, job.optimizer)  # per parameter held
+    # Routed experts are replicated on tp x dp / ep ranks (the expert-DP group), ZeRO shards over those.
+    expert_states = memory.model_state_bytes(1, max(1, tp * dp // ep), zero, job.precision, job.optimizer)
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
     z3 = zero >= 3 and dp > 1
     batch = dp * micro_batch * num_micro_batches
@@ -341,6 +397,7 @@ def layout_costs(
         peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
         uncertainty=cluster.uncertainty,
         gpipe=schedule == Schedule.gpipe,
+        expert_state_bytes_per_param=expert_states,
     )
 
 

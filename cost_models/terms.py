@@ -344,7 +344,10 @@ class LayoutTerms:
     def states_bytes(self, params: float) -> float:
         """Model states (weights, gradients, optimizer, after ZeRO) of `params` parameters
         plus the fixed bytes: what a rank holding them needs before any activation."""
-        return sum(self.pc.state_bytes_per_param) * params + self.fixed_bytes
+        per = self.pc.state_bytes_per_param
+        if self.pc.layer.expert_params:  # a floor when some of them are experts, sharded otherwise
+            per = tuple(min(k, ke) for k, ke in zip(per, self.pc.expert_state_bytes_per_param))
+        return sum(per) * params + self.fixed_bytes
 
     # ------------------------------------------------------------------ data parallel
 
@@ -360,6 +363,9 @@ class LayoutTerms:
         xs = xs if xs is not None else [pc.stage_extras(j) for j in self.rank_stages(r)]
         params = params if params is not None else self.rank_params(r, xs)
         w, g, o = (params.scaled(k) for k in pc.state_bytes_per_param)
+        if pc.layer.expert_params:  # routed experts: ZeRO over the expert-DP group, not dp
+            w, g, o = (x + Linear.per_layer(0.0, pc.layer.expert_params * (ke - k))
+                       for x, k, ke in zip((w, g, o), pc.state_bytes_per_param, pc.expert_state_bytes_per_param))
         f = pc.in_flight[r]
         acts = Linear(f * sum(x.activation_bytes for x in xs), tuple(f * a for a in pc.layer.activation_bytes))
         fixed = self.fixed_bytes

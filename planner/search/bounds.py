@@ -166,8 +166,8 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
         S_r(n) = K_r + a n + rho_r max(0, c_r + q_r n),  feasible while c_r + (q_r - smax_r) n <= 0,
     with K_r including the least exposed ZeRO-2/3 traffic over the rank's possible layer
     counts. Any split has some rank at least as slow as the smallest tau at which the
-    ranks can hold L whole layers (a merge of the ranks' S_r(k)), and T >= sum_r S_r + (m - 1) tau (interleaved:
-    m tau + (p - 1) tau / v). Returns None when no split fits (memory).
+    ranks can hold L whole layers (a merge of the ranks' S_r(k)), and T >= sum_r S_r / v + (m - 1/v) tau
+    (cost_models/pipeline.py). Returns None when no split fits (memory).
     """
     t = pc.terms
     L, v, m = pc.num_layers, pc.vpp, pc.num_micro_batches

@@ -12,6 +12,7 @@ slowest rank's time). Both are proven lower bounds, so pruning on them is safe.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -21,6 +22,7 @@ from cost_models.tables import (
     LayerCosts,
     PipelineCosts,
     edge_costs,
+    ep_link_of,
     layer_costs,
     layout_costs,
     mesh_links,
@@ -57,10 +59,11 @@ class Candidate:
     sequence_parallel: bool
     mesh_order: tuple
     tp_comm_overlap: bool = False
+    ep: int = 1  # expert parallelism (MoE models): experts split over ep ranks of tp x dp
 
     def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
         return Plan(
-            dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size,
+            dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size, ep=self.ep,
             num_micro_batches=self.num_micro_batches, schedule=self.schedule, zero_stage=self.zero_stage,
             sequence_parallel=self.sequence_parallel, mesh_order=list(self.mesh_order), tp_comm_overlap=self.tp_comm_overlap,
             layers_per_stage=layers_per_stage, stage_recompute=stage_recompute, recompute=recompute,
@@ -185,7 +188,8 @@ def enumerate_candidates(
                     schedules = [Schedule.one_f_one_b, Schedule.gpipe] if v == 1 else [Schedule.interleaved_1f1b]
                     for sched in schedules:
                         for zero in range(4):
-                            for sp in ([False, True] if tp > 1 else [False]):
+                            # MoE with TP dispatches each rank's sequence shard: SP is required
+                            for sp in ([False, True] if tp > 1 and not model.is_moe else [tp > 1]):
                                 # GPipe runs as fast as 1F1B and holds more activations; with
                                 # dp = 1 every ZeRO stage is ZeRO-0. Neither can win.
                                 dominated = sched == Schedule.gpipe or (zero > 0 and dp == 1)
@@ -193,8 +197,9 @@ def enumerate_candidates(
                                     rejected[DOMINATED] += len(MESH_ORDERS)
                                     continue
                                 rejected[DOMINATED] += dropped_orders
-                                for order, ov in itertools.product(orders, space.tp_comm_overlap if sp else (False,)):
-                                    c = Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov)
+                                for order, ov, ep in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
+                                                                       _ep_degrees(model, dp, tp)):
+                                    c = Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep)
                                     if any(getattr(c, k) != val for k, val in fixed.items()):
                                         rejected[FIXED] += 1
                                         continue
@@ -206,6 +211,14 @@ def enumerate_candidates(
                                         continue
                                     out.append(c)
     return out, rejected
+
+
+def _ep_degrees(model: ModelSpec, dp: int, tp: int) -> list[int]:
+    """Expert-parallel degrees of a layout: 1 for a dense model; for a MoE model every common
+    divisor of the expert count and tp x dp (specs.ep_problem's rule)."""
+    if not model.is_moe:
+        return [1]
+    return [e for e in divisors(math.gcd(model.num_experts, tp * dp))]
 
 
 def _inexpressible(rules, c: Candidate, num_layers: int) -> bool:
@@ -236,20 +249,28 @@ class CostTables:
 
     def layer(self, c: Candidate) -> LayerCosts:
         tp_link = self.links(c)[Axis.tp]
-        key = (c.micro_batch_size, c.tp, c.sequence_parallel, tp_link.signature, c.tp_comm_overlap)
+        ep_link = self.ep_link(c)
+        key = (c.micro_batch_size, c.tp, c.sequence_parallel, tp_link.signature, c.tp_comm_overlap, c.ep,
+               ep_link.signature if ep_link else None)
         if key not in self._layer:
             self._layer[key] = layer_costs(
-                self.model, self.cluster, self.job, c.micro_batch_size, c.tp, c.sequence_parallel, tp_link, c.tp_comm_overlap
+                self.model, self.cluster, self.job, c.micro_batch_size, c.tp, c.sequence_parallel, tp_link, c.tp_comm_overlap,
+                c.ep, ep_link,
             )
         return self._layer[key]
 
+    def ep_link(self, c: Candidate):
+        return ep_link_of(self.cluster, c.dp, c.tp, c.pp, c.ep, c.mesh_order) if c.ep > 1 else None
+
     def edge(self, c: Candidate) -> EdgeCosts:
         links = self.links(c)
-        key = (c.micro_batch_size, c.tp, c.sequence_parallel, c.pp, links[Axis.tp].signature, links[Axis.pp].signature)
+        ep_link = self.ep_link(c)
+        key = (c.micro_batch_size, c.tp, c.sequence_parallel, c.pp, links[Axis.tp].signature, links[Axis.pp].signature,
+               c.ep, ep_link.signature if ep_link else None, c.tp_comm_overlap if self.model.first_dense_layers else None)
         if key not in self._edge:
             self._edge[key] = edge_costs(
                 self.model, self.cluster, self.job, c.micro_batch_size, c.tp, c.sequence_parallel, c.pp,
-                links[Axis.tp], links[Axis.pp],
+                links[Axis.tp], links[Axis.pp], c.ep, ep_link, self.layer(c),
             )
         return self._edge[key]
 
@@ -268,5 +289,5 @@ class CostTables:
         return layout_costs(
             self.model, self.cluster, self.job, c.dp, c.tp, c.pp, c.vpp, c.micro_batch_size, c.num_micro_batches,
             c.schedule, c.zero_stage, c.sequence_parallel, c.mesh_order, self.links(c), self.layer(c), self.edge(c),
-            self.flops(c), tp_overlap=c.tp_comm_overlap,
+            self.flops(c), tp_overlap=c.tp_comm_overlap, ep=c.ep,
         )
