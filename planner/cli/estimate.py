@@ -32,6 +32,8 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel degree.")
 @click.option("--dp", type=int, default=None, help="Data-parallel degree [default: GPUs / (tp x pp)].")
+@click.option("--ep", type=int, default=1, show_default=True,
+              help="Expert-parallel degree (mixture-of-experts models): experts split over ep ranks of tp x dp.")
 @click.option("--vpp", type=int, default=1, show_default=True, help="Virtual stages per pipeline rank (interleaved schedule).")
 @click.option("--micro-batch-size", type=int, default=1, show_default=True, help="Sequences per micro-batch.")
 @click.option("--recompute", type=click.Choice([m.value for m in Recompute if m != Recompute.mixed]), default=Recompute.none.value, show_default=True)
@@ -54,7 +56,7 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.pass_context
 def estimate(
     ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
-    global_batch, tp, pp, dp, vpp, micro_batch_size, recompute, zero, sequence_parallel, tp_comm_overlap, schedule,
+    global_batch, tp, pp, dp, ep, vpp, micro_batch_size, recompute, zero, sequence_parallel, tp_comm_overlap, schedule,
     layers_per_stage, mesh_order, plan_file: Optional[str], alternative: Optional[int], as_json: bool, output: Optional[str],
 ) -> None:
     """Predict step time, throughput and per-GPU memory of one layout."""
@@ -83,7 +85,7 @@ def estimate(
                 f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {dp * micro_batch_size}"
             )
         plan = make_plan(
-            dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch_size=micro_batch_size,
+            dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, micro_batch_size=micro_batch_size,
             num_micro_batches=job.global_batch_size // (dp * micro_batch_size),
             schedule=schedule or (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b),
             recompute=recompute, zero_stage=zero, sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap,
@@ -102,7 +104,7 @@ def estimate(
 
 
 # Options that change a plan file's layout or job (what-if), and the plan field each sets.
-_PLAN_OPTIONS = {"tp": "tp", "pp": "pp", "dp": "dp", "vpp": "vpp", "micro_batch_size": "micro_batch_size",
+_PLAN_OPTIONS = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "vpp": "vpp", "micro_batch_size": "micro_batch_size",
                  "recompute": "recompute", "zero": "zero_stage", "sequence_parallel": "sequence_parallel",
                  "tp_comm_overlap": "tp_comm_overlap", "schedule": "schedule", "mesh_order": "mesh_order",
                  "layers_per_stage": "layers_per_stage"}

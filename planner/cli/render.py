@@ -66,7 +66,7 @@ def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
 
 
 def plan_summary(plan: Plan) -> str:
-    parts = [f"dp={plan.dp}", f"tp={plan.tp}", f"pp={plan.pp}"]
+    parts = [f"dp={plan.dp}", f"tp={plan.tp}", f"pp={plan.pp}"] + ([f"ep={plan.ep}"] if plan.ep > 1 else [])
     if plan.vpp > 1:
         parts.append(f"vpp={plan.vpp}")
     parts += [

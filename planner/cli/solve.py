@@ -18,7 +18,7 @@ from planner.export import rules as export_rules
 from planner.specs import Axis, Recompute, Schedule, Target, memory_limit_gib
 
 _FIX_KEYS = {
-    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int),
+    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int), "ep": ("ep", int),
     "mbs": ("micro_batch_size", int), "micro_batch_size": ("micro_batch_size", int),
     "zero": ("zero_stage", int), "zero_stage": ("zero_stage", int),
     "sp": ("sequence_parallel", "bool"), "sequence_parallel": ("sequence_parallel", "bool"),
@@ -72,7 +72,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
 @click.option("--micro-batch-size", type=int, help="Sequences per micro-batch per replica, when the batch is not fixed.")
 @click.option("--micro-batches", type=int, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
 @click.option("--top-k", type=int, default=3, show_default=True, help="Alternatives to report (0: none).")
-@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp mbs zero sp schedule mesh_order recompute tp_comm_overlap).")
+@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep mbs zero sp schedule mesh_order recompute tp_comm_overlap).")
 @click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
 @click.option("--time-limit", type=float, help="Seconds; return the best plan so far, marked as not proven optimal.")
