@@ -327,6 +327,7 @@ class PipelineCosts:
     uncertainty: Optional[Uncertainty] = None  # the cluster's cross-validated step-time error
     gpipe: bool = False  # all forwards, then all backwards (cost_models/pipeline.py:gpipe_time)
     expert_state_bytes_per_param: tuple = ()  # (weights, gradients, optimizer) of routed experts after ZeRO over expert-DP
+    first_stage_min_layers: int = 1  # a MoE model's first dense layers live on the first stage
 
     @property
     def num_stages(self) -> int:
@@ -398,6 +399,7 @@ def layout_costs(
         uncertainty=cluster.uncertainty,
         gpipe=schedule == Schedule.gpipe,
         expert_state_bytes_per_param=expert_states,
+        first_stage_min_layers=max(1, model.first_dense_layers),
     )
 
 

@@ -367,3 +367,21 @@ def test_stack_rules_match_brute_force(split, recompute, memory_gib):
         assert rules.plan_problems(free.fastest.plan, model)
     if (memory_gib, recompute, split) == (1.1, "uniform", "free"):  # ... and one mode for all costs 15%
         assert res.fastest.estimate.step_time_s > 1.1 * free.fastest.estimate.step_time_s
+
+
+MOE_SMALL = SMALL.model_copy(update={"name": "small-moe", "num_layers": 5, "activation": "swiglu", "num_experts": 4,
+                                     "experts_per_token": 2, "moe_ffn_hidden_size": 1024, "first_dense_layers": 2})
+
+
+@pytest.mark.parametrize("memory_gib", [80, 2.0, 1.2])
+def test_matches_brute_force_moe(memory_gib):
+    """Mixture-of-experts: every expert-parallel degree (1, 2, 4 over tp x dp), the first two
+    layers dense on the first stage, with splits and recompute: the ILP finds the brute-force
+    optimum from roomy to tight memory."""
+    fixed = {"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1}
+    space = SearchSpace(num_gpus=4, global_batch_size=4, fixed=fixed)
+    res = assert_same_optimum(MOE_SMALL, tiny_cluster(memory_gib), JobSpec(global_batch_size=4, seq_len=2048), space)
+    if res.best is not None:
+        plan = res.best.plan
+        assert MOE_SMALL.num_experts % plan.ep == 0 and (plan.tp * plan.dp) % plan.ep == 0
+        assert plan.stage_layers(5)[0] >= 2

@@ -60,6 +60,8 @@ def brute_force(
         P = c.pp * c.vpp
         splits = compositions(model.num_layers, P) if c.vpp == 1 else [(model.num_layers // P,) * P]
         for split in splits:
+            if split[0] < model.first_dense_layers:
+                continue  # the first stage must hold the dense layers
             for counts in itertools.product(*(mode_splits(n, space.recompute_modes) for n in split)):
                 if space.rules is not None and space.rules.counts_problems(counts):
                     continue  # the target stack cannot run this split / recompute

@@ -114,6 +114,8 @@ def _layer_split(b: _Block) -> None:
             b.add(b.n[j] == (L // P) * b.y, f"chunk_{j}_")
         else:
             b.add(b.n[j] >= b.y, f"nonempty_{j}_")
+    if b.pc.first_stage_min_layers > 1:  # the first stage holds the model's dense layers
+        b.add(b.n[0] >= b.pc.first_stage_min_layers * b.y, "densefirst")
     b.w = [b.var(f"w_{j}", cat="Binary") for j in range(P)]
     for j in range(P):
         b.add(b.x[j][2] <= (L - P + 1) * b.w[j], f"fullflag_{j}_")
