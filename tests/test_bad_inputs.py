@@ -47,8 +47,6 @@ def _files() -> dict[str, bytes]:
         "bomb.yaml": b"a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
                      b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
         "good_model.json": j(GOOD_MODEL),
-        "mixtral/config.json": j({**LLAMA_HF, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_local_experts": 8,
-                                  "num_experts_per_tok": 2}),
         "qwen_moe/config.json": j({**LLAMA_HF, "model_type": "qwen2_moe", "num_experts": 60, "moe_intermediate_size": 1408}),
         "deepseek/config.json": j({**LLAMA_HF, "model_type": "deepseek_v3", "n_routed_experts": 256}),
         "bert/config.json": j({"model_type": "bert", "architectures": ["BertForMaskedLM"], "num_hidden_layers": 12, "hidden_size": 768,
@@ -199,7 +197,7 @@ def _cases() -> list[tuple[str, list[str], int]]:
     for name in [n for n in _files() if n.startswith("cl_")]:
         cases.append((f"cluster file {name}", ["estimate", "--model", "gpt2-124m", "--cluster", name] + EST[5:], 2))
     cases.append(("model file missing", ["estimate", "--model", "nothere.json"] + EST[3:], 2))
-    cases.append(("model is a directory", ["estimate", "--model", "mixtral/"] + EST[3:], 2))
+    cases.append(("model is a directory", ["estimate", "--model", "qwen_moe/"] + EST[3:], 2))
     cases.append(("long context without --seq-len", ["estimate", "--model", "longctx/config.json", "--cluster", "dgx-a100-80gb",
                                                       "--gpus", "8", "--global-batch", "16"], 2))
     for name in _tampered():

@@ -28,21 +28,37 @@ def is_hf_config(data: dict) -> bool:
     return "num_hidden_layers" in data or "n_layer" in data
 
 
-# Fields of architectures the cost model does not cover yet; a config carrying one is refused
-# rather than planned as a dense decoder (a Mixtral costed as a 7B "fits" on 8 GPUs).
-_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+# Mixture-of-experts configs are read by their model_type (the Hugging Face modelling code the
+# field names belong to); expert fields on any other model_type are refused rather than planned
+# as a dense decoder (a Mixtral costed as a 7B "fits" on 8 GPUs).
+_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "experts_per_token",
+               "moe_intermediate_size")
+# model_type -> which reader of _moe_fields takes it
+_MOE_STYLES = {"mixtral": "mixtral", "qwen2_moe": "qwen_moe", "qwen3_moe": "qwen_moe", "deepseek_v2": "deepseek",
+               "deepseek_v3": "deepseek", "gpt_oss": "gpt_oss"}
+# Fields that place experts on only some layers; our model has them on every layer after
+# first_dense_layers, so only these values (also the Hugging Face defaults) are planned.
+_EVERY_LAYER = {"qwen_moe": (("decoder_sparse_step", 1), ("mlp_only_layers", [])), "deepseek": (("moe_layer_freq", 1),)}
 _NOT_DECODERS = {"bert", "roberta", "deberta", "deberta-v2", "distilbert", "electra", "albert", "xlm-roberta", "t5", "mt5",
                  "bart", "mbart", "pegasus", "whisper", "vit", "clip", "encoder-decoder"}
 
 
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def unsupported(data: dict, name: str) -> str | None:
     """Why this Hugging Face config cannot be planned (one line naming the field), or None."""
-    for key in _MOE_FIELDS:
-        value = data.get(key)
-        if value not in (None, 0, 1, False):
-            return (f"{name}: field '{key}' = {value!r}: mixture-of-experts models are not modelled yet; planning it as a dense "
-                    "model would be wrong (remove the field only if the model is really dense)")
     model_type = str(data.get("model_type", "")).lower()
+    style = _MOE_STYLES.get(model_type)
+    experts = [key for key in _MOE_FIELDS if data.get(key) not in (None, 0, 1, False)]
+    if experts and not style:
+        return (f"{name}: field '{experts[0]}' = {data[experts[0]]!r} with model_type {model_type!r}: a mixture-of-experts architecture "
+                f"that is not modelled (model types read: {', '.join(sorted(_MOE_STYLES))}); planning it as a dense model would be wrong")
+    for key, planned in _EVERY_LAYER.get(style, ()):
+        if data.get(key) not in (None, planned):
+            return (f"{name}: field '{key}' = {data[key]!r}: experts on only some layers are not modelled (only {key} = {planned!r}, "
+                    "experts on every layer after the first dense ones)")
     if model_type in _NOT_DECODERS or data.get("is_encoder_decoder"):
         field = "model_type" if model_type in _NOT_DECODERS else "is_encoder_decoder"
         return f"{name}: field '{field}' = {data.get(field)!r}: only decoder-only language models are planned"
@@ -52,6 +68,11 @@ def unsupported(data: dict, name: str) -> str | None:
     archs = [a for a in data.get("architectures") or [] if isinstance(a, str)]
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         return f"{name}: field 'architectures' = {archs}: only causal language models (…ForCausalLM) are planned"
+    head_dim, hidden, heads = data.get("head_dim"), data.get("hidden_size"), data.get("num_attention_heads")
+    if head_dim is not None and _int(hidden) and _int(heads) and heads > 0 and not (_int(head_dim) and head_dim * heads == hidden):
+        # The spec's heads are hidden_size / num_heads wide; a wider head changes every attention matrix.
+        return (f"{name}: field 'head_dim' = {head_dim!r} is not hidden_size / num_attention_heads = {hidden}/{heads} = {hidden / heads:g}: a head width "
+                "of its own is not modelled (its attention projections would be mis-sized)")
     return None
 
 
@@ -61,6 +82,8 @@ def from_hf_config(data: dict, name: str) -> dict:
     Llama/Mistral/Qwen2 style: num_hidden_layers, hidden_size, num_attention_heads,
     num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, hidden_act.
     GPT-2 style: n_layer, n_embd, n_head, n_inner, n_positions, vocab_size.
+    Mixture-of-experts styles (Mixtral, Qwen2/Qwen3-MoE, DeepSeek-V2/V3, GPT-OSS): the Llama
+    fields plus the expert fields, read by _moe_fields.
     """
 
     def need(*keys: str):
@@ -96,13 +119,13 @@ def from_hf_config(data: dict, name: str) -> dict:
     act = str(data.get("hidden_act", "silu")).lower()
     swiglu = act in ("silu", "swish") or model_type in _LLAMA_LIKE
     heads = need("num_attention_heads")
-    return dict(
+    spec = dict(
         name=name,
         num_layers=need("num_hidden_layers"),
         hidden_size=need("hidden_size"),
         num_heads=heads,
         num_kv_heads=data.get("num_key_value_heads") or heads,
-        ffn_hidden_size=need("intermediate_size"),
+        ffn_hidden_size=None if model_type in _MOE_STYLES else need("intermediate_size"),
         vocab_size=need("vocab_size"),
         max_seq_len=need("max_position_embeddings"),
         activation="swiglu" if swiglu else "gelu",
@@ -114,6 +137,77 @@ def from_hf_config(data: dict, name: str) -> dict:
         param_dtype=dtype,
         source=f"Hugging Face config.json ({model_type or 'llama'} style)",
     )
+    if model_type in _MOE_STYLES:
+        experts, approximated = _moe_fields(data, name, _MOE_STYLES[model_type], need)
+        spec.update(experts)
+        spec["source"] = "; ".join([spec["source"], *approximated])
+    return spec
+
+
+# ----- mixture-of-experts configs: ModelSpec's expert fields, and what the spec approximates
+
+
+def _moe_fields(data: dict, name: str, style: str, need) -> tuple[dict, list[str]]:
+    """Expert fields of a mixture-of-experts config, under the names its Hugging Face modelling
+    code uses, and the approximations made (phrases for the spec's `source`). ffn_hidden_size is
+    the dense layers' MLP width, or the expert width where every layer has experts."""
+    top_k = need("num_experts_per_tok", "experts_per_token") if style == "gpt_oss" else need("num_experts_per_tok")
+    if style == "gpt_oss" and data.get("experts_per_token", top_k) != top_k:  # gpt-oss configs carry both spellings
+        raise UsageError(f"{name}: field 'experts_per_token' = {data['experts_per_token']!r} contradicts num_experts_per_tok = {top_k!r}")
+    if style == "deepseek":  # intermediate_size: the first_k_dense_replace dense layers' width
+        return dict(num_experts=need("n_routed_experts"), experts_per_token=top_k, moe_ffn_hidden_size=need("moe_intermediate_size"),
+                    num_shared_experts=data.get("n_shared_experts") or 0, first_dense_layers=data.get("first_k_dense_replace") or 0,
+                    ffn_hidden_size=need("intermediate_size")), _deepseek_notes(data)
+    if style == "qwen_moe":  # every layer has experts (unsupported() checks it): intermediate_size is unused
+        width = need("moe_intermediate_size")
+        return dict(num_experts=need("num_experts"), experts_per_token=top_k, ffn_hidden_size=width, moe_ffn_hidden_size=width,
+                    num_shared_experts=_shared_experts(data, name, width)), []
+    width = need("intermediate_size")  # Mixtral, GPT-OSS: one expert's width, experts on every layer
+    experts = dict(num_experts=need("num_local_experts"), experts_per_token=top_k, ffn_hidden_size=width, moe_ffn_hidden_size=width)
+    return experts, _gpt_oss_notes(data) if style == "gpt_oss" else []
+
+
+def _shared_experts(data: dict, name: str, width) -> int:
+    """Qwen2-MoE's shared expert is one MLP of shared_expert_intermediate_size: whole experts of `width`."""
+    shared = data.get("shared_expert_intermediate_size") or 0
+    if not _int(shared) or not _int(width) or shared % width:
+        raise UsageError(f"{name}: field 'shared_expert_intermediate_size' = {shared!r} is not a multiple of moe_intermediate_size "
+                         f"{width!r}: shared experts are modelled as whole experts")
+    return shared // width
+
+
+def _deepseek_notes(data: dict) -> list[str]:
+    """DeepSeek's multi-head latent attention (MLA) has no counterpart in the spec: it is planned
+    as multi-head attention of num_attention_heads heads of hidden_size / heads (4 h^2 weights),
+    and the source says how far that is from MLA's projections (DeepSeek-V2 paper, section 2.1)."""
+    h, a = data.get("hidden_size"), data.get("num_attention_heads")
+    dims = [data.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")]
+    q_rank = data.get("q_lora_rank")
+    notes = []
+    if all(_int(v) for v in (h, a, *dims)) and (q_rank is None or _int(q_rank)):
+        nope, rope, v, kv_rank = dims
+        q = h * a * (nope + rope) if q_rank is None else h * q_rank + q_rank + q_rank * a * (nope + rope)  # W_Q, or W_DQ + norm + W_UQ
+        kv = h * (kv_rank + rope) + kv_rank + kv_rank * a * (nope + v)  # W_DKV and W_KR, norm, W_UK and W_UV
+        mla = q + kv + a * v * h  # + W_O
+        notes.append(f"multi-head latent attention (q_lora_rank {q_rank}, kv_lora_rank {kv_rank}, qk head dims {nope}+{rope}, "
+                     f"v head dim {v}) planned as multi-head attention of {a} heads of {h}/{a}: {4 * h * h / 1e6:.1f}M attention "
+                     f"weights per layer instead of {mla / 1e6:.1f}M, scores and K/V {h} wide instead of {a * (nope + rope)} (QK) "
+                     f"and {a * v} (V)")
+    else:
+        notes.append("multi-head latent attention planned as multi-head attention of hidden_size / num_attention_heads")
+    if data.get("num_nextn_predict_layers"):
+        notes.append(f"the {data['num_nextn_predict_layers']} multi-token-prediction module(s) (num_nextn_predict_layers) not counted")
+    return notes
+
+
+def _gpt_oss_notes(data: dict) -> list[str]:
+    """What of GPT-OSS the spec leaves out: parameters too few to matter, and attention windows."""
+    notes = ["attention sinks (one logit per head) and router biases not counted"]
+    layer_types = data.get("layer_types")
+    sliding = layer_types.count("sliding_attention") if isinstance(layer_types, list) else 0
+    if sliding and data.get("sliding_window"):
+        notes.append(f"{sliding} sliding-window layers (window {data['sliding_window']}) costed as full attention")
+    return notes
 
 
 def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelSpec:

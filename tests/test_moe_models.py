@@ -1,0 +1,226 @@
+"""Mixture-of-experts models: the Hugging Face configs of each style read into ModelSpec (with the
+real field names), the presets checked against their published parameter counts, and the
+refusals (one line naming the field) for what the spec cannot hold.
+
+Published counts: Mixtral 8x7B 46.7B total, 12.9B active (Jiang et al. 2024); Qwen3-30B-A3B
+30.5B, 3.3B (Qwen3 Technical Report); DeepSeek-V3 671B, 37B (36.6B without the input
+embedding, the DeepSeek-V3 README); Qwen1.5-MoE-A2.7B 14.3B, 2.7B (its model card).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from cost_models.compute import active_params, total_params
+from planner.cli import render
+from planner.cli.main import cli
+from planner.errors import UsageError
+from planner.presets import from_hf_config, load_model
+from planner.specs import ModelSpec
+
+# config.json of mistralai/Mixtral-8x7B-v0.1, as published.
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+           "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+           "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+           "num_local_experts": 8, "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+           "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+           "use_cache": True, "vocab_size": 32000}
+# config.json of Qwen/Qwen3-30B-A3B.
+QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "decoder_sparse_step": 1,
+             "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960,
+             "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+             "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+             "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+             "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_sliding_window": False,
+             "vocab_size": 151936}
+# config.json of Qwen/Qwen1.5-MoE-A2.7B (Qwen2-MoE: 4 x 1408 of shared expert).
+QWEN2_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "decoder_sparse_step": 1, "hidden_act": "silu",
+             "hidden_size": 2048, "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+             "model_type": "qwen2_moe", "moe_intermediate_size": 1408, "norm_topk_prob": False, "num_attention_heads": 16,
+             "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16, "rms_norm_eps": 1e-06,
+             "rope_theta": 1000000.0, "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
+             "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": 151936}
+# config.json of deepseek-ai/DeepSeek-V3 (less quantization_config, rope_scaling and auto_map).
+DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "ep_size": 1,
+               "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
+               "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+               "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128,
+               "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1,
+               "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+               "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": False, "topk_group": 4,
+               "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 129280}
+# config.json of openai/gpt-oss-120b (less quantization_config and rope_scaling).
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "experts_per_token": 4,
+           "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+           "layer_types": ["sliding_attention", "full_attention"] * 18, "max_position_embeddings": 131072, "model_type": "gpt_oss",
+           "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 36, "num_key_value_heads": 8,
+           "num_local_experts": 128, "rms_norm_eps": 1e-05, "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 201088}
+
+SHAPE = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "activation", "tied_embeddings",
+         "linear_bias", "norm", "num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers")
+
+
+def _read(config: dict, name: str = "m") -> ModelSpec:
+    return ModelSpec.model_validate(from_hf_config(config, name))
+
+
+def _same_shape(a: ModelSpec, b: ModelSpec) -> bool:
+    return all(getattr(a, f) == getattr(b, f) for f in SHAPE)
+
+
+# ----- Mixtral
+
+
+def test_mixtral_preset_has_the_published_46_7b_total_and_12_9b_active():
+    m = load_model("mixtral-8x7b")
+    # Each tensor once: embedding and head 2 V h, per layer attention h(h + 2 x 8 x 128) + h^2,
+    # router h x 8, 8 experts of 3 h f, two RMSNorms; the final norm.
+    h, f, layers, vocab = 4096, 14336, 32, 32000
+    per_layer = h * (h + 2 * 8 * 128) + h * h + h * 8 + 8 * 3 * h * f + 2 * h
+    assert total_params(m) == layers * per_layer + 2 * vocab * h + h == 46_702_792_704
+    assert active_params(m) == 12_879_925_248  # 2 of 8 experts: 46.70B - 32 x 6 x 3 h f
+    assert round(total_params(m) / 1e9, 1) == 46.7 and round(active_params(m) / 1e9, 1) == 12.9
+
+
+def test_a_mixtral_config_json_reads_as_the_preset(tmp_path):
+    (tmp_path / "Mixtral-8x7B-v0.1").mkdir()
+    (tmp_path / "Mixtral-8x7B-v0.1" / "config.json").write_text(json.dumps(MIXTRAL))
+    m = load_model(str(tmp_path / "Mixtral-8x7B-v0.1"))
+    preset = load_model("mixtral-8x7b")
+    assert m.name == "Mixtral-8x7B-v0.1" and m.is_moe and (m.num_experts, m.experts_per_token, m.moe_ffn) == (8, 2, 14336)
+    assert _same_shape(m, preset)
+    assert (total_params(m), active_params(m)) == (total_params(preset), active_params(preset)) == (46_702_792_704, 12_879_925_248)
+
+
+def test_a_mixtral_config_is_planned(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL))
+    r = CliRunner().invoke(cli, ["estimate", "--model", str(tmp_path / "config.json"), "--cluster", "dgx-h100-80gb", "--gpus", "16",
+                                 "--global-batch", "64", "--seq-len", "4096", "--tp", "2", "--pp", "2", "--ep", "4", "--sequence-parallel",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["model"]["num_experts"] == 8 and doc["plan"]["ep"] == 4
+
+
+# ----- Qwen3-MoE and Qwen2-MoE
+
+
+# Qwen3-30B-A3B's attention at head_dim 128 against the preset's (heads of hidden/heads = 64):
+# q and o 2048 x 4096 and k, v 2048 x 512, plus the q/k norms, instead of 2048 x 2048 and 2048 x 256.
+QWEN3_HEAD_DIM_GAP = 48 * ((2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 128) - (2 * 2048 * 2048 + 2 * 2048 * 256))
+
+
+def test_qwen3_30b_a3b_preset_is_the_published_count_less_its_head_width():
+    """The preset's heads are 64 wide (the spec has no head_dim): 0.45B of attention weights
+    short, 1.5% of the total and 13.5% of the active count. With them added back the published
+    30.5B / 3.3B come out; the preset alone is held to its own exact numbers."""
+    m = load_model("qwen3-30b-a3b")
+    assert (total_params(m), active_params(m)) == (30_079_125_504, 2_900_035_584)
+    assert round((total_params(m) + QWEN3_HEAD_DIM_GAP) / 1e9, 1) == 30.5
+    assert round((active_params(m) + QWEN3_HEAD_DIM_GAP) / 1e9, 1) == 3.4  # 3.35B; Qwen's "3.3B activated"
+    assert "head_dim 128" in m.source and "APPROXIMATED" in m.source
+
+
+def test_qwen3_moe_config_reads_with_its_fields_but_a_head_width_of_its_own_is_refused():
+    with pytest.raises(UsageError, match=r"^Qwen3-30B-A3B: field 'head_dim' = 128 is not hidden_size / num_attention_heads = 2048/32 = 64"):
+        from_hf_config(QWEN3_MOE, "Qwen3-30B-A3B")
+    m = _read({**QWEN3_MOE, "head_dim": 64})  # the width the spec can hold: the preset exactly
+    assert (m.num_experts, m.experts_per_token, m.moe_ffn, m.num_shared_experts, m.first_dense_layers) == (128, 8, 768, 0, 0)
+    assert _same_shape(m, load_model("qwen3-30b-a3b"))
+
+
+def test_qwen2_moe_shared_expert_is_whole_experts():
+    m = _read(QWEN2_MOE)
+    assert (m.num_experts, m.experts_per_token, m.moe_ffn, m.num_shared_experts) == (60, 4, 1408, 4)  # 5632 = 4 x 1408
+    assert round(total_params(m) / 1e9, 1) == 14.3 and round(active_params(m) / 1e9, 1) == 2.7
+    assert _read({**QWEN2_MOE, "shared_expert_intermediate_size": 0}).num_shared_experts == 0
+
+
+# ----- DeepSeek-V3
+
+# Multi-head latent attention per layer (DeepSeek-V2 paper, section 2.1): W_DQ, q norm, W_UQ
+# (queries of 128 + 64), W_DKV with W_KR, kv norm, W_UK with W_UV, W_O; the preset's is 4 h^2.
+MLA = (7168 * 1536 + 1536 + 1536 * 128 * 192) + (7168 * (512 + 64) + 512 + 512 * 128 * 256) + 128 * 128 * 7168
+DEEPSEEK_MLA_GAP = 61 * (4 * 7168 * 7168 - MLA)
+
+
+def test_deepseek_v3_preset_is_671b_with_37b_active():
+    """Tolerance: attention is planned as multi-head attention (205.5M weights a layer against
+    MLA's 187.1M), 1.12B more over 61 layers: +0.17% of the total, +3% of the active count.
+    With MLA's own shapes the published counts come out exactly."""
+    m = load_model("deepseek-v3")
+    total, active = total_params(m), active_params(m)
+    assert (total, active) == (672_149_632_000, 38_675_510_272)
+    assert abs(total / 671e9 - 1) < 0.002
+    assert round((total - DEEPSEEK_MLA_GAP) / 1e9, 2) == 671.03  # DeepSeek-V3's 671B main model
+    embedding = 129280 * 7168
+    assert round((active - DEEPSEEK_MLA_GAP - embedding) / 1e9, 1) == 36.6  # the README's 36.6B: without the input embedding
+    assert 37e9 < active < 37e9 * 1.05
+    assert "planned as multi-head attention" in m.source and "APPROXIMATED" in m.source
+
+
+def test_deepseek_v3_config_reads_as_the_preset_and_says_what_it_approximates():
+    m = _read(DEEPSEEK_V3, "DeepSeek-V3")
+    assert (m.num_experts, m.experts_per_token, m.moe_ffn, m.num_shared_experts, m.first_dense_layers, m.ffn) == (256, 8, 2048, 1, 3, 18432)
+    assert _same_shape(m, load_model("deepseek-v3"))
+    assert "multi-head latent attention" in m.source and "205.5M attention weights per layer instead of 187.1M" in m.source
+    assert "multi-token-prediction" in m.source
+    assert round(MLA / 1e6, 1) == 187.1  # the figure the source quotes is the one this test derives
+
+
+# ----- GPT-OSS
+
+
+def test_gpt_oss_reads_experts_and_biases_and_notes_sinks_and_windows():
+    with pytest.raises(UsageError, match=r"^gpt-oss-120b: field 'head_dim' = 64 is not hidden_size / num_attention_heads = 2880/64 = 45"):
+        from_hf_config(GPT_OSS, "gpt-oss-120b")  # 64 x 64 = 4096-wide attention on a 2880 residual: not expressible
+    m = _read({**GPT_OSS, "head_dim": 45})
+    assert (m.num_experts, m.experts_per_token, m.moe_ffn, m.linear_bias) == (128, 4, 2880, True)
+    assert "attention sinks" in m.source and "18 sliding-window layers (window 128) costed as full attention" in m.source
+    with pytest.raises(UsageError, match="field 'experts_per_token' = 2 contradicts num_experts_per_tok = 4"):
+        from_hf_config({**GPT_OSS, "head_dim": 45, "experts_per_token": 2}, "m")
+
+
+# ----- refusals: one line naming the field
+
+
+@pytest.mark.parametrize("config,field", [
+    ({**QWEN2_MOE, "decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ({**QWEN3_MOE, "head_dim": 64, "mlp_only_layers": [0, 5]}, "mlp_only_layers"),
+    ({**QWEN2_MOE, "shared_expert_intermediate_size": 5000}, "shared_expert_intermediate_size"),
+    ({**DEEPSEEK_V3, "moe_layer_freq": 2}, "moe_layer_freq"),
+    ({**MIXTRAL, "model_type": "olmoe", "architectures": ["OlmoeForCausalLM"]}, "num_local_experts"),  # an unknown MoE architecture
+    ({**QWEN2_MOE, "model_type": "qwen2"}, "num_experts"),  # expert fields on a dense model_type
+    ({**MIXTRAL, "num_experts_per_tok": None}, "num_experts_per_tok"),
+    (QWEN3_MOE, "head_dim"),
+], ids=["decoder_sparse_step", "mlp_only_layers", "shared_width", "moe_layer_freq", "unknown_moe", "dense_type", "no_top_k", "head_dim"])
+def test_what_cannot_be_modelled_is_refused_in_one_line_naming_the_field(tmp_path, config, field):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    r = CliRunner().invoke(cli, ["estimate", "--model", str(tmp_path / "config.json"), "--cluster", "dgx-h100-80gb", "--gpus", "8",
+                                 "--global-batch", "8", "--seq-len", "1024"])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2, r.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], r.stderr
+
+
+def test_an_unknown_moe_architecture_names_its_field_and_type():
+    with pytest.raises(UsageError, match=r"field 'num_local_experts' = 8 with model_type 'olmoe': a mixture-of-experts architecture"):
+        from_hf_config({**MIXTRAL, "model_type": "olmoe"}, "m")
+
+
+# ----- `plan presets`
+
+
+def test_plan_presets_lists_the_moe_presets_with_their_parameter_counts(monkeypatch):
+    monkeypatch.setattr(render, "console", Console(record=True, width=200, highlight=False, file=io.StringIO()))
+    r = CliRunner().invoke(cli, ["presets"])
+    assert r.exit_code == 0, r.output
+    rows = {line.split("│")[1].strip(): line for line in render.console.export_text().splitlines() if line.count("│") > 2}
+    for name, params in [("mixtral-8x7b", "46.70B"), ("qwen3-30b-a3b", "30.08B"), ("deepseek-v3", "672.15B")]:
+        assert params in rows[name], rows.get(name)
