@@ -43,7 +43,7 @@ def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
     # Names never wrap (rich would cut them to "llama…" in 80 columns); the tables are kept
     # narrow enough for that: the MLP's activation shares a cell with its width, and the link
     # descriptions, which wrap well, have a table of their own.
-    t = Table(title="Model presets")
+    t = Table(title="Model presets", pad_edge=False)
     for col in ("name", "params", "layers", "hidden", "heads (kv)", "mlp", "vocab", "seq"):
         t.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=col == "name")
     for m in models:
