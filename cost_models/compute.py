@@ -187,7 +187,7 @@ def gemm_time(device: DeviceSpec, dtype: DType, flops: float) -> float:
     return flops / (peak * matmul_efficiency(device, flops))
 
 
-def gemm_shape_time(device: DeviceSpec, dtype: DType, m: float, n: float, k: float, batch: int = 1) -> float:
+def gemm_shape_time(device: DeviceSpec, dtype: DType, m: float, n: float, k: float, batch: int = 1, fp8: bool = False) -> float:
     """Seconds for `batch` GEMMs of an (m x k) by (k x n) matrix.
 
     With a shape model (DeviceSpec.gemm): the output is cut in tiles spread over the SMs in
@@ -200,22 +200,38 @@ def gemm_shape_time(device: DeviceSpec, dtype: DType, m: float, n: float, k: flo
     if flops <= 0:
         return 0.0
     g = device.gemm
-    if g is None:
+    if fp8:
+        if device.fp8_peak_tflops is None or g is None or g.fp8_max_efficiency is None:
+            raise ValueError(f"{device.name} has no FP8 GEMM figures (fp8_peak_tflops, gemm.fp8_max_efficiency)")
+        rate = device.fp8_peak_tflops * 1e12 * g.fp8_max_efficiency * device.sustained_fraction
+        operands = 1.0 * batch * (m * k + k * n) + DTYPE_BYTES[dtype] * batch * m * n  # FP8 in, 16-bit out
+    elif g is None:
         return gemm_time(device, dtype, flops)
-    rate = device.peak_tflops[dtype] * 1e12 * g.max_efficiency * device.sustained_fraction
+    else:
+        rate = device.peak_tflops[dtype] * 1e12 * g.max_efficiency * device.sustained_fraction
+        operands = DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n)
     tiles = batch * (max(m, g.tile_m) / g.tile_m) * (max(n, g.tile_n) / g.tile_n)
     waves = max(1.0, tiles / g.sm_count + g.wave_tail)
     wave_s = 2.0 * g.tile_m * g.tile_n * (k + g.k_overhead) * g.sm_count / rate
-    stream = memory_bound_time(device, DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n))
-    return max(waves * wave_s, stream)
+    return max(waves * wave_s, memory_bound_time(device, operands))
 
 
-def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n_out: float, batch: int = 1) -> tuple[float, float]:
+def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n_out: float, batch: int = 1,
+                 fp8: bool = False) -> tuple[float, float]:
     """(forward, backward) of a linear layer on `tokens` rows: Y = X W is one GEMM
     (tokens, n_out, n_in); backward is the input gradient (tokens, n_in, n_out) and the weight
-    gradient (n_in, n_out, tokens). `batch` such layers side by side (grouped experts)."""
-    fwd = gemm_shape_time(device, dtype, tokens, n_out, n_in, batch)
-    bwd = gemm_shape_time(device, dtype, tokens, n_in, n_out, batch) + gemm_shape_time(device, dtype, n_in, n_out, tokens, batch)
+    gradient (n_in, n_out, tokens). `batch` such layers side by side (grouped experts).
+
+    FP8 (Transformer Engine's recipe): all three GEMMs in FP8, plus memory-bound casts: the
+    input cast to FP8 (read 16-bit, write 8-bit) with its transposed copy for the weight
+    gradient, and in backward the output gradient likewise; the weights' FP8 copies are cast
+    once per step and kept (not per micro-batch)."""
+    fwd = gemm_shape_time(device, dtype, tokens, n_out, n_in, batch, fp8)
+    bwd = gemm_shape_time(device, dtype, tokens, n_in, n_out, batch, fp8) + gemm_shape_time(device, dtype, n_in, n_out, tokens, batch, fp8)
+    if fp8:
+        e = DTYPE_BYTES[dtype]
+        fwd += memory_bound_time(device, batch * tokens * n_in * (e + 2))  # cast + transposed copy
+        bwd += memory_bound_time(device, batch * tokens * n_out * (e + 2))
     return fwd, bwd
 
 
@@ -227,7 +243,8 @@ def routed_tokens(model: ModelSpec, micro_batch: int, seq_len: int, tp: int) -> 
     return micro_batch * seq_len / tp * model.experts_per_token
 
 
-def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int, ep: int) -> tuple:
+def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int, ep: int,
+                 fp8: bool = False) -> tuple:
     """(forward, backward, executed forward FLOPs) of one MoE layer's router and routed
     experts on one GPU: the router GEMM over its tokens, then E / ep experts as grouped GEMMs
     of (assignments / local experts) rows each, the activation, and the token permutations
@@ -238,9 +255,9 @@ def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch
     assigned = routed_tokens(model, micro_batch, seq_len, tp)
     rows = assigned / local
     mlp_in = 2 if model.activation == Activation.swiglu else 1
-    router = linear_times(device, dtype, tokens, h, model.num_experts)
-    fc1 = linear_times(device, dtype, rows, h, mlp_in * f, local)
-    fc2 = linear_times(device, dtype, rows, f, h, local)
+    router = linear_times(device, dtype, tokens, h, model.num_experts)  # kept in 16 bits (routing precision)
+    fc1 = linear_times(device, dtype, rows, h, mlp_in * f, local, fp8)
+    fc2 = linear_times(device, dtype, rows, f, h, local, fp8)
     act_bytes = (mlp_in + 1) * assigned * f * e
     permute_bytes = 2 * (2 * assigned * h * e)  # dispatch and combine: read + write each
     t_mem = memory_bound_time(device, act_bytes + permute_bytes + 4 * tokens * model.num_experts)  # + fp32 router softmax
@@ -311,6 +328,7 @@ def layer_compute(
     target: Target = Target.generic,
     ep: int = 1,
     dense: bool = False,
+    fp8: bool = False,
 ) -> LayerCompute:
     """Forward/backward time of one transformer layer on one TP rank, operator by operator:
     four linear layers as GEMMs by shape (forward, input and weight gradients), the core
@@ -328,7 +346,7 @@ def layer_compute(
 
     # Linear layers (column-parallel QKV and fc1, row-parallel output and fc2): (in, out).
     shapes = [(h, h // tp + kv_cols), (h // tp, h)] + ([(h, mlp_in * f // tp), (f // tp, h)] if f else [])
-    lin = [linear_times(device, dtype, T, n_in, n_out) for n_in, n_out in shapes]
+    lin = [linear_times(device, dtype, T, n_in, n_out, fp8=fp8) for n_in, n_out in shapes]
     linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
     attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, Target(target).attention_kernel)
     attn_exec = 4.0 * b * heads * s * s * d * (0.5 if flash_attention else 1.0)
@@ -360,7 +378,7 @@ def layer_compute(
     backward = sum(x[1] for x in lin) + attn_bwd + 2.0 * (t_mem + t_softmax) + 2.0 * (core_gap + other_gap)
     flops = sum(linear_flops) + attn_exec
     if moe:
-        x_fwd, x_bwd, x_flops = expert_times(model, device, dtype, b, s, tp, ep)
+        x_fwd, x_bwd, x_flops = expert_times(model, device, dtype, b, s, tp, ep, fp8)
         forward, backward, flops = forward + x_fwd, backward + x_bwd, flops + x_flops
     return LayerCompute(
         forward=forward,

@@ -65,6 +65,7 @@ def layer_activation_bytes(
     flash_attention: bool,
     dtype: DType = DType.bf16,
     dense: bool = False,
+    fp8: bool = False,
 ) -> float:
     """Activation bytes one layer keeps for backward, per micro-batch, on one TP rank. A MoE
     layer's MLP keeps, per token-expert assignment (top-k of them per token of this rank's
@@ -92,6 +93,14 @@ def layer_activation_bytes(
     if moe:
         rows = s * b / tp  # this rank's tokens (MoE with tp > 1 runs with sequence parallelism)
         total += e * rows * model.experts_per_token * h + 4 * rows * model.num_experts
+    if fp8:
+        # Linear layers keep their inputs for the weight gradient as FP8 (1 byte): the QKV and
+        # fc1 inputs, the attention output projection's, and fc2's (the activation output);
+        # the experts' permuted inputs too.
+        saved = 2 * sbh / sp_div + q + s * b * (f // tp)
+        if moe:
+            saved += s * b / tp * model.experts_per_token * h
+        total -= (e - 1) * saved
     if recompute == Recompute.none:
         total += attention_score_bytes(model, micro_batch, seq_len, tp, flash_attention, e)
     return total

@@ -18,6 +18,7 @@ from planner.specs import (
     ModelSpec,
     Optimizer,
     Plan,
+    PlanError,
     Schedule,
     Uncertainty,
 )
@@ -154,12 +155,13 @@ def all_to_all_time(link: GroupLink, nbytes: float) -> float:
 
 def layer_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink,
-    tp_overlap: bool = False, ep: int = 1, ep_link: GroupLink | None = None, dense: bool = False,
+    tp_overlap: bool = False, ep: int = 1, ep_link: GroupLink | None = None, dense: bool = False, fp8: bool = False,
 ) -> LayerCosts:
-    """One layer of the model (`dense`: one of a MoE model's first dense layers)."""
+    """One layer of the model (`dense`: one of a MoE model's first dense layers; `fp8`: its
+    GEMMs in FP8)."""
     dtype, b, s = job.precision, micro_batch, job.seq_len
     moe = model.is_moe and not dense
-    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target, ep, dense)
+    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target, ep, dense, fp8)
     measured = measured_layer(cluster, model, job, "block", b, tp)
     if measured is not None:
         # A measured profile of this model: its times replace the analytic ones; the core
@@ -193,7 +195,7 @@ def layer_costs(
         ep_fwd = ep_bwd = 2 * one
         tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
     flops = compute.layer_flops_forward(model, b, s, dense)
-    acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense) for r in MODES)
+    acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense, fp8) for r in MODES)
     if measured is not None and not sp:
         # measured bytes saved with nothing recomputed; selective frees the analytic core
         # attention share of them; full recompute keeps the layer input only (exact).
@@ -218,6 +220,7 @@ def layer_costs(
 def edge_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, pp: int,
     tp_link: GroupLink, pp_link: GroupLink, ep: int = 1, ep_link: GroupLink | None = None, layer: LayerCosts | None = None,
+    fp8: bool = False,
 ) -> EdgeCosts:
     """The first stage's embedding, the last stage's head and loss, the pipeline sends; a MoE
     model's first dense layers (first_dense_layers, which the first stage must hold: Plan's
@@ -250,7 +253,7 @@ def edge_costs(
     p2p = pp_link.time(Collective.p2p, buf / (tp if sp else 1))
     if tp > 1 and not sp:
         p2p = min(p2p, pp_link.time(Collective.p2p, buf / tp) + tp_link.time(Collective.all_gather, buf))
-    extra = _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer)
+    extra = _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8)
     return EdgeCosts(
         embedding_forward=emb + emb_tp + extra[0],
         embedding_backward=emb_bwd + extra[1],
@@ -265,14 +268,14 @@ def edge_costs(
     )
 
 
-def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer) -> tuple:
+def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8=False) -> tuple:
     """(forward s, backward s, parameters, activation bytes) the first dense layers add beyond
     as many MoE layers; zeros for a dense model."""
     k = model.first_dense_layers
     if not model.is_moe or not k:
         return (0.0, 0.0, 0, 0.0)
-    moe = layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link)
-    dense = layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, dense=True)
+    moe = layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, fp8=fp8)
+    dense = layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, dense=True, fp8=fp8)
     return (
         k * (dense.forward + dense.tp_forward - moe.forward - moe.tp_forward),
         k * (dense.backward + dense.tp_backward - moe.backward - moe.tp_backward),
@@ -350,7 +353,7 @@ def pipeline_costs(
     return layout_costs(
         model, cluster, job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
         plan.schedule, plan.zero_stage, plan.sequence_parallel, plan.mesh_order, links, layer, edge,
-        tp_overlap=plan.tp_comm_overlap, ep=plan.ep,
+        tp_overlap=plan.tp_comm_overlap, ep=plan.ep, fp8=plan.fp8,
     )
 
 
@@ -358,18 +361,23 @@ def layout_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, dp: int, tp: int, pp: int, vpp: int, micro_batch: int,
     num_micro_batches: int, schedule: Schedule, zero: int, sp: bool, mesh_order, links: dict | None = None,
     layer: LayerCosts | None = None, edge: EdgeCosts | None = None, model_flops: float | None = None,
-    tp_overlap: bool = False, ep: int = 1,
+    tp_overlap: bool = False, ep: int = 1, fp8: bool = False,
 ) -> PipelineCosts:
     """Cost tables of one layout; `links`, `layer`, `edge` and `model_flops` (per step) may
     come from a cache."""
     links = links or mesh_links(cluster, dp, tp, pp, mesh_order)
     ep_link = ep_link_of(cluster, dp, tp, pp, ep, mesh_order) if ep > 1 else None
-    layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link)
-    edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer)
+    if fp8 and cluster.device.fp8_peak_tflops is None:
+        raise PlanError(f"{cluster.device.name} has no FP8 tensor cores; drop fp8 (or plan on an H100/H200 cluster)")
+    layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link, fp8=fp8)
+    edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer, fp8)
     e = DTYPE_BYTES[job.precision]
     states = memory.model_state_bytes(1, dp, zero, job.precision, job.optimizer)  # per parameter held
     # Routed experts are replicated on tp x dp / ep ranks (the expert-DP group), ZeRO shards over those.
     expert_states = memory.model_state_bytes(1, max(1, tp * dp // ep), zero, job.precision, job.optimizer)
+    if fp8:  # each weight's FP8 copy and its transpose, cast once per step and kept (ZeRO-3: of the shard)
+        states = (states[0] + 2 / (dp if zero >= 3 else 1), *states[1:])
+        expert_states = (expert_states[0] + 2 / (max(1, tp * dp // ep) if zero >= 3 else 1), *expert_states[1:])
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
     z3 = zero >= 3 and dp > 1
     batch = dp * micro_batch * num_micro_batches

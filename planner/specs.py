@@ -258,6 +258,9 @@ class GemmModel(_Spec):
     k_overhead: float = Field(default=64, ge=0, description="Per-tile prologue/epilogue, in equivalent k elements.")
     wave_tail: float = Field(default=0.25, ge=0, le=1, description="Average idle fraction of the last wave, in waves.")
     max_efficiency: float = Field(gt=0, le=1, description="Best achievable fraction of peak of a large, aligned GEMM (measured, e.g. MAMF).")
+    fp8_max_efficiency: Optional[float] = Field(
+        default=None, gt=0, le=1, description="The same for FP8 GEMMs, as a fraction of DeviceSpec.fp8_peak_tflops (schema 1.4)."
+    )
 
 
 class AttentionEfficiency(_Spec):
@@ -272,6 +275,10 @@ class DeviceSpec(_Spec):
 
     name: str = Field(description="Device name, e.g. 'A100-SXM4-80GB'.")
     peak_tflops: dict[DType, float] = Field(min_length=1, description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
+    fp8_peak_tflops: Optional[float] = Field(
+        default=None, gt=0, le=1e6,
+        description="Peak dense FP8 tensor-core TFLOP/s (H100/H200); None: the device has no FP8 GEMMs (schema 1.4).",
+    )
 
     @field_validator("peak_tflops")
     @classmethod
@@ -566,6 +573,11 @@ class Plan(_Spec):
     """A parallel layout of one training job on one cluster."""
 
     dp: int = Field(gt=0, description="Data-parallel degree (model replicas).")
+    fp8: bool = Field(
+        default=False,
+        description="GEMMs in FP8 (Transformer Engine / torchao style: E4M3 forward, E5M2 gradients, per-tensor scales), "
+        "attention, norms and communication in the job's 16-bit precision; needs a device with FP8 (schema 1.4).",
+    )
     ep: int = Field(
         default=1, gt=0,
         description="Expert-parallel degree (mixture-of-experts): each MoE layer's experts are split over ep ranks of the "

@@ -39,6 +39,7 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.option("--recompute", type=click.Choice([m.value for m in Recompute if m != Recompute.mixed]), default=Recompute.none.value, show_default=True)
 @click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage.")
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1).")
+@click.option("--fp8", is_flag=True, help="GEMMs in FP8 (needs a device with FP8 tensor cores: H100, H200).")
 @click.option("--tp-comm-overlap", is_flag=True, help="Overlap TP communication with GEMMs (needs --sequence-parallel and --target megatron or torchtitan).")
 @click.option(
     "--schedule",
@@ -56,7 +57,7 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.pass_context
 def estimate(
     ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
-    global_batch, tp, pp, dp, ep, vpp, micro_batch_size, recompute, zero, sequence_parallel, tp_comm_overlap, schedule,
+    global_batch, tp, pp, dp, ep, vpp, micro_batch_size, recompute, zero, sequence_parallel, fp8, tp_comm_overlap, schedule,
     layers_per_stage, mesh_order, plan_file: Optional[str], alternative: Optional[int], as_json: bool, output: Optional[str],
 ) -> None:
     """Predict step time, throughput and per-GPU memory of one layout."""
@@ -85,7 +86,7 @@ def estimate(
                 f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {dp * micro_batch_size}"
             )
         plan = make_plan(
-            dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, micro_batch_size=micro_batch_size,
+            dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, fp8=fp8, micro_batch_size=micro_batch_size,
             num_micro_batches=job.global_batch_size // (dp * micro_batch_size),
             schedule=schedule or (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b),
             recompute=recompute, zero_stage=zero, sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap,
@@ -104,7 +105,7 @@ def estimate(
 
 
 # Options that change a plan file's layout or job (what-if), and the plan field each sets.
-_PLAN_OPTIONS = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "vpp": "vpp", "micro_batch_size": "micro_batch_size",
+_PLAN_OPTIONS = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "fp8": "fp8", "vpp": "vpp", "micro_batch_size": "micro_batch_size",
                  "recompute": "recompute", "zero": "zero_stage", "sequence_parallel": "sequence_parallel",
                  "tp_comm_overlap": "tp_comm_overlap", "schedule": "schedule", "mesh_order": "mesh_order",
                  "layers_per_stage": "layers_per_stage"}

@@ -8,6 +8,7 @@ import click
 
 from planner import __version__
 from planner.errors import PlannerError
+from planner.specs import PlanError
 
 
 class _Group(click.Group):
@@ -37,6 +38,9 @@ class _Group(click.Group):
         except PlannerError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except PlanError as exc:  # a plan the cost model refuses (e.g. FP8 on a device without it): the input's fault
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=_Group)

@@ -80,6 +80,8 @@ def plan_summary(plan: Plan) -> str:
         parts.append("sp")
     if plan.tp_comm_overlap:
         parts.append("tp-overlap")
+    if plan.fp8:
+        parts.append("fp8")
     return " ".join(parts)
 
 

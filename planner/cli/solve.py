@@ -23,7 +23,7 @@ _FIX_KEYS = {
     "zero": ("zero_stage", int), "zero_stage": ("zero_stage", int),
     "sp": ("sequence_parallel", "bool"), "sequence_parallel": ("sequence_parallel", "bool"),
     "schedule": ("schedule", str), "mesh_order": ("mesh_order", "axes"), "recompute": ("recompute", str),
-    "tp_comm_overlap": ("tp_comm_overlap", "bool"),
+    "tp_comm_overlap": ("tp_comm_overlap", "bool"), "fp8": ("fp8", "bool"),
 }
 
 
@@ -75,13 +75,14 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
 @click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep mbs zero sp schedule mesh_order recompute tp_comm_overlap).")
 @click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
+@click.option("--fp8", is_flag=True, help="Let the search run GEMMs in FP8 where it is faster (devices with FP8: H100, H200).")
 @click.option("--time-limit", type=float, help="Seconds; return the best plan so far, marked as not proven optimal.")
 @click.option("--solver", type=click.Choice(["highs", "cbc"]), default=None, help="MILP solver [default: highs if installed].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 def solve(
     model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
-    global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp,
+    global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp, fp8,
     time_limit, solver, as_json: bool, output: Optional[str],
 ) -> None:
     """Search every layout (dp, tp, pp, interleaving, micro-batching, layer split, per-stage
@@ -113,6 +114,7 @@ def solve(
         tp_comm_overlap=(False, True) if job.target.tp_comm_overlap else (False,),
         # a named stack: only the layouts, splits and recompute it can express (planner/export)
         rules=rules,
+        fp8=_fp8_choices(fp8, fixed, cluster),
         target_problems=None if rules is None else _target_problems(job.target.value, model, job),
     )
     limit = memory_limit_gib(cluster, max_memory_gib)
@@ -139,3 +141,12 @@ def _target_problems(stack: str, model, job):
 
     problems = stack_module(stack).problems
     return lambda plan: problems(plan, model, job)
+
+
+def _fp8_choices(allowed: bool, fixed: dict, cluster) -> tuple:
+    """FP8 GEMMs are a search choice only when asked for (`--fp8` or `--fix fp8=true`: they
+    change the numerics) and the device has them."""
+    want = allowed or fixed.get("fp8") is True
+    if want and cluster.device.fp8_peak_tflops is None:
+        raise UsageError(f"--fp8: {cluster.device.name} has no FP8 tensor cores (H100 and H200 do)")
+    return (False, True) if want else (False,)

@@ -7,6 +7,11 @@ shard them with DTensor's ColwiseParallel/RowwiseParallel; attention reshapes wi
 Dropout is left out (p = 0) so that a distributed run can be checked against a
 single-process one bit for bit up to reduction order.
 
+A mixture-of-experts model (spec.is_moe) replaces the MLP of every layer from
+spec.first_dense_layers on by an MoE block (see MoE): a router, top-k routed experts and
+shared experts, dropless, so that expert parallelism (planner.executor.experts) computes the
+same function as one process.
+
 Each block has a `recompute` attribute: "none", "selective" (checkpoint the attention core:
 QK^T, softmax, AV) or "full" (checkpoint the whole block), the per-layer choice a plan makes.
 """
@@ -89,9 +94,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    """The dense MLP (width spec.ffn), or an expert's (width given)."""
+
+    def __init__(self, spec: ModelSpec, width: int | None = None):
         super().__init__()
-        h, f, bias = spec.hidden_size, spec.ffn, spec.linear_bias
+        h, f, bias = spec.hidden_size, width or spec.ffn, spec.linear_bias
         self.swiglu = spec.activation == Activation.swiglu
         if self.swiglu:
             self.gate = nn.Linear(h, f, bias=bias)
@@ -107,13 +114,69 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-class Block(nn.Module):
+class MoE(nn.Module):
+    """Mixture-of-experts MLP: router (h -> E linear, no bias), top-k routed experts, shared experts.
+
+    Routing as Mixtral (Jiang et al. 2024, and Hugging Face's MixtralSparseMoeBlock): a
+    token's weights are the softmax over its k largest router logits (the same as softmax
+    over all E, then renormalised over the top k). Every token reaches all its k experts
+    (dropless: no capacity factor, no token dropped, no auxiliary loss), so the function is
+    the same whichever way experts are placed. Shared experts are one MLP of
+    num_shared_experts x moe_ffn width that every token goes through, added to the output
+    (DeepSeekMoE's formulation; the cost model counts them alike).
+
+    Experts are a ModuleList of E MLPs of width moe_ffn. Expert parallelism keeps a slice
+    of them (`first_expert` is the index of experts[0]) and sets `exchange`, which sends
+    each token copy to the rank holding its expert and brings the result back
+    (planner.executor.experts.Exchange); with `exchange` None every expert is here.
+    """
+
     def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, self.num_experts, self.top_k = spec.hidden_size, spec.num_experts, spec.experts_per_token
+        self.router = nn.Linear(h, self.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(spec, spec.moe_ffn) for _ in range(self.num_experts))
+        self.shared = MLP(spec, spec.num_shared_experts * spec.moe_ffn) if spec.num_shared_experts else None
+        self.first_expert = 0
+        self.exchange = None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, expert ids), both (tokens, k): softmax over each token's top-k logits."""
+        top, ids = self.router(x).topk(self.top_k, dim=-1)
+        return F.softmax(top, dim=-1), ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        weights, ids = self.route(x)
+        # Token copies (one per chosen expert) grouped by expert id, token order kept within one.
+        order = ids.reshape(-1).argsort(stable=True)
+        counts = torch.bincount(ids.reshape(-1), minlength=self.num_experts)
+        copies = x[order // self.top_k]
+        if self.exchange is None:
+            y = self.compute(copies, counts)
+        else:
+            y = self.exchange(copies, counts, self.compute)
+        y = y[order.argsort()].view(x.shape[0], self.top_k, -1)  # back to (token, choice)
+        out = (weights.unsqueeze(-1) * y).sum(1)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out.view(shape)
+
+    def compute(self, copies: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Experts held here on their token copies: `copies` grouped by expert, counts[i]
+        rows for self.experts[i]."""
+        parts = copies.split(counts.tolist())
+        return torch.cat([expert(part) for expert, part in zip(self.experts, parts, strict=True)])
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, moe: bool = False):
         super().__init__()
         self.norm1 = make_norm(spec, spec.hidden_size)
         self.attn = Attention(spec)
         self.norm2 = make_norm(spec, spec.hidden_size)
-        self.mlp = MLP(spec)
+        self.mlp = MoE(spec) if moe else MLP(spec)
         self.recompute = Recompute.none
 
     def set_recompute(self, mode: Recompute) -> None:
@@ -160,7 +223,7 @@ class ReferenceModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed = Embedding(spec)
-        self.layers = nn.ModuleList(Block(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(Block(spec, moe=spec.is_moe and i >= spec.first_dense_layers) for i in range(spec.num_layers))
         self.head = Head(spec)
         if spec.tied_embeddings if tie is None else tie:
             self.head.output.weight = self.embed.tok.weight
@@ -222,5 +285,5 @@ def param_count(module: nn.Module) -> int:
 
 
 __all__ = [
-    "ReferenceModel", "StageModule", "Block", "build_model", "lm_loss", "synthetic_batch", "param_count", "math",
+    "ReferenceModel", "StageModule", "Block", "MoE", "build_model", "lm_loss", "synthetic_batch", "param_count", "math",
 ]

@@ -1,11 +1,14 @@
 """Lay a plan onto torch.distributed: short ordered steps that read only the plan.
 
-    build_mesh -> split_pipeline -> apply_tensor_parallel -> apply_recompute
-               -> apply_data_parallel -> build_optimizer -> build_schedule
+    build_mesh -> split_pipeline -> apply_expert_parallel (experts.py) -> apply_tensor_parallel
+               -> apply_recompute -> apply_data_parallel -> build_optimizer -> build_schedule
 
 Every rank builds the full model from the same seed (so it equals the single-process
 reference bit for bit), keeps its pipeline stages and shards them. Why this order:
 - The pipeline split comes first so a rank shards only the layers it keeps.
+- Expert parallelism (experts.py) before data parallelism: DDP must be told which
+  parameters differ between ranks (each keeps its own experts), and ZeRO-1 shards the
+  experts' optimizer state over their own group.
 - Tensor parallelism before data parallelism: FSDP2 must see the TP DTensors to shard
   them a second time over dp (2-D parameters); DDP cannot wrap DTensors at all, so with
   tp > 1 ZeRO-0/1 use composable `replicate` (FSDP2's replicated sibling) instead.
@@ -33,6 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from planner.distributed.reference_model import ReferenceModel, StageModule
+from planner.executor.experts import ExpertParallel, OptimizerSet, expert_parameter_names
 from planner.specs import ModelSpec, Plan, Recompute, Schedule
 
 
@@ -131,11 +135,12 @@ def apply_recompute(stages: dict[int, StageModule], plan: Plan, num_layers: int)
             block.set_recompute(mode)
 
 
-def apply_data_parallel(stage: StageModule, plan: Plan, mesh: DeviceMesh) -> nn.Module:
+def apply_data_parallel(stage: StageModule, plan: Plan, mesh: DeviceMesh, experts: ExpertParallel | None = None) -> nn.Module:
     """ZeRO-0/1: replicated parameters and gradients (DDP; composable replicate with tp > 1);
     ZeRO-1's optimizer-state sharding is in build_optimizer. ZeRO-2: FSDP2 keeping the
     gathered parameters from forward to backward (reshard_after_forward=False); ZeRO-3: FSDP2
-    regathering per block. FSDP2 goes per block, then on the stage (the root)."""
+    regathering per block. FSDP2 goes per block, then on the stage (the root). Expert-parallel
+    parameters are left out of DDP (ExpertParallel.reduce_gradients reduces them)."""
     if plan.dp == 1:
         return stage
     dp_mesh = mesh["dp"]
@@ -150,6 +155,10 @@ def apply_data_parallel(stage: StageModule, plan: Plan, mesh: DeviceMesh) -> nn.
     if plan.tp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
+        if experts is not None:
+            # DDP's (private, since torch 1.8) way to leave parameters alone: no broadcast from
+            # rank 0 at construction, no gradient all-reduce.
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(stage, expert_parameter_names(stage, experts))
         # Buffers (rotary tables) are constants: nothing to broadcast each forward.
         return DistributedDataParallel(stage, process_group=dp_mesh.get_group(), broadcast_buffers=False)
     from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -168,12 +177,24 @@ def unique_parameters(modules) -> list[nn.Parameter]:
     return out
 
 
-def build_optimizer(modules, plan: Plan, mesh: DeviceMesh, lr: float):
+def build_optimizer(modules, plan: Plan, mesh: DeviceMesh, lr: float, experts: ExpertParallel | None = None):
     """Adam. ZeRO-1 shards its state over dp: each dp rank updates a share of the
     parameters, then broadcasts them (ZeroRedundancyOptimizer; with tp > 1 our DTensor-aware
     equivalent, zero.py, because ZeroRedundancyOptimizer cannot broadcast DTensors).
-    ZeRO-2/3 shard it already: FSDP2's parameters are the shards."""
+    ZeRO-2/3 shard it already: FSDP2's parameters are the shards. With expert parallelism,
+    ZeRO-1 shards the expert parameters' state over their expert-data-parallel group only
+    (the dp ranks holding the same experts)."""
     params = unique_parameters(modules)
+    if plan.zero_stage == 1 and plan.dp > 1 and experts is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        dense = [p for p in params if not experts.holds(p)]
+        parts = [ZeroRedundancyOptimizer(dense, optimizer_class=torch.optim.Adam, process_group=mesh["dp"].get_group(), lr=lr)]
+        if experts.edp_group is None:
+            parts.append(torch.optim.Adam(experts.params, lr=lr))
+        else:
+            parts.append(ZeroRedundancyOptimizer(experts.params, optimizer_class=torch.optim.Adam, process_group=experts.edp_group, lr=lr))
+        return OptimizerSet(parts)
     if plan.zero_stage == 1 and plan.dp > 1:
         if plan.tp > 1:
             from planner.executor.zero import ShardedStateOptimizer

@@ -86,6 +86,9 @@ def scale_model(model: ModelSpec, r: Rehearsal, notes: list[str]) -> ModelSpec:
     update: dict = {}
     if r.layers is not None and r.layers != model.num_layers:
         _positive(r.layers, "--scale-layers")
+        if r.layers <= model.first_dense_layers:
+            raise UsageError(f"--scale-layers {r.layers} leaves no mixture-of-experts layer after {model.name}'s "
+                             f"{model.first_dense_layers} dense ones; keep more than {model.first_dense_layers}")
         update["num_layers"] = r.layers
         notes.append(f"layers {model.num_layers} -> {r.layers}")
     heads = model.num_heads
@@ -107,6 +110,9 @@ def scale_model(model: ModelSpec, r: Rehearsal, notes: list[str]) -> ModelSpec:
         ffn = max(1, round(model.ffn * r.hidden / model.hidden_size))
         update["hidden_size"], update["ffn_hidden_size"] = r.hidden, ffn
         notes.append(f"hidden {model.hidden_size} -> {r.hidden} (FFN {model.ffn} -> {ffn})")
+        if model.moe_ffn_hidden_size:
+            update["moe_ffn_hidden_size"] = max(1, round(model.moe_ffn_hidden_size * r.hidden / model.hidden_size))
+            notes.append(f"expert FFN {model.moe_ffn_hidden_size} -> {update['moe_ffn_hidden_size']}")
     elif "num_heads" in update and model.hidden_size % heads:
         raise UsageError(f"--scale-heads {heads} does not divide the hidden size {model.hidden_size}; add --scale-hidden")
     if r.vocab is not None and r.vocab != model.vocab_size:
@@ -196,6 +202,11 @@ def check_runnable(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
     except PlanError as exc:
         raise UsageError(str(exc)) from None
     tp, m, pp = plan.tp, plan.num_micro_batches, plan.pp
+    if model.is_moe and tp > 1:
+        raise UsageError(f"plan run does not run tensor parallelism in mixture-of-experts layers (tp={tp}); rehearse the plan with tp=1")
+    if plan.ep > 1 and plan.zero_stage >= 2:
+        raise UsageError(f"plan run shards expert-parallel experts with ZeRO-0 or 1 only (ep={plan.ep} with ZeRO-{plan.zero_stage}); "
+                         "use --zero 1, or ep=1")
     if model.kv_heads % tp:
         raise UsageError(
             f"tp={tp} does not divide the {model.kv_heads} KV heads of {model.name} (the reference model does not replicate KV heads)"

@@ -93,6 +93,7 @@ def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: No
     import torch.distributed as dist
 
     from planner.executor import parallelize as par
+    from planner.executor.experts import apply_expert_parallel
     from planner.executor.memory import MemoryMeter
     from planner.distributed.reference_model import build_model
 
@@ -102,17 +103,20 @@ def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: No
     model = build_model(spec, seed=case.seed, tie=case.tie).to(device)
     stages = par.split_pipeline(model, plan, where.stages)
     del model  # layers of other stages go with it
+    experts = apply_expert_parallel(stages, plan, mesh)  # None unless ep > 1
     if plan.tp > 1:
         for stage in stages.values():
             par.apply_tensor_parallel(stage, mesh["tp"], plan.sequence_parallel)
     par.apply_recompute(stages, plan, spec.num_layers)
     blocks = [b for s in stages.values() for b in s.layers]
-    wrapped = {j: par.apply_data_parallel(s, plan, mesh) for j, s in stages.items()}
-    optimizer = par.build_optimizer(wrapped.values(), plan, mesh, case.learning_rate)
+    wrapped = {j: par.apply_data_parallel(s, plan, mesh, experts) for j, s in stages.items()}
+    optimizer = par.build_optimizer(wrapped.values(), plan, mesh, case.learning_rate, experts)
     meter = MemoryMeter(list(wrapped.values()), optimizer, device)
     if plan.dp > 1 and plan.zero_stage >= 2:  # FSDP2 gathers parameters in forward: sample them there
         meter.watch_blocks(blocks)
     step_fn = _pipeline_step(wrapped, case, mesh, device) if plan.pp > 1 else _local_step(wrapped[0], plan)
+    if experts is not None:
+        step_fn = _then(step_fn, experts.reduce_gradients)  # the experts' own gradient reduction, timed with the step
     params = par.unique_parameters(wrapped.values())
 
     losses, norms, times = [], [], []
@@ -131,7 +135,7 @@ def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: No
             local_loss = step_fn(tokens, targets)
         t1 = _now(device)
         meter.sample_gradients()
-        loss, norm = _global_loss_and_norm(local_loss, params, plan, where, case, device)
+        loss, norm = _global_loss_and_norm(local_loss, params, plan, device, experts)
         t2 = _now(device)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -193,6 +197,15 @@ def _local_step(module, plan):
     return step
 
 
+def _then(step, after: Callable[[], None]):
+    def both(tokens, targets):
+        loss = step(tokens, targets)
+        after()
+        return loss
+
+    return both
+
+
 def _pipeline_step(stages, case: RunCase, mesh, device):
     """pp > 1: one schedule step; the first stage's rank feeds tokens, the last one's targets
     and collects the micro-batch losses."""
@@ -213,9 +226,10 @@ def _pipeline_step(stages, case: RunCase, mesh, device):
     return step
 
 
-def _global_loss_and_norm(local_loss, params, plan, where, case, device) -> tuple[float, float]:
+def _global_loss_and_norm(local_loss, params, plan, device, experts=None) -> tuple[float, float]:
     """One all-reduce over the world: the mean loss over dp replicas (the last stage's tp
-    ranks all hold it) and the squared gradient norm, each shard counted once (see shard_share)."""
+    ranks all hold it) and the squared gradient norm, each shard counted once (see shard_share;
+    an expert-parallel parameter is one of ep distinct slices)."""
     import torch
     import torch.distributed as dist
 
@@ -226,7 +240,8 @@ def _global_loss_and_norm(local_loss, params, plan, where, case, device) -> tupl
     for p in params:
         if p.grad is not None:
             grad = _settled(p.grad)
-            sq += local(grad).detach().double().pow(2).sum().cpu() * shard_share(grad, holders)
+            share = shard_share(grad, holders) * (plan.ep if experts is not None and experts.holds(p) else 1)
+            sq += local(grad).detach().double().pow(2).sum().cpu() * share
     loss = torch.tensor(0.0 if local_loss is None else local_loss / holders, dtype=torch.float64)
     both = torch.stack([loss, sq]).to(device)
     dist.all_reduce(both)

@@ -60,10 +60,11 @@ class Candidate:
     mesh_order: tuple
     tp_comm_overlap: bool = False
     ep: int = 1  # expert parallelism (MoE models): experts split over ep ranks of tp x dp
+    fp8: bool = False  # GEMMs in FP8
 
     def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
         return Plan(
-            dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size, ep=self.ep,
+            dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size, ep=self.ep, fp8=self.fp8,
             num_micro_batches=self.num_micro_batches, schedule=self.schedule, zero_stage=self.zero_stage,
             sequence_parallel=self.sequence_parallel, mesh_order=list(self.mesh_order), tp_comm_overlap=self.tp_comm_overlap,
             layers_per_stage=layers_per_stage, stage_recompute=stage_recompute, recompute=recompute,
@@ -91,6 +92,7 @@ class SearchSpace:
     tp_comm_overlap: tuple = (False,)  # choices for Plan.tp_comm_overlap (both where the target has it)
     rules: Optional[object] = None  # planner/export/rules.py:Rules of the target stack: only what it can express
     target_problems: Optional[Callable] = None  # Plan -> what else the stack cannot run (its exporter's problems())
+    fp8: tuple = (False,)  # choices for Plan.fp8 ((False, True) with `plan solve --fp8` on a device that has it)
 
 
 def divisors(n: int, limit: Optional[int] = None) -> list[int]:
@@ -197,9 +199,9 @@ def enumerate_candidates(
                                     rejected[DOMINATED] += len(MESH_ORDERS)
                                     continue
                                 rejected[DOMINATED] += dropped_orders
-                                for order, ov, ep in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
-                                                                       _ep_degrees(model, dp, tp)):
-                                    c = Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep)
+                                for order, ov, ep, fp8 in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
+                                                                            _ep_degrees(model, dp, tp), space.fp8):
+                                    c = Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8)
                                     if any(getattr(c, k) != val for k, val in fixed.items()):
                                         rejected[FIXED] += 1
                                         continue
@@ -228,7 +230,7 @@ def _inexpressible(rules, c: Candidate, num_layers: int) -> bool:
         return True
     return bool(rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
                                       sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
-                                      mesh_order=c.mesh_order, ep=c.ep))
+                                      mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8))
 
 
 class CostTables:
@@ -251,11 +253,11 @@ class CostTables:
         tp_link = self.links(c)[Axis.tp]
         ep_link = self.ep_link(c)
         key = (c.micro_batch_size, c.tp, c.sequence_parallel, tp_link.signature, c.tp_comm_overlap, c.ep,
-               ep_link.signature if ep_link else None)
+               ep_link.signature if ep_link else None, c.fp8)
         if key not in self._layer:
             self._layer[key] = layer_costs(
                 self.model, self.cluster, self.job, c.micro_batch_size, c.tp, c.sequence_parallel, tp_link, c.tp_comm_overlap,
-                c.ep, ep_link,
+                c.ep, ep_link, fp8=c.fp8,
             )
         return self._layer[key]
 
@@ -266,11 +268,12 @@ class CostTables:
         links = self.links(c)
         ep_link = self.ep_link(c)
         key = (c.micro_batch_size, c.tp, c.sequence_parallel, c.pp, links[Axis.tp].signature, links[Axis.pp].signature,
-               c.ep, ep_link.signature if ep_link else None, c.tp_comm_overlap if self.model.first_dense_layers else None)
+               c.ep, ep_link.signature if ep_link else None, c.tp_comm_overlap if self.model.first_dense_layers else None,
+               c.fp8 if self.model.first_dense_layers else None)
         if key not in self._edge:
             self._edge[key] = edge_costs(
                 self.model, self.cluster, self.job, c.micro_batch_size, c.tp, c.sequence_parallel, c.pp,
-                links[Axis.tp], links[Axis.pp], c.ep, ep_link, self.layer(c),
+                links[Axis.tp], links[Axis.pp], c.ep, ep_link, self.layer(c), c.fp8,
             )
         return self._edge[key]
 
@@ -289,5 +292,5 @@ class CostTables:
         return layout_costs(
             self.model, self.cluster, self.job, c.dp, c.tp, c.pp, c.vpp, c.micro_batch_size, c.num_micro_batches,
             c.schedule, c.zero_stage, c.sequence_parallel, c.mesh_order, self.links(c), self.layer(c), self.edge(c),
-            self.flops(c), tp_overlap=c.tp_comm_overlap, ep=c.ep,
+            self.flops(c), tp_overlap=c.tp_comm_overlap, ep=c.ep, fp8=c.fp8,
         )
