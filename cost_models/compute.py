@@ -55,7 +55,7 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, dense: bool = False
     h, d = model.hidden_size, model.head_dim
     moe = model.is_moe and not dense
     f = model.num_shared_experts * model.moe_ffn if moe else model.ffn
-    q_cols = h // tp
+    q_cols = model.q_width // tp
     kv_cols = 2 * d * kv_shard(model, tp)
     mlp_in = 2 if model.activation == Activation.swiglu else 1
     sharded = h * (q_cols + kv_cols) + q_cols * h + mlp_in * h * (f // tp) + (f // tp) * h
@@ -136,15 +136,16 @@ def layer_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int, dense:
     tokens = micro_batch * seq_len
     h, f, d = model.hidden_size, active_ffn(model, dense), model.head_dim
     mlp_in = 2 if model.activation == Activation.swiglu else 1
-    matmul_weights = 2 * h * h + 2 * h * d * model.kv_heads + (mlp_in + 1) * h * f
+    matmul_weights = 2 * h * model.q_width + 2 * h * d * model.kv_heads + (mlp_in + 1) * h * f
     if model.is_moe and not dense:
         matmul_weights += h * model.num_experts  # router
     return 2.0 * tokens * matmul_weights + attention_flops_forward(model, micro_batch, seq_len)
 
 
 def attention_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    """QK^T and AV: 2 x (2 b s^2 h), counted without causal masking (the usual convention)."""
-    return 4.0 * micro_batch * seq_len * seq_len * model.hidden_size
+    """QK^T and AV: 2 x (2 b s^2 a d) (a d = h unless the heads have their own width), counted
+    without causal masking (the usual convention)."""
+    return 4.0 * micro_batch * seq_len * seq_len * model.q_width
 
 
 def head_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
@@ -345,7 +346,8 @@ def layer_compute(
     mlp_in = 2 if model.activation == Activation.swiglu else 1
 
     # Linear layers (column-parallel QKV and fc1, row-parallel output and fc2): (in, out).
-    shapes = [(h, h // tp + kv_cols), (h // tp, h)] + ([(h, mlp_in * f // tp), (f // tp, h)] if f else [])
+    q = model.q_width // tp
+    shapes = [(h, q + kv_cols), (q, h)] + ([(h, mlp_in * f // tp), (f // tp, h)] if f else [])
     lin = [linear_times(device, dtype, T, n_in, n_out, fp8=fp8) for n_in, n_out in shapes]
     linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
     attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, Target(target).attention_kernel)
@@ -358,7 +360,7 @@ def layer_compute(
     residual_bytes = 2 * (3 * rows * h * e)  # two residual adds: read 2, write 1
     dropout_bytes = 2 * (2 * rows * h * e + rows * h) if model.dropout else 0.0  # + 1-byte mask
     act_bytes = (mlp_in + 1) * T * (f // tp) * e  # GELU: read+write; SwiGLU: read 2, write 1
-    rope_bytes = 0.0 if model.learned_position_embeddings else 2 * T * (h // tp + kv_cols) * e
+    rope_bytes = 0.0 if model.learned_position_embeddings else 2 * T * (q + kv_cols) * e
     softmax_bytes = 0.0
     if not flash_attention:
         scores = b * heads * s * s

@@ -84,7 +84,7 @@ def layer_activation_bytes(
     # fc1 projections (4 tensors of s b h), and the two dropout masks (1 byte each).
     replicated = 4 * e * sbh + (2 * sbh if model.dropout else 0)
     # Sharded over TP: Q, K, V (for QK^T and AV), input of the output projection, and the MLP.
-    q = s * b * (h // tp)
+    q = s * b * (model.q_width // tp)
     kv = s * b * model.head_dim * kv_shard(model, tp)
     attention = e * (q + 2 * kv + q)
     mlp_tensors = 3 if model.activation == Activation.swiglu else 2  # fc1 out, act out (+ gate)

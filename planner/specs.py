@@ -158,6 +158,11 @@ class ModelSpec(_Spec):
     num_layers: int = Field(gt=0, le=100_000, description="Number of transformer layers (blocks).")
     hidden_size: int = Field(gt=0, le=1_000_000, description="Model width h.")
     num_heads: int = Field(gt=0, le=100_000, description="Attention (query) heads a.")
+    attention_head_dim: Optional[int] = Field(
+        default=None, gt=0, le=100_000,
+        description="Width of one attention head when it is not hidden_size / num_heads (Qwen3, GPT-OSS: the query and "
+        "output projections are then h x (heads x head_dim)); None: hidden_size / num_heads (schema 1.4).",
+    )
     num_kv_heads: Optional[int] = Field(
         default=None, gt=0, description="Key/value heads for grouped-query attention; None means equal to num_heads (MHA)."
     )
@@ -199,7 +204,7 @@ class ModelSpec(_Spec):
 
     @model_validator(mode="after")
     def _shapes(self) -> "ModelSpec":
-        if self.hidden_size % self.num_heads:
+        if self.attention_head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.kv_heads}")
@@ -232,7 +237,12 @@ class ModelSpec(_Spec):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of the queries (and of the attention output before its projection): heads x head_dim."""
+        return self.num_heads * self.head_dim
 
 
 # --------------------------------------------------------------------------- hardware

@@ -68,11 +68,9 @@ def unsupported(data: dict, name: str) -> str | None:
     archs = [a for a in data.get("architectures") or [] if isinstance(a, str)]
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         return f"{name}: field 'architectures' = {archs}: only causal language models (…ForCausalLM) are planned"
-    head_dim, hidden, heads = data.get("head_dim"), data.get("hidden_size"), data.get("num_attention_heads")
-    if head_dim is not None and _int(hidden) and _int(heads) and heads > 0 and not (_int(head_dim) and head_dim * heads == hidden):
-        # The spec's heads are hidden_size / num_heads wide; a wider head changes every attention matrix.
-        return (f"{name}: field 'head_dim' = {head_dim!r} is not hidden_size / num_attention_heads = {hidden}/{heads} = {hidden / heads:g}: a head width "
-                "of its own is not modelled (its attention projections would be mis-sized)")
+    head_dim = data.get("head_dim")
+    if head_dim is not None and not (_int(head_dim) and head_dim > 0):
+        return f"{name}: field 'head_dim' = {head_dim!r} is not a positive integer"
     return None
 
 
@@ -137,6 +135,9 @@ def from_hf_config(data: dict, name: str) -> dict:
         param_dtype=dtype,
         source=f"Hugging Face config.json ({model_type or 'llama'} style)",
     )
+    head_dim = data.get("head_dim")
+    if head_dim is not None and _int(spec["hidden_size"]) and head_dim * heads != spec["hidden_size"]:
+        spec["attention_head_dim"] = head_dim  # Qwen3, GPT-OSS: heads of their own width
     if model_type in _MOE_STYLES:
         experts, approximated = _moe_fields(data, name, _MOE_STYLES[model_type], need)
         spec.update(experts)
