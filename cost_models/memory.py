@@ -70,7 +70,8 @@ def layer_activation_bytes(
     """Activation bytes one layer keeps for backward, per micro-batch, on one TP rank. A MoE
     layer's MLP keeps, per token-expert assignment (top-k of them per token of this rank's
     sequence shard), the permuted expert input and the expert MLP's tensors, plus the fp32
-    router probabilities; its shared experts keep what a dense MLP of their width does."""
+    router probabilities, and the expert outputs the weighted combine needs for the routing
+    weights' gradient; its shared experts keep what a dense MLP of their width does."""
     moe = model.is_moe and not dense
     s, b, h = seq_len, micro_batch, model.hidden_size
     f = (model.experts_per_token + model.num_shared_experts) * model.moe_ffn if moe else model.ffn
@@ -92,7 +93,9 @@ def layer_activation_bytes(
     total = replicated / sp_div + attention + mlp
     if moe:
         rows = s * b / tp  # this rank's tokens (MoE with tp > 1 runs with sequence parallelism)
-        total += e * rows * model.experts_per_token * h + 4 * rows * model.num_experts
+        # the permuted expert inputs, and the experts' outputs the weighted combine keeps for
+        # the routing weights' gradient, one each per assignment; fp32 router probabilities
+        total += 2 * e * rows * model.experts_per_token * h + 4 * rows * model.num_experts
     if fp8:
         # Linear layers keep their inputs for the weight gradient as FP8 (1 byte): the QKV and
         # fc1 inputs, the attention output projection's, and fc2's (the activation output);
