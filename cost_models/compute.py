@@ -330,6 +330,7 @@ def layer_compute(
     ep: int = 1,
     dense: bool = False,
     fp8: bool = False,
+    cp: int = 1,
 ) -> LayerCompute:
     """Forward/backward time of one transformer layer on one TP rank, operator by operator:
     four linear layers as GEMMs by shape (forward, input and weight gradients), the core
@@ -352,6 +353,10 @@ def layer_compute(
     linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
     attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, Target(target).attention_kernel)
     attn_exec = 4.0 * b * heads * s * s * d * (0.5 if flash_attention else 1.0)
+    # Context parallelism (`seq_len` is then a rank's s / cp tokens): its queries meet every
+    # key of the sequence, cp blocks of the chunk's size (load-balanced causal chunks, so each
+    # rank does 1/cp of the whole attention).
+    attn_fwd, attn_bwd, attn_exec = attn_fwd * cp, attn_bwd * cp, attn_exec * cp
 
     # Memory-bound kernels, forward bytes. Norms/residuals/dropout act on the full sequence on
     # every TP rank unless sequence parallelism shards them.

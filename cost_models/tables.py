@@ -20,6 +20,7 @@ from planner.specs import (
     Plan,
     PlanError,
     Schedule,
+    Target,
     Uncertainty,
 )
 
@@ -156,12 +157,13 @@ def all_to_all_time(link: GroupLink, nbytes: float) -> float:
 def layer_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink,
     tp_overlap: bool = False, ep: int = 1, ep_link: GroupLink | None = None, dense: bool = False, fp8: bool = False,
+    cp: int = 1, cp_link: GroupLink | None = None,
 ) -> LayerCosts:
     """One layer of the model (`dense`: one of a MoE model's first dense layers; `fp8`: its
-    GEMMs in FP8)."""
+    GEMMs in FP8; `cp`: context parallelism, with `job.seq_len` a rank's s / cp tokens)."""
     dtype, b, s = job.precision, micro_batch, job.seq_len
     moe = model.is_moe and not dense
-    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target, ep, dense, fp8)
+    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target, ep, dense, fp8, cp)
     measured = measured_layer(cluster, model, job, "block", b, tp)
     if measured is not None:
         # A measured profile of this model: its times replace the analytic ones; the core
@@ -194,6 +196,18 @@ def layer_costs(
         one = all_to_all_time(ep_link, DTYPE_BYTES[dtype] * compute.routed_tokens(model, b, s, tp) * model.hidden_size)
         ep_fwd = ep_bwd = 2 * one
         tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
+    if cp > 1 and cp_link is not None:
+        # Ring attention: cp - 1 steps, each passing a rank's K and V chunk (its KV heads: GQA
+        # shrinks it) to the next rank while the current block is computed; backward passes K,
+        # V and their gradients. What the attention of the steps does not hide is exposed.
+        attn_f, attn_b = compute.attention_times(cluster.device, dtype, b, model.num_heads // tp, s, model.head_dim,
+                                                 job.flash_attention, Target(job.target).attention_kernel)
+        kv = 2 * DTYPE_BYTES[dtype] * b * s * model.head_dim * compute.kv_shard(model, tp)
+        step = cp_link.time(Collective.p2p, kv)
+        eta = cluster.overlap_efficiency
+        ring_fwd = overlapped((cp - 1) * step, 0.0, (cp - 1) * attn_f, eta)
+        ring_bwd = overlapped(2 * (cp - 1) * step, 0.0, (cp - 1) * attn_b, eta)
+        tp_fwd, tp_bwd = tp_fwd + ring_fwd, tp_bwd + ring_bwd
     flops = compute.layer_flops_forward(model, b, s, dense)
     acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense, fp8) for r in MODES)
     if measured is not None and not sp:
@@ -210,7 +224,7 @@ def layer_costs(
         activation_bytes=acts,
         params=compute.layer_params(model, tp, ep, dense).total,
         flops_forward=flops,
-        recompute_flops=(0.0, compute.attention_flops_forward(model, b, s), flops),
+        recompute_flops=(0.0, cp * compute.attention_flops_forward(model, b, s), flops),
         expert_params=compute.layer_params(model, tp, ep, dense).expert,
         ep_forward=ep_fwd,
         ep_backward=ep_bwd,
@@ -353,7 +367,7 @@ def pipeline_costs(
     return layout_costs(
         model, cluster, job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
         plan.schedule, plan.zero_stage, plan.sequence_parallel, plan.mesh_order, links, layer, edge,
-        tp_overlap=plan.tp_comm_overlap, ep=plan.ep, fp8=plan.fp8,
+        tp_overlap=plan.tp_comm_overlap, ep=plan.ep, fp8=plan.fp8, cp=plan.cp,
     )
 
 
@@ -361,30 +375,41 @@ def layout_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, dp: int, tp: int, pp: int, vpp: int, micro_batch: int,
     num_micro_batches: int, schedule: Schedule, zero: int, sp: bool, mesh_order, links: dict | None = None,
     layer: LayerCosts | None = None, edge: EdgeCosts | None = None, model_flops: float | None = None,
-    tp_overlap: bool = False, ep: int = 1, fp8: bool = False,
+    tp_overlap: bool = False, ep: int = 1, fp8: bool = False, cp: int = 1,
 ) -> PipelineCosts:
     """Cost tables of one layout; `links`, `layer`, `edge` and `model_flops` (per step) may
-    come from a cache."""
-    links = links or mesh_links(cluster, dp, tp, pp, mesh_order)
-    ep_link = ep_link_of(cluster, dp, tp, pp, ep, mesh_order) if ep > 1 else None
+    come from a cache.
+
+    Context parallelism: a rank holds s / cp tokens of each sequence, so the per-layer and
+    edge tables are those of that length (attention and its ring corrected in layer_costs);
+    weights are replicated over dp x cp ranks (the dp axis of the mesh holds cp innermost),
+    which gradients are reduced over and ZeRO shards over: `dp` of the tables below is dp x cp,
+    while the batch counts dp replicas of the data."""
+    dpw = dp * cp
+    links = links or mesh_links(cluster, dpw, tp, pp, mesh_order)
+    ep_link = ep_link_of(cluster, dpw, tp, pp, ep, mesh_order) if ep > 1 else None
+    cp_link = GroupLink(cluster, cp, mesh_strides({Axis.dp: dpw, Axis.tp: tp, Axis.pp: pp}, mesh_order)[Axis.dp]) if cp > 1 else None
     if fp8 and cluster.device.fp8_peak_tflops is None:
         raise PlanError(f"{cluster.device.name} has no FP8 tensor cores; drop fp8 (or plan on an H100/H200 cluster)")
-    layer = layer or layer_costs(model, cluster, job, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link, fp8=fp8)
-    edge = edge or edge_costs(model, cluster, job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer, fp8)
+    rank_job = job.model_copy(update={"seq_len": job.seq_len // cp}) if cp > 1 else job
+    layer = layer or layer_costs(model, cluster, rank_job, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link, fp8=fp8,
+                                 cp=cp, cp_link=cp_link)
+    edge = edge or edge_costs(model, cluster, rank_job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer, fp8)
     e = DTYPE_BYTES[job.precision]
-    states = memory.model_state_bytes(1, dp, zero, job.precision, job.optimizer)  # per parameter held
-    # Routed experts are replicated on tp x dp / ep ranks (the expert-DP group), ZeRO shards over those.
-    expert_states = memory.model_state_bytes(1, max(1, tp * dp // ep), zero, job.precision, job.optimizer)
+    states = memory.model_state_bytes(1, dpw, zero, job.precision, job.optimizer)  # per parameter held
+    # Routed experts are replicated on tp x dp x cp / ep ranks (the expert-DP group), ZeRO shards over those.
+    edp = max(1, tp * dpw // ep)
+    expert_states = memory.model_state_bytes(1, edp, zero, job.precision, job.optimizer)
     if fp8:  # each weight's FP8 copy and its transpose, cast once per step and kept (ZeRO-3: of the shard)
-        states = (states[0] + 2 / (dp if zero >= 3 else 1), *states[1:])
-        expert_states = (expert_states[0] + 2 / (max(1, tp * dp // ep) if zero >= 3 else 1), *expert_states[1:])
+        states = (states[0] + 2 / (dpw if zero >= 3 else 1), *states[1:])
+        expert_states = (expert_states[0] + 2 / (edp if zero >= 3 else 1), *expert_states[1:])
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
-    z3 = zero >= 3 and dp > 1
+    z3 = zero >= 3 and dpw > 1
     batch = dp * micro_batch * num_micro_batches
     return PipelineCosts(
         pp=pp,
         vpp=vpp,
-        dp=dp,
+        dp=dpw,
         tp=tp,
         num_micro_batches=num_micro_batches,
         zero_stage=zero,
@@ -396,10 +421,10 @@ def layout_costs(
         comm_bytes_per_param=e,
         dp_link=links[Axis.dp],
         overlap=cluster.overlap_efficiency,
-        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dp if zero >= 1 else 1),
+        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dpw if zero >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
-        comm_buffer_bytes=memory.tp_overlap_buffer_bytes(model, micro_batch, job.seq_len, e) if tp_overlap else 0.0,
+        comm_buffer_bytes=memory.tp_overlap_buffer_bytes(model, micro_batch, rank_job.seq_len, e) if tp_overlap else 0.0,
         tokens_per_step=batch * job.seq_len,
         model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),
         memory_capacity_gib=cluster.device.memory_gib,

@@ -195,7 +195,7 @@ class Placement:
     """Where every rank sits: node, GPU on the node, and its coordinate on each axis."""
 
     gpus_per_node: int
-    ranks: list[dict]  # {"rank", "node", "gpu", "dp", "tp", "pp"}
+    ranks: list[dict]  # {"rank", "node", "gpu", "dp", "cp", "tp", "pp"}
     axes: list[dict]  # per axis: {"axis", "degree", "stride", "inter_node", "rails", "link"}
 
 
@@ -203,21 +203,23 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
     """Rank r = sum over axes of coordinate x stride, the axes in the plan's mesh order
     (innermost first; cost_models/communication.py:mesh_strides); ranks fill nodes in order,
     gpus_per_node each (as torchrun numbers them)."""
-    degrees = {Axis.dp: plan.dp, Axis.tp: plan.tp, Axis.pp: plan.pp}
+    degrees = {Axis.dp: plan.dp * plan.cp, Axis.tp: plan.tp, Axis.pp: plan.pp}  # cp innermost in the dp axis
     strides = mesh_strides(degrees, plan.mesh_order)
     g = cluster.gpus_per_node
     ranks = []
     for rank in range(plan.world_size):
         coord = {a.value: (rank // strides[a]) % degrees[a] for a in Axis}
+        coord["cp"], coord["dp"] = coord["dp"] % plan.cp, coord["dp"] // plan.cp
         ranks.append({"rank": rank, "node": rank // g, "gpu": rank % g, **coord})
-    links = mesh_links(cluster, plan.dp, plan.tp, plan.pp, plan.mesh_order)
+    links = mesh_links(cluster, plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order)
     axes = []
     for a in plan.mesh_order:
         link = links[a]
         tier = cluster.inter_node if link.inter_node else cluster.intra_node
         axes.append({
-            "axis": a.value, "degree": degrees[a], "stride": strides[a], "inter_node": link.inter_node,
-            "rails": link.rails if link.inter_node else None, "link": tier.name if degrees[a] > 1 else "none (degree 1)",
+            "axis": a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", "degree": degrees[a], "stride": strides[a],
+            "inter_node": link.inter_node, "rails": link.rails if link.inter_node else None,
+            "link": tier.name if degrees[a] > 1 else "none (degree 1)",
         })
     return Placement(g, ranks, axes)
 

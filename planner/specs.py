@@ -583,6 +583,12 @@ class Plan(_Spec):
     """A parallel layout of one training job on one cluster."""
 
     dp: int = Field(gt=0, description="Data-parallel degree (model replicas).")
+    cp: int = Field(
+        default=1, gt=0,
+        description="Context-parallel degree: each sequence split over cp ranks (ring attention: keys/values passed around "
+        "the ring, load-balanced causal chunks); cp sits inside the dp axis of mesh_order (ranks tp, then cp, then dp); "
+        "weights are replicated over dp x cp, which gradients are reduced and ZeRO shards over (schema 1.4).",
+    )
     fp8: bool = Field(
         default=False,
         description="GEMMs in FP8 (Transformer Engine / torchao style: E4M3 forward, E5M2 gradients, per-tensor scales), "
@@ -625,7 +631,7 @@ class Plan(_Spec):
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def virtual_stages(self) -> int:
@@ -694,9 +700,11 @@ class Plan(_Spec):
     def validate_for(self, model: ModelSpec, job: JobSpec, num_gpus: Optional[int] = None) -> None:
         """Check the plan against a model, job and GPU count; raise PlanError naming the factor to change."""
         if num_gpus is not None and self.world_size != num_gpus:
+            names, values = ("dp x cp x tp x pp", f"{self.dp} x {self.cp} x {self.tp} x {self.pp}") if self.cp > 1 else (
+                "dp x tp x pp", f"{self.dp} x {self.tp} x {self.pp}")
             raise PlanError(
-                f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {self.world_size}, but the cluster has {num_gpus} GPUs; "
-                f"change dp, tp or pp so that their product is {num_gpus}"
+                f"{names} = {values} = {self.world_size}, but the cluster has {num_gpus} GPUs; "
+                f"change {names.replace(' x ', ', ')} so that their product is {num_gpus}"
             )
         problem = tp_problem(model, self.tp)
         if problem:
@@ -726,7 +734,10 @@ class Plan(_Spec):
         problem = seq_problem(model, job.seq_len)
         if problem:
             raise PlanError(problem)
-        problem = ep_problem(model, self.dp, self.tp, self.ep, self.sequence_parallel)
+        problem = ep_problem(model, self.dp * self.cp, self.tp, self.ep, self.sequence_parallel)
+        if problem:
+            raise PlanError(problem)
+        problem = cp_problem(self.cp, self.tp, self.sequence_parallel, job)
         if problem:
             raise PlanError(problem)
         if model.first_dense_layers and self.stage_layers(model.num_layers)[0] < model.first_dense_layers:
@@ -741,6 +752,20 @@ def _recompute_items(r) -> list:
     if isinstance(r, dict):
         return [(m, r.get(m, 0)) for m in ("none", "selective", "full")]
     return [(m, getattr(r, m, 0)) for m in ("none", "selective", "full")]
+
+
+def cp_problem(cp: int, tp: int, sequence_parallel: bool, job: JobSpec) -> Optional[str]:
+    """Why context parallelism `cp` cannot split this job's sequences, or None."""
+    if cp == 1:
+        return None
+    if job.seq_len % (2 * cp):
+        return (f"cp={cp}: the sequence ({job.seq_len} tokens) must split into 2 x cp = {2 * cp} equal chunks "
+                "(causal load balancing gives each rank one early and one late chunk)")
+    if not job.flash_attention:
+        return f"cp={cp} needs a fused attention kernel (ring attention runs blockwise); drop --no-flash-attention"
+    if sequence_parallel and (job.seq_len // cp) % tp:
+        return f"cp={cp}: each rank's {job.seq_len // cp} tokens do not split over tp={tp} for sequence parallelism"
+    return None
 
 
 def ep_problem(model: ModelSpec, dp: int, tp: int, ep: int, sequence_parallel: bool) -> Optional[str]:

@@ -39,6 +39,8 @@ SETTINGS = [
 MOE = SMALL.model_copy(update={"name": "small-moe", "activation": "swiglu", "num_experts": 4, "experts_per_token": 2,
                                "moe_ffn_hidden_size": 512, "num_shared_experts": 1, "first_dense_layers": 2})
 SETTINGS.append((MOE, _small_cluster(0.6), 8, 16))
+# Context parallelism: 8,192-token sequences split over cp = 2 or 4 ranks.
+SETTINGS.append((SMALL.model_copy(update={"max_seq_len": 8192}), _small_cluster(0.6), 8, 16, (1, 2, 4), 8192))
 SAMPLES_PER_SETTING = 60
 
 
@@ -71,9 +73,10 @@ def _symmetric_order(counts, pp: int) -> list:
 
 def _cases():
     rng = random.Random(20261130)
-    for s, (model, cluster, gpus, batch) in enumerate(SETTINGS):
-        job = JobSpec(global_batch_size=batch, seq_len=2048)
-        space = SearchSpace(num_gpus=gpus, global_batch_size=batch, include_dominated=True)
+    for s, (model, cluster, gpus, batch, *cp) in enumerate(SETTINGS):
+        cps, seq = cp if cp else ((1,), 2048)
+        job = JobSpec(global_batch_size=batch, seq_len=seq)
+        space = SearchSpace(num_gpus=gpus, global_batch_size=batch, include_dominated=True, cp_degrees=cps, seq_len=seq)
         cands, _ = enumerate_candidates(model, cluster, space)
         tables = CostTables(model, cluster, job)
         for i, c in enumerate(rng.sample(cands, min(SAMPLES_PER_SETTING, len(cands)))):

@@ -39,6 +39,8 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.option("--recompute", type=click.Choice([m.value for m in Recompute if m != Recompute.mixed]), default=Recompute.none.value, show_default=True)
 @click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage.")
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1).")
+@click.option("--cp", type=int, default=1, show_default=True,
+              help="Context-parallel degree: each sequence split over cp ranks (ring attention).")
 @click.option("--fp8", is_flag=True, help="GEMMs in FP8 (needs a device with FP8 tensor cores: H100, H200).")
 @click.option("--tp-comm-overlap", is_flag=True, help="Overlap TP communication with GEMMs (needs --sequence-parallel and --target megatron or torchtitan).")
 @click.option(
@@ -57,7 +59,7 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.pass_context
 def estimate(
     ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
-    global_batch, tp, pp, dp, ep, vpp, micro_batch_size, recompute, zero, sequence_parallel, fp8, tp_comm_overlap, schedule,
+    global_batch, tp, pp, dp, ep, cp, vpp, micro_batch_size, recompute, zero, sequence_parallel, fp8, tp_comm_overlap, schedule,
     layers_per_stage, mesh_order, plan_file: Optional[str], alternative: Optional[int], as_json: bool, output: Optional[str],
 ) -> None:
     """Predict step time, throughput and per-GPU memory of one layout."""
@@ -73,20 +75,22 @@ def estimate(
         if global_batch is None:
             raise UsageError("--global-batch is required (sequences per optimizer step)")
         job = make_job(model, global_batch, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel)
-        if tp < 1 or pp < 1 or (dp is not None and dp < 1) or micro_batch_size < 1:
-            raise UsageError("--tp, --pp, --dp and --micro-batch-size must be positive")
+        if tp < 1 or pp < 1 or cp < 1 or ep < 1 or (dp is not None and dp < 1) or micro_batch_size < 1:
+            raise UsageError("--tp, --pp, --cp, --ep, --dp and --micro-batch-size must be positive")
         if dp is None:
-            if gpus % (tp * pp):
+            if gpus % (tp * pp * cp):
+                what, values = ("tp x pp x cp", f"{tp} x {pp} x {cp}") if cp > 1 else ("tp x pp", f"{tp} x {pp}")
                 raise UsageError(
-                    f"tp x pp = {tp} x {pp} = {tp * pp} does not divide the {gpus} GPUs; pick tp and pp whose product divides {gpus}"
+                    f"{what} = {values} = {tp * pp * cp} does not divide the {gpus} GPUs; pick {what.replace(' x ', ' and ')} "
+                    f"whose product divides {gpus}"
                 )
-            dp = gpus // (tp * pp)
+            dp = gpus // (tp * pp * cp)
         if job.global_batch_size % (dp * micro_batch_size):
             raise UsageError(
                 f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {dp * micro_batch_size}"
             )
         plan = make_plan(
-            dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, fp8=fp8, micro_batch_size=micro_batch_size,
+            dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, fp8=fp8, cp=cp, micro_batch_size=micro_batch_size,
             num_micro_batches=job.global_batch_size // (dp * micro_batch_size),
             schedule=schedule or (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b),
             recompute=recompute, zero_stage=zero, sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap,
@@ -105,7 +109,7 @@ def estimate(
 
 
 # Options that change a plan file's layout or job (what-if), and the plan field each sets.
-_PLAN_OPTIONS = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "fp8": "fp8", "vpp": "vpp", "micro_batch_size": "micro_batch_size",
+_PLAN_OPTIONS = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "fp8": "fp8", "vpp": "vpp", "micro_batch_size": "micro_batch_size",
                  "recompute": "recompute", "zero": "zero_stage", "sequence_parallel": "sequence_parallel",
                  "tp_comm_overlap": "tp_comm_overlap", "schedule": "schedule", "mesh_order": "mesh_order",
                  "layers_per_stage": "layers_per_stage"}

@@ -66,7 +66,8 @@ def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
 
 
 def plan_summary(plan: Plan) -> str:
-    parts = [f"dp={plan.dp}", f"tp={plan.tp}", f"pp={plan.pp}"] + ([f"ep={plan.ep}"] if plan.ep > 1 else [])
+    parts = ([f"dp={plan.dp}"] + ([f"cp={plan.cp}"] if plan.cp > 1 else []) + [f"tp={plan.tp}", f"pp={plan.pp}"]
+             + ([f"ep={plan.ep}"] if plan.ep > 1 else []))
     if plan.vpp > 1:
         parts.append(f"vpp={plan.vpp}")
     parts += [

@@ -18,7 +18,7 @@ from planner.export import rules as export_rules
 from planner.specs import Axis, Recompute, Schedule, Target, memory_limit_gib
 
 _FIX_KEYS = {
-    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int), "ep": ("ep", int),
+    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int), "ep": ("ep", int), "cp": ("cp", int),
     "mbs": ("micro_batch_size", int), "micro_batch_size": ("micro_batch_size", int),
     "zero": ("zero_stage", int), "zero_stage": ("zero_stage", int),
     "sp": ("sequence_parallel", "bool"), "sequence_parallel": ("sequence_parallel", "bool"),
@@ -72,7 +72,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
 @click.option("--micro-batch-size", type=int, help="Sequences per micro-batch per replica, when the batch is not fixed.")
 @click.option("--micro-batches", type=int, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
 @click.option("--top-k", type=int, default=3, show_default=True, help="Alternatives to report (0: none).")
-@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep mbs zero sp schedule mesh_order recompute tp_comm_overlap).")
+@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero sp schedule mesh_order recompute tp_comm_overlap fp8).")
 @click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
 @click.option("--fp8", is_flag=True, help="Let the search run GEMMs in FP8 where it is faster (devices with FP8: H100, H200).")
@@ -115,6 +115,8 @@ def solve(
         # a named stack: only the layouts, splits and recompute it can express (planner/export)
         rules=rules,
         fp8=_fp8_choices(fp8, fixed, cluster),
+        cp_degrees=cp_degrees(job.seq_len, gpus, fixed.get("cp")),
+        seq_len=job.seq_len,
         target_problems=None if rules is None else _target_problems(job.target.value, model, job),
     )
     limit = memory_limit_gib(cluster, max_memory_gib)
@@ -150,3 +152,24 @@ def _fp8_choices(allowed: bool, fixed: dict, cluster) -> tuple:
     if want and cluster.device.fp8_peak_tflops is None:
         raise UsageError(f"--fp8: {cluster.device.name} has no FP8 tensor cores (H100 and H200 do)")
     return (False, True) if want else (False,)
+
+
+# Context parallelism is searched for long sequences only: at 8,192 tokens or fewer the
+# activations it divides are had as cheaply from TP with SP and recompute, and each CP rank
+# should keep at least this many tokens of a sequence (Megatron's and torchtitan's long-context
+# recipes shard 32k-128k sequences into chunks of 4k-16k).
+CP_FROM_SEQ_LEN = 8192
+CP_MIN_TOKENS_PER_RANK = 4096
+
+
+def cp_degrees(seq_len: int, gpus: int, fixed: Optional[int]) -> tuple:
+    """Context-parallel degrees the search tries: the fixed one, else 1 and, for sequences
+    longer than CP_FROM_SEQ_LEN, each power of two up to the GPUs that leaves every rank at
+    least CP_MIN_TOKENS_PER_RANK tokens in 2 x cp equal chunks."""
+    if fixed is not None:
+        return (fixed,)
+    out, cp = [1], 2
+    while seq_len > CP_FROM_SEQ_LEN and cp <= gpus and seq_len // cp >= CP_MIN_TOKENS_PER_RANK and seq_len % (2 * cp) == 0:
+        out.append(cp)
+        cp *= 2
+    return tuple(out)

@@ -27,6 +27,7 @@ from cost_models.tables import (
     layout_costs,
     mesh_links,
 )
+from cost_models.communication import GroupLink, mesh_strides
 from cost_models.compute import model_flops_per_step
 from cost_models.terms import MODES
 from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule, tp_problem
@@ -61,10 +62,11 @@ class Candidate:
     tp_comm_overlap: bool = False
     ep: int = 1  # expert parallelism (MoE models): experts split over ep ranks of tp x dp
     fp8: bool = False  # GEMMs in FP8
+    cp: int = 1  # context parallelism: each sequence split over cp ranks (inside the dp axis)
 
     def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
         return Plan(
-            dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size, ep=self.ep, fp8=self.fp8,
+            dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size, ep=self.ep, fp8=self.fp8, cp=self.cp,
             num_micro_batches=self.num_micro_batches, schedule=self.schedule, zero_stage=self.zero_stage,
             sequence_parallel=self.sequence_parallel, mesh_order=list(self.mesh_order), tp_comm_overlap=self.tp_comm_overlap,
             layers_per_stage=layers_per_stage, stage_recompute=stage_recompute, recompute=recompute,
@@ -93,6 +95,8 @@ class SearchSpace:
     rules: Optional[object] = None  # planner/export/rules.py:Rules of the target stack: only what it can express
     target_problems: Optional[Callable] = None  # Plan -> what else the stack cannot run (its exporter's problems())
     fp8: tuple = (False,)  # choices for Plan.fp8 ((False, True) with `plan solve --fp8` on a device that has it)
+    cp_degrees: tuple = (1,)  # context-parallel degrees to try (plan solve: for long sequences, see cli/solve.py)
+    seq_len: Optional[int] = None  # with cp_degrees: the sequence CP splits (SP then needs s / cp divisible by tp)
 
 
 def divisors(n: int, limit: Optional[int] = None) -> list[int]:
@@ -169,49 +173,54 @@ def enumerate_candidates(
             if pp > L:
                 rejected[DIVISIBILITY] += 1
                 continue
-            dp = n // (tp * pp)
-            options = _batch_options(space, dp, pp)
-            if not options:
-                rejected[DIVISIBILITY] += 1
-            key = (dp, tp, pp)
-            if key not in order_cache:
-                orders, dropped = _mesh_orders(cluster, dp, tp, pp, space.include_dominated)
-                if space.max_tp is None:  # TP stays on NVLink: no mesh order may stretch it across nodes
-                    inside = [o for o in orders if not mesh_links(cluster, dp, tp, pp, o)[Axis.tp].inter_node]
-                    rejected[TP_ACROSS_NODES] += len(orders) - len(inside)
-                    orders = inside
-                order_cache[key] = (orders, dropped)
-            orders, dropped_orders = order_cache[key]
-            for b, m in options:
-                # Interleaving: Megatron-LM's rule, every model chunk holds L / (pp v) layers
-                # (recompute stays free per chunk); the interleaved schedule needs m % pp == 0.
-                vpps = [1] + [v for v in range(2, space.max_vpp + 1) if pp > 1 and L % (pp * v) == 0 and m % pp == 0]
-                for v in vpps:
-                    schedules = [Schedule.one_f_one_b, Schedule.gpipe] if v == 1 else [Schedule.interleaved_1f1b]
-                    for sched in schedules:
-                        for zero in range(4):
-                            # MoE with TP dispatches each rank's sequence shard: SP is required
-                            for sp in ([False, True] if tp > 1 and not model.is_moe else [tp > 1]):
-                                # GPipe runs as fast as 1F1B and holds more activations; with
-                                # dp = 1 every ZeRO stage is ZeRO-0. Neither can win.
-                                dominated = sched == Schedule.gpipe or (zero > 0 and dp == 1)
-                                if dominated and not space.include_dominated:
-                                    rejected[DOMINATED] += len(MESH_ORDERS)
-                                    continue
-                                rejected[DOMINATED] += dropped_orders
-                                for order, ov, ep, fp8 in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
-                                                                            _ep_degrees(model, dp, tp), space.fp8):
-                                    c = Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8)
-                                    if any(getattr(c, k) != val for k, val in fixed.items()):
-                                        rejected[FIXED] += 1
+            for cp in [c for c in space.cp_degrees if (n // (tp * pp)) % c == 0] if n % (tp * pp) == 0 else []:
+                dp = n // (tp * pp * cp)
+                dpw = dp * cp  # ranks holding the same weights: the mesh's dp axis (cp innermost)
+                options = _batch_options(space, dp, pp)
+                if not options:
+                    rejected[DIVISIBILITY] += 1
+                key = (dpw, tp, pp)
+                if key not in order_cache:
+                    orders, dropped = _mesh_orders(cluster, dpw, tp, pp, space.include_dominated)
+                    if space.max_tp is None:  # TP stays on NVLink: no mesh order may stretch it across nodes
+                        inside = [o for o in orders if not mesh_links(cluster, dpw, tp, pp, o)[Axis.tp].inter_node]
+                        rejected[TP_ACROSS_NODES] += len(orders) - len(inside)
+                        orders = inside
+                    order_cache[key] = (orders, dropped)
+                orders, dropped_orders = order_cache[key]
+                for b, m in options:
+                    # Interleaving: Megatron-LM's rule, every model chunk holds L / (pp v) layers
+                    # (recompute stays free per chunk); the interleaved schedule needs m % pp == 0.
+                    vpps = [1] + [v for v in range(2, space.max_vpp + 1) if pp > 1 and L % (pp * v) == 0 and m % pp == 0]
+                    for v in vpps:
+                        schedules = [Schedule.one_f_one_b, Schedule.gpipe] if v == 1 else [Schedule.interleaved_1f1b]
+                        for sched in schedules:
+                            for zero in range(4):
+                                # MoE with TP dispatches each rank's sequence shard: SP is required
+                                for sp in ([False, True] if tp > 1 and not model.is_moe else [tp > 1]):
+                                    if sp and cp > 1 and space.seq_len and (space.seq_len // cp) % tp:
+                                        rejected[DIVISIBILITY] += 1
                                         continue
-                                    if space.rules is not None and _inexpressible(space.rules, c, L):
-                                        rejected[TARGET] += 1
+                                    # GPipe runs as fast as 1F1B and holds more activations; with
+                                    # dp = 1 every ZeRO stage is ZeRO-0. Neither can win.
+                                    dominated = sched == Schedule.gpipe or (zero > 0 and dpw == 1)
+                                    if dominated and not space.include_dominated:
+                                        rejected[DOMINATED] += len(MESH_ORDERS)
                                         continue
-                                    if space.target_problems is not None and space.target_problems(c.plan()):
-                                        rejected[TARGET] += 1
-                                        continue
-                                    out.append(c)
+                                    rejected[DOMINATED] += dropped_orders
+                                    for order, ov, ep, fp8 in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
+                                                                                _ep_degrees(model, dpw, tp), space.fp8):
+                                        c = Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp)
+                                        if any(getattr(c, k) != val for k, val in fixed.items()):
+                                            rejected[FIXED] += 1
+                                            continue
+                                        if space.rules is not None and _inexpressible(space.rules, c, L):
+                                            rejected[TARGET] += 1
+                                            continue
+                                        if space.target_problems is not None and space.target_problems(c.plan()):
+                                            rejected[TARGET] += 1
+                                            continue
+                                        out.append(c)
     return out, rejected
 
 
@@ -244,35 +253,45 @@ class CostTables:
         self._flops: dict = {}
 
     def links(self, c: Candidate) -> dict:
-        key = (c.dp, c.tp, c.pp, c.mesh_order)
+        key = (c.dp * c.cp, c.tp, c.pp, c.mesh_order)
         if key not in self._links:
-            self._links[key] = mesh_links(self.cluster, c.dp, c.tp, c.pp, c.mesh_order)
+            self._links[key] = mesh_links(self.cluster, c.dp * c.cp, c.tp, c.pp, c.mesh_order)
         return self._links[key]
 
     def layer(self, c: Candidate) -> LayerCosts:
         tp_link = self.links(c)[Axis.tp]
         ep_link = self.ep_link(c)
+        ep_link, cp_link = self.ep_link(c), self.cp_link(c)
         key = (c.micro_batch_size, c.tp, c.sequence_parallel, tp_link.signature, c.tp_comm_overlap, c.ep,
-               ep_link.signature if ep_link else None, c.fp8)
+               ep_link.signature if ep_link else None, c.fp8, c.cp, cp_link.signature if cp_link else None)
         if key not in self._layer:
             self._layer[key] = layer_costs(
-                self.model, self.cluster, self.job, c.micro_batch_size, c.tp, c.sequence_parallel, tp_link, c.tp_comm_overlap,
-                c.ep, ep_link, fp8=c.fp8,
+                self.model, self.cluster, self.rank_job(c), c.micro_batch_size, c.tp, c.sequence_parallel, tp_link,
+                c.tp_comm_overlap, c.ep, ep_link, fp8=c.fp8, cp=c.cp, cp_link=cp_link,
             )
         return self._layer[key]
 
+    def rank_job(self, c: Candidate) -> JobSpec:
+        """The job as one rank sees it: s / cp tokens of each sequence under context parallelism."""
+        return self.job.model_copy(update={"seq_len": self.job.seq_len // c.cp}) if c.cp > 1 else self.job
+
     def ep_link(self, c: Candidate):
-        return ep_link_of(self.cluster, c.dp, c.tp, c.pp, c.ep, c.mesh_order) if c.ep > 1 else None
+        return ep_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.ep, c.mesh_order) if c.ep > 1 else None
+
+    def cp_link(self, c: Candidate):
+        if c.cp == 1:
+            return None
+        return GroupLink(self.cluster, c.cp, mesh_strides({Axis.dp: c.dp * c.cp, Axis.tp: c.tp, Axis.pp: c.pp}, c.mesh_order)[Axis.dp])
 
     def edge(self, c: Candidate) -> EdgeCosts:
         links = self.links(c)
         ep_link = self.ep_link(c)
         key = (c.micro_batch_size, c.tp, c.sequence_parallel, c.pp, links[Axis.tp].signature, links[Axis.pp].signature,
                c.ep, ep_link.signature if ep_link else None, c.tp_comm_overlap if self.model.first_dense_layers else None,
-               c.fp8 if self.model.first_dense_layers else None)
+               c.fp8 if self.model.first_dense_layers else None, c.cp)
         if key not in self._edge:
             self._edge[key] = edge_costs(
-                self.model, self.cluster, self.job, c.micro_batch_size, c.tp, c.sequence_parallel, c.pp,
+                self.model, self.cluster, self.rank_job(c), c.micro_batch_size, c.tp, c.sequence_parallel, c.pp,
                 links[Axis.tp], links[Axis.pp], c.ep, ep_link, self.layer(c), c.fp8,
             )
         return self._edge[key]
@@ -292,5 +311,5 @@ class CostTables:
         return layout_costs(
             self.model, self.cluster, self.job, c.dp, c.tp, c.pp, c.vpp, c.micro_batch_size, c.num_micro_batches,
             c.schedule, c.zero_stage, c.sequence_parallel, c.mesh_order, self.links(c), self.layer(c), self.edge(c),
-            self.flops(c), tp_overlap=c.tp_comm_overlap, ep=c.ep, fp8=c.fp8,
+            self.flops(c), tp_overlap=c.tp_comm_overlap, ep=c.ep, fp8=c.fp8, cp=c.cp,
         )
