@@ -6,6 +6,8 @@ plan, and plans Accelerate cannot run are refused naming the feature."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +50,11 @@ MATRIX = {
     "1.3b-ddp-full": case("gpt3-1.3b", 8, 8, 1, 0, 4, 2, recompute="full"),
     "1.3b-fsdp2-fp32": case("gpt3-1.3b", 4, 4, 1, 2, 2, 1, precision="fp32"),
     "1.3b-one-gpu": case("gpt3-1.3b", 1, 1, 1, 0, 8, 4),
+    # Mixture of experts at ep = 1 (Accelerate has no expert parallelism): FSDP2 shards the
+    # experts with the rest of each decoder layer; DDP replicates them.
+    "mixtral-fsdp3-dp16-full": case("mixtral-8x7b", 16, 16, 1, 3, 1, 4, recompute="full", per_node=8),
+    "qwen3-moe-fsdp2-dp8": case("qwen3-30b-a3b", 8, 8, 1, 2, 1, 4),
+    "mixtral-ddp-dp8": case("mixtral-8x7b", 8, 8, 1, 0, 1, 2),
 }
 
 
@@ -119,6 +126,7 @@ REFUSED = {
                                        stage_recompute=[StageRecompute(none=16, full=16)]),
     "mesh order dp,tp,pp": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, mesh_order=["dp", "tp", "pp"]),
     "tp=16 over 8 KV heads": _refused("llama3-8b", 32, dp=2, tp=16, zero_stage=3),
+    "expert parallelism ep=8 (accelerate has none)": _refused("mixtral-8x7b", 16, dp=16, tp=1, ep=8, zero_stage=3),
 }
 
 
@@ -130,6 +138,10 @@ def test_plans_accelerate_cannot_run_are_refused_naming_the_feature(feature):
     with pytest.raises(UsageError, match=r"accelerate cannot run this plan: .*--target accelerate") as err:
         exporters.export("accelerate", plan, model, job, plan.world_size)
     assert found[0] in str(err.value)
+
+
+def test_rules_have_no_expert_parallelism():
+    assert RULES.max_ep == 1 and "no expert parallelism" in RULES.notes["experts"]
 
 
 def test_mesh_order_with_one_nontrivial_axis_is_accepted():
@@ -268,3 +280,30 @@ def test_fsdp_without_a_shard_dimension_beside_tp_is_rejected(tmp_path, monkeypa
         parallelism_config_dp_shard_size=1, parallelism_config_tp_size=2))
     with pytest.raises(ValueError, match="no dimension for FSDP to shard across"):
         _launch(path, monkeypatch)
+
+
+MIXTRAL_SOLVE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"]
+
+
+def test_mixtral_solved_for_accelerate_exports_at_ep_1(tmp_path, monkeypatch):
+    """`plan solve --target accelerate` on Mixtral 8x7B (64 H100) searches ep = 1 only; `plan
+    export` of the plan and every alternative reads back to it and, with Accelerate, launches."""
+    path = tmp_path / "mixtral.json"
+    cli = [sys.executable, "-m", "planner.cli.main"]
+    solved = subprocess.run([*cli, "solve", *MIXTRAL_SOLVE, "--target", "accelerate", "--top-k", "4", "-o", str(path)],
+                            capture_output=True, text=True)
+    assert solved.returncode == 0, solved.stderr
+    doc = json.loads(path.read_text())
+    for k, entry in enumerate([doc] + doc["alternatives"]):
+        plan = Plan.model_validate(entry["plan"])
+        assert plan.ep == 1
+        res = subprocess.run([*cli, "export", str(path), "--to", "accelerate", "--json", *(["--alternative", str(k)] if k else [])],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        text = json.loads(res.stdout)["text"]
+        back = read_back(text)
+        assert (back["dp"], back["tp"], back["zero_stage"], back["num_micro_batches"]) == (
+            plan.dp, plan.tp, plan.zero_stage, plan.num_micro_batches)
+        if importlib.util.find_spec("accelerate") is not None and (plan.tp == 1 or importlib.util.find_spec("transformers")):
+            run = _launch(_write(tmp_path, text, f"mixtral-{k}.yaml"), monkeypatch)
+            assert run.config.num_processes == 64

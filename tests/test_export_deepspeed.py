@@ -49,8 +49,16 @@ MATRIX = [
     ("gpt3-1.3b", Plan(dp=4, tp=1, pp=2, micro_batch_size=4, num_micro_batches=1, zero_stage=0), job(16)),
     # fp32 and SGD under ZeRO
     ("gpt3-1.3b", Plan(dp=8, tp=1, pp=1, micro_batch_size=4, num_micro_batches=2, zero_stage=2), job(64, "fp32", "sgd")),
+    # Mixture of experts (AutoEP): ep 1, 2, 4, 8 under every ZeRO stage, with a pipeline, shared
+    # experts and dense first layers (DeepSeek-V3), 128 experts (Qwen3)
+    ("mixtral-8x7b", Plan(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1), job(32)),
+    ("mixtral-8x7b", Plan(dp=16, ep=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=3, recompute="full"), job(32)),
+    ("mixtral-8x7b", Plan(dp=16, ep=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=2), job(32)),
+    ("mixtral-8x7b", Plan(dp=8, ep=2, tp=1, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, recompute="full"), job(64)),
+    ("qwen3-30b-a3b", Plan(dp=8, ep=8, tp=1, pp=2, micro_batch_size=1, num_micro_batches=8, zero_stage=0), job(64)),
+    ("deepseek-v3", Plan(dp=64, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, zero_stage=3, recompute="full"), job(64)),
 ]
-IDS = [f"{m}-dp{p.dp}-tp{p.tp}-pp{p.pp}-z{p.zero_stage}-{j.precision.value}-{p.recompute.value}" for m, p, j in MATRIX]
+IDS = [f"{m}-dp{p.dp}-ep{p.ep}-tp{p.tp}-pp{p.pp}-z{p.zero_stage}-{j.precision.value}-{p.recompute.value}" for m, p, j in MATRIX]
 
 
 def _export(model_name, plan, job_spec):
@@ -82,13 +90,16 @@ def test_export_is_pure_json_with_our_numbers(model_name, plan, job_spec):
     if plan.zero_stage:  # the cost model's 25 MiB gradient bucket, in gradient elements
         assert zero["reduce_bucket_size"] * DTYPE_BYTES[job_spec.precision] == GRADIENT_BUCKET_BYTES == 25 * 2**20
         assert zero["overlap_comm"] is True
-    if plan.zero_stage == 3:  # one layer (this TP rank's shard) prefetched, current + next live
-        assert zero["stage3_prefetch_bucket_size"] == layer_params(model, plan.tp).total
-        assert zero["stage3_max_live_parameters"] == 2 * layer_params(model, plan.tp).total
+    if plan.zero_stage == 3:  # one layer (this rank's TP shard and E / ep experts) prefetched, current + next live
+        assert zero["stage3_prefetch_bucket_size"] == layer_params(model, plan.tp, plan.ep).total
+        assert zero["stage3_max_live_parameters"] == 2 * layer_params(model, plan.tp, plan.ep).total
     assert ("tensor_parallel" in d) == (plan.tp > 1) and ("pipeline" in d) == (plan.pp > 1)
     assert ("activation_checkpointing" in d) == (plan.recompute == "full" or plan.stage_recompute is not None)
     layout = d["planner"]["layout"]
-    assert (layout["dp"], layout["tp"], layout["pp"], layout["world_size"]) == (plan.dp, plan.tp, plan.pp, plan.world_size)
+    assert (layout["dp"], layout["tp"], layout["pp"], layout["ep"], layout["world_size"]) == (plan.dp, plan.tp, plan.pp, plan.ep, plan.world_size)
+    assert ("expert_parallel" in d) == model.is_moe == ("experts" in d["planner"])
+    if model.is_moe:
+        assert d["expert_parallel"]["autoep_size"] == plan.ep and d["planner"]["experts"]["num_experts"] == model.num_experts
 
 
 @pytest.mark.parametrize("model_name, plan, job_spec", MATRIX, ids=IDS)
@@ -175,7 +186,13 @@ def test_deepspeed_accepts_every_export_and_reads_our_values(ds_config, model_na
     if plan.zero_stage in (1, 2):
         assert z.allgather_bucket_size == z.reduce_bucket_size
     if plan.zero_stage == 3:
-        assert (z.prefetch_bucket_size, z.max_live_parameters) == (layer_params(model, plan.tp).total, 2 * layer_params(model, plan.tp).total)
+        layer = layer_params(model, plan.tp, plan.ep).total
+        assert (z.prefetch_bucket_size, z.max_live_parameters) == (layer, 2 * layer)
+    if model.is_moe and plan.zero_stage in (1, 2):
+        # runtime/zero/stage_1_and_2.py _configure_moe_settings asserts both for MoE models
+        assert z.contiguous_gradients and z.reduce_scatter
+    ep = cfg.expert_parallel_config
+    assert (ep.enabled, ep.autoep_size) == (model.is_moe, plan.ep if model.is_moe else 1)
     full = plan.recompute == "full" or plan.stage_recompute is not None
     assert cfg.pipeline["activation_checkpoint_interval"] == (1 if full and plan.pp > 1 else 0)
     assert cfg.pipeline["stages"] == (plan.pp if plan.pp > 1 else "auto")
@@ -288,7 +305,7 @@ def ours(plan: Plan, model, job_spec: JobSpec) -> dict:
         "num_micro_batches": plan.num_micro_batches, "global_batch_size": job_spec.global_batch_size,
         "zero_stage": plan.zero_stage, "sequence_parallel": plan.sequence_parallel, "schedule": plan.schedule.value,
         "recompute": "full" if full else "none", "precision": job_spec.precision.value,
-        "mesh_order": [a.value for a in plan.mesh_order],
+        "mesh_order": [a.value for a in plan.mesh_order], "ep": plan.ep,
     }
 
 
@@ -304,4 +321,110 @@ def parsed(cfg) -> dict:
         "tensor_parallel": {"autotp_size": cfg.tensor_parallel_config.autotp_size},
         "pipeline": dict(cfg.pipeline),
         "planner": cfg._param_dict.get("planner", {}),  # DeepSpeed keeps keys it does not know only here
+        "expert_parallel": {"enabled": cfg.expert_parallel_config.enabled, "autoep_size": cfg.expert_parallel_config.autoep_size},
     }
+
+
+# --------------------------------------------------------------------------- experts (AutoEP)
+
+MOE = [c for c in MATRIX if load_model(c[0]).is_moe]
+MOE_IDS = [i for i, c in zip(IDS, MATRIX) if load_model(c[0]).is_moe]
+
+
+def tiny_hf_moe(model, pipeline: bool):
+    """A Hugging Face Mixtral of toy width with `model`'s expert count and top-k: what AutoEP
+    detects and replaces. With `pipeline`, its decoder layers registered as a PipelineModule
+    registers layers ("1", "2", ...: runtime/pipe/module.py _build) and no Hugging Face config."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    hf = MixtralForCausalLM(MixtralConfig(hidden_size=16, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=1, num_local_experts=model.num_experts,
+                                          num_experts_per_tok=model.experts_per_token, vocab_size=32))
+    if not pipeline:
+        return hf
+    stages = torch.nn.Module()
+    for i, layer in enumerate(hf.model.layers):
+        stages.add_module(str(i + 1), layer)
+    return stages
+
+
+def folded_expert_groups(plan: Plan) -> list[tuple]:
+    """The cost model's expert-parallel groups (cost_models/tables.py:ep_link_of): each pipeline
+    stage's tp x dp ranks, tp fastest, in runs of ep (pp outermost: DeepSpeed's fixed order)."""
+    stage = plan.dp * plan.tp
+    return [tuple(range(s + k, s + k + plan.ep)) for s in range(0, plan.world_size, stage) for k in range(0, stage, plan.ep)]
+
+
+@pytest.mark.parametrize("model_name, plan, job_spec", MOE, ids=MOE_IDS)
+def test_autoep_takes_the_export_and_folds_the_planned_groups(ds_config, model_name, plan, job_spec):
+    """AutoEP's own checks on the parsed section (validate_autoep_config, with the layout and
+    ZeRO stage), its rank tables equal to the cost model's folding, and its detection on a Hugging
+    Face MoE model (a PipelineModule's layers when pp > 1) finding every MoE block with the
+    model's top-k and accepting ep for its expert count (validate_autoep_post_detection)."""
+    pytest.importorskip("transformers", reason=SKIP_REASON)
+    from deepspeed.module_inject.auto_ep import AutoEP
+    from deepspeed.module_inject.auto_ep_config import validate_autoep_config, validate_autoep_post_detection
+    from deepspeed.module_inject.auto_ep_folding import build_folding_spec, expected_folding_group_tables
+
+    model, e = _export(model_name, plan, job_spec)
+    ep = ds_config(e.data, plan.dp).expert_parallel_config
+    validate_autoep_config(ep, plan.world_size, plan.pp, plan.tp, 1, zero_stage=plan.zero_stage)
+    spec = build_folding_spec(world_size=plan.world_size, pp_size=plan.pp, tp_size=plan.tp, ep_size=ep.autoep_size,
+                              etp_size=ep.expert_tensor_parallel_size, mp_mode="sp")
+    assert list(expected_folding_group_tables(spec).ep_groups) == folded_expert_groups(plan)
+    assert spec.edp_size == e.data["planner"]["experts"]["expert_data_parallel"]
+    found = AutoEP(tiny_hf_moe(model, plan.pp > 1), ep).ep_parser()
+    assert len(found) == 2 and {(s.num_experts, s.top_k) for s in found} == {(model.num_experts, model.experts_per_token)}
+    validate_autoep_post_detection(ep, found)
+
+
+def test_autoep_rejects_a_broken_export(ds_config):
+    """An ep that does not divide the experts (detection), or does not tile the ranks of a
+    stage (the folding spec)."""
+    pytest.importorskip("transformers", reason=SKIP_REASON)
+    from deepspeed.module_inject.auto_ep import AutoEP
+    from deepspeed.module_inject.auto_ep_config import validate_autoep_config, validate_autoep_post_detection
+
+    model_name, plan, job_spec = MOE[0]  # mixtral, dp 8, ep 8
+    model, e = _export(model_name, plan, job_spec)
+    three = ds_config({**e.data, "expert_parallel": {**e.data["expert_parallel"], "autoep_size": 3}}, plan.dp).expert_parallel_config
+    found = AutoEP(tiny_hf_moe(model, False), three).ep_parser()
+    with pytest.raises(ValueError, match="num_experts=8 in layer 'model.layers.0.mlp' is not divisible by autoep_size=3"):
+        validate_autoep_post_detection(three, found)
+    with pytest.raises(ValueError, match=r"\(3 \* 1 = 3\) must divide the stage size"):
+        validate_autoep_config(three, plan.world_size, plan.pp, plan.tp, 1, zero_stage=plan.zero_stage)
+    sixteen = ds_config({**e.data, "expert_parallel": {**e.data["expert_parallel"], "autoep_size": 16}}, plan.dp).expert_parallel_config
+    with pytest.raises(ValueError, match="autoep_size=16 exceeds num_experts=8"):
+        validate_autoep_post_detection(sixteen, found)
+
+
+MIXTRAL_SOLVE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"]
+
+
+def test_mixtral_solved_for_deepspeed_exports_and_deepspeed_takes_it(tmp_path, monkeypatch):
+    """`plan solve --target deepspeed` on Mixtral 8x7B (64 H100), then `plan export` of the plan
+    and every alternative: each reads back to its plan and, with DeepSpeed, parses and passes
+    AutoEP's checks."""
+    path = tmp_path / "mixtral.json"
+    cli = [sys.executable, "-m", "planner.cli.main"]
+    solved = subprocess.run([*cli, "solve", *MIXTRAL_SOLVE, "--target", "deepspeed", "--top-k", "4", "-o", str(path)],
+                            capture_output=True, text=True)
+    assert solved.returncode == 0, solved.stderr
+    doc = json.loads(path.read_text())
+    model, job_spec = load_model("mixtral-8x7b"), JobSpec.model_validate(doc["job"])
+    for k, entry in enumerate([doc] + doc["alternatives"]):
+        res = subprocess.run([*cli, "export", str(path), "--to", "deepspeed", "--json", *(["--alternative", str(k)] if k else [])],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        plan, data = Plan.model_validate(entry["plan"]), json.loads(res.stdout)["data"]
+        assert ds_export.read_back(data) == ours(plan, model, job_spec)
+        try:
+            from deepspeed.module_inject.auto_ep_config import validate_autoep_config
+            from deepspeed.runtime import config as ds_config_module
+        except ImportError:
+            continue
+        monkeypatch.setattr(ds_config_module.dist, "get_rank", lambda *a, **k: 0)
+        mpu = type("DataParallelSize", (), {"get_data_parallel_world_size": lambda self, dp=plan.dp: dp})()
+        cfg = ds_config_module.DeepSpeedConfig(data, mpu=mpu)
+        validate_autoep_config(cfg.expert_parallel_config, plan.world_size, plan.pp, plan.tp, 1, zero_stage=plan.zero_stage)

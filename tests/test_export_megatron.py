@@ -13,10 +13,15 @@ the block's recompute loop (run on stand-in layers).
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import dataclasses
 import enum
+import json
+import re
 import shutil
 import subprocess
+import sys
 import typing
 from types import SimpleNamespace
 from unittest import mock
@@ -72,6 +77,22 @@ MATRIX = [
           sequence_parallel=True, recompute="selective"), {}),
     ("llama70b-pp3-default-uneven", "llama3-70b",
      dict(dp=2, tp=4, pp=3, micro_batch_size=2, num_micro_batches=6, zero_stage=1, sequence_parallel=True), {}),
+    # Mixture of experts: ep 1, 2, 4, 8, with pipelines (1F1B, interleaved) and TP + SP; experts
+    # folded from tp x dp across TP groups (ep > tp); shared experts and dense first layers
+    # (DeepSeek-V3, its dense layers on the first stage) under --use-tp-pp-dp-mapping (ep = tp);
+    # heads of their own width (Qwen3: --kv-channels).
+    ("mixtral-ep8-dp8-zero1", "mixtral-8x7b", dict(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1), {}),
+    ("mixtral-ep4-tp2-sp-pp2", "mixtral-8x7b",
+     dict(dp=4, ep=4, tp=2, pp=2, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True, recompute="selective"), {}),
+    ("mixtral-ep2-pp4-vpp2-full", "mixtral-8x7b",
+     dict(dp=2, ep=2, tp=1, pp=4, vpp=2, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=8, recompute="full"), {}),
+    ("mixtral-ep1-tp4-sp-overlap", "mixtral-8x7b",
+     dict(dp=2, tp=4, pp=1, micro_batch_size=2, num_micro_batches=2, sequence_parallel=True, tp_comm_overlap=True), {}),
+    ("deepseek-ep8-tp8-pp4-tppdp-first13", "deepseek-v3",
+     dict(dp=2, ep=8, tp=8, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True,
+          mesh_order=["tp", "pp", "dp"], layers_per_stage=[13, 16, 16, 16]), {}),
+    ("qwen3-ep4-tp2-dp4", "qwen3-30b-a3b",
+     dict(dp=4, ep=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True), {}),
 ]
 # Megatron runs these, but the Rules' same_per_stage (equal full counts per stage) refuses them:
 # every layer fully recomputed over unequal stages (--recompute-method uniform), and block
@@ -105,6 +126,7 @@ def test_rules_state_what_megatron_expresses():
     assert [[a.value for a in o] for o in r.mesh_orders] == [["tp", "dp", "pp"], ["tp", "pp", "dp"]]
     assert (r.split, r.recompute) == ("free", "same_per_stage")
     assert "Megatron-FSDP" in r.notes["ZeRO"] and len(r.notes) >= 4
+    assert r.max_ep is None and "expert-TP 1" in r.notes["experts"]
 
 
 BASE = dict(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4)
@@ -125,6 +147,24 @@ def test_export_refuses_what_megatron_cannot_run(change, feature):
     plan = Plan(**{**BASE, **change})
     with pytest.raises(UsageError, match=f"megatron cannot run this plan: {feature}"):
         export("megatron", plan, load_model("llama3-8b"), job_for(plan, seq_len=4095), plan.world_size)
+
+
+def test_expert_parallelism_across_a_tp_pp_dp_mapping_is_refused():
+    """parallel_state.initialize_model_parallel: without pp outermost, the expert and dense
+    data-parallel sizes must agree (ep x expert-TP = tp); test_megatron_core_refuses_... runs it."""
+    model, plan = load_model("mixtral-8x7b"), Plan(dp=4, ep=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["tp", "pp", "dp"])
+    with pytest.raises(UsageError, match="megatron cannot run this plan: expert parallelism ep=4 with mesh order tp,pp,dp"):
+        export("megatron", plan, model, job_for(plan), plan.world_size)
+    assert mlm.problems(plan.model_copy(update={"mesh_order": ["tp", "dp", "pp"]}), model, job_for(plan)) == []
+
+
+def test_moe_layer_pattern_reads_as_megatron_evaluates_it():
+    assert mlm.moe_layer_pattern(3, 61) == "([0]*3+[1]*58)"
+    assert mlm.layer_pattern("([0]*3+[1]*58)", 61) == moe_freq_type("([0]*3+[1]*58)") == [0] * 3 + [1] * 58
+    assert mlm.layer_pattern("([1]*3+[0]*1)*2", 8) == [1, 1, 1, 0, 1, 1, 1, 0]
+    assert mlm.layer_pattern(2, 4) == [1, 0, 1, 0]
+    with pytest.raises(ValueError, match="not a list expression"):
+        mlm.layer_pattern("[__import__('os')]", 1)
 
 
 def test_export_needs_the_plans_world_size():
@@ -185,6 +225,17 @@ def test_read_back_needs_the_world_size_for_dp():
 
 # --------------------------------------------------------------------------- with megatron-core
 
+def moe_freq_type(text: str):
+    """Megatron-LM's --moe-layer-freq type (arguments.py:moe_freq_type and _eval_pattern at
+    core_v0.16.1): an integer, or a list expression of digits, commas, brackets, parentheses,
+    + and *, which it evaluates."""
+    if "[" not in text:
+        return int(text)
+    if re.search(r"[^,\d\[\]\(\)\+\*]", text):
+        raise ValueError(f"Invalid pattern: {text}")
+    return eval(text)  # what Megatron-LM does, after the same character check
+
+
 # Megatron-LM flags not generated from TransformerConfig (arguments.py / training_config.py at
 # core_v0.16.1): dest -> type (bool: store_true), and the allowed values where it lists them.
 LM_FLAGS = {
@@ -196,12 +247,13 @@ LM_FLAGS = {
     "num_layers_per_virtual_pipeline_stage": int,
     "use_distributed_optimizer": bool, "overlap_grad_reduce": bool, "overlap_param_gather": bool,
     "use_tp_pp_dp_mapping": bool, "optimizer": ("adam", "sgd", "muon", "dist_muon"),
+    "num_experts": int, "moe_layer_freq": moe_freq_type,  # _add_moe_args
 }
 # TransformerConfig fields arguments.py:_add_network_size_args gives no flag of their own (set
 # from the flags above or from the precision).
 NOT_FLAGS = {"virtual_pipeline_model_parallel_size", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
              "pipeline_model_parallel_layout", "params_dtype", "pipeline_dtype", "gated_linear_unit", "activation_func",
-             "bias_activation_fusion"}
+             "bias_activation_fusion", "num_moe_experts", "moe_layer_freq"}
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +334,12 @@ def megatron_lm(argv: list[str], world_size: int):
     if kw.get("tp_comm_overlap"):
         assert kw.get("sequence_parallel")
     assert lm["max_position_embeddings"] >= lm["seq_length"]
-    # arguments.py:core_transformer_config_from_args.
+    ep = kw.get("expert_model_parallel_size", 1)
+    if ep > 1:
+        assert lm.get("num_experts") is not None, "num_experts must be non None to use expert model parallelism"
+        assert lm["num_experts"] % ep == 0, "Number of experts should be a multiple of expert model parallel_size."
+    # arguments.py:core_transformer_config_from_args (num_moe_experts from --num-experts; the
+    # other fields, moe_layer_freq among them, by name).
     dtype = torch.bfloat16 if kw.get("bf16") else torch.float16 if kw.get("fp16") else torch.float32
     swiglu = lm.get("swiglu", False)
     if not lm.get("group_query_attention"):
@@ -293,10 +350,11 @@ def megatron_lm(argv: list[str], world_size: int):
         params_dtype=dtype, pipeline_dtype=dtype, gated_linear_unit=swiglu, activation_func=F.silu if swiglu else F.gelu,
         # bias_swiglu_fusion / bias_gelu_fusion default on; validate_args turns the gelu one off without biases
         bias_activation_fusion=swiglu or kw.get("add_bias_linear", True),
+        num_moe_experts=lm.get("num_experts"), moe_layer_freq=lm.get("moe_layer_freq", 1),
     )
     dp = world_size // (tp * pp)
     return SimpleNamespace(
-        config=config, lm=lm, dp=dp,
+        config=config, lm=lm, dp=dp, world_size=world_size,
         ddp=DistributedDataParallelConfig(use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
                                           overlap_grad_reduce=lm.get("overlap_grad_reduce", False),
                                           overlap_param_gather=lm.get("overlap_param_gather", False)),
@@ -377,6 +435,70 @@ def _product(ranges):
     return out
 
 
+def folded_expert_groups(plan: Plan) -> list[list[list[int]]]:
+    """The cost model's expert-parallel groups (cost_models/tables.py:ep_link_of), per pipeline
+    rank: its tp x dp ranks in order, tp fastest, cut into runs of ep."""
+    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
+    stride, step = {}, 1
+    for axis in (a.value for a in plan.mesh_order):
+        stride[axis], step = step, step * degree[axis]
+    out = []
+    for p in range(plan.pp):
+        block = [p * stride["pp"] + d * stride["dp"] + t * stride["tp"] for d in range(plan.dp) for t in range(plan.tp)]
+        out.append([sorted(block[k:k + plan.ep]) for k in range(0, len(block), plan.ep)])
+    return out
+
+
+@contextlib.contextmanager
+def model_parallel(m):
+    """megatron-core's parallel_state.initialize_model_parallel for the exported sizes, as rank 0
+    of a fake process group of the world size (no communication): its own checks run."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    c = m.config
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=m.world_size, store=FakeStore())
+    try:
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=c.tensor_model_parallel_size, pipeline_model_parallel_size=c.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=c.virtual_pipeline_model_parallel_size,
+            expert_model_parallel_size=c.expert_model_parallel_size, expert_tensor_parallel_size=c.expert_tensor_parallel_size,
+            order=m.order, create_gloo_process_groups=False)
+        yield parallel_state
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def check_experts(m, plan: Plan, model) -> None:
+    """The MoE side of an export as megatron-core builds it: the config's expert fields, the
+    layer specs (dense MLPs first, all on the first stage), and the expert groups from
+    parallel_state (rank 0's, and every group its RankGenerator makes) equal to the folding the
+    cost model prices."""
+    import torch.distributed as dist
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_decoder_layer_specs
+    from megatron.core.parallel_state import RankGenerator
+
+    c = m.config
+    assert (c.num_moe_experts, c.moe_router_topk, c.moe_ffn_hidden_size) == (model.num_experts, model.experts_per_token, model.moe_ffn)
+    assert c.moe_shared_expert_intermediate_size == ((model.num_shared_experts * model.moe_ffn) or None)
+    assert (c.expert_model_parallel_size, c.expert_tensor_parallel_size) == (plan.ep, 1)
+    assert (c.moe_token_dispatcher_type, c.moe_grouped_gemm, c.moe_expert_capacity_factor) == ("alltoall", True, None)  # dropless
+    kinds = [spec.submodules.mlp.module.__name__ for spec in get_gpt_decoder_layer_specs(c, use_transformer_engine=False)]
+    assert kinds == ["MLP"] * model.first_dense_layers + ["MoELayer"] * (model.num_layers - model.first_dense_layers)
+    first = get_gpt_decoder_block_spec(c, use_transformer_engine=False, pp_rank=0, vp_stage=0 if plan.vpp > 1 else None)
+    assert [s.submodules.mlp.module.__name__ for s in first.layer_specs].count("MLP") == model.first_dense_layers
+    folded = folded_expert_groups(plan)
+    with model_parallel(m) as ps:  # rank 0: the first group of the first stage; its expert-DP peers lead the others
+        assert sorted(dist.get_process_group_ranks(ps.get_expert_model_parallel_group())) == folded[0][0]
+        assert sorted(dist.get_process_group_ranks(ps.get_expert_data_parallel_group())) == sorted(g[0] for g in folded[0])
+    generated = RankGenerator(tp=1, ep=plan.ep, dp=plan.world_size // (plan.ep * plan.pp), pp=plan.pp, cp=1, order=m.order)
+    assert sorted(sorted(g) for g in generated.get_ranks("ep")) == sorted(g for stage in folded for g in stage)
+
+
 def test_megatron_core_is_the_pinned_version(mcore):
     assert mcore.__version__ == PINNED, f"the export rules cite megatron-core {PINNED}; installed {mcore.__version__}"
 
@@ -424,6 +546,11 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     assert (c.hidden_dropout > 0) == model.dropout and (c.attention_backend.name == "unfused") == (not job.flash_attention)
     assert m.lm["seq_length"] == job.seq_len and m.lm.get("untie_embeddings_and_output_weights", False) == (not model.tied_embeddings)
     assert (m.lm.get("position_embedding_type", "learned_absolute") == "learned_absolute") == model.learned_position_embeddings
+    assert c.kv_channels == model.head_dim
+    if model.is_moe:
+        check_experts(m, plan, model)
+    else:
+        assert (c.num_moe_experts, c.expert_model_parallel_size) == (None, 1)
 
 
 @pytest.mark.parametrize("case", MATRIX, ids=[c[0] for c in MATRIX])
@@ -448,6 +575,11 @@ def test_round_trip_through_megatron(case, mcore):
     assert [a for a in back["mesh_order"] if degree[a] > 1] == [a.value for a in plan.mesh_order if degree[a.value] > 1]
     assert (back["num_layers"], back["num_kv_heads"], back["activation"], back["tied_embeddings"]) == (
         model.num_layers, model.kv_heads, model.activation.value, model.tied_embeddings)
+    assert (back["ep"], back["num_experts"]) == (plan.ep, model.num_experts) == (m.config.expert_model_parallel_size, m.config.num_moe_experts)
+    if model.is_moe:
+        assert {k: back[k] for k in ("experts_per_token", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers")} == {
+            "experts_per_token": model.experts_per_token, "moe_ffn_hidden_size": model.moe_ffn,
+            "num_shared_experts": model.num_shared_experts, "first_dense_layers": model.first_dense_layers}
 
 
 def _replace(argv, flag, value):
@@ -476,3 +608,79 @@ def test_megatron_rejects_a_broken_export(mcore):
     data = export("megatron", plan, model, job, plan.world_size).data
     with pytest.raises(AssertionError, match="Number of decoder layers"):
         megatron_lm(_replace(data, "--pipeline-model-parallel-layout", "E,t*19|t*21|t*20|t*19,L"), plan.world_size)
+
+
+def _case(name):
+    return matrix_case(next(c for c in MATRIX if c[0] == name))
+
+
+def test_megatron_rejects_a_broken_moe_export(mcore):
+    """Experts the expert-parallel degree does not divide (Megatron-LM's validate_args; and
+    megatron-core's parallel_state, for which 3 ranks do not tile a stage of 8), and a
+    --moe-layer-freq list one layer short (the layer specs)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
+
+    plan, model, job = _case("mixtral-ep8-dp8-zero1")
+    data = export("megatron", plan, model, job, plan.world_size).data
+    with pytest.raises(AssertionError, match="Number of experts should be a multiple of expert model parallel_size"):
+        megatron_lm(_replace(data, "--expert-model-parallel-size", 3), plan.world_size)
+    m = megatron_lm(data, plan.world_size)
+    three = SimpleNamespace(config=dataclasses.replace(m.config, expert_model_parallel_size=3), world_size=m.world_size, order=m.order)
+    with pytest.raises(RuntimeError, match=r"world_size \(8\) is not divisible by expert_tensor_model_pipeline_parallel size \(3\)"):
+        with model_parallel(three):
+            pass
+    plan, model, job = _case("deepseek-ep8-tp8-pp4-tppdp-first13")
+    data = export("megatron", plan, model, job, plan.world_size).data
+    assert data[data.index("--moe-layer-freq") + 1] == "([0]*3+[1]*58)"
+    short = megatron_lm(_replace(data, "--moe-layer-freq", "([0]*3+[1]*57)"), plan.world_size)
+    with pytest.raises(AssertionError, match="Invalid length of moe_layer_pattern: 60, expected 61"):
+        get_gpt_decoder_layer_specs(short.config, use_transformer_engine=False)
+
+
+def test_a_top_1_router_gets_the_softmax_first(mcore):
+    """TransformerConfig refuses top-1 routing with the softmax after the selection (its
+    gradient would be zero); the export adds --moe-router-pre-softmax for it."""
+    model = load_model("mixtral-8x7b").model_copy(update={"experts_per_token": 1})
+    plan = Plan(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2)
+    data = export("megatron", plan, model, job_for(plan), plan.world_size).data
+    check_means_the_plan(data, plan, model, job_for(plan))
+    assert megatron_lm(data, plan.world_size).config.moe_router_pre_softmax
+    with pytest.raises(ValueError, match="Please use --moe-router-pre-softmax when topk is 1"):
+        megatron_lm([a for a in data if a != "--moe-router-pre-softmax"], plan.world_size)
+
+
+def test_megatron_core_refuses_experts_across_a_tp_pp_dp_mapping(mcore):
+    """What problems() refuses: with --use-tp-pp-dp-mapping and pp > 1, parallel_state needs
+    the expert and dense layers' data-parallel sizes equal (ep = tp)."""
+    model = load_model("mixtral-8x7b")
+    plan = Plan(dp=4, ep=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["tp", "pp", "dp"])
+    m = megatron_lm(mlm.export(plan, model, job_for(plan), plan.world_size).data, plan.world_size)
+    assert m.order == "tp-cp-ep-pp-dp"
+    with pytest.raises(AssertionError, match="data parallel size of the attention and moe layers must be the same"):
+        with model_parallel(m):
+            pass
+
+
+def plan_cli(*args):
+    return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True)
+
+
+MIXTRAL_SOLVE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"]
+
+
+def test_mixtral_solved_for_megatron_exports_and_megatron_runs_it(tmp_path):
+    """`plan solve --target megatron` on Mixtral 8x7B (64 H100), then `plan export` of the plan
+    and every alternative: each is what megatron-core accepts and means the plan."""
+    path = tmp_path / "mixtral.json"
+    solved = plan_cli("solve", *MIXTRAL_SOLVE, "--target", "megatron", "--top-k", "4", "-o", str(path))
+    assert solved.returncode == 0, solved.stderr
+    doc = json.loads(path.read_text())
+    model = load_model("mixtral-8x7b")
+    for k, entry in enumerate([doc] + doc["alternatives"]):
+        res = plan_cli("export", str(path), "--to", "megatron", "--json", *(["--alternative", str(k)] if k else []))
+        assert res.returncode == 0, res.stderr
+        plan, job = Plan.model_validate(entry["plan"]), JobSpec.model_validate(doc["job"])
+        data = json.loads(res.stdout)["data"]
+        assert mlm.read_back(data, 64)["ep"] == plan.ep
+        if importlib.util.find_spec("megatron") is not None:
+            check_means_the_plan(data, plan, model, job)

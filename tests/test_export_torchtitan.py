@@ -9,6 +9,7 @@ without torchtitan too."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ from planner.specs import Axis, JobSpec, Plan, StageRecompute
 
 EXTRA = "the export extra is not installed: pip install '.[export]'"
 BASE = ["--module", "llama3", "--config", "llama3_8b"]  # a base config for generic exports (their overrides are model-free)
+MOE_BASE = ["--module", "qwen3", "--config", "qwen3_30b_a3b"]  # ... for generic mixture-of-experts exports (128 experts)
 
 
 def case(model: str, gpus: int, dp: int, tp: int, pp: int, mbs: int, m: int, *, zero=3, vpp=1, schedule="1f1b", sp=None,
@@ -56,6 +58,16 @@ MATRIX = {
                                              overlap=True, recompute="full"),
     "llama2-7b-generic-zero2-tp2-pp2": case("llama2-7b", 8, 2, 2, 2, 2, 4, zero=2),
     "gpt3-1.3b-generic-zero0-fp32": case("gpt3-1.3b", 8, 8, 1, 1, 4, 2, zero=0, precision="fp32", seq=2048),
+    # Mixture of experts: ep 1, 2, 4, 8; EP folded from dp_shard x tp (ep > tp) with a pipeline;
+    # ZeRO-0 with ep = tp; torchtitan's own MoE configs (DeepSeek-V3 with its dense first layers
+    # on the first stage, Qwen3 with TP + SP and interleaving) and a generic one (Mixtral).
+    "mixtral-generic-fsdp3-ep8": case("mixtral-8x7b", 8, 8, 1, 1, 1, 2, ep=8),
+    "mixtral-generic-fsdp3-ep1": case("mixtral-8x7b", 8, 8, 1, 1, 1, 2),
+    "mixtral-generic-zero2-ep4-tp2-pp2": case("mixtral-8x7b", 16, 4, 2, 2, 1, 8, zero=2, ep=4, recompute="full"),
+    "mixtral-generic-zero0-ep2-tp2": case("mixtral-8x7b", 8, 4, 2, 1, 1, 2, zero=0, ep=2),
+    "deepseek-v3-fsdp3-ep8-pp4-uneven": case("deepseek-v3", 64, 16, 1, 4, 1, 8, ep=8, layers_per_stage=[13, 16, 16, 16],
+                                             recompute="full"),
+    "qwen3-30b-a3b-fsdp3-ep8-tp2-pp2-vpp2": case("qwen3-30b-a3b", 32, 8, 2, 2, 1, 8, ep=8, vpp=2, schedule="interleaved-1f1b"),
 }
 
 
@@ -72,7 +84,7 @@ def _expected(c) -> dict:
         "zero_stage": p.zero_stage, "sequence_parallel": p.sequence_parallel, "tp_comm_overlap": p.tp_comm_overlap,
         "layers_per_stage": p.stage_layers(c.model.num_layers) if pipeline else None,
         "recompute": tt.recompute_mode(p, c.model).value, "precision": c.job.precision.value,
-        "mesh_order": [a.value for a in p.mesh_order],
+        "mesh_order": [a.value for a in p.mesh_order], "ep": p.ep,
     }
 
 
@@ -93,6 +105,7 @@ def test_rules_state_what_torchtitan_0_3_expresses():
     assert set(r.schedules) == set(tt._SCHEDULES)
     assert r.mesh_orders == ((Axis.tp, Axis.dp, Axis.pp),)
     assert (r.split, r.recompute, r.recompute_modes) == ("free", "uniform", ("none", "full"))
+    assert r.max_ep is None and "ep = tp" in r.notes["experts"]
 
 
 def test_the_exporter_imports_no_torch():
@@ -106,6 +119,12 @@ def test_llama3_presets_get_their_config_and_others_are_generic():
     assert tt.matching_flavor(load_model("llama3-405b")).config == "llama3_405b"
     assert tt.matching_flavor(load_model("llama2-7b")) is None  # other shape
     assert tt.matching_flavor(load_model("gpt3-1.3b")) is None  # GELU, LayerNorm, learned positions
+    assert (tt.matching_flavor(load_model("deepseek-v3")).module, tt.matching_flavor(load_model("deepseek-v3")).config) == (
+        "deepseek_v3", "deepseek_v3_671b")
+    assert tt.matching_flavor(load_model("qwen3-30b-a3b")).config == "qwen3_30b_a3b"
+    assert tt.matching_flavor(load_model("mixtral-8x7b")) is None  # torchtitan 0.3.0 has no Mixtral
+    narrow = load_model("qwen3-30b-a3b").model_copy(update={"attention_head_dim": None})  # heads of 64: not Qwen3's
+    assert tt.matching_flavor(narrow) is None
     generic = _export(MATRIX["llama2-7b-generic-zero2-tp2-pp2"])
     assert "--module" not in generic.data and "--config" not in generic.data
     assert "--module YOUR_MODULE --config YOUR_CONFIG" in generic.text and "32 layers, hidden 4096" in generic.text
@@ -181,6 +200,12 @@ def test_plans_torchtitan_cannot_run_are_refused_naming_the_feature():
         MATRIX["8b-zero2-tp2-pp4-gpipe-uneven"], plan={"schedule": "1f1b", "num_micro_batches": 2})
     gpt = MATRIX["gpt3-1.3b-generic-zero0-fp32"]
     assert "tied embeddings with pipeline parallelism" in _refusal(gpt, plan={"dp": 4, "pp": 2})
+    moe = MATRIX["mixtral-generic-zero0-ep2-tp2"]
+    assert "tp=2 and ep=1 (torchtitan then shards the experts over TP" in _refusal(moe, plan={"ep": 1, "zero_stage": 3})
+    assert "expert parallelism ep=4 with ZeRO-0" in _refusal(moe, plan={"ep": 4})
+    deepseek = MATRIX["deepseek-v3-fsdp3-ep8-pp4-uneven"]  # the 671B config's RoPE covers 16,384 positions
+    assert "seq_len 32768 beyond the 16384 RoPE positions of torchtitan's deepseek_v3_671b" in _refusal(
+        deepseek, model=deepseek.model.model_copy(update={"max_seq_len": 32768}), job={"seq_len": 32768})
     seventy = MATRIX["70b-zero0-tp8-pp4-full-per-stage"]  # tp=16 x 8 KV heads: our tp_problem allows it, torchtitan not
     assert "tp=16 over the 8 KV heads" in _refusal(seventy, plan={"tp": 16, "pp": 2, "stage_recompute": None})
 
@@ -209,14 +234,15 @@ def _parsed(titan, c, argv=None):
     argv = list(_export(c).data if argv is None else argv)
     if "llama3_405b" in argv and not titan.float8:
         argv[argv.index("llama3_405b")] = "llama3_70b"
-    return titan.parse(argv if "--module" in argv else BASE + argv)
+    moe = c is not None and c.model.is_moe
+    return titan.parse(argv if "--module" in argv else (MOE_BASE if moe else BASE) + argv)
 
 
 def _base_flavor(titan, c) -> str:
     """The flavor of the config _parsed builds for this case."""
     flavor = tt.matching_flavor(c.model)
     if flavor is None:
-        return "8B"
+        return "30B-A3B" if c.model.is_moe else "8B"
     return "70B" if flavor.flavor == "405B" and not titan.float8 else flavor.flavor
 
 
@@ -226,18 +252,28 @@ def test_torchtitan_parses_the_overrides_and_they_mean_the_plan(titan, name):
     config = _parsed(titan, c)
     p, t, plan = config.parallelism, config.training, c.plan
     assert (p.data_parallel_replicate_degree * p.data_parallel_shard_degree, p.tensor_parallel_degree,
-            p.pipeline_parallel_degree, p.context_parallel_degree, p.expert_parallel_degree) == (plan.dp, plan.tp, plan.pp, 1, 1)
+            p.pipeline_parallel_degree, p.context_parallel_degree, p.expert_parallel_degree) == (plan.dp, plan.tp, plan.pp, 1, plan.ep)
     assert (t.global_batch_size, t.seq_len, t.dtype) == (c.job.global_batch_size, c.job.seq_len, "float32")
     policy = type(config.activation_checkpoint).__qualname__
     assert policy == {"none": "NoneType", "full": "FullAC.Config"}[tt.recompute_mode(plan, c.model).value]
     assert config.compile.enable_async_tensor_parallel == plan.tp_comm_overlap
     assert not plan.tp_comm_overlap or config.compile.enable
-    assert (config.model_spec.name, config.model_spec.flavor) == ("llama3", _base_flavor(titan, c))
-    if tt.matching_flavor(c.model) is not None:
-        # The model's own checks: tp divides heads and KV heads, seq_len within RoPE, no tying with PP.
+    flavor = tt.matching_flavor(c.model)
+    module = flavor.module if flavor else ("qwen3" if c.model.is_moe else "llama3")
+    assert (config.model_spec.name, config.model_spec.flavor) == (module, _base_flavor(titan, c))
+    if flavor is not None:
+        # The model's own checks: tp divides heads and KV heads, seq_len within RoPE, no tying with
+        # PP, the expert-parallel dispatcher's sizes; and its MoE layers are the plan's.
         config.model_spec.model.update_from_config(config=config)
+        if c.model.is_moe:
+            layers = config.model_spec.model.layers
+            assert [getattr(layer, "moe", None) is None for layer in layers] == [
+                i < c.model.first_dense_layers for i in range(c.model.num_layers)]
+            moe = layers[-1].moe
+            assert (moe.num_experts, moe.router.top_k, moe.routed_experts.inner_experts.hidden_dim) == (
+                c.model.num_experts, c.model.experts_per_token, c.model.moe_ffn)
     dims = titan.ParallelDims.from_config(p, world_size=c.gpus)
-    assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp) == (plan.dp, plan.tp, plan.pp)
+    assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp, dims.ep) == (plan.dp, plan.tp, plan.pp, plan.ep)
 
 
 @pytest.mark.parametrize("name", list(MATRIX))
@@ -259,16 +295,25 @@ def test_llama3_405b_config_is_built_with_float8(titan):
             titan.parse(argv)
 
 
-def test_flavors_are_torchtitans_llama3_models(titan):
-    from torchtitan.models.llama3 import model_registry
+def test_flavors_are_torchtitans_models(titan):
+    """Each flavor's numbers are those of the model its config_registry function builds."""
+    import importlib
 
     for f in tt.FLAVORS:
-        model = model_registry(f.flavor).model
-        attention = model.layers[0].attention
-        assert (len(model.layers), model.dim, attention.n_heads, attention.n_kv_heads, model.layers[0].feed_forward.w1.out_features,
-                model.vocab_size, model.enable_weight_tying) == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn,
-                                                                 f.vocab_size, False)
-        assert attention.rope.max_seq_len == tt.ROPE_MAX_SEQ
+        model = importlib.import_module(f"torchtitan.models.{f.module}").model_registry(f.flavor).model
+        attention, dense = model.layers[0].attention, model.layers[0].feed_forward
+        assert (len(model.layers), model.dim, attention.n_heads, getattr(attention, "n_kv_heads", None) or attention.n_heads, model.vocab_size,
+                model.enable_weight_tying, model.max_seq_len) == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads,
+                                                                  f.vocab_size, False, f.max_seq_len)
+        assert getattr(attention, "head_dim", None) == f.head_dim  # set only where heads are not hidden / n_heads wide
+        if f.experts is None:
+            assert dense.w1.out_features == f.ffn and f.max_seq_len == tt.ROPE_MAX_SEQ
+            continue
+        moe = model.layers[-1].moe
+        shared = moe.shared_experts.w1.out_features // moe.routed_experts.inner_experts.hidden_dim if moe.shared_experts else 0
+        first_dense = sum(getattr(layer, "moe", None) is None for layer in model.layers)
+        assert (moe.num_experts, moe.router.top_k, moe.routed_experts.inner_experts.hidden_dim, shared, first_dense) == f.experts
+        assert first_dense == 0 or dense.w1.out_features == f.ffn
 
 
 @pytest.fixture
@@ -303,6 +348,9 @@ def test_the_mesh_puts_tp_innermost_then_dp_then_pp(titan, fake_world, name):
 
     assert (ranks("tp", tp), ranks("batch", dp), ranks("pp", pp)) == (
         list(range(tp)), [i * tp for i in range(dp)], [i * tp * dp for i in range(pp)])
+    if c.plan.ep > 1:  # the cost model's folding: ep consecutive ranks of the tp x dp block, expert-TP 1
+        efsdp = dp * tp // c.plan.ep if c.plan.zero_stage else 1  # ZeRO-0: ep = tp, experts whole on every replica
+        assert (ranks("ep", c.plan.ep), dims.get_mesh("efsdp").size()) == (list(range(c.plan.ep)), efsdp)
 
 
 @pytest.mark.parametrize("name", [n for n in MATRIX if MATRIX[n].plan.pp > 1])
@@ -399,3 +447,58 @@ def test_1f1b_with_fewer_micro_batches_than_ranks_is_rejected(titan, fake_world)
     with pytest.raises(ValueError, match="must be greater than or equal to the number of stages"):
         _build_pipeline_schedule(parallelism=config.parallelism, local_batch_size=2, stages=[stage],
                                  loss_fn=lambda out, target: (out.sum(), None))
+
+
+def test_expert_degrees_that_do_not_tile_the_sharded_ranks_are_rejected(titan, fake_world):
+    """ParallelDims.build_mesh unflattens the world into (pp, dp_replicate, efsdp, ep) with
+    efsdp = dp_shard x cp x tp // ep: an ep that does not divide dp_shard x tp (3 of 4 x 2), or
+    ZeRO-0's replicate-only mesh with ep beyond tp, leaves ranks over and is refused."""
+    c = MATRIX["mixtral-generic-zero2-ep4-tp2-pp2"]
+    fake_world(c.gpus)
+    titan.ParallelDims.from_config(_parsed(titan, c).parallelism, world_size=c.gpus).build_mesh()  # the export itself
+    broken = _parsed(titan, c, _with(_export(c).data, "--parallelism.expert_parallel_degree", "3"))
+    with pytest.raises(ValueError, match=r"mesh_sizes=\(2, 1, 2, 3\) is 12, but the original dimension at dim=0 has size 16"):
+        titan.ParallelDims.from_config(broken.parallelism, world_size=c.gpus).build_mesh()
+    c = MATRIX["mixtral-generic-zero0-ep2-tp2"]
+    fake_world(c.gpus)
+    broken = _parsed(titan, c, _with(_export(c).data, "--parallelism.expert_parallel_degree", "4"))
+    with pytest.raises(ValueError, match=r"mesh_sizes=\(1, 4, 0, 4\) is 0"):
+        titan.ParallelDims.from_config(broken.parallelism, world_size=c.gpus).build_mesh()
+
+
+def test_expert_parallelism_with_cuda_graphs_is_rejected(titan):
+    """The standard all-to-all dispatcher synchronises with the CPU: Trainer.Config refuses
+    ep > 1 unless CUDA graphs are off, which the export turns off."""
+    c = MATRIX["mixtral-generic-fsdp3-ep8"]
+    assert "--training.disable_cuda_graphs" in _export(c).data
+    with pytest.raises(SystemExit):
+        _parsed(titan, c, [a for a in _export(c).data if a != "--training.disable_cuda_graphs"])
+
+
+MIXTRAL_SOLVE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"]
+
+
+def test_mixtral_solved_for_torchtitan_exports_and_torchtitan_takes_it(tmp_path):
+    """`plan solve --target torchtitan` on Mixtral 8x7B (64 H100), then `plan export` of the
+    plan and every alternative: the overrides read back to the plan and, with torchtitan,
+    parse (on a MoE base config) into ParallelDims of the plan's degrees."""
+    path = tmp_path / "mixtral.json"
+    cli = [sys.executable, "-m", "planner.cli.main"]
+    solved = subprocess.run([*cli, "solve", *MIXTRAL_SOLVE, "--target", "torchtitan", "--top-k", "4", "-o", str(path)],
+                            capture_output=True, text=True)
+    assert solved.returncode == 0, solved.stderr
+    doc = json.loads(path.read_text())
+    for k, entry in enumerate([doc] + doc["alternatives"]):
+        res = subprocess.run([*cli, "export", str(path), "--to", "torchtitan", "--json", *(["--alternative", str(k)] if k else [])],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        plan, data = Plan.model_validate(entry["plan"]), json.loads(res.stdout)["data"]
+        back = tt.read_back(data)
+        assert (back["dp"], back["tp"], back["pp"], back["ep"], back["zero_stage"]) == (plan.dp, plan.tp, plan.pp, plan.ep, plan.zero_stage)
+        try:
+            from torchtitan.config import ConfigManager
+            from torchtitan.distributed.parallel_dims import ParallelDims
+        except ImportError:
+            continue
+        dims = ParallelDims.from_config(ConfigManager().parse_args(MOE_BASE + data).parallelism, world_size=64)
+        assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp, dims.ep) == (plan.dp, plan.tp, plan.pp, plan.ep)

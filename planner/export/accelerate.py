@@ -42,6 +42,14 @@ RULES = Rules(
     # dp_replicate, dp_shard, cp, sp and tp only (parallelism_config.py:_get_mesh). (Pipelines
     # exist only inside the separate Megatron-LM plugin, which this export does not target.)
     max_pp=1,
+    # No expert parallelism on this path either: ParallelismConfig has no expert axis (the same
+    # _get_mesh dimensions), and transformers' own expert parallelism
+    # (DistributedConfig(enable_expert_parallel=True)) takes the whole world as its EP group, which
+    # ParallelismConfig._validate_accelerator refuses beside FSDP ("no dimension for FSDP to shard
+    # across"). expert_model_parallel_size exists only in the Megatron-LM plugin
+    # (utils/dataclasses.py:MegatronLMPlugin). A MoE model at ep = 1 exports: FSDP2 shards its
+    # experts like any other parameter of the wrapped decoder layer.
+    max_ep=1,
     schedules=(),
     interleaved=False,
     # Megatron sequence parallelism (norms and dropout sharded over the TP group) is not in
@@ -67,6 +75,7 @@ RULES = Rules(
         "recompute": "fsdp_activation_checkpointing, every layer full or none, no selective",
         "mesh order": "tp innermost, then dp (ParallelismConfig: dp_replicate, dp_shard, cp, sp, tp)",
         "batch": "not in the config, micro-batch and accumulation go to the script (a comment block says them)",
+        "experts": "no expert parallelism (ParallelismConfig has no expert axis); MoE models at ep = 1, experts sharded by FSDP2",
     },
 )
 

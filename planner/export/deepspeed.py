@@ -6,9 +6,20 @@ rather than in its JSON (PipelineModule's `num_stages` and `partition_method`, t
 rank order) goes in a top-level "planner" block, which DeepSpeedConfig ignores (it reads only
 the keys it knows, runtime/config.py:DeepSpeedConfig._initialize_params).
 
+Mixture-of-experts models get DeepSpeed's AutoEP (the JSON's "expert_parallel" section,
+deepspeed/module_inject/auto_ep*.py): it replaces each Hugging Face MoE block with grouped-GEMM
+experts, num_experts / ep of them on each rank, tokens exchanged by all-to-all within groups of
+ep consecutive data-parallel ranks of a pipeline stage (utils/groups.py
+_create_expert_and_data_parallel), expert-TP 1, dropless; ZeRO shards each expert over its
+expert-data-parallel group. That is the cost model's folding (cost_models/tables.py:ep_link_of).
+The older deepspeed.moe.layer.MoE(ep_size=...) is model code, routes top-1 or top-2 only, drops
+tokens beyond its capacity by default (drop_tokens=True) and has no ZeRO-3 (runtime/engine.py
+_validate_zero3_moe_compatibility); it is not what is exported. The cost model assumes balanced
+routing.
+
 Every rule below cites the installed package's source (deepspeed/...); the tests feed every
 export to deepspeed.runtime.config.DeepSpeedConfig and to DeepSpeed's own partitioner,
-schedule and topology classes.
+schedule, topology and AutoEP classes.
 """
 
 from __future__ import annotations
@@ -48,6 +59,12 @@ RULES = Rules(
     # (runtime/engine.py _configure_tensor_parallel_states) replaces it with a dp x tp mesh of
     # all ranks; TP inside a pipeline needs model-side TP layers (Megatron-DeepSpeed).
     tp_with_pp=False,
+    # AutoEP (expert_parallel.autoep_size): module_inject/auto_ep_folding.py build_folding_spec
+    # needs ep x expert-TP to divide a stage's ranks, auto_ep_config.py validate_autoep_post_detection
+    # ep to divide the experts (specs.ep_problem states both); no rule on ZeRO (AutoEP has
+    # ZeRO-3) or pp (the engine takes pp from the PipelineModule's grid). Its folding with AutoTP
+    # needs ep > 1 and pp = 1, moot here: a MoE layer with tp > 1 needs sequence parallelism.
+    max_ep=None,
     # DeepSpeed checkpoints whole layers (runtime/activation_checkpointing): no selective mode.
     recompute_modes=("none", "full"),
     # runtime/pipe/engine.py _train_schedule: always schedule.TrainSchedule, a 1F1B schedule
@@ -83,6 +100,8 @@ RULES = Rules(
         "schedule": "1F1B (TrainSchedule); no GPipe, no interleaving (DualPipeV is a V placement, not vpp)",
         "mesh order": "tp innermost, then dp, then pp (PipeModelDataParallelTopology)",
         "DP overlap": "ZeRO 1-3 overlap_comm hides the gradient reduce at pp = 1; ZeRO-0 and every pp > 1 reduce after backward",
+        "experts": "AutoEP (expert_parallel.autoep_size, expert-TP 1): ep consecutive data-parallel ranks, any ZeRO stage, "
+        "with or without a pipeline",
     },
 )
 
@@ -112,6 +131,8 @@ def export(plan, model, job, num_gpus: int) -> Export:
         # GPU, as the cost model counts it (no partitioning over TP, no CPU offload).
         config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
                                               "contiguous_memory_optimization": False}
+    if model.is_moe:
+        config["expert_parallel"] = _expert_parallel(plan, model)
     if plan.pp > 1:
         # runtime/config.py get_pipeline_config reads this section; the pipeline engine applies
         # activation_checkpoint_interval (pipe/engine.py). "stages" and "partition" are parsed but
@@ -119,6 +140,19 @@ def export(plan, model, job, num_gpus: int) -> Export:
         config["pipeline"] = {"stages": plan.pp, "partition": f"type:{BLOCK_TYPE}", "activation_checkpoint_interval": 1 if full else 0}
     config["planner"] = _planner_block(plan, model, num_gpus, full)
     return Export(stack="deepspeed", text=json.dumps(config, indent=2) + "\n", data=config, kind="json")
+
+
+def _expert_parallel(plan, model) -> dict:
+    """AutoEP's section (module_inject/auto_ep_config.py parse_autoep_config). At ep = 1 it still
+    swaps the blocks for its grouped-GEMM experts (the GEMMs the cost model prices), without the
+    all-to-all."""
+    section = {"enabled": True, "autoep_size": plan.ep, "expert_tensor_parallel_size": 1, "top_k": model.experts_per_token}
+    if plan.pp > 1:
+        # AutoEP finds MoE blocks by module name (its presets: model.layers.N.mlp) and reads top-k
+        # from the model's Hugging Face config; a PipelineModule registers layer i as "i"
+        # (runtime/pipe/module.py _build) and has no such config.
+        section["moe_layer_pattern"] = r"\d+\.mlp"
+    return section
 
 
 def _precision(precision: DType) -> dict:
@@ -145,7 +179,7 @@ def _zero(plan, model, job) -> dict:
     if plan.zero_stage < 3:
         zero |= {"reduce_scatter": True, "allgather_bucket_size": bucket}
     else:
-        layer = layer_params(model, plan.tp).total  # one layer's parameters on this TP rank
+        layer = layer_params(model, plan.tp, plan.ep).total  # one layer's parameters on this rank (its E / ep experts)
         zero |= {"stage3_prefetch_bucket_size": layer, "stage3_max_live_parameters": 2 * layer}
     return zero
 
@@ -154,7 +188,7 @@ def _planner_block(plan, model, num_gpus: int, full: bool) -> dict:
     """What DeepSpeed takes in code, not in its JSON; DeepSpeedConfig ignores this key."""
     block = {
         "about": "not read by DeepSpeed: the layout, and what to pass in code",
-        "layout": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "world_size": num_gpus,
+        "layout": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "ep": plan.ep, "world_size": num_gpus,
                    "mesh_order": ",".join(a.value for a in MESH_ORDER) + " (innermost first; DeepSpeed's fixed order)"},
         "recompute": "full: checkpoint every transformer layer" if full else "none",
     }
@@ -163,10 +197,30 @@ def _planner_block(plan, model, num_gpus: int, full: bool) -> dict:
                                     "layers_per_stage": plan.stage_layers(model.num_layers)}
     elif full:
         block["recompute"] += " in model code (deepspeed.checkpointing.checkpoint or HF gradient_checkpointing_enable())"
+    if model.is_moe:
+        block["experts"] = _experts_block(plan, model)
     if plan.tp > 1:
         # runtime/config.py DeepSpeedConfig: world_size is mpu.get_data_parallel_world_size(), else all ranks.
         block["autotp_batch"] = (f"pass deepspeed.initialize(..., mpu=...) whose get_data_parallel_world_size() is {plan.dp}: "
                                  "without an mpu DeepSpeed checks train_batch_size against all dp x tp ranks")
+    return block
+
+
+def _experts_block(plan, model) -> dict:
+    block = {
+        "num_experts": model.num_experts, "experts_per_token": model.experts_per_token, "expert_width": model.moe_ffn,
+        "shared_experts": model.num_shared_experts, "first_dense_layers": model.first_dense_layers,
+        "ep": plan.ep, "expert_data_parallel": plan.dp * plan.tp // plan.ep,
+        "routing": "planned as balanced (every expert top-k x tokens / experts); AutoEP drops no token",
+        # runtime/zero/stage_1_and_2.py _configure_moe_settings asserts MoE parameter groups;
+        # the engine makes them itself only for an optimizer it builds (_configure_optimizer).
+        "optimizer": "pass no optimizer object, or one whose param groups come from "
+        "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer",
+    }
+    if plan.pp > 1:
+        block["pipeline"] = ("expert_parallel.moe_layer_pattern matches layer i's .mlp in the PipelineModule; with no Hugging "
+                             "Face config AutoEP routes as its custom preset (softmax top-k, no shared experts) unless "
+                             "expert_parallel.preset_model names the model family (mixtral, qwen3_moe, deepseek_v3, ...)")
     return block
 
 
@@ -182,11 +236,13 @@ def read_back(data: dict) -> dict:
     else:  # a plain module checkpoints in model code: only the planner block says so
         full = data.get("planner", {}).get("recompute", "none").startswith("full")
     precision = "bf16" if data.get("bf16", {}).get("enabled") else "fp16" if data.get("fp16", {}).get("enabled") else "fp32"
+    experts = data.get("expert_parallel") or {}
     return {
         "dp": batch // (micro * accumulation), "tp": tp, "pp": pp, "vpp": 1,
         "micro_batch_size": micro, "num_micro_batches": accumulation, "global_batch_size": batch,
         "zero_stage": int(data.get("zero_optimization", {}).get("stage", 0)), "sequence_parallel": False,
         "schedule": Schedule.one_f_one_b.value, "recompute": (Recompute.full if full else Recompute.none).value,
         "precision": precision, "mesh_order": [a.value for a in MESH_ORDER],
+        "ep": int(experts.get("autoep_size", 1)) if experts.get("enabled") else 1,
     }
 

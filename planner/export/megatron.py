@@ -15,10 +15,24 @@ launcher (arguments.py: `args.world_size = int(os.getenv("WORLD_SIZE"))`,
 `args.data_parallel_size = args.world_size // total_model_size`) and the micro-batch count as
 global batch / (micro-batch x dp) (megatron/core/num_microbatches_calculator.py). So
 `read_back` needs the GPU count to return dp and the micro-batch count.
+
+Mixture-of-experts models get Megatron-Core's MoE layer as the cost model prices it
+(cost_models/compute.py: layer_params, expert_times; cost_models/tables.py: ep_link_of):
+--num-experts / --moe-router-topk / --moe-ffn-hidden-size, shared experts as one MLP of
+num_shared x expert width (--moe-shared-expert-intermediate-size), the first dense layers as a
+--moe-layer-freq pattern, experts split over ep ranks with expert-TP 1
+(--expert-model-parallel-size ep --expert-tensor-parallel-size 1: parallel_state.py folds the
+expert groups out of the tp x dp ranks, order tp-ep-dp-pp), tokens exchanged by all-to-all
+(--moe-token-dispatcher-type alltoall) and each rank's experts run as one grouped GEMM
+(--moe-grouped-gemm: Transformer Engine's TEGroupedMLP; Megatron-LM asserts an Ampere or newer
+GPU). The cost model assumes balanced, dropless routing (every expert gets top-k x tokens / E):
+no --moe-expert-capacity-factor, so Megatron drops no token; balancing the router (its aux loss
+coefficient, default 0, or expert bias) is the user's training choice.
 """
 
 from __future__ import annotations
 
+import ast
 import shlex
 from typing import Optional
 
@@ -44,6 +58,11 @@ RULES = Rules(
     schedules=(Schedule.one_f_one_b, Schedule.interleaved_1f1b),
     interleaved=True,  # ModelParallelConfig.virtual_pipeline_model_parallel_size
     sequence_parallel=True,  # ModelParallelConfig.sequence_parallel (needs tp > 1, checked there)
+    # ModelParallelConfig.expert_model_parallel_size: any ep whose expert groups tile the
+    # tp x dp ranks of a pipeline stage (parallel_state.initialize_model_parallel: world_size
+    # divisible by expert-TP x ep x pp) and divide the experts (arguments.py:validate_args);
+    # specs.ep_problem states both. problems() adds the one mesh-order rule.
+    max_ep=None,
     tp_comm_overlap=True,  # ModelParallelConfig.tp_comm_overlap: Transformer Engine userbuffers
     # parallel_state.initialize_model_parallel(order=...): "tp-cp-ep-dp-pp" by default (tp
     # innermost, then dp, then pp) and "tp-cp-ep-pp-dp" under Megatron-LM's
@@ -67,6 +86,8 @@ RULES = Rules(
         "ZeRO": "0, and 1 as --use-distributed-optimizer; Megatron-FSDP and torch FSDP2 (ZeRO-2/3) exist but are not exported",
         "mesh order": "tp,dp,pp (default) or tp,pp,dp (--use-tp-pp-dp-mapping)",
         "data parallel": "not a flag: WORLD_SIZE / (tp x pp) from the launcher",
+        "experts": "--expert-model-parallel-size ep with expert-TP 1 (folded from tp x dp), all-to-all dispatch, grouped GEMM; "
+        "with --use-tp-pp-dp-mapping and pp > 1 only ep = tp",
     },
 )
 
@@ -181,7 +202,18 @@ def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     # ("First dimension of the tensor should be divisible by tensor parallel size").
     if plan.sequence_parallel and job.seq_len % plan.tp:
         out.append(f"sequence parallelism with seq_len {job.seq_len} not divisible by tp={plan.tp}")
+    # parallel_state.initialize_model_parallel: the expert rank generator uses the same order
+    # with ep x expert-TP in place of tp; unless pp is outermost it asserts "the data parallel size
+    # of the attention and moe layers must be the same", i.e. ep x expert-TP (1) = tp.
+    if model.is_moe and _tp_pp_dp(plan) and plan.ep != plan.tp:
+        out.append(f"expert parallelism ep={plan.ep} with mesh order tp,pp,dp (Megatron folds experts there only with ep = tp = {plan.tp})")
     return out
+
+
+def _tp_pp_dp(plan: Plan) -> bool:
+    """Whether the plan needs --use-tp-pp-dp-mapping (its mesh order is not Megatron's default)."""
+    order = tuple(Axis(a) for a in plan.mesh_order)
+    return _effective(order, plan.dp, plan.tp, plan.pp) != _effective(RULES.mesh_orders[0], plan.dp, plan.tp, plan.pp)
 
 
 def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
@@ -195,8 +227,7 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
         flags.append(("--sequence-parallel", None))
     if plan.tp_comm_overlap:
         flags.append(("--tp-comm-overlap", None))
-    order = tuple(Axis(a) for a in plan.mesh_order)
-    if _effective(order, plan.dp, plan.tp, plan.pp) != _effective(RULES.mesh_orders[0], plan.dp, plan.tp, plan.pp):
+    if _tp_pp_dp(plan):
         flags.append(("--use-tp-pp-dp-mapping", None))
     flags += _recompute_flags(_recompute_setting(plan.stage_recompute_counts(L)))
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
@@ -211,7 +242,7 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
             flags.append(("--overlap-param-gather", None))
     if Optimizer(job.optimizer) != Optimizer.adam:
         flags.append(("--optimizer", Optimizer(job.optimizer).value))
-    flags += _model_flags(model, job)
+    flags += _model_flags(model, job) + _expert_flags(model, plan)
     argv = [str(x) for flag, value in flags for x in ((flag,) if value is None else (flag, value))]
     text = " \\\n".join(flag if value is None else f"{flag} {shlex.quote(str(value))}" for flag, value in flags)
     return Export(stack="megatron", text=text, data=argv, kind="args")
@@ -223,6 +254,8 @@ def _model_flags(model: ModelSpec, job: JobSpec) -> list[tuple]:
              ("--ffn-hidden-size", model.ffn), ("--num-attention-heads", model.num_heads)]
     if model.kv_heads != model.num_heads:
         flags += [("--group-query-attention", None), ("--num-query-groups", model.kv_heads)]
+    if model.attention_head_dim is not None:  # heads not hidden / num_heads wide (Qwen3)
+        flags.append(("--kv-channels", model.head_dim))
     # arguments.py requires max_position_embeddings >= seq_length even for rotary positions,
     # where it sizes no table.
     max_positions = model.max_seq_len if model.learned_position_embeddings else max(model.max_seq_len, job.seq_len)
@@ -242,6 +275,51 @@ def _model_flags(model: ModelSpec, job: JobSpec) -> list[tuple]:
     if not job.flash_attention:  # the plan stored the s x s scores: Megatron's unfused attention
         flags.append(("--attention-backend", "unfused"))
     return flags
+
+
+def _expert_flags(model: ModelSpec, plan: Plan) -> list[tuple]:
+    """The MoE layer and its expert parallelism (the module docstring says why each)."""
+    if not model.is_moe:
+        return []
+    flags = [("--num-experts", model.num_experts), ("--moe-router-topk", model.experts_per_token),
+             ("--moe-ffn-hidden-size", model.moe_ffn)]
+    if model.num_shared_experts:  # one MLP as wide as all shared experts together
+        flags.append(("--moe-shared-expert-intermediate-size", model.num_shared_experts * model.moe_ffn))
+    if model.first_dense_layers:  # 0: a dense MLP of --ffn-hidden-size, 1: experts
+        flags.append(("--moe-layer-freq", moe_layer_pattern(model.first_dense_layers, model.num_layers)))
+    if model.experts_per_token == 1:
+        # TransformerConfig.__post_init__: a softmax over one selected expert has a zero
+        # gradient, so top-1 needs the softmax before the selection.
+        flags.append(("--moe-router-pre-softmax", None))
+    return flags + [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", 1),
+                    ("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", None)]
+
+
+def moe_layer_pattern(first_dense: int, num_layers: int) -> str:
+    """--moe-layer-freq for `first_dense` dense layers then experts: the Python list expression
+    Megatron-LM's moe_freq_type evaluates (its length must be the layer count,
+    gpt_layer_specs.py:get_gpt_decoder_layer_specs)."""
+    return f"([0]*{first_dense}+[1]*{num_layers - first_dense})"
+
+
+def layer_pattern(freq, num_layers: int) -> list[int]:
+    """Per-layer 1 (experts) / 0 (dense MLP) from --moe-layer-freq as Megatron reads it: an
+    integer N (experts on every N-th layer) or a list expression of digits, [], (), + and *."""
+    if isinstance(freq, int) or str(freq).strip().isdigit():
+        return [int(i % int(freq) == 0) for i in range(num_layers)]
+    return _list_expression(ast.parse(str(freq), mode="eval").body)
+
+
+def _list_expression(node):
+    """The value of a list expression without eval: integers, lists of them, + and *."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        return [_list_expression(e) for e in node.elts]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _list_expression(node.left), _list_expression(node.right)
+        return left + right if isinstance(node.op, ast.Add) else left * right
+    raise ValueError(f"--moe-layer-freq: {ast.unparse(node)!r} is not a list expression of integers, + and *")
 
 
 def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
@@ -280,6 +358,24 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
         "seq_len": int(args["seq-length"]),
         "activation": "swiglu" if "swiglu" in args else "gelu",
         "tied_embeddings": "untie-embeddings-and-output-weights" not in args,
+        **_experts_back(args, L),
+    }
+
+
+def _experts_back(args: dict, num_layers: int) -> dict:
+    """ep and the MoE fields of our ModelSpec; ValueError where the layer pattern is not ours
+    (dense layers anywhere but first)."""
+    if "num-experts" not in args:
+        return {"ep": 1, "num_experts": None}
+    pattern = layer_pattern(args.get("moe-layer-freq", 1), num_layers)
+    first_dense = pattern.index(1) if 1 in pattern else num_layers
+    if len(pattern) != num_layers or pattern != [0] * first_dense + [1] * (num_layers - first_dense):
+        raise ValueError(f"--moe-layer-freq {args['moe-layer-freq']}: dense layers only before the first MoE layer are ours")
+    moe_ffn = int(args.get("moe-ffn-hidden-size", args["ffn-hidden-size"]))
+    return {
+        "ep": int(args.get("expert-model-parallel-size", 1)), "num_experts": int(args["num-experts"]),
+        "experts_per_token": int(args.get("moe-router-topk", 2)), "moe_ffn_hidden_size": moe_ffn,
+        "num_shared_experts": int(args.get("moe-shared-expert-intermediate-size", 0)) // moe_ffn, "first_dense_layers": first_dense,
     }
 
 

@@ -7,11 +7,22 @@ dimensions are in it and not on the command line: Trainer.Config.model_spec is
 (config/manager.py:ConfigManager.parse_args), e.g. `--parallelism.tensor_parallel_degree 4`;
 activation checkpointing is a tyro subcommand (`activation-checkpoint:full`) and must come last.
 
-A model that is one of torchtitan's Llama 3 configs (8B, 70B, 405B: same layers, width, heads,
-KV heads, FFN width and vocabulary) gets `--module llama3 --config ...`. Any other model is
-"generic": the overrides are the same, but the user must name a config_registry function that
-builds the model (`--module M --config F`, see config_registry.py); the text says so and lists
-the dimensions that model must have. `data` is then the overrides alone.
+A model that is one of torchtitan's configs listed in FLAVORS (Llama 3 8B, 70B, 405B; DeepSeek-V3
+671B; Qwen3 30B-A3B: same layers, width, heads, KV heads, head width, FFN width, vocabulary and,
+for mixture-of-experts models, experts, top-k, expert width, shared experts and dense first
+layers) gets `--module M --config F`. Any other model is "generic": the overrides are the same,
+but the user must name a config_registry function that builds the model (`--module M --config F`,
+see config_registry.py); the text says so and lists the dimensions that model must have. `data`
+is then the overrides alone.
+
+Mixture-of-experts models: --parallelism.expert_parallel_degree splits each MoE layer's routed
+experts over ep ranks that ParallelDims borrows from dp_shard x cp x tp (the sparse mesh
+pp, dp_replicate, efsdp, ep with ep innermost: the cost model's folding, expert-TP 1), exchanging
+tokens by all-to-all and running the local experts as grouped GEMMs (models/common/moe.py); FSDP
+shards the experts over efsdp = dp_shard x tp / ep with the dense layers' reshard policy. The
+standard all-to-all dispatcher synchronises with the CPU, so ep > 1 turns CUDA graphs off as a
+pipeline does (Trainer.Config._validate_cuda_graphs). The cost model assumes balanced routing;
+torchtitan routes dropless (no capacity factor in the standard dispatcher).
 
 The world size is no override: torchrun starts the ranks, and ParallelDims
 (distributed/parallel_dims.py) checks that dp_replicate x dp_shard x cp x tp x pp equals it.
@@ -75,6 +86,10 @@ RULES = Rules(
     # saves the outputs of matmuls and attention except every second matmul and recomputes the
     # rest (SelectiveAC._wrap_block), another memory/compute trade the plan does not estimate.
     recompute_modes=("none", "full"),
+    # ParallelismConfig.expert_parallel_degree: ep borrows ranks from dp_shard x cp x tp (its
+    # docstring; ParallelDims.build_mesh unflattens the world into pp, dp_replicate, efsdp, ep).
+    # problems() states what that means for ZeRO-0 and for TP at ep = 1.
+    max_ep=None,
     notes={
         "ZeRO": "0 = replicate-only FSDP2 mesh (DDP-like); 2 = FSDP2 reshard_after_forward never; 3 = always; no ZeRO-1",
         "uneven stages": "any split: --parallelism.module_fqns_per_model_part lists each stage's layers",
@@ -83,15 +98,22 @@ RULES = Rules(
         "sequence parallelism": "on or off with TP (--parallelism.[no_]enable_sequence_parallel)",
         "TP overlap": "async TP under torch.compile (--compile.enable_async_tensor_parallel)",
         "mesh order": "tp innermost, then dp, then pp (ParallelDims: pp, dp_replicate, dp_shard, cp, tp)",
-        "model": "llama3 8B/70B/405B by --config; any other model needs the user's own config_registry function",
+        "model": "llama3 8B/70B/405B, deepseek_v3 671B, qwen3 30B-A3B by --config; any other model needs the user's own "
+        "config_registry function",
+        "experts": "--parallelism.expert_parallel_degree (expert-TP 1, borrowed from dp_shard x tp); with ZeRO-0 only ep = tp; "
+        "MoE with tp > 1 needs ep > 1 (at ep = 1 torchtitan shards experts over TP)",
     },
 )
 
 
+ROPE_MAX_SEQ = 131072  # the llama3 flavors' RoPE max_seq_len
+
+
 @dataclass(frozen=True)
 class Flavor:
-    """One of torchtitan's Llama 3 configs: the config_registry function and the model it builds
-    (models/llama3/__init__.py: _8b, _70b, _405b; FFN width from compute_ffn_hidden_dim)."""
+    """One of torchtitan's model configs: the config_registry function and the model it builds
+    (models/llama3/__init__.py: _8b, _70b, _405b, FFN width from compute_ffn_hidden_dim;
+    models/deepseek_v3/__init__.py: _671b; models/qwen3/__init__.py: "30B-A3B")."""
 
     config: str
     flavor: str  # ModelSpec.flavor of the Trainer.Config it returns
@@ -102,6 +124,11 @@ class Flavor:
     ffn: int
     vocab_size: int
     note: str = ""
+    module: str = "llama3"  # --module: the package under torchtitan/models
+    max_seq_len: int = ROPE_MAX_SEQ  # RoPE positions; Decoder.Config.update_from_config refuses longer
+    head_dim: Optional[int] = None  # None: hidden_size / num_heads
+    # (routed experts, top-k, expert width, shared experts, dense first layers); None: dense
+    experts: Optional[tuple] = None
 
 
 FLAVORS = (
@@ -110,8 +137,14 @@ FLAVORS = (
     Flavor("llama3_405b", "405B", 126, 16384, 128, 8, 53248, 128256,
            note="llama3_405b builds float8 linear layers (in its model spec, not an override; building it needs torchao "
                 "and an SM89+ GPU), which the plan's 16-bit estimate does not model"),
+    Flavor("deepseek_v3_671b", "671B", 61, 7168, 128, 128, 18432, 129280, module="deepseek_v3", max_seq_len=16384,
+           experts=(256, 8, 2048, 1, 3),
+           note="deepseek_v3_671b builds multi-head latent attention, which the plan's deepseek-v3 preset approximates as "
+                "multi-head attention of 128 heads of 56 (its source says how much that changes); routing is its own "
+                "(sigmoid scores, 8 groups of which 4 are kept, a load-balancing bias)"),
+    Flavor("qwen3_30b_a3b", "30B-A3B", 48, 2048, 32, 4, 768, 151936, module="qwen3", max_seq_len=40960, head_dim=128,
+           experts=(128, 8, 768, 0, 0)),
 )
-ROPE_MAX_SEQ = 131072  # the llama3 flavors' RoPE max_seq_len; Decoder.Config.update_from_config refuses longer
 
 _SCHEDULES = {Schedule.gpipe: "GPipe", Schedule.one_f_one_b: "1F1B", Schedule.interleaved_1f1b: "Interleaved1F1B"}
 _PRECISION = {DType.bf16: "bfloat16", DType.fp32: "float32"}  # TrainingConfig.mixed_precision_param's choices
@@ -120,14 +153,22 @@ _AC = "activation-checkpoint:"  # tyro subcommand prefix (activation_checkpoint.
 
 
 def matching_flavor(model: ModelSpec) -> Optional[Flavor]:
-    """The torchtitan Llama 3 config that builds this model, or None (a generic export)."""
+    """The torchtitan config that builds this model, or None (a generic export)."""
     llama = (model.activation == Activation.swiglu and model.norm == "rmsnorm" and not model.linear_bias
              and not model.learned_position_embeddings and not model.tied_embeddings)
-    shape = (model.num_layers, model.hidden_size, model.num_heads, model.kv_heads, model.ffn, model.vocab_size)
+    shape = (model.num_layers, model.hidden_size, model.num_heads, model.kv_heads, model.ffn, model.vocab_size, model.head_dim,
+             _experts(model))
     for f in FLAVORS:
-        if llama and shape == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn, f.vocab_size):
+        if llama and shape == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn, f.vocab_size,
+                               f.head_dim or f.hidden_size // f.num_heads, f.experts):
             return f
     return None
+
+
+def _experts(model: ModelSpec) -> Optional[tuple]:
+    if not model.is_moe:
+        return None
+    return (model.num_experts, model.experts_per_token, model.moe_ffn, model.num_shared_experts, model.first_dense_layers)
 
 
 def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
@@ -150,8 +191,25 @@ def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     if plan.pp > 1 and plan.schedule == Schedule.one_f_one_b and plan.num_micro_batches < plan.pp:
         # torch/distributed/pipelining/schedules.py: Schedule1F1B needs n_microbatches >= stages.
         out.append(f"1F1B with {plan.num_micro_batches} micro-batches on {plan.pp} pipeline ranks (torch's Schedule1F1B needs at least pp)")
-    if matching_flavor(model) is not None and job.seq_len > ROPE_MAX_SEQ:
-        out.append(f"seq_len {job.seq_len} beyond the {ROPE_MAX_SEQ} RoPE positions of torchtitan's llama3 configs")
+    f = matching_flavor(model)
+    if f is not None and job.seq_len > f.max_seq_len:
+        out.append(f"seq_len {job.seq_len} beyond the {f.max_seq_len} RoPE positions of torchtitan's {f.config} config")
+    return out + _expert_problems(plan, model)
+
+
+def _expert_problems(plan: Plan, model: ModelSpec) -> list[str]:
+    """Where torchtitan's expert placement is not the plan's (experts whole, expert-TP 1)."""
+    out = []
+    if model.is_moe and plan.tp > 1 and plan.ep == 1:
+        # models/common/moe_sharding.py:expert_param_placement_dense: without EP the experts are
+        # sharded over the TP axis (and the tokens gathered for them), where the plan keeps every
+        # expert whole on each rank of its sequence shard.
+        out.append(f"a mixture-of-experts layer with tp={plan.tp} and ep=1 (torchtitan then shards the experts over TP; use ep > 1)")
+    if plan.ep > 1 and plan.zero_stage == 0 and plan.ep != plan.tp:
+        # EP borrows ranks from dp_shard x cp x tp only (ParallelismConfig.expert_parallel_degree);
+        # the replicate-only mesh of ZeRO-0 has dp_shard 1, so ep must divide tp, and any ep < tp
+        # leaves efsdp = tp / ep ranks over which FSDP shards the experts (ZeRO-3 for experts).
+        out.append(f"expert parallelism ep={plan.ep} with ZeRO-0 (torchtitan folds experts into the replicate-only mesh only as ep = tp = {plan.tp})")
     return out
 
 
@@ -163,7 +221,7 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
 
 def _model_args(model: ModelSpec) -> list[str]:
     f = matching_flavor(model)
-    return ["--module", "llama3", "--config", f.config] if f else []
+    return ["--module", f.module, "--config", f.config] if f else []
 
 
 def _parallel_args(plan: Plan, model: ModelSpec) -> list[str]:
@@ -174,13 +232,17 @@ def _parallel_args(plan: Plan, model: ModelSpec) -> list[str]:
            "--parallelism.tensor_parallel_degree", str(plan.tp)]
     if plan.tp > 1:
         out.append("--parallelism.enable_sequence_parallel" if plan.sequence_parallel else "--parallelism.no_enable_sequence_parallel")
+    if model.is_moe:  # always: a config may set its own (deepseek_v3_671b: 2)
+        out += ["--parallelism.expert_parallel_degree", str(plan.ep)]
     out += ["--parallelism.pipeline_parallel_degree", str(plan.pp)]
     if plan.pp > 1:
         out += ["--parallelism.pipeline_parallel_schedule", _SCHEDULES[Schedule(plan.schedule)],
                 "--parallelism.pipeline_parallel_microbatch_size", str(plan.micro_batch_size),
-                "--parallelism.module_fqns_per_model_part", *model_parts(plan.stage_layers(model.num_layers)),
-                # Trainer.Config._validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet"
-                "--training.disable_cuda_graphs"]
+                "--parallelism.module_fqns_per_model_part", *model_parts(plan.stage_layers(model.num_layers))]
+    if plan.pp > 1 or plan.ep > 1:
+        # Trainer.Config._validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism
+        # yet", nor an expert-parallel dispatcher that synchronises with the CPU (the standard one)
+        out.append("--training.disable_cuda_graphs")
     return out
 
 
@@ -233,6 +295,11 @@ def _text(args: list[str], plan: Plan, model: ModelSpec, job: JobSpec, num_gpus:
           3: f"FSDP full shard over dp={plan.dp} (ZeRO-3)"}[plan.zero_stage]
     lines = [f"# torchtitan 0.3.0 overrides: {model.name} on {num_gpus} GPUs = dp {plan.dp} x tp {plan.tp} x pp {plan.pp} "
              f"(tp innermost); {dp}"]
+    if model.is_moe:
+        spread = (f"FSDP-sharded over efsdp = dp x tp / ep = {plan.dp * plan.tp // plan.ep} ranks" if plan.zero_stage
+                  else f"replicated over the {plan.dp} replicas")
+        lines.append(f"# experts: {model.num_experts} per MoE layer, split over ep {plan.ep} ranks borrowed from dp_shard x tp "
+                     f"({model.num_experts // plan.ep} whole on each), {spread}")
     if plan.pp > 1:
         lines.append(f"# batch: global {job.global_batch_size} = dp {plan.dp} x {plan.num_micro_batches} pipeline micro-batches "
                      f"of {plan.micro_batch_size} (local batch {plan.micro_batch_size * plan.num_micro_batches}), no accumulation")
@@ -242,8 +309,9 @@ def _text(args: list[str], plan: Plan, model: ModelSpec, job: JobSpec, num_gpus:
     module = ""
     if f is None:
         module = " --module YOUR_MODULE --config YOUR_CONFIG"
-        lines += [f"# {model.name} is none of torchtitan's llama3 configs: write a config_registry function (as in "
-                  "torchtitan/models/llama3/config_registry.py) whose model has", "#   " + _dimensions(model),
+        example = "qwen3" if model.is_moe else "llama3"
+        lines += [f"# {model.name} is none of torchtitan's configs in the planner's list: write a config_registry function "
+                  f"(as in torchtitan/models/{example}/config_registry.py) whose model has", "#   " + _dimensions(model),
                   "# with modules named tok_embeddings, layers.<i>, norm, lm_head (the pipeline split names them), "
                   "and pass it as --module/--config."]
     elif f.note:
@@ -254,8 +322,15 @@ def _text(args: list[str], plan: Plan, model: ModelSpec, job: JobSpec, num_gpus:
 
 
 def _dimensions(model: ModelSpec) -> str:
-    return (f"{model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads ({model.kv_heads} KV), "
-            f"FFN {model.ffn} ({model.activation.value}), vocabulary {model.vocab_size}, {model.norm}"
+    heads = f"{model.num_heads} heads ({model.kv_heads} KV" + (f", {model.head_dim} wide)" if model.attention_head_dim else ")")
+    if model.is_moe:
+        mlp = (f"{model.num_experts} experts of width {model.moe_ffn}, top-{model.experts_per_token}"
+               + (f", {model.num_shared_experts} shared" if model.num_shared_experts else "")
+               + f" ({model.activation.value}, torchtitan's MoE layer)"
+               + (f" after {model.first_dense_layers} dense layers of FFN {model.ffn}" if model.first_dense_layers else ""))
+    else:
+        mlp = f"FFN {model.ffn} ({model.activation.value})"
+    return (f"{model.num_layers} layers, hidden {model.hidden_size}, {heads}, {mlp}, vocabulary {model.vocab_size}, {model.norm}"
             + (", learned positions" if model.learned_position_embeddings else ", rotary positions")
             + (", biases" if model.linear_bias else "") + (", tied embeddings" if model.tied_embeddings else ""))
 
@@ -301,7 +376,7 @@ def read_back(data) -> dict:
         "sequence_parallel": s["tp"] > 1 and s["sp"], "tp_comm_overlap": s["async_tp"], "schedule": schedule,
         "layers_per_stage": [sum(1 for n in p if n.startswith("layers.")) for p in parts] if pp > 1 and any(parts) else None,
         "recompute": s["ac"], "precision": {v: k.value for k, v in _PRECISION.items()}[s["mp_param"]],
-        "mesh_order": [a.value for a in RULES.mesh_orders[0]], "flavor": s["flavor"],
+        "mesh_order": [a.value for a in RULES.mesh_orders[0]], "flavor": s["flavor"], "ep": s["ep"],
     }
 
 
@@ -322,7 +397,7 @@ def _from_config(c) -> dict:
             "pp_mbs": p.pipeline_parallel_microbatch_size, "parts": p.module_fqns_per_model_part,
             "local": t.local_batch_size, "global": t.global_batch_size, "seq_len": t.seq_len, "dtype": t.dtype,
             "mp_param": t.mixed_precision_param, "async_tp": c.compile.enable_async_tensor_parallel,
-            "ac": _AC_NAMES.get(policy, policy), "flavor": spec.flavor if spec is not None else None}
+            "ac": _AC_NAMES.get(policy, policy), "flavor": spec.flavor if spec is not None else None, "ep": p.expert_parallel_degree}
 
 
 _AC_NAMES = {"NoneType": "none", "FullAC": "full", "SelectiveAC": "selective", "MemoryBudgetAC": "memory-budget"}
@@ -334,11 +409,12 @@ _ARGV_KEYS = {
     "--parallelism.pipeline_parallel_microbatch_size": ("pp_mbs", int), "--training.local_batch_size": ("local", int),
     "--training.global_batch_size": ("global", int), "--training.seq_len": ("seq_len", int), "--training.dtype": ("dtype", str),
     "--training.mixed_precision_param": ("mp_param", str), "--config": ("flavor", str),
+    "--parallelism.expert_parallel_degree": ("ep", int),
 }
 _ARGV_FLAGS = {"--parallelism.enable_sequence_parallel": "sp", "--compile.enable_async_tensor_parallel": "async_tp"}
 _ARGV_DEFAULTS = {"replicate": 1, "shard": -1, "reshard": "default", "tp": 1, "sp": True, "pp": 1, "schedule": "1F1B",
                   "pp_mbs": 1, "parts": None, "local": 8, "global": -1, "seq_len": 2048, "dtype": "float32",
-                  "mp_param": "bfloat16", "async_tp": False, "ac": "selective", "flavor": None}  # Trainer.Config's AC: SelectiveAC
+                  "mp_param": "bfloat16", "async_tp": False, "ac": "selective", "flavor": None, "ep": 1}  # Trainer.Config's AC: SelectiveAC
 
 
 def _from_argv(argv: list[str]) -> dict:
