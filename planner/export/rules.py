@@ -34,6 +34,7 @@ class Rules:
     max_tp: Optional[int] = None
     tp_with_pp: bool = True  # tensor and pipeline parallelism together
     max_ep: Optional[int] = None  # expert parallelism (MoE): None any, 1 none
+    max_cp: Optional[int] = None  # context parallelism (a ring over sequence chunks): None any, 1 none
     fp8: bool = False  # FP8 GEMMs (Plan.fp8) exportable
     schedules: tuple = tuple(Schedule)
     interleaved: bool = True  # vpp > 1
@@ -51,9 +52,12 @@ class Rules:
     notes: dict = field(default_factory=dict)  # feature -> one line for the README table
 
     def layout_problems(self, *, dp: int, tp: int, pp: int, vpp: int, schedule: Schedule, zero_stage: int,
-                        sequence_parallel: bool, tp_comm_overlap: bool, mesh_order, ep: int = 1, fp8: bool = False) -> list[str]:
+                        sequence_parallel: bool, tp_comm_overlap: bool, mesh_order, ep: int = 1, fp8: bool = False,
+                        cp: int = 1) -> list[str]:
         """Why a layout (everything but the layer split and recompute) cannot be expressed."""
         out = []
+        if self.max_cp is not None and cp > self.max_cp:
+            out.append(f"context parallelism cp={cp} ({self.stack} has none)" if self.max_cp == 1 else f"cp={cp} (at most {self.max_cp})")
         if fp8 and not self.fp8:
             out.append(f"FP8 GEMMs (this export of {self.stack} has no FP8 recipe)")
         if self.max_ep is not None and ep > self.max_ep:
@@ -87,7 +91,7 @@ class Rules:
     def plan_problems(self, plan: Plan, model: ModelSpec) -> list[str]:
         out = self.layout_problems(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, schedule=plan.schedule, zero_stage=plan.zero_stage,
                                    sequence_parallel=plan.sequence_parallel, tp_comm_overlap=plan.tp_comm_overlap,
-                                   mesh_order=plan.mesh_order, ep=plan.ep, fp8=plan.fp8)
+                                   mesh_order=plan.mesh_order, ep=plan.ep, fp8=plan.fp8, cp=plan.cp)
         counts = [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
         return out + self.counts_problems(counts)
 

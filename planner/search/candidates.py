@@ -239,7 +239,7 @@ def _inexpressible(rules, c: Candidate, num_layers: int) -> bool:
         return True
     return bool(rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
                                       sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
-                                      mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8))
+                                      mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8, cp=c.cp))
 
 
 class CostTables:
