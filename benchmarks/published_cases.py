@@ -2,8 +2,10 @@
 
 Two data files, each record citing its source: benchmarks/data/calibration_runs.json (the
 project's reference set) and benchmarks/data/public_runs.json (added for this purpose:
-llm-foundry, NVIDIA DGX Cloud benchmarking, IBM/PyTorch FSDP blog, fms-fsdp; see
-benchmarks/data/public_runs.md). None of the held-out sources is among them.
+llm-foundry, NVIDIA DGX Cloud benchmarking, IBM/PyTorch FSDP blog, fms-fsdp, and the
+mixture-of-experts runs of dgxc-benchmarking, NeMo AutoModel, Megatron-Bridge and the
+Megatron-MoE-ModelZoo; see benchmarks/data/public_runs.md). None of the held-out sources is
+among them.
 
 How a record is read (what is not stated in a record is a stated assumption here):
 - the cluster preset of its GPU, with the inter-node bandwidth of the network the record
@@ -16,9 +18,20 @@ How a record is read (what is not stated in a record is a stated assumption here
   fully recomputed; a record without a recompute setting = none;
 - the compared figure is tokens/s per GPU where published (it does not depend on how a
   source counts FLOPs), else hardware TFLOP/s per GPU.
+Mixture-of-experts records carry the expert fields in "model" (num_experts,
+experts_per_token, moe_ffn_hidden, shared_experts, first_dense_layers) and "ep" / "etp" in
+"parallel"; ep maps to Plan.ep (experts folded into tp x dp with expert-TP 1). Multi-head
+latent attention (DeepSeek-V3, Kimi K2) is planned as multi-head attention of hidden / heads,
+as planner/presets/models/deepseek-v3.yaml does; a head_dim of its own (Qwen3, GPT-OSS) as
+hidden / heads, as planner/presets/models/qwen3-30b-a3b.yaml does (each record's notes say by
+how much). Where a record states them, "recompute_mode" (how its recompute is costed),
+"layers_per_stage" (the pipeline split) and "tp_comm_overlap" are read as they are.
 Runs the cost model does not cover are listed by `excluded()` with the reason: FP8,
 context parallelism (issue 12), a 500 W power-capped H100 (no preset for it), missing
-model dimensions or GPU count.
+model dimensions or GPU count, and for mixture-of-experts runs expert-TP other than 1, TP
+without sequence parallelism, all-to-all overlapped across micro-batches, pipeline stages
+without layers, layer types the spec has no counterpart for, or a layout the source leaves
+unstated or contradicts.
 """
 
 from __future__ import annotations
@@ -55,6 +68,12 @@ NEMOTRON = {
 }
 NEMOTRON_FLAGS = dict(activation=Activation.gelu, learned_position_embeddings=False, linear_bias=False, norm="layernorm",
                       dropout=False)
+# Mixture-of-experts families: Llama-style blocks (SwiGLU experts, RMSNorm, rotary, no bias, untied head; Hugging Face
+# configs of DeepSeek-V3, Kimi K2, Qwen3-MoE). GPT-OSS: the same with biases on the attention and expert projections
+# (openai/gpt-oss-120b config.json attention_bias true; GptOssExperts gate_up_proj_bias / down_proj_bias).
+MOE_FAMILIES = {"deepseek": LLAMA, "kimi": LLAMA, "qwen3": LLAMA, "gpt-oss": dict(LLAMA, linear_bias=True)}
+# Groups whose runs are Megatron-Core / NeMo / Megatron-Bridge (ZeRO-1 distributed optimizer, target megatron).
+MEGATRON_MOE_GROUPS = ("dgxc_moe_h100_2505", "bridge_moe_h100", "modelzoo_qwen3_h100")
 
 
 @dataclass(frozen=True)
@@ -96,7 +115,7 @@ def _family(rec: dict) -> Optional[dict]:
         return GPT
     if "bloom" in name:
         return dict(GPT, learned_position_embeddings=False, tied_embeddings=True)
-    return None
+    return next((flags for key, flags in MOE_FAMILIES.items() if key in name), None)
 
 
 def _model(rec: dict) -> ModelSpec:
@@ -113,7 +132,17 @@ def _model(rec: dict) -> ModelSpec:
         fields["num_kv_heads"] = m["num_query_groups"]
     if "bloom" in rec["name"].lower():
         fields["vocab_size"] = 250880
-    return ModelSpec(**fields)
+    return ModelSpec(**fields, **_experts(m))
+
+
+def _experts(m: dict) -> dict:
+    """ModelSpec's expert fields from a record's model; a model with experts on every layer and no
+    dense width stated gets the expert width as ffn_hidden_size (unused: no dense MLP)."""
+    if not m.get("num_experts"):
+        return {}
+    return dict(num_experts=m["num_experts"], experts_per_token=m["experts_per_token"], moe_ffn_hidden_size=m["moe_ffn_hidden"],
+                num_shared_experts=m.get("shared_experts") or 0, first_dense_layers=m.get("first_dense_layers") or 0,
+                **({} if m.get("ffn_hidden") else {"ffn_hidden_size": m["moe_ffn_hidden"]}))
 
 
 def _cluster(rec: dict) -> ClusterSpec:
@@ -133,6 +162,8 @@ def _cluster(rec: dict) -> ClusterSpec:
 
 
 def _recompute(rec: dict, layers: int) -> dict:
+    if rec["parallel"].get("recompute_mode"):  # the record says how its recompute is costed (its notes say why)
+        return {"recompute": rec["parallel"]["recompute_mode"]}
     r = (rec["parallel"].get("recompute") or "none").lower()
     if r.startswith("full") or "checkpointing after every" in r or r.startswith("activation checkpointing") or "ac true" in r:
         return {"recompute": "full"}
@@ -154,8 +185,12 @@ def excluded(rec: dict) -> Optional[str]:
         return "context parallelism: not modelled yet (issue 12)"
     if "torch.compile" in name or "compile" in (rec.get("framework") or "").lower():
         return "torch.compile fusion: not modelled"
-    if "maxtext" in rec["group"] or "paxml" in name.lower() or "automodel" in rec["group"]:
+    if "maxtext" in rec["group"] or "paxml" in name.lower() or rec["group"] == "nemo_automodel_h100_bf16":
         return "JAX / CP-based stacks: not modelled"
+    if rec["model"].get("num_experts"):
+        why = _moe_problem(rec)
+        if why:
+            return why
     if rec["hardware"]["count"] is None or rec["model"]["layers"] is None or rec["model"]["hidden"] is None:
         return "GPU count or model dimensions not stated"
     if "proxy" in name:
@@ -164,6 +199,28 @@ def excluded(rec: dict) -> Optional[str]:
         return "model family not known"
     if rec["group"] == "megatron_2019":
         return "V100: no preset for that GPU"
+    return None
+
+
+def _moe_problem(rec: dict) -> Optional[str]:
+    """Why a mixture-of-experts record is not a case (after the checks every record gets), or None."""
+    p, layers = rec["parallel"], rec["model"]["layers"]
+    if rec.get("precision") is None:
+        return "precision not stated"
+    if rec["model"].get("not_modelled"):
+        return f"{rec['model']['not_modelled']}: not modelled"
+    if p.get("layout_contradiction"):
+        return f"the source's layout contradicts itself ({p['layout_contradiction']})"
+    if p.get("micro_batch_size") is None or ((p.get("pp") or 1) > 1 and p.get("virtual_pp") is None):
+        return "micro-batch size or virtual pipeline size not stated"
+    if (p.get("etp") or 1) != 1:
+        return f"expert-TP {p['etp']}: experts are planned with expert-TP 1 only"
+    if (p.get("tp") or 1) > 1 and p.get("sequence_parallel") is False:
+        return "MoE layers under TP without sequence parallelism: not modelled"
+    if p.get("ep_a2a_overlap"):
+        return "EP all-to-all overlapped with another micro-batch (1F1B merge): not modelled"
+    if (p.get("pp") or 1) * (p.get("virtual_pp") or 1) > layers:
+        return "more pipeline stages than layers (embedding and loss counted as layers): a stage without layers is not modelled"
     return None
 
 
@@ -176,26 +233,32 @@ def case(rec: dict) -> Case:
     gbs = p.get("global_batch_size") or dp * mbs
     m = max(1, gbs // (dp * mbs))
     gbs = dp * mbs * m
-    megatron = "DGXC" in rec["name"] or rec["group"] in ("bloom", "gpt_neox_20b")
+    megatron_target = "DGXC" in rec["name"] or rec["group"] in MEGATRON_MOE_GROUPS
+    megatron = megatron_target or rec["group"] in ("bloom", "gpt_neox_20b")
     impl = (p.get("data_parallel_impl") or "").upper()
-    zero = 1 if megatron else 2 if "SHARD_GRAD_OP" in impl or "SHARD_GRAD_OP" in rec["name"] else 3
+    zero = 3 if "MEGATRON-FSDP" in impl else 1 if megatron else 2 if "SHARD_GRAD_OP" in impl or "SHARD_GRAD_OP" in rec["name"] else 3
     vpp = p.get("virtual_pp") or 1
     sp = megatron and tp > 1 and rec["group"] not in ("bloom", "gpt_neox_20b")
+    # NeMo's performance recipes turn TP comm overlap on (NVIDIA/dgxc-benchmarking
+    # nemotron/nemotron4-15b-synth.yaml: ub_tp_comm_overlap True). A later 340B config of that
+    # repository turns it off, at another batch and GPU count than the v24.11.1 table read here.
+    # A record that states it (the MoE ones) is read as it is.
+    overlap = p.get("tp_comm_overlap")
     plan = Plan(
-        dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch_size=mbs, num_micro_batches=m, zero_stage=zero, sequence_parallel=sp,
-        # NeMo's performance recipes turn TP comm overlap on (NVIDIA/dgxc-benchmarking
-        # nemotron/nemotron4-15b-synth.yaml: ub_tp_comm_overlap True). A later 340B config of that
-        # repository turns it off, at another batch and GPU count than the v24.11.1 table read here.
-        tp_comm_overlap=sp and "DGXC" in rec["name"],
-        schedule="interleaved-1f1b" if vpp > 1 else "1f1b", **_recompute(rec, model.num_layers),
+        dp=dp, tp=tp, pp=pp, vpp=vpp, ep=p.get("ep") or 1, micro_batch_size=mbs, num_micro_batches=m, zero_stage=zero,
+        sequence_parallel=sp, tp_comm_overlap=sp and ("DGXC" in rec["name"] if overlap is None else overlap),
+        schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=p.get("layers_per_stage"),
+        **_recompute(rec, model.num_layers),
     )
     flash = rec["group"] not in ("bloom", "gpt_neox_20b")
     job = JobSpec(global_batch_size=gbs, seq_len=rec["model"]["seq_len"], flash_attention=flash,
                   precision="fp16" if rec["group"] == "gpt_neox_20b" else "bf16",
-                  target="megatron" if "DGXC" in rec["name"] else "generic",
+                  target="megatron" if megatron_target else "torchtitan" if rec["group"] == "automodel_moe_h100" else "generic",
                   # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
                   # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
-                  loss_kernel="fused" if rec["group"].startswith("llm_foundry") else None)
+                  # NeMo AutoModel's MaskedCrossEntropy with fp32_upcast false keeps a 16-bit
+                  # log-softmax: nearest is the fused kernel's 16-bit logits (its recipes' loss_fn).
+                  loss_kernel="fused" if rec["group"].startswith("llm_foundry") or rec["group"] == "automodel_moe_h100" else None)
     per_gpu = res.get("tokens_per_sec_per_gpu")
     if per_gpu is None and res.get("tokens_per_sec"):
         per_gpu = res["tokens_per_sec"] / n
