@@ -22,9 +22,9 @@ Mixture-of-experts records carry the expert fields in "model" (num_experts,
 experts_per_token, moe_ffn_hidden, shared_experts, first_dense_layers) and "ep" / "etp" in
 "parallel"; ep maps to Plan.ep (experts folded into tp x dp with expert-TP 1). Multi-head
 latent attention (DeepSeek-V3, Kimi K2) is planned as multi-head attention of hidden / heads,
-as planner/presets/models/deepseek-v3.yaml does; a head_dim of its own (Qwen3, GPT-OSS) as
-hidden / heads, as planner/presets/models/qwen3-30b-a3b.yaml does (each record's notes say by
-how much). Where a record states them, "recompute_mode" (how its recompute is costed),
+as planner/presets/models/deepseek-v3.yaml does; a head_dim of its own (Qwen3, GPT-OSS) is
+ModelSpec.attention_head_dim. A record whose notes or layout name DeepEP is costed with
+JobSpec.moe_dispatcher "deepep". Where a record states them, "recompute_mode" (how its recompute is costed),
 "layers_per_stage" (the pipeline split) and "tp_comm_overlap" are read as they are.
 Runs the cost model does not cover are listed by `excluded()` with the reason: FP8,
 context parallelism (issue 12), a 500 W power-capped H100 (no preset for it), missing
@@ -140,9 +140,11 @@ def _experts(m: dict) -> dict:
     dense width stated gets the expert width as ffn_hidden_size (unused: no dense MLP)."""
     if not m.get("num_experts"):
         return {}
+    heads = m.get("head_dim")
+    own_heads = {"attention_head_dim": heads} if heads and m.get("heads") and heads * m["heads"] != m["hidden"] else {}
     return dict(num_experts=m["num_experts"], experts_per_token=m["experts_per_token"], moe_ffn_hidden_size=m["moe_ffn_hidden"],
                 num_shared_experts=m.get("shared_experts") or 0, first_dense_layers=m.get("first_dense_layers") or 0,
-                **({} if m.get("ffn_hidden") else {"ffn_hidden_size": m["moe_ffn_hidden"]}))
+                **({} if m.get("ffn_hidden") else {"ffn_hidden_size": m["moe_ffn_hidden"]}), **own_heads)
 
 
 def _cluster(rec: dict) -> ClusterSpec:
@@ -258,7 +260,10 @@ def case(rec: dict) -> Case:
                   # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
                   # NeMo AutoModel's MaskedCrossEntropy with fp32_upcast false keeps a 16-bit
                   # log-softmax: nearest is the fused kernel's 16-bit logits (its recipes' loss_fn).
-                  loss_kernel="fused" if rec["group"].startswith("llm_foundry") or rec["group"] == "automodel_moe_h100" else None)
+                  loss_kernel="fused" if rec["group"].startswith("llm_foundry") or rec["group"] == "automodel_moe_h100" else None,
+                  # NeMo AutoModel and the Megatron-Core MoE model zoo dispatch with DeepEP (their recipes)
+                  moe_dispatcher="deepep" if "deepep" in json.dumps(rec.get("parallel", {})).lower() + (rec.get("notes") or "").lower()
+                  else "alltoall")
     per_gpu = res.get("tokens_per_sec_per_gpu")
     if per_gpu is None and res.get("tokens_per_sec"):
         per_gpu = res["tokens_per_sec"] / n

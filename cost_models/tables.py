@@ -147,11 +147,34 @@ def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: s
     return x.forward_s * scale, x.backward_s * scale, x.activation_bytes * scale
 
 
-def all_to_all_time(link: GroupLink, nbytes: float) -> float:
-    """One all-to-all of `nbytes` per rank over `link`: each rank sends (n-1)/n of its buffer and
-    receives as much, which the all-gather fit of the same tier prices (the profiles measure
-    no all-to-all; NCCL runs both as n-1 concurrent point-to-point exchanges)."""
-    return link.time(Collective.all_gather, nbytes) if link.size > 1 else 0.0
+def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k: int = 1, deepep: bool = False) -> float:
+    """One all-to-all of `nbytes` per rank over `link`: each rank sends (n-1)/n of its buffer,
+    a different piece to every other rank (the profiles measure no all-to-all; NCCL runs it
+    as n-1 concurrent point-to-point exchanges). Inside a node the all-gather fit of NVLink
+    prices it. Across nodes each rank's own NIC carries the (n - k)/n going to other nodes
+    (k of the group's ranks per node) at the network's point-to-point bandwidth, while the
+    (k - 1)/n for its node's ranks goes over NVLink at the same time: unlike an all-gather,
+    the pieces are distinct, so the node's other NICs cannot share the load.
+
+    DeepEP (`deepep`; DeepSeek-V3 report sec. 3.2.2, DeepEP's README): a token bound for
+    several experts on one remote node crosses the network once and is fanned out over
+    NVLink there; with `top_k` experts drawn uniformly from the group's N nodes, a token
+    reaches (N - 1)(1 - (1 - 1/N)^top_k) remote nodes on average instead of sending
+    top_k (n - k) / n copies (`nbytes` holds its top_k copies)."""
+    n = link.size
+    if n <= 1:
+        return 0.0
+    if not link.inter_node:
+        return link.time(Collective.all_gather, nbytes)
+    k = max(1, n // link.nodes)
+    fit = cluster.inter_node.fit(Collective.p2p, n)
+    remote = nbytes * (n - k) / n
+    if deepep:
+        N = link.nodes
+        remote = nbytes / top_k * (N - 1) * (1 - (1 - 1 / N) ** top_k)
+    net = fit.latency_us * 1e-6 + remote / (fit.bandwidth_gbps * 1e9)
+    local = GroupLink(cluster, k, 1).time(Collective.all_gather, nbytes * k / n) if k > 1 else 0.0
+    return max(net, local)
 
 
 def layer_costs(
@@ -193,7 +216,8 @@ def layer_costs(
     # overlapped: Megatron-Core overlaps them only with its optional shared-expert overlap).
     ep_fwd = ep_bwd = 0.0
     if moe and ep > 1 and ep_link is not None:
-        one = all_to_all_time(ep_link, DTYPE_BYTES[dtype] * compute.routed_tokens(model, b, s, tp) * model.hidden_size)
+        one = all_to_all_time(ep_link, DTYPE_BYTES[dtype] * compute.routed_tokens(model, b, s, tp) * model.hidden_size, cluster,
+                              model.experts_per_token, job.moe_dispatcher == "deepep")
         ep_fwd = ep_bwd = 2 * one
         tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
     if cp > 1 and cp_link is not None:
@@ -294,7 +318,9 @@ def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, lay
         k * (dense.forward + dense.tp_forward - moe.forward - moe.tp_forward),
         k * (dense.backward + dense.tp_backward - moe.backward - moe.tp_backward),
         k * (dense.params - moe.params),
-        k * (dense.activation_bytes[0] - moe.activation_bytes[0]),
+        # the stage's recompute mode is not known here: the largest difference over the modes
+        # (never lets a dense layer that keeps less than a MoE layer lower the estimate)
+        k * max(d - m for d, m in zip(dense.activation_bytes, moe.activation_bytes)),
     )
 
 

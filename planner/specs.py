@@ -554,10 +554,23 @@ class JobSpec(_Spec):
         default=True,
         description="Fused attention kernel (FlashAttention / SDPA): no s x s score matrix is stored; False reproduces Korthikanti et al.'s unfused accounting.",
     )
+    moe_dispatcher: str = Field(
+        default="alltoall",
+        description="How MoE tokens reach their experts across nodes: 'alltoall' (one copy per routed expert: Megatron's "
+        "alltoall dispatcher, torchtitan) or 'deepep' (DeepEP: one copy per destination node, fanned out over NVLink "
+        "there) (schema 1.4).",
+    )
     loss_kernel: Optional[LossKernel] = Field(
         default=None,
         description="Cross-entropy implementation (what the loss keeps per logit); None: the target's (megatron: vocab-parallel, others: eager).",
     )
+
+    @field_validator("moe_dispatcher")
+    @classmethod
+    def _dispatcher_kind(cls, v: str) -> str:
+        if v not in ("alltoall", "deepep"):
+            raise ValueError(f"moe_dispatcher must be 'alltoall' or 'deepep', not {v!r}")
+        return v
 
 
 # --------------------------------------------------------------------------- plan
