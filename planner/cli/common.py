@@ -43,6 +43,11 @@ def target_options(fn: Callable) -> Callable:
             help="Cross-entropy implementation, which sets the loss's memory per logit [default: the target's: "
             "megatron vocab-parallel, others eager; fused = a fused kernel such as flash-attn's].",
         ),
+        click.option(
+            "--moe-dispatcher", type=click.Choice(["alltoall", "deepep"]), default="alltoall", show_default=True,
+            help="Mixture-of-experts token exchange across nodes: one copy per routed expert (alltoall), or one per "
+            "destination node fanned out over NVLink there (deepep).",
+        ),
     ]
     return functools.reduce(lambda f, opt: opt(f), reversed(options), fn)
 
@@ -136,6 +141,7 @@ def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Opt
 def make_job(
     model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool,
     cluster: Optional[ClusterSpec] = None, stack: str = "generic", loss_kernel: Optional[str] = None,
+    moe_dispatcher: str = "alltoall",
 ) -> JobSpec:
     check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
     check_count("--seq-len", seq_len, MAX_SEQ_LEN, "tokens")
@@ -165,6 +171,7 @@ def make_job(
             flash_attention=not no_flash,
             target=stack,
             loss_kernel=loss_kernel,
+            moe_dispatcher=moe_dispatcher,
         )
     except ValidationError as exc:
         raise UsageError(_first_error(exc)) from None

@@ -58,7 +58,7 @@ from planner.specs import PlanDocument, Recompute, Schedule
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 @click.pass_context
 def estimate(
-    ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
+    ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, moe_dispatcher,
     global_batch, tp, pp, dp, ep, cp, vpp, micro_batch_size, recompute, zero, sequence_parallel, fp8, tp_comm_overlap, schedule,
     layers_per_stage, mesh_order, plan_file: Optional[str], alternative: Optional[int], as_json: bool, output: Optional[str],
 ) -> None:
@@ -74,7 +74,7 @@ def estimate(
         model, cluster, gpus = resolve_target(model_name, cluster_name, gpus, nodes)
         if global_batch is None:
             raise UsageError("--global-batch is required (sequences per optimizer step)")
-        job = make_job(model, global_batch, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel)
+        job = make_job(model, global_batch, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel, moe_dispatcher)
         if tp < 1 or pp < 1 or cp < 1 or ep < 1 or (dp is not None and dp < 1) or micro_batch_size < 1:
             raise UsageError("--tp, --pp, --cp, --ep, --dp and --micro-batch-size must be positive")
         if dp is None:
@@ -114,7 +114,7 @@ _PLAN_OPTIONS = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "fp
                  "tp_comm_overlap": "tp_comm_overlap", "schedule": "schedule", "mesh_order": "mesh_order",
                  "layers_per_stage": "layers_per_stage"}
 _JOB_OPTIONS = {"global_batch": "global_batch_size", "seq_len": "seq_len", "precision": "precision", "optimizer": "optimizer",
-                "stack": "target", "loss_kernel": "loss_kernel"}
+                "stack": "target", "loss_kernel": "loss_kernel", "moe_dispatcher": "moe_dispatcher"}
 
 
 def what_if(path: Path, alternative: Optional[int], given: set, params: dict):
@@ -142,7 +142,8 @@ def what_if(path: Path, alternative: Optional[int], given: set, params: dict):
         new_job = make_job(model, job_updates.get("global_batch_size", job.global_batch_size), job_updates.get("seq_len", job.seq_len),
                            job_updates.get("precision", job.precision.value), job_updates.get("optimizer", job.optimizer.value),
                            not job.flash_attention, cluster, job_updates.get("target", job.target.value),
-                           job_updates.get("loss_kernel", job.loss_kernel.value if job.loss_kernel else None))
+                           job_updates.get("loss_kernel", job.loss_kernel.value if job.loss_kernel else None),
+                           job_updates.get("moe_dispatcher", job.moe_dispatcher))
         changes += [f"{k} {_show(getattr(job, k))} -> {_show(getattr(new_job, k))}" for k in job_updates
                     if getattr(job, k) != getattr(new_job, k)]
         job = new_job

@@ -81,7 +81,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 def solve(
-    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
+    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, moe_dispatcher,
     global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp, fp8,
     time_limit, solver, as_json: bool, output: Optional[str],
 ) -> None:
@@ -101,7 +101,8 @@ def solve(
     check_real("--max-memory-gib", max_memory_gib)
     check_real("--time-limit", time_limit)
     fixed, modes = parse_fixes(fixes)
-    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel)
+    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel,
+                   moe_dispatcher)
     rules = None if job.target == Target.generic else export_rules(job.target.value)
     if rules is not None:
         kept = tuple(m for m in modes if m.value in rules.recompute_modes)
