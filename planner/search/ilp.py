@@ -269,18 +269,24 @@ def _counts(x) -> tuple:
 
 def solve_candidate(
     cand: Candidate, pc: PipelineCosts, memory_limit_gib: float, solver: str, time_limit: float | None = None,
-    modes: tuple = MODES, rules=None,
+    modes: tuple = MODES, rules=None, cutoff_s: float | None = None,
 ) -> tuple[Solution | None, str]:
     """The best layer split of one candidate. Returns (solution, or None if none fits or
-    none was found in time; solver status)."""
+    none was found in time; solver status). `cutoff_s`: only a split faster than this step
+    time is of use (the search already holds enough faster plans); the row lets the solver
+    stop as soon as it proves none is, and the status is then "Cutoff"."""
     # Time unit: about 1/100 of the step (the compute per pipeline rank).
     rough = (pc.layer.forward + pc.layer.backward) * pc.num_layers * pc.num_micro_batches / pc.pp
     ts = 100.0 / max(rough, 1e-12)
     prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules)
     prob += term
+    if cutoff_s is not None:
+        prob += term <= cutoff_s * ts * (1 + 1e-9), "cutoff"
     with quiet_stdout():
         prob.solve(make_solver(solver, time_limit))
     status = pulp.LpStatus[prob.status]
+    if cutoff_s is not None and status == "Infeasible":
+        return None, "Cutoff"
     # PuLP reports a MILP stopped by the time limit as "Optimal" with an integer-feasible
     # (or no) solution: only LpSolutionOptimal is proven.
     proven = prob.sol_status == pulp.LpSolutionOptimal

@@ -132,6 +132,7 @@ def solve(
 
     found: list[tuple[float, int, Solution]] = []  # (seconds per token, index, solution)
     unproven = float("inf")  # least lower bound of candidates whose ILP stopped unproven
+    cut = 0  # candidates whose ILP proved them no faster than the (top_k + 1)-th plan found
 
     def threshold() -> float:
         need = top_k + 1
@@ -154,8 +155,13 @@ def solve(
             continue
         # The front candidate's bound is refined: solve its ILP.
         remaining = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
-        sol, status = solve_candidate(cands[i], costs[i], limit, solver, remaining, space.recompute_modes, space.rules)
+        # Only a plan faster than the (top_k + 1)-th found so far can change the answer.
+        cutoff = threshold() * costs[i].tokens_per_step if len(found) > top_k else None
+        sol, status = solve_candidate(cands[i], costs[i], limit, solver, remaining, space.recompute_modes, space.rules, cutoff)
         stats.ilps_solved += 1
+        if status == "Cutoff":
+            cut += 1
+            continue
         if status != "Infeasible" and (sol is None or not sol.proven):
             stats.optimal = False  # stopped by the time limit: the candidate keeps only its bound
             unproven = min(unproven, lb)
@@ -165,7 +171,7 @@ def solve(
             continue
         found.append((sol.objective / costs[i].tokens_per_step, i, sol))
         found.sort(key=lambda t: (t[0], t[1]))
-    stats.pruned_by_bound = len(heap)
+    stats.pruned_by_bound = len(heap) + cut  # + candidates whose ILP proved them no faster than the k-th plan
     stats.solve_time_s = time.perf_counter() - start
     if found and not stats.optimal:
         # Every plan not found is no faster than the least bound left unexplored.
