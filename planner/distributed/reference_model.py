@@ -12,6 +12,11 @@ spec.first_dense_layers on by an MoE block (see MoE): a router, top-k routed exp
 shared experts, dropless, so that expert parallelism (planner.executor.experts) computes the
 same function as one process.
 
+Context parallelism (planner.executor.context) sets `context` on the embedding and every
+attention layer: the positions of the tokens this rank holds (learned positions and rotary
+angles are those positions') and the attention of its queries against every rank's keys;
+with `context` None the layer sees the whole sequence from position 0.
+
 Each block has a `recompute` attribute: "none", "selective" (checkpoint the attention core:
 QK^T, softmax, AV) or "full" (checkpoint the whole block), the per-layer choice a plan makes.
 """
@@ -48,10 +53,13 @@ def rotary_tables(head_dim: int, seq_len: int, base: float = 10000.0) -> tuple[t
     return angles.cos(), angles.sin()
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (B, heads, T, head_dim); rotate pairs (even, odd)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    # x: (B, heads, T, head_dim); rotate pairs (even, odd) by the angles of positions 0..T-1 or `positions`
     x1, x2 = x[..., 0::2], x[..., 1::2]
-    c, s = cos[: x.shape[-2]].to(x.dtype), sin[: x.shape[-2]].to(x.dtype)
+    if positions is None:
+        c, s = cos[: x.shape[-2]].to(x.dtype), sin[: x.shape[-2]].to(x.dtype)
+    else:
+        c, s = cos[positions].to(x.dtype), sin[positions].to(x.dtype)
     return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
 
 
@@ -67,6 +75,7 @@ class Attention(nn.Module):
         self.v = nn.Linear(h, spec.kv_heads * d, bias=bias)
         self.o = nn.Linear(spec.num_heads * d, h, bias=bias)
         self.recompute_core = False
+        self.context = None  # context parallelism (planner.executor.context.ContextParallel)
         if self.rotary:
             cos, sin = rotary_tables(d, spec.max_seq_len)
             self.register_buffer("cos", cos, persistent=False)
@@ -76,6 +85,8 @@ class Attention(nn.Module):
         if k.shape[1] != q.shape[1]:  # grouped-query attention: share each KV head
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if self.context is not None:
+            return self.context.attention(q, k, v)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,7 +96,8 @@ class Attention(nn.Module):
         k = self.k(x).view(B, T, -1, d).transpose(1, 2)
         v = self.v(x).view(B, T, -1, d).transpose(1, 2)
         if self.rotary:
-            q, k = apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
+            pos = None if self.context is None else self.context.positions
+            q, k = apply_rotary(q, self.cos, self.sin, pos), apply_rotary(k, self.cos, self.sin, pos)
         if self.recompute_core and self.training:
             y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
@@ -198,11 +210,13 @@ class Embedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.pos = nn.Embedding(spec.max_seq_len, spec.hidden_size) if spec.learned_position_embeddings else None
+        self.context = None  # context parallelism: the positions of the tokens this rank holds
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)
         if self.pos is not None:
-            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            pos = torch.arange(tokens.shape[1], device=tokens.device) if self.context is None else self.context.positions
+            x = x + self.pos(pos)
         return x
 
 

@@ -8,11 +8,12 @@ Data flows one way:
     train.py      per rank: process group -> parallelize.py's ordered apply_* steps ->
                   K training steps -> measurements (memory.py counts live tensor bytes;
                   zero.py shards optimizer state for DTensor parameters; experts.py
-                  splits mixture-of-experts layers over expert-parallel ranks)
+                  splits mixture-of-experts layers over expert-parallel ranks; context.py
+                  splits sequences over context-parallel ranks, with ring attention)
     verify.py     the single-process reference run and the comparison
     runner.py     ties them together and builds the RunReport (planner.specs)
     batch.py      several plans in one launch, for tests and benchmarks
 
-Only train.py, parallelize.py, experts.py, zero.py, memory.py and verify.py import torch, and only when a run
+Only train.py, parallelize.py, context.py, experts.py, zero.py, memory.py and verify.py import torch, and only when a run
 starts, so `plan` without the torch extra still plans.
 """

@@ -7,6 +7,8 @@ i = dp_rank % ep holds experts i*E/ep .. (i+1)*E/ep - 1. The expert-data-paralle
 group is the dp ranks holding the same experts, i, i + ep, i + 2ep, ...: dp / ep of them.
 This is Megatron-Core's default order (EP inside DP): with tp = 1 and the default mesh order,
 the ranks that exchange tokens are neighbours (one node on a real cluster).
+With context parallelism, read dp as the dp x cp ranks (cp innermost): each holds its own
+tokens and routes them like a replica would.
 
 Forward of an MoE layer on an EP group (MoE.forward in the reference model does the routing):
 every rank sorts its token copies by expert, tells every other rank how many it sends to
@@ -83,7 +85,7 @@ class Exchange:
 class ExpertParallel:
     """This rank's share of expert parallelism (see the module docstring)."""
 
-    replicas: int  # data-parallel replicas the loss is averaged over (plan.dp)
+    replicas: int  # ranks the loss is averaged over: dp, or dp x cp (each holds s / cp tokens of its sequences)
     edp_group: object  # ranks holding the same experts; None when it is this rank alone
     params: list[nn.Parameter] = field(default_factory=list)  # expert parameters of this rank's stages
     _ids: set = field(default_factory=set)
@@ -119,13 +121,17 @@ class ExpertParallel:
 
 def expert_groups(mesh: DeviceMesh, plan: Plan) -> tuple[object, object, int]:
     """(EP group, EDP group or None, position in the EP group) of this rank. Every rank
-    creates every group, in the same order (torch.distributed.new_group's rule)."""
+    creates every group, in the same order (torch.distributed.new_group's rule). With context
+    parallelism the groups are carved from the dp x cp ranks (cp innermost), as the plan's
+    rules (Plan.validate_for: ep divides tp x dp x cp) count them."""
     names = list(mesh.mesh_dim_names)
-    table = mesh.mesh.movedim(names.index("dp"), -1).reshape(-1, plan.dp).tolist()  # a row: one dp group's ranks
+    axes = [names.index(a) for a in ("dp", "cp") if a in names]
+    replicas = plan.dp * plan.cp
+    table = mesh.mesh.movedim(axes, list(range(-len(axes), 0))).reshape(-1, replicas).tolist()  # a row: one dp x cp group's ranks
     me, ep = dist.get_rank(), plan.ep
     mine: dict = {}
     for row in table:
-        for g in range(plan.dp // ep):
+        for g in range(replicas // ep):
             ranks = row[g * ep : (g + 1) * ep]
             group = dist.new_group(ranks)
             if me in ranks:
@@ -144,7 +150,7 @@ def apply_expert_parallel(stages: dict[int, nn.Module], plan: Plan, mesh: Device
     if plan.ep == 1:
         return None
     ep_group, edp_group, position = expert_groups(mesh, plan)
-    layout = ExpertParallel(plan.dp, edp_group)
+    layout = ExpertParallel(plan.dp * plan.cp, edp_group)
     for stage in stages.values():
         for block in stage.layers:
             if isinstance(block.mlp, MoE):

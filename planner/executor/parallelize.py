@@ -1,11 +1,15 @@
 """Lay a plan onto torch.distributed: short ordered steps that read only the plan.
 
-    build_mesh -> split_pipeline -> apply_expert_parallel (experts.py) -> apply_tensor_parallel
-               -> apply_recompute -> apply_data_parallel -> build_optimizer -> build_schedule
+    build_mesh -> split_pipeline -> apply_context_parallel (context.py) -> apply_expert_parallel (experts.py)
+               -> apply_tensor_parallel -> apply_recompute -> apply_data_parallel -> build_optimizer
+               -> build_schedule
 
 Every rank builds the full model from the same seed (so it equals the single-process
 reference bit for bit), keeps its pipeline stages and shards them. Why this order:
 - The pipeline split comes first so a rank shards only the layers it keeps.
+- Context parallelism only marks the embedding and attention layers (positions, ring
+  attention): it changes no parameter, so any order before the wrappers would do; data
+  parallelism then spans dp x cp (replica_mesh), every rank of which holds the same weights.
 - Expert parallelism (experts.py) before data parallelism: DDP must be told which
   parameters differ between ranks (each keeps its own experts), and ZeRO-1 shards the
   experts' optimizer state over their own group.
@@ -48,19 +52,44 @@ class RankPlace:
     tp: int
     pp: int
     stages: tuple[int, ...]  # virtual pipeline stages this rank runs
+    cp: int = 0  # position in the context-parallel group
+
+
+REPLICAS = "dp_cp"  # the flattened dp x cp dimension of a mesh with context parallelism
+
+
+def mesh_dims(plan: Plan) -> list[tuple[str, int]]:
+    """(name, degree) of each mesh dimension, outermost first: the plan's mesh_order lists axes
+    innermost first (consecutive ranks) and init_device_mesh's last dimension varies fastest,
+    so reversed; with cp > 1, cp right inside dp (planner/pictures.py:placement's layout)."""
+    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
+    dims = []
+    for axis in reversed(plan.mesh_order):
+        dims.append((axis.value, degree[axis.value]))
+        if axis.value == "dp" and plan.cp > 1:
+            dims.append(("cp", plan.cp))
+    return dims
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
-    """A 3-D mesh in the plan's axis order. `plan.mesh_order` lists axes innermost first
-    (consecutive ranks); init_device_mesh's last dimension varies fastest, so reverse it."""
-    names = tuple(a.value for a in reversed(plan.mesh_order))
-    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
-    return init_device_mesh(device_type, tuple(degree[n] for n in names), mesh_dim_names=names)
+    """A 3-D mesh (4-D with context parallelism, dp x cp also flattened: replica_mesh)."""
+    names, sizes = zip(*mesh_dims(plan))
+    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    replica_mesh(mesh, plan)  # the flattened groups are made now, by every rank together
+    return mesh
+
+
+def replica_mesh(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
+    """The ranks holding the same weights, over which gradients are averaged and ZeRO shards:
+    dp, or dp x cp with context parallelism (flattened once, then the root mesh's copy:
+    torch 2.13 warns that slicing a flattened dimension out of the root will go)."""
+    return mesh["dp", "cp"]._flatten(REPLICAS) if plan.cp > 1 else mesh["dp"]
 
 
 def place(mesh: DeviceMesh, plan: Plan) -> RankPlace:
     dp, tp, pp = (mesh[a].get_local_rank() for a in ("dp", "tp", "pp"))
-    return RankPlace(dp, tp, pp, tuple(j for j in range(plan.virtual_stages) if j % plan.pp == pp))
+    cp = mesh["cp"].get_local_rank() if plan.cp > 1 else 0
+    return RankPlace(dp, tp, pp, tuple(j for j in range(plan.virtual_stages) if j % plan.pp == pp), cp)
 
 
 def stage_bounds(plan: Plan, num_layers: int) -> list[tuple[int, int]]:
@@ -140,10 +169,11 @@ def apply_data_parallel(stage: StageModule, plan: Plan, mesh: DeviceMesh, expert
     ZeRO-1's optimizer-state sharding is in build_optimizer. ZeRO-2: FSDP2 keeping the
     gathered parameters from forward to backward (reshard_after_forward=False); ZeRO-3: FSDP2
     regathering per block. FSDP2 goes per block, then on the stage (the root). Expert-parallel
-    parameters are left out of DDP (ExpertParallel.reduce_gradients reduces them)."""
-    if plan.dp == 1:
+    parameters are left out of DDP (ExpertParallel.reduce_gradients reduces them). All of it
+    over dp x cp with context parallelism (replica_mesh)."""
+    if plan.dp * plan.cp == 1:
         return stage
-    dp_mesh = mesh["dp"]
+    dp_mesh = replica_mesh(mesh, plan)
     if plan.zero_stage >= 2:
         from torch.distributed.fsdp import fully_shard
 
@@ -183,33 +213,36 @@ def build_optimizer(modules, plan: Plan, mesh: DeviceMesh, lr: float, experts: E
     equivalent, zero.py, because ZeroRedundancyOptimizer cannot broadcast DTensors).
     ZeRO-2/3 shard it already: FSDP2's parameters are the shards. With expert parallelism,
     ZeRO-1 shards the expert parameters' state over their expert-data-parallel group only
-    (the dp ranks holding the same experts)."""
+    (the dp ranks holding the same experts). Over dp x cp with context parallelism."""
     params = unique_parameters(modules)
-    if plan.zero_stage == 1 and plan.dp > 1 and experts is not None:
+    group = replica_mesh(mesh, plan).get_group()
+    if plan.zero_stage == 1 and plan.dp * plan.cp > 1 and experts is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         dense = [p for p in params if not experts.holds(p)]
-        parts = [ZeroRedundancyOptimizer(dense, optimizer_class=torch.optim.Adam, process_group=mesh["dp"].get_group(), lr=lr)]
+        parts = [ZeroRedundancyOptimizer(dense, optimizer_class=torch.optim.Adam, process_group=group, lr=lr)]
         if experts.edp_group is None:
             parts.append(torch.optim.Adam(experts.params, lr=lr))
         else:
             parts.append(ZeroRedundancyOptimizer(experts.params, optimizer_class=torch.optim.Adam, process_group=experts.edp_group, lr=lr))
         return OptimizerSet(parts)
-    if plan.zero_stage == 1 and plan.dp > 1:
+    if plan.zero_stage == 1 and plan.dp * plan.cp > 1:
         if plan.tp > 1:
             from planner.executor.zero import ShardedStateOptimizer
 
-            return ShardedStateOptimizer(params, mesh["dp"].get_group(), lr)
+            return ShardedStateOptimizer(params, group, lr)
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, process_group=mesh["dp"].get_group(), lr=lr)
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, process_group=group, lr=lr)
     return torch.optim.Adam(params, lr=lr)
 
 
 def stage_io(j: int, plan: Plan, spec: ModelSpec, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Example input and output of virtual stage j for one micro-batch: token ids into the
-    first, logits out of the last, hidden states between (sequence shards with SP)."""
+    first, logits out of the last, hidden states between (sequence shards with SP); a rank
+    holds s / cp tokens of every sequence with context parallelism."""
     b, last = plan.micro_batch_size, plan.virtual_stages - 1
+    seq_len //= plan.cp
     hidden = torch.empty(b, seq_len // plan.tp if plan.sequence_parallel else seq_len, spec.hidden_size, device=device)
     # A received hidden state needs a gradient (sent back to the previous stage); token ids do not.
     inp = torch.zeros(b, seq_len, dtype=torch.long, device=device) if j == 0 else hidden.clone().requires_grad_()

@@ -14,7 +14,9 @@ recorded as a note for the report:
 - Tied embeddings are untied when pp > 1 (input embedding and LM head live on different
   pipeline ranks); the reference run uses the same untied model.
 - Computation is fp32 (the verification tolerance is for fp32), whatever the plan's
-  precision; the prediction is made for fp32 too.
+  precision; the prediction is made for fp32 too. FP8 GEMMs likewise run in fp32, and only
+  on a device that has them (fp8_problem, checked before launch): elsewhere the plan is
+  refused rather than rehearsed without what it was costed for.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class RunCase:
     seed: int = 0  # weights and synthetic data
     learning_rate: float = 1e-3  # Adam
     notes: tuple[str, ...] = field(default=())  # what differs from the plan file, for the report
+    fp8: bool = False  # the plan file asks for FP8 GEMMs (run in fp32; refused where the device has none)
 
     @property
     def tie(self) -> bool:
@@ -73,10 +76,13 @@ def prepare_case(
     if run_job.precision != DType.fp32:
         notes.append(f"computed in fp32 (the plan's job says {run_job.precision.value}); predictions are for fp32")
         run_job = run_job.model_copy(update={"precision": DType.fp32})
-    if run_plan.dp == 1 and run_plan.zero_stage:
+    if run_plan.fp8:
+        notes.append("FP8 GEMMs computed in fp32 like the reference; predictions are for fp32 without FP8")
+        run_plan = run_plan.model_copy(update={"fp8": False})
+    if run_plan.dp * run_plan.cp == 1 and run_plan.zero_stage:
         notes.append(f"ZeRO-{run_plan.zero_stage} at dp=1 shards nothing: run without a data-parallel wrapper")
     check_runnable(run_model, run_job, run_plan)
-    return RunCase(run_model, run_job, run_plan, steps, warmup, seed, learning_rate, tuple(notes))
+    return RunCase(run_model, run_job, run_plan, steps, warmup, seed, learning_rate, tuple(notes), fp8=plan.fp8)
 
 
 # --------------------------------------------------------------------------- scaling
@@ -225,12 +231,30 @@ def check_runnable(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
 
 
 def check_world(plan: Plan, world_size: int, how: str) -> None:
-    """The launch must have exactly dp x tp x pp processes; print every factor when not."""
+    """The launch must have exactly dp x (cp x) tp x pp processes; print every factor when not."""
     if plan.world_size != world_size:
+        names, values = ("dp x cp x tp x pp", f"{plan.dp} x {plan.cp} x {plan.tp} x {plan.pp}") if plan.cp > 1 else (
+            "dp x tp x pp", f"{plan.dp} x {plan.tp} x {plan.pp}")
         raise UsageError(
-            f"the plan needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} processes "
+            f"the plan needs {names} = {values} = {plan.world_size} processes "
             f"but the launch has {world_size} ({how}); change --nproc-per-node/--nnodes or the plan"
         )
+
+
+# FP8 tensor cores: NVIDIA compute capability 8.9 (Ada: L4, L40, RTX 40) and 9.0 (Hopper:
+# H100, H200) and later (CUDA C++ Programming Guide, "Compute Capabilities": __nv_fp8 MMA).
+FP8_CAPABILITY = (8, 9)
+
+
+def fp8_problem(device: str, capability: Optional[tuple[int, int]] = None, name: str = "") -> Optional[str]:
+    """Why this machine cannot run a plan's FP8 GEMMs (`device` "cpu" or "cuda", the GPU's
+    compute capability and name), or None."""
+    if device == "cuda" and capability is not None and tuple(capability) >= FP8_CAPABILITY:
+        return None
+    here = "on CPU processes (gloo), which have none" if device != "cuda" else (
+        f"on a {name or 'GPU'} of compute capability {capability[0]}.{capability[1]}, which has none")
+    return (f"the plan has fp8: FP8 GEMMs need a GPU with FP8 tensor cores (compute capability 8.9+: H100/H200, L40); "
+            f"this machine runs them {here}; rehearse the plan without fp8 (plan estimate/solve without --fp8)")
 
 
 def host_memory_bytes() -> Optional[int]:

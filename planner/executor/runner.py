@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from cost_models.estimate import estimate as predict
 from cost_models.memory import GIB
 from planner.errors import UsageError
-from planner.executor.prepare import RunCase, check_world
+from planner.executor.prepare import RunCase, check_world, fp8_problem
 from planner.executor.verify import DEFAULT_TOLERANCE, compare, reference_run
 from planner.distributed.launch import LaunchSpec, inside_launcher
 from planner.specs import (
@@ -55,9 +55,11 @@ def run_plans(
     world, how = launch_world(spec)
     for case in cases:
         check_world(case.plan, world, how)
+    backend, device = _backend(options.backend)
+    if any(case.fp8 for case in cases):
+        check_fp8(device)
     per_rank = _launch_workers(cases, spec, options, progress)
     results = per_rank[min(per_rank)]  # every rank returns every rank's results
-    backend, device = _backend(options.backend)
     references: dict = {}
     reports = []
     distinct = len({_reference_key(case) for case in cases})
@@ -112,6 +114,18 @@ def resolve_backend(requested: str) -> str:
     if requested != "auto":
         return requested
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def check_fp8(device: str) -> None:
+    """Refuse an FP8 plan where the device has no FP8 tensor cores (prepare.fp8_problem)."""
+    import torch
+
+    capability = name = None
+    if device == "cuda":
+        capability, name = torch.cuda.get_device_capability(), torch.cuda.get_device_name()
+    problem = fp8_problem(device, capability, name)
+    if problem:
+        raise UsageError(problem)
 
 
 def _backend(requested: str) -> tuple[str, str]:

@@ -93,6 +93,7 @@ def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: No
     import torch.distributed as dist
 
     from planner.executor import parallelize as par
+    from planner.executor.context import apply_context_parallel
     from planner.executor.experts import apply_expert_parallel
     from planner.executor.memory import MemoryMeter
     from planner.distributed.reference_model import build_model
@@ -103,6 +104,7 @@ def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: No
     model = build_model(spec, seed=case.seed, tie=case.tie).to(device)
     stages = par.split_pipeline(model, plan, where.stages)
     del model  # layers of other stages go with it
+    context = apply_context_parallel(stages, plan, mesh, case.job.seq_len, device)  # None unless cp > 1
     experts = apply_expert_parallel(stages, plan, mesh)  # None unless ep > 1
     if plan.tp > 1:
         for stage in stages.values():
@@ -112,7 +114,7 @@ def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: No
     wrapped = {j: par.apply_data_parallel(s, plan, mesh, experts) for j, s in stages.items()}
     optimizer = par.build_optimizer(wrapped.values(), plan, mesh, case.learning_rate, experts)
     meter = MemoryMeter(list(wrapped.values()), optimizer, device)
-    if plan.dp > 1 and plan.zero_stage >= 2:  # FSDP2 gathers parameters in forward: sample them there
+    if plan.dp * plan.cp > 1 and plan.zero_stage >= 2:  # FSDP2 gathers parameters in forward: sample them there
         meter.watch_blocks(blocks)
     step_fn = _pipeline_step(wrapped, case, mesh, device) if plan.pp > 1 else _local_step(wrapped[0], plan)
     if experts is not None:
@@ -128,6 +130,8 @@ def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: No
         # 3-8% of a small model's step, so timed steps run without them (unless no warm-up).
         meter.counting = not timed or case.warmup == 0
         tokens, targets = _replica_batch(case, step, where.dp, device)
+        if context is not None:  # this rank's chunks of every sequence
+            tokens, targets = context.split(tokens), context.split(targets)
         meter.activations.begin_step()
         dist.barrier()
         t0 = _now(device)
@@ -227,15 +231,16 @@ def _pipeline_step(stages, case: RunCase, mesh, device):
 
 
 def _global_loss_and_norm(local_loss, params, plan, device, experts=None) -> tuple[float, float]:
-    """One all-reduce over the world: the mean loss over dp replicas (the last stage's tp
-    ranks all hold it) and the squared gradient norm, each shard counted once (see shard_share;
-    an expert-parallel parameter is one of ep distinct slices)."""
+    """One all-reduce over the world: the mean loss over dp x cp ranks (the last stage's tp
+    ranks all hold it; with context parallelism each rank's loss is the mean over as many
+    tokens) and the squared gradient norm, each shard counted once (see shard_share; an
+    expert-parallel parameter is one of ep distinct slices)."""
     import torch
     import torch.distributed as dist
 
     from planner.executor.memory import local
 
-    holders = plan.dp * plan.tp  # ranks holding one pipeline stage
+    holders = plan.dp * plan.cp * plan.tp  # ranks holding one pipeline stage
     sq = torch.zeros((), dtype=torch.float64)
     for p in params:
         if p.grad is not None:
