@@ -74,6 +74,9 @@ NEMOTRON_FLAGS = dict(activation=Activation.gelu, learned_position_embeddings=Fa
 MOE_FAMILIES = {"deepseek": LLAMA, "kimi": LLAMA, "qwen3": LLAMA, "gpt-oss": dict(LLAMA, linear_bias=True)}
 # Groups whose runs are Megatron-Core / NeMo / Megatron-Bridge (ZeRO-1 distributed optimizer, target megatron).
 MEGATRON_MOE_GROUPS = ("dgxc_moe_h100_2505", "bridge_moe_h100", "modelzoo_qwen3_h100")
+# NeMo (Megatron-Core underneath) and Megatron-Bridge performance tables: Megatron's distributed
+# optimizer (ZeRO-1) unless the record names another data-parallel implementation.
+MEGATRON_GROUPS = MEGATRON_MOE_GROUPS + ("nemo_h100_fp8_2407", "nemo_h100_fp8_longseq_2403", "megatron_bridge_h100_fp8")
 
 
 @dataclass(frozen=True)
@@ -174,17 +177,24 @@ def _recompute(rec: dict, layers: int) -> dict:
     return {"recompute": "none"}
 
 
+def _fp8(rec: dict) -> bool:
+    """FP8 GEMMs: the record's precision, group or name says FP8 (current or delayed scaling,
+    costed alike: per-tensor scales)."""
+    return rec.get("precision") == "fp8" or "fp8" in rec["group"] or "Float8" in rec["name"] or "FP8" in rec["name"]
+
+
 def excluded(rec: dict) -> Optional[str]:
     """Why a record is not a case, or None."""
     name, gpu = rec["name"], rec["hardware"]["gpu"] or ""
-    if rec.get("precision") == "fp8" or "fp8" in rec["group"] or "Float8" in name:
-        return "FP8: not modelled yet (issue 12)"
+    if _fp8(rec) and "H100" not in gpu and "H200" not in gpu:
+        return "FP8 on a device without FP8 GEMMs"
     if "V100" in gpu:
         return "V100: no preset for that GPU"
     if "500W" in gpu:
         return "H100 96GB HBM2e capped at 500 W: no preset for that part"
-    if (rec["parallel"].get("cp") or 1) > 1 or "CP" in name.split(",")[-1]:
-        return "context parallelism: not modelled yet (issue 12)"
+    cp = rec["parallel"].get("cp") or 1
+    if cp > 1 and (rec["model"].get("seq_len") or 0) % (2 * cp):
+        return "context parallelism whose sequence does not split into 2 x cp chunks"
     if "torch.compile" in name or "compile" in (rec.get("framework") or "").lower():
         return "torch.compile fusion: not modelled"
     if "maxtext" in rec["group"] or "paxml" in name.lower() or rec["group"] == "nemo_automodel_h100_bf16":
@@ -235,7 +245,7 @@ def case(rec: dict) -> Case:
     gbs = p.get("global_batch_size") or dp * mbs
     m = max(1, gbs // (dp * mbs))
     gbs = dp * mbs * m
-    megatron_target = "DGXC" in rec["name"] or rec["group"] in MEGATRON_MOE_GROUPS
+    megatron_target = "DGXC" in rec["name"] or rec["group"] in MEGATRON_GROUPS
     megatron = megatron_target or rec["group"] in ("bloom", "gpt_neox_20b")
     impl = (p.get("data_parallel_impl") or "").upper()
     zero = 3 if "MEGATRON-FSDP" in impl else 1 if megatron else 2 if "SHARD_GRAD_OP" in impl or "SHARD_GRAD_OP" in rec["name"] else 3
@@ -247,7 +257,8 @@ def case(rec: dict) -> Case:
     # A record that states it (the MoE ones) is read as it is.
     overlap = p.get("tp_comm_overlap")
     plan = Plan(
-        dp=dp, tp=tp, pp=pp, vpp=vpp, ep=p.get("ep") or 1, micro_batch_size=mbs, num_micro_batches=m, zero_stage=zero,
+        dp=dp, tp=tp, pp=pp, vpp=vpp, ep=p.get("ep") or 1, cp=cp, fp8=_fp8(rec), micro_batch_size=mbs, num_micro_batches=m,
+        zero_stage=zero,
         sequence_parallel=sp, tp_comm_overlap=sp and ("DGXC" in rec["name"] if overlap is None else overlap),
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=p.get("layers_per_stage"),
         **_recompute(rec, model.num_layers),

@@ -426,9 +426,9 @@ def layout_costs(
     # Routed experts are replicated on tp x dp x cp / ep ranks (the expert-DP group), ZeRO shards over those.
     edp = max(1, tp * dpw // ep)
     expert_states = memory.model_state_bytes(1, edp, zero, job.precision, job.optimizer)
-    if fp8:  # each weight's FP8 copy and its transpose, cast once per step and kept (ZeRO-3: of the shard)
-        states = (states[0] + 2 / (dpw if zero >= 3 else 1), *states[1:])
-        expert_states = (expert_states[0] + 2 / (edp if zero >= 3 else 1), *expert_states[1:])
+    if fp8:  # each weight's FP8 copy, cast once per step and kept (ZeRO-3: of the shard; transposes made per use)
+        states = (states[0] + 1 / (dpw if zero >= 3 else 1), *states[1:])
+        expert_states = (expert_states[0] + 1 / (edp if zero >= 3 else 1), *expert_states[1:])
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
     z3 = zero >= 3 and dpw > 1
     batch = dp * micro_batch * num_micro_batches

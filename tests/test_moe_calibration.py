@@ -44,7 +44,7 @@ def test_moe_run_fits_its_gpus(case):
 @pytest.mark.parametrize(
     "fragment, reason",
     [
-        ("Qwen3_30B_a3B FP8", "FP8: not modelled yet (issue 12)"),
+        ("(tokendrop) precision not stated", "precision not stated"),
         ("1F1B A2A overlap", "EP all-to-all overlapped with another micro-batch (1F1B merge): not modelled"),
         ("TP2 PP32 EP8", "more pipeline stages than layers"),
         ("MoE Parallel Folding", "micro-batch size or virtual pipeline size not stated"),
