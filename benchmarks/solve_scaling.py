@@ -32,6 +32,7 @@ from pathlib import Path
 from cost_models.estimate import evaluate
 from hardware_profiles import load_cluster
 from planner.cli.render import plan_summary
+from planner.cli.solve import cp_degrees
 from planner.presets import load_model
 from planner.search.brute import brute_force
 from planner.search.candidates import Candidate, CostTables, SearchSpace
@@ -67,7 +68,16 @@ LARGE = [
     ("gpt3-175b", "dgx-a100-40gb", 128, 1536, 2048, "memory-tight"),
     ("llama3-405b", "dgx-h100-80gb", 256, 2048, 8192, "memory-tight"),
     ("llama3-70b", "dgx-a100-40gb", 64, 512, 4096, "memory-tight"),
+    # Mixture-of-experts (every expert-parallel degree) and long context (context parallelism):
+    # solved by this code only (older revisions know neither), within the same budget.
+    ("mixtral-8x7b", "dgx-h100-80gb", 64, 512, 4096, "MoE"),
+    ("deepseek-v3", "dgx-h100-80gb", 1024, 8192, 4096, "MoE, 256 experts"),
+    ("deepseek-v3", "dgx-h100-80gb", 2048, 15360, 4096, "MoE, 256 experts"),
+    ("llama3-8b", "dgx-h100-80gb", 8, 8, 131072, "long context: cp 1-8"),
+    ("llama3-70b", "dgx-h100-80gb", 256, 256, 65536, "long context: cp 1-8"),
 ]
+# Instances that only this code can solve (no baseline for them).
+NEW_DIMENSIONS = {"mixtral-8x7b", "deepseek-v3"}
 
 # One solve, timed around the library call, in a fresh process; it must run against this
 # code and against older revisions (whose model preset loader was planner.models).
@@ -84,7 +94,8 @@ from planner.search.solve import solve
 from planner.specs import JobSpec, ModelSpec, Plan
 model = ModelSpec(**case["model"]) if isinstance(case["model"], dict) else load_model(case["model"])
 job = JobSpec(global_batch_size=case["batch"], seq_len=case["seq"])
-space = SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"])
+extra = {"cp_degrees": tuple(case["cp"]), "seq_len": case["seq"]} if case.get("cp") else {}
+space = SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"], **extra)
 start = time.perf_counter()
 res = solve(model, load_cluster(case["cluster"]), job, space)
 seconds = time.perf_counter() - start
@@ -133,7 +144,8 @@ def small_cluster(memory_gib: float):
 def eval_seconds(model, cluster, job, plan) -> float:
     """Measured cost of one brute-force evaluation on this machine, now."""
     cand = Candidate(plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches, plan.schedule,
-                     plan.zero_stage, plan.sequence_parallel, tuple(plan.mesh_order), plan.tp_comm_overlap)
+                     plan.zero_stage, plan.sequence_parallel, tuple(plan.mesh_order), plan.tp_comm_overlap, plan.ep, plan.fp8,
+                     plan.cp)
     pc = CostTables(model, cluster, job).pipeline(cand)
     P = cand.pp * cand.vpp
     counts = [(model.num_layers // P, 0, 0)] * P
@@ -182,6 +194,10 @@ def large_instances(quick: bool, baseline: str | None, baseline_timeout: float, 
         print(head + "  recommended (predicted step, MFU)")
         for model, cluster_name, gpus, batch, seq, _why in (LARGE[:2] if quick else LARGE):
             case = dict(model=model, cluster=cluster_name, gpus=gpus, batch=batch, seq=seq)
+            cps = cp_degrees(seq, gpus, None)
+            new = (isinstance(model, str) and model in NEW_DIMENSIONS) or len(cps) > 1
+            if len(cps) > 1:
+                case["cp"] = list(cps)  # the context-parallel degrees `plan solve` would try
             got = fastest_of(repeat, case, ROOT, timeout=600)
             if got is None:  # did not finish within the driver's 600 s
                 name = model["name"] if isinstance(model, dict) else model
@@ -195,7 +211,9 @@ def large_instances(quick: bool, baseline: str | None, baseline_timeout: float, 
             brute_log10 = math.log10(got["layouts"]) + math.log10(per_eval)
             line = (f"{got['model_name'][:12]:12s} {gpus:5d} {got['candidates']:10,d} {'1e%d' % round(math.log10(got['layouts'])):>8s} "
                     f"{got['ilps']:4d} {got['seconds']:8.2f} {'1e%d s' % round(brute_log10):>12s} {str(got['optimal']):>7s}")
-            if base_root is not None:
+            if base_root is not None and new:
+                line += f" {'(new)':>10s} {'':>6s}"
+            elif base_root is not None:
                 old = fastest_of(repeat, case, base_root, timeout=baseline_timeout)
                 if old is None:
                     line += f" {'> %g' % baseline_timeout:>10s} {'< %.3f' % (got['seconds'] / baseline_timeout):>6s}"
