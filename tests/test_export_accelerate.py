@@ -55,6 +55,13 @@ MATRIX = {
     "mixtral-fsdp3-dp16-full": case("mixtral-8x7b", 16, 16, 1, 3, 1, 4, recompute="full", per_node=8),
     "qwen3-moe-fsdp2-dp8": case("qwen3-30b-a3b", 8, 8, 1, 2, 1, 4),
     "mixtral-ddp-dp8": case("mixtral-8x7b", 8, 8, 1, 0, 1, 2),
+    # Context parallelism (cp 2, 4; with dp, TP, both FSDP2 stages) and FP8 (Transformer Engine;
+    # DDP and FSDP2, with and without CP).
+    "8b-fsdp3-cp2-dp8": case("llama3-8b", 16, 8, 1, 3, 1, 2, cp=2, seq=8192, per_node=8),
+    "8b-fsdp2-cp4-dp2-tp2-full": case("llama3-8b", 16, 2, 2, 2, 1, 4, cp=4, seq=16384, recompute="full"),
+    "8b-fsdp3-fp8-dp16": case("llama3-8b", 16, 16, 1, 3, 1, 2, fp8=True, per_node=8),
+    "8b-ddp-fp8-full": case("llama3-8b", 8, 8, 1, 0, 1, 2, fp8=True, recompute="full"),
+    "8b-fsdp3-cp2-fp8-dp4": case("llama3-8b", 8, 4, 1, 3, 1, 2, cp=2, fp8=True, seq=8192),
 }
 
 
@@ -65,7 +72,8 @@ def _export(c):
 
 def _expected(c) -> dict:
     full = c.plan.recompute.value == "full"
-    return {"num_gpus": c.gpus, "dp": c.plan.dp, "tp": c.plan.tp, "pp": 1, "vpp": 1, "zero_stage": c.plan.zero_stage,
+    return {"num_gpus": c.gpus, "dp": c.plan.dp, "cp": c.plan.cp, "fp8": c.plan.fp8, "tp": c.plan.tp, "pp": 1, "vpp": 1,
+            "zero_stage": c.plan.zero_stage,
             "sequence_parallel": False, "recompute": "full" if full else "none", "precision": c.job.precision.value,
             "mesh_order": ["tp", "dp", "pp"], "micro_batch_size": c.plan.micro_batch_size,
             "num_micro_batches": c.plan.num_micro_batches, "global_batch_size": c.job.global_batch_size, "seq_len": c.job.seq_len}
@@ -102,12 +110,13 @@ def test_nodes_from_gpus_per_node():
         exporters.stack_module("accelerate").export(c.plan, c.model, c.job, c.gpus, gpus_per_node=24)
 
 
-def _refused(model: str, gpus: int, target="generic", **fields):
+def _refused(model: str, gpus: int, target="generic", precision="bf16", **fields):
     """A valid plan (for `target`'s job) that Accelerate cannot run."""
     spec = load_model(model)
     fields = {"pp": 1, "micro_batch_size": 1, "num_micro_batches": 8, **fields}
     plan = Plan(**fields)
-    job = JobSpec(global_batch_size=plan.dp * plan.micro_batch_size * plan.num_micro_batches, seq_len=2048, target=target)
+    job = JobSpec(global_batch_size=plan.dp * plan.micro_batch_size * plan.num_micro_batches, seq_len=2048, target=target,
+                  precision=precision)
     plan.validate_for(spec, job, gpus)
     return plan, spec, job
 
@@ -127,6 +136,9 @@ REFUSED = {
     "mesh order dp,tp,pp": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, mesh_order=["dp", "tp", "pp"]),
     "tp=16 over 8 KV heads": _refused("llama3-8b", 32, dp=2, tp=16, zero_stage=3),
     "expert parallelism ep=8 (accelerate has none)": _refused("mixtral-8x7b", 16, dp=16, tp=1, ep=8, zero_stage=3),
+    "context parallelism cp=2 with ZeRO-0": _refused("llama3-8b", 16, dp=8, tp=1, cp=2, zero_stage=0),
+    "FP8 with fp16 precision": _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=3, fp8=True, precision="fp16"),
+    "FP8 with tensor parallelism tp=2": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, fp8=True),
 }
 
 
@@ -142,6 +154,18 @@ def test_plans_accelerate_cannot_run_are_refused_naming_the_feature(feature):
 
 def test_rules_have_no_expert_parallelism():
     assert RULES.max_ep == 1 and "no expert parallelism" in RULES.notes["experts"]
+
+
+def test_rules_have_context_parallelism_and_fp8():
+    assert RULES.max_cp is None and "alltoall" in RULES.notes["context parallelism"]
+    assert RULES.fp8 and "Transformer Engine" in RULES.notes["FP8"]
+
+
+def test_read_back_refuses_an_all_gather_for_context_parallelism():
+    data = _export(MATRIX["8b-fsdp3-cp2-dp8"]).data
+    data["parallelism_config"]["parallelism_config_cp_comm_strategy"] = "allgather"
+    with pytest.raises(ValueError, match="cp_comm_strategy allgather all-gathers K/V"):
+        read_back(data)
 
 
 def test_mesh_order_with_one_nontrivial_axis_is_accepted():
@@ -176,6 +200,11 @@ def _launch(path, monkeypatch):
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 
+    from accelerate.utils import launch as launch_utils
+
+    # The launcher refuses fp8 unless an FP8 library is installed (here none is: Transformer Engine
+    # needs CUDA); it checks nothing else about it, so stand in for the training machine's.
+    monkeypatch.setattr(launch_utils, "is_fp8_available", lambda: True)
     config = ClusterConfig.from_yaml_file(str(path))
     args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "train.py"]))
     env = prepare_multi_gpu_env(args) if (args.use_fsdp or args.multi_gpu) else prepare_simple_launcher_cmd_env(args)[1]
@@ -190,7 +219,19 @@ def _launch(path, monkeypatch):
         world = SimpleNamespace(num_processes=config.num_processes, multi_device=config.num_processes > 1, is_main_process=True,
                                 is_fsdp2=fsdp is not None and fsdp.fsdp_version == 2, distributed_type=config.distributed_type)
         sizes._validate_accelerator(world)
-    return SimpleNamespace(config=config, args=args, env=env, fsdp=fsdp, sizes=sizes)
+    return SimpleNamespace(config=config, args=args, env=env, fsdp=fsdp, sizes=sizes, fp8=_fp8_recipe(env, monkeypatch))
+
+
+def _fp8_recipe(env: dict, monkeypatch):
+    """The FP8 recipe the training process builds from the launcher's environment: the backend
+    Accelerator.fp8_backend reads (ACCELERATE_FP8_BACKEND) and TERecipeKwargs() from
+    ACCELERATE_FP8_* (its only use of Transformer Engine is the availability check, stood in for)."""
+    if env.get("ACCELERATE_MIXED_PRECISION") != "fp8":
+        return None
+    from accelerate.utils import dataclasses as accelerate_dataclasses
+
+    monkeypatch.setattr(accelerate_dataclasses, "is_transformer_engine_available", lambda: True)
+    return SimpleNamespace(backend=env.get("ACCELERATE_FP8_BACKEND"), recipe=accelerate_dataclasses.TERecipeKwargs())
 
 
 @pytest.mark.parametrize("name", MATRIX)
@@ -200,7 +241,12 @@ def test_accelerate_launch_accepts_the_export_and_means_the_plan(name, tmp_path,
         pytest.importorskip("transformers", reason=TP_EXTRA)
     run = _launch(_write(tmp_path, _export(c).text), monkeypatch)
     assert run.config.num_processes == c.gpus
-    assert run.args.mixed_precision == {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[c.job.precision.value]
+    assert run.args.mixed_precision == ("fp8" if c.plan.fp8 else {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[c.job.precision.value])
+    if c.plan.fp8:  # Transformer Engine, E4M3 forward / E5M2 gradients, every GEMM of each linear in FP8
+        assert (run.fp8.backend, run.fp8.recipe.fp8_format, run.fp8.recipe.override_linear_precision) == ("TE", "HYBRID", (False,) * 3)
+        assert not run.fp8.recipe.use_mxfp8_block_scaling  # per-tensor scales
+    else:
+        assert run.fp8 is None
     per_node = c.gpus // run.config.num_machines
     assert per_node == min(c.per_node or c.gpus, c.gpus)
     if c.plan.zero_stage == 0:
@@ -213,10 +259,16 @@ def test_accelerate_launch_accepts_the_export_and_means_the_plan(name, tmp_path,
     assert run.args.nproc_per_node == str(per_node)
     assert run.fsdp.reshard_after_forward is (c.plan.zero_stage == 3)  # ZeRO-3 full shard, ZeRO-2 keeps params through backward
     assert run.fsdp.activation_checkpointing is (_expected(c)["recompute"] == "full")
-    assert (run.sizes.total_size, run.sizes.dp_shard_size, run.sizes.dp_replicate_size, run.sizes.tp_size) == (c.gpus, c.plan.dp, 1, c.plan.tp)
+    assert (run.sizes.total_size, run.sizes.dp_shard_size, run.sizes.dp_replicate_size, run.sizes.tp_size, run.sizes.cp_size) == (
+        c.gpus, c.plan.dp, 1, c.plan.tp, c.plan.cp)
     names, shape = run.sizes._get_mesh()  # outermost first
-    innermost_first = [{"dp_shard": "dp", "tp": "tp"}[n] for n in reversed(names)]
-    assert innermost_first == [a.value for a in c.plan.mesh_order if {"dp": c.plan.dp, "tp": c.plan.tp, "pp": 1}[a.value] > 1]
+    innermost_first = [{"dp_shard": "dp", "tp": "tp", "cp": "cp"}[n] for n in reversed(names)]
+    degree = {"dp": c.plan.dp, "cp": c.plan.cp, "tp": c.plan.tp, "pp": 1}
+    planned = [b for a in c.plan.mesh_order for b in (("cp", "dp") if a.value == "dp" else (a.value,))]  # cp innermost in dp
+    assert innermost_first == [a for a in planned if degree[a] > 1]
+    if c.plan.cp > 1:  # torch's ring rotation; FSDP over dp_shard x cp (the plan's weights over dp x cp)
+        assert (run.sizes.cp_backend, run.sizes.cp_handler.cp_comm_strategy) == ("torch", "alltoall")
+        assert run.sizes.dp_shard_cp_dim_names == ["dp_shard", "cp"]
 
 
 @pytest.mark.parametrize("name", MATRIX)
@@ -230,7 +282,7 @@ def test_round_trip_through_accelerates_loader(name, tmp_path):
     back = read_back(parsed)  # degrees from what Accelerate parsed
     script = read_back(text)  # the batch from the comment block
     expected = _expected(c)
-    layout_keys = ("num_gpus", "dp", "tp", "pp", "vpp", "zero_stage", "sequence_parallel", "precision", "mesh_order")
+    layout_keys = ("num_gpus", "dp", "cp", "fp8", "tp", "pp", "vpp", "zero_stage", "sequence_parallel", "precision", "mesh_order")
     assert {k: back[k] for k in layout_keys} == {k: expected[k] for k in layout_keys}
     assert script == expected
     assert script["dp"] * script["micro_batch_size"] * script["num_micro_batches"] == c.job.global_batch_size
@@ -245,6 +297,27 @@ def _broken(tmp_path, name: str, edit):
 def test_sizes_that_do_not_multiply_to_the_world_are_rejected(tmp_path, monkeypatch):
     path = _broken(tmp_path, "8b-fsdp3-dp16", lambda d: d["parallelism_config"].update(parallelism_config_dp_shard_size=8))
     with pytest.raises(ValueError, match=r"total_size \(8\) does not match num_processes \(16\)"):
+        _launch(path, monkeypatch)
+
+
+def test_broken_context_parallel_configs_are_rejected(tmp_path, monkeypatch):
+    """A cp size that does not tile the world, a rotation torch does not have, and CP beside
+    replicas without sharding (DDP): Accelerate's ParallelismConfig refuses them."""
+    path = _broken(tmp_path, "8b-fsdp3-cp2-dp8", lambda d: d["parallelism_config"].update(parallelism_config_cp_size=3))
+    with pytest.raises(ValueError, match=r"total_size \(24\) does not match num_processes \(16\)"):
+        _launch(path, monkeypatch)
+    path = _broken(tmp_path, "8b-fsdp3-cp2-dp8", lambda d: d["parallelism_config"].update(parallelism_config_cp_comm_strategy="ring"))
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
+        _launch(path, monkeypatch)
+    path = _broken(tmp_path, "1.3b-ddp-full", lambda d: d.update(parallelism_config={
+        "parallelism_config_dp_replicate_size": 4, "parallelism_config_cp_size": 2}))
+    with pytest.raises(ValueError, match=r"Tensor/Context parallelism \(tp/cp_size > 1\) cannot be used with pure data parallelism"):
+        _launch(path, monkeypatch)
+
+
+def test_a_broken_fp8_config_is_rejected(tmp_path, monkeypatch):
+    path = _broken(tmp_path, "8b-fsdp3-fp8-dp16", lambda d: d["fp8_config"].update(fp8_format="E3M4"))
+    with pytest.raises(ValueError, match="`fp8_format` must be one of"):
         _launch(path, monkeypatch)
 
 
@@ -307,3 +380,31 @@ def test_mixtral_solved_for_accelerate_exports_at_ep_1(tmp_path, monkeypatch):
         if importlib.util.find_spec("accelerate") is not None and (plan.tp == 1 or importlib.util.find_spec("transformers")):
             run = _launch(_write(tmp_path, text, f"mixtral-{k}.yaml"), monkeypatch)
             assert run.config.num_processes == 64
+
+
+LONG_SOLVE = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "131072"]
+
+
+def test_llama3_8b_128k_solved_for_accelerate_exports_with_context_parallelism(tmp_path, monkeypatch):
+    """`plan solve --target accelerate` on Llama 3 8B, 128k tokens, 8 H100, then `plan export`
+    of the plan and every alternative: context parallelism is chosen, the config reads back to
+    the plan's cp and, with Accelerate, launches with that cp size."""
+    path = tmp_path / "long.json"
+    cli = [sys.executable, "-m", "planner.cli.main"]
+    solved = subprocess.run([*cli, "solve", *LONG_SOLVE, "--target", "accelerate", "--top-k", "4", "-o", str(path)],
+                            capture_output=True, text=True)
+    assert solved.returncode == 0, solved.stderr
+    doc = json.loads(path.read_text())
+    entries = [doc] + doc["alternatives"]
+    assert any(Plan.model_validate(e["plan"]).cp > 1 for e in entries)
+    for k, entry in enumerate(entries):
+        plan = Plan.model_validate(entry["plan"])
+        res = subprocess.run([*cli, "export", str(path), "--to", "accelerate", "--json", *(["--alternative", str(k)] if k else [])],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        text = json.loads(res.stdout)["text"]
+        back = read_back(text)
+        assert (back["dp"], back["cp"], back["tp"], back["zero_stage"]) == (plan.dp, plan.cp, plan.tp, plan.zero_stage)
+        if importlib.util.find_spec("accelerate") is not None and (plan.tp == 1 or importlib.util.find_spec("transformers")):
+            run = _launch(_write(tmp_path, text, f"long-{k}.yaml"), monkeypatch)
+            assert (run.config.num_processes, run.sizes.cp_size if run.sizes else 1) == (8, plan.cp)

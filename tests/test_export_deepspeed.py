@@ -78,6 +78,8 @@ def test_rules_state_what_deepspeed_has():
     assert r.mesh_orders == ((Axis.tp, Axis.dp, Axis.pp),)
     assert (r.split, r.recompute) == ("even", "uniform")
     assert {"ZeRO", "mesh order", "uneven stages", "per-stage recompute"} <= set(r.notes)
+    assert r.max_cp == 1 and "Ulysses" in r.notes["context parallelism"]
+    assert not r.fp8 and "no FP8 training recipe" in r.notes["FP8"]
 
 
 @pytest.mark.parametrize("model_name, plan, job_spec", MATRIX, ids=IDS)
@@ -132,6 +134,8 @@ REFUSED = [
     ("llama3-8b", _p(recompute="selective"), "selective recompute"),
     ("llama3-8b", _p(stage_recompute=[StageRecompute(full=8)] * 2 + [StageRecompute(none=8)] * 2), "recompute mixing modes"),
     ("llama3-8b", _p(tp=2, pp=1, mesh_order=["dp", "tp", "pp"]), "mesh order dp,tp,pp"),
+    ("llama3-8b", _p(cp=2, dp=1), "context parallelism cp=2 (deepspeed has none)"),
+    ("llama3-8b", _p(fp8=True), "FP8 GEMMs (this export of deepspeed has no FP8 recipe)"),
 ]
 
 
@@ -140,6 +144,20 @@ def test_what_deepspeed_cannot_run_is_refused_by_name(model_name, plan, phrase):
     with pytest.raises(UsageError, match="deepspeed cannot run this plan") as err:
         export("deepspeed", plan, load_model(model_name), job(16), plan.world_size)
     assert phrase in str(err.value)
+
+
+def test_refusals_are_one_line_naming_the_feature():
+    """Context parallelism and FP8, which DeepSpeed's config cannot ask for, each refused in one line."""
+    for plan, feature in ((_p(cp=2, dp=1), "context parallelism"), (_p(fp8=True), "FP8")):
+        with pytest.raises(UsageError) as err:
+            export("deepspeed", plan, load_model("llama3-8b"), job(16), plan.world_size)
+        assert len(str(err.value).splitlines()) == 1 and feature in str(err.value)
+
+
+def test_read_back_refuses_ulysses_as_context_parallelism():
+    _, e = _export(*MATRIX[0])
+    with pytest.raises(ValueError, match="sequence_parallel_size 2 is Ulysses, not our context parallelism"):
+        ds_export.read_back({**e.data, "sequence_parallel_size": 2})
 
 
 def test_nothing_in_the_matrix_is_refused():
@@ -305,7 +323,7 @@ def ours(plan: Plan, model, job_spec: JobSpec) -> dict:
         "num_micro_batches": plan.num_micro_batches, "global_batch_size": job_spec.global_batch_size,
         "zero_stage": plan.zero_stage, "sequence_parallel": plan.sequence_parallel, "schedule": plan.schedule.value,
         "recompute": "full" if full else "none", "precision": job_spec.precision.value,
-        "mesh_order": [a.value for a in plan.mesh_order], "ep": plan.ep,
+        "mesh_order": [a.value for a in plan.mesh_order], "ep": plan.ep, "cp": plan.cp, "fp8": plan.fp8,
     }
 
 

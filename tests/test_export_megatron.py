@@ -93,6 +93,23 @@ MATRIX = [
           mesh_order=["tp", "pp", "dp"], layers_per_stage=[13, 16, 16, 16]), {}),
     ("qwen3-ep4-tp2-dp4", "qwen3-30b-a3b",
      dict(dp=4, ep=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True), {}),
+    # Context parallelism (cp 2, 4; with dp, TP + SP, pipelines, interleaving, experts folded
+    # from tp x cp x dp) and FP8 (on with bf16 and fp16, with and without CP; off everywhere above).
+    ("llama8b-cp2-dp2-tp2-sp-fp8-block12", "llama3-8b",
+     dict(dp=2, cp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True, fp8=True,
+          stage_recompute=[R(20, 0, 12)]), dict(seq_len=8192)),
+    ("llama8b-cp4-dp2-pp2-full", "llama3-8b",
+     dict(dp=2, cp=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4, recompute="full"), dict(seq_len=16384)),
+    ("llama70b-cp2-tp8-pp4-vpp2-fp8", "llama3-70b",
+     dict(dp=1, cp=2, tp=8, pp=4, vpp=2, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=8, zero_stage=1,
+          sequence_parallel=True, tp_comm_overlap=True, fp8=True), dict(seq_len=32768)),
+    ("llama8b-cp4-tp2-tppdp-at-pp1", "llama3-8b",  # at pp = 1 the order tp,pp,dp is Megatron's default: no mapping flag
+     dict(dp=1, cp=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2, sequence_parallel=True, mesh_order=["tp", "pp", "dp"]),
+     dict(seq_len=16384)),
+    ("mixtral-cp2-ep4-dp2-zero1", "mixtral-8x7b",
+     dict(dp=2, cp=2, ep=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1), dict(seq_len=8192)),
+    ("gpt-dp4-fp8-fp16", "gpt3-1.3b", dict(dp=4, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2, fp8=True),
+     dict(seq_len=2048, precision="fp16")),
 ]
 # Megatron runs these, but the Rules' same_per_stage (equal full counts per stage) refuses them:
 # every layer fully recomputed over unequal stages (--recompute-method uniform), and block
@@ -127,6 +144,8 @@ def test_rules_state_what_megatron_expresses():
     assert (r.split, r.recompute) == ("free", "same_per_stage")
     assert "Megatron-FSDP" in r.notes["ZeRO"] and len(r.notes) >= 4
     assert r.max_ep is None and "expert-TP 1" in r.notes["experts"]
+    assert r.max_cp is None and "--cp-comm-type p2p" in r.notes["context parallelism"]
+    assert r.fp8 and "--fp8-format hybrid" in r.notes["FP8"]
 
 
 BASE = dict(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4)
@@ -156,6 +175,32 @@ def test_expert_parallelism_across_a_tp_pp_dp_mapping_is_refused():
     with pytest.raises(UsageError, match="megatron cannot run this plan: expert parallelism ep=4 with mesh order tp,pp,dp"):
         export("megatron", plan, model, job_for(plan), plan.world_size)
     assert mlm.problems(plan.model_copy(update={"mesh_order": ["tp", "dp", "pp"]}), model, job_for(plan)) == []
+
+
+def test_context_parallelism_megatron_cannot_lay_out_is_refused():
+    """--use-tp-pp-dp-mapping puts cp next to tp, inside pp (test_the_tp_pp_dp_mapping_moves_cp
+    shows it); sequence parallelism needs a CP rank's s / cp tokens to split over tp."""
+    model = load_model("llama3-8b")
+    plan = Plan(dp=2, cp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["tp", "pp", "dp"])
+    with pytest.raises(UsageError, match="megatron cannot run this plan: context parallelism cp=2 with mesh order tp,pp,dp"):
+        export("megatron", plan, model, job_for(plan, seq_len=8192), plan.world_size)
+    one_replica = plan.model_copy(update={"dp": 1})  # dp 1, but the dp axis still holds cp: the same refusal
+    assert mlm.problems(one_replica, model, job_for(one_replica, seq_len=8192))
+    sp = Plan(dp=1, cp=2, tp=4, pp=1, micro_batch_size=1, num_micro_batches=2, sequence_parallel=True)
+    with pytest.raises(UsageError, match="sequence parallelism with 4098 tokens per CP rank not divisible by tp=4"):
+        export("megatron", sp, model, job_for(sp, seq_len=8196), sp.world_size)
+    with pytest.raises(UsageError, match=r"dp x cp x tp x pp = 8 GPUs, not 16"):
+        mlm.export(sp, model, job_for(sp, seq_len=8192), 16)
+
+
+def test_read_back_refuses_context_parallelism_and_fp8_that_are_not_ours():
+    plan, model, job = _case("llama8b-cp2-dp2-tp2-sp-fp8-block12")
+    data = export("megatron", plan, model, job, plan.world_size).data
+    assert {k: mlm.read_back(data, 8)[k] for k in ("dp", "cp", "fp8")} == {"dp": 2, "cp": 2, "fp8": True}
+    with pytest.raises(ValueError, match="--cp-comm-type a2a is not the ring"):
+        mlm.read_back(_replace(data, "--cp-comm-type", "a2a"), 8)
+    with pytest.raises(ValueError, match="--fp8-format e4m3 is not our FP8 recipe"):
+        mlm.read_back(_replace(data, "--fp8-format", "e4m3"), 8)
 
 
 def test_moe_layer_pattern_reads_as_megatron_evaluates_it():
@@ -248,12 +293,13 @@ LM_FLAGS = {
     "use_distributed_optimizer": bool, "overlap_grad_reduce": bool, "overlap_param_gather": bool,
     "use_tp_pp_dp_mapping": bool, "optimizer": ("adam", "sgd", "muon", "dist_muon"),
     "num_experts": int, "moe_layer_freq": moe_freq_type,  # _add_moe_args
+    "cp_comm_type": str,  # _add_distributed_args: nargs='+', default ["p2p"] (one value here: every layer alike)
 }
 # TransformerConfig fields arguments.py:_add_network_size_args gives no flag of their own (set
 # from the flags above or from the precision).
 NOT_FLAGS = {"virtual_pipeline_model_parallel_size", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
              "pipeline_model_parallel_layout", "params_dtype", "pipeline_dtype", "gated_linear_unit", "activation_func",
-             "bias_activation_fusion", "num_moe_experts", "moe_layer_freq"}
+             "bias_activation_fusion", "num_moe_experts", "moe_layer_freq", "cp_comm_type"}
 
 
 @pytest.fixture(scope="module")
@@ -319,8 +365,13 @@ def megatron_lm(argv: list[str], world_size: int):
         else:
             raise AssertionError(f"Megatron-LM 0.16.1 has no flag {flag}")
     tp, pp, L = kw.get("tensor_model_parallel_size", 1), kw.get("pipeline_model_parallel_size", 1), kw["num_layers"]
+    cp = kw.get("context_parallel_size", 1)
     # arguments.py:validate_args, the checks that concern these flags.
-    assert world_size % (tp * pp) == 0
+    total_model_size = tp * pp * cp
+    assert world_size % total_model_size == 0, f"world size ({world_size}) is not divisible by total_model_size ({total_model_size=})"
+    if cp > 1:
+        assert lm["seq_length"] % (cp * 2) == 0, "seq-length should be a multiple of 2 * context-parallel-size if context-parallel-size > 1."
+    assert "a2a+p2p" not in lm.get("cp_comm_type", "p2p"), "--hierarchical-context-parallel-sizes must be set when a2a+p2p is used in cp comm"
     first, last = lm.get("decoder_first_pipeline_num_layers"), lm.get("decoder_last_pipeline_num_layers")
     layout, vpp = lm.get("pipeline_model_parallel_layout"), lm.get("num_virtual_stages_per_pipeline_rank")
     assert sum(k in lm for k in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
@@ -351,8 +402,9 @@ def megatron_lm(argv: list[str], world_size: int):
         # bias_swiglu_fusion / bias_gelu_fusion default on; validate_args turns the gelu one off without biases
         bias_activation_fusion=swiglu or kw.get("add_bias_linear", True),
         num_moe_experts=lm.get("num_experts"), moe_layer_freq=lm.get("moe_layer_freq", 1),
+        cp_comm_type=lm.get("cp_comm_type", "p2p"),  # one value: kw_args['cp_comm_type'] = args.cp_comm_type[0]
     )
-    dp = world_size // (tp * pp)
+    dp = world_size // total_model_size  # args.data_parallel_size
     return SimpleNamespace(
         config=config, lm=lm, dp=dp, world_size=world_size,
         ddp=DistributedDataParallelConfig(use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
@@ -381,9 +433,13 @@ def built_layers(config) -> list[int]:
 def recomputed(config, n: int) -> StageRecompute:
     """(none, selective, full) of a model chunk of n layers: selective from attention.py's
     checkpoint_core_attention rule, full by running TransformerBlock._checkpointed_forward over
-    stand-in layers and counting those it runs inside tensor_parallel.checkpoint."""
+    stand-in layers and counting those it runs inside tensor_parallel.checkpoint (under FP8,
+    Transformer Engine's te_checkpoint, which takes the RNG tracker and TP group first). The
+    block's input requires grad, as the embedding's output or a received activation does: with
+    FP8, block recompute skips layers whose input does not."""
     import torch
     from megatron.core import tensor_parallel
+    from megatron.core.transformer import transformer_block
     from megatron.core.transformer.transformer_block import TransformerBlock
 
     if config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules:
@@ -399,33 +455,43 @@ def recomputed(config, n: int) -> StageRecompute:
         finally:
             inside.pop()
 
+    def te_checkpoint(forward, distribute_saved_activations, get_rng_state_tracker, tp_group, *args):
+        return checkpoint(forward, distribute_saved_activations, *args)
+
     def layer(hidden_states, context, **_):
         ran.append(bool(inside))
         return hidden_states, context
 
-    block = SimpleNamespace(config=config, num_layers_per_pipeline_rank=n, layers=[layer] * n, _get_layer=lambda i: layer)
-    with mock.patch.object(tensor_parallel, "checkpoint", checkpoint):
-        TransformerBlock._checkpointed_forward(block, hidden_states=torch.zeros(1), attention_mask=None, context=None, context_mask=None,
+    block = SimpleNamespace(config=config, num_layers_per_pipeline_rank=n, layers=[layer] * n, _get_layer=lambda i: layer,
+                            pg_collection=SimpleNamespace(tp=None))
+    with mock.patch.object(tensor_parallel, "checkpoint", checkpoint), mock.patch.object(transformer_block, "te_checkpoint", te_checkpoint):
+        TransformerBlock._checkpointed_forward(block, hidden_states=torch.zeros(1, requires_grad=True), attention_mask=None, context=None,
+                                               context_mask=None,
                                                rotary_pos_emb=None, attention_bias=None, packed_seq_params=None,
                                                use_inner_quantization_context=False)
     assert len(ran) == n
     return R(none=ran.count(False), full=ran.count(True))
 
 
+GROUPS = ("tp", "cp", "dp", "pp", "dp-cp")  # dp-cp: the ranks holding the same weights (gradients reduced over them)
+
+
 def mesh_groups(plan: Plan) -> dict:
-    """Rank groups of each axis with the plan's mesh order (innermost first)."""
-    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
-    order = [a.value for a in plan.mesh_order]
+    """Rank groups of each axis (and of dp x cp) with the plan's mesh order (innermost first),
+    cp innermost inside the dp axis."""
+    degree = {"dp": plan.dp, "cp": plan.cp, "tp": plan.tp, "pp": plan.pp}
+    order = [b for a in plan.mesh_order for b in (("cp", "dp") if a.value == "dp" else (a.value,))]
     stride = {a: 1 for a in order}
     for inner, outer in zip(order, order[1:]):
         stride[outer] = stride[inner] * degree[inner]
-    groups = {}
-    for axis in order:
-        others = [a for a in order if a != axis]
-        starts = {sum(stride[a] * k for a, k in zip(others, ks))
-                  for ks in _product([range(degree[a]) for a in others])}
-        groups[axis] = sorted(sorted(s + stride[axis] * k for k in range(degree[axis])) for s in starts)
-    return groups
+
+    def groups(axes: list[str]) -> list[list[int]]:
+        others = [a for a in order if a not in axes]
+        starts = {sum(stride[a] * k for a, k in zip(others, ks)) for ks in _product([range(degree[a]) for a in others])}
+        offsets = [sum(stride[a] * k for a, k in zip(axes, ks)) for ks in _product([range(degree[a]) for a in axes])]
+        return sorted(sorted(s + o for o in offsets) for s in starts)
+
+    return {name: groups(name.split("-")) for name in GROUPS}
 
 
 def _product(ranges):
@@ -437,14 +503,14 @@ def _product(ranges):
 
 def folded_expert_groups(plan: Plan) -> list[list[list[int]]]:
     """The cost model's expert-parallel groups (cost_models/tables.py:ep_link_of), per pipeline
-    rank: its tp x dp ranks in order, tp fastest, cut into runs of ep."""
-    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
+    rank: its tp x cp x dp ranks in order, tp fastest, cut into runs of ep."""
+    degree = {"dp": plan.dp * plan.cp, "tp": plan.tp, "pp": plan.pp}  # the dp axis holds cp innermost
     stride, step = {}, 1
     for axis in (a.value for a in plan.mesh_order):
         stride[axis], step = step, step * degree[axis]
     out = []
     for p in range(plan.pp):
-        block = [p * stride["pp"] + d * stride["dp"] + t * stride["tp"] for d in range(plan.dp) for t in range(plan.tp)]
+        block = [p * stride["pp"] + d * stride["dp"] + t * stride["tp"] for d in range(degree["dp"]) for t in range(plan.tp)]
         out.append([sorted(block[k:k + plan.ep]) for k in range(0, len(block), plan.ep)])
     return out
 
@@ -464,7 +530,7 @@ def model_parallel(m):
     try:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=c.tensor_model_parallel_size, pipeline_model_parallel_size=c.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=c.virtual_pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=c.virtual_pipeline_model_parallel_size, context_parallel_size=c.context_parallel_size,
             expert_model_parallel_size=c.expert_model_parallel_size, expert_tensor_parallel_size=c.expert_tensor_parallel_size,
             order=m.order, create_gloo_process_groups=False)
         yield parallel_state
@@ -522,7 +588,12 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     m = megatron_lm(data, plan.world_size)
     c, L = m.config, model.num_layers
     vpp = c.virtual_pipeline_model_parallel_size
-    assert (m.dp, c.tensor_model_parallel_size, c.pipeline_model_parallel_size) == (plan.dp, plan.tp, plan.pp)
+    assert (m.dp, c.context_parallel_size, c.tensor_model_parallel_size, c.pipeline_model_parallel_size) == (plan.dp, plan.cp, plan.tp, plan.pp)
+    assert plan.cp == 1 or c.cp_comm_type == "p2p"  # the ring of K/V chunks the cost model prices
+    if plan.fp8:  # Transformer Engine's hybrid format, per-tensor delayed scaling; attention and weights stay 16-bit
+        assert (c.fp8, c.fp8_recipe, c.fp8_param, c.fp8_dot_product_attention, c.fp8_wgrad) == ("hybrid", "delayed", False, False, True)
+    else:
+        assert c.fp8 is None
     assert (m.batches.micro_batch_size, m.batches.num_micro_batches) == (plan.micro_batch_size, plan.num_micro_batches)
     # the interleaved schedule with one chunk per rank is 1F1B: Megatron runs it without interleaving
     assert (vpp or 1) == plan.vpp
@@ -537,8 +608,8 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     assert m.ddp.overlap_grad_reduce == (plan.dp > 1)
     assert (c.sequence_parallel, c.tp_comm_overlap) == (plan.sequence_parallel, plan.tp_comm_overlap)
     assert (c.bf16, c.fp16) == (job.precision == "bf16", job.precision == "fp16") and m.optimizer.optimizer == job.optimizer
-    ranks = RankGenerator(tp=plan.tp, ep=1, dp=plan.dp, pp=plan.pp, cp=1, order=m.order)
-    assert {a: sorted(ranks.get_ranks(a)) for a in ("tp", "dp", "pp")} == mesh_groups(plan)
+    ranks = RankGenerator(tp=plan.tp, ep=1, dp=plan.dp, pp=plan.pp, cp=plan.cp, order=m.order)
+    assert {a: sorted(sorted(g) for g in ranks.get_ranks(a)) for a in GROUPS} == mesh_groups(plan)
     assert (c.num_layers, c.hidden_size, c.ffn_hidden_size, c.num_attention_heads, c.num_query_groups) == (
         L, model.hidden_size, model.ffn, model.num_heads, model.kv_heads)
     assert c.gated_linear_unit == (model.activation == "swiglu") and c.add_bias_linear == model.linear_bias
@@ -561,9 +632,9 @@ def test_round_trip_through_megatron(case, mcore):
     back = mlm.read_back(data, plan.world_size)
     assert back["stage_layers"] == built_layers(m.config)
     assert (back["dp"], back["num_micro_batches"]) == (m.dp, m.batches.num_micro_batches)
-    mine = {k: back[k] for k in ("dp", "tp", "pp", "vpp", "micro_batch_size", "num_micro_batches", "zero_stage",
-                                 "sequence_parallel", "tp_comm_overlap", "precision", "optimizer")}
-    assert mine == dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, micro_batch_size=plan.micro_batch_size,
+    mine = {k: back[k] for k in ("dp", "cp", "tp", "pp", "vpp", "micro_batch_size", "num_micro_batches", "zero_stage",
+                                 "sequence_parallel", "tp_comm_overlap", "precision", "optimizer", "fp8")}
+    assert mine == dict(dp=plan.dp, cp=plan.cp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, fp8=plan.fp8, micro_batch_size=plan.micro_batch_size,
                         num_micro_batches=plan.num_micro_batches, zero_stage=plan.zero_stage, sequence_parallel=plan.sequence_parallel,
                         tp_comm_overlap=plan.tp_comm_overlap, precision=job.precision.value, optimizer=job.optimizer.value)
     assert back["global_batch_size"] == job.global_batch_size
@@ -571,7 +642,7 @@ def test_round_trip_through_megatron(case, mcore):
     assert back["stage_recompute"] == [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
     if plan.pp > 1:
         assert back["schedule"] == ("interleaved-1f1b" if plan.vpp > 1 else "1f1b")
-    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
+    degree = {"dp": plan.dp * plan.cp, "tp": plan.tp, "pp": plan.pp}
     assert [a for a in back["mesh_order"] if degree[a] > 1] == [a.value for a in plan.mesh_order if degree[a.value] > 1]
     assert (back["num_layers"], back["num_kv_heads"], back["activation"], back["tied_embeddings"]) == (
         model.num_layers, model.kv_heads, model.activation.value, model.tied_embeddings)
@@ -637,6 +708,63 @@ def test_megatron_rejects_a_broken_moe_export(mcore):
         get_gpt_decoder_layer_specs(short.config, use_transformer_engine=False)
 
 
+CP_CASES = [c for c in MATRIX if c[2].get("cp", 1) > 1]
+
+
+@pytest.mark.parametrize("case", CP_CASES, ids=[c[0] for c in CP_CASES])
+def test_megatron_core_builds_the_context_parallel_groups(case, mcore):
+    """parallel_state.initialize_model_parallel (rank 0 of a fake group of the world size): its
+    context-parallel group, its data-parallel group with and without cp (the one gradients are
+    reduced and the distributed optimizer shards over) are the plan's: cp innermost in dp."""
+    import torch.distributed as dist
+
+    plan, model, job = matrix_case(case)
+    m = megatron_lm(export("megatron", plan, model, job, plan.world_size).data, plan.world_size)
+    want = {name: next(g for g in groups if 0 in g) for name, groups in mesh_groups(plan).items()}
+    with model_parallel(m) as ps:
+        assert sorted(dist.get_process_group_ranks(ps.get_context_parallel_group())) == want["cp"]
+        assert sorted(dist.get_process_group_ranks(ps.get_data_parallel_group())) == want["dp"]
+        assert sorted(dist.get_process_group_ranks(ps.get_data_parallel_group(with_context_parallel=True))) == want["dp-cp"]
+        assert sorted(dist.get_process_group_ranks(ps.get_tensor_model_parallel_group())) == want["tp"]
+        assert ps.get_data_parallel_world_size() == plan.dp
+
+
+def test_the_tp_pp_dp_mapping_moves_cp(mcore):
+    """Why problems() refuses cp with mesh order tp,pp,dp (pp > 1): Megatron's tp-cp-ep-pp-dp
+    order groups cp ranks tp apart, the plan's mesh tp x pp apart (cp inside dp)."""
+    from megatron.core.parallel_state import RankGenerator
+
+    plan = Plan(dp=2, cp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["tp", "pp", "dp"])
+    mapped = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=2, order="tp-cp-ep-pp-dp")
+    assert sorted(sorted(g) for g in mapped.get_ranks("cp"))[0] == [0, 2]
+    assert mesh_groups(plan)["cp"][0] == [0, 4]
+
+
+def test_megatron_rejects_a_broken_cp_or_fp8_export(mcore):
+    """A cp that does not tile the world with tp x pp (Megatron-LM's validate_args, and
+    megatron-core's initialize_model_parallel), a sequence that does not cut into 2 x cp chunks,
+    an FP8 format or recipe megatron-core does not have or cannot build."""
+    plan, model, job = _case("llama8b-cp4-dp2-pp2-full")
+    data = export("megatron", plan, model, job, plan.world_size).data
+    m = megatron_lm(data, plan.world_size)
+    with pytest.raises(AssertionError, match=r"world size \(16\) is not divisible by total_model_size"):
+        megatron_lm(_replace(data, "--context-parallel-size", 3), plan.world_size)
+    three = SimpleNamespace(config=dataclasses.replace(m.config, context_parallel_size=3), world_size=m.world_size, order=m.order)
+    with pytest.raises(RuntimeError, match=r"world_size \(16\) is not divisible by 6"):
+        with model_parallel(three):
+            pass
+    with pytest.raises(AssertionError, match="seq-length should be a multiple of 2 \\* context-parallel-size"):
+        megatron_lm(_replace(_replace(data, "--seq-length", 16380), "--max-position-embeddings", 16380), plan.world_size)
+    with pytest.raises(AssertionError, match="hierarchical-context-parallel-sizes must be set"):
+        megatron_lm(_replace(data, "--cp-comm-type", "a2a+p2p"), plan.world_size)
+    plan, model, job = _case("llama8b-cp2-dp2-tp2-sp-fp8-block12")
+    data = export("megatron", plan, model, job, plan.world_size).data
+    with pytest.raises(AssertionError, match="'e5m2' is not one of"):
+        megatron_lm(_replace(data, "--fp8-format", "e5m2"), plan.world_size)
+    with pytest.raises(ValueError, match="fp8_quantizer_factory must be provided"):
+        megatron_lm(_replace(data, "--fp8-recipe", "custom"), plan.world_size)
+
+
 def test_a_top_1_router_gets_the_softmax_first(mcore):
     """TransformerConfig refuses top-1 routing with the softmax after the selection (its
     gradient would be zero); the export adds --moe-router-pre-softmax for it."""
@@ -682,5 +810,31 @@ def test_mixtral_solved_for_megatron_exports_and_megatron_runs_it(tmp_path):
         plan, job = Plan.model_validate(entry["plan"]), JobSpec.model_validate(doc["job"])
         data = json.loads(res.stdout)["data"]
         assert mlm.read_back(data, 64)["ep"] == plan.ep
+        if importlib.util.find_spec("megatron") is not None:
+            check_means_the_plan(data, plan, model, job)
+
+
+LONG_SOLVE = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "131072"]
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_llama3_8b_128k_solved_for_megatron_exports_with_context_parallelism(tmp_path, fp8):
+    """`plan solve --target megatron` on Llama 3 8B, 128k tokens, 8 H100 (with and without
+    --fp8), then `plan export` of the plan and every alternative: context parallelism is chosen,
+    every export reads back to its plan's cp and fp8 and, with megatron-core, is what it accepts
+    and means the plan."""
+    path = tmp_path / "long.json"
+    solved = plan_cli("solve", *LONG_SOLVE, "--target", "megatron", "--top-k", "4", *(["--fp8"] if fp8 else []), "-o", str(path))
+    assert solved.returncode == 0, solved.stderr
+    doc = json.loads(path.read_text())
+    model, entries = load_model("llama3-8b"), [doc] + doc["alternatives"]
+    assert any(Plan.model_validate(e["plan"]).cp > 1 for e in entries)
+    for k, entry in enumerate(entries):
+        res = plan_cli("export", str(path), "--to", "megatron", "--json", *(["--alternative", str(k)] if k else []))
+        assert res.returncode == 0, res.stderr
+        plan, job = Plan.model_validate(entry["plan"]), JobSpec.model_validate(doc["job"])
+        data = json.loads(res.stdout)["data"]
+        back = mlm.read_back(data, 8)
+        assert (back["dp"], back["cp"], back["tp"], back["pp"], back["fp8"]) == (plan.dp, plan.cp, plan.tp, plan.pp, plan.fp8)
         if importlib.util.find_spec("megatron") is not None:
             check_means_the_plan(data, plan, model, job)

@@ -7,6 +7,30 @@ data-parallel rank (`parallelism_config_dp_shard_size` = dp), with tensor parall
 size: micro-batch, gradient accumulation and sequence length go to the training script, so
 the export states them in a comment block at the top that `read_back` reads again.
 
+Context parallelism is `parallelism_config_cp_size` under FSDP2 (cp_backend "torch", the only
+one: parallelism_config.py), with cp_comm_strategy "alltoall": Accelerator._prepare_cp passes it
+to torch's set_rotate_method, whose _AllToAllRotater sends each rank's K/V chunk to the next rank
+of the cp group, cp - 1 times (torch/distributed/tensor/experimental/_context_parallel/
+_attention.py: the cost model's ring; dK/dV go round the same way). torch's context_parallel
+shards each sequence into 2 x cp head-tail chunks (enable_load_balance, the plan's causal
+balancing), and replaces F.scaled_dot_product_attention: the model must run SDPA, masks dropped
+for is_causal (big_modeling.py:_attach_context_parallel_hooks). The mesh is dp, cp, tp (outermost
+first) and FSDP shards over dp_shard x cp (parallelism_config.py: dp_shard_cp), the plan's
+weights over dp x cp. The script runs each step inside accelerator.maybe_context_parallel(...).
+
+FP8 is `mixed_precision: fp8` with Transformer Engine (fp8_config backend TE, format HYBRID:
+E4M3 forward, E5M2 gradients, per-tensor delayed scaling: utils/transformer_engine.py:
+apply_fp8_autowrap builds te_recipe.DelayedScaling; override_linear_precision all
+false, so every linear's three GEMMs in FP8): Accelerator._prepare_te swaps each nn.Linear for
+te.Linear (utils/transformer_engine.py:convert_model), the rest runs under bf16 autocast
+(utils/modeling.py:get_mixed_precision_context_manager), attention is untouched. Three
+differences from the plan: the LM head is a linear too and runs in FP8 (the plan keeps it
+16-bit); convert_model swaps modules one by one (no te.LayerNormLinear; Llama's RMSNorm stays
+torch's), so each te.Linear casts its input in a kernel of its own, reading the 16-bit input
+once more than the fused casts the plan prices (cost_models/compute.py:linear_times); and
+nothing passes TE's is_first_microbatch, so weights are cast to FP8 on every micro-batch rather
+than once per step. All three are memory-bound passes, small beside the GEMMs at long sequences.
+
 Sources cited below are files of the installed `accelerate` 1.15.0 package (and of
 `transformers`, which Accelerate's TP delegates to).
 """
@@ -50,6 +74,11 @@ RULES = Rules(
     # (utils/dataclasses.py:MegatronLMPlugin). A MoE model at ep = 1 exports: FSDP2 shards its
     # experts like any other parameter of the wrapped decoder layer.
     max_ep=1,
+    # ParallelismConfig.cp_size with the "alltoall" rotation (module docstring): any cp that
+    # tiles the world with the other sizes; under FSDP2 only (problems()).
+    max_cp=None,
+    # mixed_precision fp8 with the TE backend (module docstring); not with TP (problems()).
+    fp8=True,
     schedules=(),
     interleaved=False,
     # Megatron sequence parallelism (norms and dropout sharded over the TP group) is not in
@@ -76,10 +105,16 @@ RULES = Rules(
         "mesh order": "tp innermost, then dp (ParallelismConfig: dp_replicate, dp_shard, cp, sp, tp)",
         "batch": "not in the config, micro-batch and accumulation go to the script (a comment block says them)",
         "experts": "no expert parallelism (ParallelismConfig has no expert axis); MoE models at ep = 1, experts sharded by FSDP2",
+        "context parallelism": "parallelism_config cp_size, cp_comm_strategy alltoall (torch's ring of K/V chunks, head-tail "
+        "balanced), FSDP2 only, SDPA attention, the step inside accelerator.maybe_context_parallel",
+        "FP8": "mixed_precision fp8, Transformer Engine HYBRID (every nn.Linear, LM head included); bf16 only, not with TP",
     },
 )
 
 _PRECISION = {DType.bf16: "bf16", DType.fp16: "fp16", DType.fp32: "no"}  # ClusterConfig.mixed_precision
+# fp8_config as `accelerate launch` reads it: each key becomes args.fp8_<key> (commands/launch.py),
+# then env ACCELERATE_FP8_<KEY> (utils/launch.py:setup_fp8_env), which TERecipeKwargs reads.
+_FP8_CONFIG = {"backend": "TE", "fp8_format": "HYBRID", "override_linear_precision": [False, False, False]}
 _SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")  # what `accelerate config` asks
 _PREFIX = "parallelism_config_"  # the keys' prefix in the YAML (commands/config/cluster.py)
 # The comment lines `read_back` recovers: `#   name: value`.
@@ -89,6 +124,17 @@ _SCRIPT_LINE = re.compile(r"^#\s+(micro_batch_size|gradient_accumulation_steps|g
 def problems(plan: Plan, model: ModelSpec, job) -> list[str]:
     """What Accelerate cannot run that `RULES` does not cover."""
     out = []
+    if plan.cp > 1 and plan.zero_stage == 0:
+        # ParallelismConfig.__post_init__: "Tensor/Context parallelism (tp/cp_size > 1) cannot be
+        # used with pure data parallelism" (dp_replicate > 1, dp_shard == 1); FSDP2 shards over cp.
+        out.append(f"context parallelism cp={plan.cp} with ZeRO-0 (Accelerate's context parallelism needs FSDP2, ZeRO-2/3)")
+    if plan.fp8 and DType(job.precision) != DType.bf16:
+        # mixed_precision is one value: fp8 runs everything but the TE linears under bf16 autocast.
+        out.append(f"FP8 with {DType(job.precision).value} precision (Accelerate's fp8 runs the rest in bf16)")
+    if plan.fp8 and plan.tp > 1:
+        # Accelerator.prepare: _prepare_tp shards first, then _prepare_te's convert_model rebuilds
+        # each nn.Linear as a whole te.Linear(in_features, out_features) and copies the weight in.
+        out.append(f"FP8 with tensor parallelism tp={plan.tp} (Accelerate's TE conversion rebuilds TP-sharded linears whole)")
     if plan.tp > 1 and plan.dp == 1 and plan.zero_stage in RULES.zero_stages_with_tp:
         # ParallelismConfig._validate_accelerator: FSDP2 with dp_shard_size == cp_size == 1 has
         # nothing to shard across and is refused.
@@ -128,13 +174,15 @@ def _config(plan: Plan, job, num_gpus: int, num_machines: int) -> dict:
         "enable_cpu_affinity": False,
         "machine_rank": 0,  # each node passes its own --machine_rank to accelerate launch
         "main_training_function": "main",
-        "mixed_precision": _PRECISION[DType(job.precision)],
+        "mixed_precision": "fp8" if plan.fp8 else _PRECISION[DType(job.precision)],
         "num_machines": num_machines,
         "num_processes": num_gpus,  # all processes over all machines (utils/launch.py: nproc_per_node = this // num_machines)
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": False,
     }
+    if plan.fp8:
+        config["fp8_config"] = dict(_FP8_CONFIG)
     if plan.zero_stage == 0:
         config["distributed_type"] = "MULTI_GPU" if num_gpus > 1 else "NO"
         if num_gpus > 1:
@@ -151,8 +199,10 @@ def _config(plan: Plan, job, num_gpus: int, num_machines: int) -> dict:
         "fsdp_offload_params": False,
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
     }
-    sizes = {"dp_replicate_size": 1, "dp_shard_size": plan.dp, "tp_size": plan.tp, "cp_size": 1}
+    sizes = {"dp_replicate_size": 1, "dp_shard_size": plan.dp, "tp_size": plan.tp, "cp_size": plan.cp}
     config["parallelism_config"] = {_PREFIX + k: sizes[k] for k in _SIZES}
+    if plan.cp > 1:  # torch's ring rotation (module docstring)
+        config["parallelism_config"] |= {_PREFIX + "cp_backend": "torch", _PREFIX + "cp_comm_strategy": "alltoall"}
     return config
 
 
@@ -165,7 +215,8 @@ def _header(plan: Plan, model: ModelSpec, job, num_gpus: int, num_machines: int,
     if plan.zero_stage == 0:
         layout = f"DDP over dp={plan.dp}" if num_gpus > 1 else "one GPU"
     else:
-        layout = f"FSDP2 {'full shard (ZeRO-3)' if plan.zero_stage == 3 else 'reshard_after_forward false (ZeRO-2)'} over dp={plan.dp}, tp={plan.tp}"
+        layout = (f"FSDP2 {'full shard (ZeRO-3)' if plan.zero_stage == 3 else 'reshard_after_forward false (ZeRO-2)'} over dp={plan.dp}"
+                  + (f" x cp={plan.cp}" if plan.cp > 1 else "") + f", tp={plan.tp}")
     lines = [
         f"# Accelerate 1.15 config for {model.name} on {num_gpus} GPU(s): {layout}, no pipeline.",
         "# Run: accelerate launch --config_file THIS_FILE train.py",
@@ -180,6 +231,14 @@ def _header(plan: Plan, model: ModelSpec, job, num_gpus: int, num_machines: int,
     if plan.tp > 1:
         lines.append(f'# TP: load the model with from_pretrained(..., tp_plan="auto", tp_size={plan.tp}, '
                      "device_mesh=accelerator.torch_device_mesh) (a transformers model with a tp_plan, e.g. Llama)")
+    if plan.cp > 1:
+        lines += [f"# CP: each {job.seq_len}-token sequence over cp={plan.cp} ranks (head-tail chunks, K/V passed round a ring); "
+                  'load the model with attn_implementation="sdpa"',
+                  "#   and run each step inside accelerator.maybe_context_parallel(buffers=[input_ids, shift_labels, position_ids], "
+                  "buffer_seq_dims=[1, 1, 1], no_restore_buffers={input_ids, shift_labels, position_ids})"]
+    if plan.fp8:
+        lines.append("# FP8: Transformer Engine (installed) swaps every nn.Linear, the LM head too, for te.Linear; "
+                     "weights recast each micro-batch")
     if gpus_per_node is None and num_gpus > 1:
         lines.append("# Several nodes: set num_machines to the node count (num_processes counts every GPU).")
     if num_machines > 1:
@@ -223,9 +282,17 @@ def _layout(config: dict) -> dict:
         zero = 3 if fsdp.get("fsdp_reshard_after_forward", True) else 2
     else:
         dp, zero = int(config.get("num_processes", 1)) // tp, 0
-    precision = {v: k.value for k, v in _PRECISION.items()}[config.get("mixed_precision") or "no"]
+    mixed = str(getattr(config.get("mixed_precision"), "value", config.get("mixed_precision") or "no"))
+    fp8 = mixed == "fp8"
+    if fp8 and (config.get("fp8_config") or {}).get("backend", "TE") != "TE":
+        raise ValueError(f"fp8_config backend {config['fp8_config']['backend']} is not our FP8 recipe (Transformer Engine HYBRID)")
+    precision = "bf16" if fp8 else {v: k.value for k, v in _PRECISION.items()}[mixed]
+    cp = sizes["cp_size"]
+    strategy = (config.get("parallelism_config") or {}).get(_PREFIX + "cp_comm_strategy", "allgather")  # Accelerate's default
+    if cp > 1 and strategy != "alltoall":
+        raise ValueError(f"cp_comm_strategy {strategy} all-gathers K/V, not the ring our context parallelism is")
     return {
-        "num_gpus": int(config.get("num_processes", 1)), "dp": dp, "tp": tp, "pp": 1, "vpp": 1, "zero_stage": zero,
+        "num_gpus": int(config.get("num_processes", 1)), "dp": dp, "cp": cp, "fp8": fp8, "tp": tp, "pp": 1, "vpp": 1, "zero_stage": zero,
         "sequence_parallel": False, "recompute": "full" if fsdp.get("fsdp_activation_checkpointing") else "none",
         "precision": precision, "mesh_order": [Axis.tp.value, Axis.dp.value, Axis.pp.value],
     }

@@ -65,6 +65,17 @@ RULES = Rules(
     # ZeRO-3) or pp (the engine takes pp from the PipelineModule's grid). Its folding with AutoTP
     # needs ep > 1 and pp = 1, moot here: a MoE layer with tp > 1 needs sequence parallelism.
     max_ep=None,
+    # No context parallelism in the plan's sense (each sequence cut into chunks whose K/V pass
+    # around a ring): DeepSpeed's sequence parallelism is Ulysses, an all-to-all that trades the
+    # sequence split for a split of the attention heads (sequence/layer.py DistributedAttention;
+    # runtime/sequence_parallel/ulysses_sp.py UlyssesSPAttentionHF; sequence/fpdt_layer.py is
+    # Ulysses with chunked offload), with other traffic, head-count limits and memory.
+    max_cp=1,
+    # No FP8 training recipe in DeepSpeedConfig (runtime/config.py and precision_config.py read
+    # fp16, bf16 and torch_autocast, none with an FP8 type; its FP8 kernels, ops/fp_quantizer,
+    # quantize weights for inference and QLoRA-style linears): FP8 GEMMs come from Transformer
+    # Engine in model code, which the JSON cannot ask for.
+    fp8=False,
     # DeepSpeed checkpoints whole layers (runtime/activation_checkpointing): no selective mode.
     recompute_modes=("none", "full"),
     # runtime/pipe/engine.py _train_schedule: always schedule.TrainSchedule, a 1F1B schedule
@@ -102,6 +113,9 @@ RULES = Rules(
         "DP overlap": "ZeRO 1-3 overlap_comm hides the gradient reduce at pp = 1; ZeRO-0 and every pp > 1 reduce after backward",
         "experts": "AutoEP (expert_parallel.autoep_size, expert-TP 1): ep consecutive data-parallel ranks, any ZeRO stage, "
         "with or without a pipeline",
+        "context parallelism": "no: DeepSpeed's sequence parallelism is Ulysses (all-to-all over attention heads), not a ring of "
+        "sequence chunks",
+        "FP8": "no: the config has no FP8 training recipe (Transformer Engine is model code)",
     },
 )
 
@@ -237,12 +251,14 @@ def read_back(data: dict) -> dict:
         full = data.get("planner", {}).get("recompute", "none").startswith("full")
     precision = "bf16" if data.get("bf16", {}).get("enabled") else "fp16" if data.get("fp16", {}).get("enabled") else "fp32"
     experts = data.get("expert_parallel") or {}
+    if data.get("sequence_parallel_size", 1) > 1:
+        raise ValueError(f"sequence_parallel_size {data['sequence_parallel_size']} is Ulysses, not our context parallelism")
     return {
         "dp": batch // (micro * accumulation), "tp": tp, "pp": pp, "vpp": 1,
         "micro_batch_size": micro, "num_micro_batches": accumulation, "global_batch_size": batch,
         "zero_stage": int(data.get("zero_optimization", {}).get("stage", 0)), "sequence_parallel": False,
         "schedule": Schedule.one_f_one_b.value, "recompute": (Recompute.full if full else Recompute.none).value,
         "precision": precision, "mesh_order": [a.value for a in MESH_ORDER],
-        "ep": int(experts.get("autoep_size", 1)) if experts.get("enabled") else 1,
+        "ep": int(experts.get("autoep_size", 1)) if experts.get("enabled") else 1, "cp": 1, "fp8": False,
     }
 

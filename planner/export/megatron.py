@@ -10,11 +10,35 @@ megatron-core's config dataclasses (megatron/training/argument_utils.py: field `
 ModelParallelConfig then validate them (tests/test_export_megatron.py builds those from the
 exported arguments).
 
-The data-parallel degree is no flag: Megatron-LM takes it as WORLD_SIZE / (tp x pp) from the
-launcher (arguments.py: `args.world_size = int(os.getenv("WORLD_SIZE"))`,
-`args.data_parallel_size = args.world_size // total_model_size`) and the micro-batch count as
-global batch / (micro-batch x dp) (megatron/core/num_microbatches_calculator.py). So
+The data-parallel degree is no flag: Megatron-LM takes it as WORLD_SIZE / (tp x pp x cp) from
+the launcher (arguments.py: `args.world_size = int(os.getenv("WORLD_SIZE"))`,
+`total_model_size = tp * pp * context_parallel_size`, `args.data_parallel_size =
+args.world_size // total_model_size`) and the micro-batch count as global batch / (micro-batch x
+dp) (megatron/core/num_microbatches_calculator.py): cp does not multiply the batch. So
 `read_back` needs the GPU count to return dp and the micro-batch count.
+
+Context parallelism is the cost model's ring (cost_models/tables.py: cp - 1 K/V passes beside
+the attention blocks): --context-parallel-size cp with --cp-comm-type p2p, which
+TransformerConfig.cp_comm_type documents as "Exchange KV chunks with P2P communications in ring
+topology ... overlapped with attention compute" (Transformer Engine's attention; the local
+DotProductAttention asserts cp = 1). Megatron-LM splits each sequence into 2 x cp chunks, rank
+r keeping chunks r and 2cp-1-r (core/utils.py:get_batch_on_this_cp_rank, the plan's causal load
+balancing; arguments.py asserts seq_length % (2 x cp) == 0). Ranks: tp, then cp, then dp
+(parallel_state's "tp-cp-ep-dp-pp"), weights reduced and sharded by the distributed optimizer
+over the dp x cp group (distributed/distributed_data_parallel.py: dp_cp_group).
+
+FP8 is Transformer Engine's "hybrid" format (--fp8-format hybrid: TransformerConfig.fp8, "e4m3
+for all FP8 activation and weight tensors and e5m2 for all FP8 output activation gradient
+tensors") with per-tensor delayed scaling (--fp8-recipe delayed: each tensor's scale comes from
+its amax history, known before the tensor is made, so Transformer Engine writes the FP8 copy
+from the kernel that makes it, as the cost model prices the casts (cost_models/compute.py:
+linear_times); current "tensorwise" scaling needs the tensor's own amax first, a pass more).
+Attention stays 16-bit (fp8_dot_product_attention off) and the output layer is Megatron's own
+ColumnParallelLinear, not a TE module, as the cost model keeps the LM head 16-bit. The
+schedules mark each step's first micro-batch (pipeline_parallel/schedules.py calls
+transformer/module.py:set_is_first_microbatch, which acts when config.fp8 is set) and TE's
+linears then cast their weights to FP8 once and reuse the copy (extensions/transformer_engine.py:
+is_first_microbatch): the once-per-step weight cast and kept FP8 copy the cost model counts.
 
 Mixture-of-experts models get Megatron-Core's MoE layer as the cost model prices it
 (cost_models/compute.py: layer_params, expert_times; cost_models/tables.py: ep_link_of):
@@ -63,6 +87,12 @@ RULES = Rules(
     # divisible by expert-TP x ep x pp) and divide the experts (arguments.py:validate_args);
     # specs.ep_problem states both. problems() adds the one mesh-order rule.
     max_ep=None,
+    # ModelParallelConfig.context_parallel_size with cp_comm_type "p2p" (the module docstring):
+    # any cp whose tp x pp x cp divides the world (parallel_state.initialize_model_parallel);
+    # specs.cp_problem states the sequence rules. problems() adds the one mesh-order rule.
+    max_cp=None,
+    # TransformerConfig.fp8 = "hybrid", fp8_recipe = "delayed" (the module docstring).
+    fp8=True,
     tp_comm_overlap=True,  # ModelParallelConfig.tp_comm_overlap: Transformer Engine userbuffers
     # parallel_state.initialize_model_parallel(order=...): "tp-cp-ep-dp-pp" by default (tp
     # innermost, then dp, then pp) and "tp-cp-ep-pp-dp" under Megatron-LM's
@@ -85,9 +115,12 @@ RULES = Rules(
         "per-stage recompute": "full on the first N layers of every stage (--recompute-method block), or one mode for all layers",
         "ZeRO": "0, and 1 as --use-distributed-optimizer; Megatron-FSDP and torch FSDP2 (ZeRO-2/3) exist but are not exported",
         "mesh order": "tp,dp,pp (default) or tp,pp,dp (--use-tp-pp-dp-mapping)",
-        "data parallel": "not a flag: WORLD_SIZE / (tp x pp) from the launcher",
-        "experts": "--expert-model-parallel-size ep with expert-TP 1 (folded from tp x dp), all-to-all dispatch, grouped GEMM; "
+        "data parallel": "not a flag: WORLD_SIZE / (tp x pp x cp) from the launcher",
+        "experts": "--expert-model-parallel-size ep with expert-TP 1 (folded from tp x cp x dp), all-to-all dispatch, grouped GEMM; "
         "with --use-tp-pp-dp-mapping and pp > 1 only ep = tp",
+        "context parallelism": "--context-parallel-size cp --cp-comm-type p2p (a ring of K/V chunks in Transformer Engine's "
+        "attention, 2 x cp load-balanced chunks); not with --use-tp-pp-dp-mapping and pp > 1",
+        "FP8": "--fp8-format hybrid --fp8-recipe delayed (Transformer Engine: E4M3 forward, E5M2 gradients, per-tensor scales)",
     },
 )
 
@@ -199,9 +232,17 @@ def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     if plan.vpp > 1 and plan.num_micro_batches % plan.pp:
         out.append(f"interleaved schedule with {plan.num_micro_batches} micro-batches, not a multiple of pp={plan.pp}")
     # tensor_parallel/mappings.py: sequence parallelism scatters the sequence over the TP group
-    # ("First dimension of the tensor should be divisible by tensor parallel size").
-    if plan.sequence_parallel and job.seq_len % plan.tp:
+    # ("First dimension of the tensor should be divisible by tensor parallel size"); under
+    # context parallelism that is a CP rank's s / cp tokens.
+    if plan.sequence_parallel and plan.cp == 1 and job.seq_len % plan.tp:
         out.append(f"sequence parallelism with seq_len {job.seq_len} not divisible by tp={plan.tp}")
+    if plan.sequence_parallel and plan.cp > 1 and (job.seq_len // plan.cp) % plan.tp:
+        out.append(f"sequence parallelism with {job.seq_len // plan.cp} tokens per CP rank not divisible by tp={plan.tp}")
+    # parallel_state: --use-tp-pp-dp-mapping orders ranks "tp-cp-ep-pp-dp", cp next to tp and
+    # inside pp, where the plan holds cp inside the dp axis (tp, pp, then cp x dp).
+    if plan.cp > 1 and _tp_pp_dp(plan):
+        out.append(f"context parallelism cp={plan.cp} with mesh order tp,pp,dp (Megatron's --use-tp-pp-dp-mapping "
+                   "puts cp next to tp, inside pp; the plan holds it inside dp)")
     # parallel_state.initialize_model_parallel: the expert rank generator uses the same order
     # with ep x expert-TP in place of tp; unless pp is outermost it asserts "the data parallel size
     # of the attention and moe layers must be the same", i.e. ep x expert-TP (1) = tp.
@@ -211,17 +252,21 @@ def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
 
 
 def _tp_pp_dp(plan: Plan) -> bool:
-    """Whether the plan needs --use-tp-pp-dp-mapping (its mesh order is not Megatron's default)."""
-    order = tuple(Axis(a) for a in plan.mesh_order)
-    return _effective(order, plan.dp, plan.tp, plan.pp) != _effective(RULES.mesh_orders[0], plan.dp, plan.tp, plan.pp)
+    """Whether the plan needs --use-tp-pp-dp-mapping (its mesh order is not Megatron's default);
+    the dp axis holds dp x cp ranks."""
+    order, dp_axis = tuple(Axis(a) for a in plan.mesh_order), plan.dp * plan.cp
+    return _effective(order, dp_axis, plan.tp, plan.pp) != _effective(RULES.mesh_orders[0], dp_axis, plan.tp, plan.pp)
 
 
 def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
-    """Megatron-LM flags for the plan; `num_gpus` is the WORLD_SIZE to launch with (dp x tp x pp)."""
+    """Megatron-LM flags for the plan; `num_gpus` is the WORLD_SIZE to launch with (dp x cp x tp x pp)."""
     if num_gpus != plan.world_size:  # no flag carries dp: the launch's world size sets it
-        raise UsageError(f"Megatron takes dp from the world size: dp x tp x pp = {plan.world_size} GPUs, not {num_gpus}")
+        product = "dp x cp x tp x pp" if plan.cp > 1 else "dp x tp x pp"
+        raise UsageError(f"Megatron takes dp from the world size: {product} = {plan.world_size} GPUs, not {num_gpus}")
     L = model.num_layers
     flags = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
+    if plan.cp > 1:  # the ring the cost model prices (module docstring)
+        flags += [("--context-parallel-size", plan.cp), ("--cp-comm-type", "p2p")]
     flags += _split_flags(plan, L)
     if plan.sequence_parallel:
         flags.append(("--sequence-parallel", None))
@@ -234,6 +279,8 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
     precision = DType(job.precision)
     if precision != DType.fp32:
         flags.append((f"--{precision.value}", None))
+    if plan.fp8:  # Transformer Engine's hybrid format, per-tensor delayed scaling (module docstring)
+        flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")]
     if plan.zero_stage == 1:
         flags.append(("--use-distributed-optimizer", None))
     if plan.dp > 1:  # the cost model hides data-parallel traffic behind the backward
@@ -339,9 +386,14 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
         num = args.get("recompute-num-layers")
         setting = (args["recompute-granularity"], args.get("recompute-method"), int(num) if num is not None else None)
     micro, global_batch = int(args["micro-batch-size"]), int(args["global-batch-size"])
-    dp = world_size // (tp * pp) if world_size else None
+    cp = int(args.get("context-parallel-size", 1))
+    if cp > 1 and args.get("cp-comm-type", "p2p") != "p2p":  # Megatron-LM's default is p2p
+        raise ValueError(f"--cp-comm-type {args['cp-comm-type']} is not the ring of K/V passes our context parallelism is")
+    if args.get("fp8-format", "hybrid") != "hybrid":
+        raise ValueError(f"--fp8-format {args['fp8-format']} is not our FP8 recipe (E4M3 forward, E5M2 gradients: hybrid)")
+    dp = world_size // (tp * pp * cp) if world_size else None
     return {
-        "dp": dp, "tp": tp, "pp": pp, "vpp": vpp,
+        "dp": dp, "cp": cp, "tp": tp, "pp": pp, "vpp": vpp, "fp8": "fp8-format" in args,
         "schedule": None if pp == 1 else (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b).value,
         "micro_batch_size": micro, "global_batch_size": global_batch,
         "num_micro_batches": global_batch // (micro * dp) if dp else None,

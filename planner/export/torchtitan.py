@@ -24,6 +24,30 @@ standard all-to-all dispatcher synchronises with the CPU, so ep > 1 turns CUDA g
 pipeline does (Trainer.Config._validate_cuda_graphs). The cost model assumes balanced routing;
 torchtitan routes dropless (no capacity factor in the standard dispatcher).
 
+Context parallelism: --parallelism.context_parallel_degree cp splits each sequence into 2 x cp
+head-tail chunks (--parallelism.context_parallel_load_balancer headtail: rank r keeps chunks r
+and 2cp-1-r, distributed/context_parallel/api.py:cp_shard; trainer.py asserts seq_len divisible
+by 2 x cp, times tp under sequence parallelism), on the mesh's cp axis between dp and tp (the
+plan's order), FSDP sharding over dp_shard x cp (ParallelDims: "we always assume that when cp
+is used, FSDP is also applied"; distributed/full_dtensor.py:resolve_fsdp_mesh). The attention
+is not the cost model's ring: torchtitan 0.3.0's language models run FlexAttention (the
+default spmd_types backend refuses CP with SDPA, full_dtensor.py:validate_config; sdpa is no
+language-model backend, models/common/config_utils.py), and CP with FlexAttention all-gathers
+K and V over the cp ranks before each attention and reduce-scatters their gradients
+(models/common/decoder_sharding.py: k/v Replicate on cp; distributed/context_parallel/api.py:
+flex_cp_allgather on the other backend). It has no option to rotate K/V around a ring (torch's
+set_rotate_method is for SDPA and not called). The bytes are the ring's (cp - 1 chunks of K/V
+in, their gradients out), but the all-gather waits before the kernel instead of hiding behind
+its blocks, and the gathered K/V are saved for backward: the text states that memory per layer.
+
+FP8 is not exported (RULES.fp8 False): torchtitan 0.3.0 puts float8 in the model spec
+(model_registry(converters=[Float8LinearConverter.Config()]) inside a config_registry function,
+as llama3_405b does), which no override reaches (Trainer.Config.model_spec is Suppress'ed), and
+its Float8LinearConverter.Config.recipe_name offers only "rowwise" and "rowwise_with_gw_hp"
+(components/quantization/float8.py: torchao's per-row scales, E4M3 gradients or a 16-bit weight
+gradient), not the plan's per-tensor E4M3 forward / E5M2 gradient recipe; it also needs torchao
+and an SM89+ GPU where it is built.
+
 The world size is no override: torchrun starts the ranks, and ParallelDims
 (distributed/parallel_dims.py) checks that dp_replicate x dp_shard x cp x tp x pp equals it.
 
@@ -38,7 +62,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from planner.export.rules import Export, Rules
-from planner.specs import Activation, Axis, DType, JobSpec, ModelSpec, Optimizer, Plan, Recompute, Schedule
+from planner.specs import DTYPE_BYTES, Activation, Axis, DType, JobSpec, ModelSpec, Optimizer, Plan, Recompute, Schedule
 
 RULES = Rules(
     stack="torchtitan",
@@ -90,6 +114,12 @@ RULES = Rules(
     # docstring; ParallelDims.build_mesh unflattens the world into pp, dp_replicate, efsdp, ep).
     # problems() states what that means for ZeRO-0 and for TP at ep = 1.
     max_ep=None,
+    # ParallelismConfig.context_parallel_degree: any cp ParallelDims tiles the world with; the
+    # K/V all-gather in place of the ring and FSDP over cp (no ZeRO-0) are in the module
+    # docstring and problems().
+    max_cp=None,
+    # No FP8 override, and no per-tensor recipe (module docstring).
+    fp8=False,
     notes={
         "ZeRO": "0 = replicate-only FSDP2 mesh (DDP-like); 2 = FSDP2 reshard_after_forward never; 3 = always; no ZeRO-1",
         "uneven stages": "any split: --parallelism.module_fqns_per_model_part lists each stage's layers",
@@ -100,8 +130,12 @@ RULES = Rules(
         "mesh order": "tp innermost, then dp, then pp (ParallelDims: pp, dp_replicate, dp_shard, cp, tp)",
         "model": "llama3 8B/70B/405B, deepseek_v3 671B, qwen3 30B-A3B by --config; any other model needs the user's own "
         "config_registry function",
-        "experts": "--parallelism.expert_parallel_degree (expert-TP 1, borrowed from dp_shard x tp); with ZeRO-0 only ep = tp; "
+        "experts": "--parallelism.expert_parallel_degree (expert-TP 1, borrowed from dp_shard x cp x tp); with ZeRO-0 only ep = tp; "
         "MoE with tp > 1 needs ep > 1 (at ep = 1 torchtitan shards experts over TP)",
+        "context parallelism": "--parallelism.context_parallel_degree with head-tail chunks; FlexAttention all-gathers K/V over "
+        "the cp ranks (no ring in 0.3.0: the ring's bytes, not overlapped, the gathered K/V kept for backward); ZeRO-2/3 only "
+        "(FSDP always shards over cp)",
+        "FP8": "no: float8 is a model-spec converter (a config_registry function, no override) with rowwise recipes only",
     },
 )
 
@@ -182,9 +216,19 @@ def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     if plan.tp > 1 and model.kv_heads % plan.tp:
         # models/common/decoder.py:Decoder.Config.update_from_config: tp must divide n_kv_heads.
         out.append(f"tp={plan.tp} over the {model.kv_heads} KV heads of {model.name} (torchtitan shards KV heads, never replicates them)")
-    if plan.sequence_parallel and job.seq_len % plan.tp:
-        # trainer.py (Trainer.__init__): seq_len must be divisible by tp under sequence parallelism.
+    # trainer.py (Trainer.__init__): seq_len must be divisible by tp under sequence parallelism,
+    # times 2 x cp under context parallelism (the head-tail chunks).
+    divisor = (plan.tp if plan.sequence_parallel else 1) * (2 * plan.cp if plan.cp > 1 else 1)
+    if job.seq_len % divisor and plan.cp == 1:
         out.append(f"seq_len {job.seq_len} with sequence parallelism over tp={plan.tp} (torchtitan needs seq_len divisible by tp)")
+    elif job.seq_len % divisor:
+        out.append(f"seq_len {job.seq_len} with context parallelism cp={plan.cp}"
+                   + (f" and sequence parallelism over tp={plan.tp}" if plan.sequence_parallel else "")
+                   + f" (torchtitan needs seq_len divisible by {divisor})")
+    if plan.cp > 1 and plan.zero_stage == 0:
+        # ParallelDims.fsdp_enabled is dp_shard > 1 or cp > 1: the weights are FSDP-sharded over
+        # the cp ranks, where ZeRO-0 replicates them over dp x cp.
+        out.append(f"context parallelism cp={plan.cp} with ZeRO-0 (torchtitan always FSDP-shards the weights over the cp ranks)")
     if plan.pp > 1 and model.tied_embeddings:
         # Decoder.Config.update_from_config: "Weight tying is not supported with Pipeline Parallel."
         out.append("tied embeddings with pipeline parallelism (torchtitan does not tie weights across pipeline stages)")
@@ -229,7 +273,10 @@ def _parallel_args(plan: Plan, model: ModelSpec) -> list[str]:
     out = ["--parallelism.data_parallel_replicate_degree", str(replicate),
            "--parallelism.data_parallel_shard_degree", str(shard),
            "--parallelism.fsdp_reshard_after_forward", _RESHARD[plan.zero_stage],
-           "--parallelism.tensor_parallel_degree", str(plan.tp)]
+           "--parallelism.context_parallel_degree", str(plan.cp)]
+    if plan.cp > 1:  # the plan's causal load balancing: 2 x cp chunks, rank r keeps r and 2cp-1-r
+        out += ["--parallelism.context_parallel_load_balancer", "headtail"]
+    out += ["--parallelism.tensor_parallel_degree", str(plan.tp)]
     if plan.tp > 1:
         out.append("--parallelism.enable_sequence_parallel" if plan.sequence_parallel else "--parallelism.no_enable_sequence_parallel")
     if model.is_moe:  # always: a config may set its own (deepseek_v3_671b: 2)
@@ -291,14 +338,19 @@ def recompute_mode(plan: Plan, model: ModelSpec) -> Recompute:
 
 def _text(args: list[str], plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> str:
     f = matching_flavor(model)
-    dp = {0: f"replicated over dp={plan.dp} (ZeRO-0)", 2: f"FSDP over dp={plan.dp}, parameters kept from forward to backward (ZeRO-2)",
-          3: f"FSDP full shard over dp={plan.dp} (ZeRO-3)"}[plan.zero_stage]
-    lines = [f"# torchtitan 0.3.0 overrides: {model.name} on {num_gpus} GPUs = dp {plan.dp} x tp {plan.tp} x pp {plan.pp} "
-             f"(tp innermost); {dp}"]
+    group = f"dp x cp = {plan.dp} x {plan.cp}" if plan.cp > 1 else f"dp={plan.dp}"  # the ranks holding the same weights
+    dp = {0: f"replicated over {group} (ZeRO-0)", 2: f"FSDP over {group}, parameters kept from forward to backward (ZeRO-2)",
+          3: f"FSDP full shard over {group} (ZeRO-3)"}[plan.zero_stage]
+    degrees = f"dp {plan.dp} x cp {plan.cp} x tp {plan.tp} x pp {plan.pp} (tp innermost, then cp)" if plan.cp > 1 else (
+        f"dp {plan.dp} x tp {plan.tp} x pp {plan.pp} (tp innermost)")
+    lines = [f"# torchtitan 0.3.0 overrides: {model.name} on {num_gpus} GPUs = {degrees}; {dp}"]
+    if plan.cp > 1:
+        lines += _cp_lines(plan, model, job)
     if model.is_moe:
-        spread = (f"FSDP-sharded over efsdp = dp x tp / ep = {plan.dp * plan.tp // plan.ep} ranks" if plan.zero_stage
+        shard, cp = ("dp_shard x cp x tp", " x cp") if plan.cp > 1 else ("dp_shard x tp", "")
+        spread = (f"FSDP-sharded over efsdp = dp{cp} x tp / ep = {plan.dp * plan.cp * plan.tp // plan.ep} ranks" if plan.zero_stage
                   else f"replicated over the {plan.dp} replicas")
-        lines.append(f"# experts: {model.num_experts} per MoE layer, split over ep {plan.ep} ranks borrowed from dp_shard x tp "
+        lines.append(f"# experts: {model.num_experts} per MoE layer, split over ep {plan.ep} ranks borrowed from {shard} "
                      f"({model.num_experts // plan.ep} whole on each), {spread}")
     if plan.pp > 1:
         lines.append(f"# batch: global {job.global_batch_size} = dp {plan.dp} x {plan.num_micro_batches} pipeline micro-batches "
@@ -314,11 +366,26 @@ def _text(args: list[str], plan: Plan, model: ModelSpec, job: JobSpec, num_gpus:
                   f"(as in torchtitan/models/{example}/config_registry.py) whose model has", "#   " + _dimensions(model),
                   "# with modules named tok_embeddings, layers.<i>, norm, lm_head (the pipeline split names them), "
                   "and pass it as --module/--config."]
+        if plan.cp > 1:  # full_dtensor.py:validate_config; models/llama3/model.py refuses varlen with CP
+            lines.append("# context parallelism needs its attention to be FlexAttention (attn_backend \"flex\", as llama3's)")
     elif f.note:
         lines.append(f"# {f.note}")
     lines.append(f"# launch {num_gpus} ranks in all: torchrun --nnodes N --nproc_per_node G ... -m torchtitan.train"
                  f"{module} \"${{TORCHTITAN_ARGS[@]}}\"")
     return "\n".join(lines + ["TORCHTITAN_ARGS=("] + [f"  {line}" for line in _grouped(args)] + [")"]) + "\n"
+
+
+def _cp_lines(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """What torchtitan's context parallelism does beside the plan's ring (module docstring)."""
+    s, cp = job.seq_len, plan.cp
+    # K and V of the other ranks' chunks, this rank's KV heads (tp shards them), saved by the
+    # attention for backward: 2 x b x (s - s / cp) x kv_heads / tp x head_dim x bytes.
+    extra = 2 * plan.micro_batch_size * (s - s // cp) * (model.kv_heads // plan.tp) * model.head_dim * DTYPE_BYTES[job.precision]
+    kept = ("holds them only in the layer being recomputed (full recompute)" if recompute_mode(plan, model) == Recompute.full
+            else f"keeps them for backward: {extra / 2**20:,.0f} MiB per layer and micro-batch beyond the plan's estimate")
+    return [f"# context parallelism: each {s}-token sequence over cp {cp} ranks in {2 * cp} head-tail chunks of {s // (2 * cp)} tokens;",
+            "#   FlexAttention all-gathers K/V before each attention (0.3.0 has no ring: the ring's bytes, not overlapped)",
+            f"#   and {kept}"]
 
 
 def _dimensions(model: ModelSpec) -> str:
@@ -376,7 +443,7 @@ def read_back(data) -> dict:
         "sequence_parallel": s["tp"] > 1 and s["sp"], "tp_comm_overlap": s["async_tp"], "schedule": schedule,
         "layers_per_stage": [sum(1 for n in p if n.startswith("layers.")) for p in parts] if pp > 1 and any(parts) else None,
         "recompute": s["ac"], "precision": {v: k.value for k, v in _PRECISION.items()}[s["mp_param"]],
-        "mesh_order": [a.value for a in RULES.mesh_orders[0]], "flavor": s["flavor"], "ep": s["ep"],
+        "mesh_order": [a.value for a in RULES.mesh_orders[0]], "flavor": s["flavor"], "ep": s["ep"], "cp": s["cp"],
     }
 
 
@@ -397,7 +464,8 @@ def _from_config(c) -> dict:
             "pp_mbs": p.pipeline_parallel_microbatch_size, "parts": p.module_fqns_per_model_part,
             "local": t.local_batch_size, "global": t.global_batch_size, "seq_len": t.seq_len, "dtype": t.dtype,
             "mp_param": t.mixed_precision_param, "async_tp": c.compile.enable_async_tensor_parallel,
-            "ac": _AC_NAMES.get(policy, policy), "flavor": spec.flavor if spec is not None else None, "ep": p.expert_parallel_degree}
+            "ac": _AC_NAMES.get(policy, policy), "flavor": spec.flavor if spec is not None else None, "ep": p.expert_parallel_degree,
+            "cp": p.context_parallel_degree}
 
 
 _AC_NAMES = {"NoneType": "none", "FullAC": "full", "SelectiveAC": "selective", "MemoryBudgetAC": "memory-budget"}
@@ -409,12 +477,12 @@ _ARGV_KEYS = {
     "--parallelism.pipeline_parallel_microbatch_size": ("pp_mbs", int), "--training.local_batch_size": ("local", int),
     "--training.global_batch_size": ("global", int), "--training.seq_len": ("seq_len", int), "--training.dtype": ("dtype", str),
     "--training.mixed_precision_param": ("mp_param", str), "--config": ("flavor", str),
-    "--parallelism.expert_parallel_degree": ("ep", int),
+    "--parallelism.expert_parallel_degree": ("ep", int), "--parallelism.context_parallel_degree": ("cp", int),
 }
 _ARGV_FLAGS = {"--parallelism.enable_sequence_parallel": "sp", "--compile.enable_async_tensor_parallel": "async_tp"}
 _ARGV_DEFAULTS = {"replicate": 1, "shard": -1, "reshard": "default", "tp": 1, "sp": True, "pp": 1, "schedule": "1F1B",
                   "pp_mbs": 1, "parts": None, "local": 8, "global": -1, "seq_len": 2048, "dtype": "float32",
-                  "mp_param": "bfloat16", "async_tp": False, "ac": "selective", "flavor": None, "ep": 1}  # Trainer.Config's AC: SelectiveAC
+                  "mp_param": "bfloat16", "async_tp": False, "ac": "selective", "flavor": None, "ep": 1, "cp": 1}  # Trainer.Config's AC: SelectiveAC
 
 
 def _from_argv(argv: list[str]) -> dict:
