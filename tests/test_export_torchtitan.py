@@ -310,9 +310,6 @@ def test_context_parallel_attention_is_an_all_gather_of_kv(titan, name):
     assert (on_cp("q_BLNH"), on_cp("k_BLNH"), on_cp("v_BLNH")) == ("S(1)", "R", "R")
 
 
-@pytest.mark.xfail(strict=True, reason="planner/export/rules.py:layout_problems drops degree-1 axes with dp, not dp x cp (the "
-                   "ranks of the dp axis), so cp outside tp passes; fixed by _effective(order, dp * cp, tp, pp) there: then "
-                   "remove this mark")
 def test_a_mesh_order_that_puts_cp_outside_tp_is_refused():
     """dp 1, cp 2, tp 2 laid out dp,tp,pp: the cp ranks (in the dp axis) innermost, where
     ParallelDims puts tp innermost and cp outside it."""

@@ -83,7 +83,8 @@ class Rules:
         if tp_comm_overlap and not self.tp_comm_overlap:
             out.append("TP communication overlap")
         order = tuple(Axis(a) for a in mesh_order)
-        if self.mesh_orders is not None and _effective(order, dp, tp, pp) not in {_effective(o, dp, tp, pp) for o in self.mesh_orders}:
+        dpw = dp * cp  # the mesh's dp axis holds the cp ranks too
+        if self.mesh_orders is not None and _effective(order, dpw, tp, pp) not in {_effective(o, dpw, tp, pp) for o in self.mesh_orders}:
             out.append(f"mesh order {','.join(a.value for a in order)} ({self.stack} lays ranks out as "
                        f"{' or '.join(','.join(a.value for a in o) for o in self.mesh_orders)}, innermost first)")
         return out

@@ -38,7 +38,7 @@ def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, es
     )
 
     e = DTYPE_BYTES[job.precision]
-    m, b, s, h = plan.num_micro_batches, plan.micro_batch_size, job.seq_len, model.hidden_size
+    m, b, s, h = plan.num_micro_batches, plan.micro_batch_size, job.seq_len // plan.cp, model.hidden_size  # a rank's tokens
     counts = recompute_counts(plan, model.num_layers)
     rank = est.bottleneck_pipeline_rank
     rank_counts = counts[rank::plan.pp]
@@ -55,10 +55,10 @@ def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, es
     if plan.pp > 1:
         sends = 2 if 0 < rank < plan.pp - 1 else 1
         volumes.append((Axis.pp, Collective.p2p, m * plan.vpp * sends * buf / (t if plan.sequence_parallel else 1)))
-    if plan.dp > 1:
+    if plan.dp * plan.cp > 1:  # gradients over every replica of the weights: dp x cp
         rank_params = pc.terms.ranks()[rank].params(rank_counts_of(counts, plan.pp)[rank])
         g = rank_params * e
-        f = VOLUME_FACTOR[Collective.reduce_scatter](plan.dp)
+        f = VOLUME_FACTOR[Collective.reduce_scatter](plan.dp * plan.cp)
         if plan.zero_stage == 3:
             vol, coll = m * 3 * f * g, Collective.all_gather
         else:

@@ -281,6 +281,12 @@ def infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: S
     if need is None:
         return InfeasibleError("no layout of the search space is valid for this model and GPU count (check --fix and divisibility)")
     over = need - limit_gib
+    if over <= 0:  # the floor ignores what the target stack cannot express of splits and recompute
+        return InfeasibleError(
+            f"no layout fits in {limit_gib:g} GiB per GPU under what {job.target.value} can express (its splits and "
+            f"recompute rules; a free split would need {need:.1f} GiB); try --target generic to see the free optimum, "
+            "more GPUs, or a larger-memory cluster"
+        )
     hints = []
     for factor in (2, 4, 8, 16, 32, 64):
         bigger = SearchSpace(**{**space.__dict__, "num_gpus": space.num_gpus * factor})
