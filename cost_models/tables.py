@@ -46,8 +46,6 @@ class LayerCosts:
     flops_forward: float  # whole layer (unsharded), for model FLOPs
     recompute_flops: tuple  # extra FLOPs per mode, whole layer
     expert_params: int = 0  # of `params`, the routed experts (sharded by ZeRO over the expert-DP group)
-    ep_forward: float = 0.0  # MoE token dispatch + combine all-to-alls (in tp_forward / tp_backward too)
-    ep_backward: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -250,8 +248,6 @@ def layer_costs(
         flops_forward=flops,
         recompute_flops=(0.0, cp * compute.attention_flops_forward(model, b, s), flops),
         expert_params=compute.layer_params(model, tp, ep, dense).expert,
-        ep_forward=ep_fwd,
-        ep_backward=ep_bwd,
     )
 
 

@@ -223,3 +223,13 @@ def test_plan_presets_lists_the_moe_presets_with_their_parameter_counts(monkeypa
     rows = {line.split("│")[1].strip(): line for line in render.console.export_text().splitlines() if line.count("│") > 2}
     for name, params in [("mixtral-8x7b", "46.70B"), ("qwen3-30b-a3b", "30.53B"), ("deepseek-v3", "672.15B")]:
         assert params in rows[name], rows.get(name)
+
+
+def test_presets_json_states_total_and_active_parameters():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "planner.cli.main", "presets", "--json"], capture_output=True, text=True, check=True)
+    models = {m["name"]: m for m in json.loads(out.stdout)["models"]}
+    assert (models["mixtral-8x7b"]["parameters"], models["mixtral-8x7b"]["active_parameters"]) == (46_702_792_704, 12_879_925_248)
+    assert models["llama3-8b"]["parameters"] == models["llama3-8b"]["active_parameters"]

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from cost_models.compute import active_params, total_params
 from hardware_profiles import cluster_presets, load_cluster
 from planner.cli import render
 from planner.presets import load_model, model_presets
@@ -20,7 +21,11 @@ def presets(as_json: bool) -> None:
     if as_json:
         click.echo(
             json.dumps(
-                {"models": [m.model_dump(mode="json") for m in models], "clusters": [c.model_dump(mode="json") for c in clusters]},
+                {
+                    "models": [m.model_dump(mode="json") | {"parameters": total_params(m), "active_parameters": active_params(m)}
+                               for m in models],
+                    "clusters": [c.model_dump(mode="json") for c in clusters],
+                },
                 indent=2,
             )
         )
