@@ -109,6 +109,39 @@ def _orders(schedule: Schedule, pp: int, vpp: int, m: int) -> list[list[tuple[st
     return orders
 
 
+def replay(schedule: Schedule, pp: int, vpp: int, m: int, segments: dict) -> list[Op]:
+    """Every pass of one step in the schedule's order, each starting when its rank is free and
+    its input is ready; `segments[kind, j]`: the (cause, seconds) pieces of a pass of virtual
+    stage j ("F" or "B")."""
+    last = pp * vpp - 1
+    end: dict[tuple[str, int, int], float] = {}
+    orders = _orders(schedule, pp, vpp, m)
+    pos, free = [0] * pp, [0.0] * pp
+    ops: list[Op] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            while pos[r] < len(orders[r]):
+                kind, j, i = orders[r][pos[r]]
+                dep = ("F", j - 1, i) if kind == "F" else (("B", j + 1, i) if j < last else ("F", j, i))
+                if kind == "F" and j == 0:
+                    ready = 0.0
+                elif dep in end:
+                    ready = end[dep]
+                else:
+                    break
+                op = Op(r, kind, j, i, max(free[r], ready), [s for s in segments[kind, j] if s[1] > 0])
+                end[kind, j, i] = free[r] = op.end
+                ops.append(op)
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # an order that waits on itself: a bug here, not the user's input
+            raise AssertionError(f"schedule {schedule.value} deadlocked at {pos}")
+    return ops
+
+
 # Above this many ops a replay (and its picture) stops being useful and gets slow.
 MAX_OPS = 400_000
 
@@ -139,37 +172,13 @@ def timeline(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, e
             ("dp_comm", exposed[r][0] / v),
         ]
 
-    last = pp * v - 1
-    end: dict[tuple[str, int, int], float] = {}
-    orders = _orders(plan.schedule, pp, v, m)
-    pos, free = [0] * pp, [0.0] * pp
-    ops: list[Op] = []
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for r in range(pp):
-            while pos[r] < len(orders[r]):
-                kind, j, i = orders[r][pos[r]]
-                dep = ("F", j - 1, i) if kind == "F" else (("B", j + 1, i) if j < last else ("F", j, i))
-                if kind == "F" and j == 0:
-                    ready = 0.0
-                elif dep in end:
-                    ready = end[dep]
-                else:
-                    break
-                op = Op(r, kind, j, i, max(free[r], ready), [s for s in segments[kind, j] if s[1] > 0])
-                end[kind, j, i] = free[r] = op.end
-                ops.append(op)
-                pos[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # an order that waits on itself: a bug here, not the user's input
-            raise AssertionError(f"schedule {plan.schedule.value} deadlocked at {pos}")
-
-    pipeline_end = max(free)
+    ops = replay(plan.schedule, pp, v, m, segments)
+    free = [0.0] * pp  # when each rank's last op ends
     busy = [0.0] * pp
     for op in ops:
+        free[op.rank] = max(free[op.rank], op.end)
         busy[op.rank] += op.duration
+    pipeline_end = max(free)
     tails = []
     for r, (rk, n) in enumerate(zip(ranks, totals)):
         t, tail = free[r], []

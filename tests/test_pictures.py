@@ -27,20 +27,8 @@ from planner.specs import Axis, Plan, PlanError, Schedule
 
 def _replay_uniform(schedule: Schedule, pp: int, vpp: int, m: int, f: float, b: float) -> float:
     """Pipeline end of the schedule's op order with every stage taking f forward, b backward."""
-    last = pp * vpp - 1
-    orders = pictures._orders(schedule, pp, vpp, m)
-    end, pos, free = {}, [0] * pp, [0.0] * pp
-    while any(p < len(o) for p, o in zip(pos, orders)):
-        for r in range(pp):
-            while pos[r] < len(orders[r]):
-                kind, j, i = orders[r][pos[r]]
-                dep = ("F", j - 1, i) if kind == "F" else (("B", j + 1, i) if j < last else ("F", j, i))
-                if not (kind == "F" and j == 0) and dep not in end:
-                    break
-                start = max(free[r], 0.0 if kind == "F" and j == 0 else end[dep])
-                end[kind, j, i] = free[r] = start + (f if kind == "F" else b)
-                pos[r] += 1
-    return max(free)
+    segments = {(k, j): [("forward" if k == "F" else "backward", f if k == "F" else b)] for k in "FB" for j in range(pp * vpp)}
+    return max(op.end for op in pictures.replay(schedule, pp, vpp, m, segments))
 
 
 _UNIFORM = [(s, pp, m, 1) for s in ("gpipe", "1f1b") for pp, m in [(2, 2), (4, 8), (8, 24), (4, 3), (8, 5)]] + [
