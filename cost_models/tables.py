@@ -231,6 +231,7 @@ def layer_costs(
         ring_bwd = overlapped(2 * (cp - 1) * step, 0.0, (cp - 1) * attn_b, eta)
         tp_fwd, tp_bwd = tp_fwd + ring_fwd, tp_bwd + ring_bwd
     flops = compute.layer_flops_forward(model, b, s, dense)
+    params = compute.layer_params(model, tp, ep, dense)
     acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense, fp8) for r in MODES)
     if measured is not None and not sp:
         # measured bytes saved with nothing recomputed; selective frees the analytic core
@@ -244,10 +245,10 @@ def layer_costs(
         tp_backward=tp_bwd,
         recompute=(0.0, lc.attention_core_forward, lc.forward + tp_fwd),
         activation_bytes=acts,
-        params=compute.layer_params(model, tp, ep, dense).total,
+        params=params.total,
         flops_forward=flops,
         recompute_flops=(0.0, cp * compute.attention_flops_forward(model, b, s), flops),
-        expert_params=compute.layer_params(model, tp, ep, dense).expert,
+        expert_params=params.expert,
     )
 
 
@@ -318,6 +319,19 @@ def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, lay
         # (never lets a dense layer that keeps less than a MoE layer lower the estimate)
         k * max(d - m for d, m in zip(dense.activation_bytes, moe.activation_bytes)),
     )
+
+
+def cp_link_of(cluster: ClusterSpec, dpw: int, tp: int, pp: int, cp: int, mesh_order) -> Optional[GroupLink]:
+    """The link of a context-parallel group: cp consecutive positions of the mesh's dp axis
+    (which holds dp x cp = `dpw` ranks, cp innermost); None without context parallelism."""
+    if cp == 1:
+        return None
+    return GroupLink(cluster, cp, mesh_strides({Axis.dp: dpw, Axis.tp: tp, Axis.pp: pp}, mesh_order)[Axis.dp])
+
+
+def rank_job(job: JobSpec, cp: int) -> JobSpec:
+    """The job as one rank sees it: s / cp tokens of each sequence under context parallelism."""
+    return job.model_copy(update={"seq_len": job.seq_len // cp}) if cp > 1 else job
 
 
 def ep_link_of(cluster: ClusterSpec, dp: int, tp: int, pp: int, ep: int, mesh_order) -> GroupLink:
@@ -410,13 +424,12 @@ def layout_costs(
     dpw = dp * cp
     links = links or mesh_links(cluster, dpw, tp, pp, mesh_order)
     ep_link = ep_link_of(cluster, dpw, tp, pp, ep, mesh_order) if ep > 1 else None
-    cp_link = GroupLink(cluster, cp, mesh_strides({Axis.dp: dpw, Axis.tp: tp, Axis.pp: pp}, mesh_order)[Axis.dp]) if cp > 1 else None
     if fp8 and cluster.device.fp8_peak_tflops is None:
         raise PlanError(f"{cluster.device.name} has no FP8 tensor cores; drop fp8 (or plan on an H100/H200 cluster)")
-    rank_job = job.model_copy(update={"seq_len": job.seq_len // cp}) if cp > 1 else job
-    layer = layer or layer_costs(model, cluster, rank_job, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link, fp8=fp8,
-                                 cp=cp, cp_link=cp_link)
-    edge = edge or edge_costs(model, cluster, rank_job, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer, fp8)
+    per_rank = rank_job(job, cp)
+    layer = layer or layer_costs(model, cluster, per_rank, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link, fp8=fp8,
+                                 cp=cp, cp_link=cp_link_of(cluster, dpw, tp, pp, cp, mesh_order))
+    edge = edge or edge_costs(model, cluster, per_rank, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer, fp8)
     e = DTYPE_BYTES[job.precision]
     states = memory.model_state_bytes(1, dpw, zero, job.precision, job.optimizer)  # per parameter held
     # Routed experts are replicated on tp x dp x cp / ep ranks (the expert-DP group), ZeRO shards over those.
@@ -446,7 +459,7 @@ def layout_costs(
         optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dpw if zero >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
-        comm_buffer_bytes=memory.tp_overlap_buffer_bytes(model, micro_batch, rank_job.seq_len, e) if tp_overlap else 0.0,
+        comm_buffer_bytes=memory.tp_overlap_buffer_bytes(model, micro_batch, per_rank.seq_len, e) if tp_overlap else 0.0,
         tokens_per_step=batch * job.seq_len,
         model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),
         memory_capacity_gib=cluster.device.memory_gib,

@@ -21,13 +21,14 @@ from cost_models.tables import (
     EdgeCosts,
     LayerCosts,
     PipelineCosts,
+    cp_link_of,
     edge_costs,
     ep_link_of,
     layer_costs,
     layout_costs,
     mesh_links,
+    rank_job,
 )
-from cost_models.communication import GroupLink, mesh_strides
 from cost_models.compute import model_flops_per_step
 from cost_models.terms import MODES
 from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule, tp_problem
@@ -173,7 +174,7 @@ def enumerate_candidates(
             if pp > L:
                 rejected[DIVISIBILITY] += 1
                 continue
-            for cp in [c for c in space.cp_degrees if (n // (tp * pp)) % c == 0] if n % (tp * pp) == 0 else []:
+            for cp in [c for c in space.cp_degrees if (n // (tp * pp)) % c == 0]:
                 dp = n // (tp * pp * cp)
                 dpw = dp * cp  # ranks holding the same weights: the mesh's dp axis (cp innermost)
                 options = _batch_options(space, dp, pp)
@@ -229,7 +230,7 @@ def _ep_degrees(model: ModelSpec, dp: int, tp: int) -> list[int]:
     divisor of the expert count and tp x dp (specs.ep_problem's rule)."""
     if not model.is_moe:
         return [1]
-    return [e for e in divisors(math.gcd(model.num_experts, tp * dp))]
+    return divisors(math.gcd(model.num_experts, tp * dp))
 
 
 def _inexpressible(rules, c: Candidate, num_layers: int) -> bool:
@@ -261,27 +262,18 @@ class CostTables:
     def layer(self, c: Candidate) -> LayerCosts:
         tp_link = self.links(c)[Axis.tp]
         ep_link = self.ep_link(c)
-        ep_link, cp_link = self.ep_link(c), self.cp_link(c)
+        cp_link = cp_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.cp, c.mesh_order)
         key = (c.micro_batch_size, c.tp, c.sequence_parallel, tp_link.signature, c.tp_comm_overlap, c.ep,
                ep_link.signature if ep_link else None, c.fp8, c.cp, cp_link.signature if cp_link else None)
         if key not in self._layer:
             self._layer[key] = layer_costs(
-                self.model, self.cluster, self.rank_job(c), c.micro_batch_size, c.tp, c.sequence_parallel, tp_link,
+                self.model, self.cluster, rank_job(self.job, c.cp), c.micro_batch_size, c.tp, c.sequence_parallel, tp_link,
                 c.tp_comm_overlap, c.ep, ep_link, fp8=c.fp8, cp=c.cp, cp_link=cp_link,
             )
         return self._layer[key]
 
-    def rank_job(self, c: Candidate) -> JobSpec:
-        """The job as one rank sees it: s / cp tokens of each sequence under context parallelism."""
-        return self.job.model_copy(update={"seq_len": self.job.seq_len // c.cp}) if c.cp > 1 else self.job
-
     def ep_link(self, c: Candidate):
         return ep_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.ep, c.mesh_order) if c.ep > 1 else None
-
-    def cp_link(self, c: Candidate):
-        if c.cp == 1:
-            return None
-        return GroupLink(self.cluster, c.cp, mesh_strides({Axis.dp: c.dp * c.cp, Axis.tp: c.tp, Axis.pp: c.pp}, c.mesh_order)[Axis.dp])
 
     def edge(self, c: Candidate) -> EdgeCosts:
         links = self.links(c)
@@ -291,7 +283,7 @@ class CostTables:
                c.fp8 if self.model.first_dense_layers else None, c.cp)
         if key not in self._edge:
             self._edge[key] = edge_costs(
-                self.model, self.cluster, self.rank_job(c), c.micro_batch_size, c.tp, c.sequence_parallel, c.pp,
+                self.model, self.cluster, rank_job(self.job, c.cp), c.micro_batch_size, c.tp, c.sequence_parallel, c.pp,
                 links[Axis.tp], links[Axis.pp], c.ep, ep_link, self.layer(c), c.fp8,
             )
         return self._edge[key]

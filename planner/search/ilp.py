@@ -139,7 +139,7 @@ def _stack_rules(b: _Block) -> None:
     recomputed layers in every stage j for one integer N (binary b_j: 1 where N <= n_j), the
     rest not recomputed."""
     rules, L, P, x, y = b.rules, b.pc.num_layers, b.pc.num_stages, b.x, b.y
-    if rules is None or P == 0:
+    if rules is None:
         return
     if rules.split == "even" and b.pc.vpp == 1:
         for j in range(P):
