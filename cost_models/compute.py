@@ -97,23 +97,29 @@ def head_params(model: ModelSpec, tp: int = 1, pipeline_stages: int = 1) -> int:
     return norm + vocab_shard(model, tp) * model.hidden_size
 
 
+def over_layers(model: ModelSpec, per_layer) -> float:
+    """Sum of `per_layer(dense)` over the model's layers: its first_dense_layers dense ones
+    (dense=True) and the rest (dense=False; MoE layers in a MoE model)."""
+    k = model.first_dense_layers
+    return (model.num_layers - k) * per_layer(False) + (k * per_layer(True) if k else 0)
+
+
 def total_params(model: ModelSpec) -> int:
     """Parameter count of the whole model (each tensor once)."""
-    k = model.first_dense_layers
-    layers = (model.num_layers - k) * layer_params(model).total + k * layer_params(model, dense=True).total
-    return layers + embedding_params(model) + head_params(model)
+    return over_layers(model, lambda dense: layer_params(model, dense=dense).total) + embedding_params(model) + head_params(model)
 
 
 def active_params(model: ModelSpec) -> int:
     """Parameters one token passes through: a MoE layer's router, shared experts and top-k
     routed experts instead of all of them (equal to total_params for a dense model)."""
-    if not model.is_moe:
-        return total_params(model)
-    moe = layer_params(model)
-    per_expert = moe.expert // model.num_experts
-    k = model.first_dense_layers
-    layers = (model.num_layers - k) * (moe.total - moe.expert + model.experts_per_token * per_expert)
-    return layers + k * layer_params(model, dense=True).total + embedding_params(model) + head_params(model)
+
+    def active(dense: bool) -> int:
+        p = layer_params(model, dense=dense)
+        if not p.expert:
+            return p.total
+        return p.total - p.expert + model.experts_per_token * (p.expert // model.num_experts)
+
+    return over_layers(model, active) + embedding_params(model) + head_params(model)
 
 
 # --------------------------------------------------------------------------- FLOPs
@@ -156,9 +162,7 @@ def head_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int) -> floa
 def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> float:
     """Model FLOPs of one step, no recompute: 3 x forward (Korthikanti et al.:
     72 B L s h^2 (1 + s/(6h) + V/(12 h L)) for GPT layers)."""
-    k = model.first_dense_layers
-    fwd = ((model.num_layers - k) * layer_flops_forward(model, 1, seq_len) + k * layer_flops_forward(model, 1, seq_len, dense=True)
-           + head_flops_forward(model, 1, seq_len))
+    fwd = over_layers(model, lambda dense: layer_flops_forward(model, 1, seq_len, dense)) + head_flops_forward(model, 1, seq_len)
     return 3.0 * global_batch * fwd
 
 
