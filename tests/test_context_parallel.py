@@ -14,11 +14,10 @@ from cost_models import compute
 from cost_models.estimate import estimate
 from cost_models.tables import pipeline_costs
 from hardware_profiles import load_cluster
+from tests.test_solver import assert_same_optimum, tiny_cluster
 from planner.presets import load_model
-from planner.search.brute import brute_force
 from planner.search.candidates import SearchSpace
-from planner.search.solve import solve
-from planner.specs import MEMORY_HEADROOM, Axis, JobSpec, ModelSpec, Plan
+from planner.specs import Axis, JobSpec, ModelSpec, Plan
 
 H100 = load_cluster("dgx-h100-80gb")
 LLAMA = load_model("llama3-8b")
@@ -84,11 +83,6 @@ SMALL = ModelSpec(name="small", num_layers=4, hidden_size=1024, num_heads=8, voc
                   activation="swiglu", learned_position_embeddings=False, linear_bias=False, norm="rmsnorm", dropout=False)
 
 
-def _pair(memory_gib: float):
-    device = H100.device.model_copy(update={"framework_overhead_gib": 0.0, "memory_gib": memory_gib / (1 - MEMORY_HEADROOM)})
-    return H100.model_copy(update={"gpus_per_node": 2, "device": device})
-
-
 @pytest.mark.parametrize("memory_gib", [80, 6, 3])
 def test_cp_choice_matches_brute_force(memory_gib):
     """4 GPUs, 16k tokens: cp 1, 2, 4 against dp, tp, pp, splits and recompute; tight memory
@@ -96,13 +90,7 @@ def test_cp_choice_matches_brute_force(memory_gib):
     job = JobSpec(global_batch_size=4, seq_len=16384)
     space = SearchSpace(num_gpus=4, global_batch_size=4, cp_degrees=(1, 2, 4), seq_len=16384,
                         fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1})
-    cluster = _pair(memory_gib)
-    res = solve(SMALL, cluster, job, space, top_k=1)
-    ref = brute_force(SMALL, cluster, job, space)
-    if ref.value is None:
-        assert res.best is None
-        return
-    assert 1 / res.fastest.estimate.tokens_per_s == pytest.approx(ref.value, rel=1e-7)
+    assert_same_optimum(SMALL, tiny_cluster(memory_gib, overlap=H100.overlap_efficiency, preset="dgx-h100-80gb"), job, space)
 
 
 def test_llama3_8b_at_128k_on_8_h100_uses_cp_and_bad_cp_is_one_line():

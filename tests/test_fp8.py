@@ -13,11 +13,10 @@ import pytest
 from cost_models import compute, memory
 from cost_models.estimate import estimate
 from hardware_profiles import load_cluster
+from tests.test_solver import assert_same_optimum, tiny_cluster
 from planner.presets import load_model
-from planner.search.brute import brute_force
 from planner.search.candidates import SearchSpace
-from planner.search.solve import solve
-from planner.specs import MEMORY_HEADROOM, Axis, DType, JobSpec, ModelSpec, Plan, Recompute
+from planner.specs import Axis, DType, JobSpec, ModelSpec, Plan, Recompute
 
 H100 = load_cluster("dgx-h100-80gb")
 
@@ -68,24 +67,13 @@ SMALL = ModelSpec(name="small", num_layers=4, hidden_size=2048, num_heads=16, vo
                   activation="swiglu", learned_position_embeddings=False, linear_bias=False, norm="rmsnorm", dropout=False)
 
 
-def _h100_pair(memory_gib: float):
-    device = H100.device.model_copy(update={"framework_overhead_gib": 0.0, "memory_gib": memory_gib / (1 - MEMORY_HEADROOM)})
-    return H100.model_copy(update={"gpus_per_node": 2, "device": device})
-
-
 @pytest.mark.parametrize("memory_gib", [80, 1.2])
 def test_fp8_choice_matches_brute_force(memory_gib):
     """The search over FP8 or not (with every split and recompute) finds the brute-force optimum;
     with room, FP8's faster GEMMs win; tight, its weight copies may not fit."""
     job = JobSpec(global_batch_size=4, seq_len=4096)
     space = SearchSpace(num_gpus=2, global_batch_size=4, fp8=(False, True), fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp)})
-    cluster = _h100_pair(memory_gib)
-    res = solve(SMALL, cluster, job, space, top_k=1)
-    ref = brute_force(SMALL, cluster, job, space)
-    if ref.value is None:
-        assert res.best is None
-        return
-    assert 1 / res.fastest.estimate.tokens_per_s == pytest.approx(ref.value, rel=1e-7)
+    res = assert_same_optimum(SMALL, tiny_cluster(memory_gib, overlap=H100.overlap_efficiency, preset="dgx-h100-80gb"), job, space)
     if memory_gib == 80:
         assert res.fastest.plan.fp8
 

@@ -21,9 +21,10 @@ from planner.specs import MEMORY_HEADROOM, Axis, JobSpec, ModelSpec, Plan, Recom
 SMALL = ModelSpec(name="small", num_layers=4, hidden_size=1024, num_heads=8, vocab_size=32000, max_seq_len=2048)
 
 
-def tiny_cluster(memory_gib: float, gpus_per_node: int = 2, overlap: float = 1.0):
-    """An A100 node of 2 GPUs with no framework overhead, so that small models feel the limit."""
-    base = load_cluster("dgx-a100-80gb")
+def tiny_cluster(memory_gib: float, gpus_per_node: int = 2, overlap: float = 1.0, preset: str = "dgx-a100-80gb"):
+    """A node of 2 GPUs (A100 unless `preset` says) with no framework overhead, so that small
+    models feel the limit."""
+    base = load_cluster(preset)
     # `memory_gib` is the limit the search works to: the device is that plus the default headroom.
     device = base.device.model_copy(update={"framework_overhead_gib": 0.0, "memory_gib": memory_gib / (1 - MEMORY_HEADROOM)})
     return base.model_copy(update={"gpus_per_node": gpus_per_node, "device": device, "overlap_efficiency": overlap})
