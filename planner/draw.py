@@ -165,12 +165,7 @@ def placement_figure(pl: Placement, title: str):
             x0, y0 = origin(members[0]["node"])
             ax.add_patch(Rectangle((x0 + gpus[0] - 0.03, y0 - 0.03), len(gpus) + 0.01, 0.96,
                                    fill=False, edgecolor="black", linewidth=1.2))
-    lines = [
-        f"{a['axis']} = {a['degree']}, stride {a['stride']}: "
-        + (f"across nodes, {a['rails']} rail(s), {a['link']}" if a["inter_node"] else a["link"] if a["degree"] == 1
-           else f"inside a node, {a['link']}")
-        for a in pl.axes
-    ]
+    lines = [f"{a['axis']} = {a['degree']}, stride {a['stride']}: {a['where']}" for a in pl.axes]
     ax.set_xlim(-2.2, cols * (g + 1.5))
     ax.set_ylim(rows + 0.2, -0.3)
     ax.set_axis_off()

@@ -205,7 +205,7 @@ class Placement:
 
     gpus_per_node: int
     ranks: list[dict]  # {"rank", "node", "gpu", "dp", "cp", "tp", "pp"}
-    axes: list[dict]  # per axis: {"axis", "degree", "stride", "inter_node", "rails", "link"}
+    axes: list[dict]  # per axis: {"axis", "degree", "stride", "inter_node", "rails", "link", "where" (in words)}
 
 
 def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
@@ -225,10 +225,12 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
     for a in plan.mesh_order:
         link = links[a]
         tier = cluster.inter_node if link.inter_node else cluster.intra_node
+        name = tier.name if degrees[a] > 1 else "none (degree 1)"
+        where = (f"across nodes ({link.rails} rail(s)): {name}" if link.inter_node
+                 else name if degrees[a] == 1 else f"inside a node: {name}")
         axes.append({
             "axis": a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", "degree": degrees[a], "stride": strides[a],
-            "inter_node": link.inter_node, "rails": link.rails if link.inter_node else None,
-            "link": tier.name if degrees[a] > 1 else "none (degree 1)",
+            "inter_node": link.inter_node, "rails": link.rails if link.inter_node else None, "link": name, "where": where,
         })
     return Placement(g, ranks, axes)
 

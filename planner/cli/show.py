@@ -6,7 +6,6 @@ one step per pipeline rank, memory per pipeline rank, the axes' placement and li
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -68,7 +67,7 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
     if as_json:
         click.echo(json.dumps(_document(tl, est, est_bubble, bars, pl), indent=2))
         return
-    console = Console(width=shutil.get_terminal_size((100, 24)).columns, soft_wrap=False)
+    console = render.console
     console.print(title, highlight=False)
     _text_timeline(console, tl, est.step_time_s, est_bubble)
     _text_memory(console, bars, est.memory_capacity_gib)
@@ -176,9 +175,7 @@ def _text_placement(console: Console, pl: pictures.Placement) -> None:
     for col in ("axis", "degree", "stride", "link"):
         table.add_column(col, justify="right" if col in ("degree", "stride") else "left")
     for a in pl.axes:
-        where = (f"across nodes ({a['rails']} rail(s)): {a['link']}" if a["inter_node"]
-                 else a["link"] if a["degree"] == 1 else f"inside a node: {a['link']}")
-        table.add_row(a["axis"], str(a["degree"]), str(a["stride"]), where)
+        table.add_row(a["axis"], str(a["degree"]), str(a["stride"]), a["where"])
     console.print()
     console.print(table)
     shown = [rk for rk in pl.ranks[:_LISTED_RANKS] if rk["node"] == 0]
