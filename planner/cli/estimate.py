@@ -78,13 +78,7 @@ def estimate(
         if tp < 1 or pp < 1 or cp < 1 or ep < 1 or (dp is not None and dp < 1) or micro_batch_size < 1:
             raise UsageError("--tp, --pp, --cp, --ep, --dp and --micro-batch-size must be positive")
         if dp is None:
-            if gpus % (tp * pp * cp):
-                what, values = ("tp x pp x cp", f"{tp} x {pp} x {cp}") if cp > 1 else ("tp x pp", f"{tp} x {pp}")
-                raise UsageError(
-                    f"{what} = {values} = {tp * pp * cp} does not divide the {gpus} GPUs; pick {what.replace(' x ', ' and ')} "
-                    f"whose product divides {gpus}"
-                )
-            dp = gpus // (tp * pp * cp)
+            dp = _data_parallel(gpus, tp, pp, cp)
         if job.global_batch_size % (dp * micro_batch_size):
             raise UsageError(
                 f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {dp * micro_batch_size}"
@@ -115,6 +109,17 @@ _PLAN_OPTIONS = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "fp
                  "layers_per_stage": "layers_per_stage"}
 _JOB_OPTIONS = {"global_batch": "global_batch_size", "seq_len": "seq_len", "precision": "precision", "optimizer": "optimizer",
                 "stack": "target", "loss_kernel": "loss_kernel", "moe_dispatcher": "moe_dispatcher"}
+
+
+def _data_parallel(gpus: int, tp: int, pp: int, cp: int) -> int:
+    """dp of `gpus` GPUs at these degrees; a UsageError naming them when they do not divide it."""
+    if gpus % (tp * pp * cp):
+        what, values = ("tp x pp x cp", f"{tp} x {pp} x {cp}") if cp > 1 else ("tp x pp", f"{tp} x {pp}")
+        raise UsageError(
+            f"{what} = {values} = {tp * pp * cp} does not divide the {gpus} GPUs; pick {what.replace(' x ', ' and ')} "
+            f"whose product divides {gpus}"
+        )
+    return gpus // (tp * pp * cp)
 
 
 def what_if(path: Path, alternative: Optional[int], given: set, params: dict):
@@ -158,10 +163,8 @@ def what_if(path: Path, alternative: Optional[int], given: set, params: dict):
             if fields[field] != value:
                 changes.append(f"{field} {_show(fields[field])} -> {_show(value)}")
             fields[field] = value
-    if given & {"tp", "pp", "dp", "gpus", "nodes", "cluster_name"} and "dp" not in given:
-        if gpus % (fields["tp"] * fields["pp"]):
-            raise UsageError(f"tp x pp = {fields['tp']} x {fields['pp']} does not divide the {gpus} GPUs; pick tp and pp whose product divides {gpus}")
-        fields["dp"] = gpus // (fields["tp"] * fields["pp"])
+    if given & {"tp", "pp", "cp", "dp", "gpus", "nodes", "cluster_name"} and "dp" not in given:
+        fields["dp"] = _data_parallel(gpus, fields["tp"], fields["pp"], fields["cp"])
     per = fields["dp"] * fields["micro_batch_size"]
     if job.global_batch_size % per:
         raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {fields['dp']} x {fields['micro_batch_size']}")
