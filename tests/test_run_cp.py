@@ -10,14 +10,14 @@ rank). Every launch has a timeout and a short process-group timeout, so a hang f
 """
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+
+from tests.run_helpers import PG_TIMEOUT, cli, plan_doc, run_batch, write_specs
 
 from planner.errors import UsageError
 from planner.executor.prepare import check_world, fp8_problem
@@ -26,8 +26,6 @@ from planner.specs import Plan
 pytestmark = pytest.mark.distributed
 torch = pytest.importorskip("torch")
 
-LAUNCH_TIMEOUT = 240  # seconds for one subprocess (start-up ~10 s, a batch of plans ~20 s)
-PG_TIMEOUT = "30"  # process-group timeout inside the workers
 SEQ_LEN = 32
 GLOBAL_BATCH = 4
 
@@ -84,41 +82,18 @@ FOUR_PROCESSES = {
 }
 
 
-def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT, **kw)
-
-
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("models")
-    files = {}
-    for name, text in MODELS.items():
-        files[name] = root / f"{name}.yaml"
-        files[name].write_text(text)
-    return files
+    return write_specs(tmp_path_factory.mktemp("models"), MODELS)
 
 
 def _plan_doc(model_file: Path, gpus: int, options: list[str], cluster: str = "dgx-a100-80gb") -> dict:
-    res = _cli("estimate", "--model", str(model_file), "--cluster", cluster, "--gpus", str(gpus), "--global-batch",
-               str(GLOBAL_BATCH), "--seq-len", str(SEQ_LEN), "--precision", "fp32", *options, "--json")
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    return plan_doc(model_file, gpus, GLOBAL_BATCH, SEQ_LEN, options, cluster)
 
 
 def _run_batch(tmp_path: Path, cases: dict, nproc: int, files: dict) -> dict:
-    items = []
-    for model, gpus, options in cases.values():
-        doc = _plan_doc(files[model], gpus, options)
-        items.append({k: doc[k] for k in ("model", "job", "plan")} | {"steps": 3, "warmup": 1})
-    src, out = tmp_path / "cases.json", tmp_path / "reports.json"
-    src.write_text(json.dumps(items))
-    proc = subprocess.run(
-        [sys.executable, "-m", "planner.executor.batch", str(src), str(out), "--nproc-per-node", str(nproc), "--timeout", PG_TIMEOUT],
-        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(zip(cases, json.loads(out.read_text())))
+    docs = [_plan_doc(files[model], gpus, options) for model, gpus, options in cases.values()]
+    return dict(zip(cases, run_batch(tmp_path, docs, nproc)))
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +132,7 @@ def test_plan_run_on_a_cp_plan_file(tmp_path, model_files):
     """The command end to end: a plan file with cp=2 on 2 processes."""
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(_plan_doc(model_files["llama"], 2, ["--cp", "2"])))
-    res = _cli("run", str(path), "--steps", "3", "--warmup", "1", "--json", "--timeout", PG_TIMEOUT)
+    res = cli("run", str(path), "--steps", "3", "--warmup", "1", "--json", "--timeout", PG_TIMEOUT)
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads(res.stdout)
     assert report["verdict"] == "pass" and report["plan"]["cp"] == 2 and report["settings"]["world_size"] == 2
@@ -309,7 +284,7 @@ def test_plan_run_refuses_an_fp8_plan_on_cpu_in_one_line(tmp_path, model_files):
     path.write_text(json.dumps(doc))
     if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9):
         pytest.skip("this machine has FP8 tensor cores")
-    res = _cli("run", str(path), "--steps", "2", "--warmup", "1", "--timeout", PG_TIMEOUT)
+    res = cli("run", str(path), "--steps", "2", "--warmup", "1", "--timeout", PG_TIMEOUT)
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "FP8 GEMMs need a GPU with FP8 tensor cores" in lines[0], res.stderr

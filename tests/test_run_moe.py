@@ -12,14 +12,14 @@ timeout and a short process-group timeout, so a hang fails the test.
 
 import copy
 import json
-import subprocess
-import sys
 import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+
+from tests.run_helpers import PG_TIMEOUT, cli, plan_doc, run_batch, write_specs
 
 from planner.errors import UsageError
 from planner.executor.prepare import prepare_case
@@ -28,8 +28,6 @@ from planner.specs import JobSpec, ModelSpec, Plan
 pytestmark = pytest.mark.distributed
 torch = pytest.importorskip("torch")
 
-LAUNCH_TIMEOUT = 240  # seconds for one subprocess (start-up ~10 s, a batch of plans ~30 s)
-PG_TIMEOUT = "30"  # process-group timeout inside the workers
 
 MOE_YAML = """\
 name: tiny-moe
@@ -75,59 +73,29 @@ FOUR_PROCESSES = {
 }
 
 
-def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT, **kw)
-
-
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("models")
-    files = {"moe": root / "tiny-moe.yaml", "gelu": root / "tiny-moe-gelu.yaml"}
-    files["moe"].write_text(MOE_YAML)
-    files["gelu"].write_text(GELU_YAML)
-    return files
+    return write_specs(tmp_path_factory.mktemp("models"), {"moe": MOE_YAML, "gelu": GELU_YAML})
+
+
+def _plan_doc(model_file: Path, gpus: int, ep: int, options: list[str]) -> dict:
+    """A plan document from `plan estimate --ep EP --json`."""
+    return plan_doc(model_file, gpus, GLOBAL_BATCH, 32, [*options, "--ep", str(ep)])
+
+
+def _run_batch(tmp_path: Path, cases: dict, nproc: int, files: dict) -> dict:
+    docs = [_plan_doc(files[model], gpus, ep, options) for model, gpus, ep, options in cases.values()]
+    return dict(zip(cases, run_batch(tmp_path, docs, nproc)))
 
 
 @pytest.fixture(scope="module")
-def has_ep_option() -> bool:
-    return "--ep" in _cli("estimate", "--help").stdout
-
-
-def _plan_doc(model_file: Path, gpus: int, ep: int, options: list[str], has_ep_option: bool) -> dict:
-    """A plan document from `plan estimate --json` (dense-equivalent layout), ep set."""
-    extra = ["--ep", str(ep)] if has_ep_option and ep > 1 else []
-    res = _cli("estimate", "--model", str(model_file), "--cluster", "dgx-a100-80gb", "--gpus", str(gpus), "--global-batch",
-               str(GLOBAL_BATCH), "--seq-len", "32", "--precision", "fp32", *options, *extra, "--json")
-    assert res.returncode == 0, res.stderr
-    doc = json.loads(res.stdout)
-    doc["plan"]["ep"] = ep
-    return doc
-
-
-def _run_batch(tmp_path: Path, cases: dict, nproc: int, files: dict, has_ep_option: bool) -> dict:
-    items = []
-    for model, gpus, ep, options in cases.values():
-        doc = _plan_doc(files[model], gpus, ep, options, has_ep_option)
-        items.append({k: doc[k] for k in ("model", "job", "plan")} | {"steps": 3, "warmup": 1})
-    src, out = tmp_path / "cases.json", tmp_path / "reports.json"
-    src.write_text(json.dumps(items))
-    proc = subprocess.run(
-        [sys.executable, "-m", "planner.executor.batch", str(src), str(out), "--nproc-per-node", str(nproc), "--timeout", PG_TIMEOUT],
-        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(zip(cases, json.loads(out.read_text())))
+def two(tmp_path_factory, model_files):
+    return _run_batch(tmp_path_factory.mktemp("two"), TWO_PROCESSES, 2, model_files)
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory, model_files, has_ep_option):
-    return _run_batch(tmp_path_factory.mktemp("two"), TWO_PROCESSES, 2, model_files, has_ep_option)
-
-
-@pytest.fixture(scope="module")
-def four(tmp_path_factory, model_files, has_ep_option):
-    return _run_batch(tmp_path_factory.mktemp("four"), FOUR_PROCESSES, 4, model_files, has_ep_option)
+def four(tmp_path_factory, model_files):
+    return _run_batch(tmp_path_factory.mktemp("four"), FOUR_PROCESSES, 4, model_files)
 
 
 def _check_matches_reference(report: dict, ep: int) -> None:
@@ -167,11 +135,11 @@ def test_each_rank_keeps_its_share_of_the_experts(two, four):
     assert full - weights(four["dp4 ep4"]) == MOE_LAYERS * 3 * EXPERT_BYTES
 
 
-def test_plan_run_on_a_moe_plan_file(tmp_path, model_files, has_ep_option):
+def test_plan_run_on_a_moe_plan_file(tmp_path, model_files):
     """The command end to end: a plan file of the spec file's model with ep=2 on 2 processes."""
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(_plan_doc(model_files["moe"], 2, 2, ["--micro-batch-size", "2"], has_ep_option)))
-    res = _cli("run", str(path), "--steps", "3", "--warmup", "1", "--json", "--timeout", PG_TIMEOUT)
+    path.write_text(json.dumps(_plan_doc(model_files["moe"], 2, 2, ["--micro-batch-size", "2"])))
+    res = cli("run", str(path), "--steps", "3", "--warmup", "1", "--json", "--timeout", PG_TIMEOUT)
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads(res.stdout)
     assert report["verdict"] == "pass" and report["plan"]["ep"] == 2 and report["settings"]["world_size"] == 2
