@@ -10,7 +10,7 @@ import io
 import math
 
 from planner.errors import PlannerError
-from planner.pictures import MEMORY_KINDS, Placement, Timeline
+from planner.pictures import MEMORY_KINDS, Placement, Timeline, Window
 
 FORMATS = ("svg", "png")
 
@@ -29,6 +29,13 @@ MEMORY_COLOURS = {
 }
 # Above this many ranks a placement picture is unreadable (and slow to draw).
 MAX_PLACEMENT_RANKS = 8192
+# The largest figure drawn, inches (width, height): 4,400 x 6,600 pixels at render()'s 110 dpi,
+# about what an image viewer still opens; content beyond it shrinks instead.
+MAX_FIGURE_IN = (40.0, 60.0)
+# A timeline no wider than this (inches; 2,640 pixels): a denser one is zoomed (plan show --micro-batches, --ranks).
+TIMELINE_WIDTH_IN = 24.0
+# Passes of other micro-batches inside a zoomed timeline's window are drawn this opaque.
+PALE = 0.3
 
 
 def require_matplotlib() -> None:
@@ -38,67 +45,121 @@ def require_matplotlib() -> None:
         raise PlannerError("pictures need matplotlib, which is not installed: pip install 'planner[plot]'")
 
 
-def _wrap(text: str, fig) -> str:
-    """Each line of `text` wrapped to the figure's width (about 15 characters per inch at 9 pt)."""
-    import textwrap
-
-    width = max(30, int(fig.get_figwidth() * 15))
-    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
-
-
 def _figure(width: float, height: float):
+    """A constrained-layout figure no larger than MAX_FIGURE_IN, with an Agg canvas so that
+    text can be measured before the figure is saved."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def timeline_figure(tl: Timeline, title: str, estimate_step: float, estimate_bubble: float):
-    """One row per pipeline rank (rank 0 on top); every op a box split by cause, outlined so
-    that each micro-batch is visible, with its micro-batch number where it fits."""
-    from matplotlib.patches import Patch
-
-    fig = _figure(min(24.0, 8 + 0.04 * len(tl.ops) / max(tl.pp, 1)), 1.6 + 0.45 * tl.pp)
-    ax = fig.add_subplot()
-    spans: dict[tuple[int, str], list[tuple[float, float]]] = {}
-    for op in tl.ops:
-        t = op.start
-        for kind, seconds in op.segments:
-            spans.setdefault((op.rank, kind), []).append((t, seconds))
-            t += seconds
-    for r, tail in enumerate(tl.tails):
-        for kind, start, seconds in tail:
-            spans.setdefault((r, kind), []).append((start, seconds))
-    for (r, kind), xs in spans.items():
-        ax.broken_barh(xs, (r - 0.4, 0.8), facecolors=KIND_COLOURS[kind], gid=f"{kind}-rank{r}")
-    # op outlines: one rectangle per pass, so adjacent micro-batches stay apart
-    for r in range(tl.pp):
-        mine = [(op.start, op.duration) for op in tl.ops if op.rank == r]
-        ax.broken_barh(mine, (r - 0.4, 0.8), facecolors="none", edgecolors="white", linewidths=0.6, gid=f"ops-rank{r}")
-    per_rank = len(tl.ops) / max(tl.pp, 1)
-    if per_rank <= 96:
-        for op in tl.ops:
-            ax.text(op.start + op.duration / 2, op.rank, str(op.micro_batch), ha="center", va="center",
-                    fontsize=6, color="white" if op.kind == "F" else "black")
-    ax.set_xlim(0, tl.step_time)
-    ax.set_ylim(tl.pp - 0.5, -0.5)
-    ax.set_yticks(range(tl.pp), [f"pp {r}" for r in range(tl.pp)])
-    ax.set_xlabel("seconds into the step")
-    ax.set_title(_wrap(
-        f"{title}\nstep {tl.step_time:.3g} s (estimate {estimate_step:.3g} s); pipeline bubble on rank "
-        f"{tl.bottleneck_rank}: {tl.bubble_share:.1%} of the step (estimate {estimate_bubble:.1%}); white = idle", fig),
-        fontsize=9,
-    )
-    used = [k for k in KIND_COLOURS if any(key[1] == k for key in spans)]
-    ax.legend(handles=[Patch(color=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in used],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    fig = Figure(figsize=(min(width, MAX_FIGURE_IN[0]), min(height, MAX_FIGURE_IN[1])), layout="constrained")
+    FigureCanvasAgg(fig)
     return fig
 
 
-def memory_figure(bars: list[dict[str, float]], capacity_gib: float, title: str):
-    """Stacked bars of GiB by kind per pipeline rank, against the device's memory."""
+def _extent(fig, text: str, size: float) -> tuple[float, float]:
+    """Width and height in pixels of `text` (lines included) at `size` points, as drawn."""
+    from matplotlib.text import Text
+
+    t = Text(0, 0, text, fontsize=size)
+    t.set_figure(fig)
+    box = t.get_window_extent(fig.canvas.get_renderer())
+    return box.width, box.height
+
+
+def _title(fig, text: str, size: float, left: bool = False) -> None:
+    """The figure's title, its lines wrapped until the drawn text fits the figure's width
+    (measured, as the renderer draws it), then smaller type if a line still does not."""
+    import textwrap
+
+    room = fig.bbox.width * 0.96
+    lines = text.split("\n")
+    chars = max(len(line) for line in lines)
+    while True:
+        wrapped = "\n".join(textwrap.fill(line, chars, break_on_hyphens=False) for line in lines)
+        width, _ = _extent(fig, wrapped, size)
+        if width <= room or (chars <= 12 and size <= 4):
+            break
+        if chars > 12:
+            chars = max(12, min(chars - 1, int(chars * room / width)))
+        else:
+            size -= 1
+    fig.suptitle(wrapped, fontsize=size, **({"x": 0.01, "ha": "left"} if left else {}))
+
+
+def _layout(fig) -> None:
+    """Lay the figure out now (the constrained layout that saving repeats), so that axes'
+    pixel sizes are known."""
+    fig.get_layout_engine().execute(fig)
+
+
+def timeline_figure(tl: Timeline, title: str, estimate_step: float, estimate_bubble: float, window: Window | None = None):
+    """One row per pipeline rank (rank 0 on top); every op a box split by cause, outlined so
+    that each micro-batch is visible, with its micro-batch number where it fits. `window`
+    (planner/pictures.py:window) crops the step to some ranks and micro-batches; passes of
+    other micro-batches that run inside it are drawn pale."""
     from matplotlib.patches import Patch
 
-    fig = _figure(max(5.0, 2.5 + 0.35 * len(bars)), 4.5)
+    win = window or Window.whole(tl)
+    ranks = win.ranks
+    ops = [op for op in tl.ops if op.rank in ranks and win.overlaps(op.start, op.duration)]
+    fig = _figure(min(TIMELINE_WIDTH_IN, 8 + 0.06 * len(ops) / len(ranks)), 1.6 + 0.45 * len(ranks))
+    ax = fig.add_subplot()
+    spans: dict[tuple[int, str, bool], list[tuple[float, float]]] = {}
+    for op in ops:
+        t = op.start
+        for kind, seconds in op.segments:
+            spans.setdefault((op.rank, kind, win.chosen(op)), []).append((t, seconds))
+            t += seconds
+    for r in ranks:
+        for kind, start, seconds in tl.tails[r]:
+            if win.overlaps(start, seconds):
+                spans.setdefault((r, kind, True), []).append((start, seconds))
+    for (r, kind, chosen), xs in spans.items():
+        ax.broken_barh(xs, (r - 0.4, 0.8), facecolors=KIND_COLOURS[kind], alpha=1.0 if chosen else PALE,
+                       gid=f"{kind}-rank{r}")
+    # op outlines: one rectangle per pass, so adjacent micro-batches stay apart
+    for r in ranks:
+        mine = [(op.start, op.duration) for op in ops if op.rank == r]
+        ax.broken_barh(mine, (r - 0.4, 0.8), facecolors="none", edgecolors="white", linewidths=0.6, gid=f"ops-rank{r}")
+    ax.set_xlim(win.start, win.end)
+    ax.set_ylim(ranks[-1] + 0.5, ranks[0] - 0.5)
+    ax.set_yticks(ranks, [f"pp {r}" for r in ranks], fontsize=10 if len(ranks) <= 32 else 8)
+    ax.set_xlabel("seconds into the step")
+    used = [k for k in KIND_COLOURS if any(key[1] == k for key in spans)]
+    ax.legend(handles=[Patch(color=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in used],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    zoom = "" if win.is_whole(tl) else f"\n{win.describe(tl)}; other micro-batches' passes pale"
+    _title(fig, f"{title}\nstep {tl.step_time:.3g} s (estimate {estimate_step:.3g} s); pipeline bubble on rank "
+                f"{tl.bottleneck_rank}: {tl.bubble_share:.1%} of the step (estimate {estimate_bubble:.1%}); white = idle"
+                + zoom, 9)
+    _label_ops(fig, ax, [op for op in ops if win.start <= op.start and op.end <= win.end], win)
+    return fig
+
+
+def _label_ops(fig, ax, ops, win: Window) -> None:
+    """Each op's micro-batch number where the widest of the numbers, as drawn, fits inside its
+    box: one width for every box, so that boxes of one length are all labelled or none is."""
+    if not ops:
+        return
+    _layout(fig)
+    (x0, y0), (x1, y1) = ax.transData.transform([(0.0, 0.0), (1.0, 1.0)])
+    width, height = _extent(fig, str(max(op.micro_batch for op in ops)), 6)
+    if height + 1 > 0.8 * abs(y1 - y0):
+        return
+    shortest = (width + 2) / abs(x1 - x0)  # seconds a box must last to hold the number
+    for op in ops:
+        if op.duration >= shortest:
+            ax.text(op.start + op.duration / 2, op.rank, str(op.micro_batch), ha="center", va="center", fontsize=6,
+                    color="white" if op.kind == "F" and win.chosen(op) else "black", clip_on=True, in_layout=False,
+                    gid=f"label-{op.kind}{op.stage}-{op.micro_batch}")
+
+
+def memory_figure(bars: list[dict[str, float]], capacity_gib: float, title: str):
+    """Stacked bars of GiB by kind per pipeline rank, against the device's memory, which is
+    labelled beside the axes (where no bar reaches); the legend below them."""
+    from matplotlib.patches import Patch
+
+    fig = _figure(max(5.0, 2.5 + 0.35 * len(bars)), 5.0)
     ax = fig.add_subplot()
     x = list(range(len(bars)))
     bottom = [0.0] * len(bars)
@@ -107,57 +168,66 @@ def memory_figure(bars: list[dict[str, float]], capacity_gib: float, title: str)
         ax.bar(x, heights, bottom=bottom, color=MEMORY_COLOURS[kind], width=0.8, gid=f"memory-{kind}")
         bottom = [a + h for a, h in zip(bottom, heights)]
     ax.axhline(capacity_gib, color="black", linestyle="--", linewidth=1)
-    ax.text(len(bars) - 0.5, capacity_gib, f" device {capacity_gib:g} GiB", va="bottom", ha="right", fontsize=8)
+    ax.annotate(f"device\n{capacity_gib:g} GiB", xy=(1.0, capacity_gib), xycoords=("axes fraction", "data"),
+                xytext=(4, 0), textcoords="offset points", ha="left", va="center", fontsize=8, annotation_clip=False)
     ax.set_xticks(x, [str(i) for i in x] if len(bars) <= 32 else [str(i) if i % 8 == 0 else "" for i in x])
     ax.set_xlabel("pipeline rank")
     ax.set_ylabel("GiB per GPU")
     ax.set_ylim(0, max(capacity_gib, max(bottom)) * 1.08)
-    ax.set_title(_wrap(f"{title}\npeak {max(bottom):.1f} GiB of {capacity_gib:g} GiB", fig), fontsize=9)
-    ax.legend(handles=[Patch(color=MEMORY_COLOURS[k], label=k.replace("_", " ")) for k in MEMORY_KINDS],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    fig.legend(handles=[Patch(color=MEMORY_COLOURS[k], label=k.replace("_", " ")) for k in MEMORY_KINDS],
+               loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    _title(fig, f"{title}\npeak {max(bottom):.1f} GiB of {capacity_gib:g} GiB", 9)
     return fig
 
 
 def placement_figure(pl: Placement, title: str):
     """Nodes as rows of GPU cells, each labelled with its rank and its (dp, tp, pp)
-    coordinates and coloured by pipeline rank; tensor-parallel groups that sit side by side
-    are outlined; the axes' degrees, strides and links are listed beside."""
-    from matplotlib.patches import Rectangle
-
+    coordinates (where the label fits) and coloured by pipeline rank; tensor-parallel groups
+    that sit side by side are outlined; the axes' degrees, strides and links are listed above."""
     n = len(pl.ranks)
     if n > MAX_PLACEMENT_RANKS:
         raise PlannerError(
             f"a placement picture of {n:,} ranks is unreadable (at most {MAX_PLACEMENT_RANKS:,}); "
             "`plan show` without --placement summarises it as text"
         )
-    g = pl.gpus_per_node
-    nodes = math.ceil(n / g)
-    cols = max(1, math.ceil(nodes / 32))  # node columns, 32 nodes per column at most
+    g = min(pl.gpus_per_node, n)  # cells a node row shows: a plan smaller than a node uses part of one
+    nodes = math.ceil(n / pl.gpus_per_node)
+    column_in = 0.9 * g + 1.2  # one column of nodes: g cells and the gap for node names
+    widest = max(1, int((MAX_FIGURE_IN[0] - 2.5) // column_in))  # columns that fit the widest figure
+    cols = max(1, min(math.ceil(nodes / 32), widest))  # 32 nodes a column until the width is used
     rows = math.ceil(nodes / cols)
-    fig = _figure(min(40.0, 3.5 + cols * (0.9 * g + 1.2)), min(60.0, 1.5 + 0.55 * rows))
+    fig = _figure(2.5 + cols * column_in, 1.5 + 0.55 * rows)
     ax = fig.add_subplot()
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab20"]
-    label_size = 6 if g <= 8 else 4
 
     def origin(node: int) -> tuple[float, float]:
         col, row = divmod(node, rows)
         return col * (g + 1.5), row
 
+    _placement_cells(ax, pl, origin)
+    lines = [f"{a['axis']} = {a['degree']}, stride {a['stride']}: {a['where']}" for a in pl.axes]
+    ax.set_xlim(-1.5, cols * (g + 1.5))  # 1.5 cells left of each node for its name
+    ax.set_ylim(rows + 0.2, -0.3)
+    ax.set_axis_off()
+    _title(fig, f"{title}\ncolour = pipeline rank; outlined = a tensor-parallel group on one node\n" + "\n".join(lines),
+           8, left=True)
+    _placement_labels(fig, ax, pl, nodes, origin)
+    return fig
+
+
+def _placement_cells(ax, pl: Placement, origin) -> None:
+    """A cell per rank coloured by pipeline rank; a black outline round each tensor-parallel
+    group whose ranks are consecutive GPUs of one node."""
+    from matplotlib import colormaps
+    from matplotlib.patches import Rectangle
+
+    cmap = colormaps["tab20"]
     for rk in pl.ranks:
         x0, y0 = origin(rk["node"])
-        x = x0 + rk["gpu"]
-        ax.add_patch(Rectangle((x, y0), 0.95, 0.9, facecolor=cmap(rk["pp"] % 20), edgecolor="white", linewidth=0.5))
-        ax.text(x + 0.475, y0 + 0.45, f"r{rk['rank']}\nd{rk['dp']} t{rk['tp']} p{rk['pp']}",
-                ha="center", va="center", fontsize=label_size, gid=f"rank-{rk['rank']}")
-    for node in range(nodes):
-        x0, y0 = origin(node)
-        ax.text(x0 - 0.2, y0 + 0.45, f"node {node}", ha="right", va="center", fontsize=7)
-    # outline TP groups whose ranks are consecutive GPUs of one node
-    groups: dict[tuple[int, int], list[dict]] = {}
+        ax.add_patch(Rectangle((x0 + rk["gpu"], y0), 0.95, 0.9, facecolor=cmap(rk["pp"] % 20), edgecolor="white",
+                               linewidth=0.5))
+    groups: dict[tuple[int, int, int], list[dict]] = {}  # a TP group: one (dp, cp, pp) coordinate
     for rk in pl.ranks:
-        groups.setdefault((rk["dp"], rk["pp"]), []).append(rk)
+        groups.setdefault((rk["dp"], rk["cp"], rk["pp"]), []).append(rk)
     for members in groups.values():
         nodes_of = {m["node"] for m in members}
         gpus = sorted(m["gpu"] for m in members)
@@ -165,13 +235,42 @@ def placement_figure(pl: Placement, title: str):
             x0, y0 = origin(members[0]["node"])
             ax.add_patch(Rectangle((x0 + gpus[0] - 0.03, y0 - 0.03), len(gpus) + 0.01, 0.96,
                                    fill=False, edgecolor="black", linewidth=1.2))
-    lines = [f"{a['axis']} = {a['degree']}, stride {a['stride']}: {a['where']}" for a in pl.axes]
-    ax.set_xlim(-2.2, cols * (g + 1.5))
-    ax.set_ylim(rows + 0.2, -0.3)
-    ax.set_axis_off()
-    ax.set_title(_wrap(f"{title}\ncolour = pipeline rank; outlined = a tensor-parallel group on one node\n" + "\n".join(lines), fig),
-                 fontsize=8, loc="left")
-    return fig
+
+
+def _rank_label(rk: dict, cp: bool) -> str:
+    return f"r{rk['rank']}\nd{rk['dp']} t{rk['tp']} p{rk['pp']}" + (f" c{rk['cp']}" if cp else "")
+
+
+def _placement_labels(fig, ax, pl: Placement, nodes: int, origin) -> None:
+    """Rank labels in their cells and node names in the gaps left of them, each in the largest
+    type (at most 6 and 7 points) at which the widest drawn label fits; none where even 4 points
+    does not."""
+    _layout(fig)
+    (x0, y0), (x1, y1) = ax.transData.transform([(0.0, 0.0), (1.0, 1.0)])
+    unit_w, unit_h = abs(x1 - x0), abs(y1 - y0)
+
+    def size_for(text: str, width: float, height: float, largest: int) -> int | None:
+        return next((s for s in range(largest, 3, -1) if _fits(fig, text, s, width, height)), None)
+
+    cp = any(rk["cp"] for rk in pl.ranks)  # context parallel: its coordinate too
+    labels = [_rank_label(rk, cp) for rk in pl.ranks]
+    widest = max(labels, key=len)
+    size = size_for(widest, 0.95 * unit_w, 0.9 * unit_h, 6)
+    if size is not None:
+        for rk, label in zip(pl.ranks, labels):
+            x, y = origin(rk["node"])
+            ax.text(x + rk["gpu"] + 0.475, y + 0.45, label, ha="center", va="center", fontsize=size,
+                    gid=f"rank-{rk['rank']}", in_layout=False)
+    size = size_for(f"node {nodes - 1}", 1.2 * unit_w, 0.9 * unit_h, 7)
+    if size is not None:
+        for node in range(nodes):
+            x, y = origin(node)
+            ax.text(x - 0.2, y + 0.45, f"node {node}", ha="right", va="center", fontsize=size, in_layout=False)
+
+
+def _fits(fig, text: str, size: float, width: float, height: float) -> bool:
+    w, h = _extent(fig, text, size)
+    return w + 2 <= width and h + 1 <= height
 
 
 def render(fig, fmt: str) -> bytes:

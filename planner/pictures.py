@@ -19,6 +19,9 @@ plus half the pipeline sends; a backward is the rest, with the recomputation fir
 stage's exposed per-micro-batch ZeRO traffic last. After its last op, each rank's exposed
 per-step data-parallel communication, then its optimizer step.
 
+A zoomed timeline (`plan show --micro-batches A-B --ranks A-B`) is a window of this one
+replay: the ranks and micro-batches chosen and the span of time their passes take (window).
+
 The estimate's pipeline time is the closed form sum_j S_j + (m - 1) max_j S_j (exact for
 equal stages); the replay is the schedule itself, so where stages differ the two may differ
 slightly, and `plan show` prints both.
@@ -191,6 +194,64 @@ def timeline(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, e
     return Timeline(pp, m, ops, tails, pipeline_end, step, est.bottleneck_pipeline_rank, busy)
 
 
+@dataclass(frozen=True)
+class Window:
+    """A part of one step's timeline: pipeline ranks and micro-batches (inclusive ranges,
+    numbered from 0 as the pictures number them) and the span of time from the first start
+    to the last end of their passes; from the step's start when micro-batch 0 is in it, to the
+    ranks' last optimizer step when the last micro-batch is."""
+
+    first_rank: int
+    last_rank: int
+    first_micro_batch: int
+    last_micro_batch: int
+    start: float
+    end: float
+
+    @classmethod
+    def whole(cls, tl: Timeline) -> "Window":
+        return window(tl)
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.last_rank + 1)
+
+    def chosen(self, op: Op) -> bool:
+        """Whether `op` is one of the window's passes (not another micro-batch's running inside it)."""
+        return op.rank in self.ranks and self.first_micro_batch <= op.micro_batch <= self.last_micro_batch
+
+    def overlaps(self, start: float, seconds: float) -> bool:
+        return start < self.end and start + seconds > self.start
+
+    def is_whole(self, tl: Timeline) -> bool:
+        return (self.first_rank, self.last_rank, self.first_micro_batch, self.last_micro_batch) == (
+            0, tl.pp - 1, 0, tl.num_micro_batches - 1)
+
+    def describe(self, tl: Timeline) -> str:
+        """The window in words, for a picture's title."""
+        def span(a: int, b: int) -> str:
+            return str(a) if a == b else f"{a}-{b}"
+
+        return (f"zoom: pipeline ranks {span(self.first_rank, self.last_rank)} of 0-{tl.pp - 1}, micro-batches "
+                f"{span(self.first_micro_batch, self.last_micro_batch)} of 0-{tl.num_micro_batches - 1}: "
+                f"{self.start:.3g}-{self.end:.3g} s of the {tl.step_time:.3g} s step")
+
+
+def window(tl: Timeline, micro_batches: tuple[int, int] | None = None, ranks: tuple[int, int] | None = None) -> Window:
+    """The part of the replayed step `tl` that `micro_batches` and `ranks` (first, last; all
+    when None) cover. The ranges must lie inside the plan (planner/cli/show.py checks them)."""
+    mb = micro_batches or (0, tl.num_micro_batches - 1)
+    rk = ranks or (0, tl.pp - 1)
+    if not (0 <= mb[0] <= mb[1] < tl.num_micro_batches and 0 <= rk[0] <= rk[1] < tl.pp):
+        raise ValueError(f"window micro-batches {mb}, ranks {rk} outside the plan")
+    chosen = [op for op in tl.ops if rk[0] <= op.rank <= rk[1] and mb[0] <= op.micro_batch <= mb[1]]
+    start = 0.0 if mb[0] == 0 else min(op.start for op in chosen)
+    end = max(op.end for op in chosen)
+    if mb[1] == tl.num_micro_batches - 1:
+        end = max([end] + [s + d for r in range(rk[0], rk[1] + 1) for _, s, d in tl.tails[r]])
+    return Window(rk[0], rk[1], mb[0], mb[1], start, end)
+
+
 MEMORY_KINDS = ("weights", "gradients", "optimizer_states", "activations", "temporary", "overhead")
 
 
@@ -235,4 +296,4 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
     return Placement(g, ranks, axes)
 
 
-__all__ = ["KINDS", "MEMORY_KINDS", "Op", "Placement", "Timeline", "memory_bars", "placement", "timeline"]
+__all__ = ["KINDS", "MEMORY_KINDS", "Op", "Placement", "Timeline", "Window", "memory_bars", "placement", "timeline", "window"]

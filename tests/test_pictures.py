@@ -4,6 +4,8 @@
   and the estimate's bubble share to 1% of the step over a matrix of plans;
 - the memory bars are the estimate's memory_gib_per_pipeline_rank;
 - the placement shows every rank once, at the coordinates torch's DeviceMesh gives it.
+That every picture is readable (nothing clipped or overlapping, zoom windows) is
+tests/test_picture_layout.py.
 """
 
 from __future__ import annotations

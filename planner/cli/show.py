@@ -1,11 +1,15 @@
 """`plan show`: a plan as pictures. In the terminal a compact text version (the schedule of
 one step per pipeline rank, memory per pipeline rank, the axes' placement and links); with
 --timeline / --memory / --placement FILE, SVG or PNG pictures by the file's extension
-(matplotlib, the `plot` extra). The numbers come from planner/pictures.py."""
+(matplotlib, the `plot` extra); --micro-batches A-B / --ranks A-B zoom both timelines to a
+window of the same replay (planner/pictures.py:window). The numbers come from
+planner/pictures.py."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -37,27 +41,35 @@ _LISTED_RANKS = 16
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Draw the schedule of one step to FILE (.svg or .png).")
 @click.option("--memory", type=click.Path(dir_okay=False), help="Draw memory per pipeline rank to FILE (.svg or .png).")
 @click.option("--placement", type=click.Path(dir_okay=False), help="Draw ranks on nodes with their groups and links to FILE (.svg or .png).")
+@click.option("--micro-batches", "micro_batches", metavar="A-B",
+              help="Zoom the timeline (picture and text) to micro-batches A to B (numbered from 0, as the picture labels "
+                   "them): the span of time their passes take; other micro-batches' passes in it are drawn pale.")
+@click.option("--ranks", metavar="A-B", help="Zoom the timeline (picture and text) to pipeline ranks A to B (pp A to pp B).")
 @click.option("--json", "as_json", is_flag=True, help="Print the pictures' numbers as one JSON object.")
 def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], memory: Optional[str],
-         placement: Optional[str], as_json: bool) -> None:
+         placement: Optional[str], micro_batches: Optional[str], ranks: Optional[str], as_json: bool) -> None:
     """Pictures of a plan: its pipeline schedule, memory per GPU and placement of ranks."""
     files = {k: v for k, v in (("timeline", timeline), ("memory", memory), ("placement", placement)) if v is not None}
+    mb_range, rank_range = _parse_range("--micro-batches", micro_batches), _parse_range("--ranks", ranks)
     _check_files(files, plan_file)
     doc = read_plan_file(Path(plan_file), alternative)
     model, cluster, job, plan = doc.model, doc.cluster, doc.job, doc.plan
     check_plan(plan, model, job, doc.num_gpus)
+    _check_range("--micro-batches", micro_batches, mb_range, plan.num_micro_batches, "micro-batches")
+    _check_range("--ranks", ranks, rank_range, plan.pp, "pipeline ranks")
     est = run_estimate(model, cluster, job, plan)
     tl = pictures.timeline(model, cluster, job, plan, est)
+    win = pictures.window(tl, mb_range, rank_range)
     bars = pictures.memory_bars(est)
     pl = pictures.placement(plan, cluster)
-    title = f"{model.name} on {doc.num_gpus} x {cluster.name}: {render.plan_summary(plan)}"
+    title = picture_title(doc)
     est_bubble = est.time_breakdown_s.pipeline_bubble / est.step_time_s
 
     if files:
         from planner import draw
 
         figures = {
-            "timeline": lambda: draw.timeline_figure(tl, title, est.step_time_s, est_bubble),
+            "timeline": lambda: draw.timeline_figure(tl, title, est.step_time_s, est_bubble, win),
             "memory": lambda: draw.memory_figure(bars, est.memory_capacity_gib, title),
             "placement": lambda: draw.placement_figure(pl, title),
         }
@@ -65,15 +77,39 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
         for k, f in files.items():  # every picture drawn before any is written
             write_atomic(f, rendered[k])
     if as_json:
-        click.echo(json.dumps(_document(tl, est, est_bubble, bars, pl), indent=2))
+        click.echo(json.dumps(_document(tl, win, est, est_bubble, bars, pl), indent=2))
         return
     console = render.console
     console.print(title, highlight=False)
-    _text_timeline(console, tl, est.step_time_s, est_bubble)
+    _text_timeline(console, tl, win, est.step_time_s, est_bubble)
     _text_memory(console, bars, est.memory_capacity_gib)
     _text_placement(console, pl)
     for k, f in files.items():
         console.print(f"wrote the {k} picture to {f}", highlight=False)
+
+
+def picture_title(doc) -> str:
+    """What every picture of the plan document `doc` is titled (and the terminal's first line)."""
+    return f"{doc.model.name} on {doc.num_gpus} x {doc.cluster.name}: {render.plan_summary(doc.plan)}"
+
+
+def _parse_range(option: str, text: Optional[str]) -> Optional[tuple[int, int]]:
+    """`A-B` (or one number `A`) as (A, B), before any work."""
+    if text is None:
+        return None
+    found = re.fullmatch(r"\s*(\d{1,18})\s*(?:-\s*(\d{1,18})\s*)?", text)
+    if found is None:
+        raise UsageError(f"{option} {text}: give a range A-B of numbers from 0 (or one number), e.g. {option} 0-3")
+    first, last = int(found[1]), int(found[2] if found[2] is not None else found[1])
+    if first > last:
+        raise UsageError(f"{option} {text}: the range runs backwards; give A-B with A <= B, e.g. {option} {last}-{first}")
+    return first, last
+
+
+def _check_range(option: str, text: Optional[str], span: Optional[tuple[int, int]], count: int, what: str) -> None:
+    if span is not None and span[1] >= count:
+        raise UsageError(f"{option} {text}: the plan has {count} {what}, numbered 0-{count - 1}; "
+                         "give a range inside them")
 
 
 def _check_files(files: dict, plan_file: str) -> None:
@@ -93,9 +129,12 @@ def _check_files(files: dict, plan_file: str) -> None:
         require_matplotlib()
 
 
-def _document(tl: pictures.Timeline, est, est_bubble: float, bars, pl: pictures.Placement) -> dict:
+def _document(tl: pictures.Timeline, win: pictures.Window, est, est_bubble: float, bars, pl: pictures.Placement) -> dict:
+    zoom = {} if win.is_whole(tl) else {"window": {
+        "pipeline_ranks": [win.first_rank, win.last_rank], "micro_batches": [win.first_micro_batch, win.last_micro_batch],
+        "start_s": win.start, "end_s": win.end}}
     return {
-        "timeline": {
+        "timeline": {**zoom,
             "step_time_s": tl.step_time,
             "estimate_step_time_s": est.step_time_s,
             "pipeline_end_s": tl.pipeline_end,
@@ -114,42 +153,55 @@ def _document(tl: pictures.Timeline, est, est_bubble: float, bars, pl: pictures.
     }
 
 
-def _text_timeline(console: Console, tl: pictures.Timeline, est_step: float, est_bubble: float) -> None:
+def _text_timeline(console: Console, tl: pictures.Timeline, win: pictures.Window, est_step: float, est_bubble: float) -> None:
     width = max(20, min(200, console.width - 9))
-    dt = tl.step_time / width
     console.print(
         f"\nSchedule of one step ({tl.step_time:.3g} s, estimate {est_step:.3g} s): pipeline bubble on rank "
         f"{tl.bottleneck_rank} = {tl.bubble_share:.1%} of the step (estimate {est_bubble:.1%})", highlight=False,
     )
-    rows = []
-    for r in range(tl.pp):
-        fill = [dict() for _ in range(width)]
-
-        def add(kind_char: str, start: float, seconds: float, fill=fill) -> None:
-            a, b = start / dt, (start + seconds) / dt
-            i = int(a)
-            while i < min(width, b):
-                fill[i][kind_char] = fill[i].get(kind_char, 0.0) + min(b, i + 1) - max(a, i)
-                i += 1
-
-        for op in (o for o in tl.ops if o.rank == r):
-            t = op.start
-            for kind, seconds in op.segments:
-                ch = _CHARS[kind]
-                if kind in ("forward", "backward") and op.micro_batch % 2:
-                    ch = ch.lower()
-                add(ch, t, seconds)
-                t += seconds
-        for kind, start, seconds in tl.tails[r]:
-            add(_CHARS[kind], start, seconds)
-        line = "".join(max(f, key=f.get) if f and sum(f.values()) >= 0.5 else "." for f in fill)
-        rows.append(f"pp {r:<3}|{line}|")
-    for row in rows:
-        console.print(row, highlight=False, markup=False)
+    if not win.is_whole(tl):
+        console.print(f"{win.describe(tl)} (other micro-batches' passes in it shown too)", highlight=False)
+    passes = 0
+    for r in win.ranks:
+        line, count = _text_row(tl, win, r, width)
+        passes = max(passes, count)
+        console.print(f"pp {r:<3}|{line}|", highlight=False, markup=False)
     console.print(
         "F/f forward, B/b backward (case alternates by micro-batch), R recompute, c TP/pipeline communication, "
         "d exposed DP/ZeRO, o optimizer, . idle", highlight=False, style="dim",
     )
+    if 2 * passes > width:  # a pass narrower than two characters: neighbours run together
+        console.print(
+            f"{passes} passes on a row of {width} characters run together: draw them with --timeline FILE, or zoom "
+            f"with --micro-batches A-B (0-{tl.num_micro_batches - 1}) or --ranks A-B (0-{tl.pp - 1})", highlight=False,
+        )
+
+
+def _text_row(tl: pictures.Timeline, win: pictures.Window, rank: int, width: int) -> tuple[str, int]:
+    """One pipeline rank's row over the window, one character per time bin (the cause that fills
+    most of it), and how many passes it shows."""
+    dt = (win.end - win.start) / width
+    fill: list[dict[str, float]] = [dict() for _ in range(width)]
+
+    def add(kind_char: str, start: float, seconds: float) -> None:
+        a, b = (start - win.start) / dt, (start + seconds - win.start) / dt
+        i = max(0, math.floor(a))
+        while i < min(width, b):
+            fill[i][kind_char] = fill[i].get(kind_char, 0.0) + min(b, i + 1) - max(a, i)
+            i += 1
+
+    ops = [o for o in tl.ops if o.rank == rank and win.overlaps(o.start, o.duration)]
+    for op in ops:
+        t = op.start
+        for kind, seconds in op.segments:
+            ch = _CHARS[kind]
+            if kind in ("forward", "backward") and op.micro_batch % 2:
+                ch = ch.lower()
+            add(ch, t, seconds)
+            t += seconds
+    for kind, start, seconds in tl.tails[rank]:
+        add(_CHARS[kind], start, seconds)
+    return "".join(max(f, key=f.get) if f and sum(f.values()) >= 0.5 else "." for f in fill), len(ops)
 
 
 def _text_memory(console: Console, bars, capacity: float) -> None:
