@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # 1.1: a pipeline rank is called so (`pipeline_rank`, `memory_gib_per_pipeline_rank`,
 # `bottleneck_pipeline_rank`, `pipeline_ranks`); "stage" means a virtual pipeline stage only.
 # Readers still accept the 1.0 names (_renamed below).
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 
 class _Spec(BaseModel):
@@ -1041,18 +1041,32 @@ class TimeComparison(_Spec):
 
 
 class Verification(_Spec):
-    """The distributed run against a single-process reference."""
+    """The distributed run against a single-process reference in float64
+    (planner/executor/verify.py): at step 0 within `tolerance`; later, within `tolerance` plus
+    `sensitivity` times the drift that fp32 rounding alone produces, measured as the same
+    reference run in fp32 against the float64 one."""
 
     model_config = ConfigDict(**{**_Spec.model_config, "allow_inf_nan": True})  # a diverged run reports NaN losses
 
-    passed: bool = Field(description="Every step's loss and gradient norm within the tolerance.")
-    tolerance: float = Field(description="Largest relative difference accepted.")
+    passed: bool = Field(description="The layout is the plan's, every step's loss and gradient norm and step 0's per-parameter gradient norms are within what is allowed.")
+    tolerance: float = Field(description="Relative difference allowed at step 0 (the same weights on both sides), and the floor of every later step's allowance.")
+    sensitivity: float = Field(default=0.0, description="Multiple of the fp32 reference's drift allowed on top of the tolerance after step 0. (schema 1.5)")
     losses: list[float] = Field(description="Mean loss over the global batch at every step, distributed run.")
-    reference_losses: list[float] = Field(description="The same from one process with the whole batch.")
+    reference_losses: list[float] = Field(description="The same from one process with the whole batch, in float64.")
     grad_norms: list[float] = Field(description="Global gradient norm at every step (all shards and stages), distributed run.")
-    reference_grad_norms: list[float] = Field(description="The same from the single-process reference.")
+    reference_grad_norms: list[float] = Field(description="The same from the single-process reference (float64).")
+    fp32_reference_losses: list[float] = Field(default_factory=list, description="The reference's losses run in fp32. (schema 1.5)")
+    fp32_reference_grad_norms: list[float] = Field(default_factory=list, description="The reference's gradient norms run in fp32.")
+    reference_drift_losses: list[float] = Field(default_factory=list, description="Relative loss difference of the fp32 reference from the float64 one, every step: what rounding alone does.")
+    reference_drift_grad_norms: list[float] = Field(default_factory=list, description="The same for the global gradient norm.")
+    allowed_loss_rel_error: list[float] = Field(default_factory=list, description="Relative loss difference allowed at every step.")
+    allowed_grad_norm_rel_error: list[float] = Field(default_factory=list, description="Relative gradient-norm difference allowed at every step.")
     max_loss_rel_error: float = Field(description="Largest relative loss difference over the steps.")
     max_grad_norm_rel_error: float = Field(description="Largest relative gradient-norm difference over the steps.")
+    parameters_checked: int = Field(default=0, description="Parameters whose gradient norm was compared one by one at step 0 (the same weights on both sides). (schema 1.5)")
+    max_param_grad_rel_error: float = Field(default=0.0, description="Largest relative difference of one parameter's gradient norm at step 0 (relative to the larger of its own and 1e-3 x the global norm).")
+    allowed_param_grad_rel_error: float = Field(default=0.0, description="What step 0 allows one parameter's gradient norm.")
+    worst_parameter: Optional[str] = Field(default=None, description="The parameter of that largest difference.")
     message: str = Field(description="One line: what matched, or the first step that did not.")
 
 

@@ -36,9 +36,12 @@ def plan_doc(model_file: Path, gpus: int, global_batch: int, seq_len: int, optio
     return json.loads(res.stdout)
 
 
-def run_batch(tmp_path: Path, docs: list[dict], nproc: int) -> list[dict]:
-    """Run every plan document on `nproc` processes (3 steps, 1 warm-up); their reports."""
-    items = [{k: doc[k] for k in ("model", "job", "plan")} | {"steps": 3, "warmup": 1} for doc in docs]
+def run_batch(tmp_path: Path, docs: list[dict], nproc: int, steps: int = 3) -> list[dict]:
+    """Run every plan document on `nproc` processes (`steps` steps, 1 warm-up); their reports.
+    A document's `seed`, `learning_rate` and `fault` (planner/executor/batch.py) go along."""
+    extra = ("seed", "learning_rate", "fault")
+    items = [{k: doc[k] for k in ("model", "job", "plan")} | {k: doc[k] for k in extra if k in doc} | {"steps": steps, "warmup": 1}
+             for doc in docs]
     src, out = tmp_path / "cases.json", tmp_path / "reports.json"
     src.write_text(json.dumps(items))
     proc = subprocess.run(

@@ -284,7 +284,11 @@ class StageModule(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    """Mean next-token cross-entropy, in fp32 at least (float64 logits stay float64: the
+    verifier's exact reference)."""
+    if logits.dtype != torch.float64:
+        logits = logits.float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def synthetic_batch(spec: ModelSpec, batch: int, seq_len: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

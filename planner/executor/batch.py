@@ -4,7 +4,8 @@
 
 CASES.json is a list of objects with `model`, `job`, `plan` (as in a plan file), `cluster`
 (a preset name or a hardware-profile object) and optionally `steps`, `warmup`, `seed`,
-`tolerance`. REPORTS.json receives the list of RunReports, in order. Worker start-up
+`learning_rate`, `tolerance` and `fault` (an error to inject, planner.executor.train.FAULTS: the
+verifier's own tests). REPORTS.json receives the list of RunReports, in order. Worker start-up
 (importing torch) is paid once for the whole list. Exit codes as `plan`: 2 bad input,
 1 a failure, 0 otherwise (verdicts are in the reports).
 """
@@ -16,7 +17,7 @@ import json
 import sys
 
 from planner.datafile import write_atomic
-from planner.errors import PlannerError
+from planner.errors import PlannerError, UsageError
 from planner.executor.prepare import prepare_case
 from planner.executor.runner import RunOptions, run_plans
 from planner.executor.verify import DEFAULT_TOLERANCE
@@ -32,6 +33,14 @@ def _cluster(value) -> ClusterSpec:
     return ClusterSpec.model_validate(value)
 
 
+def _fault(name):
+    from planner.executor.train import FAULTS
+
+    if name is not None and name not in FAULTS:
+        raise UsageError(f"fault {name!r}: expected one of {', '.join(FAULTS)}")
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases")
@@ -45,12 +54,15 @@ def main(argv: list[str] | None = None) -> int:
             prepare_case(
                 ModelSpec.model_validate(it["model"]), JobSpec.model_validate(it["job"]), Plan.model_validate(it["plan"]),
                 steps=it.get("steps", 4), warmup=it.get("warmup", 1), seed=it.get("seed", 0),
+                learning_rate=it.get("learning_rate", 1e-3),
             )
             for it in items
         ]
         clusters = [_cluster(it.get("cluster", "dgx-a100-80gb")) for it in items]
         tolerance = min(it.get("tolerance", DEFAULT_TOLERANCE) for it in items)
-        reports = run_plans(cases, clusters, LaunchSpec(nproc_per_node=args.nproc_per_node), RunOptions(tolerance, args.timeout))
+        faults = tuple(_fault(it.get("fault")) for it in items)
+        options = RunOptions(tolerance, args.timeout, faults=faults)
+        reports = run_plans(cases, clusters, LaunchSpec(nproc_per_node=args.nproc_per_node), options)
     except PlannerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

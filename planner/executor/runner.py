@@ -17,7 +17,7 @@ from cost_models.estimate import estimate as predict
 from cost_models.memory import GIB
 from planner.errors import UsageError
 from planner.executor.prepare import RunCase, check_world, fp8_problem
-from planner.executor.verify import DEFAULT_TOLERANCE, compare, reference_run
+from planner.executor.verify import DEFAULT_TOLERANCE, Trajectory, compare, reference_runs
 from planner.distributed.launch import LaunchSpec, inside_launcher
 from planner.specs import (
     ClusterSpec,
@@ -35,6 +35,7 @@ class RunOptions:
     tolerance: float = DEFAULT_TOLERANCE
     timeout_s: float = 120.0  # process-group timeout
     backend: str = "auto"
+    faults: tuple[Optional[str], ...] = ()  # per case, injected errors (planner.executor.train.FAULTS; tests only)
 
 
 def launch_world(spec: LaunchSpec) -> tuple[int, str]:
@@ -67,15 +68,16 @@ def run_plans(
         key = _reference_key(case)
         if key not in references:
             if progress is not None:
-                progress(len(references), distinct, "single-process reference run")
-            references[key] = reference_run(case)
-        ref_losses, ref_norms = references[key]
+                progress(len(references), distinct, "single-process reference runs (float64 and fp32)")
+            references[key] = reference_runs(case)
+        exact, rounded, names = references[key]
         run = RunSettings(
             steps=case.steps, warmup_steps=case.warmup, seed=case.seed, learning_rate=case.learning_rate,
             world_size=world, nnodes=spec.nnodes, backend=backend, device=device, timeout_s=options.timeout_s,
             changes=list(case.notes),
         )
-        verification = compare(result.losses, result.grad_norms, ref_losses, ref_norms, options.tolerance)
+        verification = compare(Trajectory(result.losses, result.grad_sq), exact, rounded, names, options.tolerance,
+                               layout_problem(case, result.ranks))
         file = plan_files[i] if plan_files else None
         reports.append(build_report(case, clusters[i], run, result.ranks, verification, file))
     return reports
@@ -84,6 +86,18 @@ def run_plans(
 def _reference_key(case: RunCase) -> tuple:
     """Cases with the same key share one single-process reference run."""
     return case.model.model_dump_json(), case.job.model_dump_json(), case.steps, case.seed, case.learning_rate
+
+
+def layout_problem(case: RunCase, ranks: list[RankMeasurement]) -> Optional[str]:
+    """Each rank must hold the layers of its virtual stages under the plan's split (a layer on
+    the wrong stage computes the same function: only the split shows it)."""
+    counts = case.plan.stage_layers(case.model.num_layers)
+    for r in sorted(ranks, key=lambda r: r.rank):
+        want = sum(counts[j] for j in r.virtual_stages)
+        if r.layers != want:
+            return (f"rank {r.rank} (pipeline rank {r.pp_rank}, stages {r.virtual_stages}) ran {r.layers} layers, "
+                    f"the plan's split {counts} gives it {want}")
+    return None
 
 
 def _launch_workers(cases: list[RunCase], spec: LaunchSpec, options: RunOptions, progress) -> dict:
@@ -97,7 +111,8 @@ def _launch_workers(cases: list[RunCase], spec: LaunchSpec, options: RunOptions,
         if progress is not None and not inside_launcher():
             fd, path = tempfile.mkstemp(prefix="plan-run-", suffix=".progress")
             os.close(fd)
-        settings = WorkerSettings(backend=options.backend, timeout_s=options.timeout_s, progress_path=path)
+        settings = WorkerSettings(backend=options.backend, timeout_s=options.timeout_s, progress_path=path,
+                                  faults=options.faults)
         with follow_progress(path, progress):
             return launch(spec, run_worker, cases, settings)
     finally:

@@ -4,15 +4,23 @@
 (a mesh per plan), which saves the seconds each launch spends importing torch. Every rank
 returns every rank's results (gathered), so each node's launcher can report the whole run.
 
-Fault injection for tests (environment, read by the worker): PLAN_RUN_FAIL_RANK=r makes
-rank r fail at the start of step PLAN_RUN_FAIL_STEP (default 1) in the way
-PLAN_RUN_FAIL_MODE says: "raise" (an exception, the default), "exit" (the process dies with
-exit code 3) or "hang" (it stops answering; the others time out).
+Every step reports the loss and each parameter's squared gradient norm (all shards and
+stages summed, in the order of the single-process model's parameters: planner.executor.verify
+compares them one by one).
+
+Fault injection, for tests only:
+- Rank failures (environment, read by the worker): PLAN_RUN_FAIL_RANK=r makes rank r fail at
+  the start of step PLAN_RUN_FAIL_STEP (default 1) in the way PLAN_RUN_FAIL_MODE says: "raise"
+  (an exception, the default), "exit" (the process dies with exit code 3) or "hang" (it stops
+  answering; the others time out).
+- Wrong arithmetic (WorkerSettings.faults, one entry per case; benchmarks/verifier_sweep.py and
+  tests/test_verify.py check that the verifier catches each): see FAULTS.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import warnings
@@ -25,11 +33,21 @@ from planner.executor.prepare import RunCase
 from planner.specs import MemoryBytes, RankMeasurement
 
 
+# Injected errors, each one a bug a parallel layout can have (the verifier must catch all):
+FAULTS = {
+    "drop-grad-shard": "the last rank's gradient of one parameter (its shard, or its replica) is lost before the step",
+    "grad-scale": "gradients are summed over the replicas instead of averaged (x dp x cp, or x 2 with one replica)",
+    "wrong-stage": "one layer runs on the neighbouring pipeline stage (the split between stages 0 and 1 is off by one)",
+    "micro-batch": "micro-batches are read one late: the step's first is never seen, the last is read twice",
+}
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     backend: str = "auto"  # gloo on CPU, nccl on CUDA
     timeout_s: float = 120.0  # process-group timeout: a rank that stops answering fails the others after this
     progress_path: Optional[str] = None  # where the node's first worker reports each step (launch.report_progress)
+    faults: tuple[Optional[str], ...] = ()  # per case: a FAULTS key to inject (tests only), or None
 
 
 @dataclass(frozen=True)
@@ -37,8 +55,13 @@ class CaseResult:
     """One plan's outcome, identical on every rank after the gather."""
 
     losses: list[float]  # mean loss over the global batch, every step
-    grad_norms: list[float]  # global gradient norm (all shards, all stages), every step
+    grad_sq: list[list[float]]  # every step: each parameter's squared gradient norm, all shards and stages
     ranks: list[RankMeasurement]
+
+    @property
+    def grad_norms(self) -> list[float]:
+        """Global gradient norm (all parameters) of every step."""
+        return [math.sqrt(sum(step)) for step in self.grad_sq]
 
 
 @record
@@ -63,11 +86,12 @@ def run_worker(cases: list[RunCase], settings: WorkerSettings) -> list[CaseResul
 
     try:
         results = []
-        for case in cases:
-            losses, norms, mine = train_case(case, device, step_done)
+        for i, case in enumerate(cases):
+            fault = settings.faults[i] if i < len(settings.faults) else None
+            losses, grad_sq, mine = train_case(case, device, step_done, fault)
             everyone: list = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
-            results.append(CaseResult(losses, norms, everyone))
+            results.append(CaseResult(losses, grad_sq, everyone))
         dist.barrier()
         return results
     finally:
@@ -87,41 +111,67 @@ def _maybe_fail(step: int) -> None:
     raise RuntimeError(f"injected failure at step {step} (PLAN_RUN_FAIL_RANK={rank})")
 
 
-def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: None) -> tuple[list[float], list[float], RankMeasurement]:
-    """Build, parallelize and train one plan on this rank; returns losses, gradient norms
-    (both global) and this rank's measurements. `step_done()` after each step."""
-    import torch.distributed as dist
+@dataclass
+class _Layout:
+    """One plan laid out on this rank: what a step runs and what the verifier reads."""
 
+    where: object  # parallelize.RankPlace
+    wrapped: dict  # virtual stage -> its (data-parallel wrapped) module
+    optimizer: object
+    step_fn: Callable
+    context: object  # ContextParallel, or None
+    experts: object  # ExpertParallel, or None
+    blocks: list  # this rank's transformer blocks
+    names: list[str]  # the single-process model's parameter names (every rank has all of them)
+    slots: list[tuple[int, object]]  # (index in names, parameter) of each parameter this rank holds
+
+
+def _lay_out(case: RunCase, device, fault: Optional[str]) -> _Layout:
+    """planner.executor.parallelize's steps, in their order, for one plan on this rank."""
     from planner.executor import parallelize as par
     from planner.executor.context import apply_context_parallel
     from planner.executor.experts import apply_expert_parallel
-    from planner.executor.memory import MemoryMeter
     from planner.distributed.reference_model import build_model
 
     plan, spec = case.plan, case.model
     mesh = par.build_mesh(plan, device.type)
     where = par.place(mesh, plan)
     model = build_model(spec, seed=case.seed, tie=case.tie).to(device)
-    stages = par.split_pipeline(model, plan, where.stages)
+    names = _tag_modules(model)
+    split = _misplaced(plan, spec.num_layers) if fault == "wrong-stage" else plan
+    stages = par.split_pipeline(model, split, where.stages)
     del model  # layers of other stages go with it
     context = apply_context_parallel(stages, plan, mesh, case.job.seq_len, device)  # None unless cp > 1
     experts = apply_expert_parallel(stages, plan, mesh)  # None unless ep > 1
     if plan.tp > 1:
         for stage in stages.values():
             par.apply_tensor_parallel(stage, mesh["tp"], plan.sequence_parallel)
-    par.apply_recompute(stages, plan, spec.num_layers)
+    par.apply_recompute(stages, split, spec.num_layers)
     blocks = [b for s in stages.values() for b in s.layers]
     wrapped = {j: par.apply_data_parallel(s, plan, mesh, experts) for j, s in stages.items()}
     optimizer = par.build_optimizer(wrapped.values(), plan, mesh, case.learning_rate, experts)
-    meter = MemoryMeter(list(wrapped.values()), optimizer, device)
-    if plan.dp * plan.cp > 1 and plan.zero_stage >= 2:  # FSDP2 gathers parameters in forward: sample them there
-        meter.watch_blocks(blocks)
     step_fn = _pipeline_step(wrapped, case, mesh, device) if plan.pp > 1 else _local_step(wrapped[0], plan)
     if experts is not None:
         step_fn = _then(step_fn, experts.reduce_gradients)  # the experts' own gradient reduction, timed with the step
-    params = par.unique_parameters(wrapped.values())
+    return _Layout(where, wrapped, optimizer, step_fn, context, experts, blocks, names, _slots(wrapped.values(), names))
 
-    losses, norms, times = [], [], []
+
+def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: None,
+               fault: Optional[str] = None) -> tuple[list[float], list[list[float]], RankMeasurement]:
+    """Build, parallelize and train one plan on this rank; returns the losses and the
+    per-parameter squared gradient norms (both global) of every step and this rank's
+    measurements. `step_done()` after each step; `fault` injects one of FAULTS."""
+    import torch.distributed as dist
+
+    from planner.executor.memory import MemoryMeter
+
+    plan = case.plan
+    lay = _lay_out(case, device, fault)
+    meter = MemoryMeter(list(lay.wrapped.values()), lay.optimizer, device)
+    if plan.dp * plan.cp > 1 and plan.zero_stage >= 2:  # FSDP2 gathers parameters in forward: sample them there
+        meter.watch_blocks(lay.blocks)
+
+    losses, grad_sq, times = [], [], []
     meter.start()
     for step in range(case.steps):
         _maybe_fail(step)
@@ -129,28 +179,87 @@ def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: No
         # Memory is counted on the warm-up steps (same shapes as every step): its hooks cost
         # 3-8% of a small model's step, so timed steps run without them (unless no warm-up).
         meter.counting = not timed or case.warmup == 0
-        tokens, targets = _replica_batch(case, step, where.dp, device)
-        if context is not None:  # this rank's chunks of every sequence
-            tokens, targets = context.split(tokens), context.split(targets)
+        tokens, targets = _replica_batch(case, step, lay.where.dp, device, fault == "micro-batch")
+        if lay.context is not None:  # this rank's chunks of every sequence
+            tokens, targets = lay.context.split(tokens), lay.context.split(targets)
         meter.activations.begin_step()
         dist.barrier()
         t0 = _now(device)
         with meter.activations.hooks() if meter.counting else contextlib.nullcontext():
-            local_loss = step_fn(tokens, targets)
+            local_loss = lay.step_fn(tokens, targets)
         t1 = _now(device)
+        _inject(fault, lay.slots, plan, step)
         meter.sample_gradients()
-        loss, norm = _global_loss_and_norm(local_loss, params, plan, device, experts)
+        loss, squares = _global_loss_and_squares(local_loss, lay, plan, device)
         t2 = _now(device)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        lay.optimizer.step()
+        lay.optimizer.zero_grad(set_to_none=True)
         if timed:
             times.append(t1 - t0 + _now(device) - t2)
         meter.sample_optimizer()
         meter.sample_weights()
         losses.append(loss)
-        norms.append(norm)
+        grad_sq.append(squares)
         step_done()
-    return losses, norms, _measurement(case, where, times, meter, blocks)
+    return losses, grad_sq, _measurement(case, lay.where, times, meter, lay.blocks)
+
+
+def _tag_modules(model) -> list[str]:
+    """Mark every module with its name in the single-process model (the wrappers keep the
+    modules, not always their parameter objects) and return the model's parameter names, in
+    the reference's order (a tied weight once, under its first name)."""
+    for name, module in model.named_modules():
+        module._reference_name = name
+    return [name for name, _ in model.named_parameters()]
+
+
+def _slots(modules, names: list[str]) -> list[tuple[int, object]]:
+    """(index in `names`, parameter) of every parameter this rank holds, each once."""
+    index = {name: i for i, name in enumerate(names)}
+    seen, out = set(), []
+    for top in modules:
+        for module in top.modules():
+            prefix = getattr(module, "_reference_name", None)
+            if prefix is None:
+                continue
+            for pname, p in module.named_parameters(recurse=False):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                key = f"{prefix}.{pname}" if prefix else pname
+                if key not in index:
+                    raise RuntimeError(f"parameter {key} is not one of the single-process model's")
+                out.append((index[key], p))
+    held = {id(p) for top in modules for p in top.parameters()}
+    if held != seen:
+        raise RuntimeError(f"{len(held - seen)} of this rank's parameters belong to no module of the single-process model")
+    return out
+
+
+def _misplaced(plan, num_layers: int):
+    """The plan with one layer moved across the boundary of stages 0 and 1 (fault 'wrong-stage')."""
+    counts = plan.stage_layers(num_layers)
+    if len(counts) < 2:
+        raise RuntimeError("fault 'wrong-stage' needs two pipeline stages")
+    give, take = (1, 0) if counts[1] > 1 else (0, 1)
+    counts[give] -= 1
+    counts[take] += 1
+    return plan.model_copy(update={"layers_per_stage": counts, "stage_recompute": None})
+
+
+def _inject(fault: Optional[str], slots, plan, step: int) -> None:
+    """Faults that corrupt gradients, after backward and before the norm and the step."""
+    import torch.distributed as dist
+
+    from planner.executor.memory import local
+
+    held = [(i, p) for i, p in slots if p.grad is not None]
+    if fault == "grad-scale":
+        for _, p in held:
+            local(p.grad).mul_(max(2, plan.dp * plan.cp))
+    elif fault == "drop-grad-shard" and dist.get_rank() == dist.get_world_size() - 1 and held:
+        _, p = held[(step * 7 + len(held) // 2) % len(held)]  # a different parameter each step
+        local(p.grad).zero_()
 
 
 def _now(device) -> float:
@@ -161,15 +270,20 @@ def _now(device) -> float:
     return time.perf_counter()
 
 
-def _replica_batch(case: RunCase, step: int, dp_rank: int, device):
-    """This data-parallel replica's slice of the step's global batch (the reference sees all of it)."""
+def _replica_batch(case: RunCase, step: int, dp_rank: int, device, one_late: bool = False):
+    """This data-parallel replica's slice of the step's global batch (the reference sees all
+    of it). `one_late`: fault 'micro-batch', every micro-batch read from the next one's place."""
+    import torch
+
     from planner.distributed.reference_model import synthetic_batch
 
     plan = case.plan
     tokens, targets = synthetic_batch(case.model, case.job.global_batch_size, case.job.seq_len, case.seed, step)
-    per_replica = plan.micro_batch_size * plan.num_micro_batches
-    part = slice(dp_rank * per_replica, (dp_rank + 1) * per_replica)
-    return tokens[part].to(device), targets[part].to(device)
+    mbs, per_replica = plan.micro_batch_size, plan.micro_batch_size * plan.num_micro_batches
+    rows = torch.arange(dp_rank * per_replica, (dp_rank + 1) * per_replica)
+    if one_late:
+        rows = torch.clamp(rows + mbs, max=len(tokens) - 1)
+    return tokens[rows].to(device), targets[rows].to(device)
 
 
 def _local_step(module, plan):
@@ -230,27 +344,28 @@ def _pipeline_step(stages, case: RunCase, mesh, device):
     return step
 
 
-def _global_loss_and_norm(local_loss, params, plan, device, experts=None) -> tuple[float, float]:
+def _global_loss_and_squares(local_loss, lay: _Layout, plan, device) -> tuple[float, list[float]]:
     """One all-reduce over the world: the mean loss over dp x cp ranks (the last stage's tp
     ranks all hold it; with context parallelism each rank's loss is the mean over as many
-    tokens) and the squared gradient norm, each shard counted once (see shard_share; an
-    expert-parallel parameter is one of ep distinct slices)."""
+    tokens) and each parameter's squared gradient norm, each shard counted once (see
+    shard_share; an expert-parallel parameter is one of ep distinct slices)."""
     import torch
     import torch.distributed as dist
 
     from planner.executor.memory import local
 
     holders = plan.dp * plan.cp * plan.tp  # ranks holding one pipeline stage
-    sq = torch.zeros((), dtype=torch.float64)
-    for p in params:
+    both = torch.zeros(1 + len(lay.names), dtype=torch.float64)
+    both[0] = 0.0 if local_loss is None else local_loss / holders
+    for i, p in lay.slots:
         if p.grad is not None:
             grad = _settled(p.grad)
-            share = shard_share(grad, holders) * (plan.ep if experts is not None and experts.holds(p) else 1)
-            sq += local(grad).detach().double().pow(2).sum().cpu() * share
-    loss = torch.tensor(0.0 if local_loss is None else local_loss / holders, dtype=torch.float64)
-    both = torch.stack([loss, sq]).to(device)
+            share = shard_share(grad, holders) * (plan.ep if lay.experts is not None and lay.experts.holds(p) else 1)
+            both[1 + i] += local(grad).detach().double().pow(2).sum().cpu() * share
+    both = both.to(device)
     dist.all_reduce(both)
-    return float(both[0]), float(both[1].sqrt())
+    values = both.cpu().tolist()
+    return values[0], values[1:]
 
 
 def _settled(grad):
