@@ -42,7 +42,8 @@ def require_matplotlib() -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise PlannerError("pictures need matplotlib, which is not installed: pip install 'planner[plot]'")
+        raise PlannerError("pictures need matplotlib, which is not installed: pip install 'matplotlib>=3.8' "
+                           "(the plot extra: pip install '.[plot]' in a clone of this repository)")
 
 
 def _figure(width: float, height: float):

@@ -214,8 +214,8 @@ def require_torch(command: str) -> None:
 
     if importlib.util.find_spec("torch") is None:
         raise PlannerError(
-            f"`plan {command}` needs PyTorch, which is not installed: pip install torch (pin your site's build, e.g. "
-            "torch==2.13.0 from the CPU or CUDA index), then pip install 'planner[torch]'"
+            f"`plan {command}` needs PyTorch, which is not installed: without a GPU pip install torch==2.13.0 --index-url "
+            "https://download.pytorch.org/whl/cpu, with CUDA pip install torch==2.13.0 (or your site's build)"
         )
     from importlib.metadata import PackageNotFoundError, version
 
