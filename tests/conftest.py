@@ -12,3 +12,23 @@ def gpt3_175b():
 @pytest.fixture(scope="session")
 def a100_80():
     return load_cluster("dgx-a100-80gb")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_temporary_directory(tmp_path_factory):
+    """Everything the tests and the commands they start write to a temporary directory goes
+    under pytest's own (kept for the last 3 sessions, then removed): a launch that fails on
+    purpose keeps its logs (`plan run` names them in its error), and they must not pile up in
+    /tmp."""
+    import os
+    import tempfile
+
+    path = str(tmp_path_factory.mktemp("tmp"))
+    old_env, old_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = path, path
+    yield path
+    tempfile.tempdir = old_dir
+    if old_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old_env

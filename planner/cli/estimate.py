@@ -21,7 +21,7 @@ from planner.cli.common import (
     target_options,
 )
 from planner.datafile import check_output, write_atomic
-from planner.errors import UsageError
+from planner.errors import InfeasibleError, UsageError
 from planner.plan_file import read_plan_file
 from planner.specs import PlanDocument, Recompute, Schedule
 
@@ -100,6 +100,22 @@ def estimate(
         click.echo(doc.model_dump_json(indent=2))
     else:
         render.estimate_report(doc)
+    if output:
+        click.echo(f"plan written to {output}", err=True)
+    if not est.fits:
+        raise InfeasibleError(does_not_fit(est, doc.cluster.device.name))
+
+
+def does_not_fit(est, device: str) -> str:
+    """One line for a plan over its device's memory: which pipeline rank, by how much, and
+    what would bring it under (the estimate and any -o file are still written: how far over
+    is what a user sizing a layout wants to see)."""
+    worst = max(est.memory_gib_per_pipeline_rank, key=lambda r: r.total)
+    over = worst.total - est.memory_capacity_gib
+    return (f"the plan does not fit: pipeline rank {worst.pipeline_rank} needs {worst.total:.1f} GiB per GPU, "
+            f"{render.gib(over)} GiB over the device's {render.gib(est.memory_capacity_gib)} GiB ({device}); a higher --zero, "
+            "--recompute selective or full, more --tp or --pp, or more GPUs would bring it down (`plan solve` finds the "
+            "fastest layout that fits)")
 
 
 # Options that change a plan file's layout or job (what-if), and the plan field each sets.

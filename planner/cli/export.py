@@ -33,3 +33,5 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
         click.echo(json.dumps({"stack": out.stack, "kind": out.kind, "data": out.data, "text": out.text}, indent=2))
     elif not output:
         click.echo(out.text.rstrip("\n"))
+    if output:
+        click.echo(f"{out.stack} {out.kind} written to {output}", err=True)

@@ -205,7 +205,7 @@ def _text_row(tl: pictures.Timeline, win: pictures.Window, rank: int, width: int
 
 
 def _text_memory(console: Console, bars, capacity: float) -> None:
-    table = Table(title=f"Memory per GPU, GiB (device {capacity:g})", title_justify="left")
+    table = Table(title=f"Memory per GPU, GiB (device {render.gib(capacity)})", title_justify="left")
     table.add_column("pp rank", justify="right")
     for k in pictures.MEMORY_KINDS:
         table.add_column(_SHORT.get(k, k), justify="right")

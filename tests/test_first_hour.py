@@ -1,0 +1,69 @@
+"""A new user's first hour (issue 18's smaller stumbles): a plan that does not fit says so in a
+line and exits 1 (a new layout and a what-if alike), `-o` confirms what it wrote, predicted
+against measured reads as one ratio, and memory sizes in sentences are rounded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli.render import gib, prediction_verdict
+
+OVER = ["--model", "llama3-8b", "--cluster", "dgx-a100-40gb", "--gpus", "2", "--global-batch", "8", "--seq-len", "2048",
+        "--pp", "2"]
+
+
+def plan(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_a_plan_that_does_not_fit_says_by_how_much_and_exits_1(tmp_path):
+    out = tmp_path / "over.json"
+    res = plan("estimate", *OVER, "-o", str(out))
+    assert res.returncode == 1, res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the plan does not fit: pipeline rank ") and "GiB over the device's 40 GiB (A100" in last
+    assert "DOES NOT FIT" in res.stdout  # the estimate is still shown ...
+    doc = json.loads(out.read_text())  # ... and written: how far over is the point
+    assert doc["estimate"]["fits"] is False
+    assert "Traceback" not in res.stderr
+    js = plan("estimate", *OVER, "--json")
+    assert js.returncode == 1 and json.loads(js.stdout)["estimate"]["fits"] is False
+
+
+def test_a_what_if_that_stops_fitting_exits_like_a_new_layout(tmp_path):
+    base = tmp_path / "base.json"
+    fitting = [a if a != "2" else "8" for a in OVER[:6]] + OVER[6:]  # 8 GPUs: dp 4 x pp 2
+    ok = plan("estimate", *fitting, "--zero", "3", "--recompute", "full", "-o", str(base))
+    assert ok.returncode == 0, ok.stderr
+    res = plan("estimate", "--plan", str(base), "--recompute", "none", "--zero", "0")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert lines[0].startswith("changed from ") and lines[-1].startswith("error: the plan does not fit")
+
+
+def test_output_files_are_confirmed(tmp_path):
+    out = tmp_path / "p.json"
+    res = plan("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "32",
+               "--tp", "8", "-o", str(out))
+    assert res.returncode == 0 and f"plan written to {out}" in res.stderr
+    cfg = tmp_path / "args.sh"
+    res = plan("export", str(out), "--to", "megatron", "-o", str(cfg))
+    assert res.returncode == 0, res.stderr
+    assert f"written to {cfg}" in res.stderr and cfg.read_text()
+
+
+@pytest.mark.parametrize("predicted, measured, words", [
+    (0.34, 1.0, "2.94x too fast"), (3.0, 1.0, "3.00x too slow"), (1.0, 1.001, "matches"),
+])
+def test_predicted_against_measured_is_one_ratio(predicted, measured, words):
+    """A step predicted at 0.34x its measured time is a throughput predicted at 2.9x: the same
+    error, said once, instead of '-66 %' beside '+194 %'."""
+    assert words in prediction_verdict(predicted, measured)
+
+
+def test_memory_in_a_sentence_is_rounded():
+    assert gib(0.95 * 11.77) == "11.18" and gib(76.0) == "76" and gib(40.5) == "40.5"
