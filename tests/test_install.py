@@ -69,3 +69,25 @@ def test_the_missing_torch_message_gives_the_cpu_build(monkeypatch):
         require_torch("run")
     assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in str(e.value)
     assert "planner[" not in str(e.value)
+
+
+def _readme_commands() -> list[str]:
+    """The two commands of the README's quick start, in order."""
+    readme = (ROOT / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):readme.index("## Commands")]
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", quick, re.S)]
+
+
+def test_ci_runs_the_readmes_test_command_step_by_step():
+    """One set of commands: every step of the README's test command is a line of .ci/run (pip's
+    -q aside), in the same order, and .ci/run installs nothing the README leaves out but the linters."""
+    main, tests = _readme_commands()
+    assert main.endswith("plan solve --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 --global-batch 1536 --seq-len 2048")
+    steps = [step.strip() for step in tests.split("&&")]
+    assert steps[:2] == ["python3 -m venv .venv", ". .venv/bin/activate"] and steps[-1] == "python -m pytest -q"
+    ci = [line.replace(" -q ", " ").strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+    where = [ci.index(step) for step in steps[2:]]  # each step is a line of .ci/run ...
+    assert where == sorted(where)  # ... in the README's order
+    installs = [line for line in ci if " install " in line and "--upgrade pip" not in line]
+    assert [line for line in installs if line not in steps] == ["pip install -e '.[lint]' -c .ci/constraints.txt"]
