@@ -5,7 +5,8 @@ Clusters Using Megatron-LM", eq. 2-3) and Korthikanti et al. 2022 ("Reducing Act
 Recomputation in Large Transformer Models", appendix): a GEMM of an (m x k) by (k x n)
 matrix costs 2mkn FLOPs, backward costs twice the forward (input and weight gradients),
 and attention (QK^T and AV) costs 4 b s^2 h in forward, counted without causal masking.
-Generalised here to grouped-query attention and SwiGLU.
+Generalised here to grouped-query attention, gated MLPs (SwiGLU, GeGLU), extra norms and
+sliding-window attention.
 
 Times, operator by operator: a GEMM by its shape (tiles, waves, k; DeviceSpec.gemm) or, for
 measured CPU profiles, by its FLOPs on the measured curve; fused attention at the device's
@@ -21,7 +22,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from planner.specs import DTYPE_BYTES, Activation, DeviceSpec, DType, LossKernel, ModelSpec, Target
+from planner.specs import DTYPE_BYTES, DeviceSpec, DType, LossKernel, ModelSpec, Target
 
 # --------------------------------------------------------------------------- parameters
 
@@ -44,6 +45,11 @@ def kv_shard(model: ModelSpec, tp: int) -> int:
     return max(1, model.kv_heads // tp)
 
 
+def mlp_inputs(model: ModelSpec) -> int:
+    """Matrices on the MLP's input side: gate and up for a gated unit (SwiGLU, GeGLU), fc1 for GELU."""
+    return 2 if model.gated else 1
+
+
 def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, dense: bool = False) -> LayerParams:
     """Parameters of one layer per TP rank. With tp=1 and a GPT layer: 12h^2 + 13h (Narayanan eq. 2).
 
@@ -57,7 +63,7 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, dense: bool = False
     f = model.num_shared_experts * model.moe_ffn if moe else model.ffn
     q_cols = model.q_width // tp
     kv_cols = 2 * d * kv_shard(model, tp)
-    mlp_in = 2 if model.activation == Activation.swiglu else 1
+    mlp_in = mlp_inputs(model)
     sharded = h * (q_cols + kv_cols) + q_cols * h + mlp_in * h * (f // tp) + (f // tp) * h
     replicated = 0
     expert = 0
@@ -65,7 +71,9 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, dense: bool = False
         sharded += q_cols + kv_cols + mlp_in * (f // tp)  # column-parallel biases
         replicated += 2 * h  # row-parallel biases (attention output, fc2)
     norm_params = 2 * h if model.norm == "layernorm" else h
-    replicated += 2 * norm_params
+    replicated += model.norms_per_layer * norm_params
+    if model.qk_norm:
+        replicated += 2 * d  # one weight of head_dim each for queries and keys, shared by the heads (Qwen3, Gemma 3)
     if moe:
         replicated += h * model.num_experts  # router
         expert = (model.num_experts // ep) * (mlp_in + 1) * h * model.moe_ffn
@@ -141,7 +149,7 @@ def layer_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int, dense:
     """
     tokens = micro_batch * seq_len
     h, f, d = model.hidden_size, active_ffn(model, dense), model.head_dim
-    mlp_in = 2 if model.activation == Activation.swiglu else 1
+    mlp_in = mlp_inputs(model)
     matmul_weights = 2 * h * model.q_width + 2 * h * d * model.kv_heads + (mlp_in + 1) * h * f
     if model.is_moe and not dense:
         matmul_weights += h * model.num_experts  # router
@@ -150,8 +158,22 @@ def layer_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int, dense:
 
 def attention_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
     """QK^T and AV: 2 x (2 b s^2 a d) (a d = h unless the heads have their own width), counted
-    without causal masking (the usual convention)."""
-    return 4.0 * micro_batch * seq_len * seq_len * model.q_width
+    without causal masking (the usual convention), times the share of query-key pairs that
+    sliding windows leave (attention_pairs_fraction)."""
+    return 4.0 * micro_batch * seq_len * seq_len * model.q_width * attention_pairs_fraction(model, seq_len)
+
+
+def attention_pairs_fraction(model: ModelSpec, seq_len: int) -> float:
+    """Share of causal attention's query-key pairs the model's layers compute, averaged over
+    layers. Query i of a sliding-window layer attends to min(i, w) keys: w(w + 1)/2 + (s - w) w
+    pairs instead of s(s + 1)/2 once s > w (Beltagy et al. 2020, Longformer sec. 3.1; Jiang et
+    al. 2023, Mistral 7B sec. 2). The average stands for every layer: a pipeline stage holding
+    more full-attention layers than its share (Gemma 3: 1 in 6) does more of it."""
+    w, s = model.sliding_window, seq_len
+    if w is None or s <= w:
+        return 1.0
+    windowed = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
+    return 1.0 - model.sliding_window_layers / model.num_layers * (1.0 - windowed)
 
 
 def head_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
@@ -259,7 +281,7 @@ def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch
     tokens = micro_batch * seq_len / tp
     assigned = routed_tokens(model, micro_batch, seq_len, tp)
     rows = assigned / local
-    mlp_in = 2 if model.activation == Activation.swiglu else 1
+    mlp_in = mlp_inputs(model)
     router = linear_times(device, dtype, tokens, h, model.num_experts)  # kept in 16 bits (routing precision)
     fc1 = linear_times(device, dtype, rows, h, mlp_in * f, local, fp8)
     fc2 = linear_times(device, dtype, rows, f, h, local, fp8)
@@ -348,7 +370,7 @@ def layer_compute(
     e = DTYPE_BYTES[dtype]
     heads = model.num_heads // tp
     kv_cols = 2 * d * kv_shard(model, tp)
-    mlp_in = 2 if model.activation == Activation.swiglu else 1
+    mlp_in = mlp_inputs(model)
 
     # Linear layers (column-parallel QKV and fc1, row-parallel output and fc2): (in, out).
     q = model.q_width // tp
@@ -359,13 +381,17 @@ def layer_compute(
     attn_exec = 4.0 * b * heads * s * s * d * (0.5 if flash_attention else 1.0)
     # Context parallelism (`seq_len` is then a rank's s / cp tokens): its queries meet every
     # key of the sequence, cp blocks of the chunk's size (load-balanced causal chunks, so each
-    # rank does 1/cp of the whole attention).
-    attn_fwd, attn_bwd, attn_exec = attn_fwd * cp, attn_bwd * cp, attn_exec * cp
+    # rank does 1/cp of the whole attention). Sliding windows: a fused kernel skips the tiles
+    # outside the window (FlashAttention-2's local attention); unfused, every score is computed.
+    kept = attention_pairs_fraction(model, s * cp) if flash_attention else 1.0
+    attn_fwd, attn_bwd, attn_exec = attn_fwd * cp * kept, attn_bwd * cp * kept, attn_exec * cp * kept
 
     # Memory-bound kernels, forward bytes. Norms/residuals/dropout act on the full sequence on
     # every TP rank unless sequence parallelism shards them.
     rows = T / tp if sequence_parallel else T
-    norm_bytes = 2 * (2 * rows * h * e)  # two norms: read + write
+    norm_bytes = model.norms_per_layer * (2 * rows * h * e)  # each norm: read + write
+    # QK-norm: this rank's queries and keys, read and written (head-sharded, not sequence-sharded)
+    qk_norm_bytes = 2 * T * (q + kv_cols // 2) * e if model.qk_norm else 0.0
     residual_bytes = 2 * (3 * rows * h * e)  # two residual adds: read 2, write 1
     dropout_bytes = 2 * (2 * rows * h * e + rows * h) if model.dropout else 0.0  # + 1-byte mask
     act_bytes = (mlp_in + 1) * T * (f // tp) * e  # GELU: read+write; SwiGLU: read 2, write 1
@@ -374,13 +400,15 @@ def layer_compute(
     if not flash_attention:
         scores = b * heads * s * s
         softmax_bytes = 2 * scores * e + (2 * scores * e + scores if model.dropout else 0.0)
-    t_mem = memory_bound_time(device, norm_bytes + residual_bytes + dropout_bytes + act_bytes + rope_bytes)
+    t_mem = memory_bound_time(device, norm_bytes + qk_norm_bytes + residual_bytes + dropout_bytes + act_bytes + rope_bytes)
     t_softmax = memory_bound_time(device, softmax_bytes)
 
-    # Kernels launched in forward: 4 GEMMs, 2 norms, 2 residual adds, the activation, the
-    # attention (1 fused; 2 GEMMs + softmax unfused), rotary, dropouts; backward about twice.
+    # Kernels launched in forward: 4 GEMMs, the norms (2 or 4, + 2 for QK-norm), 2 residual
+    # adds, the activation, the attention (1 fused; 2 GEMMs + softmax unfused), rotary,
+    # dropouts; backward about twice.
     core_kernels = 1 if flash_attention else 3 + (1 if model.dropout else 0)
-    other_kernels = 4 + 2 + 2 + 1 + (0 if model.learned_position_embeddings else 1) + (2 if model.dropout else 0)
+    norm_kernels = model.norms_per_layer + (2 if model.qk_norm else 0)
+    other_kernels = 4 + norm_kernels + 2 + 1 + (0 if model.learned_position_embeddings else 1) + (2 if model.dropout else 0)
     core_gap = kernels_time(device, core_kernels)
     other_gap = kernels_time(device, other_kernels)
 
@@ -408,11 +436,15 @@ def embedding_forward_time(model: ModelSpec, device: DeviceSpec, dtype: DType, m
 
 
 def head_forward_time(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int) -> float:
-    """Final norm, LM-head GEMM and cross-entropy (softmax over V/tp logits in fp32)."""
+    """Final norm, LM-head GEMM and cross-entropy (softmax over V/tp logits in fp32); with logit
+    soft-capping, c tanh(logits / c) as three elementwise kernels (divide, tanh, multiply: the
+    Hugging Face Gemma2ForCausalLM), each reading and writing the 16-bit logits."""
     T = micro_batch * seq_len
     e = DTYPE_BYTES[dtype]
     gemm = gemm_shape_time(device, dtype, T, vocab_shard(model, tp), model.hidden_size)
     logits = T * vocab_shard(model, tp)
     # write logits, read them as fp32 for log-softmax, write fp32 probabilities for backward
     loss_bytes = logits * (e + 4 + 4) + 4 * T * model.hidden_size * e
-    return gemm + memory_bound_time(device, loss_bytes) + kernels_time(device, 4)
+    softcap = 3 if model.logit_softcapping else 0
+    loss_bytes += softcap * 2 * logits * e
+    return gemm + memory_bound_time(device, loss_bytes) + kernels_time(device, 4 + softcap)

@@ -20,9 +20,9 @@ each), models without dropout (no masks) and fused attention (no s x s scores st
 
 from __future__ import annotations
 
-from planner.specs import DTYPE_BYTES, Activation, DType, LossKernel, ModelSpec, Optimizer, Recompute, Schedule
+from planner.specs import DTYPE_BYTES, DType, LossKernel, ModelSpec, Optimizer, Recompute, Schedule
 
-from .compute import kv_shard, vocab_shard
+from .compute import kv_shard, mlp_inputs, vocab_shard
 
 GIB = float(2**30)
 
@@ -81,14 +81,17 @@ def layer_activation_bytes(
     if recompute == Recompute.full:
         return e * sbh / sp_div
 
-    # Replicated over TP unless sequence parallel: inputs of the two norms, of the QKV and
-    # fc1 projections (4 tensors of s b h), and the two dropout masks (1 byte each).
-    replicated = 4 * e * sbh + (2 * sbh if model.dropout else 0)
+    # Replicated over TP unless sequence parallel: inputs of the norms (two; Gemma's four), of
+    # the QKV and fc1 projections (4 tensors of s b h with two norms), and the two dropout masks
+    # (1 byte each).
+    replicated = (2 + model.norms_per_layer) * e * sbh + (2 * sbh if model.dropout else 0)
     # Sharded over TP: Q, K, V (for QK^T and AV), input of the output projection, and the MLP.
     q = s * b * (model.q_width // tp)
     kv = s * b * model.head_dim * kv_shard(model, tp)
     attention = e * (q + 2 * kv + q)
-    mlp_tensors = 3 if model.activation == Activation.swiglu else 2  # fc1 out, act out (+ gate)
+    if model.qk_norm:
+        attention += e * (q + kv)  # the queries and keys before their norms
+    mlp_tensors = 1 + mlp_inputs(model)  # fc1 out, act out (+ up, for a gated unit)
     mlp = e * mlp_tensors * s * b * (f // tp)
     total = replicated / sp_div + attention + mlp
     if moe:
@@ -156,6 +159,8 @@ def head_activation_bytes(
     e = DTYPE_BYTES[dtype]
     sbh = micro_batch * seq_len * model.hidden_size
     kept, _ = loss_bytes_per_logit(loss, e)
+    if model.logit_softcapping:
+        kept += e  # tanh's 16-bit output, saved for its backward (the scalings by c save nothing)
     return 2 * e * sbh / (tp if sequence_parallel else 1) + kept * micro_batch * seq_len * vocab_shard(model, tp)
 
 

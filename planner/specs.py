@@ -51,10 +51,14 @@ def _is_int_field(annotation) -> bool:
 
 
 class Activation(str, Enum):
-    """MLP flavour: GELU (two matrices, h -> f -> h) or SwiGLU (three: gate, up, down)."""
+    """MLP flavour: GELU (two matrices, h -> f -> h), or a gated linear unit of three (gate, up,
+    down: down(act(gate x) * up x)) whose gate goes through SiLU (SwiGLU: Llama, Mistral, Qwen)
+    or tanh-approximated GELU (GeGLU: Gemma). The two gated ones cost the same: the same GEMMs
+    and one elementwise activation (Shazeer 2020, "GLU Variants Improve Transformer")."""
 
     gelu = "gelu"
     swiglu = "swiglu"
+    geglu = "geglu"
 
 
 class DType(str, Enum):
@@ -171,18 +175,44 @@ class ModelSpec(_Spec):
     )
     vocab_size: int = Field(gt=0, le=100_000_000, description="Vocabulary size V (padded, as the embedding table is allocated).")
     max_seq_len: int = Field(gt=0, le=100_000_000, description="Context length the model was trained with (learned position table size).")
-    activation: Activation = Field(default=Activation.gelu, description="MLP flavour: 'gelu' (2 matrices) or 'swiglu' (3 matrices).")
+    activation: Activation = Field(
+        default=Activation.gelu,
+        description="MLP flavour: 'gelu' (2 matrices), 'swiglu' or 'geglu' (3 matrices: gate, up, down; 'geglu' schema 1.6).",
+    )
     tied_embeddings: bool = Field(default=False, description="Input embedding and LM head share one matrix.")
     learned_position_embeddings: bool = Field(
         default=True, description="A learned position table of max_seq_len x h (GPT); False for rotary (Llama)."
     )
     linear_bias: bool = Field(default=True, description="Linear layers carry biases (GPT yes, Llama no).")
     norm: str = Field(default="layernorm", description="'layernorm' (weight+bias) or 'rmsnorm' (weight only).")
+    norms_per_layer: int = Field(
+        default=2, ge=2, le=4,
+        description="Norms of width h in a layer: 2 (before attention and before the MLP; OLMo 2 normalises their outputs "
+        "instead, at the same cost), 4 (Gemma 2 and 3: before and after each). Each keeps its input for backward. (schema 1.6)",
+    )
+    qk_norm: bool = Field(
+        default=False, description="Queries and keys are normalised per head before attention (Qwen3, Gemma 3, OLMo 2). (schema 1.6)"
+    )
+    sliding_window: Optional[int] = Field(
+        default=None, gt=0, le=100_000_000,
+        description="Keys a query attends to in the sliding-window layers (Mistral 7B v0.1: 4096); None: full causal attention. (schema 1.6)",
+    )
+    sliding_window_layers: int = Field(
+        default=0, ge=0, le=100_000,
+        description="How many layers attend within sliding_window (Gemma 2: every other one); 0 without a window.",
+    )
+    logit_softcapping: bool = Field(
+        default=False, description="The logits are soft-capped, c tanh(logits / c), before the loss (Gemma 2). (schema 1.6)"
+    )
     dropout: bool = Field(
         default=True,
         description="Dropout after attention and MLP (stores 1-byte masks, Korthikanti et al.); Llama-style models train without.",
     )
-    param_dtype: DType = Field(default=DType.bf16, description="dtype of the published weights; the training precision when the job names none.")
+    param_dtype: DType = Field(
+        default=DType.bf16,
+        description="Training precision when the job names none (16-bit mixed precision: bf16). A Hugging Face config's "
+        "torch_dtype is the checkpoint's storage dtype, not this: such a model trains in bf16 unless told otherwise.",
+    )
     num_experts: Optional[int] = Field(
         default=None, gt=1, le=100_000,
         description="Mixture-of-experts: routed experts per MoE layer; None for a dense model (schema 1.4).",
@@ -216,7 +246,16 @@ class ModelSpec(_Spec):
                 raise ValueError(f"a mixture-of-experts model needs experts_per_token between 1 and num_experts ({self.num_experts})")
             if self.first_dense_layers >= self.num_layers:
                 raise ValueError(f"first_dense_layers {self.first_dense_layers} leaves no MoE layer of {self.num_layers}")
+        if self.sliding_window is None and self.sliding_window_layers:
+            raise ValueError("sliding_window_layers needs sliding_window")
+        if self.sliding_window is not None and not 0 < self.sliding_window_layers <= self.num_layers:
+            raise ValueError(f"sliding_window needs sliding_window_layers between 1 and num_layers ({self.num_layers})")
         return self
+
+    @property
+    def gated(self) -> bool:
+        """The MLP is a gated linear unit: gate, up and down matrices (SwiGLU, GeGLU)."""
+        return Activation(self.activation) != Activation.gelu
 
     @property
     def is_moe(self) -> bool:

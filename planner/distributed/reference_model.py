@@ -24,6 +24,7 @@ QK^T, softmax, AV) or "full" (checkpoint the whole block), the per-layer choice 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -106,12 +107,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The dense MLP (width spec.ffn), or an expert's (width given)."""
+    """The dense MLP (width spec.ffn), or an expert's (width given): fc1, GELU, fc2; or a gated
+    unit down(act(gate x) * up x), act SiLU (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma)."""
 
     def __init__(self, spec: ModelSpec, width: int | None = None):
         super().__init__()
         h, f, bias = spec.hidden_size, width or spec.ffn, spec.linear_bias
-        self.swiglu = spec.activation == Activation.swiglu
+        self.swiglu = spec.gated  # gate, up, down (SwiGLU or GeGLU): the name executor/parallelize.py and profiler/compute.py read
+        self.act = F.silu if spec.activation == Activation.swiglu else partial(F.gelu, approximate="tanh")
         if self.swiglu:
             self.gate = nn.Linear(h, f, bias=bias)
             self.up = nn.Linear(h, f, bias=bias)
@@ -122,8 +125,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.fc2(self.act(self.fc1(x)))
 
 
 class MoE(nn.Module):
