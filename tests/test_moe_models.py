@@ -178,10 +178,10 @@ def test_deepseek_v3_config_reads_as_the_preset_and_says_what_it_approximates():
 # ----- GPT-OSS
 
 
-def test_gpt_oss_reads_experts_and_biases_and_notes_sinks_and_windows():
+def test_gpt_oss_reads_experts_biases_and_windows_and_notes_sinks():
     m = _read(GPT_OSS)  # 64 heads of 64 = 4096-wide attention on a 2880 residual
     assert (m.num_experts, m.experts_per_token, m.moe_ffn, m.linear_bias, m.q_width) == (128, 4, 2880, True, 4096)
-    assert "attention sinks" in m.source and "18 sliding-window layers (window 128) costed as full attention" in m.source
+    assert "attention sinks" in m.source and (m.sliding_window, m.sliding_window_layers) == (128, 18)  # windows costed
     with pytest.raises(UsageError, match="field 'experts_per_token' = 2 contradicts num_experts_per_tok = 4"):
         from_hf_config({**GPT_OSS, "experts_per_token": 2}, "m")
 

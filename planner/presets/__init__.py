@@ -10,6 +10,7 @@ from pathlib import Path
 
 from planner.datafile import load_named, parse_spec, read_mapping
 from planner.errors import UsageError
+from planner.presets.hf_config import FAMILIES, read_decoder, unread_field
 from planner.specs import ModelSpec
 
 PRESET_DIR = Path(__file__).parent / "models"
@@ -19,13 +20,8 @@ def model_presets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PRESET_DIR.glob("*.yaml"))}
 
 
-# Hugging Face dtype names -> ours.
-_HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "mixtral"}
-
-
 def is_hf_config(data: dict) -> bool:
-    return "num_hidden_layers" in data or "n_layer" in data
+    return any(key in data for key in ("num_hidden_layers", "n_layer", "model_type", "architectures"))
 
 
 # Mixture-of-experts configs are read by their model_type (the Hugging Face modelling code the
@@ -33,9 +29,6 @@ def is_hf_config(data: dict) -> bool:
 # as a dense decoder (a Mixtral costed as a 7B "fits" on 8 GPUs).
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "experts_per_token",
                "moe_intermediate_size")
-# model_type -> which reader of _moe_fields takes it
-_MOE_STYLES = {"mixtral": "mixtral", "qwen2_moe": "qwen_moe", "qwen3_moe": "qwen_moe", "deepseek_v2": "deepseek",
-               "deepseek_v3": "deepseek", "gpt_oss": "gpt_oss"}
 # Fields that place experts on only some layers; our model has them on every layer after
 # first_dense_layers, so only these values (also the Hugging Face defaults) are planned.
 _EVERY_LAYER = {"qwen_moe": (("decoder_sparse_step", 1), ("mlp_only_layers", [])), "deepseek": (("moe_layer_freq", 1),)}
@@ -50,24 +43,33 @@ def _int(value) -> bool:
 def unsupported(data: dict, name: str) -> str | None:
     """Why this Hugging Face config cannot be planned (one line naming the field), or None."""
     model_type = str(data.get("model_type", "")).lower()
-    style = _MOE_STYLES.get(model_type)
+    family = FAMILIES.get(model_type)
     experts = [key for key in _MOE_FIELDS if data.get(key) not in (None, 0, 1, False)]
-    if experts and not style:
+    moe_types = sorted(t for t, f in FAMILIES.items() if f.moe)
+    if experts and not (family and family.moe):
         return (f"{name}: field '{experts[0]}' = {data[experts[0]]!r} with model_type {model_type!r}: a mixture-of-experts architecture "
-                f"that is not modelled (model types read: {', '.join(sorted(_MOE_STYLES))}); planning it as a dense model would be wrong")
-    for key, planned in _EVERY_LAYER.get(style, ()):
-        if data.get(key) not in (None, planned):
-            return (f"{name}: field '{key}' = {data[key]!r}: experts on only some layers are not modelled (only {key} = {planned!r}, "
-                    "experts on every layer after the first dense ones)")
+                f"that is not modelled (model types read: {', '.join(moe_types)}); planning it as a dense model would be wrong")
     if model_type in _NOT_DECODERS or data.get("is_encoder_decoder"):
         field = "model_type" if model_type in _NOT_DECODERS else "is_encoder_decoder"
         return f"{name}: field '{field}' = {data.get(field)!r}: only decoder-only language models are planned"
     for key in ("vision_config", "audio_config", "text_config"):
         if key in data:
-            return f"{name}: field '{key}': multimodal configs are not modelled; give the language model's own config"
+            return (f"{name}: field '{key}': multimodal configs are not modelled; give the language model's own config "
+                    "(its text_config as a config.json of its own: the other towers are not planned)")
     archs = [a for a in data.get("architectures") or [] if isinstance(a, str)]
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         return f"{name}: field 'architectures' = {archs}: only causal language models (…ForCausalLM) are planned"
+    if family is None:
+        shown = repr(data["model_type"]) if "model_type" in data else "missing"
+        return (f"{name}: field 'model_type' = {shown}: not a family this reader knows (it reads {', '.join(sorted(FAMILIES))}); "
+                "write a model spec instead (planner/presets/models/*.yaml)")
+    why = unread_field(data, model_type)
+    if why:
+        return f"{name}: {why}"
+    for key, planned in _EVERY_LAYER.get(family.moe, ()):
+        if data.get(key) not in (None, planned):
+            return (f"{name}: field '{key}' = {data[key]!r}: experts on only some layers are not modelled (only {key} = {planned!r}, "
+                    "experts on every layer after the first dense ones)")
     head_dim = data.get("head_dim")
     if head_dim is not None and not (_int(head_dim) and head_dim > 0):
         return f"{name}: field 'head_dim' = {head_dim!r} is not a positive integer"
@@ -75,74 +77,14 @@ def unsupported(data: dict, name: str) -> str | None:
 
 
 def from_hf_config(data: dict, name: str) -> dict:
-    """Translate a Hugging Face config.json into ModelSpec fields.
-
-    Llama/Mistral/Qwen2 style: num_hidden_layers, hidden_size, num_attention_heads,
-    num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, hidden_act.
-    GPT-2 style: n_layer, n_embd, n_head, n_inner, n_positions, vocab_size.
-    Mixture-of-experts styles (Mixtral, Qwen2/Qwen3-MoE, DeepSeek-V2/V3, GPT-OSS): the Llama
-    fields plus the expert fields, read by _moe_fields.
-    """
-
-    def need(*keys: str):
-        for k in keys:
-            if data.get(k) is not None:
-                return data[k]
-        raise UsageError(f"{name}: Hugging Face config has no {' / '.join(keys)}")
-
+    """Translate a Hugging Face config.json into ModelSpec fields: the families of
+    planner/presets/hf_config.py (Llama, Mistral, Mixtral, Qwen2/2-MoE/3/3-MoE, Gemma 1-3,
+    Phi-3, DeepSeek-V2/V3, GPT-OSS, OLMo 2, GPT-NeoX, GPT-2), every field their modelling code
+    reads that changes the cost; whatever else is refused, naming the field."""
     why = unsupported(data, name)
     if why:
         raise UsageError(why)
-    dtype = _HF_DTYPES.get(str(data.get("torch_dtype") or data.get("dtype") or "bfloat16"), "bf16")
-    model_type = str(data.get("model_type", "")).lower()
-    if "n_layer" in data:  # GPT-2 family
-        hidden = need("n_embd", "hidden_size")
-        return dict(
-            name=name,
-            num_layers=need("n_layer"),
-            hidden_size=hidden,
-            num_heads=need("n_head"),
-            ffn_hidden_size=data.get("n_inner") or 4 * hidden,
-            vocab_size=need("vocab_size"),
-            max_seq_len=need("n_positions", "n_ctx"),
-            activation="gelu",
-            tied_embeddings=data.get("tie_word_embeddings", True),
-            learned_position_embeddings=True,
-            linear_bias=True,
-            norm="layernorm",
-            dropout=bool(data.get("resid_pdrop", 0.1) or data.get("attn_pdrop", 0.1)),
-            param_dtype=dtype,  # without torch_dtype: bf16 mixed precision, like every other input
-            source=f"Hugging Face config.json ({model_type or 'gpt2'} style)",
-        )
-    act = str(data.get("hidden_act", "silu")).lower()
-    swiglu = act in ("silu", "swish") or model_type in _LLAMA_LIKE
-    heads = need("num_attention_heads")
-    spec = dict(
-        name=name,
-        num_layers=need("num_hidden_layers"),
-        hidden_size=need("hidden_size"),
-        num_heads=heads,
-        num_kv_heads=data.get("num_key_value_heads") or heads,
-        ffn_hidden_size=None if model_type in _MOE_STYLES else need("intermediate_size"),
-        vocab_size=need("vocab_size"),
-        max_seq_len=need("max_position_embeddings"),
-        activation="swiglu" if swiglu else "gelu",
-        tied_embeddings=bool(data.get("tie_word_embeddings", False)),
-        learned_position_embeddings=False,
-        linear_bias=bool(data.get("attention_bias", False) or data.get("use_bias", False) or model_type == "gpt_neox"),
-        norm="rmsnorm" if "rms_norm_eps" in data else "layernorm",
-        dropout=bool(data.get("attention_dropout", 0.0) or data.get("hidden_dropout", 0.0)),
-        param_dtype=dtype,
-        source=f"Hugging Face config.json ({model_type or 'llama'} style)",
-    )
-    head_dim = data.get("head_dim")
-    if head_dim is not None and _int(spec["hidden_size"]) and head_dim * heads != spec["hidden_size"]:
-        spec["attention_head_dim"] = head_dim  # Qwen3, GPT-OSS: heads of their own width
-    if model_type in _MOE_STYLES:
-        experts, approximated = _moe_fields(data, name, _MOE_STYLES[model_type], need)
-        spec.update(experts)
-        spec["source"] = "; ".join([spec["source"], *approximated])
-    return spec
+    return read_decoder(data, str(data["model_type"]).lower(), name, _moe_fields)
 
 
 # ----- mixture-of-experts configs: ModelSpec's expert fields, and what the spec approximates
@@ -202,13 +144,8 @@ def _deepseek_notes(data: dict) -> list[str]:
 
 
 def _gpt_oss_notes(data: dict) -> list[str]:
-    """What of GPT-OSS the spec leaves out: parameters too few to matter, and attention windows."""
-    notes = ["attention sinks (one logit per head) and router biases not counted"]
-    layer_types = data.get("layer_types")
-    sliding = layer_types.count("sliding_attention") if isinstance(layer_types, list) else 0
-    if sliding and data.get("sliding_window"):
-        notes.append(f"{sliding} sliding-window layers (window {data['sliding_window']}) costed as full attention")
-    return notes
+    """What of GPT-OSS the spec leaves out: parameters too few to matter (its sliding windows are costed)."""
+    return ["attention sinks (one logit per head) and router biases not counted"]
 
 
 def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelSpec:
