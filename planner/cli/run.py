@@ -38,6 +38,8 @@ from planner.specs import RunReport
 @click.option("--scale-heads", type=int, help="Rehearse with this many attention heads (KV ratio kept).")
 @click.option("--scale-vocab", type=int, help="Rehearse with this vocabulary size.")
 @click.option("--scale-seq-len", type=int, help="Rehearse with this sequence length.")
+@click.option("--rehearse-dp", type=int, help="Rehearse on fewer processes: the plan's layout with this many data-parallel "
+              "replicas (tp, pp, cp, ep and the rest kept; the global batch scaled so each replica keeps its micro-batches).")
 @click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True, help="Relative difference allowed against the reference (fp32).")
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True, help="Process-group timeout, seconds: a rank that stops answering fails the run after this.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True, help="auto: nccl with CUDA, else gloo.")
@@ -47,7 +49,7 @@ from planner.specs import RunReport
 def run(
     plan_file: str, nproc_per_node: Optional[int], nnodes: int, node_rank: int, rdzv_endpoint: Optional[str], steps: int,
     warmup: int, seed: int, lr: float, scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len,
-    tolerance: float, timeout_s: float, backend: str, as_json: bool, output: Optional[str],
+    rehearse_dp, tolerance: float, timeout_s: float, backend: str, as_json: bool, output: Optional[str],
 ) -> None:
     """Train a few steps of PLAN_FILE's layout with torch.distributed, check every loss and
     gradient norm against one process, and compare time and memory with the prediction."""
@@ -55,7 +57,7 @@ def run(
         check_output(output, (plan_file,))
     try:
         report = _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, warmup, seed, lr,
-                          Rehearsal(scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len), tolerance,
+                          Rehearsal(scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len, rehearse_dp), tolerance,
                           timeout_s, backend)
     except KeyboardInterrupt:  # Ctrl-C outside the launch (imports, the reference run)
         raise Interrupted("interrupted by Ctrl-C") from None
@@ -82,10 +84,10 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
     check_real("--tolerance", tolerance)
     check_real("--timeout", timeout_s)
     case = prepare_case(doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr)
-    if nproc_per_node is None:
-        if doc.plan.world_size % max(nnodes, 1):
-            raise UsageError(f"the plan's {doc.plan.world_size} ranks do not split over --nnodes {nnodes}; give --nproc-per-node")
-        nproc_per_node = doc.plan.world_size // max(nnodes, 1)
+    if nproc_per_node is None:  # the plan's world, or the rehearsal's (--rehearse-dp)
+        if case.plan.world_size % max(nnodes, 1):
+            raise UsageError(f"the plan's {case.plan.world_size} ranks do not split over --nnodes {nnodes}; give --nproc-per-node")
+        nproc_per_node = case.plan.world_size // max(nnodes, 1)
     if tolerance <= 0 or timeout_s <= 0:
         raise UsageError("--tolerance and --timeout must be positive")
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)

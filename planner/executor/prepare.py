@@ -6,9 +6,15 @@ processes start (each costs seconds of importing torch).
 What runs differs from the plan file only where a rehearsal needs it, and every change is
 recorded as a note for the report:
 - `--scale-*` shrink the model (layers, width, heads, vocabulary, sequence) so a plan for a
-  large cluster can be rehearsed on small hardware; an explicit layer split and per-stage
-  recompute counts are rescaled in proportion (largest remainder, at least one layer a
-  stage), so the plan's shape is kept.
+  large cluster can be rehearsed on small hardware; KV heads follow the heads (the query:KV
+  ratio, or the nearest count tp can shard, said in the notes); an explicit layer split and
+  per-stage recompute counts are rescaled in proportion (largest remainder, at least one
+  layer a stage), so the plan's shape is kept. The scaled model is named as such
+  ("llama3-8b scaled to 2 layers, ...") in every message and in the report, and a
+  refusal names the --scale-* value that would work.
+- `--rehearse-dp N` shrinks the world: the same layout with N data-parallel replicas, each
+  keeping its micro-batch size and count (the global batch follows). A launch of the wrong
+  size is told which --rehearse-dp / --nproc-per-node fit it (world_hint).
 - The reference model has no dropout (so a distributed run can be compared with one
   process); the spec says so, which is also what the prediction must cost.
 - Tied embeddings are untied when pp > 1 (input embedding and LM head live on different
@@ -21,25 +27,27 @@ recorded as a note for the report:
 
 from __future__ import annotations
 
+import math
 import os
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from planner.errors import UsageError
 from cost_models.terms import MODES
-from planner.specs import DType, JobSpec, ModelSpec, Plan, PlanError, Schedule, StageRecompute
+from planner.specs import DType, JobSpec, ModelSpec, Plan, PlanError, Schedule, StageRecompute, cp_problem
 
 
 @dataclass(frozen=True)
 class Rehearsal:
-    """Model shrinking for a rehearsal on small hardware; None keeps the plan's value."""
+    """What a rehearsal on small hardware shrinks; None keeps the plan's value."""
 
     layers: Optional[int] = None
     hidden: Optional[int] = None
-    heads: Optional[int] = None
+    heads: Optional[int] = None  # KV heads follow (scaled_kv_heads)
     vocab: Optional[int] = None
     seq_len: Optional[int] = None
+    dp: Optional[int] = None  # data-parallel replicas (rehearse_world): fewer processes, the same layout otherwise
 
 
 @dataclass(frozen=True)
@@ -65,13 +73,15 @@ def prepare_case(
     model: ModelSpec, job: JobSpec, plan: Plan, rehearsal: Rehearsal = Rehearsal(), *, steps: int = 4,
     warmup: int = 1, seed: int = 0, learning_rate: float = 1e-3,
 ) -> RunCase:
-    """Scale the model, adapt the plan to it, and check that the result can run."""
+    """Shrink the world and the model, adapt the plan to them, and check that the result can run."""
     if steps < 1 or warmup < 0 or warmup >= steps:
         raise UsageError(f"--steps must be at least 1 and --warmup in [0, steps - 1], got steps {steps}, warmup {warmup}")
     notes: list[str] = []
-    run_model = scale_model(model, rehearsal, notes)
-    run_job = scale_job(job, rehearsal, notes)
-    run_plan = scale_plan(plan, model.num_layers, run_model.num_layers, notes)
+    run_plan, run_job = rehearse_world(plan, job, rehearsal.dp, notes)
+    run_model = scale_model(model, rehearsal, run_plan.tp, notes)
+    run_job = scale_job(run_job, rehearsal, notes)
+    run_model = run_model.model_copy(update={"name": scaled_name(model, run_model, job, run_job)})
+    run_plan = scale_plan(run_plan, model.num_layers, run_model.num_layers, notes)
     run_model = runnable_model(run_model, run_plan, notes)
     if run_job.precision != DType.fp32:
         notes.append(f"computed in fp32 (the plan's job says {run_job.precision.value}); predictions are for fp32")
@@ -81,46 +91,109 @@ def prepare_case(
         run_plan = run_plan.model_copy(update={"fp8": False})
     if run_plan.dp * run_plan.cp == 1 and run_plan.zero_stage:
         notes.append(f"ZeRO-{run_plan.zero_stage} at dp=1 shards nothing: run without a data-parallel wrapper")
+    problem = rehearsal_problem(model, run_model, run_job, run_plan)
+    if problem:
+        raise UsageError(problem)
     check_runnable(run_model, run_job, run_plan)
     return RunCase(run_model, run_job, run_plan, steps, warmup, seed, learning_rate, tuple(notes), fp8=plan.fp8)
+
+
+# --------------------------------------------------------------------------- the rehearsal world
+
+
+def layout_factors(plan: Plan, dp: Optional[int] = None) -> str:
+    """'dp 8 x tp 4 x pp 2' (cp where it is not 1): the factors of the plan's world, or of
+    the same layout with `dp` replicas."""
+    cp = f" x cp {plan.cp}" if plan.cp > 1 else ""
+    return f"dp {plan.dp if dp is None else dp}{cp} x tp {plan.tp} x pp {plan.pp}"
+
+
+def smallest_dp(plan: Plan) -> int:
+    """The fewest data-parallel replicas the plan's layout runs with: 1, or what expert
+    parallelism needs (ep divides tp x dp x cp: its groups are carved from those ranks)."""
+    return plan.ep // math.gcd(plan.ep, plan.tp * plan.cp)
+
+
+def rehearse_world(plan: Plan, job: JobSpec, dp: Optional[int], notes: list[str]) -> tuple[Plan, JobSpec]:
+    """`--rehearse-dp`: the plan's layout with `dp` data-parallel replicas, everything else
+    kept (tp, pp, cp, ep, schedule, split, recompute, ZeRO, mesh order). Each replica keeps its
+    micro-batch size and count, so a replica's work is the plan's; the global batch follows."""
+    if dp is None or dp == plan.dp:
+        return plan, job
+    _positive(dp, "--rehearse-dp")
+    least = smallest_dp(plan)
+    if dp % least:
+        raise UsageError(
+            f"--rehearse-dp {dp}: the plan's ep={plan.ep} must divide tp x dp x cp = {plan.tp} x {dp} x {plan.cp}; "
+            f"use --rehearse-dp {least} (or a multiple of it)"
+        )
+    batch = dp * plan.micro_batch_size * plan.num_micro_batches
+    rehearsed = _plan(plan.model_dump() | {"dp": dp})
+    notes.append(
+        f"rehearsal world (--rehearse-dp {dp}): {layout_factors(rehearsed)} = {rehearsed.world_size} processes instead of "
+        f"{layout_factors(plan)} = {plan.world_size}; global batch {job.global_batch_size} -> {batch} (each replica keeps its "
+        f"{plan.num_micro_batches} micro-batch{'es' if plan.num_micro_batches > 1 else ''} of {plan.micro_batch_size})"
+    )
+    return rehearsed, job.model_copy(update={"global_batch_size": batch})
+
+
+def world_hint(plan: Plan, world_size: int) -> str:
+    """Which options make a launch of `world_size` processes run this plan's layout."""
+    unit = plan.world_size // plan.dp  # processes per data-parallel replica: tp x pp x cp
+    least = smallest_dp(plan)
+    fits = world_size // unit // least * least
+    if fits == plan.dp:
+        return f"launch it on {plan.world_size} processes (--nproc-per-node {plan.world_size} on one node)"
+    if fits >= least:
+        launch = "" if fits * unit == world_size else f" --nproc-per-node {fits * unit}"
+        unsharded = (f"; ZeRO-{plan.zero_stage} shards nothing at dp 1: --rehearse-dp 2 on {2 * unit} keeps it"
+                     if fits == 1 and plan.cp == 1 and plan.zero_stage and plan.dp > 1 else "")
+        return (f"rehearse it on {fits * unit} with --rehearse-dp {fits}{launch} (dp {plan.dp} -> {fits}, the rest of the "
+                f"layout kept, the global batch scaled to keep each replica's micro-batches){unsharded}")
+    return (f"the smallest rehearsal of this layout is {least * unit} processes ({layout_factors(plan, least)}): "
+            f"--rehearse-dp {least} --nproc-per-node {least * unit}; on {world_size}, re-solve for {world_size} GPUs "
+            f"(plan solve --gpus {world_size}) and run that plan")
 
 
 # --------------------------------------------------------------------------- scaling
 
 
-def scale_model(model: ModelSpec, r: Rehearsal, notes: list[str]) -> ModelSpec:
+def scale_model(model: ModelSpec, r: Rehearsal, tp: int, notes: list[str]) -> ModelSpec:
+    """The model with the rehearsal's layers, width, heads (KV heads follow) and vocabulary."""
     update: dict = {}
     if r.layers is not None and r.layers != model.num_layers:
         _positive(r.layers, "--scale-layers")
         if r.layers <= model.first_dense_layers:
             raise UsageError(f"--scale-layers {r.layers} leaves no mixture-of-experts layer after {model.name}'s "
-                             f"{model.first_dense_layers} dense ones; keep more than {model.first_dense_layers}")
+                             f"{model.first_dense_layers} dense ones; use --scale-layers {model.first_dense_layers + 1} or more")
         update["num_layers"] = r.layers
         notes.append(f"layers {model.num_layers} -> {r.layers}")
     heads = model.num_heads
-    if r.heads is not None and r.heads != model.num_heads:
+    if r.heads is not None:
         _positive(r.heads, "--scale-heads")
         heads = r.heads
-        kv = model.kv_heads * r.heads // model.num_heads
-        if kv < 1 or model.kv_heads * r.heads % model.num_heads:
-            raise UsageError(
-                f"--scale-heads {r.heads} cannot keep the {model.num_heads}:{model.kv_heads} query:KV head ratio; "
-                f"use a multiple of {model.num_heads // model.kv_heads}"
-            )
-        update["num_heads"], update["num_kv_heads"] = heads, (kv if model.num_kv_heads else None)
-        notes.append(f"heads {model.num_heads} -> {heads} (KV heads {model.kv_heads} -> {kv})")
+        kv, why = scaled_kv_heads(model, heads, tp)
+        if heads != model.num_heads or kv != model.kv_heads:
+            update["num_heads"], update["num_kv_heads"] = heads, (kv if model.num_kv_heads or kv != heads else None)
+            notes.append(f"heads {model.num_heads} -> {heads} (KV heads {model.kv_heads} -> {kv}{why})")
+    hidden = r.hidden if r.hidden is not None else model.hidden_size
+    if r.heads is not None and (heads % tp or not _head_dim_ok(model, hidden, heads)):
+        why = (f"tp={tp} does not divide the {heads} attention heads" if heads % tp else
+               f"it does not split hidden {hidden}{'' if model.learned_position_embeddings else ' into even widths (rotary embeddings)'}")
+        raise UsageError(f"--scale-heads {heads}: {why}; use {_heads_hint(model, hidden, tp, heads)}"
+                         + ("" if r.hidden is not None else " or change --scale-hidden"))
+    if not _head_dim_ok(model, hidden, heads):
+        raise UsageError(f"--scale-hidden {hidden} does not split into the {heads} attention heads of {model.name}"
+                         f"{'' if model.learned_position_embeddings else ' (even widths, for rotary embeddings)'}; use "
+                         f"--scale-hidden {_hidden_hint(model, hidden, heads)} or change --scale-heads")
     if r.hidden is not None and r.hidden != model.hidden_size:
         _positive(r.hidden, "--scale-hidden")
-        if r.hidden % heads:
-            raise UsageError(f"--scale-hidden {r.hidden} is not divisible by the {heads} attention heads; add --scale-heads")
-        ffn = max(1, round(model.ffn * r.hidden / model.hidden_size))
+        ffn = scaled_ffn(model, r.hidden)
         update["hidden_size"], update["ffn_hidden_size"] = r.hidden, ffn
         notes.append(f"hidden {model.hidden_size} -> {r.hidden} (FFN {model.ffn} -> {ffn})")
         if model.moe_ffn_hidden_size:
             update["moe_ffn_hidden_size"] = max(1, round(model.moe_ffn_hidden_size * r.hidden / model.hidden_size))
             notes.append(f"expert FFN {model.moe_ffn_hidden_size} -> {update['moe_ffn_hidden_size']}")
-    elif "num_heads" in update and model.hidden_size % heads:
-        raise UsageError(f"--scale-heads {heads} does not divide the hidden size {model.hidden_size}; add --scale-hidden")
     if r.vocab is not None and r.vocab != model.vocab_size:
         _positive(r.vocab, "--scale-vocab")
         update["vocab_size"] = r.vocab
@@ -129,6 +202,47 @@ def scale_model(model: ModelSpec, r: Rehearsal, notes: list[str]) -> ModelSpec:
         _positive(r.seq_len, "--scale-seq-len")
         update["max_seq_len"] = r.seq_len  # the learned position table shrinks with it
     return model.model_copy(update=update) if update else model
+
+
+def scaled_ffn(model: ModelSpec, hidden: int) -> int:
+    """The FFN width in the plan's proportion to the hidden size."""
+    return max(1, round(model.ffn * hidden / model.hidden_size))
+
+
+def scaled_kv_heads(model: ModelSpec, heads: int, tp: int) -> tuple[int, str]:
+    """KV heads for `heads` query heads: the model's query:KV ratio where it gives a count
+    that divides the heads and that tp divides (the reference model shards KV heads over tp,
+    never replicates them); else the nearest such count (by ratio), with why, for the notes.
+    When tp does not divide the heads no count fits: the ratio's, for the refusal to name."""
+    exact = model.kv_heads * heads / model.num_heads
+    divisors = [k for k in range(1, heads + 1) if heads % k == 0]
+    fitting = [k for k in divisors if k % tp == 0]
+    if exact == int(exact) and int(exact) in fitting:
+        return int(exact), ""
+    best = min(fitting or divisors, key=lambda k: (abs(math.log(k / exact)), -k))
+    if not fitting:
+        return best, ""
+    gives = (f"{exact:g}, which tp={tp} does not divide" if exact == int(exact)
+             else f"{exact:.3g} (not a whole number)")
+    return best, (f": the {model.num_heads}:{model.kv_heads} query:KV ratio gives {gives}; {best} is the nearest "
+                  f"count that divides the {heads} heads and that tp={tp} divides")
+
+
+def scaled_name(model: ModelSpec, scaled: ModelSpec, job: JobSpec, scaled_job: JobSpec) -> str:
+    """'llama3-8b scaled to 2 layers, hidden 256, 8 heads / 2 KV heads', naming what changed."""
+    parts = []
+    if scaled.num_layers != model.num_layers:
+        parts.append(f"{scaled.num_layers} layers")
+    if scaled.hidden_size != model.hidden_size:
+        parts.append(f"hidden {scaled.hidden_size}")
+    if (scaled.num_heads, scaled.kv_heads) != (model.num_heads, model.kv_heads):
+        kv = f" / {scaled.kv_heads} KV head{'s' if scaled.kv_heads > 1 else ''}" if scaled.kv_heads != scaled.num_heads else ""
+        parts.append(f"{scaled.num_heads} heads{kv}")
+    if scaled.vocab_size != model.vocab_size:
+        parts.append(f"vocabulary {scaled.vocab_size}")
+    if scaled_job.seq_len != job.seq_len:
+        parts.append(f"sequence {scaled_job.seq_len}")
+    return f"{model.name} scaled to {', '.join(parts)}" if parts else model.name
 
 
 def scale_job(job: JobSpec, r: Rehearsal, notes: list[str]) -> JobSpec:
@@ -144,7 +258,8 @@ def scale_plan(plan: Plan, old_layers: int, new_layers: int, notes: list[str]) -
         return plan
     stages = plan.virtual_stages
     if new_layers < stages:
-        raise UsageError(f"--scale-layers {new_layers} leaves fewer layers than the plan's {stages} pipeline stages")
+        raise UsageError(f"--scale-layers {new_layers} leaves fewer layers than the plan's {stages} pipeline stages; "
+                         f"use --scale-layers {stages} or more")
     split = proportional(plan.stage_layers(old_layers), new_layers, minimum=1)
     update: dict = {"layers_per_stage": split}
     if plan.stage_recompute is not None:
@@ -186,6 +301,38 @@ def runnable_model(model: ModelSpec, plan: Plan, notes: list[str]) -> ModelSpec:
     return model.model_copy(update=update) if update else model
 
 
+def _nearest(value: int, ok: Callable[[int], bool], most: Optional[int] = None) -> Optional[int]:
+    """The positive integer nearest to `value` (the larger on a tie), at most `most`, that
+    `ok` accepts; None when none is."""
+    most = most if most is not None else 4 * value + 1_000
+    for distance in range(0, most + value + 1):
+        for candidate in (value + distance, value - distance):
+            if 1 <= candidate <= most and ok(candidate):
+                return candidate
+    return None
+
+
+def _head_dim_ok(model: ModelSpec, hidden: int, heads: int) -> bool:
+    """`heads` split `hidden` (unless the head width is fixed), into even widths for rotary
+    embeddings (planner/distributed/reference_model.py rotates pairs of features)."""
+    if model.attention_head_dim is not None:
+        return model.learned_position_embeddings or model.attention_head_dim % 2 == 0
+    return hidden % heads == 0 and (model.learned_position_embeddings or (hidden // heads) % 2 == 0)
+
+
+def _heads_hint(model: ModelSpec, hidden: int, tp: int, heads: int) -> str:
+    """'--scale-heads N': the head count nearest to `heads` that tp divides and that splits
+    `hidden`; where none does, '--scale-heads tp --scale-hidden H' as well."""
+    fit = _nearest(heads, lambda a: a % tp == 0 and _head_dim_ok(model, hidden, a), most=hidden)
+    if fit is not None:
+        return f"--scale-heads {fit}"
+    return f"--scale-heads {tp} --scale-hidden {_hidden_hint(model, hidden, tp)}"
+
+
+def _hidden_hint(model: ModelSpec, hidden: int, heads: int) -> int:
+    return _nearest(hidden, lambda h: _head_dim_ok(model, h, heads))
+
+
 def _positive(value: int, option: str) -> None:
     if value < 1:
         raise UsageError(f"{option} must be at least 1, got {value}")
@@ -201,8 +348,42 @@ def _plan(fields: dict) -> Plan:
 # --------------------------------------------------------------------------- checks
 
 
+def rehearsal_problem(original: ModelSpec, model: ModelSpec, job: JobSpec, plan: Plan) -> Optional[str]:
+    """What of the model as scaled (named as such) or of the sequence the plan's layout cannot
+    shard, with the --scale-* value that would work (computed); None when nothing."""
+    tp, name = plan.tp, model.name
+    if model.num_heads % tp:
+        return (f"tp={tp} does not divide the {model.num_heads} attention heads of {name}; rehearse with "
+                f"{_heads_hint(model, model.hidden_size, tp, model.num_heads)}")
+    if model.kv_heads % tp:
+        kv, _ = scaled_kv_heads(model, model.num_heads, tp)
+        return (f"tp={tp} does not divide the {model.kv_heads} KV heads of {name} (the reference model shards KV heads, "
+                f"never replicates them); rehearse with --scale-heads {model.num_heads}: the KV heads then follow ({kv})")
+    if not _head_dim_ok(model, model.hidden_size, model.num_heads):
+        return (f"rotary embeddings need an even head width, and {name} has {model.hidden_size} / {model.num_heads}; "
+                f"rehearse with --scale-hidden {_hidden_hint(model, model.hidden_size, model.num_heads)}")
+    if model.ffn % tp:
+        hidden = _nearest(model.hidden_size, lambda h: _head_dim_ok(model, h, model.num_heads) and scaled_ffn(original, h) % tp == 0)
+        return (f"tp={tp} does not divide the FFN width {model.ffn} of {name}; rehearse with --scale-hidden {hidden} "
+                f"(FFN {scaled_ffn(original, hidden)})")
+    if model.vocab_size % tp:
+        return (f"tp={tp} does not divide the vocabulary of {model.vocab_size} of {name}; pad it or rehearse with "
+                f"--scale-vocab {_nearest(model.vocab_size, lambda v: v % tp == 0)}")
+    sp = tp if plan.sequence_parallel else 1
+    step = math.lcm(sp, 2 * plan.cp if plan.cp > 1 else 1, plan.cp * sp)  # cp_problem's chunks, SP's shards of them
+    if job.seq_len % step:
+        problem = (f"sequence parallelism needs tp={tp} to divide the sequence length {job.seq_len}" if job.seq_len % sp
+                   else cp_problem(plan.cp, tp, plan.sequence_parallel, job))
+        return f"{problem}; rehearse with --scale-seq-len {_nearest(job.seq_len, lambda n: n % step == 0)}"
+    if model.num_layers < plan.virtual_stages:
+        return (f"{name} has {model.num_layers} layers, fewer than pp x vpp = {plan.pp} x {plan.vpp} = {plan.virtual_stages} "
+                f"pipeline stages; rehearse with --scale-layers {max(plan.virtual_stages, model.first_dense_layers + 1)}")
+    return None
+
+
 def check_runnable(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
-    """Refuse what the reference model or torch.distributed cannot run, naming what to change."""
+    """Refuse what the reference model or torch.distributed cannot run, naming what to change
+    (what --scale-* can change is rehearsal_problem's, checked first)."""
     try:
         plan.validate_for(model, job)
     except PlanError as exc:
@@ -213,14 +394,6 @@ def check_runnable(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
     if plan.ep > 1 and plan.zero_stage >= 2:
         raise UsageError(f"plan run shards expert-parallel experts with ZeRO-0 or 1 only (ep={plan.ep} with ZeRO-{plan.zero_stage}); "
                          "use --zero 1, or ep=1")
-    if model.kv_heads % tp:
-        raise UsageError(
-            f"tp={tp} does not divide the {model.kv_heads} KV heads of {model.name} (the reference model does not replicate KV heads)"
-        )
-    if model.vocab_size % tp:
-        raise UsageError(f"tp={tp} does not divide the vocabulary of {model.vocab_size}; pad it or use --scale-vocab")
-    if plan.sequence_parallel and job.seq_len % tp:
-        raise UsageError(f"sequence parallelism needs tp={tp} to divide the sequence length {job.seq_len}")
     if plan.schedule == Schedule.one_f_one_b and pp > 1 and m < pp:
         raise UsageError(
             f"1F1B needs at least as many micro-batches as pipeline stages (torch.distributed.pipelining): "
@@ -231,13 +404,14 @@ def check_runnable(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
 
 
 def check_world(plan: Plan, world_size: int, how: str) -> None:
-    """The launch must have exactly dp x (cp x) tp x pp processes; print every factor when not."""
+    """The launch must have exactly dp x (cp x) tp x pp processes; print every factor when
+    not, and which options make the layout fit the launch (world_hint)."""
     if plan.world_size != world_size:
         names, values = ("dp x cp x tp x pp", f"{plan.dp} x {plan.cp} x {plan.tp} x {plan.pp}") if plan.cp > 1 else (
             "dp x tp x pp", f"{plan.dp} x {plan.tp} x {plan.pp}")
         raise UsageError(
             f"the plan needs {names} = {values} = {plan.world_size} processes "
-            f"but the launch has {world_size} ({how}); change --nproc-per-node/--nnodes or the plan"
+            f"but the launch has {world_size} ({how}); {world_hint(plan, world_size)}"
         )
 
 
@@ -274,6 +448,17 @@ def host_memory_bytes() -> Optional[int]:
 TORCH_PROCESS_BYTES = 0.3 * 2**30
 # CPU processes standing in for GPUs, per core: beyond this a rehearsal only measures contention.
 RANKS_PER_CORE = 8
+RESOLVE = "re-solve for fewer GPUs (plan solve --gpus N) and run that plan"
+
+
+def fewer_ranks_hint(plan: Plan, most: int) -> Optional[str]:
+    """How to run this layout on at most `most` processes with --rehearse-dp, or None."""
+    unit, least = plan.world_size // plan.dp, smallest_dp(plan)
+    dp = most // unit // least * least
+    if not least <= dp < plan.dp:
+        return None
+    upto = f"; this machine takes up to --rehearse-dp {dp}" if dp > least else ""
+    return f"--rehearse-dp {least} runs its layout on {least * unit} processes ({layout_factors(plan, least)}){upto}"
 
 
 def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Optional[int]) -> None:
@@ -284,7 +469,7 @@ def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Op
     if nproc_per_node > RANKS_PER_CORE * cores:
         raise UsageError(
             f"{nproc_per_node} CPU processes on {cores} cores is more than this machine can run ({RANKS_PER_CORE} per core at most); "
-            "rehearse the plan on fewer ranks: re-solve for fewer GPUs (plan solve --gpus N) and run that plan"
+            f"rehearse the plan on fewer ranks: {fewer_ranks_hint(case.plan, RANKS_PER_CORE * cores) or RESOLVE}"
         )
     if available is None:
         return
@@ -295,7 +480,9 @@ def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Op
     stage = max(sm.weights + sm.gradients + sm.optimizer_states + sm.activations for sm in est.memory_gib_per_pipeline_rank)
     per_rank = TORCH_PROCESS_BYTES + 4 * total_params(case.model) + stage * 2**30
     if per_rank * nproc_per_node > 0.9 * available:
+        fewer = fewer_ranks_hint(case.plan, int(0.9 * available / per_rank))
         raise UsageError(
             f"{case.model.name} needs about {per_rank / 2**30:.1f} GiB per rank x {nproc_per_node} ranks here, but this machine "
             f"has {available / 2**30:.1f} GiB available; rehearse a smaller model with --scale-layers/--scale-hidden/--scale-vocab"
+            + (f", or on fewer ranks: {fewer}" if fewer else "")
         )
