@@ -93,6 +93,14 @@ def test_each_family_reads_as_its_architecture_in_bf16(name):
     assert m.param_dtype.value == "bf16"  # whatever the checkpoint's torch_dtype: training is bf16 mixed precision
 
 
+def test_window_layers_follow_each_familys_rule_or_layer_types():
+    """Qwen2: the window only with use_sliding_window, on the layers from max_window_layers on
+    (Qwen2Config); an explicit layer_types list wins over a family's pattern."""
+    assert (read("qwen2-7b", use_sliding_window=True, max_window_layers=20, sliding_window=4096).sliding_window_layers) == 8
+    types = ["full_attention"] * 40 + ["sliding_attention"] * 2
+    assert read("gemma-2-9b", layer_types=types).sliding_window_layers == 2
+
+
 def test_the_checkpoint_dtype_is_said_not_planned():
     """Gemma-2-9B and OLMo 2 publish float32 checkpoints, Llama 2 float16: all train in bf16,
     and the source says what the checkpoint holds."""
