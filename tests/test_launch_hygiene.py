@@ -182,7 +182,9 @@ def test_one_machine_listens_on_loopback_only_and_sigterm_stops_the_run(place):
             os.killpg(proc.pid, signal.SIGKILL)
     assert time.time() - sent < STOP_WITHIN_S, err
     assert proc.returncode == 143, err
-    assert err.strip() == "error: interrupted by SIGTERM; all workers stopped" and out == "", err
+    *progress, last = err.strip().splitlines()  # progress lines on stderr (not a terminal: plain), then the error
+    assert last == "error: interrupted by SIGTERM; all workers stopped" and out == "", err
+    assert all(line.startswith("plan run: ") for line in progress), err
     _nothing_left(marker, cwd, tmp)
 
 
@@ -211,8 +213,10 @@ def test_sigterm_stops_plan_profile_and_leaves_nothing(place):
             os.killpg(proc.pid, signal.SIGKILL)
     assert time.time() - sent < STOP_WITHIN_S, err
     assert proc.returncode == 143, err
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert lines == ["error: interrupted by SIGTERM; all workers stopped"], err
+    *progress, last = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert last == "error: interrupted by SIGTERM; all workers stopped", err
+    assert progress[0].startswith("plan profile: estimate before starting: about "), err
+    assert all(line.startswith("plan profile: ") for line in progress), err
     assert out == "" and not out_path.exists()
     _nothing_left(marker, cwd, tmp)
 
@@ -254,4 +258,5 @@ def test_plan_run_progress_goes_to_a_terminal_stderr_and_json_stdout_stays_clean
     assert json.loads(stdout.read_text())["verdict"] == "pass"  # stdout holds one JSON object and nothing else
     assert "distributed run on 2 ranks, step" in shown and "3/3" in shown, shown[-3000:]
     assert "single-process reference run" in shown, shown[-3000:]
+    assert "plan run: estimate before starting: about " in shown and "plan run: done in " in shown, shown[-3000:]
     _nothing_left(marker, cwd, tmp)

@@ -168,6 +168,13 @@ def test_profile_two_processes_then_solve(tmp_path):
          "-o", str(out)], capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-2000:]
+    # stderr is a pipe: the estimate first, then plain lines, each item named as it starts, the end
+    # at work_items' count, and the time it took (issue 18, 9: nothing showed off a terminal)
+    err = run.stderr.splitlines()
+    assert err[0].startswith("plan profile: estimate before starting: about "), run.stderr[-2000:]
+    assert "gathering the measurements" in err[-2], run.stderr[-2000:]  # the launcher follows the last line: quick items may not show
+    done, total = err[-2].split("] ")[1].split(" ")[0].split("/")
+    assert done == total and err[-1].startswith("plan profile: measured in "), run.stderr[-2000:]
     cluster = ClusterSpec.model_validate_json(out.read_text())  # round trip through the schema
     assert ClusterSpec.model_validate_json(cluster.model_dump_json()) == cluster
     m = cluster.measured

@@ -14,6 +14,7 @@ from planner.cli import render
 from planner.cli.common import require_torch
 from planner.datafile import check_output, write_atomic
 from planner.errors import UsageError
+from planner.executor.duration import ItemClock
 from planner.distributed.launch import LaunchSpec, follow_progress, inside_launcher, launch, signals_interrupt, validate
 from planner.presets import load_model
 
@@ -30,7 +31,9 @@ from planner.presets import load_model
 @click.option("--node-rank", type=int, default=0, show_default=True)
 @click.option("--rdzv-endpoint", default=None, help="host:port of node 0, for several nodes.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True)
-@click.option("--quick", is_flag=True, help="Fewer sizes and repetitions (about a minute on 2 CPU processes).")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repetitions: GPT-2 124M at 1,024 tokens on 2 CPU processes took 2 min "
+              "on an idle 2-core machine, 2.5-3 min beside other work (without --quick, its own estimate says ~27 min); every run "
+              "prints its estimate first.")
 @click.option("--name", default=None, help="Name of the profile [default: measured-<host>].")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the profile JSON.")
 @click.option("--show", "show_path", type=click.Path(dir_okay=False), default=None, help="Print a profile as tables instead.")
@@ -92,18 +95,30 @@ def _launch_with_progress(spec: LaunchSpec, req, progress_path: str) -> dict:
     """Launch from this (main) thread, so that Ctrl-C and SIGTERM stop the workers the way
     `plan run`'s do (planner/distributed/launch.py); rank 0's progress lines drive a rich
     progress bar from a helper thread."""
-    from planner.profiler.profile import profile_worker
+    from planner.profiler.profile import START_S, profile_worker
 
     if inside_launcher():
         return launch(spec, profile_worker, req)
-    with render.progress_bar("measuring") as bar:
-        task = bar.add_task("starting workers", total=None)
+    items, estimate = _estimate(spec, req)
+    with render.ProgressLines("plan profile:", sys.stderr.isatty(), left=ItemClock(items, render.duration).update) as lines:
+        lines.say(f"estimate before starting: {estimate}")
+        lines.update(0, 0, f"starting {spec.nproc_per_node} worker{'s' if spec.nproc_per_node > 1 else ''}")
+        with follow_progress(progress_path, lines.update):
+            results = launch(spec, profile_worker, req)
+        lines.say(f"measured in {render.duration(lines.elapsed())} (estimated {render.duration(START_S + sum(items))})")
+        return results
 
-        def update(done: int, total: int, message: str) -> None:
-            bar.update(task, completed=done, total=total, description=message)
 
-        with follow_progress(progress_path, update):
-            return launch(spec, profile_worker, req)
+def _estimate(spec: LaunchSpec, req) -> tuple[list[float], str]:
+    """Each reported item's estimated seconds (planner/profiler/profile.py:work_items) at the
+    GEMM rate of one core here, measured now, and the estimate in words."""
+    from planner.executor.duration import core_gemm_rates, usable_cores
+    from planner.profiler.profile import _tp_shards, describe_work, work_items
+
+    fp32, _ = core_gemm_rates()
+    items = work_items(req, _tp_shards(req.model, spec.nproc_per_node), spec.world_size, spec.nproc_per_node, fp32,
+                       usable_cores())
+    return [s for _, s in items], describe_work(items, fp32, render.duration)
 
 
 def _factory_importable_from_cwd(model_factory: str) -> None:

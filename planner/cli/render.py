@@ -250,13 +250,115 @@ POOR_FIT = 0.25  # a collective fit off by more than this at some measured size 
 
 
 def progress_bar(description: str):
-    """A rich progress bar on stderr (stdout stays for results)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    """A rich progress bar on stderr (stdout stays for results); the time left is the
+    caller's estimate, in the description (rich's own extrapolates from the steps done,
+    which a first slow step or a long last phase misleads)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
         TextColumn(f"{description} [progress.description]{{task.description}}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+        TimeElapsedColumn(), console=Console(stderr=True), transient=True,
     )
+
+
+# Off a terminal: a report a line of its own when this long after the last line (seconds;
+# quicker ones are thinned out), and a phase that goes on a line at least every PLAIN_EVERY_S.
+PLAIN_STEP_S, PLAIN_EVERY_S = 2.0, 10.0
+
+
+class ProgressLines:
+    """Progress of long work on stderr, as a rich bar on a terminal, else as plain lines: one
+    when the phase changes (the message with its numbers left out: 'block b=1 tp=2' is the
+    phase of 'block b=2 tp=1'), for the last report, for any report PLAIN_STEP_S after the
+    last line, and every PLAIN_EVERY_S while a phase goes on (a heartbeat thread renders the
+    last report again, with `left(done, total, message)`, the caller's estimate of the time
+    left, recomputed). `say` prints a line either way
+    (above the bar on a terminal)."""
+
+    def __init__(self, label: str, terminal: bool, left=None, clock=None, heartbeat: bool = True):
+        import threading
+        import time
+
+        self.label, self.terminal, self.left, self.clock = label, terminal, left, clock or time.monotonic
+        self.start = self.printed_at = self.clock()
+        self.bar = self.task = self.last = self.printed = None
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.beater = threading.Thread(target=self._beat, name="plan-progress-beat", daemon=True) if heartbeat else None
+
+    def __enter__(self) -> "ProgressLines":
+        if self.terminal:
+            self.bar = progress_bar(self.label)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("starting", total=None)
+        if self.beater is not None:
+            self.beater.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.beater is not None:
+            self.beater.join(timeout=2)
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def say(self, text: str) -> None:
+        line = f"{self.label} {text}"
+        if self.bar is not None:
+            self.bar.console.print(escape(line), highlight=False, soft_wrap=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def update(self, done: int, total: int, message: str) -> None:
+        with self.lock:
+            self.last = (done, total, message)
+            self._render(fresh=True)
+
+    def _beat(self) -> None:
+        while not self.stop.wait(1.0 if self.terminal else PLAIN_EVERY_S / 4):
+            self.beat()
+
+    def beat(self) -> None:
+        """The last report again, with the time left recomputed (the heartbeat thread's)."""
+        with self.lock:
+            if self.last is not None:
+                self._render(fresh=False)
+
+    def _render(self, fresh: bool) -> None:
+        import re
+
+        done, total, message = self.last
+        left = self.left(done, total, message) if self.left else ""
+        text = f"{message}{f'; {left}' if left else ''}"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, total=total or None, description=escape(text))
+            return
+        now, phase = self.clock(), re.sub(r"\d+", "#", message)
+        news = fresh and (phase != self.printed or done >= total or now - self.printed_at >= PLAIN_STEP_S)
+        if news or now - self.printed_at >= PLAIN_EVERY_S:
+            self.printed, self.printed_at = phase, now
+            self.say(f"[{_clock(now - self.start)}] {done}/{total} {text}")
+
+
+def _clock(seconds: float) -> str:
+    minutes, s = divmod(int(seconds), 60)
+    return f"{minutes}:{s:02d}"
+
+
+def duration(seconds: float) -> str:
+    """'0.4 s', '45 s', '2.5 min', '7 min', '1 h 20 min': an estimate's precision, no more."""
+    if seconds < 10:
+        return f"{max(seconds, 0.1):.1f} s"
+    if seconds < 90:
+        return f"{round(seconds)} s"
+    if seconds < 600:
+        return f"{round(seconds / 30) / 2:g} min"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes} min"
 
 
 def profile_report(cluster: ClusterSpec) -> None:

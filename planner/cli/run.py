@@ -16,9 +16,9 @@ from planner.cli.common import check_plan, check_profile_size, check_real, requi
 from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError, UsageError
 from planner.executor.prepare import Rehearsal, check_host_memory, check_world, host_memory_bytes, prepare_case
-from planner.executor.runner import RunOptions, launch_world, resolve_backend, run_plans
+from planner.executor.runner import RunOptions, check_fp8, launch_world, resolve_backend, run_plans
 from planner.executor.verify import DEFAULT_TOLERANCE
-from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher, signals_interrupt
+from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher, signals_interrupt, validate
 from planner.plan_file import read_plan_file
 from planner.specs import RunReport
 
@@ -91,6 +91,7 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
     if tolerance <= 0 or timeout_s <= 0:
         raise UsageError("--tolerance and --timeout must be positive")
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    validate(spec)  # launch() checks it too, but only after the estimate would have been printed
     world, how = launch_world(spec)
     check_world(case.plan, world, how)
     check_profile_size(doc.cluster, world, plan_file)  # a profile predicts only the world it measured
@@ -100,20 +101,30 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
     check_profile_size(doc.cluster, world, plan_file, backend)
     if backend == "gloo" and not inside_launcher():
         check_host_memory(case, doc.cluster, nproc_per_node, host_memory_bytes())
-    with _progress() as progress:
+    if case.fp8:  # run_plans refuses it too, but only after the estimate would have been printed
+        check_fp8("cuda" if backend == "nccl" else "cpu")
+    with _progress(case, doc.cluster, backend, world) as progress:
         return run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file], progress)[0]
 
 
 @contextlib.contextmanager
-def _progress():
-    """A progress bar on stderr when stderr is a terminal (never on stdout, so --json stays
-    clean): the distributed run's steps, then the single-process reference run."""
-    if not sys.stderr.isatty() or inside_launcher():
+def _progress(case, cluster, backend: str, world: int):
+    """Progress on stderr (never on stdout, so --json stays clean): first an estimate of the
+    whole run (planner/executor/duration.py), then a bar on a terminal or plain lines
+    elsewhere: workers starting, the distributed run's steps, the single-process reference
+    runs, each with the time left; at the end the time it took."""
+    if inside_launcher():  # rank 0 of torchrun / Slurm reports; the enclosing launcher shows its progress
         yield None
         return
-    with render.progress_bar("plan run:") as bar:
-        task = bar.add_task("starting workers", total=None)
-        yield lambda done, total, message: bar.update(task, completed=done, total=total, description=message)
+    from planner.executor.duration import RunClock, core_gemm_rates, estimate_run
+
+    est = estimate_run(case, core_gemm_rates(), cluster if backend == "nccl" else None)
+    clock = RunClock(est, render.duration)
+    with render.ProgressLines("plan run:", sys.stderr.isatty(), left=clock.update) as lines:
+        lines.say(f"estimate before starting: {est.describe(render.duration)}")
+        lines.update(0, case.steps, f"starting {world} worker{'s' if world > 1 else ''}")
+        yield lines.update
+        lines.say(f"done in {render.duration(lines.elapsed())} (estimated {render.duration(est.total_s)} before starting)")
 
 
 def _import_torch() -> None:

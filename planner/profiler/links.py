@@ -124,12 +124,12 @@ def sweep(
                 continue
             points = []
             for nbytes in sizes:
+                progress(f"{collective.value} x{len(members)}{' across nodes' if inter else ''} {nbytes} B")
                 if rank in members:
                     t = time_collective(collective, group, members, rank, nbytes, reps, warmup, device, sync)
                 else:
                     t = 0.0
                 points.append((nbytes, t))
-                progress(f"{collective.value} x{len(members)}{' across nodes' if inter else ''} {nbytes} B")
             dist.barrier()
             if rank == 0:
                 alpha, bw, err = fit_alpha_beta(collective, len(members), points)

@@ -16,7 +16,7 @@ import os
 import socket
 import statistics
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -73,22 +73,76 @@ class ProfileRequest:
         return [2**e for e in exps]
 
 
-def plan_steps(req: ProfileRequest, tps: list[int], world: int, nproc: int) -> int:
+def stack_tp(tps: list[int]) -> int:
+    """The TP degree the collective-call stacks are timed at: the smallest above 1, or 1."""
+    return min((t for t in tps if t > 1), default=1)
+
+
+# Of one core's fp32 GEMM rate (planner/executor/duration.py:core_gemm_rates), what the
+# profile's timed modules keep per rank, all ranks measuring at once: GPT-2 124M at 1,024
+# tokens on 2 processes of a 2-core machine ran its blocks at 0.41, its LM head at 0.40 and
+# its stacks of 4 blocks at 0.6 of that rate (a --quick run of 145 s, November 2026).
+PROFILE_EFFICIENCY = 0.45
+# What takes time without FLOPs, measured in the same run (seconds): starting the workers;
+# the GEMM sweep, the copy, the collective sweeps and the overlap together.
+START_S, MEASURE_S = 4.0, 4.0
+
+
+def work_items(req: ProfileRequest, tps: list[int], world: int, nproc: int, flops_per_s: float,
+               cores: int) -> list[tuple[str, float]]:
+    """(phase, estimated seconds) of every item profile_worker reports, in its order: the
+    layers, then the matmul sweep, copy bandwidth, each collective size and overlap
+    ('other'), then the stacks of blocks timed as plan run issues their collective calls."""
+    from cost_models.compute import head_flops_forward, layer_flops_forward
+    from planner.profiler.calls import STACK_LAYERS
     from planner.profiler.links import group_shapes
 
-    layers = len(req.micro_batches) * (len(tps) + 2)
-    links = sum(len(req.message_sizes) * (4 if len(m) % 2 == 0 else 3) for m, _ in group_shapes(world, nproc))
-    return layers + 4 + links  # 4: matmul sweep, memory bandwidth, overlap, collective calls
+    rate = flops_per_s * PROFILE_EFFICIENCY / max(1.0, nproc / cores)  # one rank's, ranks sharing cores
+    runs = 3 * req.warmup + 4 * req.layer_reps + 2  # forward-equivalents of measure_module: warm-up and timed (fwd, fwd+bwd), saved bytes, FLOPs
+    m, s = req.model, req.seq_len
+    layers: list[float] = []
+    for b in req.micro_batches:
+        shards = [1] if req.model_factory else tps
+        layers += [runs * layer_flops_forward(m, b, s) / t / rate for t in shards] + [0.0] * (len(tps) - len(shards) + 1)
+        layers.append(0.0 if req.model_factory else runs * head_flops_forward(m, b, s) / rate)
+    links = sum(len(req.message_sizes) * (4 if len(g) % 2 == 0 else 3) for g, _ in group_shapes(world, nproc))
+    stacks = 0.0
+    if world > 1 and not req.model_factory:  # plain and ZeRO-3, then TP and its local twin: fwd + bwd each
+        tp = stack_tp(tps)
+        shards = 2 + (2 / tp if tp > 1 else 0)
+        stacks = (req.warmup + req.layer_reps) * 3 * STACK_LAYERS * layer_flops_forward(m, max(req.micro_batches), s) * shards / rate
+    return ([("layers", x) for x in layers] + [("other", MEASURE_S / (links + 3))] * (links + 3)  # + matmul, copy, overlap
+            + [("stacks", stacks)])
+
+
+def describe_work(items: list[tuple[str, float]], flops_per_s: float, fmt: Callable[[float], str]) -> str:
+    """The estimate in words: the whole, and its phases."""
+    phase = {name: sum(s for n, s in items if n == name) for name in ("layers", "other", "stacks")}
+    total = START_S + sum(phase.values())
+    stacks = f", blocks timed as plan run calls their collectives ~{fmt(phase['stacks'])}" if phase["stacks"] else ""
+    return (f"about {fmt(total)} (an estimate from FLOPs at the {flops_per_s / 1e9:.0f} GFLOP/s one core multiplies here): "
+            f"the layers ~{fmt(phase['layers'])}{stacks}, starting, GEMM sweep and collectives ~{fmt(START_S + phase['other'])}")
 
 
 class Progress:
-    """Rank 0 appends 'done/total message' lines to a file the launcher renders."""
+    """Rank 0 appends 'done/total message' lines to a file the launcher renders: each item as
+    it starts (done: the items before it), and the end."""
 
     def __init__(self, path: Optional[str], total: int, enabled: bool):
         self.path, self.total, self.done, self.enabled = path, total, 0, enabled
 
     def __call__(self, message: str) -> None:
+        self._write(message)
         self.done += 1
+
+    def skip(self, items: int) -> None:
+        self.done += items
+
+    def finish(self, message: str) -> None:
+        self.done = self.total
+        self._write(message)
+
+    def _write(self, message: str) -> None:
         if not self.enabled:
             return
         line = f"{min(self.done, self.total)}/{self.total} {message}\n"
@@ -162,24 +216,23 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     dtype = DType.bf16 if device.type == "cuda" else DType.fp32
     capacity, overhead = _memory_and_overhead(device, nproc)
     tps = _tp_shards(req.model, nproc)
-    progress = Progress(req.progress_path, plan_steps(req, tps, world, nproc), rank == 0)
+    progress = Progress(req.progress_path, len(work_items(req, tps, world, nproc, 1.0, 1)), rank == 0)
 
     if req.model_factory:
         layers = compute.profile_factory_blocks(
             req.model_factory, req.blocks_attr or "layers", req.model, dtype, device, list(req.micro_batches),
             req.seq_len, req.warmup, req.layer_reps, sync, progress, lockstep,
         )
-        for _ in range(len(req.micro_batches) * (len(tps) + 1)):
-            progress("user model: blocks only")
+        progress.skip(len(req.micro_batches) * (len(tps) + 1))  # the reference model's other layers: not measured
     else:
         layers = compute.profile_layers(
             req.model, dtype, device, list(req.micro_batches), req.seq_len, tps, req.warmup, req.layer_reps, sync, progress,
             lockstep,
         )
-    matmul = compute.matmul_sweep(dtype, device, req.matmul_sizes, req.reps, sync, lockstep)
     progress("matmul sweep")
-    bandwidth = compute.copy_bandwidth(device, (64 if req.quick else 256) * 2**20, req.reps, sync, lockstep)
+    matmul = compute.matmul_sweep(dtype, device, req.matmul_sizes, req.reps, sync, lockstep)
     progress("memory bandwidth")
+    bandwidth = compute.copy_bandwidth(device, (64 if req.quick else 256) * 2**20, req.reps, sync, lockstep)
     tables: dict = {}
     if device.type == "cuda":  # the presets' kernel tables, measured (planner/profiler/kernels.py)
         from planner.profiler import kernels
@@ -189,14 +242,14 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
                                        torch.cuda.get_device_properties(device).multi_processor_count)
     dist.barrier()
     sweeps = links.sweep(rank, world, nproc, req.message_sizes, req.reps + 1, req.warmup, device, sync, progress)
-    overlap = links.overlap_efficiency(rank, None, device, req.reps + 2, sync) if world > 1 else 1.0
     progress("communication/compute overlap")
+    overlap = links.overlap_efficiency(rank, None, device, req.reps + 2, sync) if world > 1 else 1.0
+    progress("collective calls as plan run issues them (a stack of blocks with TP and with ZeRO-3)")
     stacks = []
     if world > 1 and not req.model_factory:  # the executor shards the reference model's blocks only
-        tp = min((t for t in tps if t > 1), default=1)
-        stacks = calls.time_stacks(req.model, device, max(req.micro_batches), req.seq_len, tp, req.layer_reps, req.warmup, sync,
-                                   lockstep)
-    progress("collective calls as plan run issues them")
+        stacks = calls.time_stacks(req.model, device, max(req.micro_batches), req.seq_len, stack_tp(tps), req.layer_reps,
+                                   req.warmup, sync, lockstep)
+    progress.finish("gathering the measurements")
 
     gathered: list = [None] * world
     dist.all_gather_object(gathered, (layers, matmul, bandwidth, capacity, overhead))
