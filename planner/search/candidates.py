@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from cost_models.tables import (
@@ -153,15 +153,58 @@ def _mesh_orders(cluster: ClusterSpec, dp: int, tp: int, pp: int, keep_all: bool
     return kept, len(MESH_ORDERS) - len(kept)
 
 
+@dataclass(frozen=True)
+class Layouts:
+    """Every layout of a search space before --fix and a target's filters, and the rejections
+    so far: what the searches of several stacks over one space share (planner/search/stacks.py)."""
+
+    space: SearchSpace  # the space they were enumerated for
+    candidates: tuple  # of Candidate, in enumeration order
+    rejected: Counter
+
+    def covers(self, space: SearchSpace) -> bool:
+        """Whether these are the layouts of `space` (which may have fewer TP-overlap choices)."""
+        return _untargeted(self.space) == _untargeted(space) and set(space.tp_comm_overlap) <= set(self.space.tp_comm_overlap)
+
+
+def _untargeted(space: SearchSpace) -> SearchSpace:
+    """`space` without what enumerate_candidates applies after enumerate_layouts."""
+    return replace(space, fixed={}, recompute_modes=MODES, tp_comm_overlap=(), rules=None, target_problems=None)
+
+
 def enumerate_candidates(
-    model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
+    model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, layouts: Optional[Layouts] = None
 ) -> tuple[list[Candidate], Counter]:
-    """Every layout of the search space, and how many were rejected and why."""
+    """Every layout of the search space, and how many were rejected and why: the layouts
+    (`layouts` when enumerated once for several targets), less what --fix excludes and what
+    the target stack cannot express."""
+    if layouts is None:
+        layouts = enumerate_layouts(model, cluster, space)
+    elif not layouts.covers(space):
+        raise ValueError("enumerate_candidates: layouts of another search space")  # an internal invariant
+    rejected = Counter(layouts.rejected)
+    out: list[Candidate] = []
+    for c in layouts.candidates:
+        if c.sequence_parallel and c.tp_comm_overlap not in space.tp_comm_overlap:
+            continue  # a choice this target does not have (layouts enumerated for one that has it)
+        if any(getattr(c, k) != val for k, val in space.fixed.items()):
+            rejected[FIXED] += 1
+        elif space.rules is not None and _inexpressible(space.rules, c, model.num_layers):
+            rejected[TARGET] += 1
+        elif space.target_problems is not None and space.target_problems(c.plan()):
+            rejected[TARGET] += 1
+        else:
+            out.append(c)
+    return out, rejected
+
+
+def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> Layouts:
+    """Every layout of the search space that can work and can win (divisibility, TP inside a
+    node, dominated choices), before --fix and the target's rules."""
     rejected: Counter = Counter()
     out: list[Candidate] = []
     n, L = space.num_gpus, model.num_layers
     max_tp = space.max_tp or cluster.gpus_per_node
-    fixed = space.fixed
     order_cache: dict = {}
     for tp in divisors(n):
         if tp_problem(model, tp):
@@ -211,18 +254,8 @@ def enumerate_candidates(
                                     rejected[DOMINATED] += dropped_orders
                                     for order, ov, ep, fp8 in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
                                                                                 _ep_degrees(model, dpw, tp), space.fp8):
-                                        c = Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp)
-                                        if any(getattr(c, k) != val for k, val in fixed.items()):
-                                            rejected[FIXED] += 1
-                                            continue
-                                        if space.rules is not None and _inexpressible(space.rules, c, L):
-                                            rejected[TARGET] += 1
-                                            continue
-                                        if space.target_problems is not None and space.target_problems(c.plan()):
-                                            rejected[TARGET] += 1
-                                            continue
-                                        out.append(c)
-    return out, rejected
+                                        out.append(Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp))
+    return Layouts(space, tuple(out), rejected)
 
 
 def _ep_degrees(model: ModelSpec, dp: int, tp: int) -> list[int]:

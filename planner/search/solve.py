@@ -31,7 +31,7 @@ from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recom
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
-from .candidates import MEMORY, Candidate, CostTables, SearchSpace, enumerate_candidates
+from .candidates import MEMORY, Candidate, CostTables, Layouts, SearchSpace, enumerate_candidates
 from .ilp import Solution, canonical_counts, default_solver, solve_candidate
 
 REL_TOL = 1e-9  # bound comparisons
@@ -56,6 +56,7 @@ class SearchStats:
     solve_time_s: float = 0.0
     optimal: bool = True
     optimality_gap: float = 0.0  # (best found - lower bound) / best found: 0 when proven optimal
+    lower_bound: float = float("inf")  # seconds per token no plan of the space beats (the best found when optimal)
     layouts_represented: int = 0  # with every layer split and recompute choice the ILP covers
 
 
@@ -65,6 +66,7 @@ class SearchResult:
     alternatives: list
     stats: SearchStats
     fastest: Optional[Found] = None  # the shortest predicted time (the ILP's optimum)
+    stacks: list = field(default_factory=list)  # without a target: each stack's own search (planner/search/stacks.py)
 
 
 def decode(c: Candidate, counts) -> Plan:
@@ -116,13 +118,16 @@ def solve(
     time_limit: Optional[float] = None,
     solver: Optional[str] = None,
     progress: Optional[Callable[[str], None]] = None,
+    layouts: Optional[Layouts] = None,
 ) -> SearchResult:
-    """Find the layout with the shortest predicted time per token that fits every GPU."""
+    """Find the layout with the shortest predicted time per token that fits every GPU, for
+    job.target (`space` holds what that stack can express). `layouts`: the space's layouts
+    when enumerated once for several targets (candidates.py:enumerate_layouts)."""
     start = time.perf_counter()
     limit = memory_limit_gib_of(cluster, memory_limit_gib)
     solver = solver or default_solver()
     stats = SearchStats(solver=solver)
-    cands, stats.rejected = enumerate_candidates(model, cluster, space)
+    cands, stats.rejected = enumerate_candidates(model, cluster, space, layouts)
     stats.candidates_considered = len(cands) + sum(stats.rejected.values())
     tables = CostTables(model, cluster, job)
 
@@ -173,10 +178,11 @@ def solve(
         found.sort(key=lambda t: (t[0], t[1]))
     stats.pruned_by_bound = len(heap) + cut  # + candidates whose ILP proved them no faster than the k-th plan
     stats.solve_time_s = time.perf_counter() - start
+    # Every plan not found is no faster than the least bound left unexplored.
+    unexplored = float("inf") if stats.optimal else min(unproven, heap[0][0] if heap else float("inf"))
+    stats.lower_bound = min(unexplored, found[0][0] if found else float("inf"))
     if found and not stats.optimal:
-        # Every plan not found is no faster than the least bound left unexplored.
-        lower = min(unproven, heap[0][0] if heap else float("inf"))
-        stats.optimality_gap = max(0.0, (found[0][0] - lower) / found[0][0])
+        stats.optimality_gap = max(0.0, (found[0][0] - stats.lower_bound) / found[0][0])
 
     results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes, solver, space.rules)
                for _, i, sol in found[: top_k + 1]]
@@ -191,8 +197,19 @@ def _per_token(f: Found, t: float) -> float:
     return t / (f.job.global_batch_size * f.job.seq_len)
 
 
+def seconds_per_token(f: Found) -> float:
+    """What the search minimises: the predicted step time over the tokens of the step."""
+    return _per_token(f, f.estimate.step_time_s)
+
+
+# break_ties in one sentence, for the places that print a recommendation (planner/cli/render.py
+# and the document's tie_rule, planner/search/report.py).
+TIE_RULE = ("among the plans whose predicted intervals overlap the fastest plan's, the one whose interval ends lowest "
+            "(the best worst case) is recommended")
+
+
 def break_ties(results: list) -> list:
-    """The tie rule. Plans whose intervals overlap the fastest plan's cannot be told apart
+    """The tie rule (TIE_RULE). Plans whose intervals overlap the fastest plan's cannot be told apart
     by the prediction; among them recommend the one whose interval ends lowest (the best
     worst case, time per token). Compute and communication carry different errors
     (planner/specs.py:Uncertainty), so this prefers the plan that depends least on the
@@ -274,16 +291,18 @@ def _materialise(
     return Found(sol.candidate, plan, cjob, evaluate(pc, list(counts)))
 
 
-def infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace, limit_gib: float) -> InfeasibleError:
+def infeasibility(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace, limit_gib: float, stacks: Optional[str] = None,
+) -> InfeasibleError:
     """Why nothing fits: the least memory any layout needs, how far over that is, and what
-    would make it fit."""
+    would make it fit. `stacks`: the stacks searched, where not job.target alone."""
     need = min_memory_needed(model, cluster, job, space)
     if need is None:
         return InfeasibleError("no layout of the search space is valid for this model and GPU count (check --fix and divisibility)")
     over = need - limit_gib
     if over <= 0:  # the floor ignores what the target stack cannot express of splits and recompute
         return InfeasibleError(
-            f"no layout fits in {limit_gib:g} GiB per GPU under what {job.target.value} can express (its splits and "
+            f"no layout fits in {limit_gib:g} GiB per GPU under what {stacks or job.target.value} can express (its splits and "
             f"recompute rules; a free split would need {need:.1f} GiB); try --target generic to see the free optimum, "
             "more GPUs, or a larger-memory cluster"
         )
