@@ -46,6 +46,8 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
         fields["plan"] = alt.get("plan")
         if alt.get("global_batch_size") is not None:
             fields["job"] = {**fields["job"], "global_batch_size": alt["global_batch_size"]}
+        if alt.get("target") is not None:  # 1.6: the stack it was costed for (before: the document's)
+            fields["job"] = {**fields["job"], "target": alt["target"]}
     if _older(version, (1, 3)) and isinstance(fields["plan"], dict) and fields["plan"].get("stage_recompute"):
         # before 1.3 `recompute` could contradict stage_recompute (which won): derive it again
         fields["plan"] = {k: v for k, v in fields["plan"].items() if k != "recompute"}

@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # 1.1: a pipeline rank is called so (`pipeline_rank`, `memory_gib_per_pipeline_rank`,
 # `bottleneck_pipeline_rank`, `pipeline_ranks`); "stage" means a virtual pipeline stage only.
 # Readers still accept the 1.0 names (_renamed below).
-SCHEMA_VERSION = "1.5"
+# 1.6: `plan solve` without --target searches every stack: SolveDocument.stacks, tie_rule and
+# Alternative.target (planner/search/stacks.py); read without them, alternatives are job.target's.
+SCHEMA_VERSION = "1.6"
 
 
 class _Spec(BaseModel):
@@ -975,6 +977,11 @@ class Alternative(_Spec):
     plan: Plan = Field(description="The layout.")
     global_batch_size: int = Field(description="Sequences per step of this layout (differs between layouts only when the job fixes the micro-batch, not the batch).")
     estimate: Estimate = Field(description="Its predicted time and memory.")
+    target: Optional[Target] = Field(
+        default=None,
+        description="The stack it was searched and costed for, which runs it (`plan export --alternative K --to` it); "
+        "None in documents before 1.6: the document's job.target. (schema 1.6)",
+    )
 
 
 class SearchReport(_Spec):
@@ -992,6 +999,27 @@ class SearchReport(_Spec):
     solve_time_s: float = Field(description="Wall time of the search.")
     optimal: bool = Field(description="True when the plan is proven optimal for the search space; False after --time-limit.")
     optimality_gap: float = Field(default=0.0, description="Proven bound on how far the plan may be from the optimum: (its time per token - the least lower bound left) / its time per token; 0 when optimal.")
+
+
+class TieBreak(_Spec):
+    """Why the recommended plan is not the fastest predicted one (planner/search/solve.py:break_ties)."""
+
+    faster_alternatives: list[int] = Field(
+        description="Alternatives (1 = the first) predicted faster than the plan: their intervals overlap its, and end higher."
+    )
+    rule: str = Field(description="The tie rule, in one sentence.")
+
+
+class StackAnswer(_Spec):
+    """One stack's own answer, in a `plan solve` without --target (which searches every stack)."""
+
+    target: Target = Field(description="The stack.")
+    alternative: Optional[int] = Field(
+        description="Where this document holds the plan `plan solve --target` this stack would recommend: 0 the document's "
+        "own plan, K alternative K (`plan export --alternative K`); None when the stack has none (see reason)."
+    )
+    reason: Optional[str] = Field(default=None, description="Why the stack has no plan.")
+    search: Optional[SearchReport] = Field(default=None, description="Its search; None where it was not searched (a --fix it cannot honour).")
 
 
 class LinkVolume(_Spec):
@@ -1016,9 +1044,19 @@ class Explanation(_Spec):
 class SolveDocument(PlanDocument):
     """`plan solve --json` / `-o`: a plan document plus the alternatives and the search."""
 
-    alternatives: list[Alternative] = Field(description="The next-best layouts, best first.")
-    search: SearchReport = Field(description="Search statistics.")
+    alternatives: list[Alternative] = Field(
+        description="The next-best layouts, best first; without --target those of every stack, and each stack's own best."
+    )
+    search: SearchReport = Field(description="Search statistics (without --target summed over the stacks, solve_time_s the whole search's).")
     explanation: Explanation = Field(description="Bottlenecks and communication of the chosen plan.")
+    stacks: list[StackAnswer] = Field(
+        default_factory=list,
+        description="Without --target: every stack searched, its best first; the plan is the best any stack runs and job.target "
+        "names that stack. Empty after --target. (schema 1.6)",
+    )
+    tie_rule: Optional[TieBreak] = Field(
+        default=None, description="Set when the tie rule recommended the plan over faster alternatives; None when it is the fastest predicted. (schema 1.6)"
+    )
 
 
 # ----- run report

@@ -1,8 +1,14 @@
 """`plan solve`'s answers for the README's examples, pinned: the same plans (every field) and
 step times equal to 1e-9 relative. A refactor of the cost model or the search must not move
-them; a deliberate change of the cost model regenerates the file and says why:
+them; a deliberate change of the cost model regenerates the files and says why:
 
-    python -m tests.test_solve_pinned --write
+    python -m tests.test_solve_pinned --write [generic|default]
+
+Two sets: data/solve_pinned.json, the free search (`--target generic`, what `plan solve` did
+without --target before every stack was searched), and data/solve_pinned_default.json, the
+answer without --target (planner/search/stacks.py: the best plan of megatron, deepspeed,
+torchtitan and accelerate, each plan with the stack it was costed for, and which plan each
+stack's own recommendation is), written by the commit that made that the default.
 
 data/solve_pinned.json was written by commit f5c088a, before the cost model was stated once
 (cost_models/terms.py). Where several splits of one layout tie exactly (recompute on a stage
@@ -28,9 +34,12 @@ from cost_models.terms import MODES
 from planner.search.candidates import Candidate, CostTables, SearchSpace
 from planner.search.ilp import default_solver
 from planner.search.solve import decode, settle, solve
+from planner.search.report import solve_document
+from planner.search.stacks import solve_stacks
 from planner.specs import JobSpec, ModelSpec, Plan, memory_limit_gib
 
 PINNED = Path(__file__).parent / "data" / "solve_pinned.json"
+PINNED_DEFAULT = Path(__file__).parent / "data" / "solve_pinned_default.json"
 
 GPT_1T = ModelSpec(
     name="gpt-1t", num_layers=128, hidden_size=25600, num_heads=160, vocab_size=51200, max_seq_len=2048,
@@ -64,6 +73,17 @@ def run_case(name: str) -> list[dict]:
     return [{"plan": f.plan.model_dump(mode="json"), "step_time_s": f.estimate.step_time_s} for f in found]
 
 
+def run_default_case(name: str) -> dict:
+    """The answer of every stack's search (no --target) of one case, as plain data: its plans
+    with their stacks, and where each stack's own recommendation is among them (0: the plan)."""
+    model, cluster, job, gpus, fixed = _setting(name)
+    res = solve_stacks(model, cluster, job, SearchSpace(num_gpus=gpus, global_batch_size=job.global_batch_size, fixed=fixed))
+    doc = solve_document(model, cluster, gpus, res)
+    return {"plans": [{"target": f.job.target.value, "plan": f.plan.model_dump(mode="json"), "step_time_s": f.estimate.step_time_s}
+                      for f in [res.best, *res.alternatives]],
+            "stacks": {a.target.value: a.alternative for a in doc.stacks}}
+
+
 def canonical(name: str, plan_json: dict) -> dict:
     """A pinned plan with its split replaced by the canonical one of equal step time."""
     model, cluster, job, _, _ = _setting(name)
@@ -88,6 +108,20 @@ def test_solve_answers_are_pinned(name):
         assert math.isclose(g["step_time_s"], e["step_time_s"], rel_tol=1e-9), (name, g["step_time_s"], e["step_time_s"])
 
 
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_default_answers_are_pinned(name):
+    """Without --target: the same plans of the same stacks, in the same order."""
+    expected = json.loads(PINNED_DEFAULT.read_text())[name]
+    got = run_default_case(name)
+    assert got["stacks"] == expected["stacks"], name
+    assert [(g["target"], g["plan"]) for g in got["plans"]] == [(e["target"], e["plan"]) for e in expected["plans"]], name
+    for g, e in zip(got["plans"], expected["plans"]):
+        assert math.isclose(g["step_time_s"], e["step_time_s"], rel_tol=1e-9), (name, g["step_time_s"], e["step_time_s"])
+
+
 if __name__ == "__main__" and "--write" in sys.argv:
-    PINNED.write_text(json.dumps({c[0]: run_case(c[0]) for c in CASES}, indent=1) + "\n")
-    print(f"wrote {PINNED}")
+    which = sys.argv[sys.argv.index("--write") + 1:] or ["generic", "default"]
+    for kind, path, run in (("generic", PINNED, run_case), ("default", PINNED_DEFAULT, run_default_case)):
+        if kind in which:
+            path.write_text(json.dumps({c[0]: run(c[0]) for c in CASES}, indent=1) + "\n")
+            print(f"wrote {path}")

@@ -14,8 +14,23 @@ from planner.presets import load_model
 from planner.specs import ClusterSpec, JobSpec, LossKernel, ModelSpec, Plan, PlanError, Target, seq_problem
 
 
-def target_options(fn: Callable) -> Callable:
-    """--model, --cluster, --gpus/--nodes, --seq-len, precision and optimizer."""
+# --target of `plan estimate` (one layout, costed as one stack runs it) and of `plan solve`
+# (which without --target searches every stack: planner/search/stacks.py).
+_TARGET_HELP = ("Training stack the plan will run on: its attention kernel and TP communication overlap (megatron: "
+                "Transformer Engine's cuDNN attention and --tp-comm-overlap)")
+ESTIMATE_TARGET = click.option(
+    "--target", "stack", type=click.Choice([t.value for t in Target]), default="generic", show_default=True,
+    help=_TARGET_HELP + "; generic: PyTorch eager, no stack's kernels or overlap. The plan document records it (job.target).",
+)
+SOLVE_TARGET = click.option(
+    "--target", "stack", type=click.Choice([t.value for t in Target]), default=None,
+    help=_TARGET_HELP + ", and only what it can express [default: search megatron, deepspeed, torchtitan and accelerate, "
+    "each as it runs, and recommend the best; generic: the PyTorch-eager optimum, which no `plan export` stack runs as is].",
+)
+
+
+def target_options(fn: Callable, target: Callable = ESTIMATE_TARGET) -> Callable:
+    """--model, --cluster, --gpus/--nodes, --seq-len, precision, optimizer and `target` (--target)."""
     options = [
         click.option(
             "--model", "model_name",
@@ -33,11 +48,7 @@ def target_options(fn: Callable) -> Callable:
             is_flag=True,
             help="Cost unfused attention (s x s scores stored), as Megatron-LM without FlashAttention.",
         ),
-        click.option(
-            "--target", "stack", type=click.Choice([t.value for t in Target]), default="generic", show_default=True,
-            help="Training stack the plan will run on: its attention kernel and TP communication overlap (megatron: "
-            "Transformer Engine's cuDNN attention and --tp-comm-overlap).",
-        ),
+        target,
         click.option(
             "--loss-kernel", type=click.Choice([k.value for k in LossKernel]), default=None,
             help="Cross-entropy implementation, which sets the loss's memory per logit [default: the target's: "
@@ -50,6 +61,11 @@ def target_options(fn: Callable) -> Callable:
         ),
     ]
     return functools.reduce(lambda f, opt: opt(f), reversed(options), fn)
+
+
+def solve_target_options(fn: Callable) -> Callable:
+    """target_options with `plan solve`'s --target (no default: every stack)."""
+    return target_options(fn, SOLVE_TARGET)
 
 
 # Bounds on what is physically meaningful: the largest clusters built have ~10^5 GPUs; no

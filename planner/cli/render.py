@@ -9,7 +9,7 @@ from rich.table import Table
 
 from cost_models.compute import total_params
 from planner.presets import HUB_SOURCE
-from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument
+from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument, Target
 
 import os
 import sys
@@ -189,7 +189,12 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     _header(doc.model, f"on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
             f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {limit_gib:g} GiB")
     details = layout_details([doc.plan] + [a.plan for a in doc.alternatives], doc.model.num_layers)
-    console.print(f"[bold]recommended[/bold]: {_with_details(plan_summary(doc.plan), details[0])}; global batch {job.global_batch_size}")
+    console.print(f"[bold]recommended[/bold] {escape(_runs_on(doc))}: {_with_details(plan_summary(doc.plan), details[0])}; "
+                  f"global batch {job.global_batch_size}")
+    if doc.tie_rule is not None:
+        faster = doc.tie_rule.faster_alternatives
+        console.print(f"{_numbered(faster)} predicted faster, but {'their intervals overlap' if len(faster) > 1 else 'its interval overlaps'} "
+                      f"this plan's and this plan's worst case is lower: {doc.tie_rule.rule}")
     if stage_layout(doc.plan):
         console.print(stage_layout(doc.plan))
     console.print(time_table(est))
@@ -204,46 +209,88 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     for v in ex.communication:
         comm.add_row(v.axis.value, str(v.degree), v.link, f"{v.bandwidth_gbps:.0f}", f"{v.gib_per_gpu_per_step:.2f}")
     console.print(comm)
+    if doc.alternatives:
+        console.print(_alternatives_table(doc, details))
+        tied = [i for i, a in enumerate(doc.alternatives, start=1)
+                if est.step_time_interval_s and a.estimate.step_time_interval_s
+                and a.estimate.step_time_interval_s[0] <= est.step_time_interval_s[1]]
+        if tied:
+            console.print(f"{_numbered(tied, 'lies', 'lie')} within the recommended plan's interval: the prediction cannot "
+                          "tell them apart; measure them (`plan run`) before committing to one")
+    if doc.stacks:
+        console.print(_stacks_table(doc))
+    s = doc.search
+    infeasible = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.infeasible.items()) or "none"
+    skipped = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.skipped.items()) or "none"
+    over = f" over the {len(doc.stacks)} stacks" if doc.stacks else ""
+    console.print(
+        f"searched {s.candidates_considered:,} candidate layouts{over} (about 10^{s.layouts_represented_log10:.0f} with every layer "
+        f"split and per-stage recompute); infeasible: {infeasible}; skipped: {skipped}; pruned by bound: {s.pruned_by_bound:,}; "
+        f"{s.ilps_solved} ILPs over {s.ilp_candidates} candidates ({s.solver}) in {s.solve_time_s:.2f} s; "
+        + ("proven optimal" if s.optimal else
+           f"[bold red]not proven optimal (time limit): within {100 * s.optimality_gap:.2g}% of the optimum[/bold red]")
+    )
+
+
+def _runs_on(doc: SolveDocument) -> str:
+    """Which stack runs the recommendation, in parentheses after 'recommended'."""
+    target = doc.job.target
+    if target == Target.generic:
+        return ("(generic: the PyTorch-eager optimum, which no `plan export` stack runs as is; without --target, "
+                "`plan solve` recommends the best plan a stack runs)")
+    best_of = f", the best of the {len(doc.stacks)} stacks searched" if doc.stacks else ""
+    return f"(for {target.value}{best_of}: `plan export PLAN --to {target.value}`)"
+
+
+def _numbered(alternatives: list[int], one: str = "is", many: str = "are") -> str:
+    """'alternative 2 is', 'alternatives 1 and 2 are', 'alternatives 1, 2 and 3 are'."""
+    if len(alternatives) == 1:
+        return f"alternative {alternatives[0]} {one}"
+    *head, last = map(str, alternatives)
+    return f"alternatives {', '.join(head)} and {last} {many}"
+
+
+def _versus(best: Estimate, e: Estimate) -> str:
+    """A step time and how much longer per token than the recommended plan's."""
+    return f"{_fmt_time(e.step_time_s)} ({100 * (best.tokens_per_s / e.tokens_per_s - 1):+.1f}%)"
+
+
+def _alternatives_table(doc: SolveDocument, details: list[str]) -> Table:
     # rich narrows the widest columns first; in a narrow terminal, capping the numbers' columns
     # (they wrap at spaces) leaves the layout about 30 of 80 columns, room for its longest word
     # (schedule=interleaved-1f1b); a longer one (a split of many stages) folds instead of being cut.
     narrow = _narrow()
     alt = Table(title="Alternatives")
     alt.add_column("#", justify="right")
+    if doc.stacks:
+        alt.add_column("stack")
     alt.add_column("layout", overflow="fold")
     alt.add_column("step time (vs best)", justify="right", max_width=9 if narrow else None)
     alt.add_column("tokens/s", justify="right")
     alt.add_column("MFU", justify="right")
     alt.add_column("peak GiB", justify="right", max_width=6 if narrow else None)
-    best_tps = est.tokens_per_s
     for i, a in enumerate(doc.alternatives, start=1):
         e = a.estimate
-        alt.add_row(str(i), _with_details(plan_summary(a.plan), details[i]),
-                    f"{_fmt_time(e.step_time_s)} ({100 * (best_tps / e.tokens_per_s - 1):+.1f}%)", f"{e.tokens_per_s:,.0f}",
-                    f"{100 * e.mfu:.1f}%", f"{e.peak_memory_gib:.1f}")
-    if doc.alternatives:
-        console.print(alt)
-        tied = [str(i) for i, a in enumerate(doc.alternatives, start=1)
-                if est.step_time_interval_s and a.estimate.step_time_interval_s
-                and a.estimate.step_time_interval_s[0] <= est.step_time_interval_s[1]]
-        if tied:
-            console.print(f"alternatives {', '.join(tied)} lie within the recommended plan's interval: the prediction cannot "
-                          "tell them apart; measure them (`plan run`) before committing to one")
-        faster = [str(i) for i, a in enumerate(doc.alternatives, start=1) if a.estimate.tokens_per_s > est.tokens_per_s]
-        if faster:
-            console.print(f"alternative {', '.join(faster)} is predicted faster, but within the recommended plan's interval; "
-                          "the recommendation's interval ends lower (it depends less on communication, whose error is "
-                          "wider): among tied plans the best worst case wins")
-    s = doc.search
-    infeasible = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.infeasible.items()) or "none"
-    skipped = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.skipped.items()) or "none"
-    console.print(
-        f"searched {s.candidates_considered:,} candidate layouts (about 10^{s.layouts_represented_log10:.0f} with every layer "
-        f"split and per-stage recompute); infeasible: {infeasible}; skipped: {skipped}; pruned by bound: {s.pruned_by_bound:,}; "
-        f"{s.ilps_solved} ILPs over {s.ilp_candidates} candidates ({s.solver}) in {s.solve_time_s:.2f} s; "
-        + ("proven optimal" if s.optimal else
-           f"[bold red]not proven optimal (time limit): within {100 * s.optimality_gap:.2g}% of the optimum[/bold red]")
-    )
+        stack = [(a.target or doc.job.target).value] if doc.stacks else []
+        alt.add_row(str(i), *stack, _with_details(plan_summary(a.plan), details[i]), _versus(doc.estimate, e),
+                    f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}%", f"{e.peak_memory_gib:.1f}")
+    return alt
+
+
+def _stacks_table(doc: SolveDocument) -> Table:
+    """Each stack's own recommendation (what `plan solve --target STACK` gives), or why it has none."""
+    t = Table(title="Best plan per stack (`plan solve --target STACK`)")
+    for col in ("stack", "plan", "step time (vs best)", "tokens/s"):
+        t.add_column(col, justify="right" if col in ("step time (vs best)", "tokens/s") else "left",
+                     overflow="fold", max_width=9 if col == "step time (vs best)" and _narrow() else None)
+    for s in doc.stacks:
+        if s.alternative is None:
+            t.add_row(s.target.value, f"none: {s.reason}", "-", "-")
+            continue
+        e = doc.estimate if s.alternative == 0 else doc.alternatives[s.alternative - 1].estimate
+        t.add_row(s.target.value, "recommended" if s.alternative == 0 else f"alternative {s.alternative}", _versus(doc.estimate, e),
+                  f"{e.tokens_per_s:,.0f}")
+    return t
 
 
 POOR_FIT = 0.25  # a collective fit off by more than this at some measured size is flagged

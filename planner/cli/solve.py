@@ -1,4 +1,4 @@
-"""`plan solve`: search every layout and recommend the fastest that fits."""
+"""`plan solve`: search every layout (of every stack, or of --target's) and recommend the fastest that fits."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from typing import Optional
 import click
 
 from planner.cli import render
-from planner.cli.common import MAX_GLOBAL_BATCH, check_count, check_real, make_job, resolve_target, target_options
+from planner.cli.common import MAX_GLOBAL_BATCH, check_count, check_real, make_job, resolve_target, solve_target_options
 from planner.datafile import check_output, write_atomic
 from planner.errors import InfeasibleError, UsageError
 from planner.search.candidates import SearchSpace
 from planner.search.solve import infeasibility, solve as run_search
+from planner.search.stacks import solve_stacks, stacks_infeasibility, target_space
 from planner.search.report import solve_document
 from cost_models.terms import MODES
-from planner.export import rules as export_rules
 from planner.specs import Axis, Recompute, Schedule, Target, memory_limit_gib
 
 _FIX_KEYS = {
@@ -67,16 +67,17 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
 
 
 @click.command()
-@target_options
+@solve_target_options
 @click.option("--global-batch", type=int, help="Sequences per optimizer step (fixes the batch).")
 @click.option("--micro-batch-size", type=int, help="Sequences per micro-batch per replica, when the batch is not fixed.")
 @click.option("--micro-batches", type=int, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
-@click.option("--top-k", type=int, default=3, show_default=True, help="Alternatives to report (0: none).")
+@click.option("--top-k", type=int, default=3, show_default=True,
+              help="Alternatives to report (0: none; without --target each other stack's best is listed too).")
 @click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero sp schedule mesh_order recompute tp_comm_overlap fp8).")
 @click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
 @click.option("--fp8", is_flag=True, help="Let the search run GEMMs in FP8 where it is faster (devices with FP8: H100, H200).")
-@click.option("--time-limit", type=float, help="Seconds; return the best plan so far, marked as not proven optimal.")
+@click.option("--time-limit", type=float, help="Seconds (shared by the stacks without --target); return the best plan so far, marked as not proven optimal.")
 @click.option("--solver", type=click.Choice(["highs", "cbc"]), default=None, help="MILP solver [default: highs if installed].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
@@ -86,7 +87,8 @@ def solve(
     time_limit, solver, as_json: bool, output: Optional[str],
 ) -> None:
     """Search every layout (dp, tp, pp, interleaving, micro-batching, layer split, per-stage
-    recompute, ZeRO, sequence parallel, mesh order) for the fastest that fits."""
+    recompute, ZeRO, sequence parallel, mesh order) for the fastest that fits; without
+    --target, on each training stack, recommending the best plan a stack runs."""
     if output is not None:
         check_output(output, (model_name, cluster_name))
     model, cluster, gpus = resolve_target(model_name, cluster_name, gpus, nodes)
@@ -101,31 +103,23 @@ def solve(
     check_real("--max-memory-gib", max_memory_gib)
     check_real("--time-limit", time_limit)
     fixed, modes = parse_fixes(fixes)
-    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster, stack, loss_kernel,
-                   moe_dispatcher)
-    rules = None if job.target == Target.generic else export_rules(job.target.value)
-    if rules is not None:
-        kept = tuple(m for m in modes if m.value in rules.recompute_modes)
-        if not kept:
-            raise UsageError(f"--fix recompute={modes[0].value}: {rules.stack} has recompute {', '.join(rules.recompute_modes)}")
-        modes = kept
-    space = SearchSpace(
+    job = make_job(model, global_batch or micro_batch_size, seq_len, precision, optimizer, no_flash_attention, cluster,
+                   stack or Target.generic.value, loss_kernel, moe_dispatcher)
+    base = SearchSpace(
         num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
         max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,
-        tp_comm_overlap=(False, True) if job.target.tp_comm_overlap else (False,),
-        # a named stack: only the layouts, splits and recompute it can express (planner/export)
-        rules=rules,
-        fp8=_fp8_choices(fp8, fixed, cluster),
-        cp_degrees=cp_degrees(job.seq_len, gpus, fixed.get("cp")),
-        seq_len=job.seq_len,
-        target_problems=None if rules is None else _target_problems(job.target.value, model, job),
+        fp8=_fp8_choices(fp8, fixed, cluster), cp_degrees=cp_degrees(job.seq_len, gpus, fixed.get("cp")), seq_len=job.seq_len,
     )
     limit = memory_limit_gib(cluster, max_memory_gib)
-    result = run_search(model, cluster, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)
+    if stack is None:  # every stack, each with its own job and rules
+        result = solve_stacks(model, cluster, job, base, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)
+    else:  # a named stack searches only what it can express (planner/export); generic everything
+        space = target_space(base, model, job)
+        result = run_search(model, cluster, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)
     if result.best is None:
         if not result.stats.optimal:
             raise InfeasibleError(f"no plan found within --time-limit {time_limit:g} s; allow more time")
-        raise infeasibility(model, cluster, job, space, limit)
+        raise stacks_infeasibility(model, cluster, result.stacks, limit) if stack is None else infeasibility(model, cluster, job, space, limit)
     doc = solve_document(model, cluster, gpus, result)
     text = doc.model_dump_json(indent=2)
     if output:
@@ -136,14 +130,6 @@ def solve(
         render.solve_report(doc, limit)
         if output:
             render.console.print(f"plan written to {output}")
-
-
-def _target_problems(stack: str, model, job):
-    """What the stack's exporter refuses beyond its Rules, as a check on a candidate's plan."""
-    from planner.export import stack_module
-
-    problems = stack_module(stack).problems
-    return lambda plan: problems(plan, model, job)
 
 
 def _fp8_choices(allowed: bool, fixed: dict, cluster) -> tuple:

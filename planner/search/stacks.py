@@ -1,0 +1,145 @@
+"""`plan solve` without --target: search every training stack, recommend the best plan one runs.
+
+Each stack is searched on its own (solve.py:solve) with its own JobSpec, since the cost model
+reads job.target (its attention kernel, cross-entropy and TP overlap; cost_models/tables.py),
+and its own space: what its exporter can express (planner/export/rules.py and each exporter's
+problems()). The searches share only the layout enumeration (candidates.py:enumerate_layouts),
+which reads neither the job nor the stack. The answers are then pooled: every plan the stacks
+found, fastest first, and the tie rule (solve.py:break_ties) over all of them, so the
+recommendation's worst case is no higher than any stack's own recommendation's, and the fastest
+plan found is the fastest any stack can run. Each stack's own answer stays in the result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from planner.errors import InfeasibleError, UsageError
+from planner.export import STACKS, rules as stack_rules, stack_module
+from planner.specs import ClusterSpec, JobSpec, ModelSpec, Target
+from planner.specs import memory_limit_gib as memory_limit_gib_of
+
+from .candidates import MEMORY, SearchSpace, enumerate_layouts
+from .ilp import default_solver
+from .solve import SearchResult, SearchStats, break_ties, infeasibility, min_memory_needed, seconds_per_token, solve
+
+STACK_TARGETS = tuple(Target(s) for s in STACKS)  # what `plan solve` searches without --target
+
+
+@dataclass
+class StackSearch:
+    """One stack's search within a search of every stack."""
+
+    target: Target
+    job: JobSpec  # the job as this stack runs it (its target)
+    space: Optional[SearchSpace]  # None: not searched (a --fix the stack cannot honour; see reason)
+    result: Optional[SearchResult] = None
+    reason: Optional[str] = None  # why the stack has no plan
+
+
+def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpace:
+    """`base` narrowed to what job.target can run: for a named stack only the layouts, splits
+    and recompute modes it can express (planner/export); TP overlap a choice where the stack
+    has it. UsageError when a fixed recompute mode is one the stack lacks."""
+    overlap = (False, True) if job.target.tp_comm_overlap else (False,)
+    if job.target == Target.generic:
+        return replace(base, tp_comm_overlap=overlap)
+    rules = stack_rules(job.target.value)
+    modes = tuple(m for m in base.recompute_modes if m.value in rules.recompute_modes)
+    if not modes:
+        raise UsageError(f"--fix recompute={base.recompute_modes[0].value}: {rules.stack} has recompute {', '.join(rules.recompute_modes)}")
+    problems = stack_module(job.target.value).problems  # what the exporter refuses beyond its Rules
+    return replace(base, tp_comm_overlap=overlap, rules=rules, recompute_modes=modes,
+                   target_problems=lambda plan: problems(plan, model, job))
+
+
+def solve_stacks(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    base: SearchSpace,
+    memory_limit_gib: Optional[float] = None,
+    top_k: int = 3,
+    time_limit: Optional[float] = None,
+    solver: Optional[str] = None,
+    targets: tuple = STACK_TARGETS,
+) -> SearchResult:
+    """The best plan any of `targets` runs (job's own target is ignored): each stack searched
+    with its own job and space, a --time-limit shared out among the stacks still to search.
+    `alternatives` holds the next `top_k` plans of any stack and each stack's own
+    recommendation; `stacks` each stack's search."""
+    start = time.perf_counter()
+    limit = memory_limit_gib_of(cluster, memory_limit_gib)
+    solver = solver or default_solver()
+    searches = [_stack_search(base, model, job, t) for t in targets]
+    # every target's TP-overlap choice in one enumeration; each search takes its own (candidates.py)
+    layouts = enumerate_layouts(model, cluster, replace(base, tp_comm_overlap=(False, True)))
+    todo = [s for s in searches if s.space is not None]
+    for k, s in enumerate(todo):
+        budget = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - start)) / (len(todo) - k)
+        s.result = solve(model, cluster, s.job, s.space, limit, top_k, budget, solver, layouts=layouts)
+        if s.result.best is None:
+            s.reason = _why_none(s.result, limit)
+    best, alternatives, fastest = _pool([s.result for s in todo if s.result.best is not None], top_k)
+    stats = _combined_stats([s.result.stats for s in todo], solver, time.perf_counter() - start, fastest)
+    return SearchResult(best, alternatives, stats, fastest, searches)
+
+
+def _stack_search(base: SearchSpace, model: ModelSpec, job: JobSpec, target: Target) -> StackSearch:
+    sjob = job.model_copy(update={"target": target})
+    try:
+        return StackSearch(target, sjob, target_space(base, model, sjob))
+    except UsageError as exc:
+        return StackSearch(target, sjob, None, reason=str(exc))
+
+
+def _why_none(result: SearchResult, limit_gib: float) -> str:
+    if not result.stats.optimal:
+        return "no plan found within its share of --time-limit"
+    if result.stats.rejected.get(MEMORY):
+        return f"no layout it can express fits in {limit_gib:g} GiB per GPU"
+    return "no layout it can express is valid for this model and GPU count (check --fix and divisibility)"
+
+
+def _pool(results: list, top_k: int) -> tuple:
+    """(recommendation, alternatives, fastest) over every plan the stacks found: the tie rule
+    over all of them; the alternatives are the next `top_k` and each stack's own recommendation.
+    A layout two stacks found with the same prediction is listed once (the first stack's)."""
+    found = []
+    for f in sorted((f for r in results for f in [r.best, *r.alternatives]), key=seconds_per_token):  # stable: stack order
+        if not any(f.plan == g.plan and f.estimate == g.estimate for g in found):
+            found.append(f)
+    if not found:
+        return None, [], None
+    ranked = break_ties(found)
+    own = [next(g for g in found if g.plan == r.best.plan and g.estimate == r.best.estimate) for r in results]
+    listed = {id(f) for f in ranked[1:top_k + 1] + own}
+    return ranked[0], [f for f in found if f is not ranked[0] and id(f) in listed], found[0]
+
+
+def _combined_stats(stats: list[SearchStats], solver: str, wall_s: float, fastest) -> SearchStats:
+    """The searches' counts summed; optimal when every stack's search was proven, the gap over
+    the least bound any of them left."""
+    out = SearchStats(solver=solver, solve_time_s=wall_s, rejected=sum((s.rejected for s in stats), Counter()))
+    for field in ("candidates_considered", "refined", "ilps_solved", "pruned_by_bound", "layouts_represented"):
+        setattr(out, field, sum(getattr(s, field) for s in stats))
+    out.optimal = all(s.optimal for s in stats)
+    out.lower_bound = min((s.lower_bound for s in stats), default=float("inf"))
+    if fastest is not None and not out.optimal:
+        best = seconds_per_token(fastest)
+        out.optimality_gap = max(0.0, (best - out.lower_bound) / best)
+    return out
+
+
+def stacks_infeasibility(model: ModelSpec, cluster: ClusterSpec, searches: list, limit_gib: float) -> InfeasibleError:
+    """Why no stack has a plan: the message of the stack whose most frugal layout needs least."""
+    searched = [s for s in searches if s.space is not None]
+    if not searched:
+        return InfeasibleError("; ".join(f"{s.target.value}: {s.reason}" for s in searches))
+    need = {s.target: min_memory_needed(model, cluster, s.job, s.space) for s in searched}
+    least = min(searched, key=lambda s: float("inf") if need[s.target] is None else need[s.target])
+    names = ", ".join(s.target.value for s in searched)
+    return infeasibility(model, cluster, least.job, least.space, limit_gib, stacks=f"any of {names}")
