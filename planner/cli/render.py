@@ -9,6 +9,7 @@ from rich.table import Table
 
 from cost_models.compute import total_params
 from planner.presets import HUB_SOURCE
+from planner.units import gib
 from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument, Target
 
 import os
@@ -59,7 +60,7 @@ def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
     for col in ("name", "intra-node", "inter-node"):
         links.add_column(col, no_wrap=col == "name")
     for cl in clusters:
-        c.add_row(cl.name, cl.device.name, f"{cl.device.peak_tflops.get('bf16', 0):g}", f"{cl.device.memory_gib:g}", str(cl.gpus_per_node))
+        c.add_row(cl.name, cl.device.name, f"{cl.device.peak_tflops.get('bf16', 0):g}", gib(cl.device.memory_gib), str(cl.gpus_per_node))
         links.add_row(cl.name, cl.intra_node.name, cl.inter_node.name)
     console.print(c)
     console.print(links)
@@ -123,7 +124,7 @@ def throughput_table(est: Estimate) -> Table:
 
 def memory_table(est: Estimate) -> Table:
     verdict = "fits" if est.fits else "DOES NOT FIT"
-    t = Table(title=f"Memory per GPU, GiB (peak {est.peak_memory_gib:.1f} of {est.memory_capacity_gib:g}: {verdict})")
+    t = Table(title=f"Memory per GPU, GiB (peak {est.peak_memory_gib:.1f} of {gib(est.memory_capacity_gib)}: {verdict})")
     # Values of at most five characters, and in a narrow terminal short headers, keep the nine
     # columns within 80 (rich would cut the long headers to "weigh…").
     cols = (("pp rank", "layers", "weights", "grads", "optim", "activ", "temp", "overhead", "total") if _narrow() else
@@ -187,7 +188,7 @@ def _with_details(summary: str, details: str) -> str:
 def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     job, est = doc.job, doc.estimate
     _header(doc.model, f"on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
-            f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {limit_gib:g} GiB")
+            f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {gib(limit_gib)} GiB")
     details = layout_details([doc.plan] + [a.plan for a in doc.alternatives], doc.model.num_layers)
     console.print(f"[bold]recommended[/bold] {escape(_runs_on(doc))}: {_with_details(plan_summary(doc.plan), details[0])}; "
                   f"global batch {job.global_batch_size}")
@@ -491,26 +492,47 @@ def _pct(x: float) -> str:
 
 
 def run_verification_table(v) -> Table:
+    """Every step's loss and gradient norm against the reference, with what each step allows
+    (the tolerance at step 0, plus the references' measured rounding spread later)."""
     verdict = "[bold green]PASS[/bold green]" if v.passed else "[bold red]FAIL[/bold red]"
     t = Table(title=f"Verification against one process: {verdict}", caption=v.message)
-    for col in ("step", "loss", "reference", "rel. diff", "grad norm", "reference", "rel. diff"):
+    for col in ("step", "loss", "reference", "rel. diff", "grad norm", "reference", "rel. diff", "allowed"):
         t.add_column(col, justify="right")
     rows = zip(v.losses, v.reference_losses, v.grad_norms, v.reference_grad_norms)
     for i, (loss, ref, norm, ref_norm) in enumerate(rows):
+        ok = [x[i] for x in (v.allowed_loss_rel_error, v.allowed_grad_norm_rel_error) if i < len(x)]
         t.add_row(str(i), f"{loss:.7f}", f"{ref:.7f}", f"{abs(loss - ref) / abs(ref):.1e}",
-                  f"{norm:.6f}", f"{ref_norm:.6f}", f"{abs(norm - ref_norm) / abs(ref_norm):.1e}")
+                  f"{norm:.6f}", f"{ref_norm:.6f}", f"{abs(norm - ref_norm) / abs(ref_norm):.1e}",
+                  " / ".join(f"{x:.1e}" for x in ok) or f"{v.tolerance:.0e}")
     return t
 
 
 def run_time_table(report) -> Table:
     tm = report.time
-    t = Table(title=f"Step time, predicted ({report.cluster.name}) against measured (mean of {tm.measured_steps} steps, slowest rank)")
-    for col in ("", "predicted", "measured", "error"):
+    t = Table(title=f"Step time, predicted ({report.cluster.name}) against measured (mean of {tm.measured_steps} steps, slowest rank)",
+              caption=prediction_verdict(tm.predicted_step_time_s, tm.measured_step_time_s))
+    for col in ("", "predicted", "measured", "predicted / measured"):
         t.add_column(col, justify="left" if not col else "right")
-    t.add_row("step time", _fmt_time(tm.predicted_step_time_s), _fmt_time(tm.measured_step_time_s), _pct(tm.error_pct))
+    t.add_row("step time", _fmt_time(tm.predicted_step_time_s), _fmt_time(tm.measured_step_time_s),
+              _ratio(tm.predicted_step_time_s, tm.measured_step_time_s))
     t.add_row("tokens/s", f"{tm.predicted_tokens_per_s:,.0f}", f"{tm.measured_tokens_per_s:,.0f}",
-              _pct(100 * (tm.predicted_tokens_per_s / tm.measured_tokens_per_s - 1)))
+              _ratio(tm.predicted_tokens_per_s, tm.measured_tokens_per_s))
     return t
+
+
+def _ratio(predicted: float, measured: float) -> str:
+    return f"{predicted / measured:.2f}x" if measured else "n/a"
+
+
+def prediction_verdict(predicted_s: float, measured_s: float) -> str:
+    """One phrase for both rows: a step predicted at 0.34x is a throughput predicted at 2.9x,
+    the same error, which signed percentages (-66 % against +198 %) hide."""
+    if not measured_s or not predicted_s:
+        return "no measurement"
+    r = measured_s / predicted_s
+    if abs(r - 1) < 0.005:
+        return "the prediction matches the measurement"
+    return f"the prediction is {max(r, 1 / r):.2f}x too {'fast' if r > 1 else 'slow'} (steps take {r:.2f}x the predicted time)"
 
 
 def run_memory_table(report) -> Table:

@@ -3,6 +3,8 @@ traffic of each parallel dimension with the link it rides."""
 
 from __future__ import annotations
 
+from planner.units import gib
+
 from cost_models.communication import VOLUME_FACTOR
 from cost_models.estimate import rank_counts as rank_counts_of
 from cost_models.estimate import recompute_counts
@@ -27,7 +29,7 @@ def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, es
     }
     part = max(parts, key=parts.get)
     memory = (
-        f"pipeline rank {peak.pipeline_rank}: {peak.total:.1f} of {est.memory_capacity_gib:g} GiB, mostly {part} "
+        f"pipeline rank {peak.pipeline_rank}: {peak.total:.1f} of {gib(est.memory_capacity_gib)} GiB, mostly {part} "
         f"({parts[part]:.1f} GiB); to relieve it: {_MEMORY_HINTS[part]}"
     )
     bd = est.time_breakdown_s.model_dump()

@@ -13,6 +13,8 @@ proven optimal.
 
 from __future__ import annotations
 
+from planner.units import gib
+
 import math
 
 import heapq
@@ -302,7 +304,7 @@ def infeasibility(
     over = need - limit_gib
     if over <= 0:  # the floor ignores what the target stack cannot express of splits and recompute
         return InfeasibleError(
-            f"no layout fits in {limit_gib:g} GiB per GPU under what {stacks or job.target.value} can express (its splits and "
+            f"no layout fits in {gib(limit_gib)} GiB per GPU under what {stacks or job.target.value} can express (its splits and "
             f"recompute rules; a free split would need {need:.1f} GiB); try --target generic to see the free optimum, "
             "more GPUs, or a larger-memory cluster"
         )
@@ -319,7 +321,7 @@ def infeasibility(
         hints.append("micro-batch size 1")
     hints.append("a larger-memory cluster")
     return InfeasibleError(
-        f"no layout fits in {limit_gib:g} GiB per GPU: the least any layout needs (full recompute, best ZeRO stage and split) "
+        f"no layout fits in {gib(limit_gib)} GiB per GPU: the least any layout needs (full recompute, best ZeRO stage and split) "
         f"is {need:.1f} GiB, {over:.1f} GiB ({100 * over / limit_gib:.0f}%) over; to fit, try {', or '.join(hints)}"
     )
 

@@ -12,6 +12,8 @@ plan found is the fastest any stack can run. Each stack's own answer stays in th
 
 from __future__ import annotations
 
+from planner.units import gib
+
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -100,7 +102,7 @@ def _why_none(result: SearchResult, limit_gib: float) -> str:
     if not result.stats.optimal:
         return "no plan found within its share of --time-limit"
     if result.stats.rejected.get(MEMORY):
-        return f"no layout it can express fits in {limit_gib:g} GiB per GPU"
+        return f"no layout it can express fits in {gib(limit_gib)} GiB per GPU"
     return "no layout it can express is valid for this model and GPU count (check --fix and divisibility)"
 
 
