@@ -188,3 +188,27 @@ def _plan_file(tmp_path, model, job, plan) -> str:
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
     return str(path)
+
+
+def test_what_the_reference_model_does_not_build_is_left_out_and_said():
+    """Gemma 2's four norms, sliding windows and logit soft-capping, and Qwen3's QK-norm: the
+    reference model builds none of them, so the rehearsal runs without them, says so, and the
+    prediction is made for what runs (not silently for a model that did not)."""
+    from pathlib import Path
+
+    from planner.presets import load_model as load
+
+    data = Path(__file__).parent / "data" / "hf_configs"
+    gemma = load(str(data / "gemma-2-9b.json"))
+    assert gemma.norms_per_layer == 4 and gemma.sliding_window and gemma.logit_softcapping
+    case = prepare_case(gemma, JOB, Plan(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4),
+                        Rehearsal(layers=2, hidden=256, heads=4, vocab=1024, seq_len=128))
+    m = case.model
+    assert (m.norms_per_layer, m.sliding_window, m.sliding_window_layers, m.logit_softcapping) == (2, None, 0, False)
+    note = next(n for n in case.notes if "reference model does not build" in n)
+    assert "4 norms per layer run as 2" in note and "soft-capping" in note
+    qwen = prepare_case(load(str(data / "qwen3-0.6b.json")), JOB, Plan(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4),
+                        Rehearsal(**SMALL))
+    assert not qwen.model.qk_norm and any("QK-norm left out" in n for n in qwen.notes)
+    plain = prepare_case(LLAMA8B, JOB, tp2(), Rehearsal(**SMALL))
+    assert not any("reference model does not build" in n for n in plain.notes)

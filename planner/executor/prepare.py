@@ -298,6 +298,25 @@ def runnable_model(model: ModelSpec, plan: Plan, notes: list[str]) -> ModelSpec:
     if model.tied_embeddings and plan.pp > 1:
         update["tied_embeddings"] = False
         notes.append("embedding and LM head untied (they sit on different pipeline ranks); the reference is untied too")
+    # What the reference model (planner/distributed/reference_model.py) does not build: left out
+    # of what runs, said, and left out of the prediction too (it is made for the model that ran).
+    missing = []
+    if model.norms_per_layer > 2:
+        update["norms_per_layer"] = 2
+        missing.append(f"{model.norms_per_layer} norms per layer run as 2")
+    if model.qk_norm:
+        update["qk_norm"] = False
+        missing.append("QK-norm left out")
+    if model.sliding_window is not None:
+        update["sliding_window"], update["sliding_window_layers"] = None, 0
+        if model.sliding_window < model.max_seq_len:
+            missing.append(f"the {model.sliding_window}-token sliding window of {model.sliding_window_layers} layers left out "
+                           "(every layer attends to the whole sequence)")
+    if model.logit_softcapping:
+        update["logit_softcapping"] = False
+        missing.append("logit soft-capping left out")
+    if missing:
+        notes.append("; ".join(missing) + ": the reference model does not build them (the prediction is for what runs)")
     return model.model_copy(update=update) if update else model
 
 
