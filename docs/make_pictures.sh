@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the README's pictures (docs/*.png) by the very commands its "plan show" section
 # states, so that they cannot drift from the code: the quick-start plan (GPT-3 175B on 1,024
-# A100), its timeline zoomed to micro-batches 0-7 on pipeline ranks 0-3, and Llama 3 8B on 16
+# A100), its timeline zoomed to micro-batches 0-3 on pipeline ranks 0-1, and Llama 3 8B on 16
 # A100 (tp 2, pp 4). tests/test_picture_layout.py runs this into a temporary directory and
 # compares the result with the shipped pictures.
 # Usage: docs/make_pictures.sh [OUT_DIR]   (default: this docs/ directory; `plan` on PATH)
@@ -13,7 +13,7 @@ cd "$work"
 
 plan solve --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 --global-batch 1536 --seq-len 2048 -o plan.json >/dev/null
 plan show plan.json --timeline "$out/quick-start-timeline.png" --memory "$out/quick-start-memory.png" >/dev/null
-plan show plan.json --timeline "$out/quick-start-timeline-zoom.png" --micro-batches 0-7 --ranks 0-3 >/dev/null
+plan show plan.json --timeline "$out/quick-start-timeline-zoom.png" --micro-batches 0-3 --ranks 0-1 >/dev/null
 
 plan estimate --model llama3-8b --cluster dgx-a100-80gb --gpus 16 --global-batch 32 --seq-len 2048 \
     --tp 2 --pp 4 --recompute selective -o plan.json >/dev/null

@@ -90,7 +90,8 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
 
 def picture_title(doc) -> str:
     """What every picture of the plan document `doc` is titled (and the terminal's first line)."""
-    return f"{doc.model.name} on {doc.num_gpus} x {doc.cluster.name}: {render.plan_summary(doc.plan)}"
+    stack = "" if doc.job.target.value == "generic" else f" with {doc.job.target.value}"
+    return f"{doc.model.name} on {doc.num_gpus} x {doc.cluster.name}{stack}: {render.plan_summary(doc.plan)}"
 
 
 def _parse_range(option: str, text: Optional[str]) -> Optional[tuple[int, int]]:
