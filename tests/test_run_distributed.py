@@ -208,11 +208,15 @@ def test_a_failing_rank_stops_everything_with_one_line(tmp_path, mode, timeout, 
     res = _plan_run(path, "--steps", "4", "--timeout", timeout, env=env)
     assert res.returncode == 1, res.stderr
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(words), res.stderr
+    errors = [line for line in lines if line.startswith("error:")]
+    assert errors == [lines[-1]] and lines[-1].startswith(words), res.stderr  # progress lines, then one error line
+    assert all(line.startswith("plan run: ") for line in lines[:-1]), res.stderr
     assert "Traceback" not in res.stderr and res.stdout == ""
     assert time.time() - start < float(timeout) + 30  # stopped within the timeout, plus start-up
     _no_leftovers(marker)
-    logs = lines[0].rsplit("(logs: ", 1)[1].rstrip(")")
+    logs = lines[-1].rsplit("(logs: ", 1)[1].rstrip(")")
+    # kept for the user, under the temporary directory (tests: pytest's, tests/conftest.py)
+    assert Path(logs).resolve().is_relative_to(Path(os.environ["TMPDIR"]).resolve())
     if mode == "raise":
         assert "injected failure" in (Path(logs) / "rank1-traceback.txt").read_text()
 
@@ -334,4 +338,5 @@ def test_a_run_that_misses_the_reference_exits_1_with_its_report(tmp_path):
     assert res.returncode == 1, res.stderr
     report = json.loads(res.stdout)
     assert report["verdict"] == "fail" and not report["verification"]["passed"]
-    assert res.stderr.strip().startswith("error: verification failed: step ") and len(res.stderr.strip().splitlines()) == 1
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: verification failed: step ") and sum(line.startswith("error:") for line in lines) == 1
