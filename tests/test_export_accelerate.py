@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +24,7 @@ from planner.presets import load_model
 from planner.specs import Axis, JobSpec, Plan, StageRecompute
 
 EXTRA = "the export extra is not installed: pip install '.[export]'"
+HF = Path(__file__).resolve().parent / "data" / "hf_configs"  # published Hugging Face configs (SOURCES.md)
 TP_EXTRA = "Accelerate's tensor parallelism needs transformers (TorchTensorParallelConfig checks it): pip install '.[export]'"
 
 
@@ -62,6 +64,9 @@ MATRIX = {
     "8b-fsdp3-fp8-dp16": case("llama3-8b", 16, 16, 1, 3, 1, 2, fp8=True, per_node=8),
     "8b-ddp-fp8-full": case("llama3-8b", 8, 8, 1, 0, 1, 2, fp8=True, recompute="full"),
     "8b-fsdp3-cp2-fp8-dp4": case("llama3-8b", 8, 4, 1, 3, 1, 2, cp=2, fp8=True, seq=8192),
+    # A Hugging Face architecture beyond Llama's (Gemma 2: GeGLU, four norms, windows, soft-capped
+    # logits), which the script's model builds: the header names it.
+    "gemma2-fsdp3-tp2-dp4": case(str(HF / "gemma-2-9b.json"), 8, 4, 2, 3, 1, 2),
 }
 
 
@@ -139,6 +144,7 @@ REFUSED = {
     "context parallelism cp=2 with ZeRO-0": _refused("llama3-8b", 16, dp=8, tp=1, cp=2, zero_stage=0),
     "FP8 with fp16 precision": _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=3, fp8=True, precision="fp16"),
     "FP8 with tensor parallelism tp=2": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, fp8=True),
+    "context parallelism cp=2 with a sliding window": _refused(str(HF / "mistral-7b-v0.1.json"), 16, dp=8, tp=1, cp=2, zero_stage=3),
 }
 
 
@@ -150,6 +156,32 @@ def test_plans_accelerate_cannot_run_are_refused_naming_the_feature(feature):
     with pytest.raises(UsageError, match=r"accelerate cannot run this plan: .*--target accelerate") as err:
         exporters.export("accelerate", plan, model, job, plan.world_size)
     assert found[0] in str(err.value)
+
+
+def test_the_header_names_an_architecture_beyond_llamas():
+    text = _export(MATRIX["gemma2-fsdp3-tp2-dp4"]).text
+    line = next(x for x in text.splitlines() if x.startswith("# Model:"))
+    for feature in ("GeGLU", "4 norms per layer", "sliding window of 4096 keys", "soft-capped logits"):
+        assert feature in line
+    assert "# Model:" not in _export(MATRIX["8b-fsdp3-dp16"]).text
+
+
+def test_accelerate_refuses_context_parallelism_over_a_window():
+    """What the cp-with-a-window refusal says: Accelerate's context-parallel hooks drop the
+    attention mask and refuse a model that has a window (Mistral's config: sliding_window on
+    every layer), and take one that has none."""
+    pytest.importorskip("accelerate", reason=EXTRA)
+    import torch.nn as nn
+    from accelerate.big_modeling import _attach_context_parallel_hooks
+
+    def model(**config):
+        m = nn.Module()
+        m.config = SimpleNamespace(layer_types=None, **config)
+        return m
+
+    with pytest.raises(ValueError, match="Context parallelism does not support attention layers of type"):
+        _attach_context_parallel_hooks(model(sliding_window=4096))
+    _attach_context_parallel_hooks(model(sliding_window=None))
 
 
 def test_rules_have_no_expert_parallelism():

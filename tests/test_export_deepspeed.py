@@ -7,6 +7,7 @@ refused naming the feature. Tests that need the package skip without it."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -166,7 +167,40 @@ def test_nothing_in_the_matrix_is_refused():
         assert rules("deepspeed").plan_problems(plan, model) == [] and ds_export.problems(plan, model, None) == []
 
 
+HF = Path(__file__).resolve().parent / "data" / "hf_configs"  # published Hugging Face configs (SOURCES.md)
+
+
+def test_a_model_deepspeed_wraps_as_it_is_exports_and_the_planner_block_names_it():
+    """DeepSpeed's config holds no architecture (the model is the user's module), so Gemma 2's
+    GeGLU, four norms, windows and soft-capped logits export; the planner block says what the
+    model must be. A Llama has nothing to say."""
+    model = load_model(str(HF / "gemma-2-9b.json"))
+    plan = Plan(dp=8, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=3)
+    assert ds_export.model_problems(model) == []
+    e = export("deepspeed", plan, model, job(32), plan.world_size)
+    said = e.data["planner"]["model"]
+    for feature in ("GeGLU", "4 norms per layer", "sliding window of 4096 keys", "on 21 of 42 layers", "soft-capped logits"):
+        assert feature in said
+    _, llama = _export("llama3-8b", Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4), job(32))
+    assert "model" not in llama.data["planner"]
+
+
 # --------------------------------------------------------------------------- with DeepSpeed 0.19.8
+
+
+def test_autotp_sums_the_gradients_of_qk_norms_over_tp(ds_config):
+    """Why QK-norm exports under AutoTP (model_problems' docstring): DeepSpeed reads a Hugging
+    Face model's tp_plan (runtime/engine.py) and keeps Qwen3's q_norm / k_norm, which normalise
+    the heads of one TP rank, whole with their gradients summed over the TP group."""
+    from deepspeed.module_inject.tp_plan_converter import TPPlanConverter
+    from transformers import Qwen3Config
+
+    specs = TPPlanConverter.convert(Qwen3Config.base_model_tp_plan)
+    reduced = [s for s in specs if s.grad_allreduce]
+    assert len(reduced) == 2 and all(any(n in p for p in s.patterns for n in ("q_norm", "k_norm")) for s in reduced)
+    model = load_model(str(HF / "qwen3-8b.json"))
+    plan = Plan(dp=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1)
+    assert model.qk_norm and ds_config(export("deepspeed", plan, model, job(16), plan.world_size).data, plan.dp)
 
 
 @pytest.fixture

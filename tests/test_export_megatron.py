@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import typing
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -35,6 +36,7 @@ from planner.presets import load_model
 from planner.specs import JobSpec, Plan, StageRecompute
 
 PINNED = "0.16.1"
+HF = Path(__file__).resolve().parent / "data" / "hf_configs"  # published Hugging Face configs (SOURCES.md)
 SKIP = "the export extra is not installed: pip install '.[export]'"
 
 
@@ -110,6 +112,13 @@ MATRIX = [
      dict(dp=2, cp=2, ep=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1), dict(seq_len=8192)),
     ("gpt-dp4-fp8-fp16", "gpt3-1.3b", dict(dp=4, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2, fp8=True),
      dict(seq_len=2048, precision="fp16")),
+    # Architecture read from Hugging Face configs: a window on every layer (Mistral v0.1: 4096
+    # keys at 8,192 tokens; Phi-3: 2,047), QK-norm (Qwen3).
+    ("mistral-v0.1-window-tp2-sp-pp2", str(HF / "mistral-7b-v0.1.json"),
+     dict(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True), dict(seq_len=8192)),
+    ("phi3-window-dp4", str(HF / "phi-3-mini-4k.json"), dict(dp=4, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2), {}),
+    ("qwen3-8b-qk-norm-tp4-pp2-selective", str(HF / "qwen3-8b.json"),
+     dict(dp=1, tp=4, pp=2, micro_batch_size=1, num_micro_batches=4, sequence_parallel=True, recompute="selective"), {}),
 ]
 # Megatron runs these, but the Rules' same_per_stage (equal full counts per stage) refuses them:
 # every layer fully recomputed over unequal stages (--recompute-method uniform), and block
@@ -166,6 +175,35 @@ def test_export_refuses_what_megatron_cannot_run(change, feature):
     plan = Plan(**{**BASE, **change})
     with pytest.raises(UsageError, match=f"megatron cannot run this plan: {feature}"):
         export("megatron", plan, load_model("llama3-8b"), job_for(plan, seq_len=4095), plan.world_size)
+
+
+def _hf(name: str, **update):
+    return load_model(str(HF / f"{name}.json")).model_copy(update=update)
+
+
+@pytest.mark.parametrize("model, feature", [
+    (_hf("gemma-2-9b"), "megatron cannot build gemma-2-9b: activation geglu"),
+    (load_model("llama3-8b").model_copy(update={"norms_per_layer": 4}), "megatron cannot build llama3-8b: norms_per_layer 4"),
+    (load_model("llama3-8b").model_copy(update={"logit_softcapping": True}), "megatron cannot build llama3-8b: logit_softcapping"),
+    (_hf("gpt-oss-120b"), "megatron cannot build gpt-oss-120b: sliding_window on 18 of 36 layers"),
+], ids=["geglu", "four-norms", "softcapping", "window-on-some-layers"])
+def test_an_architecture_megatron_cannot_build_is_refused_in_one_line(model, feature):
+    """Gemma's GeGLU, four norms a layer, soft-capped logits, and windows on layers the spec
+    does not name (GPT-OSS: 18 of 36): refused whatever the plan, naming the field."""
+    plan = Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
+    with pytest.raises(UsageError, match=f"^{re.escape(feature)}") as refused:
+        export("megatron", plan, model, job_for(plan), plan.world_size)
+    assert "\n" not in str(refused.value) and str(refused.value).endswith("can (`plan solve --target deepspeed`)")
+    assert mlm.model_problems(load_model("llama3-8b")) == []
+
+
+def test_context_parallelism_with_a_window_is_refused():
+    """Transformer Engine's p2p ring (the plan's context parallelism) asserts no sliding window."""
+    model = _hf("mistral-7b-v0.1")
+    plan = Plan(dp=2, cp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2)
+    with pytest.raises(UsageError, match="megatron cannot run this plan: context parallelism cp=2 with a sliding window"):
+        export("megatron", plan, model, job_for(plan, seq_len=16384), plan.world_size)
+    assert mlm.problems(plan, load_model("llama3-8b"), job_for(plan, seq_len=16384)) == []
 
 
 def test_expert_parallelism_across_a_tp_pp_dp_mapping_is_refused():
@@ -270,6 +308,12 @@ def test_read_back_needs_the_world_size_for_dp():
 
 # --------------------------------------------------------------------------- with megatron-core
 
+def tuple_type(text: str) -> tuple:
+    """Megatron-LM's --window-size type (arguments.py:tuple_type at core_v0.16.1): "1,2" or
+    "(1,2)" -> (1, 2)."""
+    return tuple(int(i) for i in text.strip("()").split(","))
+
+
 def moe_freq_type(text: str):
     """Megatron-LM's --moe-layer-freq type (arguments.py:moe_freq_type and _eval_pattern at
     core_v0.16.1): an integer, or a list expression of digits, commas, brackets, parentheses,
@@ -294,12 +338,13 @@ LM_FLAGS = {
     "use_tp_pp_dp_mapping": bool, "optimizer": ("adam", "sgd", "muon", "dist_muon"),
     "num_experts": int, "moe_layer_freq": moe_freq_type,  # _add_moe_args
     "cp_comm_type": str,  # _add_distributed_args: nargs='+', default ["p2p"] (one value here: every layer alike)
+    "window_size": tuple_type, "window_attn_skip_freq": moe_freq_type,  # _add_network_size_args, by hand
 }
 # TransformerConfig fields arguments.py:_add_network_size_args gives no flag of their own (set
 # from the flags above or from the precision).
 NOT_FLAGS = {"virtual_pipeline_model_parallel_size", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
              "pipeline_model_parallel_layout", "params_dtype", "pipeline_dtype", "gated_linear_unit", "activation_func",
-             "bias_activation_fusion", "num_moe_experts", "moe_layer_freq", "cp_comm_type"}
+             "bias_activation_fusion", "num_moe_experts", "moe_layer_freq", "cp_comm_type", "window_size", "window_attn_skip_freq"}
 
 
 @pytest.fixture(scope="module")
@@ -403,6 +448,7 @@ def megatron_lm(argv: list[str], world_size: int):
         bias_activation_fusion=swiglu or kw.get("add_bias_linear", True),
         num_moe_experts=lm.get("num_experts"), moe_layer_freq=lm.get("moe_layer_freq", 1),
         cp_comm_type=lm.get("cp_comm_type", "p2p"),  # one value: kw_args['cp_comm_type'] = args.cp_comm_type[0]
+        window_size=lm.get("window_size"), window_attn_skip_freq=lm.get("window_attn_skip_freq"),
     )
     dp = world_size // total_model_size  # args.data_parallel_size
     return SimpleNamespace(
@@ -565,6 +611,29 @@ def check_experts(m, plan: Plan, model) -> None:
     assert sorted(sorted(g) for g in generated.get_ranks("ep")) == sorted(g for stage in folded for g in stage)
 
 
+def check_architecture(c, model, job: JobSpec) -> None:
+    """QK-norm and sliding windows as megatron-core builds them: the layer spec's query and key
+    norms (gpt_builders.py passes --qk-layernorm to it), which layers attend within a window
+    (transformer/utils.py:is_layer_window_attention, as dot_product_attention.py and TE's
+    attention ask it) and the keys each query sees there (get_sliding_window_causal_mask: the
+    spec's window counts the query's own key, as the cost model's w(w+1)/2 + (s-w)w pairs)."""
+    import torch
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.utils import get_sliding_window_causal_mask, is_layer_window_attention
+
+    attention = get_gpt_layer_local_spec(qk_layernorm=c.qk_layernorm).submodules.self_attention.submodules
+    assert (attention.q_layernorm is not IdentityOp, attention.k_layernorm is not IdentityOp) == (model.qk_norm, model.qk_norm)
+    windowed = [is_layer_window_attention(c.window_size, c.window_attn_skip_freq, n) for n in range(1, model.num_layers + 1)]
+    assert sum(windowed) == model.sliding_window_layers
+    if model.sliding_window is not None:
+        ones = torch.ones
+        with mock.patch.object(torch, "ones", lambda *a, device=None, **k: ones(*a, **k)):  # it builds the mask on "cuda"
+            masked = get_sliding_window_causal_mask(job.seq_len, job.seq_len, c.window_size)
+        keys = (~masked).sum(dim=1)
+        assert keys.tolist() == [min(i + 1, model.sliding_window) for i in range(job.seq_len)]
+
+
 def test_megatron_core_is_the_pinned_version(mcore):
     assert mcore.__version__ == PINNED, f"the export rules cite megatron-core {PINNED}; installed {mcore.__version__}"
 
@@ -618,6 +687,7 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     assert m.lm["seq_length"] == job.seq_len and m.lm.get("untie_embeddings_and_output_weights", False) == (not model.tied_embeddings)
     assert (m.lm.get("position_embedding_type", "learned_absolute") == "learned_absolute") == model.learned_position_embeddings
     assert c.kv_channels == model.head_dim
+    check_architecture(c, model, job)
     if model.is_moe:
         check_experts(m, plan, model)
     else:
@@ -646,6 +716,8 @@ def test_round_trip_through_megatron(case, mcore):
     assert [a for a in back["mesh_order"] if degree[a] > 1] == [a.value for a in plan.mesh_order if degree[a.value] > 1]
     assert (back["num_layers"], back["num_kv_heads"], back["activation"], back["tied_embeddings"]) == (
         model.num_layers, model.kv_heads, model.activation.value, model.tied_embeddings)
+    assert (back["qk_norm"], back["sliding_window"]) == (model.qk_norm, model.sliding_window) == (
+        m.config.qk_layernorm, m.config.window_size[0] + 1 if m.config.window_size else None)
     assert (back["ep"], back["num_experts"]) == (plan.ep, model.num_experts) == (m.config.expert_model_parallel_size, m.config.num_moe_experts)
     if model.is_moe:
         assert {k: back[k] for k in ("experts_per_token", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers")} == {
@@ -763,6 +835,40 @@ def test_megatron_rejects_a_broken_cp_or_fp8_export(mcore):
         megatron_lm(_replace(data, "--fp8-format", "e5m2"), plan.world_size)
     with pytest.raises(ValueError, match="fp8_quantizer_factory must be provided"):
         megatron_lm(_replace(data, "--fp8-recipe", "custom"), plan.world_size)
+
+
+def test_a_window_one_key_too_wide_or_no_qk_norm_is_caught(mcore):
+    """The architecture checks can fail: --window-size W,0 lets a query see W + 1 keys (one more
+    than the spec's window), and an export without --qk-layernorm builds no query/key norms."""
+    plan, model, job = _case("phi3-window-dp4")
+    data = export("megatron", plan, model, job, plan.world_size).data
+    wide = megatron_lm(_replace(data, "--window-size", f"{model.sliding_window},0"), plan.world_size)
+    with pytest.raises(AssertionError):
+        check_architecture(wide.config, model, job)
+    plan, model, job = _case("qwen3-8b-qk-norm-tp4-pp2-selective")
+    data = export("megatron", plan, model, job, plan.world_size).data
+    with pytest.raises(AssertionError):
+        check_architecture(megatron_lm([a for a in data if a != "--qk-layernorm"], plan.world_size).config, model, job)
+
+
+def test_megatron_has_none_of_what_it_is_refused(mcore):
+    """What model_problems' reasons say of megatron-core 0.16.1: its only gated GELU-like
+    activation, quick_gelu, is not the tanh GELU Gemma gates through; a layer has no norm after
+    attention or the MLP; the windowed layers are placed by window_attn_skip_freq (so a count of
+    them does not say which)."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+    from megatron.core.transformer.transformer_layer import TransformerLayerSubmodules
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    x = torch.linspace(-4, 4, 81)
+    assert (quick_gelu(x) - F.gelu(x, approximate="tanh")).abs().max() > 1e-2
+    norms = {f.name for f in dataclasses.fields(TransformerLayerSubmodules) if "norm" in f.name}
+    assert norms == {"input_layernorm", "pre_cross_attn_layernorm", "pre_mlp_layernorm"}
+    alternate = [is_layer_window_attention((127, 0), 2, n) for n in range(1, 37)]
+    trailing = [is_layer_window_attention((127, 0), [0] * 18 + [1] * 18, n) for n in range(1, 37)]
+    assert sum(alternate) == sum(trailing) == 18 and alternate != trailing
 
 
 def test_a_top_1_router_gets_the_softmax_first(mcore):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +24,7 @@ from planner.presets import load_model
 from planner.specs import Axis, JobSpec, Plan, StageRecompute
 
 EXTRA = "the export extra is not installed: pip install '.[export]'"
+HF = Path(__file__).resolve().parent / "data" / "hf_configs"  # published Hugging Face configs (SOURCES.md)
 BASE = ["--module", "llama3", "--config", "llama3_8b"]  # a base config for generic exports (their overrides are model-free)
 MOE_BASE = ["--module", "qwen3", "--config", "qwen3_30b_a3b"]  # ... for generic mixture-of-experts exports (128 experts)
 
@@ -67,7 +69,11 @@ MATRIX = {
     "mixtral-generic-zero0-ep2-tp2": case("mixtral-8x7b", 8, 4, 2, 1, 1, 2, zero=0, ep=2),
     "deepseek-v3-fsdp3-ep8-pp4-uneven": case("deepseek-v3", 64, 16, 1, 4, 1, 8, ep=8, layers_per_stage=[13, 16, 16, 16],
                                              recompute="full"),
-    "qwen3-30b-a3b-fsdp3-ep8-tp2-pp2-vpp2": case("qwen3-30b-a3b", 32, 8, 2, 2, 1, 8, ep=8, vpp=2, schedule="interleaved-1f1b"),
+    # Qwen3-30B-A3B as its Hugging Face config reads (QK-norm: torchtitan's qwen3 config); the
+    # preset, which leaves QK-norm out, is generic.
+    "qwen3-30b-a3b-fsdp3-ep8-tp2-pp2-vpp2": case(str(HF / "qwen3-30b-a3b.json"), 32, 8, 2, 2, 1, 8, ep=8, vpp=2,
+                                                 schedule="interleaved-1f1b"),
+    "qwen3-30b-a3b-preset-generic-fsdp3-ep8": case("qwen3-30b-a3b", 8, 8, 1, 1, 1, 2, ep=8),
     # Context parallelism: cp 2 and 4, with dp, TP + SP, pipelines (1F1B, interleaved), ZeRO-2
     # and 3, and experts borrowed from dp_shard x cp x tp. (FP8: refused, see RULES.)
     "8b-cp2-fsdp3-dp4-tp2": case("llama3-8b", 16, 4, 2, 1, 1, 2, cp=2, seq=8192),
@@ -130,9 +136,11 @@ def test_llama3_presets_get_their_config_and_others_are_generic():
     assert tt.matching_flavor(load_model("gpt3-1.3b")) is None  # GELU, LayerNorm, learned positions
     assert (tt.matching_flavor(load_model("deepseek-v3")).module, tt.matching_flavor(load_model("deepseek-v3")).config) == (
         "deepseek_v3", "deepseek_v3_671b")
-    assert tt.matching_flavor(load_model("qwen3-30b-a3b")).config == "qwen3_30b_a3b"
+    qwen3 = load_model(str(HF / "qwen3-30b-a3b.json"))
+    assert tt.matching_flavor(qwen3).config == "qwen3_30b_a3b"
+    assert tt.matching_flavor(load_model("qwen3-30b-a3b")) is None  # the preset leaves out Qwen3's QK-norm
     assert tt.matching_flavor(load_model("mixtral-8x7b")) is None  # torchtitan 0.3.0 has no Mixtral
-    narrow = load_model("qwen3-30b-a3b").model_copy(update={"attention_head_dim": None})  # heads of 64: not Qwen3's
+    narrow = qwen3.model_copy(update={"attention_head_dim": None})  # heads of 64: not Qwen3's
     assert tt.matching_flavor(narrow) is None
     generic = _export(MATRIX["llama2-7b-generic-zero2-tp2-pp2"])
     assert "--module" not in generic.data and "--config" not in generic.data
@@ -193,6 +201,29 @@ def _refusal(c, **changes) -> str:
     with pytest.raises(UsageError) as err:
         exporters.export("torchtitan", plan, changes.pop("model", c.model), job, c.gpus)
     return str(err.value)
+
+
+@pytest.mark.parametrize("update", [{"qk_norm": True}, {"norms_per_layer": 4}, {"sliding_window": 4096, "sliding_window_layers": 32},
+                                    {"logit_softcapping": True}], ids=["qk-norm", "four-norms", "window", "softcapping"])
+def test_a_llama_shape_with_more_is_no_llama3_config(update):
+    """torchtitan's llama3_8b builds no QK-norm, two norms a layer, full attention and plain
+    logits: Llama 3 8B's shape with any of those is generic, its text naming what to build."""
+    model = load_model("llama3-8b").model_copy(update=update)
+    assert tt.matching_flavor(load_model("llama3-8b")).config == "llama3_8b" and tt.matching_flavor(model) is None
+    c = MATRIX["8b-fsdp3-dp16"]
+    text = exporters.export("torchtitan", c.plan, model, c.job, c.gpus).text
+    component = {"qk_norm": "GQAttention.Config.qk_norm", "norms_per_layer": "post_attention_norm",
+                 "sliding_window": "a 4096-key sliding window on every layer (32)", "logit_softcapping": "SoftCappedLinear"}
+    assert "--module YOUR_MODULE" in text and component[next(iter(update))] in text
+
+
+def test_geglu_is_refused_in_one_line():
+    """No torchtitan 0.3.0 feed-forward gates through GELU (Gemma 2, 3): refused whatever the plan."""
+    c = MATRIX["8b-fsdp3-dp16"]
+    with pytest.raises(UsageError, match=r"^torchtitan cannot build gemma-2-9b: activation geglu .*; deepspeed, accelerate can") as err:
+        exporters.export("torchtitan", c.plan, load_model(str(HF / "gemma-2-9b.json")), c.job, c.gpus)
+    assert "\n" not in str(err.value)
+    assert tt.model_problems(load_model(str(HF / "gpt-oss-120b.json"))) == []  # windows on half the layers: its own config says which
 
 
 def test_plans_torchtitan_cannot_run_are_refused_naming_the_feature():
@@ -282,6 +313,8 @@ def test_torchtitan_parses_the_overrides_and_they_mean_the_plan(titan, name):
         # The model's own checks: tp divides heads and KV heads, seq_len within RoPE, no tying with
         # PP, the expert-parallel dispatcher's sizes; and its MoE layers are the plan's.
         config.model_spec.model.update_from_config(config=config)
+        qk_norms = [getattr(layer.attention, "qk_norm", None) is not None for layer in config.model_spec.model.layers]
+        assert qk_norms == [c.model.qk_norm] * len(qk_norms)
         if c.model.is_moe:
             layers = config.model_spec.model.layers
             assert [getattr(layer, "moe", None) is None for layer in layers] == [
@@ -292,6 +325,30 @@ def test_torchtitan_parses_the_overrides_and_they_mean_the_plan(titan, name):
     dims = titan.ParallelDims.from_config(p, world_size=c.gpus)
     assert (dims.dp_replicate * dims.dp_shard, dims.cp, dims.tp, dims.pp, dims.ep) == (plan.dp, plan.cp, plan.tp, plan.pp, plan.ep)
     assert dims.fsdp_enabled == (plan.zero_stage > 0 and plan.dp > 1 or plan.cp > 1)  # why problems() refuses ZeRO-0 with cp > 1
+
+
+def test_torchtitan_has_the_components_a_generic_text_names(titan):
+    """What _features points a generic model to exists in torchtitan 0.3.0 with those fields;
+    its sliding-window mask admits the spec's window of keys, the query's own included; and its
+    feed-forward gates through SiLU (why GeGLU is refused)."""
+    import dataclasses
+
+    import torch
+    from torchtitan.models.common.attention import GQAttention, get_sliding_window_mask_mod
+    from torchtitan.models.common.feed_forward import FeedForward
+    from torchtitan.models.gpt_oss.model import Attention as GptOssAttention
+    from torchtitan.models.muse_glimmer.model import MuseGlimmerTransformerBlock, SoftCappedLinear
+
+    def fields(cls):
+        return {f.name for f in dataclasses.fields(cls.Config)}
+
+    assert "qk_norm" in fields(GQAttention) and "sliding_window_size" in fields(GptOssAttention)
+    assert {"post_attention_norm", "post_ffn_norm"} <= fields(MuseGlimmerTransformerBlock)
+    assert "output_soft_cap_temp" in fields(SoftCappedLinear)
+    q, kv = torch.arange(12)[:, None], torch.arange(12)[None, :]
+    allowed = get_sliding_window_mask_mod(4)(0, 0, q, kv)
+    assert allowed.sum(dim=1).tolist() == [min(i + 1, 4) for i in range(12)]
+    assert "silu" in FeedForward.forward.__code__.co_names and "gelu" not in FeedForward.forward.__code__.co_names
 
 
 @pytest.mark.parametrize("name", [n for n in MATRIX if MATRIX[n].plan.cp > 1 and tt.matching_flavor(MATRIX[n].model)])

@@ -4,7 +4,11 @@ One module per stack (megatron.py, deepspeed.py, torchtitan.py, accelerate.py), 
 pure function from a Plan (+ model, job) to the stack's own format, plus what the stack can
 express, stated once as a `Rules` (planner/export/rules.py): `plan export` refuses a plan that
 breaks a rule in one line naming the feature, and `plan solve --target STACK` searches only the
-layouts the rules allow (planner/search/candidates.py and ilp.py read the same Rules).
+layouts the rules allow (planner/search/candidates.py and ilp.py read the same Rules). Beyond the
+Rules each module has model_problems(model) (architecture fields its configuration cannot
+express: the stack is not searched at all), layout_problems(layout, model, job) (what it cannot
+run of a layout: the search's per-candidate filter, reading only fields a search Candidate and
+a Plan share) and problems(plan, model, job) (those and what depends on the layer split).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ def export(stack: str, plan, model, job, num_gpus: int, gpus_per_node: int | Non
     cannot express (and suggesting `plan solve --target`). `gpus_per_node`: the cluster's, for
     stacks whose configuration names the node count (accelerate)."""
     mod = stack_module(stack)
+    refusal = model_refusal(stack, model)
+    if refusal:
+        raise UsageError(refusal)
     problems = mod.RULES.plan_problems(plan, model) + mod.problems(plan, model, job)
     if problems:
         raise UsageError(
@@ -43,6 +50,20 @@ def export(stack: str, plan, model, job, num_gpus: int, gpus_per_node: int | Non
     if "gpus_per_node" in inspect.signature(mod.export).parameters:
         return mod.export(plan, model, job, num_gpus, gpus_per_node=gpus_per_node)
     return mod.export(plan, model, job, num_gpus)
+
+
+def model_refusal(stack: str, model) -> str | None:
+    """One line when the stack cannot build the model whatever the plan (its exporter's
+    model_problems: an architecture field its configuration cannot express), naming the first
+    field and why, the others by name, and the stacks that can; else None. `plan export` and
+    the search of that stack (planner/search/stacks.py:target_space) both say it."""
+    problems = stack_module(stack).model_problems(model)
+    if not problems:
+        return None
+    others = [s for s in STACKS if s != stack and not stack_module(s).model_problems(model)]
+    return (f"{stack} cannot build {model.name}: {problems[0]}"
+            + (f"; also {', '.join(p.split(' (')[0] for p in problems[1:])}" if problems[1:] else "")
+            + (f"; {', '.join(others)} can (`plan solve --target {others[0]}`)" if others else "; no stack here can"))
 
 
 def rules_table() -> str:
@@ -73,4 +94,4 @@ def _stages(stages: tuple) -> str:
     return ", ".join(str(s) for s in stages) if stages else "none"
 
 
-__all__ = ["STACKS", "Export", "Rules", "export", "rules", "rules_table", "stack_module"]
+__all__ = ["STACKS", "Export", "Rules", "export", "model_refusal", "rules", "rules_table", "stack_module"]

@@ -43,7 +43,7 @@ from typing import Optional
 import yaml
 
 from planner.errors import UsageError
-from planner.export.rules import Export, Rules
+from planner.export.rules import Export, Rules, architecture
 from planner.specs import Axis, DType, ModelSpec, Plan, Recompute
 
 RULES = Rules(
@@ -121,29 +121,48 @@ _PREFIX = "parallelism_config_"  # the keys' prefix in the YAML (commands/config
 _SCRIPT_LINE = re.compile(r"^#\s+(micro_batch_size|gradient_accumulation_steps|global_batch_size|seq_len|recompute):\s*(\S+)")
 
 
-def problems(plan: Plan, model: ModelSpec, job) -> list[str]:
-    """What Accelerate cannot run that `RULES` does not cover."""
+def model_problems(model: ModelSpec) -> list[str]:
+    """None: the config holds no architecture; the script's model does (transformers builds
+    GeGLU, the extra norms, QK-norm, windows and soft-capping from the model's config.json), and
+    FSDP2 wraps its decoder layers as they are. Context parallelism, which drops attention
+    masks, is refused in layout_problems."""
+    return []
+
+
+def layout_problems(layout, model: ModelSpec, job) -> list[str]:
+    """What Accelerate cannot run that `RULES` does not cover (a Plan, or a search Candidate:
+    the fields both have)."""
     out = []
-    if plan.cp > 1 and plan.zero_stage == 0:
+    if layout.cp > 1 and model.sliding_window is not None:
+        # big_modeling.py:_attach_context_parallel_hooks drops each attention's mask for
+        # is_causal and so refuses a model with sliding-window layers ("Context parallelism
+        # does not support attention layers of type ['sliding_attention']").
+        out.append(f"context parallelism cp={layout.cp} with a sliding window (Accelerate's context parallelism runs full "
+                   "causal attention only)")
+    if layout.cp > 1 and layout.zero_stage == 0:
         # ParallelismConfig.__post_init__: "Tensor/Context parallelism (tp/cp_size > 1) cannot be
         # used with pure data parallelism" (dp_replicate > 1, dp_shard == 1); FSDP2 shards over cp.
-        out.append(f"context parallelism cp={plan.cp} with ZeRO-0 (Accelerate's context parallelism needs FSDP2, ZeRO-2/3)")
-    if plan.fp8 and DType(job.precision) != DType.bf16:
+        out.append(f"context parallelism cp={layout.cp} with ZeRO-0 (Accelerate's context parallelism needs FSDP2, ZeRO-2/3)")
+    if layout.fp8 and DType(job.precision) != DType.bf16:
         # mixed_precision is one value: fp8 runs everything but the TE linears under bf16 autocast.
         out.append(f"FP8 with {DType(job.precision).value} precision (Accelerate's fp8 runs the rest in bf16)")
-    if plan.fp8 and plan.tp > 1:
+    if layout.fp8 and layout.tp > 1:
         # Accelerator.prepare: _prepare_tp shards first, then _prepare_te's convert_model rebuilds
         # each nn.Linear as a whole te.Linear(in_features, out_features) and copies the weight in.
-        out.append(f"FP8 with tensor parallelism tp={plan.tp} (Accelerate's TE conversion rebuilds TP-sharded linears whole)")
-    if plan.tp > 1 and plan.dp == 1 and plan.zero_stage in RULES.zero_stages_with_tp:
+        out.append(f"FP8 with tensor parallelism tp={layout.tp} (Accelerate's TE conversion rebuilds TP-sharded linears whole)")
+    if layout.tp > 1 and layout.dp == 1 and layout.zero_stage in RULES.zero_stages_with_tp:
         # ParallelismConfig._validate_accelerator: FSDP2 with dp_shard_size == cp_size == 1 has
         # nothing to shard across and is refused.
-        out.append(f"tensor parallelism tp={plan.tp} without data parallelism (FSDP2 beside TP needs dp > 1 to shard over)")
-    if plan.tp > 1 and model.kv_heads % plan.tp:
+        out.append(f"tensor parallelism tp={layout.tp} without data parallelism (FSDP2 beside TP needs dp > 1 to shard over)")
+    if layout.tp > 1 and model.kv_heads % layout.tp:
         # transformers' TP splits k_proj/v_proj colwise by whole heads
         # (distributed/tensor_parallel.py:get_kv_heads_per_rank); it cannot replicate KV heads.
-        out.append(f"tp={plan.tp} over {model.kv_heads} KV heads of {model.name} (transformers' TP shards whole KV heads)")
+        out.append(f"tp={layout.tp} over {model.kv_heads} KV heads of {model.name} (transformers' TP shards whole KV heads)")
     return out
+
+
+def problems(plan: Plan, model: ModelSpec, job) -> list[str]:
+    return layout_problems(plan, model, job)
 
 
 def export(plan: Plan, model: ModelSpec, job, num_gpus: int, gpus_per_node: Optional[int] = None) -> Export:
@@ -239,6 +258,9 @@ def _header(plan: Plan, model: ModelSpec, job, num_gpus: int, num_machines: int,
     if plan.fp8:
         lines.append("# FP8: Transformer Engine (installed) swaps every nn.Linear, the LM head too, for te.Linear; "
                      "weights recast each micro-batch")
+    features = architecture(model)
+    if features:  # the script's model must be the one the plan costed
+        lines.append("# Model: planned with " + "; ".join(features) + " (transformers builds them from the model's config.json)")
     if gpus_per_node is None and num_gpus > 1:
         lines.append("# Several nodes: set num_machines to the node count (num_processes counts every GPU).")
     if num_machines > 1:

@@ -28,7 +28,7 @@ import json
 
 from cost_models.compute import layer_params
 from cost_models.terms import GRADIENT_BUCKET_BYTES
-from planner.export.rules import Export, Rules
+from planner.export.rules import Export, Rules, architecture
 from planner.specs import DTYPE_BYTES, Axis, DType, Optimizer, Recompute, Schedule
 
 # PipelineModule(partition_method="type:REGEX") balances the layers whose class name matches
@@ -120,9 +120,25 @@ RULES = Rules(
 )
 
 
-def problems(plan, model, job) -> list[str]:
+def model_problems(model) -> list[str]:
+    """None: DeepSpeed's config holds no architecture. deepspeed.initialize wraps the user's
+    torch module as it is (a Hugging Face model: its modelling code builds GeGLU, the extra
+    norms, QK-norm, windows and soft-capping from its config.json), and what the config switches
+    on keeps them: ZeRO shards parameters whatever they are; pipeline stages run the user's layer
+    objects (runtime/pipe/module.py); AutoTP shards only linear layers and, for a model whose
+    Hugging Face tp_plan marks QK-norm weights replicated_with_grad_allreduce (Qwen3, Gemma 3),
+    sums their gradients over the TP group (module_inject/tp_plan_converter.py,
+    auto_tp.py:register_replicated_grad_hooks). The "planner" block names what the model must be."""
+    return []
+
+
+def layout_problems(layout, model, job) -> list[str]:
     """Nothing beyond RULES (tp with pp and selective recompute are rules there)."""
     return []
+
+
+def problems(plan, model, job) -> list[str]:
+    return layout_problems(plan, model, job)
 
 
 def export(plan, model, job, num_gpus: int) -> Export:
@@ -206,6 +222,9 @@ def _planner_block(plan, model, num_gpus: int, full: bool) -> dict:
                    "mesh_order": ",".join(a.value for a in MESH_ORDER) + " (innermost first; DeepSpeed's fixed order)"},
         "recompute": "full: checkpoint every transformer layer" if full else "none",
     }
+    features = architecture(model)
+    if features:  # the model is the user's module: it must be the one the plan costed
+        block["model"] = f"{model.name}, planned with " + "; ".join(features) + " (your model code builds them)"
     if plan.pp > 1:
         block["pipeline_module"] = {"num_stages": plan.pp, "partition_method": f"type:{BLOCK_TYPE}",
                                     "layers_per_stage": plan.stage_layers(model.num_layers)}

@@ -61,8 +61,8 @@ import shlex
 from typing import Optional
 
 from planner.errors import UsageError
-from planner.export.rules import Export, Rules, _effective
-from planner.specs import Activation, Axis, DType, JobSpec, ModelSpec, Optimizer, Plan, Schedule, StageRecompute
+from planner.export.rules import Export, Rules, _effective, windowed
+from planner.specs import Activation, Axis, DType, JobSpec, ModelSpec, Optimizer, Plan, Recompute, Schedule, StageRecompute
 
 RULES = Rules(
     stack="megatron",
@@ -171,28 +171,38 @@ def megatron_recompute(setting: Optional[tuple], stage_layers: list[int]) -> lis
     """(none, selective, full) layers per virtual stage under Megatron's recompute flags
     (granularity, method, num_layers), as transformer_block.py:_checkpointed_forward applies
     them to each model chunk: block recomputes the chunk's first N layers, uniform all of them."""
-    out = []
-    for n in stage_layers:
-        if setting is None:
-            out.append(StageRecompute(none=n))
-        elif setting[0] == "selective":
-            out.append(StageRecompute(selective=n))
-        else:
-            full = min(setting[2], n) if setting[1] == "block" else n
-            out.append(StageRecompute(none=n - full, full=full))
-    return out
+    return [StageRecompute(none=n, selective=s, full=f) for n, s, f in _recompute_counts(setting, stage_layers)]
 
 
-def _recompute_setting(counts: list[StageRecompute]) -> Optional[tuple]:
-    """Megatron's recompute flags nearest to per-stage counts (megatron_recompute says whether
-    they reproduce the counts exactly)."""
-    if any(c.selective for c in counts):
+def _recompute_counts(setting: Optional[tuple], stage_layers: list[int]) -> list[tuple]:
+    """megatron_recompute as (none, selective, full) tuples (problems() runs it per candidate)."""
+    if setting is None:
+        return [(n, 0, 0) for n in stage_layers]
+    if setting[0] == "selective":
+        return [(0, n, 0) for n in stage_layers]
+    full = [min(setting[2], n) if setting[1] == "block" else n for n in stage_layers]
+    return [(n - f, 0, f) for n, f in zip(stage_layers, full)]
+
+
+def _recompute_setting(counts: list[tuple]) -> Optional[tuple]:
+    """Megatron's recompute flags nearest to per-stage (none, selective, full) counts
+    (_recompute_counts says whether they reproduce the counts exactly)."""
+    if any(c[1] for c in counts):
         return ("selective", None, None)
-    if not any(c.full for c in counts):
+    if not any(c[2] for c in counts):
         return None
-    if all(c.full == c.layers for c in counts):
+    if all(c[2] == sum(c) for c in counts):
         return _FULL_UNIFORM
-    return ("full", "block", max(c.full for c in counts))
+    return ("full", "block", max(c[2] for c in counts))
+
+
+def _plan_counts(plan: Plan, num_layers: int) -> list[tuple]:
+    """The plan's (none, selective, full) layers per virtual stage, without building a
+    StageRecompute per stage."""
+    if plan.stage_recompute is not None:
+        return [(r.none, r.selective, r.full) for r in plan.stage_recompute]
+    i = ("none", "selective", "full").index(Recompute(plan.recompute).value)
+    return [tuple(n if k == i else 0 for k in range(3)) for n in plan.stage_layers(num_layers)]
 
 
 def _split_flags(plan: Plan, num_layers: int) -> list[tuple]:
@@ -220,42 +230,82 @@ def _recompute_flags(setting: Optional[tuple]) -> list[tuple]:
     return flags
 
 
-def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+def model_problems(model: ModelSpec) -> list[str]:
+    """The architecture fields Megatron-LM's arguments cannot express, whatever the plan."""
     out = []
-    layers = plan.stage_layers(model.num_layers)
-    counts = plan.stage_recompute_counts(model.num_layers)
-    if megatron_recompute(_recompute_setting(counts), layers) != counts:
-        out.append("recompute other than selective on every layer or full on the first N layers of every stage "
-                   f"({', '.join(f'{c.none}/{c.selective}/{c.full}' for c in counts)} none/selective/full)")
+    if Activation(model.activation) == Activation.geglu:
+        # Megatron-LM arguments.py:core_transformer_config_from_args (core_v0.16.1): the gated
+        # MLPs are --swiglu (F.silu) and --quick-geglu (quick_gelu, x sigmoid(1.702 x)); no flag
+        # gates through GELU, and gated_linear_unit has no flag of its own.
+        out.append("activation geglu (Megatron-LM gates its MLP through SiLU, --swiglu, or x sigmoid(1.702 x), "
+                   "--quick-geglu, not GELU)")
+    if model.norms_per_layer != 2:
+        # transformer/transformer_layer.py:TransformerLayerSubmodules: input_layernorm,
+        # pre_cross_attn_layernorm (decoders with cross-attention) and pre_mlp_layernorm only.
+        out.append(f"norms_per_layer {model.norms_per_layer} (megatron-core's layer normalises only the inputs of "
+                   "attention and the MLP)")
+    if model.logit_softcapping:
+        # models/gpt/gpt_model.py: the output layer's logits go to the loss as they are.
+        out.append("logit_softcapping (megatron-core's GPT model does not soft-cap its logits)")
+    if model.sliding_window is not None and model.sliding_window_layers != model.num_layers:
+        # --window-attn-skip-freq (an N, or a 0/1 list per layer: transformer/utils.py:
+        # is_layer_window_attention) places the windowed layers; the spec holds only their count.
+        out.append(f"sliding_window on {windowed(model)} (the model spec does not say which layers; "
+                   "--window-attn-skip-freq must)")
+    return out
+
+
+def layout_problems(layout, model: ModelSpec, job: JobSpec) -> list[str]:
+    """What Megatron cannot run of a layout (a Plan, or a search Candidate: the fields both
+    have) that `RULES` does not cover."""
+    out = []
     # schedules.py: the interleaved schedule runs micro-batches in groups of
     # microbatch_group_size_per_vp_stage (default pp) and raises on a remainder smaller than pp.
-    if plan.vpp > 1 and plan.num_micro_batches % plan.pp:
-        out.append(f"interleaved schedule with {plan.num_micro_batches} micro-batches, not a multiple of pp={plan.pp}")
+    if layout.vpp > 1 and layout.num_micro_batches % layout.pp:
+        out.append(f"interleaved schedule with {layout.num_micro_batches} micro-batches, not a multiple of pp={layout.pp}")
     # tensor_parallel/mappings.py: sequence parallelism scatters the sequence over the TP group
     # ("First dimension of the tensor should be divisible by tensor parallel size"); under
     # context parallelism that is a CP rank's s / cp tokens.
-    if plan.sequence_parallel and plan.cp == 1 and job.seq_len % plan.tp:
-        out.append(f"sequence parallelism with seq_len {job.seq_len} not divisible by tp={plan.tp}")
-    if plan.sequence_parallel and plan.cp > 1 and (job.seq_len // plan.cp) % plan.tp:
-        out.append(f"sequence parallelism with {job.seq_len // plan.cp} tokens per CP rank not divisible by tp={plan.tp}")
+    if layout.sequence_parallel and layout.cp == 1 and job.seq_len % layout.tp:
+        out.append(f"sequence parallelism with seq_len {job.seq_len} not divisible by tp={layout.tp}")
+    if layout.sequence_parallel and layout.cp > 1 and (job.seq_len // layout.cp) % layout.tp:
+        out.append(f"sequence parallelism with {job.seq_len // layout.cp} tokens per CP rank not divisible by tp={layout.tp}")
+    if layout.cp > 1 and model.sliding_window is not None:
+        # Transformer Engine's attention/dot_product_attention/context_parallel.py
+        # (attn_forward_func_with_cp) asserts a sliding window only with cp_comm_type a2a or
+        # all_gather: "The context parallel running configs cannot support sliding window
+        # attetnion!"; the plan's ring is p2p.
+        out.append(f"context parallelism cp={layout.cp} with a sliding window (Transformer Engine's p2p ring refuses windows)")
     # parallel_state: --use-tp-pp-dp-mapping orders ranks "tp-cp-ep-pp-dp", cp next to tp and
     # inside pp, where the plan holds cp inside the dp axis (tp, pp, then cp x dp).
-    if plan.cp > 1 and _tp_pp_dp(plan):
-        out.append(f"context parallelism cp={plan.cp} with mesh order tp,pp,dp (Megatron's --use-tp-pp-dp-mapping "
+    if layout.cp > 1 and _tp_pp_dp(layout):
+        out.append(f"context parallelism cp={layout.cp} with mesh order tp,pp,dp (Megatron's --use-tp-pp-dp-mapping "
                    "puts cp next to tp, inside pp; the plan holds it inside dp)")
     # parallel_state.initialize_model_parallel: the expert rank generator uses the same order
     # with ep x expert-TP in place of tp; unless pp is outermost it asserts "the data parallel size
     # of the attention and moe layers must be the same", i.e. ep x expert-TP (1) = tp.
-    if model.is_moe and _tp_pp_dp(plan) and plan.ep != plan.tp:
-        out.append(f"expert parallelism ep={plan.ep} with mesh order tp,pp,dp (Megatron folds experts there only with ep = tp = {plan.tp})")
+    if model.is_moe and _tp_pp_dp(layout) and layout.ep != layout.tp:
+        out.append(f"expert parallelism ep={layout.ep} with mesh order tp,pp,dp (Megatron folds experts there only with ep = tp = {layout.tp})")
     return out
 
 
-def _tp_pp_dp(plan: Plan) -> bool:
-    """Whether the plan needs --use-tp-pp-dp-mapping (its mesh order is not Megatron's default);
-    the dp axis holds dp x cp ranks."""
-    order, dp_axis = tuple(Axis(a) for a in plan.mesh_order), plan.dp * plan.cp
-    return _effective(order, dp_axis, plan.tp, plan.pp) != _effective(RULES.mesh_orders[0], dp_axis, plan.tp, plan.pp)
+def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """What Megatron cannot run of the plan that `RULES` does not cover: layout_problems and
+    the per-stage recompute its flags cannot reproduce."""
+    out = []
+    layers = plan.stage_layers(model.num_layers)
+    counts = _plan_counts(plan, model.num_layers)
+    if _recompute_counts(_recompute_setting(counts), layers) != counts:
+        out.append("recompute other than selective on every layer or full on the first N layers of every stage "
+                   f"({', '.join(f'{n}/{s}/{f}' for n, s, f in counts)} none/selective/full)")
+    return out + layout_problems(plan, model, job)
+
+
+def _tp_pp_dp(layout) -> bool:
+    """Whether the layout needs --use-tp-pp-dp-mapping (its mesh order is not Megatron's
+    default); the dp axis holds dp x cp ranks."""
+    order, dp_axis = tuple(Axis(a) for a in layout.mesh_order), layout.dp * layout.cp
+    return _effective(order, dp_axis, layout.tp, layout.pp) != _effective(RULES.mesh_orders[0], dp_axis, layout.tp, layout.pp)
 
 
 def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
@@ -274,7 +324,7 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
         flags.append(("--tp-comm-overlap", None))
     if _tp_pp_dp(plan):
         flags.append(("--use-tp-pp-dp-mapping", None))
-    flags += _recompute_flags(_recompute_setting(plan.stage_recompute_counts(L)))
+    flags += _recompute_flags(_recompute_setting(_plan_counts(plan, L)))
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
     precision = DType(job.precision)
     if precision != DType.fp32:
@@ -313,6 +363,16 @@ def _model_flags(model: ModelSpec, job: JobSpec) -> list[tuple]:
         flags.append(("--swiglu", None))
     if model.norm == "rmsnorm":
         flags.append(("--normalization", "RMSNorm"))
+    if model.qk_norm:
+        # TransformerConfig.qk_layernorm: a norm of --normalization's type over each head's
+        # head_dim for queries and keys (transformer/attention.py: q_layernorm, k_layernorm
+        # built with hidden_size_per_attention_head).
+        flags.append(("--qk-layernorm", None))
+    if model.sliding_window is not None:  # on every layer (model_problems refuses fewer)
+        # --window-size LEFT,RIGHT (arguments.py: tuple_type): a query sees keys LEFT back and
+        # RIGHT ahead (transformer/utils.py:get_sliding_window_causal_mask), itself included;
+        # the spec's window counts the query's own key.
+        flags.append(("--window-size", f"{model.sliding_window - 1},0"))
     if not model.linear_bias:
         flags.append(("--disable-bias-linear", None))
     if not model.dropout:
@@ -409,6 +469,8 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
         "num_kv_heads": int(args["num-query-groups"]) if "group-query-attention" in args else int(args["num-attention-heads"]),
         "seq_len": int(args["seq-length"]),
         "activation": "swiglu" if "swiglu" in args else "gelu",
+        "qk_norm": "qk-layernorm" in args,
+        "sliding_window": int(args["window-size"].split(",")[0]) + 1 if "window-size" in args else None,
         "tied_embeddings": "untie-embeddings-and-output-weights" not in args,
         **_experts_back(args, L),
     }

@@ -6,9 +6,10 @@ README's table."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Optional
 
-from planner.specs import Axis, ModelSpec, Plan, Schedule
+from planner.specs import Activation, Axis, ModelSpec, Plan, Schedule
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,9 @@ class Rules:
             out.append("sequence parallelism")
         if tp_comm_overlap and not self.tp_comm_overlap:
             out.append("TP communication overlap")
-        order = tuple(Axis(a) for a in mesh_order)
         dpw = dp * cp  # the mesh's dp axis holds the cp ranks too
-        if self.mesh_orders is not None and _effective(order, dpw, tp, pp) not in {_effective(o, dpw, tp, pp) for o in self.mesh_orders}:
-            out.append(f"mesh order {','.join(a.value for a in order)} ({self.stack} lays ranks out as "
+        if self.mesh_orders is not None and not _order_allowed(self.mesh_orders, tuple(mesh_order), dpw > 1, tp > 1, pp > 1):
+            out.append(f"mesh order {','.join(Axis(a).value for a in mesh_order)} ({self.stack} lays ranks out as "
                        f"{' or '.join(','.join(a.value for a in o) for o in self.mesh_orders)}, innermost first)")
         return out
 
@@ -129,8 +129,42 @@ class Rules:
 def _effective(order: tuple, dp: int, tp: int, pp: int) -> tuple:
     """A mesh order with degree-1 axes dropped: those do not change where ranks go."""
     degree = {Axis.dp: dp, Axis.tp: tp, Axis.pp: pp}
-    return tuple(a for a in order if degree[a] > 1)
+    return tuple(Axis(a) for a in order if degree[Axis(a)] > 1)
+
+
+@lru_cache(maxsize=None)
+def _order_allowed(allowed: tuple, order: tuple, dp_used: bool, tp_used: bool, pp_used: bool) -> bool:
+    """Whether `order` lays ranks out as one of `allowed` does, given which axes have degree
+    > 1 (the search asks this of every candidate: a few distinct questions, asked once each)."""
+    degrees = (int(dp_used) + 1, int(tp_used) + 1, int(pp_used) + 1)
+    return _effective(order, *degrees) in {_effective(o, *degrees) for o in allowed}
 
 
 def _list(xs) -> str:
     return ", ".join(str(x) for x in xs)
+
+
+def architecture(model: ModelSpec) -> list[str]:
+    """What the model is beyond a plain GPT / Llama decoder, as ModelSpec states it (activation
+    geglu, norms_per_layer, qk_norm, sliding_window, logit_softcapping), one phrase each: what a
+    stack whose configuration holds no architecture (DeepSpeed, Accelerate: the model is the
+    user's code) must be given, and what a model written for torchtitan must have."""
+    out = []
+    if Activation(model.activation) == Activation.geglu:
+        out.append("GeGLU MLP (the gate through tanh-approximated GELU)")
+    if model.norms_per_layer != 2:
+        out.append(f"{model.norms_per_layer} norms per layer" + (" (before and after attention and the MLP)" if model.norms_per_layer == 4 else ""))
+    if model.qk_norm:
+        out.append(f"QK-norm (an RMSNorm of head_dim {model.head_dim} on each query and key head)")
+    if model.sliding_window is not None:
+        out.append(f"a sliding window of {model.sliding_window} keys (the query's own included) on {windowed(model)}")
+    if model.logit_softcapping:
+        out.append("soft-capped logits (c tanh(logits / c))")
+    return out
+
+
+def windowed(model: ModelSpec) -> str:
+    """Which layers attend within the window, as far as the spec says: it holds only how many."""
+    if model.sliding_window_layers == model.num_layers:
+        return f"every layer ({model.num_layers})"
+    return f"{model.sliding_window_layers} of {model.num_layers} layers"

@@ -61,7 +61,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Optional
 
-from planner.export.rules import Export, Rules
+from planner.export.rules import Export, Rules, windowed
 from planner.specs import DTYPE_BYTES, Activation, Axis, DType, JobSpec, ModelSpec, Optimizer, Plan, Recompute, Schedule
 
 RULES = Rules(
@@ -163,6 +163,7 @@ class Flavor:
     head_dim: Optional[int] = None  # None: hidden_size / num_heads
     # (routed experts, top-k, expert width, shared experts, dense first layers); None: dense
     experts: Optional[tuple] = None
+    qk_norm: bool = False  # GQAttention.Config.qk_norm set (models/qwen3/__init__.py: an RMSNorm of head_dim)
 
 
 FLAVORS = (
@@ -177,7 +178,7 @@ FLAVORS = (
                 "multi-head attention of 128 heads of 56 (its source says how much that changes); routing is its own "
                 "(sigmoid scores, 8 groups of which 4 are kept, a load-balancing bias)"),
     Flavor("qwen3_30b_a3b", "30B-A3B", 48, 2048, 32, 4, 768, 151936, module="qwen3", max_seq_len=40960, head_dim=128,
-           experts=(128, 8, 768, 0, 0)),
+           experts=(128, 8, 768, 0, 0), qk_norm=True),
 )
 
 _SCHEDULES = {Schedule.gpipe: "GPipe", Schedule.one_f_one_b: "1F1B", Schedule.interleaved_1f1b: "Interleaved1F1B"}
@@ -187,16 +188,34 @@ _AC = "activation-checkpoint:"  # tyro subcommand prefix (activation_checkpoint.
 
 
 def matching_flavor(model: ModelSpec) -> Optional[Flavor]:
-    """The torchtitan config that builds this model, or None (a generic export)."""
+    """The torchtitan config that builds this model, or None (a generic export): a Llama-style
+    decoder (SwiGLU, two RMSNorms a layer, full causal attention, plain logits: the blocks of
+    models/common/decoder.py and feed_forward.py) of the config's shape, with QK-norm exactly
+    where the config has it."""
     llama = (model.activation == Activation.swiglu and model.norm == "rmsnorm" and not model.linear_bias
-             and not model.learned_position_embeddings and not model.tied_embeddings)
+             and not model.learned_position_embeddings and not model.tied_embeddings and model.norms_per_layer == 2
+             and model.sliding_window is None and not model.logit_softcapping)
     shape = (model.num_layers, model.hidden_size, model.num_heads, model.kv_heads, model.ffn, model.vocab_size, model.head_dim,
-             _experts(model))
+             _experts(model), model.qk_norm)
     for f in FLAVORS:
         if llama and shape == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn, f.vocab_size,
-                               f.head_dim or f.hidden_size // f.num_heads, f.experts):
+                               f.head_dim or f.hidden_size // f.num_heads, f.experts, f.qk_norm):
             return f
     return None
+
+
+def model_problems(model: ModelSpec) -> list[str]:
+    """The architecture fields no torchtitan 0.3.0 component builds (a model that is none of
+    its configs is the user's config_registry function, assembled from them: _features)."""
+    out = []
+    if Activation(model.activation) == Activation.geglu:
+        # models/common/feed_forward.py: FeedForward (and its subclasses) is w2(silu(w1 x) * w3 x);
+        # GELU appears only in ungated vision and diffusion MLPs (common/vision_encoder.py, flux).
+        out.append("activation geglu (torchtitan 0.3.0's gated feed-forward is SwiGLU only)")
+    if model.norms_per_layer == 3:
+        # models/common/decoder.py:TransformerBlock has two norms, muse_glimmer's block four.
+        out.append("norms_per_layer 3 (torchtitan's blocks have two norms, or four: models/muse_glimmer)")
+    return out
 
 
 def _experts(model: ModelSpec) -> Optional[tuple]:
@@ -206,7 +225,14 @@ def _experts(model: ModelSpec) -> Optional[tuple]:
 
 
 def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
-    """What torchtitan 0.3 cannot run that `RULES` does not cover."""
+    """What torchtitan 0.3 cannot run of the plan that `RULES` does not cover: layout_problems
+    (nothing here depends on the layer split)."""
+    return layout_problems(plan, model, job)
+
+
+def layout_problems(plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """What torchtitan 0.3 cannot run that `RULES` does not cover, of a Plan or of a search
+    Candidate (the fields both have)."""
     out = []
     if DType(job.precision) not in _PRECISION:
         out.append(f"{DType(job.precision).value} precision (torchtitan's mixed_precision_param is bfloat16 or float32)")
@@ -399,7 +425,26 @@ def _dimensions(model: ModelSpec) -> str:
         mlp = f"FFN {model.ffn} ({model.activation.value})"
     return (f"{model.num_layers} layers, hidden {model.hidden_size}, {heads}, {mlp}, vocabulary {model.vocab_size}, {model.norm}"
             + (", learned positions" if model.learned_position_embeddings else ", rotary positions")
-            + (", biases" if model.linear_bias else "") + (", tied embeddings" if model.tied_embeddings else ""))
+            + (", biases" if model.linear_bias else "") + (", tied embeddings" if model.tied_embeddings else "")
+            + "".join(f", {f}" for f in _features(model)))
+
+
+def _features(model: ModelSpec) -> list[str]:
+    """The spec's architecture fields beyond a Llama decoder, each with the torchtitan 0.3.0
+    component config that builds it (model_problems refuses the rest)."""
+    out = []
+    if model.norms_per_layer == 4:
+        out.append("norms before and after attention and the MLP (MuseGlimmerTransformerBlock.Config's post_attention_norm "
+                   "and post_ffn_norm, models/muse_glimmer/model.py)")
+    if model.qk_norm:
+        out.append(f"QK-norm (GQAttention.Config.qk_norm, an RMSNorm of {model.head_dim}, as models/qwen3 builds it)")
+    if model.sliding_window is not None:
+        out.append(f"a {model.sliding_window}-key sliding window on {windowed(model)} (the attention's sliding_window_size "
+                   "per layer, as models/gpt_oss/model.py)")
+    if model.logit_softcapping:
+        out.append("soft-capped logits (an lm_head of SoftCappedLinear.Config with output_soft_cap_temp your model's cap, "
+                   "models/muse_glimmer/model.py)")
+    return out
 
 
 def _grouped(args: list[str]) -> list[str]:
