@@ -14,6 +14,8 @@ schema_version
 refined_bounds
 predicted_not_measured_bytes
 max_loss_rel_error, max_grad_norm_rel_error
+# planner/__init__.py: PEP 562's module attribute hook (the Python API's names, imported on first use)
+__getattr__
 # planner/executor/zero.py: torch.optim.Optimizer.zero_grad(set_to_none=...)
 set_to_none
 # planner/profiler/compute.py: torch.utils.flop_counter registry signature

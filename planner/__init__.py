@@ -1,12 +1,29 @@
-"""planner: plan, estimate, profile and run distributed training layouts."""
+"""planner: plan, estimate, profile and run distributed training layouts.
+
+The Python API (planner/api.py, docs/api.md): load_model, load_cluster, estimate, what_if,
+solve, read_plan, write_plan, export_plan, and the errors they raise (UsageError,
+InfeasibleError, both PlannerError).
+"""
 
 from planner._pdeath import die_with_parent, in_a_worker
 
 if in_a_worker():  # a worker of `plan run` / `plan profile`: die with the launcher, from the start
     die_with_parent()
 
+from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.specs import SCHEMA_VERSION
 
 __version__ = "0.1.0"
-__all__ = ["SCHEMA_VERSION", "__version__"]
+_API = ("WhatIf", "estimate", "export_plan", "load_cluster", "load_model", "read_plan", "solve", "what_if", "write_plan")
+__all__ = ["SCHEMA_VERSION", "InfeasibleError", "PlannerError", "UsageError", "__version__", *_API]
 del die_with_parent, in_a_worker
+
+
+def __getattr__(name: str):
+    """The API's names, imported on first use: `import planner` (and every `plan` command,
+    each worker of `plan run`) then does not load the cost model and the search."""
+    if name in _API:
+        from planner import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")

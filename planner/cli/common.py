@@ -1,4 +1,4 @@
-"""Options and input resolution shared by the commands (model, cluster, GPU count, job)."""
+"""Options shared by the commands; their values are checked where the API builds specs (planner/inputs.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,10 @@ import functools
 from typing import Callable, Optional
 
 import click
-from pydantic import ValidationError
 
-from hardware_profiles import load_cluster
 from planner.errors import PlannerError, UsageError
-from planner.presets import load_model
-from planner.specs import ClusterSpec, JobSpec, LossKernel, ModelSpec, Plan, PlanError, Target, seq_problem
+from planner.inputs import check_plan, check_profile_size, check_real, make_job  # noqa: F401 (planner/cli/run.py, show.py; tests/test_pictures.py)
+from planner.specs import LossKernel, Target
 
 
 # --target of `plan estimate` (one layout, costed as one stack runs it) and of `plan solve`
@@ -68,160 +66,12 @@ def solve_target_options(fn: Callable) -> Callable:
     return target_options(fn, SOLVE_TARGET)
 
 
-# Bounds on what is physically meaningful: the largest clusters built have ~10^5 GPUs; no
-# optimizer step holds 10^8 sequences; no context is 10^8 tokens. Beyond them an input is a typo.
-MAX_GPUS = 2**20
-MAX_GLOBAL_BATCH = 10**8
-MAX_SEQ_LEN = 10**8
-# Without --seq-len a model trains at its maximum length, unless that is a long-context
-# extension (Qwen2.5's 131,072, Llama 3.1's 131,072): then --seq-len is required.
-DEFAULT_SEQ_LIMIT = 16384
-
-
-def check_count(name: str, value: Optional[int], limit: int, what: str) -> None:
-    """A positive count within `limit`, else a one-line usage error."""
-    if value is None:
-        return
-    if value < 1:
-        raise UsageError(f"{name} must be positive, got {value}")
-    if value > limit:
-        raise UsageError(f"{name} {value:,} is more than {limit:,} {what}; check the value")
-
-
-def check_real(name: str, value: Optional[float], positive: bool = True) -> None:
-    """A finite (positive) number, else a one-line usage error: nan and inf are refused."""
-    if value is None:
-        return
-    if value != value or value in (float("inf"), float("-inf")):
-        raise UsageError(f"{name} must be a finite number, got {value}")
-    if positive and value <= 0:
-        raise UsageError(f"{name} must be positive, got {value:g}")
-
-
-def resolve_target(
-    model_name: Optional[str], cluster_name: Optional[str], gpus: Optional[int], nodes: Optional[int]
-) -> tuple[ModelSpec, ClusterSpec, int]:
+def require_names(model_name: Optional[str], cluster_name: Optional[str]) -> None:
+    """--model and --cluster, which `plan estimate` (without --plan) and `plan solve` need."""
     if not model_name:
         raise UsageError("--model is required (a preset name such as gpt3-175b, or a spec file)")
     if not cluster_name:
         raise UsageError("--cluster is required (a preset name such as dgx-a100-80gb, or a profile file)")
-    model = load_model(model_name)
-    cluster = load_cluster(cluster_name)
-    return model, cluster, cluster_size(cluster, gpus, nodes, cluster_name)
-
-
-def cluster_size(cluster: ClusterSpec, gpus: Optional[int], nodes: Optional[int], cluster_name: str) -> int:
-    """The GPUs asked for (--gpus or --nodes), checked against the cluster."""
-    if gpus is not None and nodes is not None:
-        if gpus != nodes * cluster.gpus_per_node:
-            raise UsageError(
-                f"--gpus {gpus} disagrees with --nodes {nodes} x {cluster.gpus_per_node} GPUs per node = {nodes * cluster.gpus_per_node}; give one of them"
-            )
-    if gpus is None and nodes is None:
-        raise UsageError("give the cluster size with --gpus N or --nodes N")
-    if gpus is None:
-        if nodes < 1:
-            raise UsageError(f"--nodes must be at least 1, got {nodes}")
-        gpus = nodes * cluster.gpus_per_node
-    if gpus < 1:
-        raise UsageError(f"--gpus must be at least 1, got {gpus}")
-    if gpus > MAX_GPUS:
-        raise UsageError(f"--gpus {gpus:,} is beyond any cluster ({MAX_GPUS:,} GPUs at most); give the GPUs you will train on")
-    check_profile_size(cluster, gpus, cluster_name)
-    if gpus > cluster.gpus_per_node and gpus % cluster.gpus_per_node:
-        raise UsageError(
-            f"--gpus {gpus} is not a whole number of {cluster.name} nodes ({cluster.gpus_per_node} GPUs each); use a multiple of {cluster.gpus_per_node}"
-        )
-    if cluster.num_nodes is not None and gpus > cluster.num_nodes * cluster.gpus_per_node:
-        raise UsageError(
-            f"{cluster.name} has {cluster.num_nodes} nodes x {cluster.gpus_per_node} = {cluster.num_nodes * cluster.gpus_per_node} GPUs, fewer than the {gpus} asked for"
-        )
-    return gpus
-
-
-def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Optional[str] = None) -> None:
-    """A measured profile plans for the world it measured: refuse another world size or backend."""
-    m = cluster.measured
-    if m is None:
-        return
-    env = m.environment
-    if gpus != env.world_size:
-        raise UsageError(
-            f"{where} was measured on {env.world_size} ranks ({env.nnodes} node(s) x {env.nproc_per_node}), not {gpus}: "
-            f"plan for --gpus {env.world_size}, or profile again with the world size you want"
-        )
-    if backend is not None and backend != env.backend:
-        raise UsageError(f"{where} was measured with the {env.backend} backend, not {backend}: profile again with --backend {backend}")
-
-
-def make_job(
-    model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool,
-    cluster: Optional[ClusterSpec] = None, stack: str = "generic", loss_kernel: Optional[str] = None,
-    moe_dispatcher: str = "alltoall",
-) -> JobSpec:
-    check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
-    check_count("--seq-len", seq_len, MAX_SEQ_LEN, "tokens")
-    if seq_len is None and model.max_seq_len > DEFAULT_SEQ_LIMIT:
-        raise UsageError(
-            f"{model.name} allows {model.max_seq_len:,} positions, more than a usual training length; give --seq-len "
-            f"(e.g. --seq-len 4096 or 8192)"
-        )
-    seq = seq_len or model.max_seq_len
-    problem = seq_problem(model, seq)  # the check Plan.validate_for makes, before any search
-    if problem:
-        raise UsageError(f"{problem}; give --seq-len {model.max_seq_len} or less")
-    dtype = precision or model.param_dtype
-    if cluster is not None:
-        peaks = {k.value if hasattr(k, "value") else k for k in cluster.device.peak_tflops}
-        name = dtype.value if hasattr(dtype, "value") else dtype
-        if name not in peaks:
-            if precision:
-                raise UsageError(f"{cluster.name} has no {name} throughput (it has {', '.join(sorted(peaks))}); pass --precision accordingly")
-            dtype = sorted(peaks)[0]  # e.g. a CPU profile measured in fp32
-    try:
-        return JobSpec(
-            global_batch_size=global_batch,
-            seq_len=seq,
-            precision=dtype,
-            optimizer=optimizer,
-            flash_attention=not no_flash,
-            target=stack,
-            loss_kernel=loss_kernel,
-            moe_dispatcher=moe_dispatcher,
-        )
-    except ValidationError as exc:
-        raise UsageError(_first_error(exc)) from None
-
-
-def make_plan(**fields) -> Plan:
-    """Build a Plan from command-line values; a bad combination becomes a one-line UsageError."""
-    try:
-        return Plan(**fields)
-    except ValidationError as exc:
-        raise UsageError(_first_error(exc)) from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    loc = ".".join(str(p) for p in err["loc"])
-    return f"{loc}: {msg}" if loc else msg
-
-
-def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, gpus: int) -> None:
-    try:
-        plan.validate_for(model, job, gpus)
-    except PlanError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def parse_int_list(text: Optional[str], what: str) -> Optional[list[int]]:
-    if text is None:
-        return None
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
 
 
 def require_torch(command: str) -> None:

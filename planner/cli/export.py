@@ -8,10 +8,8 @@ from typing import Optional
 
 import click
 
-from planner import export as exporters
-from planner.cli.common import check_plan
+from planner import api, export as exporters
 from planner.datafile import check_output, write_atomic
-from planner.plan_file import read_plan_file
 
 
 @click.command("export")
@@ -24,9 +22,7 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
     """Megatron-LM arguments, a DeepSpeed config, torchtitan overrides or an Accelerate config for a plan."""
     if output is not None:
         check_output(output, (plan_file,))
-    doc = read_plan_file(Path(plan_file), alternative)
-    check_plan(doc.plan, doc.model, doc.job, doc.num_gpus)
-    out = exporters.export(stack, doc.plan, doc.model, doc.job, doc.num_gpus, doc.cluster.gpus_per_node)
+    out = api.export_plan(Path(plan_file), stack, alternative=alternative)
     if output:
         write_atomic(output, out.text if out.text.endswith("\n") else out.text + "\n")
     if as_json:

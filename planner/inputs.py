@@ -1,0 +1,383 @@
+"""A request's values (GPUs, job, layout, --fix, a what-if) turned into checked specs.
+
+The one place `plan estimate`, `plan solve` and the Python API (planner/api.py) build a
+JobSpec, a Plan, a what-if of a plan file and a search space; a mistake is a UsageError in
+one line naming the command-line option (`--global-batch`) that the API keyword of the same
+name (`global_batch`) sets. Nothing here reads a file, prints or exits.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import ValidationError
+
+from cost_models.terms import MODES
+from planner.errors import UsageError
+from planner.search.candidates import SearchSpace
+from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem
+
+# Bounds on what is physically meaningful: the largest clusters built have ~10^5 GPUs; no
+# optimizer step holds 10^8 sequences; no context is 10^8 tokens. Beyond them an input is a typo.
+MAX_GPUS = 2**20
+MAX_GLOBAL_BATCH = 10**8
+MAX_SEQ_LEN = 10**8
+# Without --seq-len a model trains at its maximum length, unless that is a long-context
+# extension (Qwen2.5's 131,072, Llama 3.1's 131,072): then --seq-len is required.
+DEFAULT_SEQ_LIMIT = 16384
+
+
+def check_count(name: str, value: Optional[int], limit: int, what: str) -> None:
+    """A positive count within `limit`, else a one-line usage error."""
+    if value is None:
+        return
+    if value < 1:
+        raise UsageError(f"{name} must be positive, got {value}")
+    if value > limit:
+        raise UsageError(f"{name} {value:,} is more than {limit:,} {what}; check the value")
+
+
+def check_real(name: str, value: Optional[float], positive: bool = True) -> None:
+    """A finite (positive) number, else a one-line usage error: nan and inf are refused."""
+    if value is None:
+        return
+    if value != value or value in (float("inf"), float("-inf")):
+        raise UsageError(f"{name} must be a finite number, got {value}")
+    if positive and value <= 0:
+        raise UsageError(f"{name} must be positive, got {value:g}")
+
+
+def cluster_size(cluster: ClusterSpec, gpus: Optional[int], nodes: Optional[int], cluster_name: str) -> int:
+    """The GPUs asked for (--gpus or --nodes), checked against the cluster."""
+    if gpus is not None and nodes is not None:
+        if gpus != nodes * cluster.gpus_per_node:
+            raise UsageError(
+                f"--gpus {gpus} disagrees with --nodes {nodes} x {cluster.gpus_per_node} GPUs per node = {nodes * cluster.gpus_per_node}; give one of them"
+            )
+    if gpus is None and nodes is None:
+        raise UsageError("give the cluster size with --gpus N or --nodes N")
+    if gpus is None:
+        if nodes < 1:
+            raise UsageError(f"--nodes must be at least 1, got {nodes}")
+        gpus = nodes * cluster.gpus_per_node
+    if gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {gpus}")
+    if gpus > MAX_GPUS:
+        raise UsageError(f"--gpus {gpus:,} is beyond any cluster ({MAX_GPUS:,} GPUs at most); give the GPUs you will train on")
+    check_profile_size(cluster, gpus, cluster_name)
+    if gpus > cluster.gpus_per_node and gpus % cluster.gpus_per_node:
+        raise UsageError(
+            f"--gpus {gpus} is not a whole number of {cluster.name} nodes ({cluster.gpus_per_node} GPUs each); use a multiple of {cluster.gpus_per_node}"
+        )
+    if cluster.num_nodes is not None and gpus > cluster.num_nodes * cluster.gpus_per_node:
+        raise UsageError(
+            f"{cluster.name} has {cluster.num_nodes} nodes x {cluster.gpus_per_node} = {cluster.num_nodes * cluster.gpus_per_node} GPUs, fewer than the {gpus} asked for"
+        )
+    return gpus
+
+
+def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Optional[str] = None) -> None:
+    """A measured profile plans for the world it measured: refuse another world size or backend."""
+    m = cluster.measured
+    if m is None:
+        return
+    env = m.environment
+    if gpus != env.world_size:
+        raise UsageError(
+            f"{where} was measured on {env.world_size} ranks ({env.nnodes} node(s) x {env.nproc_per_node}), not {gpus}: "
+            f"plan for --gpus {env.world_size}, or profile again with the world size you want"
+        )
+    if backend is not None and backend != env.backend:
+        raise UsageError(f"{where} was measured with the {env.backend} backend, not {backend}: profile again with --backend {backend}")
+
+
+def make_job(
+    model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool,
+    cluster: Optional[ClusterSpec] = None, stack: str = "generic", loss_kernel: Optional[str] = None,
+    moe_dispatcher: str = "alltoall",
+) -> JobSpec:
+    check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
+    check_count("--seq-len", seq_len, MAX_SEQ_LEN, "tokens")
+    if seq_len is None and model.max_seq_len > DEFAULT_SEQ_LIMIT:
+        raise UsageError(
+            f"{model.name} allows {model.max_seq_len:,} positions, more than a usual training length; give --seq-len "
+            f"(e.g. --seq-len 4096 or 8192)"
+        )
+    seq = seq_len or model.max_seq_len
+    problem = seq_problem(model, seq)  # the check Plan.validate_for makes, before any search
+    if problem:
+        raise UsageError(f"{problem}; give --seq-len {model.max_seq_len} or less")
+    dtype = precision or model.param_dtype
+    if cluster is not None:
+        peaks = {k.value if hasattr(k, "value") else k for k in cluster.device.peak_tflops}
+        name = dtype.value if hasattr(dtype, "value") else dtype
+        if name not in peaks:
+            if precision:
+                raise UsageError(f"{cluster.name} has no {name} throughput (it has {', '.join(sorted(peaks))}); pass --precision accordingly")
+            dtype = sorted(peaks)[0]  # e.g. a CPU profile measured in fp32
+    try:
+        return JobSpec(
+            global_batch_size=global_batch,
+            seq_len=seq,
+            precision=dtype,
+            optimizer=optimizer,
+            flash_attention=not no_flash,
+            target=stack,
+            loss_kernel=loss_kernel,
+            moe_dispatcher=moe_dispatcher,
+        )
+    except ValidationError as exc:
+        raise UsageError(_first_error(exc)) from None
+
+
+def make_plan(**fields) -> Plan:
+    """Build a Plan from command-line values; a bad combination becomes a one-line UsageError."""
+    try:
+        return Plan(**fields)
+    except ValidationError as exc:
+        raise UsageError(_first_error(exc)) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {msg}" if loc else msg
+
+
+def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, gpus: int) -> None:
+    try:
+        plan.validate_for(model, job, gpus)
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def parse_int_list(text, what: str) -> Optional[list[int]]:
+    """Comma-separated integers (or a list of them, as the API takes) as a list."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        return list(text)  # Plan checks the items
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def mesh_axes(order) -> list[str]:
+    """Mesh order as "tp,dp,pp" (the CLI's) or a sequence of axis names (the API's)."""
+    items = order.split(",") if isinstance(order, str) else order
+    return [getattr(a, "value", a).strip() for a in items]
+
+
+# --------------------------------------------------------------------------- a new layout (plan estimate)
+
+
+def data_parallel(gpus: int, tp: int, pp: int, cp: int) -> int:
+    """dp of `gpus` GPUs at these degrees; a UsageError naming them when they do not divide it."""
+    if gpus % (tp * pp * cp):
+        what, values = ("tp x pp x cp", f"{tp} x {pp} x {cp}") if cp > 1 else ("tp x pp", f"{tp} x {pp}")
+        raise UsageError(
+            f"{what} = {values} = {tp * pp * cp} does not divide the {gpus} GPUs; pick {what.replace(' x ', ' and ')} "
+            f"whose product divides {gpus}"
+        )
+    return gpus // (tp * pp * cp)
+
+
+def new_layout(job: JobSpec, gpus: int, *, tp: int, pp: int, dp: Optional[int], cp: int, ep: int, vpp: int,
+               micro_batch_size: int, schedule, layers_per_stage, mesh_order, **fields) -> Plan:
+    """The Plan of `plan estimate`'s layout options: dp from the GPUs left by tp x pp x cp
+    unless given, the micro-batch count from the batch, the interleaved schedule with vpp > 1.
+    `fields`: the Plan fields taken as they are (recompute, zero_stage, sequence_parallel, ...)."""
+    if tp < 1 or pp < 1 or cp < 1 or ep < 1 or (dp is not None and dp < 1) or micro_batch_size < 1:
+        raise UsageError("--tp, --pp, --cp, --ep, --dp and --micro-batch-size must be positive")
+    if dp is None:
+        dp = data_parallel(gpus, tp, pp, cp)
+    if job.global_batch_size % (dp * micro_batch_size):
+        raise UsageError(
+            f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {dp * micro_batch_size}"
+        )
+    return make_plan(
+        dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, micro_batch_size=micro_batch_size,
+        num_micro_batches=job.global_batch_size // (dp * micro_batch_size),
+        schedule=schedule or (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b),
+        layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"), mesh_order=mesh_axes(mesh_order), **fields,
+    )
+
+
+# --------------------------------------------------------------------------- a what-if (plan estimate --plan)
+
+# Keywords of a what-if that change the job, and the JobSpec field each sets.
+JOB_CHANGES = {"global_batch": "global_batch_size", "seq_len": "seq_len", "precision": "precision", "optimizer": "optimizer",
+               "target": "target", "loss_kernel": "loss_kernel", "moe_dispatcher": "moe_dispatcher"}
+# ... that change the layout, and the Plan field each sets.
+PLAN_CHANGES = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "fp8": "fp8", "vpp": "vpp",
+                "micro_batch_size": "micro_batch_size", "recompute": "recompute", "zero": "zero_stage",
+                "sequence_parallel": "sequence_parallel", "tp_comm_overlap": "tp_comm_overlap", "schedule": "schedule",
+                "mesh_order": "mesh_order", "layers_per_stage": "layers_per_stage"}
+
+
+def what_if_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dict) -> tuple[JobSpec, list[str]]:
+    """The job with the given JOB_CHANGES applied (checked as a new job is), and what changed."""
+    updates = {field: given[key] for key, field in JOB_CHANGES.items() if key in given}
+    if not updates:
+        return job, []
+    new_job = make_job(model, updates.get("global_batch_size", job.global_batch_size), updates.get("seq_len", job.seq_len),
+                       updates.get("precision", job.precision.value), updates.get("optimizer", job.optimizer.value),
+                       not job.flash_attention, cluster, updates.get("target", job.target.value),
+                       updates.get("loss_kernel", job.loss_kernel.value if job.loss_kernel else None),
+                       updates.get("moe_dispatcher", job.moe_dispatcher))
+    changes = [f"{k} {_show(getattr(job, k))} -> {_show(getattr(new_job, k))}" for k in updates if getattr(job, k) != getattr(new_job, k)]
+    return new_job, changes
+
+
+def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given: bool) -> tuple[Plan, list[str]]:
+    """`plan` with the given PLAN_CHANGES applied, for `job` on `gpus` GPUs, and what changed.
+    Changing the GPUs, tp, pp, cp or the batch recomputes dp and the micro-batch count; a
+    changed stage count drops the plan's layer split and per-stage recompute."""
+    changes, fields = [], plan.model_dump()
+    for key, field in PLAN_CHANGES.items():
+        if key in given:
+            value = given[key]
+            if key == "mesh_order":
+                value = mesh_axes(value)
+            elif key == "layers_per_stage":
+                value = parse_int_list(value, "--layers-per-stage")
+            if fields[field] != value:
+                changes.append(f"{field} {_show(fields[field])} -> {_show(value)}")
+            fields[field] = value
+    if (world_given or given.keys() & {"tp", "pp", "cp"}) and "dp" not in given:
+        fields["dp"] = data_parallel(gpus, fields["tp"], fields["pp"], fields["cp"])
+    per = fields["dp"] * fields["micro_batch_size"]
+    if job.global_batch_size % per:
+        raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {fields['dp']} x {fields['micro_batch_size']}")
+    fields["num_micro_batches"] = job.global_batch_size // per
+    if "vpp" in given and "schedule" not in given:
+        fields["schedule"] = Schedule.interleaved_1f1b if fields["vpp"] > 1 else Schedule.one_f_one_b
+    stages = fields["pp"] * fields["vpp"]
+    for key in ("layers_per_stage", "stage_recompute"):
+        if fields.get(key) is not None and len(fields[key]) != stages and not (key == "layers_per_stage" and "layers_per_stage" in given):
+            changes.append(f"{key} dropped ({len(fields[key])} stages -> {stages})")
+            fields[key] = None
+    if "recompute" in given:
+        fields["stage_recompute"] = None
+    elif fields.get("stage_recompute") is None and fields["recompute"] == "mixed":
+        changes.append("recompute mixed -> none (the per-stage recompute was dropped; give --recompute to choose)")
+        fields["recompute"] = "none"
+    changes += [f"{k} {getattr(plan, k)} -> {fields[k]}" for k in ("dp", "num_micro_batches") if fields[k] != getattr(plan, k)]
+    return make_plan(**fields), changes
+
+
+def _show(value) -> str:
+    if isinstance(value, list):
+        return ",".join(str(getattr(v, "value", v)) for v in value)
+    return str(getattr(value, "value", value))
+
+
+# --------------------------------------------------------------------------- a search space (plan solve)
+
+_FIX_KEYS = {
+    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int), "ep": ("ep", int), "cp": ("cp", int),
+    "mbs": ("micro_batch_size", int), "micro_batch_size": ("micro_batch_size", int),
+    "zero": ("zero_stage", int), "zero_stage": ("zero_stage", int),
+    "sp": ("sequence_parallel", "bool"), "sequence_parallel": ("sequence_parallel", "bool"),
+    "schedule": ("schedule", str), "mesh_order": ("mesh_order", "axes"), "recompute": ("recompute", str),
+    "tp_comm_overlap": ("tp_comm_overlap", "bool"), "fp8": ("fp8", "bool"),
+}
+
+
+def fix_items(fixes) -> tuple[str, ...]:
+    """--fix's KEY=VALUE strings, from those strings or from a mapping {key: value} (the API's:
+    {"tp": 8, "sp": True, "mesh_order": ["tp", "pp", "dp"]})."""
+    if not hasattr(fixes, "items"):
+        return tuple(fixes)
+    return tuple(f"{key}={_fix_text(value)}" for key, value in fixes.items())
+
+
+def _fix_text(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(getattr(v, "value", v)) for v in value)
+    return str(getattr(value, "value", value))
+
+
+def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
+    fixed, modes = {}, MODES
+    for item in fixes:
+        key, sep, value = item.partition("=")
+        if not sep or key not in _FIX_KEYS:
+            raise UsageError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(_FIX_KEYS))}")
+        field, kind = _FIX_KEYS[key]
+        before = fixed.get(field, modes if field == "recompute" and modes != MODES else None)
+        try:
+            if kind is int:
+                n = int(value)
+                low, high = (0, 3) if field == "zero_stage" else (1, 2**20)
+                if not low <= n <= high:
+                    raise ValueError
+                fixed[field] = n
+            elif kind == "bool":
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError
+                fixed[field] = value.lower() in ("true", "1", "yes", "on")
+            elif kind == "axes":
+                axes = tuple(Axis(a.strip()) for a in value.split(","))
+                if sorted(a.value for a in axes) != ["dp", "pp", "tp"]:
+                    raise ValueError
+                fixed[field] = axes
+            elif field == "schedule":
+                fixed[field] = Schedule(value)
+            else:
+                if value == Recompute.mixed.value:
+                    raise ValueError  # a mix is what the search decides; fix one mode
+                modes = (Recompute(value),)
+        except ValueError:
+            allowed = " (0 to 3)" if field == "zero_stage" else " (a positive integer)" if kind is int else ""
+            raise UsageError(f"--fix {item!r}: {value!r} is not a valid value for {key}{allowed}") from None
+        after = fixed.get(field, modes if field == "recompute" else None)
+        if before is not None and before != after:
+            raise UsageError(f"--fix {item!r} contradicts an earlier --fix of {key}; give each choice once")
+    return fixed, modes
+
+
+def search_space(cluster: ClusterSpec, job: JobSpec, gpus: int, fixed: dict, modes: tuple, *, global_batch: Optional[int],
+                 micro_batch_size: Optional[int], micro_batches: Optional[int], allow_cross_node_tp: bool,
+                 fp8: bool) -> SearchSpace:
+    """What `plan solve` searches: every layout of `gpus` GPUs less what --fix pins (`fixed`
+    and the recompute `modes`, from parse_fixes)."""
+    return SearchSpace(
+        num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
+        max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,
+        fp8=fp8_choices(fp8, fixed, cluster), cp_degrees=cp_degrees(job.seq_len, gpus, fixed.get("cp")), seq_len=job.seq_len,
+    )
+
+
+def fp8_choices(allowed: bool, fixed: dict, cluster: ClusterSpec) -> tuple:
+    """FP8 GEMMs are a search choice only when asked for (`--fp8` or `--fix fp8=true`: they
+    change the numerics) and the device has them."""
+    want = allowed or fixed.get("fp8") is True
+    if want and cluster.device.fp8_peak_tflops is None:
+        raise UsageError(f"--fp8: {cluster.device.name} has no FP8 tensor cores (H100 and H200 do)")
+    return (False, True) if want else (False,)
+
+
+# Context parallelism is searched for long sequences only: at 8,192 tokens or fewer the
+# activations it divides are had as cheaply from TP with SP and recompute, and each CP rank
+# should keep at least this many tokens of a sequence (Megatron's and torchtitan's long-context
+# recipes shard 32k-128k sequences into chunks of 4k-16k).
+CP_FROM_SEQ_LEN = 8192
+CP_MIN_TOKENS_PER_RANK = 4096
+
+
+def cp_degrees(seq_len: int, gpus: int, fixed: Optional[int]) -> tuple:
+    """Context-parallel degrees the search tries: the fixed one, else 1 and, for sequences
+    longer than CP_FROM_SEQ_LEN, each power of two up to the GPUs that leaves every rank at
+    least CP_MIN_TOKENS_PER_RANK tokens in 2 x cp equal chunks."""
+    if fixed is not None:
+        return (fixed,)
+    out, cp = [1], 2
+    while seq_len > CP_FROM_SEQ_LEN and cp <= gpus and seq_len // cp >= CP_MIN_TOKENS_PER_RANK and seq_len % (2 * cp) == 0:
+        out.append(cp)
+        cp *= 2
+    return tuple(out)
