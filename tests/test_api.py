@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import typing
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +26,8 @@ from planner import api
 from planner.cli.main import cli
 from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.specs import ModelSpec, PlanDocument, SolveDocument, Target
+
+from tests.test_solver import SMALL, tiny_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS = [getattr(api, name) for name in api.__all__ if inspect.isfunction(getattr(api, name))]
@@ -262,3 +265,59 @@ def test_the_package_exports_the_api_without_loading_it_on_import():
     code = "import sys, planner; print('planner.api' in sys.modules, 'planner.search.solve' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.split() == ["False", "False"]
+
+
+# --------------------------------------------------------------------------- --time-limit over the stacks
+
+
+def test_a_stack_that_outlasts_the_time_limit_leaves_the_others_plans(monkeypatch):
+    """The widest stack's enumeration and bounds can outlast a short limit before its first
+    plan (gpt3-175b on 1,024 A100s: megatron's 0.9 s against --time-limit 0.5): searched last,
+    it takes only what the others left, and their plans are the answer, not proven."""
+    from planner.search import stacks
+
+    search, clock, offset = stacks.solve, time.perf_counter, [0.0]
+    monkeypatch.setattr(stacks, "time", SimpleNamespace(perf_counter=lambda: clock() + offset[0]))
+
+    def megatron_outlasts_the_limit(model, cluster, job, space, limit, top_k, time_limit, solver, layouts=None):
+        if job.target == Target.megatron:
+            offset[0] += 60.0  # the whole limit and more, before its first ILP
+            time_limit = 0.0
+        return search(model, cluster, job, space, limit, top_k, time_limit, solver, layouts=layouts)
+
+    monkeypatch.setattr(stacks, "solve", megatron_outlasts_the_limit)
+    doc = api.solve(SMALL, tiny_cluster(1.5), gpus=4, global_batch=2, seq_len=2048, time_limit=30.0)
+    assert doc.job.target != Target.megatron and not doc.search.optimal and doc.search.optimality_gap < 1
+    reasons = {s.target: s.reason for s in doc.stacks}
+    assert reasons[Target.megatron] == "no plan found within its share of --time-limit"
+    assert sum(s.alternative is not None for s in doc.stacks) == 3
+
+
+def test_the_issues_short_time_limit_returns_a_plan():
+    """Issue 18's case: exit 1 "no plan found within --time-limit 0.5 s" before."""
+    res = cli_run("solve", *options(model="gpt3-175b", cluster="dgx-a100-80gb", gpus=1024, global_batch=1536, seq_len=2048,
+                                    time_limit=0.5), "--json")
+    assert res.code == 0, res.stderr
+    doc = SolveDocument.model_validate_json(res.stdout)
+    assert doc.plan.world_size == 1024 and doc.estimate.fits
+    unproven = [s for s in doc.stacks if s.search is not None and not s.search.optimal]
+    assert doc.search.optimal == (not unproven)  # proven only where every stack's search finished
+
+
+def test_the_stacks_are_searched_narrowest_first():
+    """stacks.SEARCH_ORDER: ascending in candidates on the issue's case (its comment gives the counts)."""
+    from dataclasses import replace
+
+    from planner.search.candidates import SearchSpace, enumerate_candidates, enumerate_layouts
+    from planner.search.stacks import SEARCH_ORDER, STACK_TARGETS, target_space
+    from planner.specs import JobSpec
+
+    model, cluster = api.load_model("gpt3-175b"), api.load_cluster("dgx-a100-80gb")
+    base = SearchSpace(num_gpus=1024, global_batch_size=1536, seq_len=2048)
+    layouts = enumerate_layouts(model, cluster, replace(base, tp_comm_overlap=(False, True)))
+    count = {}
+    for target in SEARCH_ORDER:
+        job = JobSpec(global_batch_size=1536, seq_len=2048, target=target)
+        count[target] = len(enumerate_candidates(model, cluster, target_space(base, model, job), layouts)[0])
+    assert set(SEARCH_ORDER) == set(STACK_TARGETS)
+    assert list(count.values()) == sorted(count.values())

@@ -29,6 +29,14 @@ from .ilp import default_solver
 from .solve import SearchResult, SearchStats, break_ties, infeasibility, min_memory_needed, seconds_per_token, solve
 
 STACK_TARGETS = tuple(Target(s) for s in STACKS)  # what `plan solve` searches without --target
+# The order they are searched in under a --time-limit: the narrowest space first. A search's
+# enumeration and bounds come before any plan and are not cut by the limit (solve.py:solve), so
+# the widest space searched first can spend a short limit before any stack has a plan: for
+# gpt3-175b on 1,024 A100s accelerate has 24 candidates (no pipeline), deepspeed 108 (no TP
+# with pp), torchtitan 108 and megatron 3,890 (TP overlap doubles the SP layouts; 0.9 s to
+# enumerate and bound on the 2-core development machine, against a --time-limit 0.5; the order is
+# checked in tests/test_api.py). Results are pooled in STACK_TARGETS order all the same.
+SEARCH_ORDER = (Target.accelerate, Target.deepspeed, Target.torchtitan, Target.megatron)
 
 
 @dataclass
@@ -70,9 +78,11 @@ def solve_stacks(
     targets: tuple = STACK_TARGETS,
 ) -> SearchResult:
     """The best plan any of `targets` runs (job's own target is ignored): each stack searched
-    with its own job and space, a --time-limit shared out among the stacks still to search.
-    `alternatives` holds the next `top_k` plans of any stack and each stack's own
-    recommendation; `stacks` each stack's search."""
+    with its own job and space. A --time-limit is shared out in SEARCH_ORDER: each stack gets
+    the time left over the stacks still to search, so what one leaves unused goes to the next;
+    a stack with no plan in its share is reported (its reason) and the plans of the others are
+    the answer, marked not proven. `alternatives` holds the next `top_k` plans of any stack and
+    each stack's own recommendation; `stacks` each stack's search."""
     start = time.perf_counter()
     limit = memory_limit_gib_of(cluster, memory_limit_gib)
     solver = solver or default_solver()
@@ -80,7 +90,7 @@ def solve_stacks(
     # every target's TP-overlap choice in one enumeration; each search takes its own (candidates.py)
     layouts = enumerate_layouts(model, cluster, replace(base, tp_comm_overlap=(False, True)))
     todo = [s for s in searches if s.space is not None]
-    for k, s in enumerate(todo):
+    for k, s in enumerate(sorted(todo, key=_search_rank)):
         budget = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - start)) / (len(todo) - k)
         s.result = solve(model, cluster, s.job, s.space, limit, top_k, budget, solver, layouts=layouts)
         if s.result.best is None:
@@ -88,6 +98,10 @@ def solve_stacks(
     best, alternatives, fastest = _pool([s.result for s in todo if s.result.best is not None], top_k)
     stats = _combined_stats([s.result.stats for s in todo], solver, time.perf_counter() - start, fastest)
     return SearchResult(best, alternatives, stats, fastest, searches)
+
+
+def _search_rank(search: StackSearch) -> int:
+    return SEARCH_ORDER.index(search.target) if search.target in SEARCH_ORDER else len(SEARCH_ORDER)
 
 
 def _stack_search(base: SearchSpace, model: ModelSpec, job: JobSpec, target: Target) -> StackSearch:
