@@ -94,7 +94,9 @@ class SearchSpace:
     recompute_modes: tuple = MODES  # the Recompute modes the ILP may use
     tp_comm_overlap: tuple = (False,)  # choices for Plan.tp_comm_overlap (both where the target has it)
     rules: Optional[object] = None  # planner/export/rules.py:Rules of the target stack: only what it can express
-    target_problems: Optional[Callable] = None  # Plan -> what else the stack cannot run (its exporter's problems())
+    # Candidate -> what else the stack cannot run of the layout (its exporter's layout_problems,
+    # which reads only fields a Candidate shares with a Plan: no Plan is built per candidate)
+    target_problems: Optional[Callable] = None
     fp8: tuple = (False,)  # choices for Plan.fp8 ((False, True) with `plan solve --fp8` on a device that has it)
     cp_degrees: tuple = (1,)  # context-parallel degrees to try (plan solve: for long sequences, see cli/solve.py)
     seq_len: Optional[int] = None  # with cp_degrees: the sequence CP splits (SP then needs s / cp divisible by tp)
@@ -191,7 +193,7 @@ def enumerate_candidates(
             rejected[FIXED] += 1
         elif space.rules is not None and _inexpressible(space.rules, c, model.num_layers):
             rejected[TARGET] += 1
-        elif space.target_problems is not None and space.target_problems(c.plan()):
+        elif space.target_problems is not None and space.target_problems(c):
             rejected[TARGET] += 1
         else:
             out.append(c)

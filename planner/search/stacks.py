@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from planner.errors import InfeasibleError, UsageError
-from planner.export import STACKS, rules as stack_rules, stack_module
+from planner.export import STACKS, model_refusal, rules as stack_rules, stack_module
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Target
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
@@ -57,13 +57,16 @@ def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpa
     overlap = (False, True) if job.target.tp_comm_overlap else (False,)
     if job.target == Target.generic:
         return replace(base, tp_comm_overlap=overlap)
+    refusal = model_refusal(job.target.value, model)  # an architecture the stack cannot build
+    if refusal:
+        raise UsageError(refusal)
     rules = stack_rules(job.target.value)
     modes = tuple(m for m in base.recompute_modes if m.value in rules.recompute_modes)
     if not modes:
         raise UsageError(f"--fix recompute={base.recompute_modes[0].value}: {rules.stack} has recompute {', '.join(rules.recompute_modes)}")
-    problems = stack_module(job.target.value).problems  # what the exporter refuses beyond its Rules
+    problems = stack_module(job.target.value).layout_problems  # what the exporter refuses beyond its Rules
     return replace(base, tp_comm_overlap=overlap, rules=rules, recompute_modes=modes,
-                   target_problems=lambda plan: problems(plan, model, job))
+                   target_problems=lambda layout: problems(layout, model, job))
 
 
 def solve_stacks(
