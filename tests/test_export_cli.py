@@ -1,10 +1,13 @@
 """`plan export` and `plan solve --target` together: every plan a targeted search returns
-exports cleanly; a free optimum a stack cannot express is refused in one line naming the
-feature, and the targeted search finds the best plan the stack can run (slower)."""
+exports cleanly; the unconstrained optimum (`--target generic`) a stack cannot express is
+refused in one line naming the feature, and the targeted search finds the best plan the stack
+can run (slower); a plan costed for another stack exports with a one-line note; a model a stack
+cannot build leaves that stack's search empty, the reason in `plan solve`'s table."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,8 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def plan_cli(*args, check=True):
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, check=check)
+def plan_cli(*args, check=True, env_columns=None):
+    env = {**os.environ, "COLUMNS": str(env_columns)} if env_columns else None
+    return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, check=check, env=env)
 
 
 SOLVES = {
@@ -31,9 +35,9 @@ def solved(tmp_path_factory):
     out = {}
     d = tmp_path_factory.mktemp("targets")
     for name, args in SOLVES.items():
-        for stack in (None, *STACKS):
-            path = d / f"{name}-{stack or 'free'}.json"
-            plan_cli("solve", *args, *(["--target", stack] if stack else []), "--top-k", "2", "-o", str(path))
+        for stack in ("generic", *STACKS):  # generic: the unconstrained optimum (no --target searches the stacks)
+            path = d / f"{name}-{stack}.json"
+            plan_cli("solve", *args, "--target", stack, "--top-k", "2", "-o", str(path))
             out[name, stack] = path
     return out
 
@@ -52,9 +56,10 @@ def test_every_plan_a_targeted_search_returns_exports(solved, case, stack):
 
 
 def test_free_optimum_refused_and_targeted_one_slower(solved):
-    """Llama 3 70B on 64 H100: the free optimum uses what DeepSpeed lacks; the export says so
-    in one line (exit 2) and `--target deepspeed` finds a slower plan DeepSpeed can run."""
-    free, targeted = solved["llama3-70b-64-h100", None], solved["llama3-70b-64-h100", "deepspeed"]
+    """Llama 3 70B on 64 H100: the unconstrained optimum uses what DeepSpeed lacks; the export
+    says so in one line (exit 2) and `--target deepspeed` finds a slower plan DeepSpeed can run."""
+    free, targeted = solved["llama3-70b-64-h100", "generic"], solved["llama3-70b-64-h100", "deepspeed"]
+    assert json.loads(free.read_text())["job"]["target"] == "generic"
     res = plan_cli("export", str(free), "--to", "deepspeed", check=False)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "deepspeed cannot run this plan" in res.stderr and "--target deepspeed" in res.stderr
@@ -79,3 +84,53 @@ def test_readme_carries_the_rules_table():
     assert rules_table() in (ROOT / "README.md").read_text()
     for stack in STACKS:
         assert rules(stack).stack == stack
+
+
+def test_a_plan_costed_for_another_stack_exports_with_a_note(solved, tmp_path):
+    """One line on stderr, exit 0: the stack the document costed the plan for (job.target, or
+    the alternative's), the exporting stack's own prediction (what `plan estimate --plan P
+    --target STACK` says) and that command; none for the stack it was costed for."""
+    generic = tmp_path / "generic.json"  # plan estimate's default target is generic
+    plan_cli("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "32",
+             "--seq-len", "4096", "--tp", "2", "--sequence-parallel", "-o", str(generic))
+    res = plan_cli("export", str(generic), "--to", "megatron")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 0 and len(lines) == 1 and res.stdout.startswith("--tensor-model-parallel-size")
+    assert lines[0].startswith("note: this plan was costed for generic; megatron runs it with its own kernels: ")
+    assert lines[0].endswith(f"(re-estimate with `plan estimate --plan {generic} --target megatron`)")
+    again = json.loads(plan_cli("estimate", "--plan", str(generic), "--target", "megatron", "--json").stdout)
+    assert f"{again['estimate']['step_time_s']:.3f} s a step predicted" in lines[0]
+    same = plan_cli("export", str(generic), "--to", "torchtitan").stderr  # torchtitan's kernels are generic's
+    assert same.startswith("note: this plan was costed for generic; torchtitan's kernels predict the same ")
+    own = plan_cli("export", str(solved["llama3-8b-16-h100", "megatron"]), "--to", "megatron")
+    assert own.returncode == 0 and own.stderr == ""
+    doc = json.loads(solved["llama3-8b-16-h100", "megatron"].read_text())
+    doc["alternatives"][0]["target"] = "torchtitan"  # as a search of every stack writes an alternative of another stack
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps(doc))
+    res = plan_cli("export", str(mixed), "--to", "megatron", "--alternative", "1", check=False)
+    assert res.stderr.startswith("note: this plan was costed for torchtitan; megatron") and "--alternative 1 --target megatron" in res.stderr
+
+
+GEMMA_2 = ["--model", str(ROOT / "tests" / "data" / "hf_configs" / "gemma-2-9b.json"), "--cluster", "dgx-h100-80gb", "--gpus", "64",
+           "--global-batch", "256", "--seq-len", "4096"]
+
+
+def test_a_model_a_stack_cannot_build_leaves_its_search_empty(tmp_path):
+    """Gemma 2 (GeGLU, four norms, windows on half the layers, soft-capped logits): neither
+    Megatron nor torchtitan builds it; `plan solve` recommends a stack that does and names the
+    field in the table; `--target megatron` and `plan export --to megatron` refuse in one line."""
+    path = tmp_path / "gemma.json"
+    res = plan_cli("solve", *GEMMA_2, "-o", str(path), env_columns=200)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(path.read_text())
+    assert doc["job"]["target"] in ("deepspeed", "accelerate")
+    reasons = {s["target"]: s["reason"] for s in doc["stacks"]}
+    assert reasons["megatron"].startswith("megatron cannot build gemma-2-9b: activation geglu")
+    assert "also norms_per_layer 4, logit_softcapping, sliding_window on 21 of 42 layers" in reasons["megatron"]
+    assert reasons["torchtitan"].startswith("torchtitan cannot build gemma-2-9b: activation geglu")
+    assert "none: megatron cannot build gemma-2-9b" in res.stdout and "none: torchtitan cannot build" in res.stdout
+    for args in (["solve", *GEMMA_2, "--target", "megatron"], ["export", str(path), "--to", "megatron"]):
+        refused = plan_cli(*args, check=False)
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert "megatron cannot build gemma-2-9b: activation geglu" in refused.stderr and "Traceback" not in refused.stderr

@@ -10,6 +10,8 @@ import click
 
 from planner import api, export as exporters
 from planner.datafile import check_output, write_atomic
+from planner.errors import PlannerError
+from planner.plan_file import read_plan_file
 
 
 @click.command("export")
@@ -31,3 +33,24 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
         click.echo(out.text.rstrip("\n"))
     if output:
         click.echo(f"{out.stack} {out.kind} written to {output}", err=True)
+    note = costed_for_another(Path(plan_file), alternative, stack)
+    if note:
+        click.echo(note, err=True)
+
+
+def costed_for_another(path: Path, alternative: Optional[int], stack: str) -> Optional[str]:
+    """One line when the plan (job.target, or the alternative's target) was costed for another
+    stack than `stack`: the stacks' kernels and overlap differ (planner/specs.py:Target), so the
+    stack's own prediction, and the command that gives all of it."""
+    costed = read_plan_file(path, alternative).job.target.value  # read only: the estimates come when they differ
+    if costed == stack:
+        return None
+    again = f"plan estimate --plan {path}" + (f" --alternative {alternative}" if alternative else "") + f" --target {stack}"
+    try:
+        ours = api.read_plan(path, alternative).estimate.step_time_s
+        theirs = api.what_if(path, alternative=alternative, target=stack).document.estimate.step_time_s
+        runs = (f"{stack} runs it with its own kernels: {theirs:.3f} s a step predicted, not {ours:.3f} s" if f"{theirs:.3f}" != f"{ours:.3f}"
+                else f"{stack}'s kernels predict the same {ours:.3f} s a step")
+    except PlannerError:  # the stack's job cannot cost this plan as it stands: say so without a number
+        runs = f"{stack}'s own kernels change its prediction"
+    return f"note: this plan was costed for {costed}; {runs} (re-estimate with `{again}`)"
