@@ -138,7 +138,7 @@ def test_llama3_presets_get_their_config_and_others_are_generic():
         "deepseek_v3", "deepseek_v3_671b")
     qwen3 = load_model(str(HF / "qwen3-30b-a3b.json"))
     assert tt.matching_flavor(qwen3).config == "qwen3_30b_a3b"
-    assert tt.matching_flavor(load_model("qwen3-30b-a3b")) is None  # the preset leaves out Qwen3's QK-norm
+    assert tt.matching_flavor(load_model("qwen3-30b-a3b")) is not None  # the preset has Qwen3's QK-norm too
     assert tt.matching_flavor(load_model("mixtral-8x7b")) is None  # torchtitan 0.3.0 has no Mixtral
     narrow = qwen3.model_copy(update={"attention_head_dim": None})  # heads of 64: not Qwen3's
     assert tt.matching_flavor(narrow) is None

@@ -120,9 +120,8 @@ def test_qwen3_30b_a3b_preset_is_the_published_count():
     """Heads of 128 (attention_head_dim, not hidden/heads = 64): the published 30.5B / 3.3B; the
     preset's count equals the heads-of-64 one plus the attention weights the wider heads add."""
     m = load_model("qwen3-30b-a3b")
-    qk_norms = 48 * 2 * 128  # q/k norms: not counted by the spec
-    assert (total_params(m), active_params(m)) == (30_079_125_504 + QWEN3_HEAD_DIM_GAP - qk_norms,
-                                                   2_900_035_584 + QWEN3_HEAD_DIM_GAP - qk_norms)
+    assert m.qk_norm  # q/k norms of head_dim each, counted (QWEN3_HEAD_DIM_GAP holds them)
+    assert (total_params(m), active_params(m)) == (30_079_125_504 + QWEN3_HEAD_DIM_GAP, 2_900_035_584 + QWEN3_HEAD_DIM_GAP)
     assert round(total_params(m) / 1e9, 1) == 30.5
     assert round(active_params(m) / 1e9, 2) == 3.35  # Qwen's "3.3B activated"
     assert m.attention_head_dim == 128 and m.q_width == 4096
