@@ -223,10 +223,10 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     s = doc.search
     infeasible = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.infeasible.items()) or "none"
     skipped = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.skipped.items()) or "none"
-    over = f" over the {len(doc.stacks)} stacks" if doc.stacks else ""
+    over = f" over {_searched(doc)}" if doc.stacks else ""
     console.print(
-        f"searched {s.candidates_considered:,} candidate layouts{over} (about 10^{s.layouts_represented_log10:.0f} with every layer "
-        f"split and per-stage recompute); infeasible: {infeasible}; skipped: {skipped}; pruned by bound: {s.pruned_by_bound:,}; "
+        f"searched {s.candidates_considered:,} candidate layouts{over}; about 10^{s.layouts_represented_log10:.0f} with every layer "
+        f"split and per-stage recompute; infeasible: {infeasible}; skipped: {skipped}; pruned by bound: {s.pruned_by_bound:,}; "
         f"{s.ilps_solved} ILPs over {s.ilp_candidates} candidates ({s.solver}) in {s.solve_time_s:.2f} s; "
         + ("proven optimal" if s.optimal else
            f"[bold red]not proven optimal (time limit): within {100 * s.optimality_gap:.2g}% of the optimum[/bold red]")
@@ -239,8 +239,18 @@ def _runs_on(doc: SolveDocument) -> str:
     if target == Target.generic:
         return ("(generic: the PyTorch-eager optimum, which no `plan export` stack runs as is; without --target, "
                 "`plan solve` recommends the best plan a stack runs)")
-    best_of = f", the best of the {len(doc.stacks)} stacks searched" if doc.stacks else ""
+    searched = sum(s.search is not None for s in doc.stacks)
+    best_of = "" if not doc.stacks else (f", the best of the {searched} stacks searched" if searched == len(doc.stacks)
+                                         else f", the best of the {searched} of {len(doc.stacks)} stacks searched")
     return f"(for {target.value}{best_of}: `plan export PLAN --to {target.value}`)"
+
+
+def _searched(doc: SolveDocument) -> str:
+    """'the 4 stacks', or '2 of the 4 stacks, the others unsearched (see the table)'."""
+    searched, n = sum(s.search is not None for s in doc.stacks), len(doc.stacks)
+    if searched == n:
+        return f"the {n} stacks"
+    return f"{searched} of the {n} stacks, the others unsearched (see the table)"
 
 
 def _numbered(alternatives: list[int], one: str = "is", many: str = "are") -> str:

@@ -157,7 +157,8 @@ def stacks_infeasibility(model: ModelSpec, cluster: ClusterSpec, searches: list,
     """Why no stack has a plan: the message of the stack whose most frugal layout needs least."""
     searched = [s for s in searches if s.space is not None]
     if not searched:
-        return InfeasibleError("; ".join(f"{s.target.value}: {s.reason}" for s in searches))
+        return InfeasibleError("; ".join(s.reason if s.reason.startswith(s.target.value) else f"{s.target.value}: {s.reason}"
+                                         for s in searches))
     need = {s.target: min_memory_needed(model, cluster, s.job, s.space) for s in searched}
     least = min(searched, key=lambda s: float("inf") if need[s.target] is None else need[s.target])
     names = ", ".join(s.target.value for s in searched)
