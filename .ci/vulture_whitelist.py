@@ -14,6 +14,9 @@ schema_version
 refined_bounds
 predicted_not_measured_bytes
 max_loss_rel_error, max_grad_norm_rel_error
+# Verification fields of the run report (planner/executor/verify.py fills them; the report's readers read them)
+sensitivity, fp32_reference_losses, fp32_reference_grad_norms, reference_drift_losses, reference_drift_grad_norms
+parameters_checked, max_param_grad_rel_error, allowed_param_grad_rel_error, worst_parameter
 # planner/__init__.py: PEP 562's module attribute hook (the Python API's names, imported on first use)
 __getattr__
 # planner/executor/zero.py: torch.optim.Optimizer.zero_grad(set_to_none=...)
