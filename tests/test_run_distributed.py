@@ -238,7 +238,9 @@ def test_ctrl_c_stops_every_worker(tmp_path, wait_s):
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip().startswith("error: interrupted by Ctrl-C") and len(err.strip().splitlines()) == 1, err
+    lines = err.strip().splitlines()  # progress lines, then one error line
+    assert lines[-1].startswith("error: interrupted by Ctrl-C") and sum(line.startswith("error:") for line in lines) == 1, err
+    assert all(line.startswith("plan run: ") for line in lines[:-1]), err
     assert out == ""
     _no_leftovers(marker)
 
