@@ -1,18 +1,28 @@
 """Reading specs from JSON/YAML files with safe loaders and one-line errors.
 
-Plans, profiles and presets are data: only ``json.loads`` and ``yaml.safe_load`` are used,
-nothing is unpickled or executed.
+Plans, profiles and presets are data: only ``json.loads`` and a safe YAML loader (libyaml's
+CSafeLoader's parser where installed) are used, nothing is unpickled or executed.
+
+Every input file is opened by read_input: only a regular file, opened without blocking and
+read at most its limit plus one byte, so a FIFO, a device, a stream or a directory is refused
+in one line instead of hanging or filling memory. What it read is recorded (device and inode)
+for the command running (inputs_scope), and check_output refuses an `-o` that resolves to any
+of those files: a model directory's config.json or a hub-cache blob behind its snapshot link.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -21,24 +31,130 @@ from planner.errors import PlannerError, UsageError
 
 T = TypeVar("T", bound=BaseModel)
 
+# A spec, profile or plan file is a few hundred kB at most; nesting is a few levels. YAML is
+# parsed node by node in Python (about 10 us a node here even over libyaml's parser), so it
+# gets a lower size and a node bound: a spec written by hand has a few hundred nodes and needs
+# no alias (a YAML "billion laughs" of 700 bytes expands to 10^9 nodes through its aliases).
+MAX_SPEC_BYTES = 64 * 2**20
+MAX_YAML_BYTES = 4 * 2**20
+MAX_YAML_NODES = 50_000  # counted with every alias expanded; `plan solve --top-k 10 --json` for DeepSeek-V3 has 1,903
+MAX_YAML_ALIASES = 100
+MAX_DEPTH = 32
+MAX_JSON_NODES = 2_000_000  # walked by the depth check; a plan document with alternatives has a few thousand
+_KINDS = "give a regular .json/.yaml file"
+_UNNAMEABLE = "not a name a file can have here (a NUL byte, or a character the file system's encoding lacks)"
+
+
+# ----- opening: regular files only, bounded, recorded
+
+_READ: contextvars.ContextVar[dict | None] = contextvars.ContextVar("planner_inputs_read", default=None)
+
+
+@contextlib.contextmanager
+def inputs_scope() -> Iterator[None]:
+    """Record the files read_input reads until the block ends (one CLI command: planner/cli/main.py),
+    for check_output and write_atomic to refuse writing over any of them."""
+    token = _READ.set({})
+    try:
+        yield
+    finally:
+        _READ.reset(token)
+
+
+def inputs_read() -> dict:
+    """(device, inode) -> path of every file read in the current inputs_scope (none outside one)."""
+    return dict(_READ.get() or {})
+
+
+def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec or plan file", note: str = "") -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; anything else one UsageError line.
+    Opened with O_NONBLOCK (a FIFO swapped in after the stat cannot block), checked again with
+    fstat on the open descriptor, read up to limit + 1 bytes (a file growing meanwhile is caught)."""
+    name = os.fspath(path)
+    try:
+        _refuse_special(name, os.stat(name).st_mode)  # before opening: opening a device can itself act
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(name, flags)
+    except OSError as exc:
+        raise UsageError(os_message("read", name, exc)) from None
+    except ValueError:  # a NUL byte, or a character no file name here can hold
+        raise UsageError(f"cannot read {name!r}: {_UNNAMEABLE}") from None
+    try:
+        info = os.fstat(fd)
+        _refuse_special(name, info.st_mode)
+        if info.st_size > limit:
+            raise UsageError(f"{name}: {info.st_size:,} bytes is too large for a {what} (at most {limit:,}{note})")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(limit + 1 - size, 2**20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise UsageError(f"{name}: more than {limit:,} bytes is too large for a {what} (at most {limit:,}{note})")
+    except OSError as exc:
+        raise UsageError(os_message("read", name, exc)) from None
+    finally:
+        os.close(fd)
+    scope = _READ.get()
+    if scope is not None:
+        scope[(info.st_dev, info.st_ino)] = name
+    return b"".join(chunks)
+
+
+def _refuse_special(name: str, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"cannot read {name}: it is a directory; {_KINDS}")
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"cannot read {name}: it is a {_special(mode)}, not a regular file; {_KINDS}")
+
+
+def _special(mode: int) -> str:
+    return ("pipe (FIFO)" if stat.S_ISFIFO(mode) else "character device" if stat.S_ISCHR(mode) else
+            "block device" if stat.S_ISBLK(mode) else "socket" if stat.S_ISSOCK(mode) else "special file")
+
+
+def os_message(verb: str, name: str, exc: OSError) -> str:
+    """One line for an OS error on a path given by the user, saying what to change."""
+    why = {
+        errno.ENAMETOOLONG: f"a name in the path is too long (at most {NAME_MAX} bytes each); shorten it",
+        errno.ELOOP: "a symbolic link loop (too many levels of links); give a path without the loop",
+        errno.EACCES: "permission denied",
+        errno.ENOTDIR: "a part of the path is not a directory",
+        errno.ENXIO: f"it is a socket or a device without a reader; {_KINDS}",
+    }.get(exc.errno)
+    if exc.errno == errno.ENOENT:
+        dangling = os.path.islink(name)
+        why = "a symbolic link to a file that does not exist" if dangling else "no such file"
+    return f"cannot {verb} {_short(name)}: {why or exc.strerror or exc}"
+
+
+def missing(path: Path | str) -> bool:
+    """True only when nothing is at `path` (a dangling link counts as something, for read_input
+    to name); a name the OS refuses for another reason (too long, a loop) is left to read_input."""
+    try:
+        os.lstat(os.fspath(path))
+    except OSError as exc:
+        return exc.errno in (errno.ENOENT, errno.ENOTDIR)
+    except ValueError:
+        return False
+    return False
+
+
+# ----- parsing
 
 def read_mapping(path: Path) -> tuple[dict, str]:
     """Parse a JSON or YAML file into a dict; errors name the file and line."""
-    if path.is_dir():
-        raise UsageError(f"cannot read {path}: it is a directory; give a .json/.yaml file")
+    is_json = path.suffix == ".json"
+    raw = (read_input(path) if is_json else
+           read_input(path, MAX_YAML_BYTES, "YAML file", f"; YAML is parsed node by node, JSON may have {MAX_SPEC_BYTES:,}"))
     try:
-        if path.stat().st_size > MAX_SPEC_BYTES:
-            raise UsageError(f"{path}: {path.stat().st_size:,} bytes is too large for a spec or plan file (at most {MAX_SPEC_BYTES:,})")
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not a UTF-8 text file (byte {exc.start}); give a JSON or YAML spec") from None
     try:
-        if path.suffix == ".json":
-            data = json.loads(text, parse_constant=_no_constant)
-        else:
-            data = yaml.safe_load(text)
+        data = json.loads(text, parse_constant=_no_constant) if is_json else _load_yaml(path, raw)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
     except yaml.YAMLError as exc:
@@ -53,33 +169,18 @@ def read_mapping(path: Path) -> tuple[dict, str]:
         if "digits" in why:
             why = "a number with thousands of digits; no field of a spec or plan is that large"
         raise UsageError(f"{path}: {why}") from None
-    if _depth(data) > MAX_DEPTH:
+    depth, nodes = _shape(data)
+    if nodes > MAX_JSON_NODES:
+        raise UsageError(f"{path}: more than {MAX_JSON_NODES:,} values; not a spec or plan file")
+    if depth > MAX_DEPTH:
         raise UsageError(f"{path}: nested more than {MAX_DEPTH} levels deep; not a spec or plan file")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
     return data, text
 
 
-# A spec, profile or plan file is a few hundred kB at most; nesting is a few levels.
-MAX_SPEC_BYTES = 64 * 2**20
-MAX_DEPTH = 32
-
-
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a number a spec may hold; give a finite value")
-
-
-def _depth(data, limit: int = MAX_DEPTH + 1) -> int:
-    """Nesting depth of lists and mappings, counted up to `limit` (iteratively: no recursion)."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        item, d = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, d)
-            if deepest >= limit:
-                return deepest
-            stack.extend((v, d + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
 
 
 def key_line(text: str, key: str) -> int | None:
@@ -133,7 +234,7 @@ def load_named(
         return parse(data, presets[name_or_path], text)
     path = Path(name_or_path)
     if path.suffix in (".json", ".yaml", ".yml") or os.sep in name_or_path:
-        if not path.exists():
+        if missing(path):
             raise UsageError(f"{kind} file {name_or_path} does not exist")
         data, text = read_mapping(path)
         return parse(data, path, text)
@@ -151,29 +252,81 @@ _TMP_EXTRA = len("..") + len(".tmp") + 8  # mkstemp's "." prefix, random part an
 
 def check_output(output: Path | str, inputs: tuple = ()) -> Path:
     """Refuse, before any work, an output path the atomic write cannot honour: empty, a
-    directory, a device or anything not a regular file, one of the command's inputs, a
-    missing or unwritable directory, or a name too long once the temporary suffix is added.
-    Returns the path that will be written (a symlink's target: writes go through links)."""
+    directory, anything not a regular file once its links are followed (a device, a pipe, a
+    terminal, /dev/stdout or /proc/self/fd/N whatever they lead to), a link loop, a name too
+    long, a missing or unwritable directory, or a file the command reads: one of `inputs`, or
+    any file read_input has read in this inputs_scope, compared by device and inode (through
+    symlinks and hard links: a model directory's config.json, a hub-cache blob behind its
+    snapshot link). Returns the path that will be written (a symlink's target: writes go through links)."""
     if output is None or str(output).strip() == "":
         raise UsageError("-o needs a file name")
-    path = Path(output)
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path
-    if target.exists():
-        if target.is_dir():
-            raise UsageError(f"cannot write {output}: it is a directory; give a file name")
-        if not target.is_file():
-            raise UsageError(f"cannot write {output}: it is not a regular file (a device, pipe or socket); give a file name")
-        for item in inputs:
-            if item and Path(item).exists() and os.path.samefile(target, item):
-                raise UsageError(f"cannot write {output}: it is the input {item}; give another output file")
-    directory = target.parent if str(target.parent) else Path(".")
+    name = os.fspath(output)
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.split(os.sep)), default=0)
+    if longest > NAME_MAX:
+        raise UsageError(f"cannot write {_short(name)}: a name in the path is {longest} bytes, more than {NAME_MAX}; shorten it")
+    try:
+        info = os.stat(name)
+    except FileNotFoundError:
+        info = None  # a new file, or a link to one
+    except OSError as exc:
+        raise UsageError(os_message("write", name, exc)) from None
+    except ValueError:
+        raise UsageError(f"cannot write {name!r}: {_UNNAMEABLE}") from None
+    if _through_proc(name):
+        raise UsageError(f"cannot write {name}: it is a process's stream (/proc, /dev/stdout, /dev/fd); give a file name")
+    target = Path(os.path.realpath(name))
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            raise UsageError(f"cannot write {name}: it is a directory; give a file name")
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"cannot write {name}: it is not a regular file (a {_special(info.st_mode)}); give a file name")
+        read = {**_stat_keys(inputs), **inputs_read()}
+        if (info.st_dev, info.st_ino) in read:
+            source = read[(info.st_dev, info.st_ino)]
+            which = "of this command" if os.path.abspath(source) == os.path.abspath(name) else f"{source} (the same file)"
+            raise UsageError(f"cannot write {name}: it is the input {which}; give another output file")
+    directory = target.parent
     if not directory.is_dir():
-        raise UsageError(f"cannot write {output}: directory {directory} does not exist")
+        raise UsageError(f"cannot write {name}: directory {directory} does not exist")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {output}: directory {directory} is not writable")
-    if len(target.name.encode()) + _TMP_EXTRA > NAME_MAX:
-        raise UsageError(f"cannot write {output}: the file name is too long ({len(target.name.encode())} bytes); shorten it")
+        raise UsageError(f"cannot write {name}: directory {directory} is not writable")
+    size = len(target.name.encode("utf-8", "surrogatepass"))
+    if size + _TMP_EXTRA > NAME_MAX:
+        raise UsageError(f"cannot write {name}: the file name is too long ({size} bytes); shorten it")
     return target
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 80 else name[:40] + "..." + name[-20:]
+
+
+def _stat_keys(paths: tuple) -> dict:
+    """(device, inode) -> path of those of `paths` that are files now (a preset name is none)."""
+    keys = {}
+    for item in paths:
+        try:
+            info = os.stat(item) if item else None
+        except (OSError, ValueError):
+            continue
+        if info is not None and stat.S_ISREG(info.st_mode):
+            keys[(info.st_dev, info.st_ino)] = os.fspath(item)
+    return keys
+
+
+def _through_proc(name: str) -> bool:
+    """Whether `name`, or a link it leads through, is a process's file descriptor (/proc/PID/fd/N,
+    /dev/fd/N, /dev/stdout): the real path of those names the file behind the descriptor, which
+    may be a regular file another program is writing."""
+    path = os.path.abspath(name)
+    for _ in range(40):  # the kernel's own limit on links followed in one lookup
+        where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        if where.startswith(("/proc/", "/dev/fd/")):
+            return True
+        try:
+            path = os.path.normpath(os.path.join(os.path.dirname(where), os.readlink(where)))
+        except OSError:  # not a link (or nothing there): the name is what it is
+            return False
+    return False
 
 
 def write_atomic(path: Path | str, text: str | bytes) -> None:
@@ -212,3 +365,108 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# ----- the depth and size of what was parsed
+
+def _shape(data) -> tuple[int, int]:
+    """Nesting depth of lists and mappings and the number of values, each counted up to just
+    past its limit (iteratively: no recursion; YAML's aliases bounded already by _load_yaml)."""
+    deepest, nodes, stack = 0, 0, [(data, 1)]
+    while stack:
+        item, d = stack.pop()
+        nodes += 1
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, d)
+            if deepest > MAX_DEPTH or nodes > MAX_JSON_NODES:
+                break
+            stack.extend((v, d + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest, nodes
+
+
+# ----- YAML, bounded before anything walks the expanded document
+
+class _YAMLTooLarge(yaml.YAMLError):
+    """A document past MAX_YAML_NODES or MAX_YAML_ALIASES (its message says which)."""
+
+
+class _CountingComposer(yaml.composer.Composer):
+    """PyYAML's composer, counting nodes and aliases as they are parsed: a document past the
+    bounds is refused after at most MAX_YAML_NODES nodes are built."""
+
+    def __init__(self) -> None:
+        yaml.composer.Composer.__init__(self)
+        self.nodes, self.aliases = 0, 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise _YAMLTooLarge(f"more than {MAX_YAML_ALIASES} aliases (*name); a spec or plan needs none")
+        else:
+            self.nodes += 1
+            if self.nodes > MAX_YAML_NODES:
+                raise _YAMLTooLarge(f"more than {MAX_YAML_NODES:,} values; not a spec or plan file")
+        return super().compose_node(parent, index)
+
+
+if getattr(yaml, "__with_libyaml__", False):
+    class _YAMLLoader(_CountingComposer, yaml.CSafeLoader):
+        """libyaml's parser (C), our composer (counting), PyYAML's safe constructor."""
+
+        def __init__(self, stream) -> None:
+            yaml.CSafeLoader.__init__(self, stream)
+            _CountingComposer.__init__(self)
+else:  # PyYAML built without libyaml: the pure-Python parser, the same bounds
+    class _YAMLLoader(_CountingComposer, yaml.SafeLoader):  # type: ignore[no-redef]
+        def __init__(self, stream) -> None:
+            yaml.SafeLoader.__init__(self, stream)
+            _CountingComposer.__init__(self)
+
+
+def _load_yaml(path: Path, text: str):
+    """yaml.safe_load with bounds: the composed node graph is checked (its size with every alias
+    expanded, no alias inside its own anchor) before a Python object is constructed from it."""
+    loader = _YAMLLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(path, node)
+        return loader.construct_document(node)
+    except _YAMLTooLarge as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(path: Path, root: yaml.Node) -> int:
+    """Nodes of the document with aliases expanded, computed once per shared node (memoized
+    post-order walk), so a "billion laughs" costs its composed size, not its expansion."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:  # scalars count 1 and are never pushed
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            open_.discard(key)
+            sizes[key] = 1 + sum(sizes.get(id(k), 1) for k in _children(node))
+            if sizes[key] > MAX_YAML_NODES:
+                raise UsageError(f"{path}: more than {MAX_YAML_NODES:,} values once its aliases are expanded; "
+                                 "not a spec or plan file")
+        elif key in open_:
+            raise UsageError(f"{path}: an alias refers to the collection it is in; a spec or plan is not recursive")
+        elif key not in sizes:
+            open_.add(key)
+            stack.append((node, True))
+            stack.extend((k, False) for k in _children(node) if not isinstance(k, yaml.ScalarNode))
+    return sizes.get(id(root), 1)
+
+
+def _children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []

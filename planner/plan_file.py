@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.datafile import parse_spec, read_mapping
+from planner.datafile import missing as no_file_at, parse_spec, read_mapping
 from planner.errors import UsageError
 from planner.specs import SCHEMA_VERSION, ClusterSpec, JobSpec, ModelSpec, Plan
 from pydantic import BaseModel, ConfigDict
@@ -25,7 +25,7 @@ class PlanInput(BaseModel):
 def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
     """The plan of a plan document, or (`alternative` K >= 1) the K-th alternative of a
     `plan solve` document, with that alternative's global batch."""
-    if not path.exists():
+    if no_file_at(path):
         raise UsageError(f"plan file {path} does not exist")
     data, text = read_mapping(path)
     version = str(data.get("schema_version", ""))

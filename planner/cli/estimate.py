@@ -13,6 +13,7 @@ from planner.cli import render
 from planner.cli.common import require_names, target_options
 from planner.datafile import check_output
 from planner.errors import InfeasibleError, UsageError
+from planner.plan_file import read_plan_file
 from planner.specs import Recompute, Schedule
 
 
@@ -53,17 +54,20 @@ def estimate(
     layers_per_stage, mesh_order, plan_file: Optional[str], alternative: Optional[int], as_json: bool, output: Optional[str],
 ) -> None:
     """Predict step time, throughput and per-GPU memory of one layout."""
-    if output is not None:
-        check_output(output, (model_name, cluster_name, plan_file))
+    model = model_name
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
     if alternative is not None and not plan_file:
         raise UsageError("--alternative K goes with --plan FILE (a `plan solve` document)")
+    if not plan_file:
+        require_names(model_name, cluster_name)
+    if output is not None:  # after reading the inputs (a model directory's config.json), before any work
+        model = _read_inputs(plan_file, alternative, model_name, cluster_name)
+        check_output(output, (plan_file,))
     if plan_file:
         doc = _what_if(plan_file, alternative, given, ctx.params)
     else:
-        require_names(model_name, cluster_name)
         doc = api.estimate(
-            model_name, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, seq_len=seq_len, tp=tp, pp=pp, dp=dp,
+            model, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, seq_len=seq_len, tp=tp, pp=pp, dp=dp,
             cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size, recompute=recompute, zero=zero,
             sequence_parallel=sequence_parallel, fp8=fp8, tp_comm_overlap=tp_comm_overlap, schedule=schedule,
             layers_per_stage=layers_per_stage, mesh_order=mesh_order, precision=precision, optimizer=optimizer,
@@ -79,6 +83,16 @@ def estimate(
         click.echo(f"plan written to {output}", err=True)
     if not doc.estimate.fits:
         raise InfeasibleError(does_not_fit(doc.estimate, doc.cluster.device.name))
+
+
+def _read_inputs(plan_file: Optional[str], alternative: Optional[int], model_name: Optional[str], cluster_name: Optional[str]):
+    """Read the files the command will (recorded by planner/datafile.py:read_input for
+    check_output); the model read, for the estimate to use, or the name as given with --plan."""
+    if plan_file:
+        read_plan_file(Path(plan_file), alternative)
+    if cluster_name:
+        api.load_cluster(cluster_name)
+    return model_name if plan_file else api.load_model(model_name)
 
 
 def does_not_fit(est, device: str) -> str:

@@ -7,6 +7,7 @@ import sys
 import click
 
 from planner import __version__
+from planner.datafile import inputs_scope
 from planner.errors import PlannerError
 from planner.specs import PlanError
 
@@ -34,7 +35,8 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with inputs_scope():  # the files this command reads, which its -o must not replace
+                return super().invoke(ctx)
         except PlannerError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from pathlib import Path
 from typing import Optional
 
 import click
 
 from planner.cli import render
 from planner.cli.common import require_torch
-from planner.datafile import check_output, write_atomic
+from planner.datafile import check_output, missing, write_atomic
 from planner.errors import UsageError
 from planner.executor.duration import ItemClock
 from planner.distributed.launch import LaunchSpec, follow_progress, inside_launcher, launch, signals_interrupt, validate
@@ -44,7 +43,7 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
     if show_path:
         from hardware_profiles import load_cluster
 
-        if not Path(show_path).exists():
+        if missing(show_path):
             raise UsageError(f"profile {show_path} does not exist")
         render.profile_report(load_cluster(show_path))
         return

@@ -37,11 +37,14 @@ def solve(
     """Search every layout (dp, tp, pp, interleaving, micro-batching, layer split, per-stage
     recompute, ZeRO, sequence parallel, mesh order) for the fastest that fits; without
     --target, on each training stack, recommending the best plan a stack runs."""
-    if output is not None:
-        check_output(output, (model_name, cluster_name))
     require_names(model_name, cluster_name)
+    model = model_name
+    if output is not None:  # after reading the inputs (a model directory's config.json), before any work
+        model = api.load_model(model_name)
+        api.load_cluster(cluster_name)
+        check_output(output)
     doc = api.solve(
-        model_name, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, micro_batch_size=micro_batch_size,
+        model, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, micro_batch_size=micro_batch_size,
         micro_batches=micro_batches, seq_len=seq_len, target=stack, top_k=top_k, fixes=fixes, max_memory_gib=max_memory_gib,
         allow_cross_node_tp=allow_cross_node_tp, fp8=fp8, time_limit=time_limit, solver=solver, precision=precision,
         optimizer=optimizer, flash_attention=not no_flash_attention, loss_kernel=loss_kernel, moe_dispatcher=moe_dispatcher,

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.datafile import load_named, parse_spec, read_mapping
+from planner.datafile import load_named, missing, parse_spec, read_input, read_mapping
 from planner.errors import UsageError
 from planner.presets.hf_config import FAMILIES, read_decoder, unread_field
 from planner.specs import ModelSpec
@@ -173,7 +173,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     kind = _path_kind(path)
     if name_or_path not in model_presets() and kind == "directory":
         config = path / "config.json"
-        if not config.is_file():
+        if missing(config):  # anything else there (a FIFO, a loop) read_mapping refuses by name
             raise UsageError(f"{name_or_path} is a directory without a config.json; give a Hugging Face model directory, "
                              "or the path of a .json/.yaml spec")
         data, text = read_mapping(config)
@@ -265,8 +265,7 @@ def _snapshot(repo: Path, repo_id: str) -> HubSnapshot:
     ref = repo / "refs" / "main"
     try:
         if ref.is_file():
-            with ref.open("rb") as f:
-                revision = f.read(100).decode("utf-8", errors="replace").strip()
+            revision = read_input(ref, 4096, "refs/main").decode("utf-8", errors="replace").strip()
             if not _COMMIT.fullmatch(revision):
                 raise UsageError(f"{ref}: {revision[:40]!r} is not a commit hash; fetch the model again with {fetch}")
             chosen_by = "refs/main"
