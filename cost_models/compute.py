@@ -314,7 +314,10 @@ def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int
         table = device.attention or {}
         att = table.get(kernel) or table.get("flash2")
         if att is None:  # no kernel table: attention costs what GEMMs of its FLOPs cost
-            fwd = gemm_time(device, dtype, flops)
+            if device.matmul_efficiency is not None:  # on the measured curve (profiles)
+                fwd = gemm_time(device, dtype, flops)
+            else:  # the shape model: the unfused path's two batched GEMMs, half of them (causal)
+                fwd = 0.5 * (gemm_shape_time(device, dtype, s, s, d, b * heads) + gemm_shape_time(device, dtype, s, d, s, b * heads))
             return fwd, 2.0 * fwd
         peak = device.peak_tflops[dtype] * 1e12 * device.sustained_fraction
         return flops / (peak * att.forward), 2.5 * flops / (peak * att.backward)

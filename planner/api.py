@@ -36,6 +36,7 @@ from planner.export.rules import Export
 from planner.inputs import (
     MAX_GLOBAL_BATCH,
     check_count,
+    check_document,
     check_plan,
     check_real,
     cluster_size,
@@ -267,8 +268,7 @@ def export_plan(plan: PlanSource, stack: str, *, alternative: Optional[int] = No
     >>> export_plan(doc, "deepspeed").data["zero_optimization"]["stage"]
     1
     """
-    base = _plan_input(plan, alternative)
-    check_plan(base.plan, base.model, base.job, base.num_gpus)
+    base = _plan_input(plan, alternative)  # checked as every command checks a plan document
     return exporters.export(stack, base.plan, base.model, base.job, base.num_gpus, base.cluster.gpus_per_node)
 
 
@@ -277,7 +277,7 @@ def export_plan(plan: PlanSource, stack: str, *, alternative: Optional[int] = No
 
 def _estimated(model: ModelSpec, cluster: ClusterSpec, gpus: int, job: JobSpec, plan: Plan) -> PlanDocument:
     """The plan checked against its model and GPUs, and costed."""
-    check_plan(plan, model, job, gpus)
+    check_plan(plan, model, job, gpus, cluster)
     return PlanDocument(model=model, cluster=cluster, num_gpus=gpus, job=job, plan=plan,
                         estimate=cost_estimate(model, cluster, job, plan))
 
@@ -302,4 +302,6 @@ def _plan_input(source: PlanSource, alternative: Optional[int]) -> PlanInput:
         chosen = alternatives[alternative - 1]
         plan = chosen.plan
         job = job.model_copy(update={"global_batch_size": chosen.global_batch_size, "target": chosen.target or job.target})
-    return PlanInput(model=source.model, cluster=source.cluster, num_gpus=source.num_gpus, job=job, plan=plan)
+    doc = PlanInput(model=source.model, cluster=source.cluster, num_gpus=source.num_gpus, job=job, plan=plan)
+    check_document(doc)  # the check read_plan_file makes of a file
+    return doc

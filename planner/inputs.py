@@ -13,15 +13,14 @@ from typing import Optional
 from pydantic import ValidationError
 
 from cost_models.terms import MODES
+from planner import specs
 from planner.errors import UsageError
 from planner.search.candidates import SearchSpace
 from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem
 
-# Bounds on what is physically meaningful: the largest clusters built have ~10^5 GPUs; no
-# optimizer step holds 10^8 sequences; no context is 10^8 tokens. Beyond them an input is a typo.
-MAX_GPUS = 2**20
-MAX_GLOBAL_BATCH = 10**8
-MAX_SEQ_LEN = 10**8
+# Bounds on what is physically meaningful (GPUs, sequences per step, tokens), the same for
+# options as for documents (planner/specs.py, where each is explained). Beyond them an input is a typo.
+MAX_GPUS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN = specs.MAX_GPUS, specs.MAX_GLOBAL_BATCH, specs.MAX_SEQ_LEN
 # Without --seq-len a model trains at its maximum length, unless that is a long-context
 # extension (Qwen2.5's 131,072, Llama 3.1's 131,072): then --seq-len is required.
 DEFAULT_SEQ_LIMIT = 16384
@@ -145,11 +144,34 @@ def _first_error(exc: ValidationError) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
-def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, gpus: int) -> None:
+def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, gpus: int, cluster: Optional[ClusterSpec] = None) -> None:
+    """The one check of a layout against its model, job, GPUs and (given) the device, whether the
+    layout is new (`plan estimate`, a what-if) or read from a document (check_document): the
+    factors fit (Plan.validate_for), and the device has what the plan runs (its precision, FP8)."""
     try:
         plan.validate_for(model, job, gpus)
     except PlanError as exc:
         raise UsageError(str(exc)) from None
+    if cluster is None:
+        return
+    device = cluster.device
+    if job.precision not in device.peak_tflops:
+        have = ", ".join(sorted(getattr(k, "value", k) for k in device.peak_tflops))
+        raise UsageError(f"{cluster.name} has no {job.precision.value} throughput (it has {have}); change the job's precision")
+    if plan.fp8 and device.fp8_peak_tflops is None:
+        raise UsageError(f"fp8: {device.name} has no FP8 tensor cores (H100 and H200 do); drop fp8 or plan on a cluster with them")
+
+
+def check_document(doc, where: str = "") -> None:
+    """What every command that reads a plan document checks before using it (`plan estimate
+    --plan`, `show`, `export`, `run`, the API's read_plan / what_if / export_plan, all through
+    planner/plan_file.py:read_plan_file or planner/api.py:_plan_input): the document as written
+    is consistent, so no command re-derives what another refuses. `doc`: a PlanInput; `where`:
+    the file, named before the message."""
+    try:
+        check_plan(doc.plan, doc.model, doc.job, doc.num_gpus, doc.cluster)
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}" if where else str(exc)) from None
 
 
 def parse_int_list(text, what: str) -> Optional[list[int]]:

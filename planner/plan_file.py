@@ -6,7 +6,8 @@ from pathlib import Path
 
 from planner.datafile import missing as no_file_at, parse_spec, read_mapping
 from planner.errors import UsageError
-from planner.specs import SCHEMA_VERSION, ClusterSpec, JobSpec, ModelSpec, Plan
+from planner.inputs import check_document
+from planner.specs import MAX_GPUS, SCHEMA_VERSION, ClusterSpec, Integer, JobSpec, ModelSpec, Plan
 from pydantic import BaseModel, ConfigDict
 
 
@@ -17,7 +18,7 @@ class PlanInput(BaseModel):
     model_config = ConfigDict(frozen=True, protected_namespaces=())
     model: ModelSpec
     cluster: ClusterSpec
-    num_gpus: int
+    num_gpus: Integer(1, MAX_GPUS)
     job: JobSpec
     plan: Plan
 
@@ -54,7 +55,9 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
     missing = [k for k, v in fields.items() if v is None]
     if missing:
         raise UsageError(f"{path}: not a plan file, missing {', '.join(missing)}")
-    return parse_spec(PlanInput, fields, path, text)
+    doc = parse_spec(PlanInput, fields, path, text)
+    check_document(doc, str(path))  # one validation for every command that reads a plan (planner/inputs.py)
+    return doc
 
 
 def _older(version: str, than: tuple) -> bool:

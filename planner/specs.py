@@ -13,10 +13,13 @@ TFLOP/s (1e12 FLOP/s).
 from __future__ import annotations
 
 import math
+import numbers
+from dataclasses import dataclass
 from enum import Enum
-from typing import ClassVar, Optional
+from typing import Annotated, ClassVar, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 # 1.1: a pipeline rank is called so (`pipeline_rank`, `memory_gib_per_pipeline_rank`,
 # `bottleneck_pipeline_rank`, `pipeline_ranks`); "stage" means a virtual pipeline stage only.
@@ -26,27 +29,145 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 SCHEMA_VERSION = "1.6"
 
 
+# ----- numbers
+# Every number a document holds is a JSON number of the field's kind within bounds that mean
+# something physically: beyond them a value is a typo or an attack, and refused in one line
+# naming the range, before it can overflow to infinity in the cost model (a bandwidth of 1e-300
+# GB/s gives steps of 1e300 s; a width of 10**309 is no float at all). The bounds:
+MAX_GPUS = 2**20  # the largest clusters built have ~10^5 GPUs
+MAX_GLOBAL_BATCH = 10**8  # no optimizer step holds 10^8 sequences
+MAX_SEQ_LEN = 10**8  # no context is 10^8 tokens
+MAX_VOCAB = 10**8  # vocabularies are ~10^5 tokens
+MAX_LAYERS = 100_000  # the deepest published transformers have ~10^2-10^3 layers
+MAX_WIDTH = 10**7  # hidden and MLP widths: the widest published are ~10^5
+MAX_TFLOPS = 1e6  # TFLOP/s of one device: an H100 has ~2e3 (FP8)
+MIN_TFLOPS = 1e-6  # 1 MFLOP/s: a slower "device" is a unit mistake
+MAX_GIB = 1e6  # no device has 10^6 GiB of memory (an H200 has 141)
+MAX_GBPS = 1e6  # no memory or link moves 10^6 GB/s (HBM3e: ~5e3, NVLink 5: 1.8e3)
+MIN_GBPS = 1e-3  # 1 MB/s: a slower link is a unit mistake
+MIN_FRACTION = 1e-4  # an efficiency or fraction of peak below 0.01% is a unit mistake
+MAX_US = 1e7  # a latency or overhead of 10 s per call is a stuck machine, not a figure
+MAX_SECONDS = 1e4  # one measured layer, GEMM or collective call longer than ~3 hours
+MIN_SECONDS = 1e-12  # a picosecond: below any kernel or call
+MAX_FLOPS = 1e30  # FLOPs of one GEMM or layer pass (a 10^7-wide square GEMM is 2e21)
+MAX_BYTES = 1e18  # an exabyte
+INT_LIMIT = 2**63  # what an int64 holds: no count of a document is larger
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """The range of a bounded number (what its one-line refusal states)."""
+
+    kind: type  # int or float
+    lo: float
+    hi: float
+    open_lo: bool = False
+    open_hi: bool = False
+    unit: str = ""
+
+    def range_text(self) -> str:
+        lo = f"above {_num(self.lo)}" if self.open_lo else f"at least {_num(self.lo)}"
+        hi = f"below {_num(self.hi)}" if self.open_hi else f"at most {_num(self.hi)}"
+        what = "an integer" if self.kind is int else "a number"
+        return f"{what} {lo} and {hi}{' ' + self.unit if self.unit else ''}"
+
+    def check(self, value):
+        integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        real = integer or (isinstance(value, numbers.Real) and not isinstance(value, bool))
+        if not (integer if self.kind is int else real):
+            raise PydanticCustomError("number_type", "must be {range}, got {got}", {"range": self.range_text(), "got": _shown(value)})
+        if not integer and not math.isfinite(value):
+            raise PydanticCustomError("finite_number", "must be {range}, got {got}", {"range": self.range_text(), "got": _shown(value)})
+        low = value <= self.lo if self.open_lo else value < self.lo
+        high = value >= self.hi if self.open_hi else value > self.hi
+        if low or high:  # int against float compares exactly, without converting: 10**400 > 1e6
+            raise PydanticCustomError("number_range", "must be {range}, got {got}", {"range": self.range_text(), "got": _shown(value)})
+        return int(value) if self.kind is int else float(value)
+
+
+def _num(x: float) -> str:
+    if float(x).is_integer() and abs(x) < 1e13:
+        return f"{int(x):,}"
+    return f"{x:g}"
+
+
+def _shown(value) -> str:
+    """A refused value as a message shows it: short, never the thousands of digits of a huge int."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        return f"an integer of {len(str(abs(value))) if value.bit_length() < 10_000 else 'thousands of'} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def Integer(lo: int, hi: int, unit: str = ""):
+    """An integer field within [lo, hi]: a JSON integer, never a bool, a string or a float."""
+    bounds = _Bounds(int, lo, hi, unit=unit)
+    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(bounds.check), bounds]
+
+
+def Real(lo: float, hi: float, unit: str = "", *, open_lo: bool = False, open_hi: bool = False):
+    """A finite real field within lo..hi (open_lo / open_hi: the bound itself excluded): a JSON
+    number (an integer is read as a float), never a bool or a string."""
+    bounds = _Bounds(float, lo, hi, open_lo, open_hi, unit)
+    limits = Field(**{"gt" if open_lo else "ge": lo, "lt" if open_hi else "le": hi})
+    return Annotated[float, limits, BeforeValidator(bounds.check), bounds]
+
+
+Fraction = Real(MIN_FRACTION, 1)  # an efficiency or fraction of peak
+
+
 class _Spec(BaseModel):
-    """Every spec: unknown fields refused, numbers finite (no NaN / infinity), integers given
-    as integers (a `true` or "12" or 2.5 where a count belongs is refused, not read as 1 or 12)."""
+    """Every spec: unknown fields refused, numbers finite (no NaN / infinity), and every value of
+    its field's kind: a `true`, "12" or 2.5 where a count belongs is refused, not read as 1 or 12;
+    a 1 or "false" where a yes/no belongs is refused, not read as true. Bounded fields (Integer,
+    Real) check themselves and state their range; the rest are checked by kind here."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
-    def _integers_are_integers(cls, value, info):
+    def _values_of_their_kind(cls, value, info):
         field = cls.model_fields.get(info.field_name) if info.field_name else None
-        if field is not None and _is_int_field(field.annotation) and (isinstance(value, (bool, str, float))):
-            raise ValueError(f"must be an integer, got {value!r}")
+        if field is None or any(isinstance(m, _Bounds) for m in field.metadata):
+            return value
+        kind = _plain_kind(field.annotation)
+        if kind is None or value is None:
+            return value
+        items = value if (kind[1] and isinstance(value, list)) else [value] if not kind[1] else []
+        for item in items:
+            problem = _kind_problem(kind[0], item)
+            if problem:
+                raise PydanticCustomError("strict_type", problem, {})
         return value
 
 
-def _is_int_field(annotation) -> bool:
-    """int or Optional[int] (not bool, not float)."""
-    if annotation is int:
-        return True
-    args = getattr(annotation, "__args__", ())
-    return bool(args) and int in args and all(a in (int, type(None)) for a in args)
+def _refused(message: str) -> PydanticCustomError:
+    """A validator's refusal whose message is shown as it is (no "Value error, " before it)."""
+    return PydanticCustomError("spec", message.replace("{", "(").replace("}", ")"), {})
+
+
+def _plain_kind(annotation) -> Optional[tuple[type, bool]]:
+    """(bool, int or float; whether a list of them) for a field of that plain type, Optional or
+    not; None for anything else (models, enums, strings, bounded numbers)."""
+    args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+    if getattr(annotation, "__origin__", None) is list and len(args) == 1 and args[0] in (bool, int, float):
+        return args[0], True
+    if annotation in (bool, int, float):
+        return annotation, False
+    if len(args) == 1 and args[0] in (bool, int, float) and type(None) in annotation.__args__:
+        return args[0], False
+    return None
+
+
+def _kind_problem(kind: type, value) -> Optional[str]:
+    """Why `value` is not a `kind` (bool, int, float) as JSON spells one, or None."""
+    if kind is bool:
+        return None if isinstance(value, bool) else f"must be true or false, got {_shown(value)}"
+    if isinstance(value, bool) or isinstance(value, str) or (kind is int and isinstance(value, float)):
+        return f"must be {'an integer' if kind is int else 'a number'}, got {_shown(value)}"
+    if isinstance(value, int) and (abs(value) >= INT_LIMIT if kind is int else abs(value) > 1e308):
+        return f"must be {'an integer' if kind is int else 'a number'} below {2**63 if kind is int else 1e308:g}, got {_shown(value)}"
+    return None
 
 
 # --------------------------------------------------------------------------- enums
@@ -161,22 +282,22 @@ class ModelSpec(_Spec):
     """A decoder-only transformer (GPT / Llama family)."""
 
     name: str = Field(description="Model name, e.g. 'gpt3-175b'.")
-    num_layers: int = Field(gt=0, le=100_000, description="Number of transformer layers (blocks).")
-    hidden_size: int = Field(gt=0, le=1_000_000, description="Model width h.")
-    num_heads: int = Field(gt=0, le=100_000, description="Attention (query) heads a.")
-    attention_head_dim: Optional[int] = Field(
-        default=None, gt=0, le=100_000,
+    num_layers: Integer(1, MAX_LAYERS) = Field(description="Number of transformer layers (blocks).")
+    hidden_size: Integer(1, MAX_WIDTH) = Field(description="Model width h.")
+    num_heads: Integer(1, MAX_LAYERS) = Field(description="Attention (query) heads a.")
+    attention_head_dim: Optional[Integer(1, MAX_WIDTH)] = Field(
+        default=None,
         description="Width of one attention head when it is not hidden_size / num_heads (Qwen3, GPT-OSS: the query and "
         "output projections are then h x (heads x head_dim)); None: hidden_size / num_heads (schema 1.4).",
     )
-    num_kv_heads: Optional[int] = Field(
-        default=None, gt=0, description="Key/value heads for grouped-query attention; None means equal to num_heads (MHA)."
+    num_kv_heads: Optional[Integer(1, MAX_LAYERS)] = Field(
+        default=None, description="Key/value heads for grouped-query attention; None means equal to num_heads (MHA)."
     )
-    ffn_hidden_size: Optional[int] = Field(
-        default=None, gt=0, description="MLP inner width f; None means 4*h (GPT convention)."
+    ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(
+        default=None, description="MLP inner width f; None means 4*h (GPT convention)."
     )
-    vocab_size: int = Field(gt=0, le=100_000_000, description="Vocabulary size V (padded, as the embedding table is allocated).")
-    max_seq_len: int = Field(gt=0, le=100_000_000, description="Context length the model was trained with (learned position table size).")
+    vocab_size: Integer(1, MAX_VOCAB) = Field(description="Vocabulary size V (padded, as the embedding table is allocated).")
+    max_seq_len: Integer(1, MAX_SEQ_LEN) = Field(description="Context length the model was trained with (learned position table size).")
     activation: Activation = Field(
         default=Activation.gelu,
         description="MLP flavour: 'gelu' (2 matrices), 'swiglu' or 'geglu' (3 matrices: gate, up, down; 'geglu' schema 1.6).",
@@ -187,20 +308,20 @@ class ModelSpec(_Spec):
     )
     linear_bias: bool = Field(default=True, description="Linear layers carry biases (GPT yes, Llama no).")
     norm: str = Field(default="layernorm", description="'layernorm' (weight+bias) or 'rmsnorm' (weight only).")
-    norms_per_layer: int = Field(
-        default=2, ge=2, le=4,
+    norms_per_layer: Integer(2, 4) = Field(
+        default=2,
         description="Norms of width h in a layer: 2 (before attention and before the MLP; OLMo 2 normalises their outputs "
         "instead, at the same cost), 4 (Gemma 2 and 3: before and after each). Each keeps its input for backward. (schema 1.6)",
     )
     qk_norm: bool = Field(
         default=False, description="Queries and keys are normalised per head before attention (Qwen3, Gemma 3, OLMo 2). (schema 1.6)"
     )
-    sliding_window: Optional[int] = Field(
-        default=None, gt=0, le=100_000_000,
+    sliding_window: Optional[Integer(1, MAX_SEQ_LEN)] = Field(
+        default=None,
         description="Keys a query attends to in the sliding-window layers (Mistral 7B v0.1: 4096); None: full causal attention. (schema 1.6)",
     )
-    sliding_window_layers: int = Field(
-        default=0, ge=0, le=100_000,
+    sliding_window_layers: Integer(0, MAX_LAYERS) = Field(
+        default=0,
         description="How many layers attend within sliding_window (Gemma 2: every other one); 0 without a window.",
     )
     logit_softcapping: bool = Field(
@@ -215,15 +336,15 @@ class ModelSpec(_Spec):
         description="Training precision when the job names none (16-bit mixed precision: bf16). A Hugging Face config's "
         "torch_dtype is the checkpoint's storage dtype, not this: such a model trains in bf16 unless told otherwise.",
     )
-    num_experts: Optional[int] = Field(
-        default=None, gt=1, le=100_000,
+    num_experts: Optional[Integer(2, MAX_LAYERS)] = Field(
+        default=None,
         description="Mixture-of-experts: routed experts per MoE layer; None for a dense model (schema 1.4).",
     )
-    experts_per_token: Optional[int] = Field(default=None, gt=0, description="Routed experts each token goes to (top-k).")
-    moe_ffn_hidden_size: Optional[int] = Field(default=None, gt=0, description="Inner width of one expert's MLP; None means ffn_hidden_size.")
-    num_shared_experts: int = Field(default=0, ge=0, le=1_000, description="Experts every token goes to besides the routed ones (DeepSeek).")
-    first_dense_layers: int = Field(
-        default=0, ge=0, description="The first k layers have a dense MLP of ffn_hidden_size instead of experts (DeepSeek-V3: 3)."
+    experts_per_token: Optional[Integer(1, MAX_LAYERS)] = Field(default=None, description="Routed experts each token goes to (top-k).")
+    moe_ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(default=None, description="Inner width of one expert's MLP; None means ffn_hidden_size.")
+    num_shared_experts: Integer(0, 1_000) = Field(default=0, description="Experts every token goes to besides the routed ones (DeepSeek).")
+    first_dense_layers: Integer(0, MAX_LAYERS) = Field(
+        default=0, description="The first k layers have a dense MLP of ffn_hidden_size instead of experts (DeepSeek-V3: 3)."
     )
     source: Optional[str] = Field(default=None, description="Where the numbers come from (paper, config file).")
 
@@ -292,8 +413,8 @@ class ModelSpec(_Spec):
 class EfficiencyPoint(_Spec):
     """One point of the achievable-matmul-efficiency curve."""
 
-    gemm_flops: float = Field(gt=0, description="FLOPs of one GEMM call (2*m*n*k).")
-    efficiency: float = Field(gt=0, le=1, description="Achieved fraction of peak dense throughput at that size.")
+    gemm_flops: Real(0, MAX_FLOPS, 'FLOPs', open_lo=True) = Field(description="FLOPs of one GEMM call (2*m*n*k).")
+    efficiency: Fraction = Field(description="Achieved fraction of peak dense throughput at that size.")
 
 
 class GemmModel(_Spec):
@@ -303,53 +424,46 @@ class GemmModel(_Spec):
     x k / (k + k_overhead) (wave and tile quantisation, NVIDIA's "Matrix multiplication
     background" guide), and never faster than streaming the operands from memory."""
 
-    sm_count: int = Field(gt=0, description="Streaming multiprocessors (A100: 108, H100 SXM: 132).")
-    tile_m: int = Field(default=128, gt=0, description="Output tile rows of the typical large-GEMM kernel.")
-    tile_n: int = Field(default=128, gt=0, description="Output tile columns.")
-    k_overhead: float = Field(default=64, ge=0, description="Per-tile prologue/epilogue, in equivalent k elements.")
-    wave_tail: float = Field(default=0.25, ge=0, le=1, description="Average idle fraction of the last wave, in waves.")
-    max_efficiency: float = Field(gt=0, le=1, description="Best achievable fraction of peak of a large, aligned GEMM (measured, e.g. MAMF).")
-    fp8_max_efficiency: Optional[float] = Field(
-        default=None, gt=0, le=1, description="The same for FP8 GEMMs, as a fraction of DeviceSpec.fp8_peak_tflops (schema 1.4)."
+    sm_count: Integer(1, 100_000) = Field(description="Streaming multiprocessors (A100: 108, H100 SXM: 132).")
+    tile_m: Integer(1, 4096) = Field(default=128, description="Output tile rows of the typical large-GEMM kernel.")
+    tile_n: Integer(1, 4096) = Field(default=128, description="Output tile columns.")
+    k_overhead: Real(0, MAX_WIDTH) = Field(default=64, description="Per-tile prologue/epilogue, in equivalent k elements.")
+    wave_tail: Real(0, 1) = Field(default=0.25, description="Average idle fraction of the last wave, in waves.")
+    max_efficiency: Fraction = Field(description="Best achievable fraction of peak of a large, aligned GEMM (measured, e.g. MAMF).")
+    fp8_max_efficiency: Optional[Fraction] = Field(
+        default=None, description="The same for FP8 GEMMs, as a fraction of DeviceSpec.fp8_peak_tflops (schema 1.4)."
     )
 
 
 class AttentionEfficiency(_Spec):
     """Achieved fraction of peak of the fused attention kernel (FlashAttention-style)."""
 
-    forward: float = Field(gt=0, le=1, description="Forward kernel, FLOPs executed / (peak x time).")
-    backward: float = Field(gt=0, le=1, description="Backward kernel (2.5x the forward FLOPs: it recomputes the scores).")
+    forward: Fraction = Field(description="Forward kernel, FLOPs executed / (peak x time).")
+    backward: Fraction = Field(description="Backward kernel (2.5x the forward FLOPs: it recomputes the scores).")
 
 
 class DeviceSpec(_Spec):
     """One accelerator."""
 
     name: str = Field(description="Device name, e.g. 'A100-SXM4-80GB'.")
-    peak_tflops: dict[DType, float] = Field(min_length=1, description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
-    fp8_peak_tflops: Optional[float] = Field(
-        default=None, gt=0, le=1e6,
+    peak_tflops: dict[DType, Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(min_length=1, description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
+    fp8_peak_tflops: Optional[Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(
+        default=None,
         description="Peak dense FP8 tensor-core TFLOP/s (H100/H200); None: the device has no FP8 GEMMs (schema 1.4).",
     )
 
-    @field_validator("peak_tflops")
-    @classmethod
-    def _peaks_positive(cls, value: dict) -> dict:
-        for k, v in value.items():
-            if not 0 < v <= 1e6:
-                raise ValueError(f"peak for {getattr(k, 'value', k)} must be a positive TFLOP/s figure (at most 1e6), got {v}")
-        return value
-    memory_gib: float = Field(gt=0, le=1e6, description="Device memory capacity in GiB.")
-    memory_bandwidth_gbps: float = Field(gt=0, description="Peak memory bandwidth in GB/s.")
-    memory_bandwidth_efficiency: float = Field(
-        default=0.8, gt=0, le=1, description="Achieved fraction of memory bandwidth by element-wise kernels (norms, activations, softmax)."
+    memory_gib: Real(1e-3, MAX_GIB, 'GiB') = Field(description="Device memory capacity in GiB.")
+    memory_bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Peak memory bandwidth in GB/s.")
+    memory_bandwidth_efficiency: Fraction = Field(
+        default=0.8, description="Achieved fraction of memory bandwidth by element-wise kernels (norms, activations, softmax)."
     )
     matmul_efficiency: Optional[list[EfficiencyPoint]] = Field(
         default=None, min_length=1,
         description="Achievable GEMM efficiency versus GEMM size (measured square GEMMs); interpolated linearly in "
         "log10(FLOPs), clamped at the ends. Used where `gemm` (the shape model) is not given; one of the two is required.",
     )
-    framework_overhead_gib: float = Field(
-        default=2.0, ge=0, description="Memory per device that is not model state: CUDA context, communicator buffers, allocator fragmentation."
+    framework_overhead_gib: Real(0, MAX_GIB, 'GiB') = Field(
+        default=2.0, description="Memory per device that is not model state: CUDA context, communicator buffers, allocator fragmentation."
     )
     gemm: Optional[GemmModel] = Field(
         default=None, description="Shape-aware GEMM model; None: GEMMs follow matmul_efficiency by FLOPs (measured CPU profiles)."
@@ -357,13 +471,14 @@ class DeviceSpec(_Spec):
     attention: Optional[dict[str, AttentionEfficiency]] = Field(
         default=None,
         description="Fused attention kernel efficiency by kernel ('flash2': FlashAttention-2; 'cudnn': cuDNN / "
-        "FlashAttention-3 class, as Transformer Engine runs it); None: attention runs as GEMMs.",
+        "FlashAttention-3 class, as Transformer Engine runs it); None: attention runs as GEMMs. A table needs 'flash2', the "
+        "kernel every stack but megatron runs; without 'cudnn', megatron's attention is costed at flash2's efficiency.",
     )
-    kernel_overhead_us: float = Field(
-        default=0.0, ge=0, description="Gap per launched kernel in a training loop (launch, dependency wait), microseconds."
+    kernel_overhead_us: Real(0, MAX_US, 'microseconds') = Field(
+        default=0.0, description="Gap per launched kernel in a training loop (launch, dependency wait), microseconds."
     )
-    sustained_fraction: float = Field(
-        default=1.0, gt=0, le=1,
+    sustained_fraction: Fraction = Field(
+        default=1.0,
         description="Throughput a training loop sustains relative to microbenchmarks (clocks under sustained power, "
         "synchronisation): multiplies GEMM and attention rates. Fitted by benchmarks/fidelity_published.py.",
     )
@@ -379,6 +494,23 @@ class DeviceSpec(_Spec):
             raise ValueError("the device needs `gemm` (shape model) or `matmul_efficiency` (measured curve)")
         return self
 
+    @model_validator(mode="after")
+    def _tables_the_cost_model_reads(self) -> "DeviceSpec":
+        """What the cost model looks up is there: a fused-attention table has flash2 (the kernel
+        of every target but megatron, and megatron's fallback) and no kernel it does not know;
+        FP8 peaks come with the FP8 GEMM efficiency that prices them (cost_models/compute.py)."""
+        if self.attention is not None:
+            unknown = sorted(set(self.attention) - {t.attention_kernel for t in Target})
+            if unknown:
+                raise _refused(f"attention: unknown kernel {unknown[0]!r}; the kernels are 'flash2' and 'cudnn'")
+            if "flash2" not in self.attention:
+                raise _refused("attention needs a 'flash2' entry (FlashAttention-2's forward and backward efficiency, the kernel "
+                                 "every target but megatron runs), or leave attention out to cost attention as GEMMs")
+        if self.fp8_peak_tflops is not None and (self.gemm is None or self.gemm.fp8_max_efficiency is None):
+            raise _refused("fp8_peak_tflops needs gemm.fp8_max_efficiency (the fraction of it an FP8 GEMM achieves), or leave "
+                             "fp8_peak_tflops out for a device without FP8 GEMMs")
+        return self
+
 
 class CollectiveFit(_Spec):
     """Alpha-beta model of one collective on one link tier: time = latency + volume / bandwidth.
@@ -389,11 +521,11 @@ class CollectiveFit(_Spec):
     """
 
     collective: Collective = Field(description="Collective kind.")
-    group_size: Optional[int] = Field(
-        default=None, gt=0, description="Group size this fit was measured at; None means it applies to any size."
+    group_size: Optional[Integer(1, MAX_GPUS)] = Field(
+        default=None, description="Group size this fit was measured at; None means it applies to any size."
     )
-    latency_us: float = Field(ge=0, description="Fixed cost per call (alpha), microseconds.")
-    bandwidth_gbps: float = Field(gt=0, description="Bus bandwidth (1/beta), GB/s.")
+    latency_us: Real(0, MAX_US, 'microseconds') = Field(description="Fixed cost per call (alpha), microseconds.")
+    bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Bus bandwidth (1/beta), GB/s.")
 
 
 class LinkTier(_Spec):
@@ -401,16 +533,16 @@ class LinkTier(_Spec):
 
     name: str = Field(description="What the link is, e.g. 'NVLink3 via NVSwitch'.")
     collectives: list[CollectiveFit] = Field(min_length=1, description="Alpha-beta fits per collective (and optionally per group size).")
-    hop_latency_us: Optional[float] = Field(
-        default=None, ge=0,
+    hop_latency_us: Optional[Real(0, MAX_US, 'microseconds')] = Field(
+        default=None,
         description="Latency of one ring step over this link (the presets take NCCL's LL128 figures); a ring collective over n ranks pays "
         "one per step (n-1 for all-gather / reduce-scatter, 2(n-1) for all-reduce). None: latency_us covers the whole call "
         "(fits measured at one group size).",
     )
-    tree_hop_latency_us: Optional[float] = Field(
-        default=None, ge=0, description="Latency of one level of NCCL's tree all-reduce over this link; None: no tree algorithm."
+    tree_hop_latency_us: Optional[Real(0, MAX_US, 'microseconds')] = Field(
+        default=None, description="Latency of one level of NCCL's tree all-reduce over this link; None: no tree algorithm."
     )
-    call_overhead_us: Optional[dict[Collective, float]] = Field(
+    call_overhead_us: Optional[dict[Collective, Real(0, MAX_US, 'microseconds')]] = Field(
         default=None,
         description="Per collective, microseconds added to every call's latency for what a call costs a training step beyond the "
         "fits (which time calls back to back): the ranks meeting (a call waits for the last rank and wakes the blocked ones; on "
@@ -453,9 +585,9 @@ class ProfileEnvironment(_Spec):
     device_type: str = Field(description="'cpu' or 'cuda'.")
     device_name: str = Field(description="Device model as reported by the system.")
     dtype: DType = Field(description="Compute dtype of the layer and matmul measurements.")
-    world_size: int = Field(gt=0, description="Ranks that took part (nproc_per_node x nnodes).")
-    nproc_per_node: int = Field(gt=0, description="Ranks per node.")
-    nnodes: int = Field(gt=0, description="Nodes.")
+    world_size: Integer(1, MAX_GPUS) = Field(description="Ranks that took part (nproc_per_node x nnodes).")
+    nproc_per_node: Integer(1, MAX_GPUS) = Field(description="Ranks per node.")
+    nnodes: Integer(1, MAX_GPUS) = Field(description="Nodes.")
     date: str = Field(description="UTC date and time of the measurement (ISO 8601).")
     hostname: str = Field(description="Host of rank 0.")
     quick: bool = Field(description="Measured with --quick (fewer sizes and repetitions).")
@@ -465,43 +597,43 @@ class LayerMeasurement(_Spec):
     """Measured cost of one layer kind at one shape, one micro-batch, on one device."""
 
     kind: str = Field(description="'block' (transformer layer), 'embedding' or 'head' (final norm, LM head and loss).")
-    micro_batch_size: int = Field(gt=0, description="Sequences per micro-batch.")
-    seq_len: int = Field(gt=0, description="Tokens per sequence.")
-    tp: int = Field(gt=0, description="Tensor-parallel shard measured (the local shapes of one rank, run on one device).")
-    forward_s: float = Field(ge=0, description="Median forward time, seconds.")
-    backward_s: float = Field(ge=0, description="Median backward time, seconds.")
-    activation_bytes: float = Field(ge=0, description="Bytes saved for backward by the forward (unique storages).")
-    flops_forward: float = Field(ge=0, description="Forward FLOPs counted by torch.utils.flop_counter.")
-    analytic_flops_forward: float = Field(ge=0, description="The cost model's forward FLOPs for the same shape.")
-    params: int = Field(ge=0, description="Parameters of the measured (sharded) module.")
+    micro_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per micro-batch.")
+    seq_len: Integer(1, MAX_SEQ_LEN) = Field(description="Tokens per sequence.")
+    tp: Integer(1, MAX_GPUS) = Field(description="Tensor-parallel shard measured (the local shapes of one rank, run on one device).")
+    forward_s: Real(0, MAX_SECONDS, 's') = Field(description="Median forward time, seconds.")
+    backward_s: Real(0, MAX_SECONDS, 's') = Field(description="Median backward time, seconds.")
+    activation_bytes: Real(0, MAX_BYTES, 'bytes') = Field(description="Bytes saved for backward by the forward (unique storages).")
+    flops_forward: Real(0, MAX_FLOPS, 'FLOPs') = Field(description="Forward FLOPs counted by torch.utils.flop_counter.")
+    analytic_flops_forward: Real(0, MAX_FLOPS, 'FLOPs') = Field(description="The cost model's forward FLOPs for the same shape.")
+    params: Integer(0, INT_LIMIT - 1) = Field(description="Parameters of the measured (sharded) module.")
 
 
 class MatmulPoint(_Spec):
     """One point of the GEMM sweep."""
 
-    n: int = Field(gt=0, description="Square GEMM size n (n x n times n x n).")
-    flops: float = Field(gt=0, description="2 n^3.")
-    seconds: float = Field(gt=0, description="Median time of one GEMM.")
-    tflops: float = Field(gt=0, description="Achieved TFLOP/s.")
+    n: Integer(1, MAX_WIDTH) = Field(description="Square GEMM size n (n x n times n x n).")
+    flops: Real(0, MAX_FLOPS, 'FLOPs', open_lo=True) = Field(description="2 n^3.")
+    seconds: Real(MIN_SECONDS, MAX_SECONDS, 's') = Field(description="Median time of one GEMM.")
+    tflops: Real(0, MAX_TFLOPS, 'TFLOP/s', open_lo=True) = Field(description="Achieved TFLOP/s.")
 
 
 class TimedPoint(_Spec):
     """One timed collective call."""
 
-    nbytes: int = Field(gt=0, description="Size of the full buffer, bytes.")
-    seconds: float = Field(gt=0, description="Median over repetitions of the slowest rank's time.")
+    nbytes: Integer(1, INT_LIMIT - 1) = Field(description="Size of the full buffer, bytes.")
+    seconds: Real(MIN_SECONDS, MAX_SECONDS, 's') = Field(description="Median over repetitions of the slowest rank's time.")
 
 
 class CollectiveSweep(_Spec):
     """A collective timed over message sizes on one group shape, and its alpha-beta fit."""
 
     collective: Collective = Field(description="Collective kind.")
-    group_size: int = Field(gt=0, description="Ranks in the group.")
+    group_size: Integer(1, MAX_GPUS) = Field(description="Ranks in the group.")
     inter_node: bool = Field(description="The group spans nodes.")
     points: list[TimedPoint] = Field(min_length=2, description="Timed sizes.")
-    latency_us: float = Field(ge=0, description="Fitted alpha, microseconds.")
-    bandwidth_gbps: float = Field(gt=0, description="Fitted bus bandwidth, GB/s.")
-    max_relative_error: float = Field(ge=0, description="Largest |fit - measured| / measured over the points.")
+    latency_us: Real(0, MAX_US, 'microseconds') = Field(description="Fitted alpha, microseconds.")
+    bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Fitted bus bandwidth, GB/s.")
+    max_relative_error: Real(0, MAX_GIB) = Field(description="Largest |fit - measured| / measured over the points.")
 
 
 class MeasuredProfile(_Spec):
@@ -511,7 +643,7 @@ class MeasuredProfile(_Spec):
     model: ModelSpec = Field(description="The model whose layers were measured; the cost model uses the layer times only for this model.")
     layers: list[LayerMeasurement] = Field(description="Per layer kind, micro-batch size and TP shard.")
     matmul: list[MatmulPoint] = Field(description="GEMM sweep behind the efficiency curve.")
-    memory_bandwidth_gbps: float = Field(gt=0, description="Measured copy bandwidth, GB/s.")
+    memory_bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Measured copy bandwidth, GB/s.")
     collectives: list[CollectiveSweep] = Field(description="Timed collectives and their fits.")
 
 
@@ -519,16 +651,16 @@ class Uncertainty(_Spec):
     """How far a prediction may be off: the cross-validated error of the cost model on the
     published runs (benchmarks/fidelity_published.py writes it)."""
 
-    relative: float = Field(ge=0, description="Relative half-width of the interval: step time x/ (1 + relative).")
-    coverage: float = Field(gt=0, lt=1, description="Fraction of held-out published runs inside the interval.")
-    compute: Optional[float] = Field(
-        default=None, ge=0,
+    relative: Real(0, 1_000) = Field(description="Relative half-width of the interval: step time x/ (1 + relative).")
+    coverage: Real(0, 1, open_lo=True, open_hi=True) = Field(description="Fraction of held-out published runs inside the interval.")
+    compute: Optional[Real(0, 1_000)] = Field(
+        default=None,
         description="Per term: relative half-width of the time spent computing (compute, recompute, pipeline bubble, optimizer). "
         "With `communication`, a plan's interval is x/ exp(sqrt((f_c ln(1 + compute))^2 + (f_m ln(1 + communication))^2)), "
         "f_c and f_m the shares of its step time; None: `relative` for every plan.",
     )
-    communication: Optional[float] = Field(
-        default=None, ge=0, description="Per term: relative half-width of the exposed communication (TP, pipeline sends, DP)."
+    communication: Optional[Real(0, 1_000)] = Field(
+        default=None, description="Per term: relative half-width of the exposed communication (TP, pipeline sends, DP)."
     )
 
     def log_halfwidth(self, compute_share: float, communication_share: float) -> float:
@@ -547,14 +679,14 @@ class ClusterSpec(_Spec):
 
     name: str = Field(description="Cluster name, e.g. 'dgx-a100-80gb'.")
     device: DeviceSpec = Field(description="The accelerator in every slot.")
-    gpus_per_node: int = Field(gt=0, le=4096, description="Accelerators per node.")
-    num_nodes: Optional[int] = Field(
-        default=None, gt=0, description="Nodes available; None means as many as a command asks for (a preset of one node type)."
+    gpus_per_node: Integer(1, 4096) = Field(description="Accelerators per node.")
+    num_nodes: Optional[Integer(1, MAX_GPUS)] = Field(
+        default=None, description="Nodes available; None means as many as a command asks for (a preset of one node type)."
     )
     intra_node: LinkTier = Field(description="Link between GPUs of one node.")
     inter_node: LinkTier = Field(description="Link between nodes, per GPU (one NIC per GPU on DGX).")
-    overlap_efficiency: float = Field(
-        default=1.0, ge=0, le=1,
+    overlap_efficiency: Real(0, 1) = Field(
+        default=1.0,
         description="Fraction of the data-parallel communication that can hide behind compute: 1 where collectives run on their own engines (NCCL on GPUs); `plan profile` measures it.",
     )
     source: Optional[str] = Field(default=None, description="Where each number comes from.")
@@ -583,8 +715,8 @@ class ClusterSpec(_Spec):
 class JobSpec(_Spec):
     """The training job: what must be computed per optimizer step."""
 
-    global_batch_size: int = Field(gt=0, description="Sequences per optimizer step, summed over data-parallel replicas.")
-    seq_len: int = Field(gt=0, description="Tokens per sequence.")
+    global_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per optimizer step, summed over data-parallel replicas.")
+    seq_len: Integer(1, MAX_SEQ_LEN) = Field(description="Tokens per sequence.")
     precision: DType = Field(default=DType.bf16, description="Compute dtype (bf16/fp16 = mixed precision with fp32 master weights).")
     optimizer: Optimizer = Field(default=Optimizer.adam, description="Optimizer; Adam keeps two fp32 moments per parameter.")
     target: Target = Field(
@@ -620,9 +752,9 @@ class JobSpec(_Spec):
 class StageRecompute(_Spec):
     """How many layers of one pipeline stage run under each recompute mode (Megatron-style partial recompute)."""
 
-    none: int = Field(default=0, ge=0, description="Layers that keep all activations.")
-    selective: int = Field(default=0, ge=0, description="Layers that recompute only the core attention.")
-    full: int = Field(default=0, ge=0, description="Layers that keep only their input and rerun the forward in backward.")
+    none: Integer(0, MAX_LAYERS) = Field(default=0, description="Layers that keep all activations.")
+    selective: Integer(0, MAX_LAYERS) = Field(default=0, description="Layers that recompute only the core attention.")
+    full: Integer(0, MAX_LAYERS) = Field(default=0, description="Layers that keep only their input and rerun the forward in backward.")
 
     @property
     def layers(self) -> int:
@@ -636,9 +768,9 @@ class PlanError(ValueError):
 class Plan(_Spec):
     """A parallel layout of one training job on one cluster."""
 
-    dp: int = Field(gt=0, description="Data-parallel degree (model replicas).")
-    cp: int = Field(
-        default=1, gt=0,
+    dp: Integer(1, MAX_GPUS) = Field(description="Data-parallel degree (model replicas).")
+    cp: Integer(1, MAX_GPUS) = Field(
+        default=1,
         description="Context-parallel degree: each sequence split over cp ranks (ring attention: keys/values passed around "
         "the ring, load-balanced causal chunks); cp sits inside the dp axis of mesh_order (ranks tp, then cp, then dp); "
         "weights are replicated over dp x cp, which gradients are reduced and ZeRO shards over (schema 1.4).",
@@ -648,16 +780,16 @@ class Plan(_Spec):
         description="GEMMs in FP8 (Transformer Engine / torchao style: E4M3 forward, E5M2 gradients, per-tensor scales), "
         "attention, norms and communication in the job's 16-bit precision; needs a device with FP8 (schema 1.4).",
     )
-    ep: int = Field(
-        default=1, gt=0,
+    ep: Integer(1, MAX_GPUS) = Field(
+        default=1,
         description="Expert-parallel degree (mixture-of-experts): each MoE layer's experts are split over ep ranks of the "
         "tp x dp block (Megatron-Core's parallel folding with expert-TP 1); ep divides tp x dp and the expert count (schema 1.4).",
     )
-    tp: int = Field(gt=0, description="Tensor-parallel degree (each weight matrix split this many ways).")
-    pp: int = Field(gt=0, description="Pipeline-parallel degree (pipeline ranks).")
-    vpp: int = Field(default=1, gt=0, description="Virtual pipeline stages (model chunks) per pipeline rank; >1 only with the interleaved schedule.")
-    micro_batch_size: int = Field(gt=0, description="Sequences per micro-batch per data-parallel replica.")
-    num_micro_batches: int = Field(gt=0, description="Micro-batches per optimizer step per replica (gradient accumulation).")
+    tp: Integer(1, MAX_GPUS) = Field(description="Tensor-parallel degree (each weight matrix split this many ways).")
+    pp: Integer(1, MAX_GPUS) = Field(description="Pipeline-parallel degree (pipeline ranks).")
+    vpp: Integer(1, MAX_LAYERS) = Field(default=1, description="Virtual pipeline stages (model chunks) per pipeline rank; >1 only with the interleaved schedule.")
+    micro_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per micro-batch per data-parallel replica.")
+    num_micro_batches: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Micro-batches per optimizer step per replica (gradient accumulation).")
     schedule: Schedule = Field(default=Schedule.one_f_one_b, description="Pipeline schedule.")
     recompute: Recompute = Field(
         default=Recompute.none,
@@ -667,14 +799,14 @@ class Plan(_Spec):
     stage_recompute: Optional[list[StageRecompute]] = Field(
         default=None, description="Per virtual stage, how many layers run under each recompute mode (none, selective, full)."
     )
-    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP).")
+    zero_stage: Integer(0, 3) = Field(default=0, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP).")
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism: norms/dropout sharded over the TP group.")
     tp_comm_overlap: bool = Field(
         default=False,
         description="Overlap TP all-gathers / reduce-scatters with the GEMMs beside them (Megatron --tp-comm-overlap, torchtitan async "
         "TP): needs sequence parallelism and a target that has it; costs communication buffers.",
     )
-    layers_per_stage: Optional[list[int]] = Field(
+    layers_per_stage: Optional[list[Integer(0, MAX_LAYERS)]] = Field(
         default=None,
         description="Transformer layers of each virtual stage in pipeline order (length pp*vpp; virtual stage j runs on pipeline rank j % pp); None = as even as possible.",
     )
@@ -965,7 +1097,7 @@ class PlanDocument(_Spec):
     schema_version: str = Field(default=SCHEMA_VERSION, description="Version of this document format (major.minor).")
     model: ModelSpec = Field(description="The model the plan is for.")
     cluster: ClusterSpec = Field(description="The hardware profile the plan was costed on.")
-    num_gpus: int = Field(gt=0, description="GPUs the plan uses (dp x tp x pp).")
+    num_gpus: Integer(1, MAX_GPUS) = Field(description="GPUs the plan uses (dp x tp x pp).")
     job: JobSpec = Field(description="The training job.")
     plan: Plan = Field(description="The layout.")
     estimate: Estimate = Field(description="Predicted time and memory of the layout.")
@@ -975,7 +1107,7 @@ class Alternative(_Spec):
     """A runner-up layout of `plan solve`."""
 
     plan: Plan = Field(description="The layout.")
-    global_batch_size: int = Field(description="Sequences per step of this layout (differs between layouts only when the job fixes the micro-batch, not the batch).")
+    global_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per step of this layout (differs between layouts only when the job fixes the micro-batch, not the batch).")
     estimate: Estimate = Field(description="Its predicted time and memory.")
     target: Optional[Target] = Field(
         default=None,

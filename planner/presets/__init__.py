@@ -10,7 +10,7 @@ from pathlib import Path
 
 from planner.datafile import load_named, missing, parse_spec, read_input, read_mapping
 from planner.errors import UsageError
-from planner.presets.hf_config import FAMILIES, read_decoder, unread_field
+from planner.presets.hf_config import FAMILIES, read_decoder, typed_fields, unread_field
 from planner.specs import ModelSpec
 
 PRESET_DIR = Path(__file__).parent / "models"
@@ -81,6 +81,7 @@ def from_hf_config(data: dict, name: str) -> dict:
     planner/presets/hf_config.py (Llama, Mistral, Mixtral, Qwen2/2-MoE/3/3-MoE, Gemma 1-3,
     Phi-3, DeepSeek-V2/V3, GPT-OSS, OLMo 2, GPT-NeoX, GPT-2), every field their modelling code
     reads that changes the cost; whatever else is refused, naming the field."""
+    data = typed_fields(data, name)  # every field read of its kind, before anything is computed from it
     why = unsupported(data, name)
     if why:
         raise UsageError(why)

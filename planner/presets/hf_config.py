@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from planner.errors import UsageError
+from planner.specs import MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH
 
 # ----- the families read
 
@@ -163,6 +164,92 @@ def unread_field(data: dict, model_type: str) -> str | None:
         if key in data and data[key] not in planned:
             return f"field '{key}' = {data[key]!r} is not modelled (only {' or '.join(map(repr, planned))})"
     return None
+
+
+# ----- the kind of every field read
+# What each field this reader reads (any family's, and the bookkeeping it looks at) must hold, as
+# transformers writes it: a count within the bounds of the spec (planner/specs.py), a yes/no, a
+# name. Checked before anything is computed from a field, so a string, a bool, a dict or a number
+# beyond any model is refused naming the field, not read as something else ("false" as true, 0
+# heads as "equal to the query heads", a name as its letters). null: the family's default.
+
+
+def _count(lo: int, hi: int) -> tuple:
+    return ("integer", lo, hi)
+
+
+_LAYERS, _WIDTH = _count(1, MAX_LAYERS), _count(1, MAX_WIDTH)
+_PROBABILITY = ("number", 0.0, 1.0)
+FIELD_KINDS: dict[str, tuple] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer"), _LAYERS),
+    **dict.fromkeys(("hidden_size", "n_embd", "intermediate_size", "n_inner", "head_dim", "moe_intermediate_size", "kv_lora_rank",
+                     "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim"), _WIDTH),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_experts", "num_local_experts", "n_routed_experts",
+                     "num_experts_per_tok", "experts_per_token", "decoder_sparse_step", "moe_layer_freq", "sliding_window_pattern",
+                     "_sliding_window_pattern"), _LAYERS),
+    **dict.fromkeys(("max_window_layers", "first_k_dense_replace", "num_nextn_predict_layers", "n_shared_experts"), _count(0, MAX_LAYERS)),
+    "shared_expert_intermediate_size": _count(0, MAX_WIDTH),
+    "vocab_size": _count(1, MAX_VOCAB),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "sliding_window"), _count(1, MAX_SEQ_LEN)),
+    **dict.fromkeys(("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "use_sliding_window", "add_cross_attention",
+                     "use_bidirectional_attention", "is_encoder_decoder"), ("bool",)),
+    **dict.fromkeys(("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"), _PROBABILITY),
+    **dict.fromkeys(("final_logit_softcapping", "attn_logit_softcapping"), ("number", 1e-6, 1e6)),
+    **dict.fromkeys(("layer_norm_eps", "layer_norm_epsilon"), ("number", 0.0, 1.0)),
+    **dict.fromkeys(("hidden_act", "hidden_activation", "activation_function", "model_type"), ("name",)),
+    "layer_types": ("names",), "architectures": ("names",), "mlp_only_layers": ("counts",),
+    **dict.fromkeys(("torch_dtype", "dtype"), ("dtype",)),
+    "quantization_config": ("mapping",),
+}
+# Storage dtypes of a checkpoint one trains from in 16-bit mixed precision (the spec's bf16): the
+# module docstring. A float64 or integer (quantized) checkpoint is not what this plans: refused.
+_STORED = ("float32", "bfloat16", "float16")
+
+
+def typed_fields(data: dict, name: str) -> dict:
+    """`data` with every field FIELD_KINDS names checked (UsageError naming the first one of the
+    wrong kind) and `architectures` given as one name read as a list of that one."""
+    for key, kind in FIELD_KINDS.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        why = _kind_problem(kind, value)
+        if why:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+                shown = "an integer too large for any model"
+            raise UsageError(f"{name}: field '{key}' = {shown}: {why}")
+    if isinstance(data.get("architectures"), str):
+        return {**data, "architectures": [data["architectures"]]}
+    return data
+
+
+def _kind_problem(kind: tuple, value) -> str | None:
+    """Why `value` is not of `kind` (a FIELD_KINDS entry), or None."""
+    tag = kind[0]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tag in ("integer", "number"):
+        lo, hi = kind[1], kind[2]
+        if not number or (tag == "integer" and not isinstance(value, int)) or not lo <= value <= hi:
+            what = "an integer" if tag == "integer" else "a number"
+            return f"must be {what} from {lo:,} to {hi:,}" if tag == "integer" else f"must be {what} from {lo:g} to {hi:g}"
+        return None
+    if tag == "bool":
+        return None if isinstance(value, bool) else "must be true or false"
+    if tag == "name":
+        return None if isinstance(value, str) else "must be a name (a string)"
+    if tag == "names":
+        ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+        return None if ok else "must be a list of names (strings)"
+    if tag == "counts":
+        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_LAYERS for v in value)
+        return None if ok else "must be a list of layer numbers"
+    if tag == "dtype":
+        if value in _STORED:
+            return None
+        return (f"a checkpoint stored as {value!r} is not planned: planning is for 16-bit mixed precision from a "
+                f"{', '.join(_STORED)} checkpoint; give one of those in a copy of the config.json, or write a model spec")
+    return None if isinstance(value, dict) else "must be a mapping"
 
 
 # ----- reading
