@@ -202,7 +202,8 @@ def solve(
     check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
     check_count("--micro-batch-size", micro_batch_size, MAX_GLOBAL_BATCH, "sequences")
     check_count("--micro-batches", micro_batches, MAX_GLOBAL_BATCH, "micro-batches")
-    check_count("--top-k", top_k + 1, 1001, "alternatives")
+    if not 0 <= top_k <= 1000:  # 0: no alternatives
+        raise UsageError(f"--top-k {top_k} is out of range; give a whole number from 0 to 1,000")
     check_real("--max-memory-gib", max_memory_gib)
     check_real("--time-limit", time_limit)
     fixed, modes = parse_fixes(fix_items(fixes))

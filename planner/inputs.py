@@ -195,6 +195,17 @@ def mesh_axes(order) -> list[str]:
 # --------------------------------------------------------------------------- a new layout (plan estimate)
 
 
+def check_degrees(given: dict) -> None:
+    """Each layout number given (API keyword: value) is what its Plan field admits, checked
+    before dp and the micro-batch count are computed from it (a tp of 0 divides by zero)."""
+    for key, value in given.items():
+        problem = None if value is None else specs.number_problem(Plan, PLAN_CHANGES.get(key, key), value)
+        if problem:
+            raise UsageError(f"--{key.replace('_', '-')}: {problem}")
+
+
+
+
 def data_parallel(gpus: int, tp: int, pp: int, cp: int) -> int:
     """dp of `gpus` GPUs at these degrees; a UsageError naming them when they do not divide it."""
     if gpus % (tp * pp * cp):
@@ -211,8 +222,7 @@ def new_layout(job: JobSpec, gpus: int, *, tp: int, pp: int, dp: Optional[int], 
     """The Plan of `plan estimate`'s layout options: dp from the GPUs left by tp x pp x cp
     unless given, the micro-batch count from the batch, the interleaved schedule with vpp > 1.
     `fields`: the Plan fields taken as they are (recompute, zero_stage, sequence_parallel, ...)."""
-    if tp < 1 or pp < 1 or cp < 1 or ep < 1 or (dp is not None and dp < 1) or micro_batch_size < 1:
-        raise UsageError("--tp, --pp, --cp, --ep, --dp and --micro-batch-size must be positive")
+    check_degrees(dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size))
     if dp is None:
         dp = data_parallel(gpus, tp, pp, cp)
     if job.global_batch_size % (dp * micro_batch_size):
@@ -257,6 +267,7 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
     """`plan` with the given PLAN_CHANGES applied, for `job` on `gpus` GPUs, and what changed.
     Changing the GPUs, tp, pp, cp or the batch recomputes dp and the micro-batch count; a
     changed stage count drops the plan's layer split and per-stage recompute."""
+    check_degrees({key: given[key] for key in PLAN_CHANGES if key in given})
     changes, fields = [], plan.model_dump()
     for key, field in PLAN_CHANGES.items():
         if key in given:

@@ -116,6 +116,21 @@ def Real(lo: float, hi: float, unit: str = "", *, open_lo: bool = False, open_hi
 Fraction = Real(MIN_FRACTION, 1)  # an efficiency or fraction of peak
 
 
+def number_problem(spec: type[BaseModel], field: str, value) -> Optional[str]:
+    """Why `value` cannot be the bounded number `field` of `spec`, as its refusal says it (e.g.
+    "must be an integer at least 1 and at most 1,048,576, got 0"), or None: for values checked
+    before any arithmetic is done with them (a layout's degrees, planner/inputs.py)."""
+    info = spec.model_fields.get(field)
+    bounds = next((m for m in info.metadata if isinstance(m, _Bounds)), None) if info else None
+    if bounds is None:
+        return None
+    try:
+        bounds.check(value)
+    except PydanticCustomError as exc:
+        return exc.message()
+    return None
+
+
 class _Spec(BaseModel):
     """Every spec: unknown fields refused, numbers finite (no NaN / infinity), and every value of
     its field's kind: a `true`, "12" or 2.5 where a count belongs is refused, not read as 1 or 12;

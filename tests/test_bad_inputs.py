@@ -80,6 +80,24 @@ def _files() -> dict[str, bytes]:
     neg_bw["inter_node"]["collectives"][0]["bandwidth_gbps"] = -5
     files["cl_link_neg.json"] = j(neg_bw)
     files["cl_gpn_zero.json"] = j({**cluster, "gpus_per_node": 0})
+    # issue 19, items 6-8 (documents; tests/test_hostile_documents.py generates the classes): numbers
+    # past any bound or past float range, values of another kind, device tables the cost model reads.
+    # Every cl_* file is also a `plan solve` case below.
+    files["cl_overhead_1e308.json"] = with_device(framework_overhead_gib=1e308)
+    files["cl_bw_1e-300.json"] = with_device(memory_bandwidth_gbps=1e-300)
+    files["cl_sm_10e400.json"] = with_device(gemm={**cluster["device"]["gemm"], "sm_count": 10**400})
+    files["cl_mem_str.json"] = with_device(memory_gib="80")
+    files["cl_attention_cudnn_only.json"] = with_device(attention={"cudnn": {"forward": 0.6, "backward": 0.5}})
+    files["cl_attention_empty.json"] = with_device(attention={})
+    files["cl_fp8_no_efficiency.json"] = with_device(fp8_peak_tflops=624.0)
+    files["model_ffn_10e309.json"] = j({**GOOD_MODEL, "ffn_hidden_size": 10**309})
+    for name, change in [("arch_5", {"architectures": 5}), ("arch_true", {"architectures": True}),
+                         ("dims_dict", {"hidden_size": {"value": 256}}), ("tie_false_str", {"tie_word_embeddings": "false"}),
+                         ("kv_0", {"num_key_value_heads": 0}), ("float64", {"torch_dtype": "float64"}), ("int8", {"torch_dtype": "int8"}),
+                         ("act_dict", {"hidden_act": {}}), ("hidden_10e200", {"hidden_size": 10**200})]:
+        files[f"hf_{name}/config.json"] = j({**LLAMA_HF, **change})
+    files["qwen_moe_width0/config.json"] = j({**LLAMA_HF, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2,
+                                              "moe_intermediate_size": 0, "shared_expert_intermediate_size": 0})
     return files
 
 
@@ -108,6 +126,17 @@ def _tampered() -> dict[str, bytes]:
     put("plan_zero9.json", lambda d: d["plan"].update(zero_stage=9))
     put("plan_seq0.json", lambda d: d["job"].update(seq_len=0))
     put("plan_ok.json", lambda d: None)
+    # issue 19, items 6, 7 and 9: bounds and kinds in a plan file; a plan one command refused and another took
+    put("plan_batch_2e12.json", lambda d: d["job"].update(global_batch_size=2 * 10**12))
+    put("plan_seq_1e12.json", lambda d: d["job"].update(seq_len=10**12))
+    put("plan_split_str.json", lambda d: d["plan"].update(layers_per_stage=["6", "6"]))
+    put("plan_split_bool.json", lambda d: d["plan"].update(layers_per_stage=[True, 11]))
+    put("plan_split_float.json", lambda d: d["plan"].update(layers_per_stage=[6.0, 6.0]))
+    put("plan_gpus_str.json", lambda d: d.update(num_gpus="8"))
+    put("plan_mem_str.json", lambda d: d["cluster"]["device"].update(memory_gib="80"))
+    put("plan_sp_1.json", lambda d: d["plan"].update(sequence_parallel=1))
+    put("plan_fp8_a100.json", lambda d: d["plan"].update(fp8=True))
+    put("plan_micro_batches.json", lambda d: d["plan"].update(num_micro_batches=d["plan"]["num_micro_batches"] - 1))
     return out
 
 
@@ -220,6 +249,14 @@ def _cases() -> list[tuple[str, list[str], int]]:
         ("profile bad mbs", ["profile", "--model", "gpt2-124m", "--micro-batch-sizes", "1,x", "-o", "p.json"], 2),
         ("profile show missing", ["profile", "--show", "nothere.json"], 2),
     ]
+    # issue 19, items 8 and 9: device tables refused by `plan solve` too; a plan document every command
+    # refuses alike (estimate --plan and run cases come with every plan_* file above)
+    for name in ["cl_attention_cudnn_only.json", "cl_attention_empty.json", "cl_fp8_no_efficiency.json", "cl_overhead_1e308.json"]:
+        cases.append((f"solve cluster file {name}", ["solve", "--model", "gpt2-124m", "--cluster", name] + SOLVE[5:], 2))
+    for name in ["plan_fp8_a100.json", "plan_micro_batches.json", "plan_split_str.json", "plan_gpus_str.json"]:
+        cases.append((f"show {name}", ["show", name], 2))
+        cases.append((f"export {name}", ["export", name, "--to", "megatron"], 2))
+    cases += _file_layer_cases()  # issue 19, items 1-3, 10-12: below
     return cases
 
 

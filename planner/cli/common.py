@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 import click
 
+from planner.cli.types import GPUS, TOKENS
 from planner.errors import PlannerError, UsageError
 from planner.inputs import check_plan, check_profile_size, check_real, make_job  # noqa: F401 (planner/cli/run.py, show.py; tests/test_pictures.py)
 from planner.specs import LossKernel, Target
@@ -36,9 +37,9 @@ def target_options(fn: Callable, target: Callable = ESTIMATE_TARGET) -> Callable
             "(ORG/NAME) whose config.json is in the local Hugging Face cache (nothing is downloaded).",
         ),
         click.option("--cluster", "cluster_name", help="Cluster preset name, or a hardware profile .json (from `plan profile`)."),
-        click.option("--gpus", type=int, help="Total GPUs."),
-        click.option("--nodes", type=int, help="Nodes (GPUs = nodes x GPUs per node of the cluster)."),
-        click.option("--seq-len", type=int, help="Tokens per sequence."),
+        click.option("--gpus", type=GPUS, help="Total GPUs."),
+        click.option("--nodes", type=GPUS, help="Nodes (GPUs = nodes x GPUs per node of the cluster)."),
+        click.option("--seq-len", type=TOKENS, help="Tokens per sequence."),
         click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default=None, help="Compute dtype [default: the model's]."),
         click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True),
         click.option(

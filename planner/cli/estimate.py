@@ -11,6 +11,7 @@ from click.core import ParameterSource
 from planner import api
 from planner.cli import render
 from planner.cli.common import require_names, target_options
+from planner.cli.types import ALTERNATIVE, DEGREE, LAYERS, SEQUENCES, ZERO_STAGE
 from planner.datafile import check_output
 from planner.errors import InfeasibleError, UsageError
 from planner.plan_file import read_plan_file
@@ -19,18 +20,18 @@ from planner.specs import Recompute, Schedule
 
 @click.command()
 @target_options
-@click.option("--global-batch", type=int, help="Sequences per optimizer step.")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree.")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel degree.")
-@click.option("--dp", type=int, default=None, help="Data-parallel degree [default: GPUs / (tp x pp)].")
-@click.option("--ep", type=int, default=1, show_default=True,
+@click.option("--global-batch", type=SEQUENCES, help="Sequences per optimizer step.")
+@click.option("--tp", type=DEGREE, default=1, show_default=True, help="Tensor-parallel degree.")
+@click.option("--pp", type=DEGREE, default=1, show_default=True, help="Pipeline-parallel degree.")
+@click.option("--dp", type=DEGREE, default=None, help="Data-parallel degree [default: GPUs / (tp x pp)].")
+@click.option("--ep", type=DEGREE, default=1, show_default=True,
               help="Expert-parallel degree (mixture-of-experts models): experts split over ep ranks of tp x dp.")
-@click.option("--vpp", type=int, default=1, show_default=True, help="Virtual stages per pipeline rank (interleaved schedule).")
-@click.option("--micro-batch-size", type=int, default=1, show_default=True, help="Sequences per micro-batch.")
+@click.option("--vpp", type=DEGREE, default=1, show_default=True, help="Virtual stages per pipeline rank (interleaved schedule).")
+@click.option("--micro-batch-size", type=SEQUENCES, default=1, show_default=True, help="Sequences per micro-batch.")
 @click.option("--recompute", type=click.Choice([m.value for m in Recompute if m != Recompute.mixed]), default=Recompute.none.value, show_default=True)
-@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage.")
+@click.option("--zero", type=ZERO_STAGE, default=0, show_default=True, help="ZeRO stage.")
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1).")
-@click.option("--cp", type=int, default=1, show_default=True,
+@click.option("--cp", type=DEGREE, default=1, show_default=True,
               help="Context-parallel degree: each sequence split over cp ranks (ring attention).")
 @click.option("--fp8", is_flag=True, help="GEMMs in FP8 (needs a device with FP8 tensor cores: H100, H200).")
 @click.option("--tp-comm-overlap", is_flag=True, help="Overlap TP communication with GEMMs (needs --sequence-parallel and --target megatron or torchtitan).")
@@ -40,11 +41,11 @@ from planner.specs import Recompute, Schedule
     default=None,
     help="Pipeline schedule [default: 1f1b, interleaved-1f1b when --vpp > 1].",
 )
-@click.option("--layers-per-stage", default=None, help="Comma-separated layers of each (virtual) stage, e.g. 5,6,6,5.")
+@click.option("--layers-per-stage", type=LAYERS, default=None, help="Comma-separated layers of each (virtual) stage, e.g. 5,6,6,5.")
 @click.option("--mesh-order", default="tp,dp,pp", show_default=True, help="Mesh axes from innermost (inside a node) to outermost.")
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
               help="Re-estimate a plan file (from `plan solve -o` or `--json`); layout options given with it are what-if changes.")
-@click.option("--alternative", type=int, default=None, help="With --plan from `plan solve`: re-estimate its alternative K (1 = first).")
+@click.option("--alternative", type=ALTERNATIVE, default=None, help="With --plan from `plan solve`: re-estimate its alternative K (1 = first).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema_version, plan, estimate, ...).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 @click.pass_context
@@ -63,8 +64,9 @@ def estimate(
     if output is not None:  # after reading the inputs (a model directory's config.json), before any work
         model = _read_inputs(plan_file, alternative, model_name, cluster_name)
         check_output(output, (plan_file,))
+    changed = None  # with --plan: what the options changed, said only when the estimate stands
     if plan_file:
-        doc = _what_if(plan_file, alternative, given, ctx.params)
+        doc, changed = _what_if(plan_file, alternative, given, ctx.params)
     else:
         doc = api.estimate(
             model, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, seq_len=seq_len, tp=tp, pp=pp, dp=dp,
@@ -79,10 +81,12 @@ def estimate(
         click.echo(doc.model_dump_json(indent=2))
     else:
         render.estimate_report(doc)
-    if output:
-        click.echo(f"plan written to {output}", err=True)
-    if not doc.estimate.fits:
+    if not doc.estimate.fits:  # one line on stderr, the error (the report above shows the layout)
         raise InfeasibleError(does_not_fit(doc.estimate, doc.cluster.device.name))
+    if changed:
+        render.note(changed)
+    if output:
+        render.note(f"plan written to {output}")
 
 
 def _read_inputs(plan_file: Optional[str], alternative: Optional[int], model_name: Optional[str], cluster_name: Optional[str]):
@@ -116,14 +120,14 @@ _RENAMED = {"cluster_name": "cluster", "stack": "target"}
 
 def _what_if(plan_file: str, alternative: Optional[int], given: set, params: dict):
     """The plan file (or its alternative K) with the options given on the command line
-    changed (planner/api.py:what_if); says on stderr what changed."""
+    changed (planner/api.py:what_if), and a line saying what changed (None: nothing)."""
     refused = given & set(_REFUSED)
     if refused:
         raise UsageError(f"--plan re-estimates its own model; {', '.join('--' + n.replace('_', '-') for n in sorted(refused))} "
                          "cannot change it (start from --model instead)")
     changes = {_RENAMED.get(name, name): params[name] for name in given - _NOT_CHANGES}
     result = api.what_if(Path(plan_file), alternative=alternative, **changes)
-    if result.changes:
-        source = f"{Path(plan_file)}" + (f" alternative {alternative}" if alternative else "")
-        click.echo(f"changed from {source}: " + "; ".join(result.changes), err=True)
-    return result.document
+    if not result.changes:
+        return result.document, None
+    source = f"{Path(plan_file)}" + (f" alternative {alternative}" if alternative else "")
+    return result.document, f"changed from {source}: " + "; ".join(result.changes)

@@ -9,6 +9,8 @@ from typing import Optional
 import click
 
 from planner import api, export as exporters
+from planner.cli import render
+from planner.cli.types import ALTERNATIVE
 from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError
 from planner.plan_file import read_plan_file
@@ -17,7 +19,7 @@ from planner.plan_file import read_plan_file
 @click.command("export")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--to", "stack", required=True, type=click.Choice(exporters.STACKS), help="The training stack.")
-@click.option("--alternative", type=int, default=None, help="Export alternative K of a `plan solve` document (1 = first).")
+@click.option("--alternative", type=ALTERNATIVE, default=None, help="Export alternative K of a `plan solve` document (1 = first).")
 @click.option("--json", "as_json", is_flag=True, help="Print {stack, kind, data, text} as one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the configuration (the text form) to this file.")
 def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool, output: Optional[str]) -> None:
@@ -32,10 +34,10 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
     elif not output:
         click.echo(out.text.rstrip("\n"))
     if output:
-        click.echo(f"{out.stack} {out.kind} written to {output}", err=True)
+        render.note(f"{out.stack} {out.kind} written to {output}")
     note = costed_for_another(Path(plan_file), alternative, stack)
     if note:
-        click.echo(note, err=True)
+        render.note(note)
 
 
 def costed_for_another(path: Path, alternative: Optional[int], stack: str) -> Optional[str]:

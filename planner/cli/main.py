@@ -1,15 +1,30 @@
-"""`plan`: the command-line entry point. Each subcommand lives in its own short module."""
+"""`plan`: the command-line entry point. Each subcommand lives in its own short module.
+
+The entry point is also the output guard (_Group.main, _guarded): however a command ends, what
+reaches stderr is at most one line, "error: ..." with control characters escaped
+(render.printable), and the exit code says how it ended: 2 bad input, 1 failure (a closed
+stdout, a full disk, an encoding that cannot write the output among them), 130 Ctrl-C, 1 and
+nothing on stderr when the reader of a pipe has gone (`plan presets | head -1`, as click and
+the Python documentation's "Note on SIGPIPE" do). Never a traceback.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 
-import click
+from planner import _interrupt
 
-from planner import __version__
-from planner.datafile import inputs_scope
-from planner.errors import PlannerError
-from planner.specs import PlanError
+_interrupt.hold()  # Ctrl-C while the imports below load (most of a second): the guard's line, not a traceback
+
+import click  # noqa: E402 (after the hook above)
+
+from planner import __version__  # noqa: E402
+from planner.cli.render import printable  # noqa: E402
+from planner.datafile import inputs_scope  # noqa: E402
+from planner.errors import PlannerError  # noqa: E402
+from planner.specs import PlanError  # noqa: E402
 
 
 class _Group(click.Group):
@@ -19,30 +34,98 @@ class _Group(click.Group):
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
-        try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
-        except click.UsageError as exc:
-            command = exc.ctx.command_path if exc.ctx is not None else "plan"
-            click.echo(f"error: {exc.format_message()} (`{command} --help` lists the options)", err=True)
-            sys.exit(exc.exit_code)
-        except click.ClickException as exc:
-            click.echo(f"error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
-        except click.Abort:
-            click.echo("error: interrupted", err=True)
-            sys.exit(130)
-        sys.exit(rv if isinstance(rv, int) else 0)
+        sys.exit(_guarded(lambda: super(_Group, self).main(*args, standalone_mode=False, **kwargs)))
 
     def invoke(self, ctx: click.Context):
         try:
             with inputs_scope():  # the files this command reads, which its -o must not replace
                 return super().invoke(ctx)
         except PlannerError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
+            sys.exit(_error(str(exc), exc.exit_code))
         except PlanError as exc:  # a plan the cost model refuses (e.g. FP8 on a device without it): the input's fault
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            sys.exit(_error(str(exc), 2))
+
+
+# What a failed write to stdout raises (a stream's OSError carries no file name): the reader
+# of the pipe gone, a full disk or quota, a closed descriptor, an I/O error.
+_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EBADF, errno.EIO}
+
+
+class _ClosedOutput:
+    """sys.stdout when descriptor 1 was closed (`plan ... >&-`, where Python sets it to None and
+    click and rich would drop the output without a word): a write fails as a closed descriptor does."""
+
+    encoding, errors = "utf-8", "strict"
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "it is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _guarded(command) -> int:
+    """Run `command` (click's main, not standalone) and flush its output; the exit code, after at
+    most one line on stderr."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedOutput()
+    out = sys.stdout  # click swaps in a wrapper that ignores a broken pipe; flush what it wraps
+    try:
+        try:
+            rv = command()
+            code = rv if isinstance(rv, int) else 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else _error(str(exc.code), 1)
+        out.flush()
+        return code
+    except click.UsageError as exc:
+        command_path = exc.ctx.command_path if exc.ctx is not None else "plan"
+        return _error(f"{_click_line(exc)} (`{command_path} --help` lists the options)", exc.exit_code)
+    except click.ClickException as exc:
+        return _error(_click_line(exc), exc.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        return _error("interrupted", 130)
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS or exc.filename is not None:
+            raise
+        _discard_output(out)
+        return 1 if exc.errno == errno.EPIPE else _error(f"cannot write to standard output: {exc.strerror}", 1)
+    except UnicodeEncodeError as exc:
+        _discard_output(out)
+        bad = exc.object[exc.start:exc.end]
+        why = ("it is not a character (an undecodable byte in a name)" if "\ud800" <= bad[0] <= "\udfff"
+               else "set PYTHONIOENCODING=utf-8 (or a UTF-8 locale)")
+        return _error(f"cannot write {bad!r} in the output's encoding, {exc.encoding}: {why}", 1)
+
+
+def _click_line(exc: click.ClickException) -> str:
+    """click's message on one line: it lays out a choice list over lines ("Choose from:\\n\\t...")
+    and quotes the values given with repr, so its own newlines are layout."""
+    return " ".join(line.strip() for line in exc.format_message().splitlines() if line.strip())
+
+
+def _error(message: str, code: int) -> int:
+    """Print "error: MESSAGE" as one line on stderr (a full or closed stderr drops it); return `code`."""
+    try:
+        click.echo(f"error: {printable(message)}", err=True)
+    except (OSError, ValueError):
+        pass
+    return code
+
+
+def _discard_output(out) -> None:
+    """After a failed write: what is still buffered goes to /dev/null, so the interpreter's last
+    flush at exit cannot fail (and print "Exception ignored ...") where this one did."""
+    try:
+        fd = out.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 @click.group(cls=_Group)

@@ -3,8 +3,12 @@ print only JSON and never call into here."""
 
 from __future__ import annotations
 
+import re
+
+import click
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 
 from cost_models.compute import total_params
@@ -15,9 +19,51 @@ from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, 
 import os
 import sys
 
+# What never reaches the terminal as it is, from any text the CLI prints (a model's name, a key
+# or a value from a spec file, a path): C0 and C1 control characters (ESC starts a terminal
+# escape sequence; a newline in an error would start a second "error:" line), the line and
+# paragraph separators (str.splitlines splits there too), the bidirectional overrides and
+# isolates (they reorder what is shown), and lone surrogates (an undecodable byte of a name,
+# which no encoding can write). Each is shown as Python writes it in a literal: \x1b, \n, \udc80.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNSAFE_IN_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str, lines: bool = False) -> str:
+    """`text` with the characters above escaped; with `lines`, newlines and tabs are kept (text
+    laid out in lines by rich, whose own line breaks are newlines)."""
+    return (_UNSAFE_IN_LINES if lines else _UNSAFE).sub(lambda m: repr(m[0])[1:-1], text)
+
+
+def note(text: str) -> None:
+    """One line on stderr (a message beside the output: a file written, what a what-if changed)."""
+    click.echo(printable(text), err=True)
+
+
+class SafeConsole(Console):
+    """Every rich console of the CLI. Whatever it renders (a table cell, a title, markup), the
+    text reaches the output with printable()'s characters escaped and with the characters the
+    output's encoding cannot write (PYTHONIOENCODING=ascii) as \\x.. escapes: rich's own styles
+    are segments' styles, written apart from their text, so they are kept."""
+
+    def render(self, renderable, options=None):
+        encoding = self.encoding
+        for segment in super().render(renderable, options):
+            text = segment.text
+            if segment.control or (text.isascii() and text.isprintable()):
+                yield segment
+                continue
+            text = printable(text, lines=True)
+            if not encoding.startswith("utf"):
+                text = text.encode(encoding, "backslashreplace").decode(encoding)
+            yield Segment(text, segment.style, segment.control)
+
+
 # Wide enough for the tables when piped into a file or a CI log (rich falls back to 80), unless
-# COLUMNS says otherwise (rich reads it when no width is given).
-console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+# COLUMNS says otherwise (rich reads it when no width is given). With stdout closed (`plan ...
+# >&-`) sys.stdout is None: the guard in planner/cli/main.py reports the first write.
+_terminal = sys.stdout is not None and sys.stdout.isatty()
+console = SafeConsole(highlight=False, width=None if _terminal or os.environ.get("COLUMNS") else 160)
 
 
 def _narrow() -> bool:
@@ -315,7 +361,7 @@ def progress_bar(description: str):
 
     return Progress(
         TextColumn(f"{description} [progress.description]{{task.description}}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+        TimeElapsedColumn(), console=SafeConsole(stderr=True), transient=True,
     )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +20,7 @@ from cost_models.estimate import estimate as run_estimate
 from planner import pictures
 from planner.cli import render
 from planner.cli.common import check_plan
+from planner.cli.types import ALTERNATIVE, RANGE
 from planner.datafile import check_output, write_atomic
 from planner.errors import UsageError
 from planner.plan_file import read_plan_file
@@ -37,26 +37,27 @@ _LISTED_RANKS = 16
 
 @click.command()
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--alternative", type=int, default=None, help="Show alternative K of a `plan solve` document (1 = first).")
+@click.option("--alternative", type=ALTERNATIVE, default=None, help="Show alternative K of a `plan solve` document (1 = first).")
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Draw the schedule of one step to FILE (.svg or .png).")
 @click.option("--memory", type=click.Path(dir_okay=False), help="Draw memory per pipeline rank to FILE (.svg or .png).")
 @click.option("--placement", type=click.Path(dir_okay=False), help="Draw ranks on nodes with their groups and links to FILE (.svg or .png).")
-@click.option("--micro-batches", "micro_batches", metavar="A-B",
+@click.option("--micro-batches", "micro_batches", type=RANGE, metavar="A-B",
               help="Zoom the timeline (picture and text) to micro-batches A to B (numbered from 0, as the picture labels "
                    "them): the span of time their passes take; other micro-batches' passes in it are drawn pale.")
-@click.option("--ranks", metavar="A-B", help="Zoom the timeline (picture and text) to pipeline ranks A to B (pp A to pp B).")
+@click.option("--ranks", type=RANGE, metavar="A-B", help="Zoom the timeline (picture and text) to pipeline ranks A to B (pp A to pp B).")
 @click.option("--json", "as_json", is_flag=True, help="Print the pictures' numbers as one JSON object.")
 def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], memory: Optional[str],
-         placement: Optional[str], micro_batches: Optional[str], ranks: Optional[str], as_json: bool) -> None:
+         placement: Optional[str], micro_batches: Optional[tuple[int, int]], ranks: Optional[tuple[int, int]],
+         as_json: bool) -> None:
     """Pictures of a plan: its pipeline schedule, memory per GPU and placement of ranks."""
     files = {k: v for k, v in (("timeline", timeline), ("memory", memory), ("placement", placement)) if v is not None}
-    mb_range, rank_range = _parse_range("--micro-batches", micro_batches), _parse_range("--ranks", ranks)
+    mb_range, rank_range = micro_batches, ranks
     _check_files(files, plan_file)
     doc = read_plan_file(Path(plan_file), alternative)
     model, cluster, job, plan = doc.model, doc.cluster, doc.job, doc.plan
     check_plan(plan, model, job, doc.num_gpus)
-    _check_range("--micro-batches", micro_batches, mb_range, plan.num_micro_batches, "micro-batches")
-    _check_range("--ranks", ranks, rank_range, plan.pp, "pipeline ranks")
+    _check_range("--micro-batches", mb_range, plan.num_micro_batches, "micro-batches")
+    _check_range("--ranks", rank_range, plan.pp, "pipeline ranks")
     est = run_estimate(model, cluster, job, plan)
     tl = pictures.timeline(model, cluster, job, plan, est)
     win = pictures.window(tl, mb_range, rank_range)
@@ -94,22 +95,9 @@ def picture_title(doc) -> str:
     return f"{doc.model.name} on {doc.num_gpus} x {doc.cluster.name}{stack}: {render.plan_summary(doc.plan)}"
 
 
-def _parse_range(option: str, text: Optional[str]) -> Optional[tuple[int, int]]:
-    """`A-B` (or one number `A`) as (A, B), before any work."""
-    if text is None:
-        return None
-    found = re.fullmatch(r"\s*(\d{1,18})\s*(?:-\s*(\d{1,18})\s*)?", text)
-    if found is None:
-        raise UsageError(f"{option} {text}: give a range A-B of numbers from 0 (or one number), e.g. {option} 0-3")
-    first, last = int(found[1]), int(found[2] if found[2] is not None else found[1])
-    if first > last:
-        raise UsageError(f"{option} {text}: the range runs backwards; give A-B with A <= B, e.g. {option} {last}-{first}")
-    return first, last
-
-
-def _check_range(option: str, text: Optional[str], span: Optional[tuple[int, int]], count: int, what: str) -> None:
+def _check_range(option: str, span: Optional[tuple[int, int]], count: int, what: str) -> None:
     if span is not None and span[1] >= count:
-        raise UsageError(f"{option} {text}: the plan has {count} {what}, numbered 0-{count - 1}; "
+        raise UsageError(f"{option} {span[0]}-{span[1]}: the plan has {count} {what}, numbered 0-{count - 1}; "
                          "give a range inside them")
 
 

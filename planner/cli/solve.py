@@ -9,6 +9,7 @@ import click
 from planner import api
 from planner.cli import render
 from planner.cli.common import require_names, solve_target_options
+from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOP_K
 from planner.datafile import check_output
 from planner.inputs import cp_degrees  # noqa: F401 (benchmarks/solve_scaling.py imports it from here)
 from planner.specs import memory_limit_gib
@@ -16,16 +17,16 @@ from planner.specs import memory_limit_gib
 
 @click.command()
 @solve_target_options
-@click.option("--global-batch", type=int, help="Sequences per optimizer step (fixes the batch).")
-@click.option("--micro-batch-size", type=int, help="Sequences per micro-batch per replica, when the batch is not fixed.")
-@click.option("--micro-batches", type=int, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
-@click.option("--top-k", type=int, default=3, show_default=True,
+@click.option("--global-batch", type=SEQUENCES, help="Sequences per optimizer step (fixes the batch).")
+@click.option("--micro-batch-size", type=SEQUENCES, help="Sequences per micro-batch per replica, when the batch is not fixed.")
+@click.option("--micro-batches", type=SEQUENCES, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
+@click.option("--top-k", type=TOP_K, default=3, show_default=True,
               help="Alternatives to report (0: none; without --target each other stack's best is listed too).")
 @click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero sp schedule mesh_order recompute tp_comm_overlap fp8).")
-@click.option("--max-memory-gib", type=float, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
+@click.option("--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
 @click.option("--fp8", is_flag=True, help="Let the search run GEMMs in FP8 where it is faster (devices with FP8: H100, H200).")
-@click.option("--time-limit", type=float, help="Seconds (shared by the stacks without --target); return the best plan so far, marked as not proven optimal.")
+@click.option("--time-limit", type=SECONDS, help="Seconds (shared by the stacks without --target); return the best plan so far, marked as not proven optimal.")
 @click.option("--solver", type=click.Choice(["highs", "cbc"]), default=None, help="MILP solver [default: highs if installed].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
@@ -56,4 +57,4 @@ def solve(
     else:
         render.solve_report(doc, memory_limit_gib(doc.cluster, max_memory_gib))
         if output:
-            render.console.print(f"plan written to {output}")
+            render.console.print(f"plan written to {output}", markup=False)
