@@ -257,7 +257,59 @@ def _cases() -> list[tuple[str, list[str], int]]:
         cases.append((f"show {name}", ["show", name], 2))
         cases.append((f"export {name}", ["export", name, "--to", "megatron"], 2))
     cases += _file_layer_cases()  # issue 19, items 1-3, 10-12: below
+    cases += _file_layer_cases()  # issue 19, items 1-3, 10-12: below
     return cases
+
+
+# ----- issue 19, items 1-3 and the file parts of 10-12 (planner/datafile.py: read_input, _load_yaml,
+# check_output; tests/test_hostile_files.py generates the classes): -o over the command's own input
+# (a model directory's config.json), a 700-byte YAML alias bomb in every command that reads a file,
+# a 2 MB YAML, -o to a process's stream, a name over 255 bytes as input or -o, -o to a symlink loop.
+# FIFOs and devices, which a regression would block on or read without end, are STREAM_CASES, run
+# in one guarded child process.
+LONG_NAME = "x" * 300 + ".json"
+
+
+def _file_layer_files(d: Path) -> None:
+    """What those cases read that _files() cannot hold as bytes: a FIFO, a loop, a model directory."""
+    from tests.test_hostile_files import bomb
+
+    os.mkfifo(d / "fifo.json")
+    (d / "loop.json").symlink_to("loop.json")
+    (d / "llama").mkdir()
+    (d / "llama" / "config.json").write_text(json.dumps(LLAMA_HF))
+    (d / "bomb.yaml").write_text(bomb(10))
+    (d / "big.yaml").write_text("num_layers: [" + "1, " * 700_000 + "1]\n")
+
+
+def _file_layer_cases() -> list[tuple[str, list[str], int]]:
+    on_llama = ["--model", "llama", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "512"]
+    cases = [
+        ("19.1 estimate --model DIR -o DIR/config.json", ["estimate", *on_llama, "-o", "llama/config.json"], 2),
+        ("19.1 solve --model DIR -o DIR/config.json", ["solve", *on_llama, "-o", "llama/config.json"], 2),
+        ("19.1 profile --model DIR -o DIR/config.json", ["profile", "--model", "llama", "-o", "llama/config.json"], 2),
+        ("19.2 YAML of 2 MB", ["estimate", "--model", "big.yaml"] + EST[3:], 2),
+    ]
+    for where, f in [("bomb", "bomb.yaml"), ("long name", LONG_NAME), ("long directory", "y" * 300 + "/p.json")]:
+        for command, args in [("--model", ["estimate", "--model", f] + EST[3:]), ("--cluster", ["solve", "--model", "gpt2-124m", "--cluster", f] + SOLVE[5:]),
+                              ("--plan", ["estimate", "--plan", f]), ("show", ["show", f]), ("export", ["export", f, "--to", "megatron"]),
+                              ("run", ["run", f]), ("profile --show", ["profile", "--show", f])]:
+            cases.append((f"19.{2 if where == 'bomb' else 11} {where} as {command}", args, 2))
+    for out in ["/dev/stdout", "/proc/self/fd/1", LONG_NAME, "y" * 300 + "/p.json", "loop.json"]:
+        for command, args in [("solve", SOLVE), ("estimate --plan", ["estimate", "--plan", "plan_ok.json"]), ("run", ["run", "plan_ok.json"]),
+                              ("export", ["export", "plan_ok.json", "--to", "megatron"]), ("profile", ["profile", "--model", "gpt2-124m"])]:
+            item = 12 if out == "loop.json" else 11 if len(out) > 255 else 10
+            cases.append((f"19.{item} {command} -o {out[:20]}", args + ["-o", out], 2))
+    cases.append(("19.11 show --timeline long name", ["show", "plan_ok.json", "--timeline", "x" * 300 + ".svg"], 2))
+    return cases
+
+
+# A FIFO as every reader (issue 19, item 3), and devices and a pipe as --model.
+STREAM_CASES = [(f"19.3 FIFO as {c}", a) for c, a in [
+    ("--model", ["estimate", "--model", "fifo.json"] + EST[3:]), ("--cluster", ["solve", "--model", "gpt2-124m", "--cluster", "fifo.json"] + SOLVE[5:]),
+    ("--plan", ["estimate", "--plan", "fifo.json"]), ("show", ["show", "fifo.json"]), ("export", ["export", "fifo.json", "--to", "megatron"]),
+    ("run", ["run", "fifo.json"]), ("profile --show", ["profile", "--show", "fifo.json"])]]
+STREAM_CASES += [(f"19.3 --model {dev}", ["estimate", "--model", dev] + EST[3:]) for dev in ["/dev/zero", "/dev/urandom", "/dev/stdin"]]
 
 
 CASES = _cases()
@@ -271,7 +323,14 @@ def inputs(tmp_path_factory) -> Path:
         p = d / name
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
+    _file_layer_files(d)
     return d
+
+
+def test_fifos_devices_and_pipes_are_refused_without_blocking(inputs):
+    from tests.test_hostile_files import refused_without_blocking
+
+    refused_without_blocking(inputs, STREAM_CASES)
 
 
 def test_the_corpus_is_large():
