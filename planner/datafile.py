@@ -176,7 +176,23 @@ def read_mapping(path: Path) -> tuple[dict, str]:
         raise UsageError(f"{path}: nested more than {MAX_DEPTH} levels deep; not a spec or plan file")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
+    if _SURROGATE_ESCAPE.search(text):
+        _refuse_lone_surrogates(path, data)
     return data, text
+
+
+# A JSON (\udc80) or YAML (\udc80, \U0000dc80) escape of a UTF-16 surrogate: a pair of them is one
+# character, one alone is none, and no output (a terminal, a JSON file) can write it.
+_SURROGATE_ESCAPE = re.compile(r"\\(?:u|U0000)[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(path: Path, data: dict) -> None:
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(exc.object[exc.start])
+        raise UsageError(f"{path}: \\u{code:04x} is half of a UTF-16 surrogate pair, alone, which is not a character; "
+                         "fix the escape") from None
 
 
 def _no_constant(name: str):

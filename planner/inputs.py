@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from cost_models.terms import MODES
 from planner import specs
 from planner.errors import UsageError
+from planner.numerals import whole_number, whole_numbers
 from planner.search.candidates import SearchSpace
 from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem
 
@@ -180,10 +181,10 @@ def parse_int_list(text, what: str) -> Optional[list[int]]:
         return None
     if not isinstance(text, str):
         return list(text)  # Plan checks the items
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
+    numbers = whole_numbers(text)  # ASCII digits only: '6,,6', '+6', '0_6', '٦' refused
+    if numbers is None:
+        raise UsageError(f"{what} must be comma-separated whole numbers, e.g. 5,6,6,5, got {text!r}")
+    return numbers
 
 
 def mesh_axes(order) -> list[str]:
@@ -202,8 +203,6 @@ def check_degrees(given: dict) -> None:
         problem = None if value is None else specs.number_problem(Plan, PLAN_CHANGES.get(key, key), value)
         if problem:
             raise UsageError(f"--{key.replace('_', '-')}: {problem}")
-
-
 
 
 def data_parallel(gpus: int, tp: int, pp: int, cp: int) -> int:
@@ -345,9 +344,9 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
         before = fixed.get(field, modes if field == "recompute" and modes != MODES else None)
         try:
             if kind is int:
-                n = int(value)
+                n = whole_number(value)  # ASCII digits only: 'tp=+2', 'tp= 2' refused
                 low, high = (0, 3) if field == "zero_stage" else (1, 2**20)
-                if not low <= n <= high:
+                if n is None or not low <= n <= high:
                     raise ValueError
                 fixed[field] = n
             elif kind == "bool":

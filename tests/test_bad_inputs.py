@@ -80,6 +80,10 @@ def _files() -> dict[str, bytes]:
     neg_bw["inter_node"]["collectives"][0]["bandwidth_gbps"] = -5
     files["cl_link_neg.json"] = j(neg_bw)
     files["cl_gpn_zero.json"] = j({**cluster, "gpus_per_node": 0})
+    # issue 19, item 11: a key that would inject a second "error:" line or a terminal escape
+    files["model_key_newline.json"] = j({**GOOD_MODEL, "bogus\nerror: injected": 1})
+    files["model_key_ansi.json"] = j({**GOOD_MODEL, "\x1b[2J\x1b[31mbogus": 1})
+    files["model_name_surrogate.json"] = j({**GOOD_MODEL, "name": "bad\udc80name"})  # no output can write it
     # issue 19, items 6-8 (documents; tests/test_hostile_documents.py generates the classes): numbers
     # past any bound or past float range, values of another kind, device tables the cost model reads.
     # Every cl_* file is also a `plan solve` case below.
@@ -249,6 +253,24 @@ def _cases() -> list[tuple[str, list[str], int]]:
         ("profile bad mbs", ["profile", "--model", "gpt2-124m", "--micro-batch-sizes", "1,x", "-o", "p.json"], 2),
         ("profile show missing", ["profile", "--show", "nothere.json"], 2),
     ]
+    # issue 19, items 6, 7 and 12 (the options; tests/test_hostile_cli.py generates the classes):
+    # a what-if of zero, numbers int() takes but nobody types, --top-k's message, one line for
+    # a what-if that fails and for `export` without --to.
+    for opt in ["--dp", "--tp", "--pp", "--cp", "--micro-batch-size"]:
+        cases.append((f"what-if {opt} 0", ["estimate", "--plan", "plan_ok.json", opt, "0"], 2))
+    for split in ["\u0666,\u0666", "0_6,6", "+6,+6", "6,,6", "6 6", " ,6"]:
+        cases.append((f"--layers-per-stage {split!r}", EST + ["--pp", "2", "--layers-per-stage", split], 2))
+    for fix in ["tp=+2", "tp= 2", "tp=\u0662", "tp=0_2"]:
+        cases.append((f"--fix {fix!r}", SOLVE + ["--fix", fix], 2))
+    cases += [
+        ("solve --top-k -5", SOLVE + ["--top-k", "-5"], 2),
+        ("estimate --tp +2", EST + ["--tp", "+2"], 2),
+        ("estimate --gpus ' 8'", _without(EST, "--gpus") + ["--gpus", " 8"], 2),
+        ("solve --time-limit 1_0", SOLVE + ["--time-limit", "1_0"], 2),
+        ("show --ranks arabic digits", ["show", "plan_ok.json", "--ranks", "\u0660-\u0661"], 2),
+        ("what-if that stops fitting", ["estimate", "--plan", "plan_ok.json", "--global-batch", "8192", "--micro-batch-size", "4096"], 1),
+        ("export without --to", ["export", "plan_ok.json"], 2),
+    ]
     # issue 19, items 8 and 9: device tables refused by `plan solve` too; a plan document every command
     # refuses alike (estimate --plan and run cases come with every plan_* file above)
     for name in ["cl_attention_cudnn_only.json", "cl_attention_empty.json", "cl_fp8_no_efficiency.json", "cl_overhead_1e308.json"]:
@@ -256,7 +278,6 @@ def _cases() -> list[tuple[str, list[str], int]]:
     for name in ["plan_fp8_a100.json", "plan_micro_batches.json", "plan_split_str.json", "plan_gpus_str.json"]:
         cases.append((f"show {name}", ["show", name], 2))
         cases.append((f"export {name}", ["export", name, "--to", "megatron"], 2))
-    cases += _file_layer_cases()  # issue 19, items 1-3, 10-12: below
     cases += _file_layer_cases()  # issue 19, items 1-3, 10-12: below
     return cases
 
