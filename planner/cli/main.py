@@ -83,6 +83,8 @@ def _guarded(command) -> int:
         return code
     except click.UsageError as exc:
         command_path = exc.ctx.command_path if exc.ctx is not None else "plan"
+        if isinstance(exc, click.exceptions.NoArgsIsHelpError):  # `plan` alone: click's message is the whole help
+            return _error(f"give a command: {', '.join(sorted(cli.commands))} (`plan --help` says what each does)", exc.exit_code)
         return _error(f"{_click_line(exc)} (`{command_path} --help` lists the options)", exc.exit_code)
     except click.ClickException as exc:
         return _error(_click_line(exc), exc.exit_code)

@@ -156,13 +156,17 @@ def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelS
 
 
 def _hf_name(path: Path) -> str:
-    """A config.json is named after its directory (a snapshot's, after its repository); another file after its stem."""
-    if path.name != "config.json":
-        return path.stem
+    """A config.json is named after its directory (a snapshot's, after its repository); another file after its stem.
+    A byte of the path that is not UTF-8 (Python holds it as a lone surrogate, which no output can
+    write) becomes U+FFFD."""
     parts = Path(os.path.abspath(path)).parts  # '..' resolved, symlinks (a snapshot's into blobs/) not
-    if len(parts) >= 4 and parts[-3] == "snapshots" and parts[-4].startswith("models--"):
-        return parts[-4].removeprefix("models--").replace("--", "/")
-    return parts[-2]
+    if path.name != "config.json":
+        name = path.stem
+    elif len(parts) >= 4 and parts[-3] == "snapshots" and parts[-4].startswith("models--"):
+        name = parts[-4].removeprefix("models--").replace("--", "/")
+    else:
+        name = parts[-2]
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def load_model(name_or_path: str) -> ModelSpec:
