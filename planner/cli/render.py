@@ -7,6 +7,7 @@ import re
 
 import click
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.markup import escape
 from rich.segment import Segment
 from rich.table import Table
@@ -45,6 +46,14 @@ class SafeConsole(Console):
     text reaches the output with printable()'s characters escaped and with the characters the
     output's encoding cannot write (PYTHONIOENCODING=ascii) as \\x.. escapes: rich's own styles
     are segments' styles, written apart from their text, so they are kept."""
+
+    def render_str(self, text: str, **kwargs):
+        """A string as rich markup where it is markup; text that is not (a name such as '[/x]') as
+        it is, rather than a MarkupError."""
+        try:
+            return super().render_str(text, **kwargs)
+        except MarkupError:
+            return super().render_str(text, **{**kwargs, "markup": False})
 
     def render(self, renderable, options=None):
         encoding = self.encoding

@@ -81,7 +81,7 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
         click.echo(json.dumps(_document(tl, win, est, est_bubble, bars, pl), indent=2))
         return
     console = render.console
-    console.print(title, highlight=False)
+    console.print(title, highlight=False, markup=False)
     _text_timeline(console, tl, win, est.step_time_s, est_bubble)
     _text_memory(console, bars, est.memory_capacity_gib)
     _text_placement(console, pl)
