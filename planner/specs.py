@@ -567,13 +567,6 @@ class LinkTier(_Spec):
         "executes them (planner/profiler/calls.py). None or a missing collective: 0 (the GPU presets: the host runs ahead).",
     )
 
-    @field_validator("call_overhead_us")
-    @classmethod
-    def _overheads_not_negative(cls, v):
-        if v is not None and any(x < 0 for x in v.values()):
-            raise ValueError("call overheads must be >= 0 microseconds")
-        return v
-
     def fit(self, collective: Collective, group_size: int) -> CollectiveFit:
         """The fit for this collective: exact group size, else a size-free fit, else the nearest size."""
         exact = generic = nearest = None
