@@ -267,6 +267,11 @@ def test_a_full_disk_on_stdout_is_one_line(args):
     assert r.returncode == 1 and "No space left on device" in _one_line(r.stderr)
 
 
+def test_a_closed_stderr_leaves_stdout_to_the_output():
+    r = _run(["estimate", "--model", "gpt2-124m"], preexec_fn=lambda: os.close(2), stdout=subprocess.PIPE, stderr=None)
+    assert r.returncode == 2 and r.stdout == b"", r.stdout
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly():
     """`plan presets | head -1`: exit 1 and nothing on stderr, as click and the Python
     documentation ("Note on SIGPIPE") do; the shell's SIGPIPE (141) would need the default

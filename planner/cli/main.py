@@ -72,6 +72,8 @@ def _guarded(command) -> int:
     most one line on stderr."""
     if sys.stdout is None:
         sys.stdout = _ClosedOutput()
+    if sys.stderr is None:  # `2>&-`: messages are dropped (print(file=None) would send them to stdout)
+        sys.stderr = open(os.devnull, "w")
     out = sys.stdout  # click swaps in a wrapper that ignores a broken pipe; flush what it wraps
     try:
         try:
