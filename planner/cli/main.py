@@ -15,8 +15,10 @@ import os
 import sys
 
 from planner import _interrupt
+from planner._pdeath import end_in_one_line
 
 _interrupt.hold()  # Ctrl-C while the imports below load (most of a second): the guard's line, not a traceback
+end_in_one_line()  # SIGTERM / SIGHUP outside a command's own handlers: one line, 143 / 129, not a silent death
 
 import click  # noqa: E402 (after the hook above)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 import tempfile
@@ -15,7 +17,9 @@ from planner.datafile import check_output, missing, write_atomic
 from planner.errors import UsageError
 from planner.executor.duration import ItemClock
 from planner.distributed.launch import LaunchSpec, follow_progress, inside_launcher, launch, signals_interrupt, validate
+from planner.executor.prepare import check_cpu_ranks, check_profile_memory, gpu_absent, host_memory_bytes
 from planner.presets import load_model
+from planner.specs import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 
 
 @click.command()
@@ -51,22 +55,23 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
         raise UsageError("give -o profile.json (where to write the profile), or --show profile.json")
     model = load_model(model_name)
     seq = seq_len if seq_len is not None else model.max_seq_len
-    if seq < 1 or (model.learned_position_embeddings and seq > model.max_seq_len):
-        raise UsageError(f"--seq-len {seq} must be between 1 and the model's {model.max_seq_len} positions")
-    try:
-        mbs = tuple(int(x) for x in (micro_batch_sizes or ("1" if quick else "1,2,4")).split(","))
-    except ValueError:
-        raise UsageError(f"--micro-batch-sizes must be comma-separated integers, got {micro_batch_sizes!r}") from None
-    if not mbs or min(mbs) < 1:
-        raise UsageError("--micro-batch-sizes must be positive")
+    most = model.max_seq_len if model.learned_position_embeddings else MAX_SEQ_LEN
+    if not 1 <= seq <= most:
+        positions = " (the model's learned positions)" if model.learned_position_embeddings else ""
+        raise UsageError(f"--seq-len must be between 1 and {most:,}{positions}, got {seq if abs(seq) < 10**20 else 'more'}")
+    mbs = _micro_batch_sizes(micro_batch_sizes or ("1" if quick else "1,2,4"))
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, backend=backend)
     validate(spec)
+    _check_this_machine(model, mbs, seq, spec)
     check_output(output, (model_name, show_path))
     if model_factory:
         _factory_importable_from_cwd(model_factory)
 
     require_torch("profile")
+    from planner.executor.runner import resolve_backend
     from planner.profiler.profile import ProfileRequest, assemble
+
+    resolve_backend(backend, spec.nproc_per_node)  # --backend nccl where torch sees no GPU, or too few
 
     progress_path = None
     try:
@@ -97,13 +102,13 @@ def _launch_with_progress(spec: LaunchSpec, req, progress_path: str) -> dict:
     from planner.profiler.profile import START_S, profile_worker
 
     if inside_launcher():
-        return launch(spec, profile_worker, req)
+        return launch(spec, profile_worker, req, temporary=(progress_path,))
     items, estimate = _estimate(spec, req)
     with render.ProgressLines("plan profile:", sys.stderr.isatty(), left=ItemClock(items, render.duration).update) as lines:
         lines.say(f"estimate before starting: {estimate}")
         lines.update(0, 0, f"starting {spec.nproc_per_node} worker{'s' if spec.nproc_per_node > 1 else ''}")
         with follow_progress(progress_path, lines.update):
-            results = launch(spec, profile_worker, req)
+            results = launch(spec, profile_worker, req, temporary=(progress_path,))
         lines.say(f"measured in {render.duration(lines.elapsed())} (estimated {render.duration(START_S + sum(items))})")
         return results
 
@@ -120,6 +125,33 @@ def _estimate(spec: LaunchSpec, req) -> tuple[list[float], str]:
     return [s for _, s in items], describe_work(items, fp32, render.duration)
 
 
+# The most micro-batch sizes one profile measures (each is a full pass over the layers).
+MAX_SIZES = 16
+
+
+def _micro_batch_sizes(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4): ASCII digits only, each between 1 and the planner's largest batch."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts):
+        raise UsageError(f"--micro-batch-sizes must be comma-separated whole numbers (1-{MAX_GLOBAL_BATCH:,}), got {text!r}")
+    sizes = tuple(int(p) for p in parts)
+    if not all(1 <= b <= MAX_GLOBAL_BATCH for b in sizes) or len(sizes) > MAX_SIZES:
+        raise UsageError(f"--micro-batch-sizes must be at most {MAX_SIZES} sizes, each 1-{MAX_GLOBAL_BATCH:,}, got {text!r}")
+    return sizes
+
+
+def _check_this_machine(model, micro_batches: tuple[int, ...], seq_len: int, spec: LaunchSpec) -> None:
+    """Before torch loads: --backend nccl on a machine with no GPU device, and where the ranks
+    are CPU processes, how many and whether their measurements fit in memory."""
+    if inside_launcher():
+        return
+    if spec.backend == "nccl" and gpu_absent():
+        raise UsageError("--backend nccl needs a GPU, and this machine has none (no /dev/nvidia* or /dev/kfd); use --backend gloo")
+    if spec.backend == "gloo" or (spec.backend == "auto" and gpu_absent()):
+        check_cpu_ranks(spec.nproc_per_node)
+        check_profile_memory(model, micro_batches, seq_len, spec.nproc_per_node, host_memory_bytes())
+
+
 def _factory_importable_from_cwd(model_factory: str) -> None:
     """With --model-factory the current directory is appended to the import path, so the
     module named there may live in it; searched after everything installed, it shadows
@@ -129,7 +161,21 @@ def _factory_importable_from_cwd(model_factory: str) -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
+    out, bytecode = io.StringIO(), sys.dont_write_bytecode
+    sys.dont_write_bytecode = True  # no __pycache__ left in the user's directory by a check
     try:
-        load_factory(model_factory)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # what it prints at import: not ours to show
+            load_factory(model_factory)
     except (ImportError, ValueError) as exc:
-        raise UsageError(f"--model-factory: {exc}") from None
+        raise UsageError(f"--model-factory: {_one_line(exc)}") from None
+    except SystemExit as exc:  # the module called sys.exit() while it was imported
+        raise UsageError(f"--model-factory {model_factory!r}: importing it called sys.exit({exc.code!r})") from None
+    except Exception as exc:  # whatever the user's module raises at import: its fault, said in one line
+        raise UsageError(f"--model-factory {model_factory!r}: importing it raised {type(exc).__name__}: {_one_line(exc)}") from None
+    finally:
+        sys.dont_write_bytecode = bytecode
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else "(no message)"

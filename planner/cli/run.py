@@ -15,10 +15,20 @@ from planner.cli import render
 from planner.cli.common import check_plan, check_profile_size, check_real, require_torch
 from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError, UsageError
-from planner.executor.prepare import Rehearsal, check_host_memory, check_world, host_memory_bytes, prepare_case
+from planner.executor.prepare import (
+    Rehearsal,
+    check_host_memory,
+    check_reference_memory,
+    check_seed,
+    check_timeout,
+    check_world,
+    gpu_absent,
+    host_memory_bytes,
+    prepare_case,
+)
 from planner.executor.runner import RunOptions, check_fp8, launch_world, resolve_backend, run_plans
 from planner.executor.verify import DEFAULT_TOLERANCE
-from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher, signals_interrupt, validate
+from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher, local_processes, signals_interrupt, validate
 from planner.plan_file import read_plan_file
 from planner.specs import RunReport
 
@@ -61,7 +71,7 @@ def run(
                           timeout_s, backend)
     except KeyboardInterrupt:  # Ctrl-C outside the launch (imports, the reference run)
         raise Interrupted("interrupted by Ctrl-C") from None
-    if inside_launcher() and os.environ["RANK"] != "0":
+    if inside_launcher() and int(os.environ["RANK"]) != 0:
         if not report.verification.passed:
             raise PlannerError(f"verification failed: {report.verification.message}")
         return  # inside torchrun/Slurm, rank 0 reports
@@ -83,28 +93,43 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
     check_real("--lr", lr)
     check_real("--tolerance", tolerance)
     check_real("--timeout", timeout_s)
+    if tolerance <= 0:
+        raise UsageError("--tolerance must be positive")
+    check_timeout(timeout_s)
+    check_seed(seed)
     case = prepare_case(doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr)
     if nproc_per_node is None:  # the plan's world, or the rehearsal's (--rehearse-dp)
-        if case.plan.world_size % max(nnodes, 1):
+        if nnodes < 1 or case.plan.world_size % nnodes:
             raise UsageError(f"the plan's {case.plan.world_size} ranks do not split over --nnodes {nnodes}; give --nproc-per-node")
-        nproc_per_node = case.plan.world_size // max(nnodes, 1)
-    if tolerance <= 0 or timeout_s <= 0:
-        raise UsageError("--tolerance and --timeout must be positive")
+        nproc_per_node = case.plan.world_size // nnodes
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
     validate(spec)  # launch() checks it too, but only after the estimate would have been printed
     world, how = launch_world(spec)
     check_world(case.plan, world, how)
     check_profile_size(doc.cluster, world, plan_file)  # a profile predicts only the world it measured
+    ranks_checked = _check_this_machine(case, rehearsal, doc.cluster, backend, nproc_per_node)
     # Everything above refuses a bad request in a fraction of a second; torch (seconds) only now.
     _import_torch()
-    backend = resolve_backend(backend)
+    backend = resolve_backend(backend, nproc_per_node)
     check_profile_size(doc.cluster, world, plan_file, backend)
-    if backend == "gloo" and not inside_launcher():
+    if backend == "gloo" and not inside_launcher() and not ranks_checked:
         check_host_memory(case, doc.cluster, nproc_per_node, host_memory_bytes())
     if case.fp8:  # run_plans refuses it too, but only after the estimate would have been printed
         check_fp8("cuda" if backend == "nccl" else "cpu")
     with _progress(case, doc.cluster, backend, world) as progress:
         return run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file], progress)[0]
+
+
+def _check_this_machine(case, rehearsal: Rehearsal, cluster, backend: str, nproc_per_node: int) -> bool:
+    """What this machine must hold, checked before torch loads: the single-process reference
+    run (on the CPU whatever the backend; one a process inside torchrun / Slurm) and, where
+    the ranks are CPU processes, how many and their memory. True when the ranks were checked."""
+    available = host_memory_bytes()
+    on_cpu = not inside_launcher() and (backend == "gloo" or (backend == "auto" and gpu_absent()))
+    if on_cpu:
+        check_host_memory(case, cluster, nproc_per_node, available)
+    check_reference_memory(case, rehearsal, available, local_processes())
+    return on_cpu
 
 
 @contextlib.contextmanager

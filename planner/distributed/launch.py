@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import uuid
@@ -36,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from planner._pdeath import LAUNCHER_PID, die_with_parent
+from planner._pdeath import LAUNCHER, die_with_parent, in_a_worker, launcher_value
 from planner.errors import PlannerError, UsageError
 
 # Errors a rank reports because another rank went away first: not the root cause.
@@ -102,19 +103,61 @@ class LaunchSpec:
 def _slurm_environment() -> None:
     """Inside a Slurm step with several tasks (srun), each task is one rank: map Slurm's
     variables to torch's. MASTER_ADDR/MASTER_PORT must come from the job script."""
-    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) < 2:
-        return
-    if not all(k in os.environ for k in ("SLURM_PROCID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")):
+    if "RANK" in os.environ or not all(k in os.environ for k in ("SLURM_PROCID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")):
+        return  # not a Slurm step this maps (then none of its variables is read)
+    tasks = os.environ.get("SLURM_NTASKS", "1")
+    if not _whole(tasks):
+        raise UsageError(f"SLURM_NTASKS={tasks!r} is not a number of tasks: run inside `srun`, which sets it, or unset it")
+    if int(tasks) < 2:
         return
     os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
-    os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
+    os.environ.setdefault("WORLD_SIZE", tasks)
     os.environ.setdefault("LOCAL_RANK", os.environ["SLURM_LOCALID"])
 
 
+_ENCLOSING = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _whole(text: str, digits: int = 9) -> bool:
+    """`text` is a whole number written in at most `digits` ASCII digits."""
+    return text.isascii() and text.isdigit() and len(text) <= digits
+
+
 def inside_launcher() -> bool:
-    """True in a process started by torchrun / Slurm with the distributed environment set."""
+    """True in a process started by torchrun / Slurm with the distributed environment set.
+    Its variables are checked here, where they are first read: a value torch could not use
+    is one line naming the variable (UsageError), never a traceback from inside torch."""
     _slurm_environment()
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
+    if not all(k in os.environ for k in _ENCLOSING):
+        return False
+    problem = enclosing_problem({k: os.environ[k] for k in (*_ENCLOSING, "LOCAL_WORLD_SIZE") if k in os.environ})
+    if problem:
+        raise UsageError(f"{problem} (set by the enclosing launcher, torchrun or Slurm; unset it to let plan launch its own workers)")
+    return True
+
+
+def enclosing_problem(env: dict) -> Optional[str]:
+    """What of an enclosing launcher's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT) torch.distributed cannot start from, or None."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        if name in env and not _whole(env[name], 7):
+            return f"{name}={env[name]!r} is not a whole number"
+    world = int(env["WORLD_SIZE"])
+    if not 1 <= world <= MAX_WORLD:
+        return f"WORLD_SIZE={world} must be between 1 and {MAX_WORLD:,}"
+    if int(env["RANK"]) >= world:
+        return f"RANK={int(env['RANK'])} must be below WORLD_SIZE={world}"
+    local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+    if not int(env["LOCAL_RANK"]) < local_world <= world:
+        return f"LOCAL_RANK={int(env['LOCAL_RANK'])} must be below LOCAL_WORLD_SIZE={local_world}, at most WORLD_SIZE={world}"
+    return endpoint_problem(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", "MASTER_ADDR:MASTER_PORT")
+
+
+def local_processes() -> int:
+    """Processes of this launch on this machine: LOCAL_WORLD_SIZE inside an enclosing
+    launcher that sets it (torchrun does), else 1 (this process)."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "1") if inside_launcher() else "1"
+    return int(value) if _whole(value, 7) and int(value) > 0 else 1
 
 
 def free_port() -> int:
@@ -123,22 +166,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The most processes one launch starts (the planner's own bound on a cluster, planner/specs.py:MAX_GPUS).
+MAX_WORLD = 2**20
+# A host name (letters, digits, dots, hyphens; underscores as some resolvers allow) or an IPv6 address in brackets.
+_HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
+
+
+def endpoint_problem(endpoint: str, option: str = "--rdzv-endpoint") -> Optional[str]:
+    """Why `endpoint` is not host:port with a port a TCP socket can listen on (1-65535), or None."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not _HOST.fullmatch(host) or not (port.isascii() and port.isdigit() and len(port) <= 5):
+        return f"{option} must be host:port (a host name or [IPv6 address], a port 1-65535), got {endpoint!r}"
+    if not 1 <= int(port) <= 65535:
+        return f"{option} {endpoint!r}: the port must be in 1-65535, got {int(port)}"
+    return None
+
+
 def validate(spec: LaunchSpec) -> None:
     if spec.nproc_per_node < 1 or spec.nnodes < 1:
         raise UsageError(f"--nproc-per-node and --nnodes must be at least 1, got {spec.nproc_per_node} and {spec.nnodes}")
+    if spec.nproc_per_node > MAX_WORLD or spec.nnodes > MAX_WORLD or spec.world_size > MAX_WORLD:
+        raise UsageError(f"--nproc-per-node {spec.nproc_per_node} x --nnodes {spec.nnodes} is more processes than any "
+                         f"cluster has (at most {MAX_WORLD:,})")
     if not 0 <= spec.node_rank < spec.nnodes:
         raise UsageError(f"--node-rank {spec.node_rank} must be in [0, {spec.nnodes - 1}] for --nnodes {spec.nnodes}")
     if spec.nnodes > 1 and not spec.rdzv_endpoint:
         raise UsageError("several nodes need --rdzv-endpoint host:port (the same on every node; node 0 hosts it)")
-    if spec.rdzv_endpoint:
-        host, sep, port = spec.rdzv_endpoint.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise UsageError(f"--rdzv-endpoint must be host:port, got {spec.rdzv_endpoint!r}")
+    if spec.rdzv_endpoint is not None:
+        problem = endpoint_problem(spec.rdzv_endpoint)
+        if problem:
+            raise UsageError(problem)
 
 
-def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict[int, Any]:
+def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any, temporary: tuple[str, ...] = ()) -> dict[int, Any]:
     """Run `entrypoint(*args)` on every rank; returns {global rank: return value} for this
-    node's ranks. `entrypoint` must be a module-level function (workers are spawned)."""
+    node's ranks. `entrypoint` must be a module-level function (workers are spawned).
+    `temporary`: files the caller made for this launch (progress files), removed by the
+    reaper if this process is killed before the caller removes them."""
     validate(spec)
     if inside_launcher():
         return {int(os.environ["RANK"]): entrypoint(*args)}
@@ -163,6 +227,7 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
     ctrl_c: dict = {}
     keep_logs = False  # only a failure names its logs; success and interruption remove them
     log_dir = tempfile.mkdtemp(prefix="plan-launch-")
+    reaper = Reaper((log_dir, *temporary))
     try:
         config = LaunchConfig(
             min_nodes=spec.nnodes,
@@ -201,28 +266,100 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any) -> dict
         _restore(handlers)  # the agent's handlers turn a later Ctrl-C into its SignalException
         if not keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
+        reaper.close()
     # The agent keys results by global rank already.
     return {int(k): v for k, v in results.items()}
+
+
+# The reaper: a small process that removes a launch's temporary files and directories if the
+# launcher is killed with SIGKILL (no `finally` runs then; its workers die with it, see
+# planner/_pdeath.py). It reads the paths on its stdin, and at end of file removes those not
+# released since: the launcher releases them all when the launch is over (its own `finally`
+# and the callers' remove what is temporary, a failed run keeps its logs), so only the kernel
+# closing the pipe of a dead launcher leaves any. Why a process rather than sweeping stale
+# directories at the next run: nothing is left behind even if plan never runs again, and logs
+# a failed run kept (and named in its error) are never swept.
+_REAPER = r"""
+import os, shutil, sys
+paths = {}
+for line in sys.stdin.buffer:
+    op, path = line[:1], os.fsdecode(bytes.fromhex(line[1:].decode().strip()))
+    if op == b"+":
+        paths[path] = True
+    else:
+        paths.pop(path, None)
+for path in paths:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+"""
+
+
+class Reaper:
+    """Removes `paths` if this process dies before close() (see _REAPER); best effort: where
+    no process can be started, nothing changes but that."""
+
+    def __init__(self, paths: tuple[str, ...]):
+        import subprocess
+
+        self._paths = paths
+        try:  # -I -S: no user site, no environment variables, nothing from the current directory
+            self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER], stdin=subprocess.PIPE,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          start_new_session=True)  # a terminal's Ctrl-C or hang-up is not for it
+            self._send("+", paths)
+        except OSError:
+            self._proc = None
+
+    def _send(self, op: str, paths: tuple[str, ...]) -> None:
+        for path in paths:
+            self._proc.stdin.write(op.encode() + os.fsencode(path).hex().encode() + b"\n")
+        self._proc.stdin.flush()
+
+    def close(self) -> None:
+        """The launch is over and this process lives on: its paths are its own again; the
+        reaper exits without removing anything."""
+        if self._proc is None:
+            return
+        import subprocess
+
+        try:
+            self._send("-", self._paths)
+            self._proc.stdin.close()
+            self._proc.wait(timeout=5)
+        except (OSError, ValueError):
+            pass
+        except subprocess.TimeoutExpired:  # stuck: it must not outlive the launch
+            self._proc.kill()
 
 
 @contextmanager
 def _worker_environment(one_node: bool):
     """What the workers inherit through the environment, for the time of the launch:
-    - LAUNCHER_PID: they die with this process (planner/_pdeath.py);
+    - LAUNCHER: they die with this process (planner/_pdeath.py);
     - PYTHONSAFEPATH: the spawn bootstrap (`python -c "from multiprocessing.spawn import
       ..."`, and the resource tracker's alike) would put '' (the current directory) first
       on sys.path and import `multiprocessing` from there before any of our code runs;
       multiprocessing then sets the worker's sys.path to the launcher's, nothing more
       (Python 3.11+; 3.10 ignores the variable);
     - GLOO_SOCKET_IFNAME (one machine, unless set): gloo listens on loopback, not on the
-      address the host name resolves to."""
-    values = {LAUNCHER_PID: str(os.getpid()), "PYTHONSAFEPATH": "1"}
+      address the host name resolves to;
+    - PYTHONWARNINGS, for multiprocessing's resource tracker (started here, so that it has
+      it): the semaphores of a launcher killed with SIGKILL are the tracker's to unlink, which
+      it does, with a warning per kind that they "appear to be leaked"; not said."""
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    values = {LAUNCHER: launcher_value(), "PYTHONSAFEPATH": "1",
+              "PYTHONWARNINGS": ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)}
     if one_node and "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
         values["GLOO_SOCKET_IFNAME"] = "lo"
     names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE"]  # the agent sets the last one for itself
     saved = {k: os.environ.get(k) for k in names}
     os.environ.update(values)
     try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         yield
     finally:
         for k, v in saved.items():
@@ -393,8 +530,87 @@ def init_process_group(backend: str = "auto", timeout_s: float = 120.0):
         device = torch.device("cpu")
         torch.set_num_threads(1)
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        if in_a_worker():  # ours: the agent's rendezvous has already gathered every worker
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        else:
+            _join_enclosing(backend, timeout_s)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def _join_enclosing(backend: str, timeout_s: float) -> None:
+    """Start the process group inside torchrun / Slurm once every rank has checked in: each
+    sets its key in the job's store (rank 0 hosts it, or torchrun's agent does) and waits up
+    to --timeout for the others'. A rank that never came is named in one line (torch's own
+    wait says only how many joined, in a long traceback)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} (MASTER_ADDR:MASTER_PORT)"
+    hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    timeout = timedelta(seconds=timeout_s)
+    with _native_stderr_silenced():
+        store = _joined_store(dist, rank, world, hosts, timeout, where)
+    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world, timeout=timeout)
+
+
+def _joined_store(dist, rank: int, world: int, hosts: bool, timeout, where: str):
+    """The job's store once every rank has set its key in it (see _join_enclosing)."""
+    timeout_s = timeout.total_seconds()
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=hosts,
+                              timeout=timeout, wait_for_workers=False, multi_tenant=True)
+    except (RuntimeError, OSError) as exc:  # torch's DistError is a RuntimeError
+        raise PlannerError(f"rank {rank} could not {'open' if hosts else 'reach'} the job's store at {where} within "
+                           f"{timeout_s:g} s (--timeout): {_first_line(exc)}") from None
+    keys = [f"plan-joined/{r}" for r in range(world)]
+    store.set(keys[rank], "1")
+    try:
+        store.wait(keys, timeout)
+    except (RuntimeError, OSError):
+        raise PlannerError(f"{_missing(store, keys)} of WORLD_SIZE={world} never joined: rank {rank} waited {timeout_s:g} s "
+                           f"(--timeout) at {where}; start every rank, or give the enclosing launcher the world "
+                           "that runs") from None
+    return store
+
+
+@contextmanager
+def _native_stderr_silenced():
+    """torch's C++ store logs its retries and time-outs, with stack frames, straight to file
+    descriptor 2; a failure here is reported in one line instead (PlannerError)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no stderr to protect
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _missing(store, keys: list[str]) -> str:
+    """'rank 1' / 'ranks 1, 3' / 'ranks 1, 2, ... (12 in all)': the ranks whose key is not in the store."""
+    try:
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+    except (RuntimeError, OSError):
+        return "some ranks"
+    if not missing:
+        return "some ranks"
+    shown = ", ".join(map(str, missing[:8])) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+    return f"rank{'s' if len(missing) > 1 else ''} {shown}"
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error, without gloo's / c10d's source-file prefix."""
+    lines = str(exc).strip().splitlines()
+    return re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ", "", lines[0]) if lines else type(exc).__name__
 
 
 def report_progress(path: Optional[str], done: int, total: int, message: str) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -74,8 +75,9 @@ def prepare_case(
     warmup: int = 1, seed: int = 0, learning_rate: float = 1e-3,
 ) -> RunCase:
     """Shrink the world and the model, adapt the plan to them, and check that the result can run."""
-    if steps < 1 or warmup < 0 or warmup >= steps:
-        raise UsageError(f"--steps must be at least 1 and --warmup in [0, steps - 1], got steps {steps}, warmup {warmup}")
+    if not 1 <= steps <= MAX_STEPS or warmup < 0 or warmup >= steps:
+        raise UsageError(f"--steps must be in 1-{MAX_STEPS:,} and --warmup in [0, steps - 1], got steps {steps}, warmup {warmup}")
+    check_rehearsal(rehearsal)
     notes: list[str] = []
     run_plan, run_job = rehearse_world(plan, job, rehearsal.dp, notes)
     run_model = scale_model(model, rehearsal, run_plan.tp, notes)
@@ -352,6 +354,22 @@ def _hidden_hint(model: ModelSpec, hidden: int, heads: int) -> int:
     return _nearest(hidden, lambda h: _head_dim_ok(model, h, heads))
 
 
+# Training steps of one run: each is verified against the reference, which runs them all again.
+MAX_STEPS = 100_000
+
+
+def check_rehearsal(r: Rehearsal) -> None:
+    """Each --scale-* / --rehearse-dp given is a count the model and plan documents accept
+    (planner/specs.py's bounds), before anything is computed from it."""
+    from planner.specs import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH
+
+    for value, option, most in [(r.layers, "--scale-layers", MAX_LAYERS), (r.hidden, "--scale-hidden", MAX_WIDTH),
+                                (r.heads, "--scale-heads", MAX_LAYERS), (r.vocab, "--scale-vocab", MAX_VOCAB),
+                                (r.seq_len, "--scale-seq-len", MAX_SEQ_LEN), (r.dp, "--rehearse-dp", MAX_GPUS)]:
+        if value is not None and not 1 <= value <= most:
+            raise UsageError(f"{option} must be between 1 and {most:,}, got {value if abs(value) < 10**20 else 'more'}")
+
+
 def _positive(value: int, option: str) -> None:
     if value < 1:
         raise UsageError(f"{option} must be at least 1, got {value}")
@@ -480,16 +498,23 @@ def fewer_ranks_hint(plan: Plan, most: int) -> Optional[str]:
     return f"--rehearse-dp {least} runs its layout on {least * unit} processes ({layout_factors(plan, least)}){upto}"
 
 
+def check_cpu_ranks(nproc_per_node: int, hint: Optional[str] = None) -> None:
+    """CPU processes standing in for GPUs: at most RANKS_PER_CORE a core."""
+    cores = os.cpu_count() or 1
+    if nproc_per_node > RANKS_PER_CORE * cores:
+        raise UsageError(
+            f"{nproc_per_node} CPU processes on {cores} cores is more than this machine can run ({RANKS_PER_CORE} per core at most); "
+            + (hint or f"use --nproc-per-node {RANKS_PER_CORE * cores} or fewer")
+        )
+
+
 def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Optional[int]) -> None:
     """On CPU, refuse a run that cannot fit this machine's memory: every rank first builds
     the whole model (fp32, 4 bytes a parameter) from the seed, then holds its share
     (predicted weights, gradients, optimizer states and activations of its stage)."""
     cores = os.cpu_count() or 1
-    if nproc_per_node > RANKS_PER_CORE * cores:
-        raise UsageError(
-            f"{nproc_per_node} CPU processes on {cores} cores is more than this machine can run ({RANKS_PER_CORE} per core at most); "
-            f"rehearse the plan on fewer ranks: {fewer_ranks_hint(case.plan, RANKS_PER_CORE * cores) or RESOLVE}"
-        )
+    check_cpu_ranks(nproc_per_node, "rehearse the plan on fewer ranks: "
+                    + (fewer_ranks_hint(case.plan, RANKS_PER_CORE * cores) or RESOLVE))
     if available is None:
         return
     from cost_models.compute import total_params
@@ -505,3 +530,166 @@ def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Op
             f"has {available / 2**30:.1f} GiB available; rehearse a smaller model with --scale-layers/--scale-hidden/--scale-vocab"
             + (f", or on fewer ranks: {fewer}" if fewer else "")
         )
+
+
+# --------------------------------------------------------------------------- the reference run
+
+# The single-process reference (planner/executor/verify.py:reference_runs) runs in this process
+# after the workers have exited: the whole model and the whole global batch at once, without
+# recompute, in float64 and then again in fp32 (the float64 run is the peak: 8 bytes a value).
+FLOAT64_BYTES = 8
+# What of MemAvailable a run may plan on using: the rest is for the page cache and the others.
+USABLE_MEMORY = 0.9
+
+
+def reference_bytes(model: ModelSpec, job: JobSpec) -> float:
+    """Peak memory of the float64 reference run: weights, gradients and Adam's two moments (8
+    bytes each a parameter), and what backward keeps for the whole global batch: every layer's
+    activations (no recompute; PyTorch's CPU scaled_dot_product_attention keeps no score
+    matrix), the final norm's and LM head's inputs, and the logits with their log-softmax and
+    gradient: cost_models/memory.py's fp32 byte counts, doubled. A 2-layer, 256-wide GPT with
+    a 1,024-token vocabulary on 256 x 512 tokens measured 11.7 GiB (peak RSS); this gives 11.6."""
+    from cost_models.compute import over_layers, total_params
+    from cost_models.memory import head_activation_bytes, layer_activation_bytes, logits_temporary_bytes
+    from planner.specs import Recompute
+
+    b, s, fp32 = job.global_batch_size, job.seq_len, DType.fp32
+    layers = over_layers(model, lambda dense: layer_activation_bytes(model, b, s, 1, False, Recompute.none, True, fp32, dense=dense))
+    head = head_activation_bytes(model, b, s, 1, False, fp32) + logits_temporary_bytes(model, b, s, 1, fp32)
+    states = 4 * FLOAT64_BYTES * total_params(model)  # weights, gradients, Adam's first and second moments
+    return TORCH_PROCESS_BYTES + states + 2 * (layers + head)
+
+
+def check_reference_memory(case: RunCase, rehearsal: Rehearsal, available: Optional[int], copies: int = 1) -> None:
+    """Refuse, before any launch, a run whose single-process reference (`copies` of it: one a
+    process inside an enclosing launcher) cannot fit this machine's memory, saying by how much
+    and which --scale-* (or --rehearse-dp) would fit."""
+    if available is None:
+        return
+    budget = USABLE_MEMORY * available / copies
+    need = reference_bytes(case.model, case.job)
+    if need <= budget:
+        return
+    where = f" each, {copies} processes here" if copies > 1 else ""
+    hints = _reference_hints(case, rehearsal, budget)
+    raise UsageError(
+        f"the single-process reference run that checks the result (the whole global batch of {case.job.global_batch_size} x "
+        f"{case.job.seq_len} tokens at once, in float64) needs about {need / 2**30:.1f} GiB{where}, {(need - budget) / 2**30:.1f} GiB "
+        f"more than the {budget / 2**30:.1f} GiB this machine has for it ({USABLE_MEMORY:.0%} of {available / 2**30:.1f} GiB available); "
+        + (f"rehearse with {' or '.join(hints)}" if hints else "rehearse a smaller model with --scale-layers/--scale-hidden/--scale-vocab "
+           "and a shorter --scale-seq-len")
+    )
+
+
+def _reference_hints(case: RunCase, rehearsal: Rehearsal, budget: float) -> list[str]:
+    """'--scale-layers 2', '--scale-seq-len 256', '--scale-vocab 1024', '--rehearse-dp 1': each one change to the
+    rehearsal (the others kept) whose run prepares and whose reference fits `budget`."""
+    model, job = case.model, case.job
+    options = [("--scale-layers", "layers", model.num_layers, lambda n: (model.model_copy(update={"num_layers": n}), job)),
+               ("--scale-seq-len", "seq_len", job.seq_len, lambda n: (
+                   model.model_copy(update={"max_seq_len": n}) if model.learned_position_embeddings else model,
+                   job.model_copy(update={"seq_len": n})))]
+    options.append(("--scale-vocab", "vocab", model.vocab_size, lambda n: (model.model_copy(update={"vocab_size": n}), job)))
+    if case.plan.dp > 1:  # fewer replicas, a smaller global batch
+        per_replica = job.global_batch_size // case.plan.dp
+        options.append(("--rehearse-dp", "dp", case.plan.dp,
+                        lambda n: (model, job.model_copy(update={"global_batch_size": n * per_replica}))))
+    hints = []
+    for option, name, current, shrunk in options:
+        most = _largest(current, lambda n, shrunk=shrunk: reference_bytes(*shrunk(n)) <= budget)
+        fits = next((n for n in range(most, max(most - 256, 0), -1) if _prepares(case, rehearsal, name, n)), None) if most else None
+        if fits:
+            hints.append(f"{option} {fits}")
+    return hints
+
+
+def _largest(current: int, fits: Callable[[int], bool]) -> int:
+    """The largest n below `current` for which fits(n) (true up to some n, then false), or 0."""
+    lo, hi = 0, current
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _prepares(case: RunCase, rehearsal: Rehearsal, name: str, value: int) -> bool:
+    """The rehearsal with `name` set to `value` makes a case that can run."""
+    from dataclasses import replace
+
+    try:
+        prepare_case(case.model, case.job, case.plan, replace(rehearsal, **{name: value}), steps=case.steps, warmup=case.warmup)
+    except UsageError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- options checked before any launch
+
+# Seeds: torch.manual_seed takes 64 bits, and the synthetic data's generator is seeded with
+# seed x 1,000,003 + step (planner/distributed/reference_model.py:synthetic_batch); 32 bits
+# keep both in range, as numpy's seeds are.
+SEED_LIMIT = 2**32
+# The process-group timeout (seconds): workers take seconds to import torch and join, so less
+# than this fails every run at its start; more than a day no longer notices a lost rank (and
+# torch keeps it in milliseconds in a 32-bit int: 24.8 days at most).
+TIMEOUT_RANGE_S = (5.0, 86_400.0)
+
+
+def check_seed(seed: int) -> None:
+    if not 0 <= seed < SEED_LIMIT:
+        got = f"{seed}" if abs(seed) < 10**20 else f"{'-' if seed < 0 else ''}a number of {len(str(abs(seed)))} digits"
+        raise UsageError(f"--seed must be in 0-{SEED_LIMIT - 1} (32 bits), got {got}")
+
+
+def check_timeout(timeout_s: float) -> None:
+    lo, hi = TIMEOUT_RANGE_S
+    if not lo <= timeout_s <= hi:
+        raise UsageError(f"--timeout must be between {lo:g} and {hi:,.0f} seconds (a rank that stops answering fails the run "
+                         f"after it; workers take seconds to start), got {timeout_s:g}")
+
+
+def gpu_absent() -> bool:
+    """No NVIDIA or AMD GPU device on this Linux machine (/dev/nvidia0, /dev/kfd): torch would
+    see none, so --backend auto means CPU processes (gloo). Known without importing torch;
+    False where unsure."""
+    import glob
+
+    if not sys.platform.startswith("linux"):
+        return False
+    return not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
+
+
+def profile_rank_bytes(model: ModelSpec, micro_batches: tuple[int, ...], seq_len: int) -> float:
+    """The most one CPU process of `plan profile` holds (fp32): a block, the embedding, and the LM
+    head with loss, each with its activations and gradients for the largest micro-batch (the
+    timed stacks build a small model: their blocks, embedding and head, the same sizes)."""
+    from cost_models.compute import embedding_params, head_params, layer_params
+    from cost_models.memory import head_activation_bytes, layer_activation_bytes, logits_temporary_bytes
+    from planner.specs import Recompute
+
+    b, s, fp32 = max(micro_batches), seq_len, DType.fp32
+    stack = min(4, model.num_layers)  # planner/profiler/calls.py:STACK_LAYERS
+    params = stack * layer_params(model).total + embedding_params(model) + head_params(model)
+    block = layer_activation_bytes(model, b, s, 1, False, Recompute.none, True, fp32)
+    head = head_activation_bytes(model, b, s, 1, False, fp32) + logits_temporary_bytes(model, b, s, 1, fp32)
+    return TORCH_PROCESS_BYTES + 2 * 4 * params + stack * block + head + 4 * b * s * model.hidden_size
+
+
+def check_profile_memory(model: ModelSpec, micro_batches: tuple[int, ...], seq_len: int, nproc_per_node: int,
+                         available: Optional[int]) -> None:
+    """Refuse a CPU profile whose processes cannot fit this machine's memory, naming sizes that fit."""
+    if available is None:
+        return
+    budget = USABLE_MEMORY * available / nproc_per_node
+    need = profile_rank_bytes(model, micro_batches, seq_len)
+    if need <= budget:
+        return
+    mbs = _largest(max(micro_batches) + 1, lambda b: profile_rank_bytes(model, (b,), seq_len) <= budget)
+    seq = _largest(seq_len + 1, lambda n: profile_rank_bytes(model, micro_batches, n) <= budget)
+    fits = ([f"--micro-batch-sizes up to {mbs}"] if mbs else []) + ([f"--seq-len {seq}"] if seq else [])
+    raise UsageError(
+        f"measuring {model.name} at micro-batch {max(micro_batches)} x {seq_len} tokens needs about {need / 2**30:.1f} GiB in each of "
+        f"{nproc_per_node} CPU processes, {(need - budget) * nproc_per_node / 2**30:.1f} GiB more than this machine has for them "
+        f"({USABLE_MEMORY:.0%} of {available / 2**30:.1f} GiB available); "
+        + (f"use {' or '.join(fits)}" if fits else "use fewer --nproc-per-node or a smaller model")
+    )

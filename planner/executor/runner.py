@@ -114,21 +114,25 @@ def _launch_workers(cases: list[RunCase], spec: LaunchSpec, options: RunOptions,
         settings = WorkerSettings(backend=options.backend, timeout_s=options.timeout_s, progress_path=path,
                                   faults=options.faults)
         with follow_progress(path, progress):
-            return launch(spec, run_worker, cases, settings)
+            return launch(spec, run_worker, cases, settings, temporary=(path,) if path else ())
     finally:
         if path:
             os.unlink(path)
 
 
-def resolve_backend(requested: str) -> str:
-    """'auto' is nccl when this machine has CUDA, else gloo (as the workers decide)."""
+def resolve_backend(requested: str, nproc_per_node: Optional[int] = None) -> str:
+    """'auto' is nccl when this machine has CUDA, else gloo (as the workers decide). With nccl,
+    each of the `nproc_per_node` workers of this machine needs a GPU of its own."""
     import torch
 
     if requested == "nccl" and not torch.cuda.is_available():
         raise UsageError("--backend nccl needs CUDA, and torch sees no GPU here; use --backend gloo")
-    if requested != "auto":
-        return requested
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    backend = requested if requested != "auto" else "nccl" if torch.cuda.is_available() else "gloo"
+    gpus = torch.cuda.device_count() if backend == "nccl" else 0
+    if backend == "nccl" and nproc_per_node is not None and nproc_per_node > gpus and not inside_launcher():
+        raise UsageError(f"--nproc-per-node {nproc_per_node} with nccl needs a GPU per process, and this machine has {gpus}; "
+                         f"use --nproc-per-node {gpus} or fewer, or --backend gloo")
+    return backend
 
 
 def check_fp8(device: str) -> None:
