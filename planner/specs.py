@@ -148,9 +148,10 @@ class _Spec(BaseModel):
         kind = _plain_kind(field.annotation)
         if kind is None or value is None:
             return value
-        items = value if (kind[1] and isinstance(value, list)) else [value] if not kind[1] else []
+        plain, listed = kind
+        items = (value if isinstance(value, list) else ()) if listed else (value,)  # a list's other shapes: pydantic's
         for item in items:
-            problem = _kind_problem(kind[0], item)
+            problem = _kind_problem(plain, item)
             if problem:
                 raise PydanticCustomError("strict_type", problem, {})
         return value
@@ -158,7 +159,7 @@ class _Spec(BaseModel):
 
 def _refused(message: str) -> PydanticCustomError:
     """A validator's refusal whose message is shown as it is (no "Value error, " before it)."""
-    return PydanticCustomError("spec", message.replace("{", "(").replace("}", ")"), {})
+    return PydanticCustomError("spec", message, {})  # no context: braces in the message stay as they are
 
 
 def _plain_kind(annotation) -> Optional[tuple[type, bool]]:

@@ -142,11 +142,19 @@ def _plan_doc() -> dict:
     return {k: doc[k] for k in ("schema_version", "model", "cluster", "num_gpus", "job", "plan")}
 
 
+def _solve_doc() -> dict:
+    """A `plan solve` document with what the readers of --alternative take of it (not its estimates)."""
+    doc = api.solve("gpt2-124m", "dgx-a100-80gb", gpus=8, global_batch=16, seq_len=512, target="generic", top_k=2)
+    doc = doc.model_dump(mode="json")
+    alternatives = [{k: a[k] for k in ("plan", "global_batch_size", "target")} for a in doc["alternatives"]]
+    return {**{k: doc[k] for k in ("schema_version", "model", "cluster", "num_gpus", "job", "plan")}, "alternatives": alternatives}
+
+
 def _hf_doc() -> dict:
     return json.loads((ROOT / "tests/data/hf_configs/llama-3-8b.json").read_text())
 
 
-MODEL_DOC, CLUSTER_DOC, PLAN_DOC, HF_DOC = _model_doc(), _cluster_doc(), _plan_doc(), _hf_doc()
+MODEL_DOC, CLUSTER_DOC, PLAN_DOC, SOLVE_DOC, HF_DOC = _model_doc(), _cluster_doc(), _plan_doc(), _solve_doc(), _hf_doc()
 
 
 @FAST
@@ -174,6 +182,18 @@ PLAN_COMMANDS = [["estimate", "--plan", "p.json", "--json"], ["show", "p.json", 
 def test_a_plan_document_with_one_hostile_field(path, value, command):
     doc = _replaced(PLAN_DOC, path, value)
     check_document("p.json", doc, command, never_valid(_get(PLAN_DOC, path), value))
+
+
+ALTERNATIVE_COMMANDS = [["estimate", "--plan", "p.json", "--alternative", "1", "--json"],
+                        ["export", "p.json", "--alternative", "1", "--to", "deepspeed"]]
+
+
+@FAST
+@given(path=st.sampled_from([p for p in _paths(SOLVE_DOC) if p[:2] == ("alternatives", 0)]), value=values,
+       command=st.sampled_from(ALTERNATIVE_COMMANDS))
+def test_a_solve_documents_alternative_with_one_hostile_field(path, value, command):
+    doc = _replaced(SOLVE_DOC, path, value)
+    check_document("p.json", doc, command, never_valid(_get(SOLVE_DOC, path), value))
 
 
 def hf_never_valid(path, old, new) -> bool:

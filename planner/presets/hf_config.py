@@ -15,7 +15,11 @@ config.json has no tie_word_embeddings, and Gemma2Config ties them.
 
 The checkpoint's torch_dtype / dtype is its storage dtype (Gemma-2-9B and OLMo 2 publish
 float32), not the training precision: the spec's param_dtype stays bf16 (mixed precision) and
-the source says what the checkpoint holds.
+the source says what the checkpoint holds. A checkpoint stored as anything but float32, bfloat16
+or float16 (float64, int8) is refused: what would train from it is not what this plans.
+
+Every field read has a kind (FIELD_KINDS: a count within the spec's bounds, a yes/no, a name),
+checked before anything is computed from it.
 """
 
 from __future__ import annotations
