@@ -31,16 +31,19 @@ from planner.errors import PlannerError, UsageError
 
 T = TypeVar("T", bound=BaseModel)
 
-# A spec, profile or plan file is a few hundred kB at most; nesting is a few levels. YAML is
-# parsed node by node in Python (about 10 us a node here even over libyaml's parser), so it
-# gets a lower size and a node bound: a spec written by hand has a few hundred nodes and needs
-# no alias (a YAML "billion laughs" of 700 bytes expands to 10^9 nodes through its aliases).
-MAX_SPEC_BYTES = 64 * 2**20
-MAX_YAML_BYTES = 4 * 2**20
-MAX_YAML_NODES = 50_000  # counted with every alias expanded; `plan solve --top-k 10 --json` for DeepSeek-V3 has 1,903
+# A spec, profile or plan file is a few hundred kB at most (`plan solve --top-k 10 --json` for
+# DeepSeek-V3: 64 kB, 1,903 values; a Hugging Face config.json: a few kB); nesting is a few
+# levels. The bounds keep the worst file of each kind to about a second on a busy 2-core machine,
+# where json.loads takes about 2.5 s for 4 MiB of "[]," (1.4 million lists): a JSON file's values
+# are first counted from its commas and brackets. YAML is composed node by node in Python (about
+# 20 us a node there even over libyaml's parser), so it is bounded by nodes, counted with every
+# alias expanded, and by aliases (a spec needs none; a YAML "billion laughs" of 700 bytes expands
+# to 10^9 nodes through 90 aliases).
+MAX_SPEC_BYTES = 4 * 2**20
+MAX_JSON_NODES = 500_000
+MAX_YAML_NODES = 50_000
 MAX_YAML_ALIASES = 100
 MAX_DEPTH = 32
-MAX_JSON_NODES = 2_000_000  # walked by the depth check; a plan document with alternatives has a few thousand
 _KINDS = "give a regular .json/.yaml file"
 _UNNAMEABLE = "not a name a file can have here (a NUL byte, or a character the file system's encoding lacks)"
 
@@ -66,7 +69,7 @@ def inputs_read() -> dict:
     return dict(_READ.get() or {})
 
 
-def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec or plan file", note: str = "") -> bytes:
+def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec or plan file") -> bytes:
     """The bytes of a regular file of at most `limit` bytes; anything else one UsageError line.
     Opened with O_NONBLOCK (a FIFO swapped in after the stat cannot block), checked again with
     fstat on the open descriptor, read up to limit + 1 bytes (a file growing meanwhile is caught)."""
@@ -83,7 +86,7 @@ def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec 
         info = os.fstat(fd)
         _refuse_special(name, info.st_mode)
         if info.st_size > limit:
-            raise UsageError(f"{name}: {info.st_size:,} bytes is too large for a {what} (at most {limit:,}{note})")
+            raise UsageError(f"{name}: {info.st_size:,} bytes is too large for a {what} (at most {limit:,})")
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(limit + 1 - size, 2**20))
@@ -92,7 +95,7 @@ def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec 
             chunks.append(chunk)
             size += len(chunk)
         if size > limit:
-            raise UsageError(f"{name}: more than {limit:,} bytes is too large for a {what} (at most {limit:,}{note})")
+            raise UsageError(f"{name}: more than {limit:,} bytes is too large for a {what} (at most {limit:,})")
     except OSError as exc:
         raise UsageError(os_message("read", name, exc)) from None
     finally:
@@ -146,15 +149,15 @@ def missing(path: Path | str) -> bool:
 
 def read_mapping(path: Path) -> tuple[dict, str]:
     """Parse a JSON or YAML file into a dict; errors name the file and line."""
-    is_json = path.suffix == ".json"
-    raw = (read_input(path) if is_json else
-           read_input(path, MAX_YAML_BYTES, "YAML file", f"; YAML is parsed node by node, JSON may have {MAX_SPEC_BYTES:,}"))
+    raw = read_input(path)
+    if path.suffix == ".json" and sum(raw.count(c) for c in (b",", b"[", b"{")) > MAX_JSON_NODES:  # before parsing them
+        raise UsageError(f"{path}: more than {MAX_JSON_NODES:,} values (counting commas and brackets); not a spec or plan file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not a UTF-8 text file (byte {exc.start}); give a JSON or YAML spec") from None
     try:
-        data = json.loads(text, parse_constant=_no_constant) if is_json else _load_yaml(path, raw)
+        data = json.loads(text, parse_constant=_no_constant) if path.suffix == ".json" else _load_yaml(path, text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
     except yaml.YAMLError as exc:
@@ -388,12 +391,11 @@ def _umask() -> int:
 def _shape(data) -> tuple[int, int]:
     """Nesting depth of lists and mappings and the number of values, each counted up to just
     past its limit (iteratively: no recursion; YAML's aliases bounded already by _load_yaml)."""
-    deepest, nodes, stack = 0, 0, [(data, 1)]
+    deepest, nodes, stack = 0, 1, [(data, 1)]
     while stack:
         item, d = stack.pop()
-        nodes += 1
         if isinstance(item, (dict, list)):
-            deepest = max(deepest, d)
+            deepest, nodes = max(deepest, d), nodes + len(item)
             if deepest > MAX_DEPTH or nodes > MAX_JSON_NODES:
                 break
             stack.extend((v, d + 1) for v in (item.values() if isinstance(item, dict) else item))

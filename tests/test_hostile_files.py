@@ -64,6 +64,8 @@ SAFE_KINDS = {  # name in the directory -> how it is made; none of these can blo
     "recursive alias": "recursive.yaml",
     "YAML of 2 MB": "{BIG}/big.yaml",  # outside the directory: hashing them for each snapshot would cost seconds
     "sparse 60 MB YAML": "{BIG}/huge.yaml",
+    "JSON of 3 MB": "{BIG}/big.json",
+    "sparse 60 MB JSON": "{BIG}/huge.json",
     "/dev/null": "/dev/null",
 }
 HANGING_KINDS = {"FIFO": "fifo.json", "/dev/zero": "/dev/zero", "/dev/urandom": "/dev/urandom", "/dev/stdin (a pipe)": "/dev/stdin"}
@@ -75,11 +77,13 @@ def _args(template: list[str], f: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory) -> Path:
-    """YAML of 2 MB (700,001 values) and a sparse file of 60 MB."""
+    """YAML of 2 MB (700,001 values), JSON of 3 MB (a million empty lists), sparse files of 60 MB."""
     d = tmp_path_factory.mktemp("big")
     (d / "big.yaml").write_text("num_layers: [" + "1, " * 700_000 + "1]\n")
-    with open(d / "huge.yaml", "wb") as f:
-        f.truncate(60 * 2**20)
+    (d / "big.json").write_text('{"num_layers": [' + "[], " * 1_000_000 + "[]]}")
+    for name in ("huge.yaml", "huge.json"):
+        with open(d / name, "wb") as f:
+            f.truncate(60 * 2**20)
     return d
 
 
@@ -235,8 +239,8 @@ def test_yaml_aliases_are_bounded_before_anything_expands_them(tmp_path_factory,
     assert time.monotonic() - start < 3
 
 
-def test_big_yaml_is_refused_or_read_within_seconds(big):
-    for name, why in [("big.yaml", "values"), ("huge.yaml", "too large for a YAML file")]:
+def test_big_files_are_refused_within_seconds(big):
+    for name, why in [("big.yaml", "values"), ("huge.yaml", "too large"), ("big.json", "values"), ("huge.json", "too large")]:
         start = time.monotonic()
         with pytest.raises(UsageError, match=why):
             read_mapping(big / name)
