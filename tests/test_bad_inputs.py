@@ -279,6 +279,49 @@ def _cases() -> list[tuple[str, list[str], int]]:
         cases.append((f"show {name}", ["show", name], 2))
         cases.append((f"export {name}", ["export", name, "--to", "megatron"], 2))
     cases += _file_layer_cases()  # issue 19, items 1-3, 10-12: below
+    cases += _run_profile_cases()  # issue 19, items 5 and 10-12 for plan run / plan profile: below
+    return cases
+
+
+# ----- issue 19, items 5 and 10-12 for `plan run` and `plan profile` (planner/executor/prepare.py,
+# planner/distributed/launch.py; tests/test_hostile_run.py generates the classes, the environment's
+# among them): what failed only after launch, refused before it. Counts of CPU processes are this
+# machine's limit plus some, and --backend gloo, so that no case launches on a bigger machine.
+def _run_profile_files(d: Path) -> None:
+    """A plan whose single-process reference (4,096 x 1,024 tokens in float64) fits no machine,
+    made as a user makes one, and --model-factory modules that fail at import."""
+    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--dp", "2",
+                                 "--global-batch", "4096", "--seq-len", "1024", "--precision", "fp32", "-o", str(d / "plan_bigref.json")])
+    assert r.exit_code == 0, r.output
+    (d / "factory_raises.py").write_text("raise RuntimeError('boom at import')\n")
+    (d / "factory_exits.py").write_text("import sys\nsys.exit(3)\n")
+
+
+def _run_profile_cases() -> list[tuple[str, list[str], int]]:
+    from planner.executor.prepare import RANKS_PER_CORE, gpu_absent
+
+    too_many = RANKS_PER_CORE * (os.cpu_count() or 1) + 4  # plan_ok.json's replica is tp 2 x pp 2 = 4 processes
+    run, profile = ["run", "plan_ok.json"], ["profile", "--model", "gpt2-124m", "-o", "p.json"]
+    cases = [
+        ("19.5 run a reference that fits no machine", ["run", "plan_bigref.json"], 2),
+        ("19.10 run --seed 10**23", run + ["--seed", str(10**23)], 2),
+        ("19.10 run --timeout 1e300", run + ["--timeout", "1e300"], 2),
+        ("19.10 run --timeout 1e-9", run + ["--timeout", "1e-9"], 2),
+        ("19.10 run --nproc-per-node beyond the cores", run + ["--backend", "gloo", "--rehearse-dp", str(too_many // 4 + 1),
+                                                              "--nproc-per-node", str(4 * (too_many // 4 + 1))], 2),
+        ("19.10 profile --nproc-per-node beyond the cores", profile + ["--backend", "gloo", "--nproc-per-node", str(too_many)], 2),
+        ("19.10 profile huge --micro-batch-sizes", profile + ["--backend", "gloo", "--micro-batch-sizes", "1,100000000"], 2),
+        ("19.10 profile --micro-batch-sizes past the bound", profile + ["--micro-batch-sizes", str(10**12)], 2),
+        ("19.10 profile huge --seq-len", ["profile", "--model", "llama3-8b", "--backend", "gloo", "--seq-len", "100000000",
+                                          "-o", "p.json"], 2),
+        ("19.11 profile --model-factory raising at import", profile + ["--model-factory", "factory_raises:make"], 2),
+        ("19.11 profile --model-factory calling sys.exit(3)", profile + ["--model-factory", "factory_exits:make"], 2),
+    ]
+    for endpoint in ["host:99999", "host:abc", "host", "host:0", ":29500"]:
+        cases.append((f"19.10 run --rdzv-endpoint {endpoint}", run + ["--rdzv-endpoint", endpoint], 2))
+        cases.append((f"19.10 profile --rdzv-endpoint {endpoint}", profile + ["--rdzv-endpoint", endpoint], 2))
+    if gpu_absent():  # elsewhere nccl is this machine's to run
+        cases.append(("19.10 profile --backend nccl on CPU", profile + ["--backend", "nccl"], 2))
     return cases
 
 
@@ -345,6 +388,7 @@ def inputs(tmp_path_factory) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
     _file_layer_files(d)
+    _run_profile_files(d)
     return d
 
 

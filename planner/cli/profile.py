@@ -62,6 +62,7 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
     mbs = _micro_batch_sizes(micro_batch_sizes or ("1" if quick else "1,2,4"))
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, backend=backend)
     validate(spec)
+    require_torch("profile")  # installed (not loaded yet): said before what this machine would hold
     _check_this_machine(model, mbs, seq, spec)
     check_output(output, (model_name, show_path))
     if model_factory:

@@ -107,6 +107,7 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
     world, how = launch_world(spec)
     check_world(case.plan, world, how)
     check_profile_size(doc.cluster, world, plan_file)  # a profile predicts only the world it measured
+    require_torch("run")  # installed (not loaded yet): said before what this machine would hold
     ranks_checked = _check_this_machine(case, rehearsal, doc.cluster, backend, nproc_per_node)
     # Everything above refuses a bad request in a fraction of a second; torch (seconds) only now.
     _import_torch()
