@@ -39,6 +39,7 @@ MAX_GLOBAL_BATCH = 10**8  # no optimizer step holds 10^8 sequences
 MAX_SEQ_LEN = 10**8  # no context is 10^8 tokens
 MAX_VOCAB = 10**8  # vocabularies are ~10^5 tokens
 MAX_LAYERS = 100_000  # the deepest published transformers have ~10^2-10^3 layers
+MAX_COUNT = 100_000  # heads, KV heads, experts, top-k: the most published are ~10^2-10^3
 MAX_WIDTH = 10**7  # hidden and MLP widths: the widest published are ~10^5
 MAX_TFLOPS = 1e6  # TFLOP/s of one device: an H100 has ~2e3 (FP8)
 MIN_TFLOPS = 1e-6  # 1 MFLOP/s: a slower "device" is a unit mistake
@@ -300,13 +301,13 @@ class ModelSpec(_Spec):
     name: str = Field(description="Model name, e.g. 'gpt3-175b'.")
     num_layers: Integer(1, MAX_LAYERS) = Field(description="Number of transformer layers (blocks).")
     hidden_size: Integer(1, MAX_WIDTH) = Field(description="Model width h.")
-    num_heads: Integer(1, MAX_LAYERS) = Field(description="Attention (query) heads a.")
+    num_heads: Integer(1, MAX_COUNT) = Field(description="Attention (query) heads a.")
     attention_head_dim: Optional[Integer(1, MAX_WIDTH)] = Field(
         default=None,
         description="Width of one attention head when it is not hidden_size / num_heads (Qwen3, GPT-OSS: the query and "
         "output projections are then h x (heads x head_dim)); None: hidden_size / num_heads (schema 1.4).",
     )
-    num_kv_heads: Optional[Integer(1, MAX_LAYERS)] = Field(
+    num_kv_heads: Optional[Integer(1, MAX_COUNT)] = Field(
         default=None, description="Key/value heads for grouped-query attention; None means equal to num_heads (MHA)."
     )
     ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(
@@ -352,11 +353,11 @@ class ModelSpec(_Spec):
         description="Training precision when the job names none (16-bit mixed precision: bf16). A Hugging Face config's "
         "torch_dtype is the checkpoint's storage dtype, not this: such a model trains in bf16 unless told otherwise.",
     )
-    num_experts: Optional[Integer(2, MAX_LAYERS)] = Field(
+    num_experts: Optional[Integer(2, MAX_COUNT)] = Field(
         default=None,
         description="Mixture-of-experts: routed experts per MoE layer; None for a dense model (schema 1.4).",
     )
-    experts_per_token: Optional[Integer(1, MAX_LAYERS)] = Field(default=None, description="Routed experts each token goes to (top-k).")
+    experts_per_token: Optional[Integer(1, MAX_COUNT)] = Field(default=None, description="Routed experts each token goes to (top-k).")
     moe_ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(default=None, description="Inner width of one expert's MLP; None means ffn_hidden_size.")
     num_shared_experts: Integer(0, 1_000) = Field(default=0, description="Experts every token goes to besides the routed ones (DeepSeek).")
     first_dense_layers: Integer(0, MAX_LAYERS) = Field(

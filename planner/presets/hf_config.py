@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from planner.errors import UsageError
-from planner.specs import MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH
+from planner.specs import MAX_COUNT, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH
 
 # ----- the families read
 
@@ -189,8 +189,8 @@ FIELD_KINDS: dict[str, tuple] = {
     **dict.fromkeys(("hidden_size", "n_embd", "intermediate_size", "n_inner", "head_dim", "moe_intermediate_size", "kv_lora_rank",
                      "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim"), _WIDTH),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_experts", "num_local_experts", "n_routed_experts",
-                     "num_experts_per_tok", "experts_per_token", "decoder_sparse_step", "moe_layer_freq", "sliding_window_pattern",
-                     "_sliding_window_pattern"), _LAYERS),
+                     "num_experts_per_tok", "experts_per_token"), _count(1, MAX_COUNT)),
+    **dict.fromkeys(("decoder_sparse_step", "moe_layer_freq", "sliding_window_pattern", "_sliding_window_pattern"), _LAYERS),
     **dict.fromkeys(("max_window_layers", "first_k_dense_replace", "num_nextn_predict_layers", "n_shared_experts"), _count(0, MAX_LAYERS)),
     "shared_expert_intermediate_size": _count(0, MAX_WIDTH),
     "vocab_size": _count(1, MAX_VOCAB),
