@@ -79,7 +79,7 @@ def _expected(kind, text: str):
         return numbers if all(kind.low <= n <= kind.high for n in numbers) else None
     first, dash, last = text.partition("-")
     a, b = first.strip(" "), (last if dash else first).strip(" ")
-    if not (_DIGITS.fullmatch(a) and _DIGITS.fullmatch(b)) or len(b) > 30 or int(b) > 10**8:
+    if not (_DIGITS.fullmatch(a) and _DIGITS.fullmatch(b)) or len(b) > 30 or int(b) >= 10**18:
         return None
     return (int(a), int(b)) if int(a) <= int(b) else None
 

@@ -32,7 +32,7 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
     if as_json:
         click.echo(json.dumps({"stack": out.stack, "kind": out.kind, "data": out.data, "text": out.text}, indent=2))
     elif not output:
-        click.echo(out.text.rstrip("\n"))
+        click.echo(render.printable(out.text.rstrip("\n"), lines=True))  # a name in a comment: no raw escape
     if output:
         render.note(f"{out.stack} {out.kind} written to {output}")
     note = costed_for_another(Path(plan_file), alternative, stack)

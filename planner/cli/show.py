@@ -97,7 +97,8 @@ def picture_title(doc) -> str:
 
 def _check_range(option: str, span: Optional[tuple[int, int]], count: int, what: str) -> None:
     if span is not None and span[1] >= count:
-        raise UsageError(f"{option} {span[0]}-{span[1]}: the plan has {count} {what}, numbered 0-{count - 1}; "
+        given = f"{span[0]}" if span[0] == span[1] else f"{span[0]}-{span[1]}"
+        raise UsageError(f"{option} {given}: the plan has {count} {what}, numbered 0-{count - 1}; "
                          "give a range inside them")
 
 

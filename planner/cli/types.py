@@ -26,6 +26,11 @@ def _given(value: Any) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
+def _number(x: float) -> str:
+    """A bound as a sentence writes it: 10,000,000, 0.5."""
+    return f"{x:,.0f}" if x == int(x) else f"{x:g}"
+
+
 class Whole(click.ParamType):
     """A whole number from `low` to `high`, in ASCII digits ('+6', '0_6', ' 6', '٦' refused)."""
 
@@ -76,7 +81,8 @@ class Real(click.ParamType):
         self.low, self.high, self.low_allowed = low, high, low_allowed
 
     def allowed(self) -> str:
-        return f"give a number {'from' if self.low_allowed else 'above'} {self.low:g} {'to' if self.low_allowed else 'and at most'} {self.high:g}"
+        low, high = _number(self.low), _number(self.high)
+        return f"give a number {'from' if self.low_allowed else 'above'} {low} {'to' if self.low_allowed else 'and at most'} {high}"
 
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> float:
         x = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else decimal_number(value)
@@ -95,12 +101,13 @@ class Span(click.ParamType):
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> tuple[int, int]:
         if isinstance(value, tuple):
             return value
+        option = f"{param.opts[0]} " if param is not None else ""
         first, dash, last = str(value).partition("-")
         a, b = whole_number(first.strip(" ")), whole_number(last.strip(" ") if dash else first.strip(" "))
-        if a is None or b is None or a < 0 or b < 0 or b > MAX_GLOBAL_BATCH:
-            self.fail(f"{_given(value)}: give a range A-B of whole numbers from 0 (or one number), e.g. 0-3", param, ctx)
+        if a is None or b is None or b >= 10**18:  # the plan's own count is checked once it is read
+            self.fail(f"{_given(value)}: give a range A-B of numbers from 0 (or one number), e.g. {option}0-3", param, ctx)
         if a > b:
-            self.fail(f"{_given(value)}: the range runs backwards; give A-B with A <= B, e.g. {b}-{a}", param, ctx)
+            self.fail(f"{_given(value)}: the range runs backwards; give A-B with A <= B, e.g. {option}{b}-{a}", param, ctx)
         return a, b
 
 
