@@ -212,6 +212,13 @@ def test_a_hugging_face_config_with_one_hostile_field(path, value):
                    hf_never_valid(path, _get(HF_DOC, path), value))
 
 
+def test_every_field_a_family_reads_has_a_kind():
+    """A field added to a family (planner/presets/hf_config.py:FAMILIES) is checked by kind too."""
+    from planner.presets.hf_config import FAMILIES
+
+    assert set().union(*(f.fields for f in FAMILIES.values())) <= set(FIELD_KINDS)
+
+
 def test_the_properties_can_fail():
     """What the generated tests count as never valid is what they claim."""
     assert never_valid(6, "6") and never_valid(6, 6.0) and never_valid(True, 1) and never_valid(80.0, "80")
