@@ -49,8 +49,9 @@ class _Group(click.Group):
 
 
 # What a failed write to stdout raises (a stream's OSError carries no file name): the reader
-# of the pipe gone, a full disk or quota, a closed descriptor, an I/O error.
-_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EBADF, errno.EIO}
+# of the pipe or socket gone, a full disk or quota, a closed descriptor, an I/O error, a
+# non-blocking descriptor (set so by whoever shares it) that is full.
+_OUTPUT_ERRNOS = {errno.EPIPE, errno.ECONNRESET, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EBADF, errno.EIO, errno.EAGAIN}
 
 
 class _ClosedOutput:
