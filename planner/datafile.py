@@ -442,6 +442,16 @@ else:  # PyYAML built without libyaml: the pure-Python parser, the same bounds
             _CountingComposer.__init__(self)
 
 
+# YAML 1.1 (PyYAML's resolver) reads a float only with a dot, so `1e15` would be the string
+# "1e15" and a spec's number refused; YAML 1.2's core schema (https://yaml.org/spec/1.2.2/,
+# 10.3.2) reads it as the float its author meant. Added to the floats PyYAML already knows.
+_YAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _load_yaml(path: Path, text: str):
     """yaml.safe_load with bounds: the composed node graph is checked (its size with every alias
     expanded, no alias inside its own anchor) before a Python object is constructed from it."""

@@ -118,3 +118,21 @@ def test_schema_1_0_names_still_read():
     old["bottleneck_stage"] = old.pop("bottleneck_pipeline_rank")
     assert specs.Estimate.model_validate(old) == est
     assert [sm.pipeline_rank for sm in specs.Estimate.model_validate(old).memory_gib_per_pipeline_rank] == [0, 1]
+
+
+def test_yaml_numbers_in_exponent_form_read_as_numbers(tmp_path):
+    """`1e15` is a float in YAML 1.2 (PyYAML's 1.1 resolver would make it a string, which the
+    strict number type then refuses); a quoted "1e3" stays a string and is refused."""
+    cluster = load_cluster("dgx-h100-80gb").model_dump(mode="json")
+    import yaml
+
+    text = yaml.safe_dump(cluster)
+    assert "memory_gib: 79.6" in text
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace("memory_gib: 79.6", "memory_gib: 7.96e1"))
+    assert load_cluster(str(path)).device.memory_gib == pytest.approx(79.6)
+    path.write_text(text.replace("memory_gib: 79.6", "memory_gib: 8e1"))
+    assert load_cluster(str(path)).device.memory_gib == 80.0
+    path.write_text(text.replace("memory_gib: 79.6", 'memory_gib: "8e1"'))
+    with pytest.raises(UsageError, match="memory_gib"):
+        load_cluster(str(path))
