@@ -278,6 +278,11 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
             if fields[field] != value:
                 changes.append(f"{field} {_show(fields[field])} -> {_show(value)}")
             fields[field] = value
+    if fields["tp"] == 1 and "tp" in given:  # sequence parallelism and its overlap split over tp ranks
+        for field in ("sequence_parallel", "tp_comm_overlap"):
+            if fields[field] and field not in given:
+                changes.append(f"{field} dropped (tp 1)")
+                fields[field] = False
     if (world_given or given.keys() & {"tp", "pp", "cp"}) and "dp" not in given:
         fields["dp"] = data_parallel(gpus, fields["tp"], fields["pp"], fields["cp"])
     per = fields["dp"] * fields["micro_batch_size"]

@@ -107,6 +107,17 @@ def test_what_if_is_the_cli_what_if(tmp_path):
     assert api.what_if(base).changes == () and api.what_if(base).document == base
 
 
+def test_a_what_if_to_tp_1_drops_sequence_parallelism_and_says_so():
+    """Sequence parallelism splits over the tp ranks: a what-if to tp 1 of such a plan drops it
+    (and its overlap) instead of refusing the layout, which no option could then turn off."""
+    base = api.estimate(**H100_8, tp=2, sequence_parallel=True, tp_comm_overlap=True, target="megatron")
+    assert base.plan.sequence_parallel and base.plan.tp_comm_overlap
+    got = api.what_if(base, tp=1)
+    assert not got.document.plan.sequence_parallel and not got.document.plan.tp_comm_overlap
+    assert got.changes[:3] == ("tp 2 -> 1", "sequence_parallel dropped (tp 1)", "tp_comm_overlap dropped (tp 1)")
+    assert api.what_if(base, tp=4).document.plan.sequence_parallel
+
+
 def test_solve_is_the_cli_json():
     """Every stack (the default) and one target with pins: --fix strings or a mapping."""
     inputs = dict(gpus=16, global_batch=64, seq_len=2048)
@@ -275,15 +286,16 @@ def test_a_stack_that_outlasts_the_time_limit_leaves_the_others_plans(monkeypatc
     plan (gpt3-175b on 1,024 A100s: megatron's 0.9 s against --time-limit 0.5): searched last,
     it takes only what the others left, and their plans are the answer, not proven."""
     from planner.search import stacks
+    from planner.search.deadline import Deadline
 
     search, clock, offset = stacks.solve, time.perf_counter, [0.0]
     monkeypatch.setattr(stacks, "time", SimpleNamespace(perf_counter=lambda: clock() + offset[0]))
 
-    def megatron_outlasts_the_limit(model, cluster, job, space, limit, top_k, time_limit, solver, layouts=None):
+    def megatron_outlasts_the_limit(model, cluster, job, space, limit, top_k, time_limit, solver, layouts=None, deadline=None):
         if job.target == Target.megatron:
             offset[0] += 60.0  # the whole limit and more, before its first ILP
-            time_limit = 0.0
-        return search(model, cluster, job, space, limit, top_k, time_limit, solver, layouts=layouts)
+            deadline = Deadline.after(0.0)
+        return search(model, cluster, job, space, limit, top_k, time_limit, solver, layouts=layouts, deadline=deadline)
 
     monkeypatch.setattr(stacks, "solve", megatron_outlasts_the_limit)
     doc = api.solve(SMALL, tiny_cluster(1.5), gpus=4, global_batch=2, seq_len=2048, time_limit=30.0)
