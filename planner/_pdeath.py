@@ -52,7 +52,15 @@ def _launcher() -> Optional[tuple[int, str]]:
 
 
 def _launcher_gone(pid: int, start: str) -> bool:
-    return start_time(pid) != start
+    if start != "0":
+        return start_time(pid) != start
+    try:  # its start time was unknown to the launcher itself (no /proc): whether the pid is alive
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
 
 
 def in_a_worker() -> bool:
@@ -80,7 +88,7 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if found is not None and (os.getppid() != found[0] or _launcher_gone(*found)):
+    if found is not None and os.getppid() != found[0]:  # its launcher is not its parent any more: gone
         try:  # a worker's stderr is its log file; anywhere else this is the one line a command ends with
             os.write(2, f"error: the plan launcher that started this process (pid {found[0]}, {LAUNCHER} in the "
                         "environment) has exited\n".encode())

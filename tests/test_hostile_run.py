@@ -162,16 +162,31 @@ def test_reference_bytes_against_a_measured_peak(plans):
     assert reference_bytes(case.model, case.job) / 2**30 == pytest.approx(11.7, rel=0.1)
 
 
-def test_the_hint_fits(plans):
-    """The --scale-seq-len the refusal names is accepted by the same check."""
-    from click.testing import CliRunner
+@pytest.mark.parametrize("gib", [4, 8, 64])
+def test_each_hint_fits(plans, gib):
+    """Every --scale-* / --rehearse-dp the refusal names makes a run whose reference fits (at
+    4 GiB no single one does: GPT-2's float64 weights, gradients and moments alone take 3.7)."""
+    from dataclasses import replace
 
-    from planner.cli.main import cli
+    from planner.errors import UsageError
+    from planner.executor.prepare import USABLE_MEMORY, Rehearsal, check_reference_memory, prepare_case
+    from planner.plan_file import read_plan_file
 
-    line = _refused(plans, ["run", "big_reference.json"])
-    seq = line.split("--scale-seq-len ")[1].split()[0].rstrip(",;")
-    r = CliRunner().invoke(cli, ["run", str(plans / "big_reference.json"), "--scale-seq-len", seq, "--steps", "0"])
-    assert "reference run" not in r.stderr and "--steps" in r.stderr  # past the memory check, to the next refusal
+    doc = read_plan_file(plans / "big_reference.json")
+    case = prepare_case(doc.model, doc.job, doc.plan, Rehearsal(), steps=2, warmup=1)
+    with pytest.raises(UsageError) as refusal:
+        check_reference_memory(case, Rehearsal(), gib * 2**30)
+    if gib == 4:
+        assert str(refusal.value).endswith("rehearse a smaller model with --scale-layers/--scale-hidden/--scale-vocab and a "
+                                           "shorter --scale-seq-len")
+        return
+    hints = str(refusal.value).split("rehearse with ")[1].split(" or ")
+    assert hints and all(h.startswith("--") for h in hints), str(refusal.value)
+    fields = {"--scale-layers": "layers", "--scale-seq-len": "seq_len", "--scale-vocab": "vocab", "--rehearse-dp": "dp"}
+    for hint in hints:
+        option, value = hint.split()
+        smaller = prepare_case(doc.model, doc.job, doc.plan, replace(Rehearsal(), **{fields[option]: int(value)}), steps=2, warmup=1)
+        assert reference_bytes(smaller.model, smaller.job) <= USABLE_MEMORY * gib * 2**30, hint
 
 
 # --------------------------------------------------------------------------- the environment
