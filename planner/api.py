@@ -50,6 +50,7 @@ from planner.inputs import (
 )
 from planner.plan_file import PlanInput, read_plan_file
 from planner.presets import load_model as load_model_named
+from planner.search.deadline import FIRST_PLAN_GRACE_S, Deadline
 from planner.search.report import solve_document
 from planner.search.solve import infeasibility, solve as search_one
 from planner.search.stacks import solve_stacks, stacks_infeasibility, target_space
@@ -193,6 +194,8 @@ def solve(
     >>> doc.job.target.value, doc.plan.world_size, doc.search.optimal
     ('megatron', 8, True)
     """
+    # one wall clock for the whole call, reading the inputs included (and a grace for a first plan)
+    deadline = Deadline.after(time_limit, FIRST_PLAN_GRACE_S)
     spec, hardware = load_model(model), load_cluster(cluster)
     n = cluster_size(hardware, gpus, nodes, _named(cluster, hardware))
     if (global_batch is None) == (micro_batch_size is None):
@@ -213,16 +216,17 @@ def solve(
                          micro_batches=micro_batches, allow_cross_node_tp=allow_cross_node_tp, fp8=fp8)
     limit = memory_limit_gib(hardware, max_memory_gib)
     if target is None:  # every stack, each with its own job and rules
-        result = solve_stacks(spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)
+        result = solve_stacks(spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline)
     else:  # a named stack searches only what it can express (planner/export); generic everything
         space = target_space(space, spec, job)
-        result = search_one(spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, time_limit=time_limit, solver=solver)
+        result = search_one(spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline)
     if result.best is None:
         if not result.stats.optimal:
-            raise InfeasibleError(f"no plan found within --time-limit {time_limit:g} s; allow more time")
+            raise InfeasibleError(f"no plan found within --time-limit {time_limit:g} s; allow more time, or narrow the search "
+                                  "(--target STACK, --fix)")
         if target is None:
-            raise stacks_infeasibility(spec, hardware, result.stacks, limit)
-        raise infeasibility(spec, hardware, job, space, limit)
+            raise stacks_infeasibility(spec, hardware, result.stacks, limit, deadline)
+        raise infeasibility(spec, hardware, job, space, limit, deadline=deadline)
     return solve_document(spec, hardware, n, result)
 
 

@@ -194,9 +194,9 @@ def test_a_time_limit_is_shared_out_among_the_stacks(monkeypatch):
     clock = [0.0]
     budgets = []
 
-    def fake_solve(model, cluster, job, space, limit, top_k, time_limit, solver, layouts=None):
-        budgets.append(time_limit)
-        clock[0] += time_limit * (0.5 if len(budgets) == 1 else 1.0)  # the first stack finishes early
+    def fake_solve(model, cluster, job, space, limit, top_k, time_limit, solver, layouts=None, deadline=None):
+        budgets.append(deadline.end - clock[0])
+        clock[0] += budgets[-1] * (0.5 if len(budgets) == 1 else 1.0)  # the first stack finishes early
         return stacks.SearchResult(None, [], stacks.SearchStats(optimal=False))
 
     monkeypatch.setattr(stacks, "solve", fake_solve)

@@ -147,21 +147,34 @@ def test_time_limit_marks_not_optimal():
     assert not res.stats.optimal
 
 
-@pytest.mark.parametrize("ticks", [3, 12, 1000])
-def test_time_limit_gives_a_plan_and_a_proven_gap(monkeypatch, ticks):
-    """Stopped early (a clock that advances one second per reading, so the stop is
-    reproducible), the search returns its best plan and a gap that the true optimum obeys."""
+@pytest.mark.parametrize("ilps", [1, 3, 1000])
+def test_time_limit_gives_a_plan_and_a_proven_gap(monkeypatch, ilps):
+    """Stopped early (a deadline that passes after `ilps` ILPs, so the stop is reproducible),
+    the search returns its best plan and a gap that the true optimum obeys."""
+    from planner.search.deadline import Deadline
+
     model, cluster = load_model("gpt3-13b"), load_cluster("dgx-a100-80gb")
     job, space = JobSpec(global_batch_size=512, seq_len=2048), SearchSpace(num_gpus=64, global_batch_size=512)
     exact = solve(model, cluster, job, space)
+    assert exact.stats.ilps_solved > 3
     best = 1 / exact.best.estimate.tokens_per_s
     import planner.search.solve as search
 
-    clock = iter(range(10**6))
-    monkeypatch.setattr(search.time, "perf_counter", lambda: float(next(clock)))
-    res = solve(model, cluster, job, space, time_limit=ticks)
+    solved, real = [0], search.solve_candidate
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        solved[0] += 1
+        return out
+
+    class AfterILPs(Deadline):
+        def expired(self) -> bool:
+            return solved[0] >= ilps
+
+    monkeypatch.setattr(search, "solve_candidate", counted)
+    res = solve(model, cluster, job, space, deadline=AfterILPs())
     assert res.best is not None
-    assert res.stats.optimal is (ticks > 20)  # 3 and 12 readings stop it; 1000 let it finish
+    assert res.stats.optimal is (ilps == 1000)  # 1 and 3 ILPs stop it; 1000 let it finish
     got = 1 / res.best.estimate.tokens_per_s
     gap = res.stats.optimality_gap
     assert 0 <= gap < 1

@@ -12,6 +12,7 @@ from planner.cli.common import require_names, solve_target_options
 from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOP_K
 from planner.datafile import check_output
 from planner.inputs import cp_degrees  # noqa: F401 (benchmarks/solve_scaling.py imports it from here)
+from planner.search.deadline import stop_on_signals
 from planner.specs import memory_limit_gib
 
 
@@ -30,6 +31,7 @@ from planner.specs import memory_limit_gib
 @click.option("--solver", type=click.Choice(["highs", "cbc"]), default=None, help="MILP solver [default: highs if installed].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
+@stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: stop within a moment, even inside a MILP; one line, exit 130 / 143 / 129
 def solve(
     model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, moe_dispatcher,
     global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp, fp8,

@@ -23,6 +23,8 @@ from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
 from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, DataParallel, Exposure, Hidden, Linear, RankTerms, dp_exposure
 
+from .deadline import NO_DEADLINE, Deadline
+
 BUCKET_TOL = 1e-9  # at a bucket's edge take the cheaper side: a bound must never be too high
 
 
@@ -157,7 +159,8 @@ def _whole(n: float) -> float:
     return math.floor(n + 1e-9)
 
 
-def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MODES) -> Optional[float]:
+def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MODES,
+                  deadline: Deadline = NO_DEADLINE) -> Optional[float]:
     """Seconds per step no split can beat, charging the recomputation that memory forces.
 
     Continuous relaxation per pipeline rank r: with n layers, memory is c_r + q_r n bytes
@@ -167,7 +170,8 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
     with K_r including the least exposed ZeRO-2/3 traffic over the rank's possible layer
     counts. Any split has some rank at least as slow as the smallest tau at which the
     ranks can hold L whole layers (a merge of the ranks' S_r(k)), and T >= sum_r S_r / v + (m - 1/v) tau
-    (cost_models/pipeline.py). Returns None when no split fits (memory).
+    (cost_models/pipeline.py). Returns None when no split fits (memory). OutOfTime
+    (planner/search/deadline.py) past `deadline`: the merge takes O(L log p).
     """
     t = pc.terms
     L, v, m = pc.num_layers, pc.vpp, pc.num_micro_batches
@@ -181,13 +185,13 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
         step_floor = max(step_floor, step)
     if any(rk.nhi < rk.nmin for rk in ranks) or sum(rk.nhi for rk in ranks) < L:
         return None
-    tau = _slowest_rank_time(ranks, a, L)
+    tau = _slowest_rank_time(ranks, a, L, deadline)
     total = L * a + sum(rk.K for rk in ranks)
     t_pipe = total / v + (m - 1 / v) * tau
     return t_pipe + max(step_floor, _mean_step_floor(pc)[1]) + _mean_optimizer_time(t)
 
 
-def _slowest_rank_time(ranks: list[_Rank], a: float, L: int) -> float:
+def _slowest_rank_time(ranks: list[_Rank], a: float, L: int, deadline: Deadline = NO_DEADLINE) -> float:
     """Smallest tau at which the ranks can hold all L layers, each a whole number of them
     within time tau per micro-batch: with few layers per rank, one layer more on the slowest
     rank is what an integer split costs, and the relaxation charges it. Rank r holds k layers
@@ -204,7 +208,9 @@ def _slowest_rank_time(ranks: list[_Rank], a: float, L: int) -> float:
     heap = [(time_at(rk, rk.nmin + 1), i, rk.nmin + 1) for i, rk in enumerate(ranks) if rk.nmin + 1 <= rk.nhi]
     heapq.heapify(heap)
     tau = lo
-    for _ in range(more):  # the caller checked that the ranks can hold L layers
+    for step in range(more):  # the caller checked that the ranks can hold L layers
+        if step % 4096 == 4095:
+            deadline.check()
         tau, i, k = heapq.heappop(heap)
         if k + 1 <= ranks[i].nhi:
             heapq.heappush(heap, (time_at(ranks[i], k + 1), i, k + 1))

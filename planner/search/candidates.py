@@ -33,6 +33,8 @@ from cost_models.compute import model_flops_per_step
 from cost_models.terms import MODES
 from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule, tp_problem
 
+from .deadline import NO_DEADLINE, Deadline, polled
+
 MESH_ORDERS = [tuple(p) for p in itertools.permutations((Axis.tp, Axis.dp, Axis.pp))]
 
 # Why a candidate was not solved; reported by `plan solve`: it cannot run...
@@ -175,18 +177,18 @@ def _untargeted(space: SearchSpace) -> SearchSpace:
 
 
 def enumerate_candidates(
-    model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, layouts: Optional[Layouts] = None
+    model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, layouts: Optional[Layouts] = None, deadline: Deadline = NO_DEADLINE,
 ) -> tuple[list[Candidate], Counter]:
     """Every layout of the search space, and how many were rejected and why: the layouts
     (`layouts` when enumerated once for several targets), less what --fix excludes and what
-    the target stack cannot express."""
+    the target stack cannot express. OutOfTime (planner/search/deadline.py) past `deadline`."""
     if layouts is None:
-        layouts = enumerate_layouts(model, cluster, space)
+        layouts = enumerate_layouts(model, cluster, space, deadline)
     elif not layouts.covers(space):
         raise ValueError("enumerate_candidates: layouts of another search space")  # an internal invariant
     rejected = Counter(layouts.rejected)
     out: list[Candidate] = []
-    for c in layouts.candidates:
+    for c in polled(layouts.candidates, deadline):
         if c.sequence_parallel and c.tp_comm_overlap not in space.tp_comm_overlap:
             continue  # a choice this target does not have (layouts enumerated for one that has it)
         if any(getattr(c, k) != val for k, val in space.fixed.items()):
@@ -200,9 +202,9 @@ def enumerate_candidates(
     return out, rejected
 
 
-def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> Layouts:
+def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline = NO_DEADLINE) -> Layouts:
     """Every layout of the search space that can work and can win (divisibility, TP inside a
-    node, dominated choices), before --fix and the target's rules."""
+    node, dominated choices), before --fix and the target's rules. OutOfTime past `deadline`."""
     rejected: Counter = Counter()
     out: list[Candidate] = []
     n, L = space.num_gpus, model.num_layers
@@ -234,7 +236,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
                         orders = inside
                     order_cache[key] = (orders, dropped)
                 orders, dropped_orders = order_cache[key]
-                for b, m in options:
+                for b, m in polled(options, deadline, every=1):
                     # Interleaving: Megatron-LM's rule, every model chunk holds L / (pp v) layers
                     # (recompute stays free per chunk); the interleaved schedule needs m % pp == 0.
                     vpps = [1] + [v for v in range(2, space.max_vpp + 1) if pp > 1 and L % (pp * v) == 0 and m % pp == 0]

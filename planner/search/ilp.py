@@ -15,9 +15,13 @@ every rank a linear constraint with its largest transient buffer as T >= each st
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pulp
 
@@ -26,7 +30,12 @@ from cost_models.tables import PipelineCosts
 from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, Hidden, LayoutTerms, Linear, RankTerms
 
 from .candidates import Candidate
+from .deadline import NO_DEADLINE, Deadline, solver_running, stop_requested
 
+
+# How long CBC may overrun the deadline before it is killed: it reads its own time limit
+# between branch-and-bound nodes, usually well within this.
+CBC_GRACE_S = 0.25
 
 # Relative optimality gap the MILP solver must close: far below any difference the cost
 # model can resolve, so "optimal" means optimal to 1e-7 of the step time.
@@ -59,12 +68,81 @@ def quiet_stdout():
         os.close(saved)
 
 
-def make_solver(name: str, time_limit: float | None, exact: bool = False):
-    """`exact`: an integer objective, solved to within half a unit."""
+def make_solver(name: str, time_limit: float | None, exact: bool = False, deadline: Deadline = NO_DEADLINE):
+    """`exact`: an integer objective, solved to within half a unit. HiGHS runs in this process
+    and stops when `deadline` passes or a stop signal comes (:class:`_StoppableHiGHS`); CBC is a
+    subprocess with its own wall-clock limit, killed on a stop signal (:func:`run_solver`)."""
     gaps = dict(gapRel=0.0, gapAbs=0.5) if exact else dict(gapRel=MIP_GAP, gapAbs=0.0)
     if name == "highs":
-        return pulp.HiGHS(msg=False, timeLimit=time_limit, threads=1, **gaps)
+        return _StoppableHiGHS(deadline, msg=False, timeLimit=time_limit, threads=1, **gaps)
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1, **gaps)
+
+
+class _StoppableHiGHS(pulp.HiGHS):
+    """PuLP's in-process HiGHS with an interrupt callback: HiGHS asks it about a thousand times a
+    second during presolve, simplex and branch-and-bound (HiGHS's callback API, kCallback*Interrupt:
+    setting data_in.user_interrupt stops the run with model status kInterrupt, which PuLP reads
+    as a time limit: the best point so far, not proven). It stops the run when the deadline
+    has passed or a stop signal was recorded (deadline.py:solver_running)."""
+
+    def __init__(self, deadline: Deadline, **kwargs):
+        super().__init__(**kwargs)
+        self.deadline = deadline
+
+    def callSolver(self, lp):
+        import highspy
+
+        deadline = self.deadline
+
+        def interrupt(_kind, _message, _data_out, data_in, _user_data):
+            if data_in is not None and (stop_requested() or deadline.expired()):
+                data_in.user_interrupt = True
+
+        lp.solverModel.setCallback(interrupt, None)
+        kinds = highspy.cb.HighsCallbackType
+        for kind in ("kCallbackSimplexInterrupt", "kCallbackIpmInterrupt", "kCallbackMipInterrupt"):
+            lp.solverModel.startCallback(getattr(kinds, kind))
+        lp.solverModel.run()
+
+
+def run_solver(prob, solver, deadline: Deadline = NO_DEADLINE) -> None:
+    """prob.solve(solver), stoppable: a stop signal during the call ends it (deadline.py:
+    solver_running raises Interrupted as it returns). CBC runs as a subprocess: killed on a stop
+    signal, or a moment after the deadline if it overruns its own limit (it checks it between
+    nodes; the problem is then left unsolved), its temporary files (the MPS model, the solution)
+    in a directory of their own that goes with it."""
+    cbc = isinstance(solver, pulp.PULP_CBC_CMD)
+    left = deadline.left()
+    watchdog = threading.Timer(left + CBC_GRACE_S, _kill_children) if cbc and left is not None else None
+    with tempfile.TemporaryDirectory(prefix="plan-milp-") as scratch, quiet_stdout(), solver_running(_kill_children if cbc else None):
+        if cbc:
+            solver.tmpDir = scratch
+        if watchdog is not None:
+            watchdog.daemon = True
+            watchdog.start()
+        try:
+            prob.solve(solver)
+        except pulp.PulpSolverError:
+            if not (cbc and deadline.expired()):
+                raise  # killed by the watchdog: the problem stays unsolved
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+
+
+def _kill_children() -> None:
+    """Kill this process's child processes (during a CBC solve: CBC). Linux's /proc lists them;
+    elsewhere CBC ends at its own time limit (and Ctrl-C from a terminal reaches it directly)."""
+    for task in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids = task.read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def default_solver() -> str:
@@ -269,10 +347,11 @@ def _counts(x) -> tuple:
 
 def solve_candidate(
     cand: Candidate, pc: PipelineCosts, memory_limit_gib: float, solver: str, time_limit: float | None = None,
-    modes: tuple = MODES, rules=None, cutoff_s: float | None = None,
+    modes: tuple = MODES, rules=None, cutoff_s: float | None = None, deadline: Deadline = NO_DEADLINE,
 ) -> tuple[Solution | None, str]:
     """The best layer split of one candidate. Returns (solution, or None if none fits or
-    none was found in time; solver status). `cutoff_s`: only a split faster than this step
+    none was found in time; solver status). `time_limit` (seconds) and `deadline`: whichever
+    comes first stops the solver. `cutoff_s`: only a split faster than this step
     time is of use (the search already holds enough faster plans); the row lets the solver
     stop as soon as it proves none is, and the status is then "Cutoff"."""
     # Time unit: about 1/100 of the step (the compute per pipeline rank).
@@ -282,8 +361,8 @@ def solve_candidate(
     prob += term
     if cutoff_s is not None:
         prob += term <= cutoff_s * ts * (1 + 1e-9), "cutoff"
-    with quiet_stdout():
-        prob.solve(make_solver(solver, time_limit))
+    stop = deadline.sooner(time_limit)
+    run_solver(prob, make_solver(solver, stop.left(), deadline=stop), stop)
     status = pulp.LpStatus[prob.status]
     if cutoff_s is not None and status == "Infeasible":
         return None, "Cutoff"
@@ -304,22 +383,22 @@ def _has_solution(prob) -> bool:
 
 
 def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_gib: float, solver: str, modes: tuple = MODES,
-                     rules=None):
+                     rules=None, deadline: Deadline = NO_DEADLINE):
     """The canonical representative of `counts` among the splits of this layout that are as
     fast and fit: many splits tie (a stage off an interleaved schedule's critical path may
     recompute or not), and which of them a MILP solver returns depends on its path, so the
     answer is fixed here by a second, small MILP: keep the step time, and minimise
     sum_j (Q k_i + j^2) x_ji over recomputed layers (k = 1 selective, 2 full, Q > every j^2
     term): the fewest recomputed layers, full ones counted double, placed in the earliest
-    stages. Returns None when the solver cannot confirm one (the caller keeps `counts`)."""
+    stages. Returns None when the solver cannot confirm one, or the deadline stops it first
+    (the caller keeps `counts`)."""
     ts = 100.0 / step_time
     prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts, rules)
     prob += term <= 100.0 * (1 + 1e-12), "same_step_time"
     P = pc.num_stages
     Q = P * P + 1
     prob += pulp.lpSum((Q * k + j * j) * x[j][k] for j in range(P) for k in (1, 2))
-    with quiet_stdout():
-        prob.solve(make_solver(solver, None, exact=True))
-    if pulp.LpStatus[prob.status] != "Optimal":
+    run_solver(prob, make_solver(solver, deadline.left(), exact=True, deadline=deadline), deadline)
+    if pulp.LpStatus[prob.status] != "Optimal" or prob.sol_status != pulp.LpSolutionOptimal:
         return None
     return _counts(x)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from planner.specs import Alternative, ClusterSpec, ModelSpec, SearchReport, SolveDocument, StackAnswer, TieBreak
 
 from .candidates import INFEASIBLE, CostTables
@@ -37,7 +35,7 @@ def solve_document(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, result
 def search_report(st: SearchStats) -> SearchReport:
     return SearchReport(
         candidates_considered=st.candidates_considered,
-        layouts_represented_log10=math.log10(st.layouts_represented) if st.layouts_represented else 0.0,
+        layouts_represented_log10=max(0.0, st.layouts_represented_log10),  # 0 when no candidate was bounded
         infeasible={k: v for k, v in sorted(st.rejected.items()) if k in INFEASIBLE},
         skipped={k: v for k, v in sorted(st.rejected.items()) if k not in INFEASIBLE},
         pruned_by_bound=st.pruned_by_bound,

@@ -34,6 +34,7 @@ from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
 from .candidates import MEMORY, Candidate, CostTables, Layouts, SearchSpace, enumerate_candidates
+from .deadline import NO_DEADLINE, Deadline, OutOfTime, polled
 from .ilp import Solution, canonical_counts, default_solver, solve_candidate
 
 REL_TOL = 1e-9  # bound comparisons
@@ -59,7 +60,7 @@ class SearchStats:
     optimal: bool = True
     optimality_gap: float = 0.0  # (best found - lower bound) / best found: 0 when proven optimal
     lower_bound: float = float("inf")  # seconds per token no plan of the space beats (the best found when optimal)
-    layouts_represented: int = 0  # with every layer split and recompute choice the ILP covers
+    layouts_represented_log10: float = -math.inf  # log10 of the layouts with every layer split and recompute choice the ILP covers
 
 
 @dataclass
@@ -86,7 +87,8 @@ def decode(c: Candidate, counts) -> Plan:
 def layouts_represented(stages: int, layers: int, equal_chunks: bool = False) -> int:
     """Number of (layer split, per-stage recompute counts) choices: ways to give each of
     `stages` stages >= 1 of `layers` layers (equal chunks when interleaved), and split each
-    stage's layers over 3 modes."""
+    stage's layers over 3 modes. Exact, with up to 10^5 digits: the search reports
+    :func:`layouts_represented_log10`."""
     if equal_chunks:
         n = layers // stages
         return ((n + 2) * (n + 1) // 2) ** stages
@@ -97,8 +99,7 @@ def layouts_represented(stages: int, layers: int, equal_chunks: bool = False) ->
 def _free_splits(stages: int, layers: int) -> int:
     """Coefficient of z^L in f(z)^S, f(z) = sum_{n>=1} C(n+2, 2) z^n = 1/(1-z)^3 - 1
     = z (3 - 3z + z^2) / (1-z)^3 (S = stages, L = layers). With P(z) = (3 - 3z + z^2)^S = sum p_k z^k,
-    the coefficient is sum_k p_k C(L - S - k + 3S - 1, 3S - 1): at most 2S + 1 terms, so
-    10^5 layers cost milliseconds (a convolution of the series took seconds at 10^4). The p_k
+    the coefficient is sum_k p_k C(L - S - k + 3S - 1, 3S - 1): at most 2S + 1 terms. The p_k
     follow from q P' = S q' P, q = 3 - 3z + z^2: 3(k+1) p_{k+1} = 3(k - S) p_k + (2S - k + 1) p_{k-1}."""
     S, L = stages, layers
     if L < S:
@@ -108,6 +109,47 @@ def _free_splits(stages: int, layers: int) -> int:
         total += p * math.comb(L - S - k + 3 * S - 1, 3 * S - 1)
         p_prev, p = p, ((3 * k - 3 * S) * p + (2 * S - k + 1) * p_prev) // (3 * (k + 1))
     return total
+
+
+def layouts_represented_log10(stages: int, layers: int, equal_chunks: bool = False) -> float:
+    """log10 of :func:`layouts_represented` in floating point (to ~1e-10): the exact count of a
+    10^5-layer model takes seconds per stage count to form (bignum binomials), this O(stages)."""
+    if layers < stages:
+        return -math.inf
+    if equal_chunks:
+        n = layers // stages
+        return stages * math.log10((n + 2) * (n + 1) // 2)
+    return _free_splits_log10(stages, layers)
+
+
+@lru_cache(maxsize=1024)
+def _free_splits_log10(stages: int, layers: int) -> float:
+    """log10 of _free_splits(S, L) as a sum of positive terms (logs then add without
+    cancellation): with u = 1 - z, f(z) = z (u^-3 + u^-2 + u^-1), so f(z)^S = z^S sum_j t_j u^-(S+j)
+    with t_j the coefficients of (1 + x + x^2)^S, and [z^(L-S)] u^-k = C(L - S + k - 1, k - 1):
+    the count is sum_{j=0}^{2S} t_j C(L + j - 1, S + j - 1). From (1 + x + x^2) T' = S (1 + 2x) T,
+    (j+1) t_{j+1} = (S - j) t_j + (2S - j + 1) t_{j-1}: positive ratios r_j = t_j / t_{j-1} for
+    j <= S, and t_{2S-j} = t_j."""
+    S, L = stages, layers
+    log_t = [0.0]  # log10 t_0 = log10 1
+    r = None
+    for j in range(S):  # t_{j+1} / t_j = ((S - j) + (2S - j + 1) / r_j) / (j + 1)
+        r = (S - j + (0.0 if r is None else (2 * S - j + 1) / r)) / (j + 1)
+        log_t.append(log_t[-1] + math.log10(r))
+    log_t += log_t[-2::-1]  # j = S+1 .. 2S by symmetry
+    terms = [lt + _log10_comb(L + j - 1, S + j - 1) for j, lt in enumerate(log_t)]
+    top = max(terms)
+    return top + math.log10(math.fsum(10.0 ** (x - top) for x in terms))
+
+
+def _log10_comb(n: int, k: int) -> float:
+    return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(10)
+
+
+def log10_sum(a: float, b: float) -> float:
+    """log10(10^a + 10^b) without forming either power (both may be past float range)."""
+    hi, lo = max(a, b), min(a, b)
+    return hi if lo == -math.inf else hi + math.log10(1.0 + 10.0 ** (lo - hi))
 
 
 def solve(
@@ -121,50 +163,90 @@ def solve(
     solver: Optional[str] = None,
     progress: Optional[Callable[[str], None]] = None,
     layouts: Optional[Layouts] = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> SearchResult:
     """Find the layout with the shortest predicted time per token that fits every GPU, for
     job.target (`space` holds what that stack can express). `layouts`: the space's layouts
-    when enumerated once for several targets (candidates.py:enumerate_layouts)."""
+    when enumerated once for several targets (candidates.py:enumerate_layouts). `time_limit`
+    (seconds from now) and `deadline`: whichever comes first ends the search with the best
+    plans so far (planner/search/deadline.py); with none found by then, the first one found
+    within the deadline's grace."""
     start = time.perf_counter()
+    deadline = deadline.sooner(time_limit)
+    early = deadline.before_first_plan()  # for work before a first plan
     limit = memory_limit_gib_of(cluster, memory_limit_gib)
     solver = solver or default_solver()
     stats = SearchStats(solver=solver)
-    cands, stats.rejected = enumerate_candidates(model, cluster, space, layouts)
-    stats.candidates_considered = len(cands) + sum(stats.rejected.values())
-    tables = CostTables(model, cluster, job)
-
-    heap, costs = _bound_all(cands, tables, limit, model.num_layers, stats)
+    try:
+        cands, stats.rejected = enumerate_candidates(model, cluster, space, layouts, early)
+        stats.candidates_considered = len(cands) + sum(stats.rejected.values())
+        tables = CostTables(model, cluster, job)
+        heap, costs = _bound_all(cands, tables, limit, model.num_layers, stats, early)
+    except OutOfTime:  # no bound for every candidate yet: no plan, nothing proven
+        stats.optimal, stats.solve_time_s = False, time.perf_counter() - start
+        return SearchResult(None, [], stats)
     if progress:
         progress(f"{len(cands)} candidates bounded in {time.perf_counter() - start:.2f} s")
+    found, unproven, cut = _search(cands, costs, heap, limit, top_k, solver, space, stats, deadline)
+    stats.pruned_by_bound = len(heap) + cut  # + candidates whose ILP proved them no faster than the k-th plan
+    stats.solve_time_s = time.perf_counter() - start
+    # Every plan not found is no faster than the least bound left unexplored.
+    unexplored = float("inf") if stats.optimal else min(unproven, heap[0][0] if heap else float("inf"))
+    stats.lower_bound = min(unexplored, found[0][0] if found else float("inf"))
+    if found and not stats.optimal:
+        stats.optimality_gap = max(0.0, (found[0][0] - stats.lower_bound) / found[0][0])
 
-    found: list[tuple[float, int, Solution]] = []  # (seconds per token, index, solution)
-    unproven = float("inf")  # least lower bound of candidates whose ILP stopped unproven
-    cut = 0  # candidates whose ILP proved them no faster than the (top_k + 1)-th plan found
+    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes, solver, space.rules, deadline)
+               for _, i, sol in found[: top_k + 1]]
+    if not results:
+        return SearchResult(None, [], stats)
+    fastest = results[0]
+    results = break_ties(results)
+    return SearchResult(results[0], results[1:], stats, fastest)
+
+
+def _search(cands: list, costs: dict, heap: list, limit: float, top_k: int, solver: str, space: SearchSpace, stats: SearchStats,
+            deadline: Deadline) -> tuple[list, float, int]:
+    """Best-first over the bounded candidates (`heap`, popped in place): refine the front
+    candidate's bound, or solve its ILP once refined, until no bound left can beat the
+    (top_k + 1)-th plan found, or the deadline (its grace while none is found). Returns (found: (seconds per token, index,
+    solution), fastest first; the least bound of candidates whose ILP stopped unproven;
+    candidates whose ILP proved them no faster than the (top_k + 1)-th plan)."""
+    found: list[tuple[float, int, Solution]] = []
+    unproven = float("inf")
+    cut = 0
 
     def threshold() -> float:
         need = top_k + 1
         return found[need - 1][0] if len(found) >= need else float("inf")
 
     while heap:
-        if time_limit is not None and time.perf_counter() - start > time_limit:
+        stop = deadline if found else deadline.before_first_plan()
+        if stop.expired():
             stats.optimal = False
             break
         if heap[0][0] >= threshold() * (1 - REL_TOL):
             break
-        lb, i, refined = heapq.heappop(heap)
+        lb, i, refined = heap[0]
         if not refined:
+            try:
+                rb = refined_bound(costs[i], limit, space.recompute_modes, stop)
+            except OutOfTime:  # the candidate stays on the heap with its cheap bound
+                stats.optimal = False
+                break
+            heapq.heappop(heap)
             stats.refined += 1
-            rb = refined_bound(costs[i], limit, space.recompute_modes)
             if rb is None:
                 stats.rejected[MEMORY] += 1
                 continue
             heapq.heappush(heap, (max(lb, rb / costs[i].tokens_per_step), i, True))
             continue
         # The front candidate's bound is refined: solve its ILP.
-        remaining = None if time_limit is None else max(1.0, time_limit - (time.perf_counter() - start))
+        heapq.heappop(heap)
         # Only a plan faster than the (top_k + 1)-th found so far can change the answer.
         cutoff = threshold() * costs[i].tokens_per_step if len(found) > top_k else None
-        sol, status = solve_candidate(cands[i], costs[i], limit, solver, remaining, space.recompute_modes, space.rules, cutoff)
+        sol, status = solve_candidate(cands[i], costs[i], limit, solver, None, space.recompute_modes, space.rules, cutoff,
+                                      deadline=stop)
         stats.ilps_solved += 1
         if status == "Cutoff":
             cut += 1
@@ -178,21 +260,7 @@ def solve(
             continue
         found.append((sol.objective / costs[i].tokens_per_step, i, sol))
         found.sort(key=lambda t: (t[0], t[1]))
-    stats.pruned_by_bound = len(heap) + cut  # + candidates whose ILP proved them no faster than the k-th plan
-    stats.solve_time_s = time.perf_counter() - start
-    # Every plan not found is no faster than the least bound left unexplored.
-    unexplored = float("inf") if stats.optimal else min(unproven, heap[0][0] if heap else float("inf"))
-    stats.lower_bound = min(unexplored, found[0][0] if found else float("inf"))
-    if found and not stats.optimal:
-        stats.optimality_gap = max(0.0, (found[0][0] - stats.lower_bound) / found[0][0])
-
-    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes, solver, space.rules)
-               for _, i, sol in found[: top_k + 1]]
-    if not results:
-        return SearchResult(None, [], stats)
-    fastest = results[0]
-    results = break_ties(results)
-    return SearchResult(results[0], results[1:], stats, fastest)
+    return found, unproven, cut
 
 
 def _per_token(f: Found, t: float) -> float:
@@ -226,16 +294,18 @@ def break_ties(results: list) -> list:
     return [pick] + [f for f in results if f is not pick]
 
 
-def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, stats: SearchStats) -> tuple[list, dict]:
+def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, stats: SearchStats,
+               deadline: Deadline = NO_DEADLINE) -> tuple[list, dict]:
     """Every candidate's cost tables and cheap bound: a heap of (bound on seconds per token,
     index, refined?) and the tables by index; what cannot fit even its model states is
-    counted as memory-infeasible."""
+    counted as memory-infeasible. OutOfTime when the deadline passes first."""
     heap: list = []
     costs: dict[int, PipelineCosts] = {}
-    for i, c in enumerate(cands):
+    for i, c in polled(enumerate(cands), deadline, every=64):
         pc = tables.pipeline(c)
         lb = cheap_bound(pc, limit)
-        stats.layouts_represented += layouts_represented(c.pp * c.vpp, num_layers, c.vpp > 1)
+        stats.layouts_represented_log10 = log10_sum(stats.layouts_represented_log10,
+                                                    layouts_represented_log10(c.pp * c.vpp, num_layers, c.vpp > 1))
         if lb is None:
             stats.rejected[MEMORY] += 1
             continue
@@ -244,28 +314,33 @@ def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, s
     return heap, costs
 
 
-def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: str, rules=None) -> tuple:
-    """The canonical split of those as fast as `counts` (ilp.canonical_counts), with any
-    recomputation that still costs nothing dropped (:func:`tidy`)."""
+def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: str, rules=None,
+           deadline: Deadline = NO_DEADLINE) -> tuple:
+    """The canonical split of those as fast as `counts` (ilp.canonical_counts, within the
+    deadline), with any recomputation that still costs nothing dropped (:func:`tidy`)."""
     step = evaluate(pc, list(counts)).step_time_s
     # One stage has no placement to choose, and a split with no recomputation is already what
     # the tie-break prefers: tidy() settles those.
     ties = pc.num_stages > 1 and any(c[1] or c[2] for c in counts)
-    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes, rules) if ties else None
+    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes, rules, deadline) if ties and not deadline.expired() else None
     if canonical is not None:
         est = evaluate(pc, list(canonical))
         if est.step_time_s <= step * (1 + 1e-12) and est.peak_memory_gib <= limit_gib:
             counts, step = canonical, est.step_time_s
-    return tidy(pc, counts, limit_gib, modes, step, rules)
+    return tidy(pc, counts, limit_gib, modes, step, rules, deadline)
 
 
-def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float, rules=None) -> tuple:
+def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float, rules=None,
+         deadline: Deadline = NO_DEADLINE) -> tuple:
     """Drop recomputation the ILP chose where it costs nothing (a stage off the critical
     path of an interleaved schedule ties with and without it): keep the step time `step` of
-    `counts` and the memory limit, prefer less recompute, stage by stage."""
+    `counts` and the memory limit, prefer less recompute, stage by stage (O(stages^2): past
+    the deadline the stages left keep what the ILP chose)."""
     counts = [tuple(c) for c in counts]
     best = step
     for j, (n0, n1, n2) in enumerate(counts):
+        if deadline.expired():
+            break
         for option in ((n0 + n1 + n2, 0, 0), (n0 + n1, 0, n2), (n0, n1 + n2, 0)):
             if option == counts[j]:
                 break
@@ -283,9 +358,9 @@ def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float,
 
 def _materialise(
     model, cluster, job, tables: CostTables, pc: PipelineCosts, sol: Solution, limit_gib: float, modes: tuple, solver: str,
-    rules=None,
+    rules=None, deadline: Deadline = NO_DEADLINE,
 ) -> Found:
-    counts = settle(pc, sol.counts, limit_gib, modes, solver, rules)
+    counts = settle(pc, sol.counts, limit_gib, modes, solver, rules, deadline)
     plan = decode(sol.candidate, counts)
     cjob = tables.job_for(sol.candidate)
     plan.validate_for(model, cjob)
@@ -295,10 +370,21 @@ def _materialise(
 
 def infeasibility(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace, limit_gib: float, stacks: Optional[str] = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> InfeasibleError:
     """Why nothing fits: the least memory any layout needs, how far over that is, and what
-    would make it fit. `stacks`: the stacks searched, where not job.target alone."""
-    need = min_memory_needed(model, cluster, job, space)
+    would make it fit. `stacks`: the stacks searched, where not job.target alone. Past the
+    deadline, only that nothing fits."""
+    try:
+        return _infeasibility(model, cluster, job, space, limit_gib, stacks, deadline)
+    except OutOfTime:
+        return InfeasibleError(f"no layout {stacks or job.target.value} can express fits in {gib(limit_gib)} GiB per GPU (--time-limit "
+                               "ran out before the least memory a layout needs was found; allow more time to see it)")
+
+
+def _infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace, limit_gib: float, stacks: Optional[str],
+                   deadline: Deadline) -> InfeasibleError:
+    need = min_memory_needed(model, cluster, job, space, deadline)
     if need is None:
         return InfeasibleError("no layout of the search space is valid for this model and GPU count (check --fix and divisibility)")
     over = need - limit_gib
@@ -311,7 +397,7 @@ def infeasibility(
     hints = []
     for factor in (2, 4, 8, 16, 32, 64):
         bigger = SearchSpace(**{**space.__dict__, "num_gpus": space.num_gpus * factor})
-        m2 = min_memory_needed(model, cluster, job, bigger)
+        m2 = min_memory_needed(model, cluster, job, bigger, deadline)
         if m2 is not None and m2 <= limit_gib:
             hints.append(f"at least {space.num_gpus * factor} GPUs")
             break
@@ -326,13 +412,15 @@ def infeasibility(
     )
 
 
-def min_memory_needed(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace) -> Optional[float]:
+def min_memory_needed(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace,
+                      deadline: Deadline = NO_DEADLINE) -> Optional[float]:
     """A lower bound (GiB) on the peak memory of the most frugal layout: every layer fully
-    recomputed, layers spread to equalise rank memory (continuous water-filling)."""
-    cands, _ = enumerate_candidates(model, cluster, space)
+    recomputed, layers spread to equalise rank memory (continuous water-filling). OutOfTime
+    past the deadline."""
+    cands, _ = enumerate_candidates(model, cluster, space, deadline=deadline)
     tables = CostTables(model, cluster, job)
     best = None
-    for c in cands:
+    for c in polled(cands, deadline, every=64):
         pc = tables.pipeline(c)
         need = min_peak_memory(pc)
         best = need if best is None else min(best, need)

@@ -25,12 +25,13 @@ from planner.specs import ClusterSpec, JobSpec, ModelSpec, Target
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .candidates import MEMORY, SearchSpace, enumerate_layouts
+from .deadline import NO_DEADLINE, Deadline, OutOfTime
 from .ilp import default_solver
-from .solve import SearchResult, SearchStats, break_ties, infeasibility, min_memory_needed, seconds_per_token, solve
+from .solve import SearchResult, SearchStats, break_ties, infeasibility, log10_sum, min_memory_needed, seconds_per_token, solve
 
 STACK_TARGETS = tuple(Target(s) for s in STACKS)  # what `plan solve` searches without --target
 # The order they are searched in under a --time-limit: the narrowest space first. A search's
-# enumeration and bounds come before any plan and are not cut by the limit (solve.py:solve), so
+# enumeration and bounds come before any plan (the limit cuts them, and the stack then has none), so
 # the widest space searched first can spend a short limit before any stack has a plan: for
 # gpt3-175b on 1,024 A100s accelerate has 24 candidates (no pipeline), deepspeed 108 (no TP
 # with pp), torchtitan 108 and megatron 3,890 (TP overlap doubles the SP layouts; 0.9 s to
@@ -79,23 +80,34 @@ def solve_stacks(
     time_limit: Optional[float] = None,
     solver: Optional[str] = None,
     targets: tuple = STACK_TARGETS,
+    deadline: Deadline = NO_DEADLINE,
 ) -> SearchResult:
     """The best plan any of `targets` runs (job's own target is ignored): each stack searched
-    with its own job and space. A --time-limit is shared out in SEARCH_ORDER: each stack gets
-    the time left over the stacks still to search, so what one leaves unused goes to the next;
-    a stack with no plan in its share is reported (its reason) and the plans of the others are
-    the answer, marked not proven. `alternatives` holds the next `top_k` plans of any stack and
-    each stack's own recommendation; `stacks` each stack's search."""
+    with its own job and space. A --time-limit (`time_limit` seconds from now, or `deadline`,
+    whichever comes first) is shared out in SEARCH_ORDER: each stack gets the time left over
+    the stacks still to search, so what one leaves unused goes to the next; a stack with no
+    plan in its share is reported (its reason) and the plans of the others are the answer,
+    marked not proven. `alternatives` holds the next `top_k` plans of any stack and each
+    stack's own recommendation; `stacks` each stack's search."""
     start = time.perf_counter()
+    deadline = deadline.sooner(time_limit)
     limit = memory_limit_gib_of(cluster, memory_limit_gib)
     solver = solver or default_solver()
     searches = [_stack_search(base, model, job, t) for t in targets]
-    # every target's TP-overlap choice in one enumeration; each search takes its own (candidates.py)
-    layouts = enumerate_layouts(model, cluster, replace(base, tp_comm_overlap=(False, True)))
     todo = [s for s in searches if s.space is not None]
+    try:  # every target's TP-overlap choice in one enumeration; each search takes its own (candidates.py)
+        layouts = enumerate_layouts(model, cluster, replace(base, tp_comm_overlap=(False, True)), deadline.before_first_plan())
+    except OutOfTime:
+        layouts = None
     for k, s in enumerate(sorted(todo, key=_search_rank)):
-        budget = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - start)) / (len(todo) - k)
-        s.result = solve(model, cluster, s.job, s.space, limit, top_k, budget, solver, layouts=layouts)
+        if layouts is None:  # the time ran out enumerating: no stack has a plan
+            s.result = SearchResult(None, [], SearchStats(solver=solver, optimal=False))
+        else:
+            left = deadline.left()
+            share = deadline.sooner(None if left is None else left / (len(todo) - k))
+            if any(d.result is not None and d.result.best is not None for d in todo):
+                share = share.without_grace()  # the grace is for a first plan of any stack
+            s.result = solve(model, cluster, s.job, s.space, limit, top_k, None, solver, layouts=layouts, deadline=share)
         if s.result.best is None:
             s.reason = _why_none(s.result, limit)
     best, alternatives, fastest = _pool([s.result for s in todo if s.result.best is not None], top_k)
@@ -143,8 +155,10 @@ def _combined_stats(stats: list[SearchStats], solver: str, wall_s: float, fastes
     """The searches' counts summed; optimal when every stack's search was proven, the gap over
     the least bound any of them left."""
     out = SearchStats(solver=solver, solve_time_s=wall_s, rejected=sum((s.rejected for s in stats), Counter()))
-    for field in ("candidates_considered", "refined", "ilps_solved", "pruned_by_bound", "layouts_represented"):
+    for field in ("candidates_considered", "refined", "ilps_solved", "pruned_by_bound"):
         setattr(out, field, sum(getattr(s, field) for s in stats))
+    for s in stats:
+        out.layouts_represented_log10 = log10_sum(out.layouts_represented_log10, s.layouts_represented_log10)
     out.optimal = all(s.optimal for s in stats)
     out.lower_bound = min((s.lower_bound for s in stats), default=float("inf"))
     if fastest is not None and not out.optimal:
@@ -153,13 +167,18 @@ def _combined_stats(stats: list[SearchStats], solver: str, wall_s: float, fastes
     return out
 
 
-def stacks_infeasibility(model: ModelSpec, cluster: ClusterSpec, searches: list, limit_gib: float) -> InfeasibleError:
-    """Why no stack has a plan: the message of the stack whose most frugal layout needs least."""
+def stacks_infeasibility(model: ModelSpec, cluster: ClusterSpec, searches: list, limit_gib: float,
+                         deadline: Deadline = NO_DEADLINE) -> InfeasibleError:
+    """Why no stack has a plan: the message of the stack whose most frugal layout needs least
+    (past the deadline, only that nothing fits)."""
     searched = [s for s in searches if s.space is not None]
     if not searched:
         return InfeasibleError("; ".join(s.reason if s.reason.startswith(s.target.value) else f"{s.target.value}: {s.reason}"
                                          for s in searches))
-    need = {s.target: min_memory_needed(model, cluster, s.job, s.space) for s in searched}
+    names = f"any of {', '.join(s.target.value for s in searched)}"
+    try:
+        need = {s.target: min_memory_needed(model, cluster, s.job, s.space, deadline) for s in searched}
+    except OutOfTime:
+        return infeasibility(model, cluster, searched[0].job, searched[0].space, limit_gib, names, deadline)
     least = min(searched, key=lambda s: float("inf") if need[s.target] is None else need[s.target])
-    names = ", ".join(s.target.value for s in searched)
-    return infeasibility(model, cluster, least.job, least.space, limit_gib, stacks=f"any of {names}")
+    return infeasibility(model, cluster, least.job, least.space, limit_gib, stacks=names, deadline=deadline)
