@@ -174,6 +174,19 @@ def test_a_signal_stops_a_running_milp(solver, sig):
     assert not (seen & _children()) and not any(Path(f"/proc/{pid}").exists() and _is_running(pid) for pid in seen)
 
 
+def test_ctrl_c_inside_a_milp_reaches_a_python_caller():
+    """planner.api users have Python's own Ctrl-C: raised inside HiGHS's callback it would be
+    swallowed (the run reported unsolved, the search going on); it comes out as KeyboardInterrupt."""
+    cand, pc, limit = _hard_milp()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        solve_candidate(cand, pc, limit, "highs", 60.0)
+    assert time.monotonic() - start < 1.0 + STOP_S
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def _is_running(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] not in ("Z", "X")

@@ -142,14 +142,26 @@ def stop_on_signals():
 @contextmanager
 def solver_running(cancel: Optional[Callable[[], None]] = None):
     """Around a solver call that holds the main thread: a stop signal is recorded instead of
-    raised inside it (an exception cannot cross the solver's C++ frames; the solver's callback
-    asks stop_requested()), `cancel` is called to end a solver that has no callback (kill a
-    subprocess), and Interrupted is raised when the call returns or unwinds."""
+    raised inside it (an exception cannot cross the solver's C++ frames: HiGHS swallows it and
+    reports the run unsolved; the solver's callback asks stop_requested()), `cancel` is called
+    to end a solver that has no callback (kill a subprocess), and Interrupted is raised when the
+    call returns or unwinds. Without stop_on_signals (the Python API), Python's own Ctrl-C is
+    deferred the same way and raised as KeyboardInterrupt."""
     outer = getattr(_in_solver, "cancel", False)
+    own_ctrl_c = (outer is False and threading.current_thread() is threading.main_thread()
+                  and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
     _in_solver.cancel = cancel
+    if own_ctrl_c:
+        signal.signal(signal.SIGINT, _on_signal)
     try:
         yield
     finally:
+        if own_ctrl_c:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         _in_solver.cancel = outer
         if _pending and outer is False:
-            raise _interrupted(_pending[0])
+            signum = _pending[0]
+            if own_ctrl_c:
+                _pending.clear()
+                raise KeyboardInterrupt
+            raise _interrupted(signum)
