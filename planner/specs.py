@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, ClassVar, Optional
@@ -144,6 +145,11 @@ class _Spec(BaseModel):
     @classmethod
     def _values_of_their_kind(cls, value, info):
         field = cls.model_fields.get(info.field_name) if info.field_name else None
+        if isinstance(value, str) and info.field_name and info.field_name.endswith("name") and _CONTROL.search(value):
+            # a name is printed in titles, tables and error lines: a newline or an escape
+            # sequence in it would break or restyle them
+            raise PydanticCustomError("strict_type", "a name may not hold control characters (newlines, escapes), got {shown}",
+                                      {"shown": _shown(value)})
         if field is None or any(isinstance(m, _Bounds) for m in field.metadata):
             return value
         kind = _plain_kind(field.annotation)
@@ -156,6 +162,9 @@ class _Spec(BaseModel):
             if problem:
                 raise PydanticCustomError("strict_type", problem, {})
         return value
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _refused(message: str) -> PydanticCustomError:

@@ -219,7 +219,8 @@ def test_a_key_with_control_characters_is_one_escaped_error_line(tmp_path_factor
 
 def test_a_model_directory_whose_name_is_not_utf8_is_named_readably(tmp_path):
     """An undecodable byte of a directory name is a lone surrogate in Python (surrogateescape),
-    which no output can write: the model's name carries U+FFFD instead, and --json works."""
+    which no output can write, and a name holds no control character: the model's name carries
+    U+FFFD for each, and --json works."""
     hf = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
           "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
           "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
@@ -229,7 +230,7 @@ def test_a_model_directory_whose_name_is_not_utf8_is_named_readably(tmp_path):
         json.dump(hf, f)
     r = CliRunner().invoke(cli, ["estimate", "--model", os.fsdecode(directory), *SIZE, "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["model"]["name"] == "llama\ufffd\x1b[31m"
+    assert json.loads(r.stdout)["model"]["name"] == "llama\ufffd\ufffd[31m"
 
 
 def test_plan_alone_is_one_line():

@@ -136,3 +136,16 @@ def test_yaml_numbers_in_exponent_form_read_as_numbers(tmp_path):
     path.write_text(text.replace("memory_gib: 79.6", 'memory_gib: "8e1"'))
     with pytest.raises(UsageError, match="memory_gib"):
         load_cluster(str(path))
+
+
+@pytest.mark.parametrize("name", ["m\nerror: injected", "m\x1b[31mred", "tab\there", "del\x7f", "c1\x9b31m"])
+def test_a_name_with_control_characters_is_refused(name):
+    """Names are printed in titles, tables and error lines: a newline would add a line (a second
+    "error:"), an escape sequence would restyle the terminal."""
+    good = load_model("gpt2-124m").model_dump(mode="json")
+    with pytest.raises(ValidationError, match="control characters"):
+        ModelSpec.model_validate({**good, "name": name})
+    cluster = load_cluster("dgx-a100-80gb").model_dump(mode="json")
+    with pytest.raises(ValidationError, match="control characters"):
+        ClusterSpec.model_validate({**cluster, "device": {**cluster["device"], "name": name}})
+    assert ModelSpec.model_validate({**good, "name": "modèle-λ 8B"}).name == "modèle-λ 8B"

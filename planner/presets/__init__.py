@@ -158,7 +158,7 @@ def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelS
 def _hf_name(path: Path) -> str:
     """A config.json is named after its directory (a snapshot's, after its repository); another file after its stem.
     A byte of the path that is not UTF-8 (Python holds it as a lone surrogate, which no output can
-    write) becomes U+FFFD."""
+    write) becomes U+FFFD, and so does a control character (a name may hold none: planner/specs.py)."""
     parts = Path(os.path.abspath(path)).parts  # '..' resolved, symlinks (a snapshot's into blobs/) not
     if path.name != "config.json":
         name = path.stem
@@ -166,7 +166,8 @@ def _hf_name(path: Path) -> str:
         name = parts[-4].removeprefix("models--").replace("--", "/")
     else:
         name = parts[-2]
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    name = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", "\ufffd", name)
 
 
 def load_model(name_or_path: str) -> ModelSpec:
