@@ -104,7 +104,11 @@ def end_in_one_line() -> None:
     exits), end the process with one line and the shell's exit code, 128 + the signal's
     number (143, 129), not silently. There is nothing to stop or remove first then: the
     command's own handlers do that while it works. A signal set to be ignored (nohup's
-    SIGHUP) stays ignored."""
+    SIGHUP) stays ignored. Not in a worker: a spawned worker imports the launcher's main module
+    (planner/cli/main.py) again, and its launcher stops it with SIGTERM, which must end it
+    silently, as the default does."""
+    if in_a_worker():
+        return
     for sig in (signal.SIGTERM, signal.SIGHUP):
         try:
             if signal.getsignal(sig) == signal.SIG_DFL:

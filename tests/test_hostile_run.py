@@ -293,6 +293,17 @@ def test_sigterm_after_the_work_keeps_the_output_and_says_so():
     assert (r.returncode, r.stdout, r.stderr) == (143, "report\n", "error: interrupted by SIGTERM\n")
 
 
+def test_a_worker_keeps_the_default_sigterm():
+    """A spawned worker imports the launcher's main module (planner/cli/main.py) again; its
+    launcher stops it with SIGTERM, which must end it silently (no "error:" line of its own)."""
+    from planner import _pdeath
+
+    env = {**os.environ, _pdeath.LAUNCHER: f"{os.getpid()}:{_pdeath.start_time(os.getpid())}"}  # this process: its parent
+    code = "import signal, planner.cli.main; print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.stdout == "True\n", r.stderr
+
+
 def test_the_reaper_removes_a_killed_launchers_files(tmp_path):
     """A process that holds a Reaper and dies by SIGKILL: its directory and file go within a
     second; one that closes it normally keeps them (its own to remove or keep)."""
