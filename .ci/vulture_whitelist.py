@@ -27,3 +27,7 @@ out_shape
 # (the round-trip tests use it); Target.accelerate is selected by name from the CLI.
 read_back
 accelerate
+# planner/search/ilp.py: PuLP's solver protocol (callSolver, tmpDir) and HiGHS's callback input (user_interrupt)
+callSolver, tmpDir, user_interrupt
+# planner/search/solve.py: the exact layout count, which tests/test_solver.py and tests/test_hostile_solve.py check
+layouts_represented

@@ -196,8 +196,9 @@ def _slowest_rank_time(ranks: list[_Rank], a: float, L: int, deadline: Deadline 
     within time tau per micro-batch: with few layers per rank, one layer more on the slowest
     rank is what an integer split costs, and the relaxation charges it. Rank r holds k layers
     from tau = S_r(k) on, so tau is the largest of the ranks' times at their fewest layers
-    and the (L - sum of those fewest)-th smallest S_r(k) over the further layers (a merge of
-    the ranks' increasing S_r(k), O(L log p))."""
+    and the (L - sum of those fewest)-th smallest S_r(k) over the further layers: a merge of
+    the ranks' increasing S_r(k), O(L log p), or for many layers over few ranks the same value
+    by bisection on tau, O(p log^2 L)."""
 
     def time_at(rk: _Rank, n: float) -> float:
         need = rk.c + rk.q * n
@@ -205,16 +206,61 @@ def _slowest_rank_time(ranks: list[_Rank], a: float, L: int, deadline: Deadline 
 
     lo = max(time_at(rk, rk.nmin) for rk in ranks)
     more = L - sum(rk.nmin for rk in ranks)
+    if more <= 0:
+        return lo
+    tau = None
+    if len(ranks) * BISECTIONS * more.bit_length() < more and a >= 0 and all(rk.q >= 0 and rk.rho >= 0 for rk in ranks):
+        tau = _kth_time_bisected(ranks, time_at, more, deadline)
+    if tau is None:
+        tau = _kth_time_merged(ranks, time_at, more, deadline)
+    return max(lo, tau)
+
+
+BISECTIONS = 80  # about what bisection on a float needs to reach adjacent floats (53 bits and a few binades)
+
+
+def _kth_time_merged(ranks: list[_Rank], time_at, more: int, deadline: Deadline) -> float:
+    """The `more`-th smallest S_r(k), k > nmin_r, by merging the ranks' sequences on a heap."""
     heap = [(time_at(rk, rk.nmin + 1), i, rk.nmin + 1) for i, rk in enumerate(ranks) if rk.nmin + 1 <= rk.nhi]
     heapq.heapify(heap)
-    tau = lo
+    tau = -math.inf
     for step in range(more):  # the caller checked that the ranks can hold L layers
         if step % 4096 == 4095:
             deadline.check()
         tau, i, k = heapq.heappop(heap)
         if k + 1 <= ranks[i].nhi:
             heapq.heappush(heap, (time_at(ranks[i], k + 1), i, k + 1))
-    return max(lo, tau)
+    return tau
+
+
+def _kth_time_bisected(ranks: list[_Rank], time_at, more: int, deadline: Deadline) -> Optional[float]:
+    """The same value as _kth_time_merged: the smallest float tau at which the ranks hold `more`
+    further layers, found by bisection between adjacent floats (S_r(k) is nondecreasing in k,
+    in floating point too, as every coefficient is >= 0), each count a binary search per rank.
+    None where bisection does not apply (an infinite time)."""
+    tops = [min(rk.nhi, rk.nmin + more) for rk in ranks]  # whole numbers (layer_range, _whole), or inf capped
+
+    def held(tau: float) -> int:
+        total = 0
+        for rk, top in zip(ranks, tops):
+            k, hi = rk.nmin, int(top)  # the most layers within tau: S_r is nondecreasing
+            while k < hi:
+                mid = (k + hi + 1) // 2
+                k, hi = (mid, hi) if time_at(rk, mid) <= tau else (k, mid - 1)
+            total += k - rk.nmin
+        return total
+
+    ends = [(time_at(rk, rk.nmin + 1), time_at(rk, int(top))) for rk, top in zip(ranks, tops) if top >= rk.nmin + 1]
+    low, high = math.nextafter(min(e[0] for e in ends), -math.inf), max(e[1] for e in ends)
+    if not math.isfinite(high) or held(high) < more:
+        return None
+    for _ in range(4 * BISECTIONS):
+        mid = low + (high - low) / 2
+        if not low < mid < high:
+            return high  # adjacent floats: high is the smallest with `more` layers held
+        deadline.check()
+        low, high = (low, mid) if held(mid) >= more else (mid, high)
+    return None
 
 
 def min_peak_memory(pc: PipelineCosts) -> float:
