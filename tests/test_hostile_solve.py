@@ -27,13 +27,14 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planner import api
 from planner.distributed.launch import Interrupted
+from planner.search.bounds import _kth_time_bisected, _kth_time_merged, _Rank
 from planner.search.candidates import Candidate, CostTables
-from planner.search.deadline import Deadline, stop_on_signals
+from planner.search.deadline import NO_DEADLINE, Deadline, stop_on_signals
 from planner.search.ilp import solve_candidate
 from planner.search.solve import layouts_represented, layouts_represented_log10
 from planner.specs import Axis, JobSpec, Schedule, memory_limit_gib
@@ -77,6 +78,29 @@ def test_the_layout_count_of_100000_layers_is_quick():
     start = time.perf_counter()
     got = layouts_represented_log10(4096, 100_000)
     assert time.perf_counter() - start < 0.5 and 10_000 < got < 100_000
+
+
+_rank = st.builds(
+    lambda K, c, q, rho, nmin, extra: _Rank(K, c, q, 0.0, rho, nmin, math.inf if extra is None else float(nmin + extra)),
+    K=st.floats(0, 1), c=st.floats(-1e9, 1e8), q=st.sampled_from([0.0, 1e3, 3.7e5]), rho=st.floats(0, 1e-6),
+    nmin=st.integers(1, 4), extra=st.none() | st.integers(0, 3000),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ranks=st.lists(_rank, min_size=1, max_size=8), a=st.floats(0, 1e-2), share=st.floats(0.01, 1))
+def test_the_bisected_slowest_rank_time_is_the_merges(ranks, a, share):
+    """bounds.py: for 10^5 layers the refined bound bisects on tau instead of merging the ranks'
+    times on a heap (0.4 s a candidate); the value is the same float."""
+    def time_at(rk, n):
+        need = rk.c + rk.q * n
+        return rk.K + a * n + (rk.rho * need if need > 0 else 0.0)
+
+    room = sum(min(rk.nhi, 10**4) - rk.nmin for rk in ranks)
+    assume(room >= 1)  # the caller's check: the ranks can hold the layers
+    more = max(1, int(share * min(room, 20_000)))
+    bisected = _kth_time_bisected(ranks, time_at, more, NO_DEADLINE)
+    assert bisected is None or bisected == _kth_time_merged(ranks, time_at, more, NO_DEADLINE)
 
 
 # --------------------------------------------------------------------------- --time-limit
