@@ -293,6 +293,9 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
         raise UsageError(f"cannot write {name!r}: {_UNNAMEABLE}") from None
     if _through_proc(name):
         raise UsageError(f"cannot write {name}: it is a process's stream (/proc, /dev/stdout, /dev/fd); give a file name")
+    if name.endswith((os.sep, os.sep + ".", os.sep + "..")) or name in (".", ".."):
+        # a directory's name (POSIX: a trailing slash names a directory); realpath would drop it and write NAME
+        raise UsageError(f"cannot write {name}: a name ending in '{os.sep}' is a directory's; give a file name")
     target = Path(os.path.realpath(name))
     if info is not None:
         if stat.S_ISDIR(info.st_mode):

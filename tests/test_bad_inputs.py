@@ -280,6 +280,22 @@ def _cases() -> list[tuple[str, list[str], int]]:
         cases.append((f"export {name}", ["export", name, "--to", "megatron"], 2))
     cases += _file_layer_cases()  # issue 19, items 1-3, 10-12: below
     cases += _run_profile_cases()  # issue 19, items 5 and 10-12 for plan run / plan profile: below
+    cases += _red_team_cases()  # issue 19, the red team's neighbours of the examples: below
+    return cases
+
+
+# ----- issue 19, red team (tests/test_hostile_more.py generates each over every command): neighbours
+# of the issue's examples that still got exit 0 or a traceback after the classes were closed.
+def _red_team_cases() -> list[tuple[str, list[str], int]]:
+    cases = [
+        # an output name ending in '/' names a directory; the command wrote the file without the slash
+        ("red -o NAME/ solve", SOLVE + ["-o", "new.json/"], 2),
+        ("red -o NAME/ estimate --plan", ["estimate", "--plan", "plan_ok.json", "-o", "new.json/"], 2),
+        ("red --timeline NAME/", ["show", "plan_ok.json", "--timeline", "new.svg/"], 2),
+        ("red export -o NAME/.", ["export", "plan_ok.json", "--to", "megatron", "-o", "new.txt/."], 2),
+        # profile --show ignored -o (exit 0, nothing written)
+        ("red profile --show with -o", ["profile", "--show", "plan_ok.json", "-o", "p.json"], 2),
+    ]
     return cases
 
 

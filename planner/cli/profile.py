@@ -44,9 +44,11 @@ from planner.specs import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, nproc_per_node, nnodes, node_rank,
             rdzv_endpoint, backend, quick, name, output: Optional[str], show_path: Optional[str]) -> None:
     """Measure per-layer compute and the links of this cluster; write a hardware profile."""
-    if show_path:
+    if show_path is not None:
         from hardware_profiles import load_cluster
 
+        if output is not None:  # measuring is what writes; --show only prints
+            raise UsageError("--show prints a profile and writes no file: drop -o (or drop --show to measure one)")
         if missing(show_path):
             raise UsageError(f"profile {show_path} does not exist")
         render.profile_report(load_cluster(show_path))

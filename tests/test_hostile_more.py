@@ -1,0 +1,70 @@
+"""Issue 19, red team: neighbours of the issue's examples that still broke the promise of
+tests/hostile.py after the classes were closed, each generated over every command it applies to.
+
+- An output name ending in '/' (`-o plan.json/`, `--timeline x.svg/`) named a directory, but the
+  path's real form drops the slash, so the command wrote a file `plan.json` (POSIX: a trailing
+  slash names a directory). planner/datafile.py:check_output refuses it for every writer.
+- `plan profile --show FILE -o OUT` printed the profile and ignored -o (exit 0, nothing written):
+  planner/cli/profile.py refuses the pair.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli.main import cli
+from tests.hostile import assert_refused
+
+SIZE = ["--gpus", "8", "--global-batch", "16", "--seq-len", "512"]
+LLAMA_HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
+            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+PRESET = str(Path(__file__).resolve().parent.parent / "hardware_profiles/presets/dgx-a100-80gb.json")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("more")
+    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", *SIZE, "--tp", "2", "--pp", "2",
+                                 "-o", str(d / "plan.json")])
+    assert r.exit_code == 0, r.output
+    (d / "llama").mkdir()
+    (d / "llama" / "config.json").write_text(json.dumps(LLAMA_HF))
+    (d / "sub").mkdir()
+    return d
+
+
+WRITERS = {  # {O}: the output name
+    "solve -o": ["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", *SIZE, "--top-k", "0", "-o", "{O}"],
+    "estimate -o": ["estimate", "--model", "llama", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "{O}"],
+    "estimate --plan -o": ["estimate", "--plan", "plan.json", "-o", "{O}"],
+    "export -o": ["export", "plan.json", "--to", "deepspeed", "-o", "{O}"],
+    "run -o": ["run", "plan.json", "-o", "{O}"],
+    "profile -o": ["profile", "--model", "gpt2-124m", "-o", "{O}"],
+    "show --timeline": ["show", "plan.json", "--timeline", "{O}"],
+    "show --memory": ["show", "plan.json", "--memory", "{O}"],
+    "show --placement": ["show", "plan.json", "--placement", "{O}"],
+}
+DIRECTORY_NAMES = ["new.json/", "new.svg/", "sub/new.svg/", "new.svg/.", "new.svg/..", "sub/", "./", "."]
+
+
+@pytest.mark.parametrize("name", DIRECTORY_NAMES)
+@pytest.mark.parametrize("command", list(WRITERS))
+def test_an_output_named_as_a_directory_writes_nothing(work, command, name):
+    assert_refused(work, [name if a == "{O}" else a for a in WRITERS[command]], 2, f"{command} {name}")
+
+
+def test_the_output_check_refuses_a_trailing_slash_in_one_line(work):
+    line = assert_refused(work, ["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "new.json/"], 2)
+    assert "ending in '/'" in line, line
+
+
+@pytest.mark.parametrize("out", ["p.json", "plan.json", PRESET, "sub/x.json"])
+@pytest.mark.parametrize("show", [PRESET, "plan.json", "nothere.json", ""])
+def test_profile_show_with_an_output_is_refused(work, show, out):
+    line = assert_refused(work, ["profile", "--show", show, "-o", out], 2, f"--show {show} -o {out}")
+    assert "drop -o" in line or "does not exist" in line, line
