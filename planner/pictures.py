@@ -29,6 +29,7 @@ slightly, and `plan show` prints both.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cost_models.communication import mesh_strides
@@ -265,8 +266,31 @@ class Placement:
     """Where every rank sits: node, GPU on the node, and its coordinate on each axis."""
 
     gpus_per_node: int
-    ranks: list[dict]  # {"rank", "node", "gpu", "dp", "cp", "tp", "pp"}
+    ranks: Sequence[dict]  # {"rank", "node", "gpu", "dp", "cp", "tp", "pp"}, made when read (_Ranks)
     axes: list[dict]  # per axis: {"axis", "degree", "stride", "inter_node", "rails", "link", "where" (in words)}
+
+
+class _Ranks(Sequence):
+    """Every rank's place, each dict made when it is read: a plan of 10^6 GPUs took 8 s of CPU
+    to list them all, where `plan show` counts them, lists a node's and draws at most
+    draw.MAX_PLACEMENT_RANKS."""
+
+    def __init__(self, plan: Plan, strides: dict, degrees: dict, gpus_per_node: int) -> None:
+        self._axes = [(a.value, strides[a], degrees[a]) for a in Axis]
+        self._cp, self._g, self._n = plan.cp, gpus_per_node, plan.world_size
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        rank = i % self._n
+        coord = {name: (rank // stride) % degree for name, stride, degree in self._axes}
+        coord["cp"], coord["dp"] = coord["dp"] % self._cp, coord["dp"] // self._cp
+        return {"rank": rank, "node": rank // self._g, "gpu": rank % self._g, **coord}
 
 
 def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
@@ -276,11 +300,7 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
     degrees = {Axis.dp: plan.dp * plan.cp, Axis.tp: plan.tp, Axis.pp: plan.pp}  # cp innermost in the dp axis
     strides = mesh_strides(degrees, plan.mesh_order)
     g = cluster.gpus_per_node
-    ranks = []
-    for rank in range(plan.world_size):
-        coord = {a.value: (rank // strides[a]) % degrees[a] for a in Axis}
-        coord["cp"], coord["dp"] = coord["dp"] % plan.cp, coord["dp"] // plan.cp
-        ranks.append({"rank": rank, "node": rank // g, "gpu": rank % g, **coord})
+    ranks = _Ranks(plan, strides, degrees, g)
     links = mesh_links(cluster, plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order)
     axes = []
     for a in plan.mesh_order:

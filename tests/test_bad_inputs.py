@@ -295,8 +295,16 @@ def _red_team_cases() -> list[tuple[str, list[str], int]]:
         ("red export -o NAME/.", ["export", "plan_ok.json", "--to", "megatron", "-o", "new.txt/."], 2),
         # profile --show ignored -o (exit 0, nothing written)
         ("red profile --show with -o", ["profile", "--show", "plan_ok.json", "-o", "p.json"], 2),
+        # a plan on 2^20 GPUs: every rank's place was listed (25 s on a busy machine) before --placement was refused
+        ("red show --placement of 2^20 ranks", ["show", "plan_2e20_gpus.json", "--placement", "p.svg"], (1, 2)),
     ]
     return cases
+
+
+def _red_team_files(d: Path) -> None:
+    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", str(2**20),
+                                 "--global-batch", str(2**20), "--seq-len", "512", "-o", str(d / "plan_2e20_gpus.json")])
+    assert r.exit_code == 0, r.output
 
 
 # ----- issue 19, items 5 and 10-12 for `plan run` and `plan profile` (planner/executor/prepare.py,
@@ -405,6 +413,7 @@ def inputs(tmp_path_factory) -> Path:
         p.write_bytes(data)
     _file_layer_files(d)
     _run_profile_files(d)
+    _red_team_files(d)
     return d
 
 

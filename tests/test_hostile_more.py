@@ -68,3 +68,41 @@ def test_the_output_check_refuses_a_trailing_slash_in_one_line(work):
 def test_profile_show_with_an_output_is_refused(work, show, out):
     line = assert_refused(work, ["profile", "--show", show, "-o", out], 2, f"--show {show} -o {out}")
     assert "drop -o" in line or "does not exist" in line, line
+
+
+# ----- `plan show` of a plan on 2^20 GPUs listed every rank's place before it refused --placement
+# (8 s of CPU, 25 s on a busy machine): planner/pictures.py:_Ranks makes each when it is read.
+
+@pytest.fixture(scope="module")
+def huge_plan(work) -> str:
+    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", str(2**20),
+                                 "--global-batch", str(2**20), "--seq-len", "512", "-o", str(work / "huge.json")])
+    assert r.exit_code == 0, r.output
+    return "huge.json"
+
+
+@pytest.mark.parametrize("extra", [["--placement", "p.svg"], ["--placement", "p.png", "--timeline", "t.svg"]])
+def test_a_placement_picture_of_a_million_ranks_is_refused_at_once(work, huge_plan, extra):
+    pytest.importorskip("matplotlib")
+    line = assert_refused(work, ["show", huge_plan, *extra], 1, seconds=5.0)
+    assert "unreadable" in line, line
+
+
+def test_the_ranks_are_the_same_made_when_read(work):
+    from cost_models.communication import mesh_strides
+    from planner.pictures import placement
+    from planner.plan_file import read_plan_file
+    from planner.specs import Axis
+
+    doc = read_plan_file(work / "plan.json")
+    for mesh in (["tp", "dp", "pp"], ["pp", "dp", "tp"], ["dp", "pp", "tp"]):
+        plan = doc.plan.model_copy(update={"mesh_order": [Axis(a) for a in mesh]})
+        ranks = placement(plan, doc.cluster).ranks
+        degrees = {Axis.dp: plan.dp * plan.cp, Axis.tp: plan.tp, Axis.pp: plan.pp}
+        strides = mesh_strides(degrees, plan.mesh_order)
+        assert len(ranks) == plan.world_size and ranks[-1] == ranks[plan.world_size - 1] and ranks[:2] == [ranks[0], ranks[1]]
+        for r, place in enumerate(ranks):  # the listing as it was made before, rank by rank
+            coord = {a.value: (r // strides[a]) % degrees[a] for a in Axis}
+            coord["cp"], coord["dp"] = coord["dp"] % plan.cp, coord["dp"] // plan.cp
+            assert place == {"rank": r, "node": r // doc.cluster.gpus_per_node, "gpu": r % doc.cluster.gpus_per_node, **coord}
+        assert len({(p["dp"], p["tp"], p["pp"]) for p in ranks}) == plan.world_size  # every coordinate once
