@@ -286,3 +286,80 @@ def min_peak_memory(pc: PipelineCosts) -> float:
         else:
             lo = mid
     return hi
+
+
+# The integer rank times: a memory-tight rank recomputes whole layers, so the cheapest time of
+# a rank holding n layers is a small integer program of its own (two counts, one memory row),
+# solved by enumerating the fully recomputed count. Work per rank and layer count: O(n).
+INTEGER_WORK = 200_000  # most (layer count x enumerated counts) steps before falling back
+MEMORY_SLACK_GIB = 1e-6  # a MILP's memory row holds to its feasibility tolerance: count such a split as fitting
+
+
+def rank_time_floor(rk: RankTerms, t, limit: float, allowed: list[int], per_mb: float, n: int) -> float:
+    """Least time per micro-batch of rank `rk` holding exactly `n` layers with whole layers
+    recomputed (inf when none fits `limit` bytes): its time with the cheapest integer
+    (selective, full) counts that fit its memory row, the transient buffer at least the
+    largest stage's, or the smallest stage's plus the full-recompute buffer where a layer is
+    fully recomputed, plus `per_mb` (a floor on its exposed traffic per micro-batch)."""
+    mem, slope = rk.memory, t.stage_time_slope()
+    temps = mem.temporary
+    base = mem.linear.const + mem.linear.slope[0] * n + max(temps) - limit - MEMORY_SLACK_GIB * GIB
+    with_full = max(0.0, min(temps) + mem.full_recompute_buffer - max(temps))
+    saved = [mem.linear.slope[0] - mem.linear.slope[i] for i in range(3)]
+    extra = [slope[i] - slope[0] for i in range(3)]
+    best = math.inf
+    for x2 in range(n + 1) if 2 in allowed else (0,):
+        need = base - saved[2] * x2 + (with_full if x2 else 0.0)
+        if need <= 0:
+            x1 = 0
+        elif 1 in allowed and saved[1] > 0:
+            x1 = math.ceil(need / saved[1] - 1e-12)
+        else:
+            continue
+        if x1 + x2 > n:
+            continue
+        best = min(best, extra[1] * x1 + extra[2] * x2)
+    return rk.time((n, 0, 0)) + best + per_mb
+
+
+def integer_slowest_rank_time(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MODES) -> Optional[float]:
+    """A lower bound on the slowest pipeline rank's time per micro-batch (the sum of its
+    stages' times, what M >= (m - 1/v) W_r maximises in planner/search/ilp.py) in any split
+    that fits: the least tau at which the ranks can hold all L layers, each rank's time for
+    n whole layers being :func:`rank_time_floor` (nondecreasing in n: dropping a layer frees
+    memory and time, so a running maximum is the same sequence). The MILP's relaxation lets a
+    rank recompute fractions of a layer, so this row, added to it, closes the gap that
+    branching on each rank's counts otherwise has to. None where the enumeration would take
+    more than INTEGER_WORK steps, a slope is negative (the argument above needs them >= 0), or
+    nothing fits."""
+    t, L = pc.terms, pc.num_layers
+    allowed = [MODES.index(md) for md in modes]
+    ranks = t.ranks()
+    if any(s < 0 for s in t.stage_time_slope()) or any(s <= 0 for rk in ranks for s in rk.memory.linear.slope):
+        return None
+    spans = [t.layer_range(rk.rank) for rk in ranks]
+    if sum(hi for _, hi in spans) < L or sum(lo for lo, _ in spans) > L:
+        return None
+    more = L - sum(lo for lo, _ in spans)
+    top = max(lo for lo, _ in spans) + more
+    if len(ranks) * (more + 1) * (top + 1) > INTEGER_WORK:
+        return None
+    mode = max(allowed, key=lambda i: t.layer_recompute[i])
+    limit = memory_limit_gib * GIB
+    times = []  # per rank: its time at lo, lo + 1, ... while it fits, as a running maximum
+    for rk, (lo, hi) in zip(ranks, spans):
+        per_mb = rank_exposure_floor(rk, lo, hi, mode)[0]
+        seq, run = [], -math.inf
+        for n in range(lo, min(hi, lo + more) + 1):
+            run = max(run, rank_time_floor(rk, t, limit, allowed, per_mb, n))
+            if run == math.inf:
+                break
+            seq.append(run)
+        if not seq:
+            return None
+        times.append(seq)
+    tau = max(seq[0] for seq in times)
+    further = sorted(v for seq in times for v in seq[1:])
+    if len(further) < more:
+        return None
+    return max(tau, further[more - 1]) if more else tau

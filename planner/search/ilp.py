@@ -29,6 +29,7 @@ from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
 from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, Hidden, LayoutTerms, Linear, RankTerms
 
+from .bounds import integer_slowest_rank_time
 from .candidates import Candidate
 from .deadline import NO_DEADLINE, Deadline, solver_running, stop_requested
 
@@ -40,6 +41,10 @@ CBC_GRACE_S = 0.25
 # Relative optimality gap the MILP solver must close: far below any difference the cost
 # model can resolve, so "optimal" means optimal to 1e-7 of the step time.
 MIP_GAP = 1e-7
+
+# The slowest rank's floor enters a hair below its value: rounding in its sums must not cut off
+# a split the rows admit.
+FLOOR_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -291,6 +296,8 @@ def _pipeline(b: _Block, S: list, F: list):
     M = b.var("M", 0)
     for r in range(pp):
         b.add(M >= (m - 1 / v) * pulp.lpSum(S[j] for j in t.rank_stages(r)), f"slowest_{r}_")
+    if b.slowest_floor is not None:  # whole layers recomputed: bounds.py:integer_slowest_rank_time
+        b.add(M >= (m - 1 / v) * b.ts * b.slowest_floor * (1 - FLOOR_SLACK) * b.y, "slowest_floor")
     return pulp.lpSum(S) * (1 / v) + M
 
 
@@ -308,6 +315,7 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
     """Variables and rows of one candidate (`rules`: what the target stack can express of
     the split and recompute, or None); returns (objective term, layer variables)."""
     b = _Block(prob, pc, y, ts, modes, rules)
+    b.slowest_floor = integer_slowest_rank_time(pc, memory_limit_gib, modes)
     _layer_split(b)
     _stack_rules(b)
     t: LayoutTerms = b.terms
