@@ -1,0 +1,234 @@
+"""`plan solve` over a seeded random population: the distribution of solve time, not a hand-picked list.
+
+    python benchmarks/solve_population.py [--seed S] [--size N] [--quick N] [--timeout S]
+                                          [--baseline GIT-REV] [--baseline-timeout S]
+
+The population (issue 22): --size instances (default 240) drawn with --seed (default 22):
+preset models and random dense and mixture-of-experts models of 1B to 1T parameters, GPU
+counts from 8 to 16,384 (powers of two, primes times powers of two, and 96, 1,536, 2,240,
+3,072), every cluster preset, global batches of 64-16,384 sequences and sequence lengths of
+2,048-32,768 tokens (context parallelism past 8,192, as `plan solve` tries it); every third
+instance memory-tight: its memory limit (`--max-memory-gib`) is 1.00-1.10 x the least memory
+any layout needs (planner/search/solve.py:min_memory_needed), capped at the device. The first
+two instances are issue 22's: GPT-3 175B on 128 A100-40GB and Llama 3 405B on 256 H100.
+`--quick N` runs the first N.
+
+Each instance is one solve (the default target, generic) in a fresh process, timed around the
+library call, stopped after --timeout seconds (default 60) and then shown as "> 60 s". It
+prints the median, p95, p99 and maximum solve time, the slowest ten with what made them slow
+(candidates, ILPs, memory-tight), and exits 1 when one took over 10 s or was not proven
+optimal. `--baseline REV` solves the same instances with the code of git revision REV (a
+temporary worktree, the same driver, --baseline-timeout per instance, default 60 s) and checks
+that the step time of every answer equals it to 1e-7 (relative) wherever REV finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hardware_profiles import cluster_presets, load_cluster  # noqa: E402
+from planner.cli.solve import cp_degrees  # noqa: E402
+from planner.presets import load_model, model_presets  # noqa: E402
+from planner.search.candidates import SearchSpace  # noqa: E402
+from planner.search.solve import min_memory_needed  # noqa: E402
+from planner.specs import JobSpec, ModelSpec, memory_limit_gib  # noqa: E402
+
+TARGET_S = 10.0
+REL_TOL = 1e-7
+ISSUE_CASES = [
+    dict(model="gpt3-175b", cluster="dgx-a100-40gb", gpus=128, batch=1536, seq=2048, why="issue 22: 256 s before"),
+    dict(model="llama3-405b", cluster="dgx-h100-80gb", gpus=256, batch=2048, seq=8192, why="issue 22: 52 s before"),
+]
+AWKWARD = [96, 1536, 2240, 3072]
+LAYERS = [16, 24, 28, 32, 40, 48, 60, 64, 80, 96, 105, 118, 126, 128]
+
+# The same driver as benchmarks/solve_scaling.py's, with a memory limit; older revisions load
+# presets from planner.models.
+DRIVER = r"""
+import json, sys, time
+case = json.loads(sys.argv[1])
+try:
+    from planner.presets import load_model
+except ImportError:
+    from planner.models import load_model
+from hardware_profiles import load_cluster
+from planner.search.candidates import SearchSpace
+from planner.search.solve import solve
+from planner.specs import JobSpec, ModelSpec
+model = ModelSpec(**case["model"]) if isinstance(case["model"], dict) else load_model(case["model"])
+job = JobSpec(global_batch_size=case["batch"], seq_len=case["seq"])
+extra = {"cp_degrees": tuple(case["cp"]), "seq_len": case["seq"]} if case.get("cp") else {}
+space = SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"], **extra)
+start = time.perf_counter()
+res = solve(model, load_cluster(case["cluster"]), job, space, memory_limit_gib=case.get("limit"))
+seconds = time.perf_counter() - start
+best = res.fastest if hasattr(res, "fastest") and res.fastest is not None else res.best
+print(json.dumps({"seconds": seconds, "optimal": res.stats.optimal, "ilps": res.stats.ilps_solved,
+                  "candidates": res.stats.candidates_considered, "step": best.estimate.step_time_s if best else None}))
+"""
+
+
+def gpu_counts() -> list[int]:
+    counts = {2**k for k in range(3, 15)} | set(AWKWARD)
+    counts |= {p * 2**k for p in (3, 5, 7, 11, 13) for k in range(1, 13) if 8 <= p * 2**k <= 16384}
+    return sorted(counts)
+
+
+def random_model(rng: random.Random, i: int) -> dict:
+    """A dense or mixture-of-experts model of 1B-1T parameters (total), Llama-shaped."""
+    moe = rng.random() < 0.35
+    params = 10 ** rng.uniform(9, 12)
+    layers = rng.choice(LAYERS)
+    spec = dict(name=f"random-{i}", num_layers=layers, vocab_size=rng.choice([32000, 50257, 128256]), max_seq_len=32768,
+                activation="swiglu", norm="rmsnorm", tied_embeddings=False, learned_position_embeddings=False, linear_bias=False)
+    if moe:
+        experts = rng.choice([8, 16, 32, 64, 128, 256])
+        top = min(experts, rng.choice([1, 2, 4, 8]))
+        share = rng.uniform(0.2, 1.0)  # expert width relative to the hidden size
+        # ~ layers x (4 h^2 attention + experts x 3 share h^2): solve for h
+        h = math.sqrt(params / (layers * (4 + experts * 3 * share)))
+        spec.update(num_experts=experts, experts_per_token=top)
+    else:
+        h = math.sqrt(params / (12 * layers))
+    heads = max(8, round(h / 128))
+    hidden = heads * 128
+    spec.update(hidden_size=hidden, num_heads=heads, num_kv_heads=8 if heads % 8 == 0 else heads,
+                ffn_hidden_size=128 * round(hidden * 3.5 / 128))
+    if moe:
+        spec["moe_ffn_hidden_size"] = max(128, 128 * round(hidden * share / 128))
+    return spec
+
+
+def draw(rng: random.Random, i: int, presets: list[str], clusters: list[str], gpus: list[int]) -> dict:
+    model = rng.choice(presets) if rng.random() < 0.5 else random_model(rng, i)
+    n = rng.choice(gpus)
+    batch = rng.choice([64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192, 16384])
+    seq = rng.choice([2048, 2048, 4096, 4096, 8192, 8192, 16384, 32768])
+    return dict(model=model, cluster=rng.choice(clusters), gpus=n, batch=max(batch, n // 64 or 1), seq=seq,
+                tight=i % 3 == 0, why="")
+
+
+def population(seed: int, size: int) -> list[dict]:
+    rng = random.Random(seed)
+    presets, clusters, gpus = sorted(model_presets()), sorted(cluster_presets()), gpu_counts()
+    cases = [dict(c, tight=False) for c in ISSUE_CASES]
+    cases += [draw(rng, i, presets, clusters, gpus) for i in range(len(cases), size)]
+    return cases
+
+
+def finish(case: dict) -> dict:
+    """The instance as the driver takes it: context-parallel degrees, and for a memory-tight one
+    its limit, 1.00-1.10 x the least memory any layout needs (seeded by the instance), at most the device's."""
+    out = {k: v for k, v in case.items() if k not in ("tight", "why")}
+    cps = cp_degrees(case["seq"], case["gpus"], None)
+    if len(cps) > 1:
+        out["cp"] = list(cps)
+    if case["tight"]:
+        model = ModelSpec(**case["model"]) if isinstance(case["model"], dict) else load_model(case["model"])
+        cluster = load_cluster(case["cluster"])
+        extra = {"cp_degrees": tuple(cps), "seq_len": case["seq"]} if len(cps) > 1 else {}
+        need = min_memory_needed(model, cluster, JobSpec(global_batch_size=case["batch"], seq_len=case["seq"]),
+                                 SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"], **extra))
+        if need is not None:
+            u = random.Random(json.dumps(out, sort_keys=True)).uniform(1.0, 1.1)
+            out["limit"] = min(memory_limit_gib(cluster), need * u)
+    return out
+
+
+def run(case: dict, root: Path, timeout: float) -> dict | None:
+    """DRIVER under `root`; None past `timeout`, {"error": line} when it failed."""
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    try:
+        out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(case)], cwd=root, env=env, capture_output=True, text=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    if out.returncode:
+        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def describe(case: dict) -> str:
+    m = case["model"]
+    if isinstance(m, dict):
+        experts = f" {m['num_experts']}E" if m.get("num_experts") else ""
+        name = f"{m['name']} ({m['num_layers']}L h{m['hidden_size']}{experts})"
+    else:
+        name = m
+    tight = f", limit {case['limit']:.1f} GiB (tight)" if "limit" in case else ""
+    return f"{name} {case['cluster']} {case['gpus']} GPUs B={case['batch']} S={case['seq']}{tight}"
+
+
+def quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)]
+
+
+def arg(name: str, default):
+    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+def main() -> None:
+    seed, size, timeout = arg("--seed", 22), arg("--size", 240), arg("--timeout", 60.0)
+    quick, baseline, base_timeout = arg("--quick", 0), arg("--baseline", ""), arg("--baseline-timeout", 60.0)
+    cases = population(seed, size)[: quick or None]
+    base_root = None
+    if baseline:
+        base_root = Path(tempfile.mkdtemp(prefix="population-baseline-"))
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(base_root), baseline], check=True,
+                       capture_output=True)
+    rows, ok, mismatches = [], True, 0
+    try:
+        for i, raw in enumerate(cases):
+            case = finish(raw)
+            got = run(case, ROOT, timeout)
+            secs = timeout if got is None or "error" in got else got["seconds"]
+            line = f"{i:4d} {describe(case)[:92]:92s} " + (f"{'> %g' % timeout:>8s}" if got is None else
+                                                             f"{'error':>8s}" if "error" in got else f"{secs:8.2f}")
+            if got is not None and "error" not in got:
+                line += f" {got['ilps']:4d} ILPs {got['step'] if got['step'] else 'no plan'!s:>22s}"
+            ok = ok and got is not None and "error" not in got and got["optimal"] and secs <= TARGET_S
+            if base_root is not None:
+                old = run(case, base_root, base_timeout)
+                line += "  baseline " + ("> %g s" % base_timeout if old is None else "error" if "error" in old else f"{old['seconds']:.2f} s")
+                if old is not None and "error" not in old and got is not None and "error" not in got:
+                    same = (old["step"] is None and got["step"] is None) or (
+                        old["step"] is not None and got["step"] is not None and math.isclose(old["step"], got["step"], rel_tol=REL_TOL))
+                    mismatches += not same
+                    line += "" if same else f"  DIFFERENT STEP (baseline {old['step']})"
+            print(line, flush=True)
+            rows.append((secs, i, case, got))
+    finally:
+        if base_root is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_root)], capture_output=True)
+    report(rows, timeout)
+    if mismatches:
+        print(f"FAIL: {mismatches} answers differ from the baseline's")
+    if not ok or mismatches:
+        print(f"FAIL: an instance took over {TARGET_S:g} s, failed or was not proven optimal")
+        sys.exit(1)
+
+
+def report(rows: list, timeout: float) -> None:
+    times = [r[0] for r in rows]
+    print(f"\n{len(rows)} instances: median {statistics.median(times):.2f} s, p95 {quantile(times, 0.95):.2f} s, "
+          f"p99 {quantile(times, 0.99):.2f} s, max {max(times):.2f} s")
+    print("slowest ten:")
+    for secs, i, case, got in sorted(rows, key=lambda r: r[:2], reverse=True)[:10]:
+        why = ("timed out" if got is None else got["error"] if "error" in got else
+               f"{got['candidates']:,} candidates, {got['ilps']} ILPs" + ("" if got["optimal"] else ", not proven optimal"))
+        print(f"  {'> %g' % timeout if got is None else '%.2f' % secs:>7s} s  #{i} {describe(case)}: {why}")
+
+
+if __name__ == "__main__":
+    main()
