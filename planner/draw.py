@@ -29,6 +29,9 @@ MEMORY_COLOURS = {
 }
 # Above this many ranks a placement picture is unreadable (and slow to draw).
 MAX_PLACEMENT_RANKS = 8192
+# Above this many passes a timeline picture is unreadable and slow to draw (20,000 took 14 s of
+# CPU, 400,000 took 85 s): zoom with --micro-batches / --ranks instead.
+MAX_TIMELINE_PASSES = 30_000
 # The largest figure drawn, inches (width, height): 4,400 x 6,600 pixels at render()'s 110 dpi,
 # about what an image viewer still opens; content beyond it shrinks instead.
 MAX_FIGURE_IN = (40.0, 60.0)
@@ -93,6 +96,13 @@ def _layout(fig) -> None:
     fig.get_layout_engine().execute(fig)
 
 
+def too_many_passes(passes: int) -> None:
+    """Refuse a timeline picture of more than MAX_TIMELINE_PASSES passes (PlannerError)."""
+    if passes > MAX_TIMELINE_PASSES:
+        raise PlannerError(f"a timeline picture of {passes:,} passes is unreadable (at most {MAX_TIMELINE_PASSES:,}); "
+                           "zoom with --micro-batches A-B or --ranks A-B")
+
+
 def timeline_figure(tl: Timeline, title: str, estimate_step: float, estimate_bubble: float, window: Window | None = None):
     """One row per pipeline rank (rank 0 on top); every op a box split by cause, outlined so
     that each micro-batch is visible, with its micro-batch number where it fits. `window`
@@ -103,6 +113,7 @@ def timeline_figure(tl: Timeline, title: str, estimate_step: float, estimate_bub
     win = window or Window.whole(tl)
     ranks = win.ranks
     ops = [op for op in tl.ops if op.rank in ranks and win.overlaps(op.start, op.duration)]
+    too_many_passes(len(ops))
     fig = _figure(min(TIMELINE_WIDTH_IN, 8 + 0.06 * len(ops) / len(ranks)), 1.6 + 0.45 * len(ranks))
     ax = fig.add_subplot()
     spans: dict[tuple[int, str, bool], list[tuple[float, float]]] = {}

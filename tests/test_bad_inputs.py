@@ -297,6 +297,9 @@ def _red_team_cases() -> list[tuple[str, list[str], int]]:
         ("red profile --show with -o", ["profile", "--show", "plan_ok.json", "-o", "p.json"], 2),
         # a plan on 2^20 GPUs: every rank's place was listed (25 s on a busy machine) before --placement was refused
         ("red show --placement of 2^20 ranks", ["show", "plan_2e20_gpus.json", "--placement", "p.svg"], (1, 2)),
+        # pp 126 x 1,584 micro-batches: the timeline picture drew 399,168 passes for 148 s before exiting 0
+        ("red show --timeline of 399,168 passes", ["show", "plan_pp126.json", "--timeline", "t.png"], (1, 2)),
+        ("red show --timeline zoomed to 300 micro-batches", ["show", "plan_pp126.json", "--timeline", "t.svg", "--micro-batches", "0-300"], (1, 2)),
     ]
     return cases
 
@@ -305,6 +308,9 @@ def _red_team_files(d: Path) -> None:
     r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", str(2**20),
                                  "--global-batch", str(2**20), "--seq-len", "512", "-o", str(d / "plan_2e20_gpus.json")])
     assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-405b", "--cluster", "dgx-h100-80gb", "--gpus", "1008", "--tp", "8",
+                                 "--pp", "126", "--global-batch", "1584", "--seq-len", "2048", "-o", str(d / "plan_pp126.json")])
+    assert r.exit_code in (0, 1), r.output  # written over memory too
 
 
 # ----- issue 19, items 5 and 10-12 for `plan run` and `plan profile` (planner/executor/prepare.py,

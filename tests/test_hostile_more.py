@@ -106,3 +106,27 @@ def test_the_ranks_are_the_same_made_when_read(work):
             coord["cp"], coord["dp"] = coord["dp"] % plan.cp, coord["dp"] // plan.cp
             assert place == {"rank": r, "node": r // doc.cluster.gpus_per_node, "gpu": r % doc.cluster.gpus_per_node, **coord}
         assert len({(p["dp"], p["tp"], p["pp"]) for p in ranks}) == plan.world_size  # every coordinate once
+
+
+# ----- `plan show --timeline` of a plan near the replay's limit drew 400,000 passes for 148 s; a
+# replay of them took 7 s of CPU. Now the passes drawn are bounded before the replay
+# (draw.MAX_TIMELINE_PASSES) and the replay at pictures.MAX_OPS takes about 2 s.
+
+@pytest.fixture(scope="module")
+def deep_plans(work) -> dict:
+    out = {}
+    for name, batch in (("deep.json", 1584), ("deep_replayable.json", 396)):  # 399,168 and 99,792 passes over pp 126
+        r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-405b", "--cluster", "dgx-h100-80gb", "--gpus", "1008", "--tp", "8",
+                                     "--pp", "126", "--global-batch", str(batch), "--seq-len", "2048", "-o", str(work / name)])
+        assert r.exit_code in (0, 1), r.output
+        out[name] = name
+    return out
+
+
+@pytest.mark.parametrize("extra", [["--timeline", "t.png"], ["--timeline", "t.svg", "--ranks", "0-125"],
+                                   ["--timeline", "t.svg", "--micro-batches", "0-300"]])
+def test_a_timeline_picture_of_too_many_passes_is_refused_within_seconds(work, deep_plans, extra):
+    pytest.importorskip("matplotlib")
+    for plan in deep_plans:
+        line = assert_refused(work, ["show", plan, *extra], (1, 2), seconds=8.0)
+        assert "passes" in line, line

@@ -58,6 +58,11 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
     check_plan(plan, model, job, doc.num_gpus)
     _check_range("--micro-batches", mb_range, plan.num_micro_batches, "micro-batches")
     _check_range("--ranks", rank_range, plan.pp, "pipeline ranks")
+    if "timeline" in files:  # before the replay: the passes of the micro-batches and ranks drawn (others' add to it)
+        from planner.draw import too_many_passes
+
+        mbs = plan.num_micro_batches if mb_range is None else mb_range[1] - mb_range[0] + 1
+        too_many_passes(2 * plan.vpp * mbs * (plan.pp if rank_range is None else rank_range[1] - rank_range[0] + 1))
     est = run_estimate(model, cluster, job, plan)
     tl = pictures.timeline(model, cluster, job, plan, est)
     win = pictures.window(tl, mb_range, rank_range)
