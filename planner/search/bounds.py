@@ -326,11 +326,11 @@ def integer_slowest_rank_time(pc: PipelineCosts, memory_limit_gib: float, modes:
     """A lower bound on the slowest pipeline rank's time per micro-batch (the sum of its
     stages' times, what M >= (m - 1/v) W_r maximises in planner/search/ilp.py) in any split
     that fits: the least tau at which the ranks can hold all L layers, each rank's time for
-    n whole layers being :func:`rank_time_floor` (nondecreasing in n: dropping a layer frees
-    memory and time, so a running maximum is the same sequence). The MILP's relaxation lets a
+    n whole layers being :func:`rank_time_floor` at most (the exposure at n can fall as n grows, so
+    the least over n and more, a nondecreasing sequence the merge needs). The MILP's relaxation lets a
     rank recompute fractions of a layer, so this row, added to it, closes the gap that
     branching on each rank's counts otherwise has to. None where the enumeration would take
-    more than INTEGER_WORK steps, a slope is negative (the argument above needs them >= 0), or
+    more than INTEGER_WORK steps, a slope is negative (then more layers might need less memory), or
     nothing fits."""
     t, L = pc.terms, pc.num_layers
     allowed = [MODES.index(md) for md in modes]
@@ -346,17 +346,19 @@ def integer_slowest_rank_time(pc: PipelineCosts, memory_limit_gib: float, modes:
         return None
     mode = max(allowed, key=lambda i: t.layer_recompute[i])
     limit = memory_limit_gib * GIB
-    times = []  # per rank: its time at lo, lo + 1, ... while it fits, as a running maximum
+    times = []  # per rank: its floor at lo, lo + 1, ... while it fits
     for rk, (lo, hi) in zip(ranks, spans):
-        per_mb = rank_exposure_floor(rk, lo, hi, mode)[0]
-        seq, run = [], -math.inf
+        seq = []
         for n in range(lo, min(hi, lo + more) + 1):
-            run = max(run, rank_time_floor(rk, t, limit, allowed, per_mb, n))
-            if run == math.inf:
+            per_mb = rank_exposure_floor(rk, n, n, mode)[0]  # at exactly n layers
+            time = rank_time_floor(rk, t, limit, allowed, per_mb, n)
+            if time == math.inf:  # more layers need more memory: none fits either
                 break
-            seq.append(run)
+            seq.append(time)
         if not seq:
             return None
+        for k in range(len(seq) - 2, -1, -1):  # the exposure is not monotone in n: a suffix minimum is
+            seq[k] = min(seq[k], seq[k + 1])
         times.append(seq)
     tau = max(seq[0] for seq in times)
     further = sorted(v for seq in times for v in seq[1:])
