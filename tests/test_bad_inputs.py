@@ -300,6 +300,9 @@ def _red_team_cases() -> list[tuple[str, list[str], int]]:
         # pp 126 x 1,584 micro-batches: the timeline picture drew 399,168 passes for 148 s before exiting 0
         ("red show --timeline of 399,168 passes", ["show", "plan_pp126.json", "--timeline", "t.png"], (1, 2)),
         ("red show --timeline zoomed to 300 micro-batches", ["show", "plan_pp126.json", "--timeline", "t.svg", "--micro-batches", "0-300"], (1, 2)),
+        # DeepSeek-V3's config.json on 16 H100: nothing fits, and the least-memory bound never ended (--time-limit or not)
+        ("red solve of a model that fits nowhere", ["solve", "--model", "deepseek_hf", "--cluster", "dgx-h100-80gb", "--gpus", "16",
+                                                    "--global-batch", "32", "--seq-len", "1024", "--top-k", "0", "--time-limit", "5"], 1),
     ]
     return cases
 
@@ -311,6 +314,8 @@ def _red_team_files(d: Path) -> None:
     r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-405b", "--cluster", "dgx-h100-80gb", "--gpus", "1008", "--tp", "8",
                                  "--pp", "126", "--global-batch", "1584", "--seq-len", "2048", "-o", str(d / "plan_pp126.json")])
     assert r.exit_code in (0, 1), r.output  # written over memory too
+    (d / "deepseek_hf").mkdir()
+    (d / "deepseek_hf" / "config.json").write_bytes((Path(__file__).resolve().parent / "data/hf_configs/deepseek-v3.json").read_bytes())
 
 
 # ----- issue 19, items 5 and 10-12 for `plan run` and `plan profile` (planner/executor/prepare.py,

@@ -130,3 +130,17 @@ def test_a_timeline_picture_of_too_many_passes_is_refused_within_seconds(work, d
     for plan in deep_plans:
         line = assert_refused(work, ["show", plan, *extra], (1, 2), seconds=8.0)
         assert "passes" in line, line
+
+
+# ----- plan solve of DeepSeek-V3's config.json on 16 H100 (nothing fits) never ended, --time-limit 5
+# or not: the bound on the least memory any layout needs (search/bounds.py:min_peak_memory) doubled
+# its upper end for ever when a rank's memory did not grow with its layers.
+
+@pytest.mark.parametrize("limit", [[], ["--time-limit", "5"]])
+def test_solve_of_a_model_that_fits_nowhere_ends(work, limit):
+    config = Path(__file__).resolve().parent / "data" / "hf_configs" / "deepseek-v3.json"
+    (work / "deepseek").mkdir(exist_ok=True)
+    (work / "deepseek" / "config.json").write_bytes(config.read_bytes())
+    line = assert_refused(work, ["solve", "--model", "deepseek", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "32",
+                                 "--seq-len", "1024", "--top-k", "0", *limit], 1, seconds=10.0 if not limit else 6.0)
+    assert "no layout fits" in line, line

@@ -274,9 +274,9 @@ def min_peak_memory(pc: PipelineCosts) -> float:
         fixed.append(mem.const + max(rk.memory.temporary))
         slope.append(min(mem.slope))
     lo = max(c + q * v for c, q in zip(fixed, slope))
-    if sum(max(v, (lo - c) / q) for c, q in zip(fixed, slope)) >= L:
-        return lo
-    hi = lo * 2
+    if min(slope) <= 0 or sum(max(v, (lo - c) / q) for c, q in zip(fixed, slope)) >= L:
+        return lo  # a rank whose memory does not grow with its layers: no water-filling (the loop below would not end)
+    hi = 2 * abs(lo) + 1.0  # grows by doubling even from lo <= 0
     while sum((hi - c) / q for c, q in zip(fixed, slope)) < L:
         hi *= 2
     for _ in range(60):
