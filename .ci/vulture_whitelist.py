@@ -31,3 +31,5 @@ accelerate
 callSolver, tmpDir, user_interrupt
 # planner/search/solve.py: the exact layout count, which tests/test_solver.py and tests/test_hostile_solve.py check
 layouts_represented
+# planner/cli/types.py: click.ParamType.convert, the protocol click calls for each option value
+convert
