@@ -32,3 +32,13 @@ def _own_temporary_directory(tmp_path_factory):
         os.environ.pop("TMPDIR", None)
     else:
         os.environ["TMPDIR"] = old_env
+
+
+def pytest_configure(config):
+    """A test run started in the background by a non-interactive shell (`cmd &`) inherits SIGINT
+    ignored, and so would every `plan` the tests start: the Ctrl-C tests would test the shell,
+    not the command. Python's own handler is put back (children then start with the default)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
