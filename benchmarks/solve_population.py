@@ -43,6 +43,8 @@ from planner.search.candidates import SearchSpace  # noqa: E402
 from planner.search.solve import min_memory_needed  # noqa: E402
 from planner.specs import JobSpec, ModelSpec, memory_limit_gib  # noqa: E402
 
+from benchmarks.solve_scaling import DRIVER  # noqa: E402  (the one timed solve, a case's memory limit included)
+
 TARGET_S = 10.0
 REL_TOL = 1e-7
 ISSUE_CASES = [
@@ -51,31 +53,6 @@ ISSUE_CASES = [
 ]
 AWKWARD = [96, 1536, 2240, 3072]
 LAYERS = [16, 24, 28, 32, 40, 48, 60, 64, 80, 96, 105, 118, 126, 128]
-
-# The same driver as benchmarks/solve_scaling.py's, with a memory limit; older revisions load
-# presets from planner.models.
-DRIVER = r"""
-import json, sys, time
-case = json.loads(sys.argv[1])
-try:
-    from planner.presets import load_model
-except ImportError:
-    from planner.models import load_model
-from hardware_profiles import load_cluster
-from planner.search.candidates import SearchSpace
-from planner.search.solve import solve
-from planner.specs import JobSpec, ModelSpec
-model = ModelSpec(**case["model"]) if isinstance(case["model"], dict) else load_model(case["model"])
-job = JobSpec(global_batch_size=case["batch"], seq_len=case["seq"])
-extra = {"cp_degrees": tuple(case["cp"]), "seq_len": case["seq"]} if case.get("cp") else {}
-space = SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"], **extra)
-start = time.perf_counter()
-res = solve(model, load_cluster(case["cluster"]), job, space, memory_limit_gib=case.get("limit"))
-seconds = time.perf_counter() - start
-best = res.fastest if hasattr(res, "fastest") and res.fastest is not None else res.best
-print(json.dumps({"seconds": seconds, "optimal": res.stats.optimal, "ilps": res.stats.ilps_solved,
-                  "candidates": res.stats.candidates_considered, "step": best.estimate.step_time_s if best else None}))
-"""
 
 
 def gpu_counts() -> list[int]:
@@ -198,16 +175,16 @@ def main() -> None:
             line = f"{i:4d} {describe(case)[:92]:92s} " + (f"{'> %g' % timeout:>8s}" if got is None else
                                                              f"{'error':>8s}" if "error" in got else f"{secs:8.2f}")
             if got is not None and "error" not in got:
-                line += f" {got['ilps']:4d} ILPs {got['step'] if got['step'] else 'no plan'!s:>22s}"
+                line += f" {got['ilps']:4d} ILPs {got['fastest_step'] if got['fastest_step'] else 'no plan'!s:>22s}"
             ok = ok and got is not None and "error" not in got and got["optimal"] and secs <= TARGET_S
             if base_root is not None:
                 old = run(case, base_root, base_timeout)
                 line += "  baseline " + ("> %g s" % base_timeout if old is None else "error" if "error" in old else f"{old['seconds']:.2f} s")
                 if old is not None and "error" not in old and got is not None and "error" not in got:
-                    same = (old["step"] is None and got["step"] is None) or (
-                        old["step"] is not None and got["step"] is not None and math.isclose(old["step"], got["step"], rel_tol=REL_TOL))
+                    same = (old["fastest_step"] is None and got["fastest_step"] is None) or (
+                        old["fastest_step"] is not None and got["fastest_step"] is not None and math.isclose(old["fastest_step"], got["fastest_step"], rel_tol=REL_TOL))
                     mismatches += not same
-                    line += "" if same else f"  DIFFERENT STEP (baseline {old['step']})"
+                    line += "" if same else f"  DIFFERENT STEP (baseline {old['fastest_step']})"
             print(line, flush=True)
             rows.append((secs, i, case, got))
     finally:

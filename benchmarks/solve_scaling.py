@@ -80,7 +80,8 @@ LARGE = [
 NEW_DIMENSIONS = {"mixtral-8x7b", "deepseek-v3"}
 
 # One solve, timed around the library call, in a fresh process; it must run against this
-# code and against older revisions (whose model preset loader was planner.models).
+# code and against older revisions (whose model preset loader was planner.models). A case may
+# carry a memory limit (benchmarks/solve_population.py's memory-tight instances).
 DRIVER = r"""
 import json, sys, time
 case = json.loads(sys.argv[1])
@@ -97,7 +98,7 @@ job = JobSpec(global_batch_size=case["batch"], seq_len=case["seq"])
 extra = {"cp_degrees": tuple(case["cp"]), "seq_len": case["seq"]} if case.get("cp") else {}
 space = SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"], **extra)
 start = time.perf_counter()
-res = solve(model, load_cluster(case["cluster"]), job, space)
+res = solve(model, load_cluster(case["cluster"]), job, space, **({"memory_limit_gib": case["limit"]} if case.get("limit") else {}))
 seconds = time.perf_counter() - start
 # an older baseline kept the exact count (layouts_represented)
 layouts_log10 = getattr(res.stats, "layouts_represented_log10", None)
@@ -110,6 +111,8 @@ print(json.dumps({
     "candidates": res.stats.candidates_considered, "layouts_log10": layouts_log10,
     "plan": best.plan.model_dump(mode="json") if best else None,
     "step": best.estimate.step_time_s if best else None, "mfu": best.estimate.mfu if best else None,
+    # the ILP optimum (an older baseline has no `fastest`): what benchmarks/solve_population.py compares
+    "fastest_step": (getattr(res, "fastest", None) or best).estimate.step_time_s if best else None,
     "model_name": model.name,
 }))
 """
