@@ -32,21 +32,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable as a script from anywhere
 from benchmarks.published_cases import Case, cases  # noqa: E402
+from cost_models import fit as fitlib  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
+from cost_models.fit import NAMES  # noqa: E402
 from hardware_profiles import PRESET_DIR  # noqa: E402
-
-NAMES = ("sustained_fraction", "kernel_overhead_us", "overlap_efficiency")
-# kernel gap: up to 50 us per modelled operator (eager PyTorch launches several kernels for one
-# modelled operator: casts, copies, autograd bookkeeping, at 5-10 us each)
-BOUNDS = ((0.5, 1.0), (0.0, 50.0), (0.0, 1.0))
-START = (0.85, 5.0, 0.85)
 
 
 def with_constants(c: Case, theta) -> Case:
-    s, k, eta = theta
-    dev = c.cluster.device.model_copy(update={"sustained_fraction": s, "kernel_overhead_us": k})
-    cl = c.cluster.model_copy(update={"device": dev, "overlap_efficiency": eta})
-    return Case(c.name, c.group, c.model, cl, c.job, c.plan, c.metric, c.published, c.peak_memory_gib)
+    """Case c with theta as the constants of its stack (cost_models/fit.py)."""
+    return Case(c.name, c.group, c.model, fitlib.with_constants(c.cluster, c.job.target, theta), c.job, c.plan, c.metric,
+                c.published, c.peak_memory_gib)
 
 
 def predict(c: Case, theta=None):
@@ -73,42 +68,14 @@ def _groups(cs):
     return g
 
 
-def loss(theta, cs) -> float:
-    """Mean over groups of the mean squared log ratio in the group."""
-    per = defaultdict(list)
-    for c in cs:
-        per[c.group].append(math.log(predict(c, theta)[0] / c.published) ** 2)
-    return sum(sum(v) / len(v) for v in per.values()) / len(per)
-
-
-def _golden(f, lo, hi, tol):
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = f(c), f(d)
-    while b - a > tol:
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = f(d)
-    return (a + b) / 2
+def residuals(cs):
+    """The runs' (group, log(predicted / published)) as a function of the constants."""
+    return lambda theta: ((c.group, math.log(predict(c, theta)[0] / c.published)) for c in cs)
 
 
 def fit(cs, sweeps: int = 3):
-    """Coordinate-wise golden-section search of the three constants."""
-    theta = list(START)
-    for _ in range(sweeps):
-        for i, (lo, hi) in enumerate(BOUNDS):
-            def f(x, i=i):
-                t = list(theta)
-                t[i] = x
-                return loss(t, cs)
-            theta[i] = _golden(f, lo, hi, (hi - lo) / 200)
-    return tuple(theta)
+    """The constants that fit runs cs best (cost_models/fit.py:fit_constants)."""
+    return fitlib.fit_constants(residuals(cs), sweeps)
 
 
 def fit_naive(cs) -> float:

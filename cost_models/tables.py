@@ -399,9 +399,10 @@ def pipeline_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, links: dict | None = None,
     layer: LayerCosts | None = None, edge: EdgeCosts | None = None,
 ) -> PipelineCosts:
-    """Cost tables of `plan`'s layout; `links`, `layer`, `edge` may come from a cache."""
+    """Cost tables of `plan`'s layout; `links`, `layer`, `edge` may come from a cache. The
+    cluster is read as job.target's software runs on it (ClusterSpec.for_target)."""
     return layout_costs(
-        model, cluster, job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
+        model, cluster.for_target(job.target), job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
         plan.schedule, plan.zero_stage, plan.sequence_parallel, plan.mesh_order, links, layer, edge,
         tp_overlap=plan.tp_comm_overlap, ep=plan.ep, fp8=plan.fp8, cp=plan.cp,
     )

@@ -27,7 +27,9 @@ from pydantic_core import PydanticCustomError
 # Readers still accept the 1.0 names (_renamed below).
 # 1.6: `plan solve` without --target searches every stack: SolveDocument.stacks, tie_rule and
 # Alternative.target (planner/search/stacks.py); read without them, alternatives are job.target's.
-SCHEMA_VERSION = "1.6"
+# 1.7: ClusterSpec.stack_constants: each training stack's own fitted constants (StackConstants),
+# which the cost model reads for a job's target (ClusterSpec.for_target); read without, none.
+SCHEMA_VERSION = "1.7"
 
 
 # ----- numbers
@@ -689,6 +691,28 @@ class Uncertainty(_Spec):
         return math.hypot(compute_share * math.log1p(self.compute), communication_share * math.log1p(self.communication))
 
 
+class StackConstants(_Spec):
+    """The constants that are properties of the software a plan runs on, not of the hardware:
+    how fast one training stack's kernels run on this cluster's device, fitted to that stack's
+    own published runs (benchmarks/fidelity_published.py) or to trials measured by `plan tune`.
+    On a cluster that has an entry for a plan's stack (JobSpec.target) they replace the device's
+    and the cluster's own figures (ClusterSpec.for_target)."""
+
+    sustained_fraction: Real(0, 1, open_lo=True) = Field(
+        description="Throughput the stack's training loop sustains relative to the device's microbenchmarks (multiplies GEMM and attention rates)."
+    )
+    kernel_overhead_us: Real(0, 10_000, "us") = Field(
+        description="Gap per modelled operator between kernels (launches, casts and copies around it), microseconds."
+    )
+    overlap_efficiency: Real(0, 1) = Field(
+        description="Fraction of overlapped communication that is free (1 - the slowdown compute suffers beside a collective)."
+    )
+    uncertainty: Optional[Uncertainty] = Field(
+        default=None, description="Out-of-group error of this stack's predictions (None: the cluster's)."
+    )
+    provenance: Optional[str] = Field(default=None, description="What the constants were fitted on, when and how.")
+
+
 class ClusterSpec(_Spec):
     """A cluster of identical nodes: the hardware profile every command reads.
 
@@ -715,6 +739,28 @@ class ClusterSpec(_Spec):
     measured: Optional[MeasuredProfile] = Field(
         default=None, description="Per-layer measurements, sweeps and environment written by `plan profile` (None for presets)."
     )
+    stack_constants: dict[Target, StackConstants] = Field(
+        default_factory=dict,
+        description="Per training stack (JobSpec.target): the software's constants on this cluster, fitted to that stack's runs; "
+        "a stack without an entry uses the device's and the cluster's own figures. (schema 1.7)",
+    )
+
+    def for_target(self, target: "Target | str") -> "ClusterSpec":
+        """This cluster as the cost model sees it under `target`: the stack's constants (if it
+        has an entry) in place of the device's sustained fraction and kernel gap and the
+        cluster's overlap efficiency and uncertainty. Idempotent."""
+        k = self.stack_constants.get(Target(target))
+        if k is None:
+            return self
+        dev = self.device
+        if (dev.sustained_fraction, dev.kernel_overhead_us, self.overlap_efficiency) == (
+                k.sustained_fraction, k.kernel_overhead_us, k.overlap_efficiency) and (k.uncertainty is None or k.uncertainty == self.uncertainty):
+            return self
+        dev = dev.model_copy(update={"sustained_fraction": k.sustained_fraction, "kernel_overhead_us": k.kernel_overhead_us})
+        update = {"device": dev, "overlap_efficiency": k.overlap_efficiency}
+        if k.uncertainty is not None:
+            update["uncertainty"] = k.uncertainty
+        return self.model_copy(update=update)
 
     @model_validator(mode="after")
     def _tiers_complete(self) -> "ClusterSpec":

@@ -284,7 +284,8 @@ class CostTables:
     """Per-solve caches of link, layer and edge costs: many candidates share them."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec):
-        self.model, self.cluster, self.job = model, cluster, job
+        # the cluster as job.target's software runs on it (its fitted constants, ClusterSpec.for_target)
+        self.model, self.cluster, self.job = model, cluster.for_target(job.target), job
         self._links: dict = {}
         self._layer: dict = {}
         self._edge: dict = {}

@@ -1,0 +1,125 @@
+"""Fitting the cost model's few software constants to measured step times: the one fit
+function that benchmarks/fidelity_published.py (published runs) and `plan tune` (trials
+measured on the user's machines) both call.
+
+The constants are those of planner/specs.py:StackConstants, each with a physical meaning:
+
+- sustained_fraction: throughput a training loop sustains relative to microbenchmarks
+  (clocks under sustained power, synchronisation), multiplying GEMM and attention rates;
+- kernel_overhead_us: the gap per modelled operator (launches, casts and copies around it);
+- overlap_efficiency: the fraction of overlapped communication that is free (1 - the
+  slowdown compute suffers while a collective runs beside it).
+
+The loss is the mean over groups of the mean squared log(predicted / measured) in the group
+(each group weighted equally, so that one large table does not decide the fit), plus, where
+a prior is given, a penalty pulling each constant towards it in units of its prior width
+(what `plan tune` starts from: the preset's fit, trusted as far as its cross-validated
+error says). Minimised by coordinate-wise golden-section search within each constant's
+physical bounds: few constants, a smooth loss, no gradient needed, deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence
+
+from planner.specs import ClusterSpec, StackConstants, Target
+
+
+@dataclass(frozen=True)
+class Constant:
+    name: str
+    lo: float
+    hi: float
+    start: float
+    meaning: str
+
+
+CONSTANTS = (
+    Constant("sustained_fraction", 0.5, 1.0, 0.85, "throughput sustained relative to microbenchmarks"),
+    # up to 50 us per modelled operator: eager PyTorch launches several kernels for one modelled
+    # operator (casts, copies, autograd bookkeeping, 5-10 us each)
+    Constant("kernel_overhead_us", 0.0, 50.0, 5.0, "gap per modelled operator, us"),
+    Constant("overlap_efficiency", 0.0, 1.0, 0.85, "fraction of overlapped communication that is free"),
+)
+NAMES = tuple(c.name for c in CONSTANTS)
+
+# Residuals of one setting of the constants: (group, log(predicted / measured)) per observation.
+Residuals = Callable[[Sequence[float]], Iterable[tuple[str, float]]]
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Where the constants start and how far the data must pull them: the penalty is
+    weight x sum(((theta - centre) / width)^2), widths in each constant's units."""
+
+    centre: tuple[float, ...]
+    width: tuple[float, ...]
+    weight: float = 1.0
+
+    def penalty(self, theta: Sequence[float]) -> float:
+        return self.weight * sum(((t - c) / w) ** 2 for t, c, w in zip(theta, self.centre, self.width))
+
+
+def loss(residuals: Residuals, theta: Sequence[float], prior: Optional[Prior] = None) -> float:
+    """Mean over groups of the mean squared log ratio in the group (+ the prior's penalty)."""
+    per = defaultdict(list)
+    for group, r in residuals(theta):
+        per[group].append(r * r)
+    value = sum(sum(v) / len(v) for v in per.values()) / len(per) if per else 0.0
+    return value + (prior.penalty(theta) if prior is not None else 0.0)
+
+
+def golden(f: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
+    """The minimiser of a unimodal f on [lo, hi], to within tol (golden-section search)."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > tol:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def fit_constants(residuals: Residuals, sweeps: int = 3, prior: Optional[Prior] = None,
+                  free: Sequence[str] = NAMES, start: Optional[Sequence[float]] = None,
+                  constants: Sequence[Constant] = CONSTANTS) -> tuple[float, ...]:
+    """The constants (in `constants`' order) minimising `loss`; those not in `free` stay at
+    their start (the prior's centre, else `start`, else each constant's own start)."""
+    theta = list(start or (prior.centre if prior is not None else tuple(c.start for c in constants)))
+    for _ in range(sweeps):
+        for i, c in enumerate(constants):
+            if c.name not in free:
+                continue
+
+            def f(x, i=i):
+                t = list(theta)
+                t[i] = x
+                return loss(residuals, t, prior)
+            theta[i] = golden(f, c.lo, c.hi, (c.hi - c.lo) / 200)
+    return tuple(theta)
+
+
+def with_constants(cluster: ClusterSpec, target: Target | str, theta: Sequence[float],
+                   provenance: Optional[str] = None, uncertainty=None) -> ClusterSpec:
+    """`cluster` with `theta` (in CONSTANTS' order) as the constants of stack `target`."""
+    values = dict(zip(NAMES, theta))
+    old = cluster.stack_constants.get(Target(target))
+    entry = StackConstants(**values, uncertainty=uncertainty if uncertainty is not None else (old.uncertainty if old else None),
+                           provenance=provenance)
+    return cluster.model_copy(update={"stack_constants": {**cluster.stack_constants, Target(target): entry}})
+
+
+def constants_of(cluster: ClusterSpec, target: Target | str) -> tuple[float, ...]:
+    """The constants the cost model uses for `target` on `cluster`, in CONSTANTS' order."""
+    c = cluster.for_target(target)
+    return (c.device.sustained_fraction, c.device.kernel_overhead_us, c.overlap_efficiency)
