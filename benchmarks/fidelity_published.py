@@ -28,6 +28,8 @@ import json
 import math
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable as a script from anywhere
@@ -73,9 +75,17 @@ def residuals(cs):
     return lambda theta: ((c.group, math.log(predict(c, theta)[0] / c.published)) for c in cs)
 
 
-def fit(cs, sweeps: int = 3):
-    """The constants that fit runs cs best (cost_models/fit.py:fit_constants)."""
+def fit(cs, sweeps: int = 3, start=None):
+    """The constants that fit runs cs best (cost_models/fit.py:fit_constants); from `start`
+    (a fit on a superset of cs), one sweep within WARM of it."""
+    if start is not None:
+        return fitlib.fit_constants(residuals(cs), 1, start=start, within=WARM)
     return fitlib.fit_constants(residuals(cs), sweeps)
+
+
+# Cross-validation starts each fold's fit from the fit on every run and searches this far around it
+# (one sweep): a fold leaves out one group of 17, which moves the constants by far less.
+WARM = (0.08, 12.0, 0.25)
 
 
 def fit_naive(cs) -> float:
@@ -91,6 +101,9 @@ def mape(pairs) -> float:
     return 100 * sum(abs(p / q - 1) for p, q in pairs) / len(pairs)
 
 
+LN2 = math.log(2)
+
+
 def per_term_widths(resid, comm_share) -> tuple[float, float]:
     """(sd_compute, sd_communication) maximising the likelihood of the residuals under
     log(predicted / published) ~ N(0, ((1 - f) sd_c)^2 + (f sd_m)^2), f a run's communication
@@ -104,8 +117,11 @@ def per_term_widths(resid, comm_share) -> tuple[float, float]:
             var = ((1 - f) * sc) ** 2 + (f * sm) ** 2
             tot += 0.5 * math.log(var) + r * r / (2 * var)
         return tot
-    grid = [0.005 * i for i in range(1, 139)]  # 0.005 .. 0.69 = ln 2
-    return min(((sc, sm) for sc in grid for sm in grid if sm >= sc), key=lambda x: nll(*x))
+    def best(xs, ys):
+        return min(((sc, sm) for sc in xs for sm in ys if sm >= sc), key=lambda x: nll(*x))
+    coarse = best([0.02 * i for i in range(1, 35)], [0.02 * i for i in range(1, 35)] + [LN2])  # up to ln 2
+    near = [[v + 0.005 * d for d in range(-4, 5) if 0 < v + 0.005 * d <= LN2] for v in coarse]
+    return best(*near)
 
 
 def coverage_scale(resid, comm_share, sds, coverage: float) -> float:
@@ -115,60 +131,187 @@ def coverage_scale(resid, comm_share, sds, coverage: float) -> float:
     return z[min(len(z) - 1, math.ceil(coverage * len(z)) - 1)]
 
 
+# --------------------------------------------------------------------------- per stack
+
+STACKS = ("megatron", "deepspeed", "torchtitan")  # each fitted on its own runs (published_cases.py:stack_of)
+SHARED = {"accelerate": "torchtitan"}  # Accelerate runs PyTorch FSDP2 with eager kernels, as torchtitan does
+# A stack's constants are pulled towards the pooled fit (the other stacks' runs included): a
+# move of one width costs as much as every group of the stack being off by sqrt(PRIOR_WEIGHT)
+# in log (10%), so a stack with few runs stays near the pooled constants unless its runs insist.
+PRIOR_WIDTH = (0.1, 15.0, 0.3)
+PRIOR_WEIGHT = 0.01
+MIN_GROUPS_FOR_OWN_INTERVAL = 4  # fewer: the interval's widths come from every stack's residuals
+
+
+def dense(cs):
+    """The runs the constants are fitted on: dense models. A mixture-of-experts layer runs other
+    kernels (grouped GEMMs, token permutation, the router) whose speed the dense constants do not
+    measure, and its predictions err both ways (0.75-1.3x on Megatron): fitted in, they would pull
+    every dense prediction off. MoE runs are predicted with their stack's constants, and their
+    cross-validated errors widen the stack's interval."""
+    return [c for c in cs if not c.model.is_moe]
+
+
+def stack_fit(cs, pooled, sweeps: int = 3, start=None):
+    """A stack's constants: its dense runs' fit, pulled towards the pooled constants (PRIOR_*);
+    from `start` as fit() does."""
+    own = dense(cs)
+    if not own:
+        return tuple(pooled)
+    prior = fitlib.Prior(tuple(pooled), PRIOR_WIDTH, PRIOR_WEIGHT)
+    if start is not None:
+        return fitlib.fit_constants(residuals(own), 1, prior=prior, start=start, within=WARM)
+    return fitlib.fit_constants(residuals(own), sweeps, prior=prior)
+
+
+def fit_naive_of(cs) -> float:
+    return fit_naive(cs) if cs else 0.5
+
+
+@dataclass
+class Held:
+    """One run predicted by constants fitted without its group."""
+
+    case: Case
+    stack: str
+    model: float  # predicted by the stack's constants
+    pooled: float  # predicted by the pooled constants (what `generic` ships)
+    naive: float  # by the stack's naive constant
+    comm_share: float
+
+
+def comm_share(est) -> float:
+    b = est.time_breakdown_s
+    return (b.tp_communication + b.pp_communication + b.dp_communication_exposed) / est.step_time_s
+
+
+def cross_validate(cs, thetas: dict) -> list[Held]:
+    """Leave one group out: for each group, the pooled and its stack's constants and the naive
+    fraction fitted on every other group (each fit started from the fit on every run, `thetas`),
+    then the group predicted."""
+    out = []
+    for g, gcs in _groups(cs).items():
+        rest = [c for c in cs if c.group != g]
+        pooled = fit(dense(rest), start=thetas["generic"])
+        stack = gcs[0].job.target.value
+        rest_stack = [c for c in rest if c.job.target.value == stack]
+        own = stack_fit(rest_stack, pooled, start=thetas[stack]) if dense(rest_stack) else pooled
+        fr = fit_naive_of(rest_stack)
+        for c in gcs:
+            p, est = predict(c, own)
+            q, _ = predict(c, pooled)
+            out.append(Held(c, stack, p, q, naive(c, fr, est), comm_share(est)))
+    return out
+
+
+@dataclass(frozen=True)
+class Interval:
+    sds: tuple  # (compute, communication) log sd
+    k: float  # multiple of the sd holding 80% of the residuals
+
+    def halfwidth(self, f: float) -> float:
+        return self.k * math.hypot((1 - f) * self.sds[0], f * self.sds[1])
+
+    def factors(self) -> tuple:
+        return math.exp(self.k * self.sds[0]), math.exp(self.k * self.sds[1])
+
+
+def interval_of(resid, shares, coverage: float = 0.8) -> Interval:
+    sds = per_term_widths(resid, shares)
+    return Interval(sds, coverage_scale(resid, shares, sds, coverage))
+
+
+def _interval_sample(held: list[Held], stack: str, pooled: bool = False):
+    """The cross-validated residuals a stack's interval is fitted on: its own where it has
+    MIN_GROUPS_FOR_OWN_INTERVAL groups, else every stack's."""
+    own = [h for h in held if h.stack == stack]
+    if pooled:
+        return [(math.log(h.pooled / h.case.published), h.comm_share, h.case.group) for h in held]
+    if len({h.case.group for h in own}) < MIN_GROUPS_FOR_OWN_INTERVAL:
+        own = held
+    return [(math.log(h.model / h.case.published), h.comm_share, h.case.group) for h in own]
+
+
+def stack_interval(held: list[Held], stack: str, pooled: bool = False) -> tuple[Interval, float, int]:
+    """(the stack's interval, its out-of-group coverage, runs it was checked on): the stated
+    interval is fitted on all the cross-validated residuals; its coverage is measured by
+    fitting it again without each group and counting that group's runs inside."""
+    sample = _interval_sample(held, stack, pooled)
+    iv = interval_of([r for r, _, _ in sample], [f for _, f, _ in sample])
+    checked = [h for h in held if pooled or h.stack == stack]
+    inside = 0
+    for g in {h.case.group for h in checked}:
+        rest = [(r, f) for r, f, gg in sample if gg != g]
+        if len(rest) < 3:
+            continue
+        ivg = interval_of([r for r, _ in rest], [f for _, f in rest])
+        for h in checked:
+            if h.case.group == g:
+                r = math.log((h.pooled if pooled else h.model) / h.case.published)
+                inside += abs(r) <= ivg.halfwidth(h.comm_share)
+    return iv, inside / max(1, len(checked)), len(checked)
+
+
+def _print_runs(cs, thetas, frac):
+    print(f"\n{'run':58s} {'stack':10s} {'published':>10s} {'model':>6s} {'naive':>6s}  compute  tp   pp  bubble dp-exp  fits")
+    for c in cs:
+        p, est = predict(c, thetas[c.job.target.value])
+        b, t = est.time_breakdown_s, est.step_time_s
+
+        def share(x, t=t):
+            return f"{100 * x / t:4.0f}%"
+        print(f"{c.name[:58]:58s} {c.job.target.value:10s} {c.published:10.1f} {p / c.published:6.2f} "
+              f"{naive(c, frac[c.job.target.value], est) / c.published:6.2f}  {share(b.compute + b.recompute)} "
+              f"{share(b.tp_communication)} {share(b.pp_communication)} {share(b.pipeline_bubble)} "
+              f"{share(b.dp_communication_exposed)}  {'yes' if est.fits else 'NO'} {est.peak_memory_gib:.1f}/{est.memory_capacity_gib:.0f}")
+
+
+def _print_cv(held: list[Held]):
+    print("\nleave-one-group-out cross-validation (constants fitted without the group; ratio = predicted / published)")
+    print(f"{'stack':10s} {'group':28s} {'runs':>4s} {'model MAPE':>10s} {'naive MAPE':>10s} {'pooled MAPE':>11s}  better")
+    for stack in STACKS:
+        for g in dict.fromkeys(h.case.group for h in held if h.stack == stack):
+            hs = [h for h in held if h.case.group == g]
+            m = mape([(h.model, h.case.published) for h in hs])
+            n = mape([(h.naive, h.case.published) for h in hs])
+            q = mape([(h.pooled, h.case.published) for h in hs])
+            print(f"{stack:10s} {g:28s} {len(hs):4d} {m:9.1f}% {n:9.1f}% {q:10.1f}%  {'yes' if m < n else 'NO'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write the fitted constants into hardware_profiles/presets")
     args = ap.parse_args()
     cs, skipped = cases()
-    groups = _groups(cs)
-    theta = fit(cs)
-    frac = fit_naive(cs)
-    print("fitted on all", len(cs), "runs:", ", ".join(f"{n} {v:.3f}" for n, v in zip(NAMES, theta)),
-          f"| naive: {frac:.3f} of peak")
-    print(f"\n{'run':64s} {'metric':9s} {'published':>10s} {'model':>8s} {'naive':>7s}  compute  tp   pp  bubble dp-exp  fits")
-    for c in cs:
-        p, est = predict(c, theta)
-        b, t = est.time_breakdown_s, est.step_time_s
-
-        def share(x, t=t):
-            return f"{100 * x / t:4.0f}%"
-        fits = "yes" if est.fits else "NO"
-        print(f"{c.name[:64]:64s} {'tok/s' if c.metric.startswith('tokens') else 'hw TF/s':9s} {c.published:10.1f} "
-              f"{p / c.published:8.2f} {naive(c, frac, est) / c.published:7.2f}  {share(b.compute + b.recompute)} "
-              f"{share(b.tp_communication)} {share(b.pp_communication)} {share(b.pipeline_bubble)} "
-              f"{share(b.dp_communication_exposed)}  {fits} {est.peak_memory_gib:.1f}/{est.memory_capacity_gib:.0f}")
-
-    print("\nleave-one-group-out cross-validation (fit without the group, predict it); ratio = predicted / published")
-    print(f"{'group':26s} {'runs':>4s} {'fitted on the others':44s} {'model MAPE':>10s} {'naive MAPE':>10s}  better")
-    resid, comm_share = [], []
-    for g, gcs in groups.items():
-        rest = [c for c in cs if c.group != g]
-        th = fit(rest, sweeps=2)
-        fr = fit_naive(rest)
-        model_pairs, naive_pairs = [], []
-        for c in gcs:
-            p, est = predict(c, th)
-            model_pairs.append((p, c.published))
-            naive_pairs.append((naive(c, fr, est), c.published))
-            resid.append(math.log(p / c.published))
-            b = est.time_breakdown_s
-            comm_share.append((b.tp_communication + b.pp_communication + b.dp_communication_exposed) / est.step_time_s)
-        m, n = mape(model_pairs), mape(naive_pairs)
-        consts = " ".join(f"{v:.3f}" for v in th)
-        print(f"{g:26s} {len(gcs):4d} {consts:44s} {m:9.1f}% {n:9.1f}%  {'yes' if m < n else 'NO'}")
-    per_term = per_term_widths(resid, comm_share)
-    print(f"\nper-term error (maximum likelihood on the cross-validated residuals, communication no more certain than "
-          f"compute): compute {per_term[0]:.3f}, communication {per_term[1]:.3f} (log sd; from {len(resid)} runs whose "
-          f"communication share is at most {100 * max(comm_share):.0f}%, so the communication figure is weakly determined"
-          + (", at its bound ln 2)" if per_term[1] >= 0.69 else ")"))
-    k = coverage_scale(resid, comm_share, per_term, 0.8)
-    a_c, a_m = k * per_term[0], k * per_term[1]
-    print(f"per-term intervals at 80% coverage of the held-out runs: compute x/ {math.exp(a_c):.3f}, "
-          f"communication x/ {math.exp(a_m):.3f}")
-    resid.sort(key=abs)
-    q80 = abs(resid[int(0.8 * (len(resid) - 1))])
-    print(f"cross-validated |log ratio|: median {abs(resid[len(resid) // 2]):.3f}, 80th percentile {q80:.3f} "
-          f"(one interval for every plan at 80% coverage: x/ {math.exp(q80):.3f})")
+    pooled = fit(dense(cs))
+    thetas = {"generic": pooled}
+    frac = {"generic": fit_naive(cs)}
+    print(f"{len(cs)} runs in {len(_groups(cs))} groups; constants (meaning: cost_models/fit.py)")
+    print(f"{'stack':10s} {'runs':>4s} {'groups':>6s}  " + " ".join(f"{n:>19s}" for n in NAMES) + "  fit (rms log ratio)")
+    for stack in (*STACKS, "generic"):
+        own = cs if stack == "generic" else [c for c in cs if c.job.target.value == stack]
+        if stack != "generic":
+            thetas[stack] = stack_fit(own, pooled)
+            frac[stack] = fit_naive_of(own)
+        th = thetas[stack]
+        rms = math.sqrt(fitlib.loss(residuals(dense(own)), th))
+        print(f"{stack:10s} {len(own):4d} {len(_groups(own)):6d}  " + " ".join(f"{v:19.3f}" for v in th) + f"  {rms:.3f}"
+              + (f"  ({len(dense(own))} dense runs fitted" + (", every stack's)" if stack == "generic" else ")")))
+    _print_runs(cs, thetas, frac)
+    held = cross_validate(cs, thetas)
+    _print_cv(held)
+    print("\nintervals fitted on the cross-validated residuals; coverage measured out of group (each group's runs "
+          "against the interval fitted without it)")
+    intervals = {}
+    for stack in (*STACKS, "generic"):
+        iv, cov, n = stack_interval(held, stack, pooled=stack == "generic")
+        intervals[stack] = iv
+        fc, fm = iv.factors()
+        print(f"{stack:10s} compute x/ {fc:.3f}, communication x/ {fm:.3f} (log sd {iv.sds[0]:.3f} / {iv.sds[1]:.3f}); "
+              f"stated 80%, out-of-group {100 * cov:.0f}% of {n} runs")
+    resid = sorted(abs(math.log(h.model / h.case.published)) for h in held)
+    print(f"cross-validated |log ratio| with each run's stack constants: median {resid[len(resid) // 2]:.3f}, "
+          f"80th percentile {resid[int(0.8 * (len(resid) - 1))]:.3f}")
     print(f"\nexcluded {len(skipped)} records:")
     why = defaultdict(int)
     for _, w in skipped:
@@ -176,15 +319,37 @@ def main() -> None:
     for w, k in sorted(why.items(), key=lambda x: -x[1]):
         print(f"  {k:3d}  {w}")
     if args.write:
-        for f in sorted(PRESET_DIR.glob("*.json")):
-            data = json.loads(f.read_text())
-            data["device"]["sustained_fraction"] = round(theta[0], 4)
-            data["device"]["kernel_overhead_us"] = round(theta[1], 3)
-            data["overlap_efficiency"] = round(theta[2], 4)
-            data["uncertainty"] = {"relative": round(math.exp(q80) - 1, 4), "coverage": 0.8,
-                                   "compute": round(math.exp(a_c) - 1, 4), "communication": round(math.exp(a_m) - 1, 4)}
-            f.write_text(json.dumps(data, indent=2) + "\n")
-        print("wrote the constants into", PRESET_DIR)
+        write_constants(thetas, intervals, len(cs))
+
+
+def _uncertainty(iv: Interval) -> dict:
+    fc, fm = iv.factors()
+    q = max(fc, fm)
+    return {"relative": round(q - 1, 4), "coverage": 0.8, "compute": round(fc - 1, 4), "communication": round(fm - 1, 4)}
+
+
+def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
+    """The pooled constants as every preset's own (what `generic` and profiles without a stack
+    entry use), each stack's as the preset's stack_constants."""
+    today = date.today().isoformat()
+    for f in sorted(PRESET_DIR.glob("*.json")):
+        data = json.loads(f.read_text())
+        th = thetas["generic"]
+        data["device"]["sustained_fraction"] = round(th[0], 4)
+        data["device"]["kernel_overhead_us"] = round(th[1], 3)
+        data["overlap_efficiency"] = round(th[2], 4)
+        data["uncertainty"] = _uncertainty(intervals["generic"])
+        entries = {}
+        for stack in (*STACKS, *SHARED):
+            src = SHARED.get(stack, stack)
+            t = thetas[src]
+            entries[stack] = {"sustained_fraction": round(t[0], 4), "kernel_overhead_us": round(t[1], 3),
+                              "overlap_efficiency": round(t[2], 4), "uncertainty": _uncertainty(intervals[src]),
+                              "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
+                                            f"benchmarks/data (of {runs}), pulled towards the pooled fit"}
+        data["stack_constants"] = entries
+        f.write_text(json.dumps(data, indent=2) + "\n")
+    print("wrote the constants into", PRESET_DIR)
 
 
 if __name__ == "__main__":

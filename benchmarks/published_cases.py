@@ -236,6 +236,23 @@ def _moe_problem(rec: dict) -> Optional[str]:
     return None
 
 
+# Groups run on DeepSpeed: BLOOM (Megatron-DeepSpeed, ZeRO-1) and GPT-NeoX-20B (GPT-NeoX, built on
+# DeepSpeed's engine, ZeRO-1).
+DEEPSPEED_GROUPS = ("bloom", "gpt_neox_20b")
+
+
+def stack_of(rec: dict) -> str:
+    """The training stack (JobSpec.target) a record ran on, whose constants it calibrates:
+    Megatron-Core / NeMo / Megatron-Bridge -> megatron; DeepSpeed-based -> deepspeed; the
+    PyTorch FSDP stacks (llm-foundry's Composer FSDP1, IBM's and fms-fsdp's FSDP1, torchtitan's
+    and NeMo AutoModel's FSDP2), eager PyTorch kernels all -> torchtitan."""
+    if "DGXC" in rec["name"] or rec["group"] in MEGATRON_GROUPS:
+        return "megatron"
+    if rec["group"] in DEEPSPEED_GROUPS or "deepspeed" in rec["group"]:
+        return "deepspeed"
+    return "torchtitan"
+
+
 def case(rec: dict) -> Case:
     p, res, n = rec["parallel"], rec["result"], rec["hardware"]["count"]
     model = _model(rec)
@@ -246,11 +263,11 @@ def case(rec: dict) -> Case:
     m = max(1, gbs // (dp * mbs))
     gbs = dp * mbs * m
     megatron_target = "DGXC" in rec["name"] or rec["group"] in MEGATRON_GROUPS
-    megatron = megatron_target or rec["group"] in ("bloom", "gpt_neox_20b")
+    megatron = megatron_target or rec["group"] in DEEPSPEED_GROUPS
     impl = (p.get("data_parallel_impl") or "").upper()
     zero = 3 if "MEGATRON-FSDP" in impl else 1 if megatron else 2 if "SHARD_GRAD_OP" in impl or "SHARD_GRAD_OP" in rec["name"] else 3
     vpp = p.get("virtual_pp") or 1
-    sp = megatron and tp > 1 and rec["group"] not in ("bloom", "gpt_neox_20b")
+    sp = megatron and tp > 1 and rec["group"] not in DEEPSPEED_GROUPS
     # NeMo's performance recipes turn TP comm overlap on (NVIDIA/dgxc-benchmarking
     # nemotron/nemotron4-15b-synth.yaml: ub_tp_comm_overlap True). A later 340B config of that
     # repository turns it off, at another batch and GPU count than the v24.11.1 table read here.
@@ -263,10 +280,10 @@ def case(rec: dict) -> Case:
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=p.get("layers_per_stage"),
         **_recompute(rec, model.num_layers),
     )
-    flash = rec["group"] not in ("bloom", "gpt_neox_20b")
+    flash = rec["group"] not in DEEPSPEED_GROUPS
     job = JobSpec(global_batch_size=gbs, seq_len=rec["model"]["seq_len"], flash_attention=flash,
                   precision="fp16" if rec["group"] == "gpt_neox_20b" else "bf16",
-                  target="megatron" if megatron_target else "torchtitan" if rec["group"] == "automodel_moe_h100" else "generic",
+                  target=stack_of(rec),
                   # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
                   # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
                   # NeMo AutoModel's MaskedCrossEntropy with fp32_upcast false keeps a 16-bit

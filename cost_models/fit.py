@@ -92,9 +92,11 @@ def golden(f: Callable[[float], float], lo: float, hi: float, tol: float) -> flo
 
 def fit_constants(residuals: Residuals, sweeps: int = 3, prior: Optional[Prior] = None,
                   free: Sequence[str] = NAMES, start: Optional[Sequence[float]] = None,
-                  constants: Sequence[Constant] = CONSTANTS) -> tuple[float, ...]:
+                  constants: Sequence[Constant] = CONSTANTS, within: Optional[Sequence[float]] = None) -> tuple[float, ...]:
     """The constants (in `constants`' order) minimising `loss`; those not in `free` stay at
-    their start (the prior's centre, else `start`, else each constant's own start)."""
+    their start (`start`, else the prior's centre, else each constant's own start). `within`:
+    half-widths around the start to search in (a warm start near a known fit), else each
+    constant's whole range."""
     theta = list(start or (prior.centre if prior is not None else tuple(c.start for c in constants)))
     for _ in range(sweeps):
         for i, c in enumerate(constants):
@@ -105,7 +107,8 @@ def fit_constants(residuals: Residuals, sweeps: int = 3, prior: Optional[Prior] 
                 t = list(theta)
                 t[i] = x
                 return loss(residuals, t, prior)
-            theta[i] = golden(f, c.lo, c.hi, (c.hi - c.lo) / 200)
+            lo, hi = (c.lo, c.hi) if within is None else (max(c.lo, theta[i] - within[i]), min(c.hi, theta[i] + within[i]))
+            theta[i] = golden(f, lo, hi, (c.hi - c.lo) / 200)
     return tuple(theta)
 
 
