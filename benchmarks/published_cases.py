@@ -30,7 +30,7 @@ as planner/presets/models/deepseek-v3.yaml does; a head_dim of its own (Qwen3, G
 ModelSpec.attention_head_dim. A record whose notes or layout name DeepEP is costed with
 JobSpec.moe_dispatcher "deepep". Where a record states them, "recompute_mode" (how its recompute is costed),
 "layers_per_stage" (the pipeline split) and "tp_comm_overlap" are read as they are.
-Runs the cost model does not cover are listed by `excluded()` with the reason: FP8,
+Runs the cost model does not cover are listed by `excluded()` with the reason: FP8, CPU offload,
 context parallelism (issue 12), a 500 W power-capped H100 (no preset for it), missing
 model dimensions or GPU count, and for mixture-of-experts runs expert-TP other than 1, TP
 without sequence parallelism, all-to-all overlapped across micro-batches, pipeline stages
@@ -196,6 +196,8 @@ def excluded(rec: dict) -> Optional[str]:
         return "FP8 on a device without FP8 GEMMs"
     if "V100" in gpu:
         return "V100: no preset for that GPU"
+    if rec["parallel"].get("offload"):
+        return "CPU offload of optimizer states or activations: not modelled"
     if "500W" in gpu:
         return "H100 96GB HBM2e capped at 500 W: no preset for that part"
     cp = rec["parallel"].get("cp") or 1
@@ -271,7 +273,7 @@ def case(rec: dict) -> Case:
     )
     flash = rec.get("flash_attention", rec["group"] not in ("bloom", "gpt_neox_20b"))  # a record may say it ran without
     job = JobSpec(global_batch_size=gbs, seq_len=rec["model"]["seq_len"], flash_attention=flash,
-                  precision="fp16" if rec["group"] == "gpt_neox_20b" else "bf16",
+                  precision="fp16" if rec.get("precision") == "fp16" or rec["group"] == "gpt_neox_20b" else "bf16",
                   target="megatron" if megatron_target else "torchtitan" if rec["group"] == "automodel_moe_h100" else "generic",
                   # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
                   # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
