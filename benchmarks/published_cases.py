@@ -3,7 +3,7 @@
 Two data files, each record citing its source: benchmarks/data/calibration_runs.json (the
 project's reference set) and benchmarks/data/public_runs.json (added for this purpose:
 llm-foundry, NVIDIA DGX Cloud benchmarking, the NeMo Megatron launcher's 2022 A100 tables,
-IBM/PyTorch FSDP blog, fms-fsdp, and the
+the DeepSpeed team's ZeRO-3 runs on Azure A100, IBM/PyTorch FSDP blog, fms-fsdp, and the
 mixture-of-experts runs of dgxc-benchmarking, NeMo AutoModel, Megatron-Bridge and the
 Megatron-MoE-ModelZoo; see benchmarks/data/public_runs.md). None of the held-out sources is
 among them.
