@@ -2,7 +2,8 @@
 
 Two data files, each record citing its source: benchmarks/data/calibration_runs.json (the
 project's reference set) and benchmarks/data/public_runs.json (added for this purpose:
-llm-foundry, NVIDIA DGX Cloud benchmarking, IBM/PyTorch FSDP blog, fms-fsdp, and the
+llm-foundry, NVIDIA DGX Cloud benchmarking, the NeMo Megatron launcher's 2022 A100 tables,
+the DeepSpeed team's ZeRO-3 runs on Azure A100, IBM/PyTorch FSDP blog, fms-fsdp, and the
 mixture-of-experts runs of dgxc-benchmarking, NeMo AutoModel, Megatron-Bridge and the
 Megatron-MoE-ModelZoo; see benchmarks/data/public_runs.md). None of the held-out sources is
 among them.
@@ -13,7 +14,10 @@ How a record is read (what is not stated in a record is a stated assumption here
   presets);
 - FSDP FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, HSDP = ZeRO-3 over the data-parallel
   group (an approximation: HSDP shards within a node only); Megatron/NeMo = ZeRO-1
-  (distributed optimizer) with sequence parallelism when tp > 1, target `megatron`;
+  (distributed optimizer) with sequence parallelism when tp > 1, target `megatron`, unless the
+  record says otherwise (a data_parallel_impl naming ZeRO-0, sequence_parallel false);
+- attention fused (FlashAttention / cuDNN) unless the record says "flash_attention": false
+  (BLOOM and GPT-NeoX-20B ran Megatron's unfused attention);
 - "selective" checkpointing of every other block (torchtitan, IBM) = half the layers
   fully recomputed; a record without a recompute setting = none;
 - the compared figure is tokens/s per GPU where published (it does not depend on how a
@@ -26,7 +30,7 @@ as planner/presets/models/deepseek-v3.yaml does; a head_dim of its own (Qwen3, G
 ModelSpec.attention_head_dim. A record whose notes or layout name DeepEP is costed with
 JobSpec.moe_dispatcher "deepep". Where a record states them, "recompute_mode" (how its recompute is costed),
 "layers_per_stage" (the pipeline split) and "tp_comm_overlap" are read as they are.
-Runs the cost model does not cover are listed by `excluded()` with the reason: FP8,
+Runs the cost model does not cover are listed by `excluded()` with the reason: FP8, CPU offload,
 context parallelism (issue 12), a 500 W power-capped H100 (no preset for it), missing
 model dimensions or GPU count, and for mixture-of-experts runs expert-TP other than 1, TP
 without sequence parallelism, all-to-all overlapped across micro-batches, pipeline stages
@@ -76,7 +80,9 @@ MOE_FAMILIES = {"deepseek": LLAMA, "kimi": LLAMA, "qwen3": LLAMA, "gpt-oss": dic
 MEGATRON_MOE_GROUPS = ("dgxc_moe_h100_2505", "bridge_moe_h100", "modelzoo_qwen3_h100")
 # NeMo (Megatron-Core underneath) and Megatron-Bridge performance tables: Megatron's distributed
 # optimizer (ZeRO-1) unless the record names another data-parallel implementation.
-MEGATRON_GROUPS = MEGATRON_MOE_GROUPS + ("nemo_h100_fp8_2407", "nemo_h100_fp8_longseq_2403", "megatron_bridge_h100_fp8")
+MEGATRON_GROUPS = MEGATRON_MOE_GROUPS + ("nemo_h100_fp8_2407", "nemo_h100_fp8_longseq_2403", "megatron_bridge_h100_fp8",
+                                         "nemo_a100_gpt5b_2206", "nemo_a100_gpt175b_2206", "nemo_a100_gpt5b_2208",
+                                         "nemo_a100_gpt175b_2208")
 
 
 @dataclass(frozen=True)
@@ -186,10 +192,14 @@ def _fp8(rec: dict) -> bool:
 def excluded(rec: dict) -> Optional[str]:
     """Why a record is not a case, or None."""
     name, gpu = rec["name"], rec["hardware"]["gpu"] or ""
+    if rec.get("doubtful"):  # the source contradicts itself (public_runs.md says how)
+        return f"doubtful: {rec['doubtful'].split(':')[0]}"
     if _fp8(rec) and "H100" not in gpu and "H200" not in gpu:
         return "FP8 on a device without FP8 GEMMs"
     if "V100" in gpu:
         return "V100: no preset for that GPU"
+    if rec["parallel"].get("offload"):
+        return "CPU offload of optimizer states or activations: not modelled"
     if "500W" in gpu:
         return "H100 96GB HBM2e capped at 500 W: no preset for that part"
     cp = rec["parallel"].get("cp") or 1
@@ -265,9 +275,9 @@ def case(rec: dict) -> Case:
     megatron_target = "DGXC" in rec["name"] or rec["group"] in MEGATRON_GROUPS
     megatron = megatron_target or rec["group"] in DEEPSPEED_GROUPS
     impl = (p.get("data_parallel_impl") or "").upper()
-    zero = 3 if "MEGATRON-FSDP" in impl else 1 if megatron else 2 if "SHARD_GRAD_OP" in impl or "SHARD_GRAD_OP" in rec["name"] else 3
+    zero = 3 if "MEGATRON-FSDP" in impl else 0 if "ZERO-0" in impl else 1 if megatron else 2 if "SHARD_GRAD_OP" in impl or "SHARD_GRAD_OP" in rec["name"] else 3
     vpp = p.get("virtual_pp") or 1
-    sp = megatron and tp > 1 and rec["group"] not in DEEPSPEED_GROUPS
+    sp = megatron and tp > 1 and p.get("sequence_parallel") is not False and rec["group"] not in DEEPSPEED_GROUPS
     # NeMo's performance recipes turn TP comm overlap on (NVIDIA/dgxc-benchmarking
     # nemotron/nemotron4-15b-synth.yaml: ub_tp_comm_overlap True). A later 340B config of that
     # repository turns it off, at another batch and GPU count than the v24.11.1 table read here.
@@ -280,9 +290,9 @@ def case(rec: dict) -> Case:
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=p.get("layers_per_stage"),
         **_recompute(rec, model.num_layers),
     )
-    flash = rec["group"] not in DEEPSPEED_GROUPS
+    flash = rec.get("flash_attention", rec["group"] not in DEEPSPEED_GROUPS)  # a record may say it ran without
     job = JobSpec(global_batch_size=gbs, seq_len=rec["model"]["seq_len"], flash_attention=flash,
-                  precision="fp16" if rec["group"] == "gpt_neox_20b" else "bf16",
+                  precision="fp16" if rec.get("precision") == "fp16" or rec["group"] == "gpt_neox_20b" else "bf16",
                   target=stack_of(rec),
                   # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
                   # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
