@@ -17,9 +17,9 @@ tokens beyond its capacity by default (drop_tokens=True) and has no ZeRO-3 (runt
 _validate_zero3_moe_compatibility); it is not what is exported. The cost model assumes balanced
 routing.
 
-Every rule below cites the installed package's source (deepspeed/...); the tests feed every
-export to deepspeed.runtime.config.DeepSpeedConfig and to DeepSpeed's own partitioner,
-schedule, topology and AutoEP classes.
+Every rule (rules.py) and key below cites the installed package's source (deepspeed/...); the
+tests feed every export to deepspeed.runtime.config.DeepSpeedConfig and to DeepSpeed's own
+partitioner, schedule, topology and AutoEP classes.
 """
 
 from __future__ import annotations

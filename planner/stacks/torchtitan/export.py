@@ -40,7 +40,7 @@ set_rotate_method is for SDPA and not called). The bytes are the ring's (cp - 1 
 in, their gradients out), but the all-gather waits before the kernel instead of hiding behind
 its blocks, and the gathered K/V are saved for backward: the text states that memory per layer.
 
-FP8 is not exported (RULES.fp8 False): torchtitan 0.3.0 puts float8 in the model spec
+FP8 is not exported (rules.py: RULES.fp8 False): torchtitan 0.3.0 puts float8 in the model spec
 (model_registry(converters=[Float8LinearConverter.Config()]) inside a config_registry function,
 as llama3_405b does), which no override reaches (Trainer.Config.model_spec is Suppress'ed), and
 its Float8LinearConverter.Config.recipe_name offers only "rowwise" and "rowwise_with_gw_hp"
