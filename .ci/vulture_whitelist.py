@@ -23,7 +23,7 @@ __getattr__
 set_to_none
 # planner/profiler/compute.py: torch.utils.flop_counter registry signature
 out_shape
-# planner/export/*.py: read_back maps a stack's parsed configuration back to the plan's fields
+# planner/stacks/*/export.py: read_back maps a stack's parsed configuration back to the plan's fields
 # (the round-trip tests use it); Target.accelerate is selected by name from the CLI.
 read_back
 accelerate

@@ -22,6 +22,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from planner import stacks
 from planner.specs import DTYPE_BYTES, DeviceSpec, DType, LossKernel, ModelSpec, Target
 
 # --------------------------------------------------------------------------- parameters
@@ -296,8 +297,8 @@ def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch
 
 
 def loss_kernel(job) -> LossKernel:
-    """The job's cross-entropy implementation: its own, else its target's."""
-    return job.loss_kernel or Target(job.target).loss_kernel
+    """The job's cross-entropy implementation: its own, else its target stack's."""
+    return job.loss_kernel or stacks.get(job.target).loss_kernel
 
 
 def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int, d: int, fused: bool,
@@ -380,7 +381,7 @@ def layer_compute(
     shapes = [(h, q + kv_cols), (q, h)] + ([(h, mlp_in * f // tp), (f // tp, h)] if f else [])
     lin = [linear_times(device, dtype, T, n_in, n_out, fp8=fp8) for n_in, n_out in shapes]
     linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
-    attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, Target(target).attention_kernel)
+    attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, stacks.get(target).attention_kernel)
     attn_exec = 4.0 * b * heads * s * s * d * (0.5 if flash_attention else 1.0)
     # Context parallelism (`seq_len` is then a rank's s / cp tokens): its queries meet every
     # key of the sequence, cp blocks of the chunk's size (load-balanced causal chunks, so each

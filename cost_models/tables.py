@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Optional
 
+from planner import stacks
 from planner.specs import (
     DTYPE_BYTES,
     Axis,
@@ -20,7 +21,6 @@ from planner.specs import (
     Plan,
     PlanError,
     Schedule,
-    Target,
     Uncertainty,
 )
 
@@ -223,7 +223,7 @@ def layer_costs(
         # shrinks it) to the next rank while the current block is computed; backward passes K,
         # V and their gradients. What the attention of the steps does not hide is exposed.
         attn_f, attn_b = compute.attention_times(cluster.device, dtype, b, model.num_heads // tp, s, model.head_dim,
-                                                 job.flash_attention, Target(job.target).attention_kernel)
+                                                 job.flash_attention, stacks.get(job.target).attention_kernel)
         kv = 2 * DTYPE_BYTES[dtype] * b * s * model.head_dim * compute.kv_shard(model, tp)
         step = cp_link.time(Collective.p2p, kv)
         eta = cluster.overlap_efficiency

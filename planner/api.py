@@ -29,10 +29,9 @@ from typing import Mapping, Optional, Sequence, Union
 
 from cost_models.estimate import estimate as cost_estimate
 from hardware_profiles import load_cluster as load_cluster_named
-from planner import export as exporters
+from planner import stacks
 from planner.datafile import write_atomic
 from planner.errors import InfeasibleError, UsageError
-from planner.export.rules import Export
 from planner.inputs import (
     MAX_GLOBAL_BATCH,
     check_count,
@@ -54,6 +53,7 @@ from planner.search.deadline import FIRST_PLAN_GRACE_S, Deadline
 from planner.search.report import solve_document
 from planner.search.solve import infeasibility, solve as search_one
 from planner.search.stacks import solve_stacks, stacks_infeasibility, target_space
+from planner.stacks import Export
 from planner.specs import (
     ClusterSpec, DType, JobSpec, LossKernel, ModelSpec, Optimizer, Plan, PlanDocument, Recompute, Schedule, SolveDocument,
     Target, memory_limit_gib,
@@ -217,7 +217,7 @@ def solve(
     limit = memory_limit_gib(hardware, max_memory_gib)
     if target is None:  # every stack, each with its own job and rules
         result = solve_stacks(spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline)
-    else:  # a named stack searches only what it can express (planner/export); generic everything
+    else:  # a named stack searches only what it can express (planner/stacks); generic everything
         space = target_space(space, spec, job)
         result = search_one(spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline)
     if result.best is None:
@@ -266,15 +266,14 @@ def export_plan(plan: PlanSource, stack: str, *, alternative: Optional[int] = No
     """`plan export --to STACK`: a plan (a document or a plan file's path; `alternative` K >= 1
     of a `plan solve` document) in the configuration of a training stack (megatron, deepspeed,
     torchtitan, accelerate): an Export with `text` (what `plan export` prints) and `data` (the
-    same, structured). UsageError naming the first feature the stack cannot express. (Named
-    export_plan: `planner.export` is the exporters' package.)
+    same, structured). UsageError naming the first feature the stack cannot express.
 
     >>> doc = estimate("gpt2-124m", "dgx-a100-80gb", gpus=8, global_batch=64, seq_len=1024, zero=1)
     >>> export_plan(doc, "deepspeed").data["zero_optimization"]["stage"]
     1
     """
     base = _plan_input(plan, alternative)  # checked as every command checks a plan document
-    return exporters.export(stack, base.plan, base.model, base.job, base.num_gpus, base.cluster.gpus_per_node)
+    return stacks.export(stack, base.plan, base.model, base.job, base.num_gpus, base.cluster.gpus_per_node)
 
 
 # --------------------------------------------------------------------------- helpers

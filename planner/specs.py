@@ -227,8 +227,8 @@ class Optimizer(str, Enum):
 
 
 class Target(str, Enum):
-    """The training stack a plan will run on: which kernels and overlap features exist (the
-    properties below are the one table of what each stack selects)."""
+    """The training stack a plan will run on: its kernels, overlap and what it can express are
+    stated in planner/stacks/<value>/."""
 
     generic = "generic"  # PyTorch eager: FlashAttention-2 through SDPA, no TP overlap
     megatron = "megatron"  # Megatron-Core / NeMo with Transformer Engine: cuDNN fused attention, TP comm overlap
@@ -236,23 +236,11 @@ class Target(str, Enum):
     torchtitan = "torchtitan"
     accelerate = "accelerate"  # Hugging Face Accelerate with FSDP2 (and its ParallelismConfig TP)
 
-    @property
-    def tp_comm_overlap(self) -> bool:
-        """Whether the stack can overlap TP communication with the GEMMs next to it: Megatron's
-        --tp-comm-overlap (Transformer Engine userbuffers) and torchtitan's async TP (micro-
-        pipelined all-gather / reduce-scatter matmuls), both on top of sequence parallelism."""
-        return self in (Target.megatron, Target.torchtitan)
 
-    @property
-    def attention_kernel(self) -> str:
-        """The fused-attention kernel whose efficiency the device table gives: Transformer
-        Engine's cuDNN attention in Megatron, FlashAttention-2 (through SDPA) elsewhere."""
-        return "cudnn" if self == Target.megatron else "flash2"
-
-    @property
-    def loss_kernel(self) -> "LossKernel":
-        """The cross-entropy the stack runs: Megatron's vocab-parallel one, PyTorch's elsewhere."""
-        return LossKernel.vocab_parallel if self == Target.megatron else LossKernel.eager
+# The fused-attention kernels a device table (DeviceSpec.attention) may list, each stack running
+# one (planner/stacks: Stack.attention_kernel): FlashAttention-2 (through SDPA) and Transformer
+# Engine's cuDNN attention.
+ATTENTION_KERNELS = ("flash2", "cudnn")
 
 
 class LossKernel(str, Enum):
@@ -528,7 +516,7 @@ class DeviceSpec(_Spec):
         of every target but megatron, and megatron's fallback) and no kernel it does not know;
         FP8 peaks come with the FP8 GEMM efficiency that prices them (cost_models/compute.py)."""
         if self.attention is not None:
-            unknown = sorted(set(self.attention) - {t.attention_kernel for t in Target})
+            unknown = sorted(set(self.attention) - set(ATTENTION_KERNELS))
             if unknown:
                 raise _refused(f"attention: unknown kernel {unknown[0]!r}; the kernels are 'flash2' and 'cudnn'")
             if "flash2" not in self.attention:
@@ -978,10 +966,12 @@ class Plan(_Spec):
             raise PlanError(
                 f"the interleaved schedule needs micro-batches ({self.num_micro_batches}) to be a multiple of pp ({self.pp})"
             )
-        if self.tp_comm_overlap and not Target(job.target).tp_comm_overlap:
-            raise PlanError(
-                f"tp_comm_overlap is not available in target {Target(job.target).value}; use --target megatron or torchtitan, or drop it"
-            )
+        if self.tp_comm_overlap:
+            from planner.stacks import STACKS  # imported here: planner.stacks imports this module
+
+            if not STACKS[Target(job.target)].tp_comm_overlap:
+                overlapping = " or ".join(s.name for s in STACKS.values() if s.tp_comm_overlap)
+                raise PlanError(f"tp_comm_overlap is not available in target {Target(job.target).value}; use --target {overlapping}, or drop it")
         problem = seq_problem(model, job.seq_len)
         if problem:
             raise PlanError(problem)

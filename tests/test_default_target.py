@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli.main import cli
-from planner.export import STACKS
+from planner.stacks import EXPORT_STACKS as STACKS
 from planner.specs import JobSpec, SolveDocument
 
 from tests.test_solver import SMALL, tiny_cluster

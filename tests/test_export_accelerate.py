@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from planner import export as exporters
+from planner import stacks as exporters
 from planner.errors import UsageError
-from planner.export.accelerate import RULES, problems, read_back
+from planner.stacks.accelerate.export import read_back
+from planner.stacks.accelerate.rules import RULES, problems
 from planner.presets import load_model
 from planner.specs import Axis, JobSpec, Plan, StageRecompute
 
@@ -72,7 +73,7 @@ MATRIX = {
 
 def _export(c):
     exporters.export("accelerate", c.plan, c.model, c.job, c.gpus)  # passes the registry's checks
-    return exporters.stack_module("accelerate").export(c.plan, c.model, c.job, c.gpus, gpus_per_node=c.per_node)
+    return exporters.get("accelerate").export(c.plan, c.model, c.job, c.gpus, gpus_per_node=c.per_node)
 
 
 def _expected(c) -> dict:
@@ -112,7 +113,7 @@ def test_nodes_from_gpus_per_node():
     one = exporters.export("accelerate", c.plan, c.model, c.job, c.gpus)  # no cluster: one node, and the comment says so
     assert one.data["num_machines"] == 1 and "set num_machines to the node count" in one.text
     with pytest.raises(UsageError, match="do not fill whole nodes of 24"):
-        exporters.stack_module("accelerate").export(c.plan, c.model, c.job, c.gpus, gpus_per_node=24)
+        exporters.get("accelerate").export(c.plan, c.model, c.job, c.gpus, gpus_per_node=24)
 
 
 def _refused(model: str, gpus: int, target="generic", precision="bf16", **fields):
@@ -206,7 +207,7 @@ def test_mesh_order_with_one_nontrivial_axis_is_accepted():
 
 
 def test_module_imports_neither_torch_nor_accelerate():
-    code = "import sys, planner.export.accelerate; print(sorted({'torch', 'accelerate', 'transformers'} & set(sys.modules)))"
+    code = "import sys, planner.stacks.accelerate.export; print(sorted({'torch', 'accelerate', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

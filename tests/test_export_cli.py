@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from planner.export import STACKS, rules, rules_table
+from planner.stacks import EXPORT_STACKS as STACKS, rules, rules_table
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from cost_models.compute import layer_params
 from cost_models.memory import in_flight_micro_batches
 from cost_models.terms import GRADIENT_BUCKET_BYTES
 from planner.errors import UsageError
-from planner.export import export, rules
-from planner.export import deepspeed as ds_export
+from planner.stacks import export, rules
+from planner.stacks.deepspeed import export as ds_export, rules as ds_rules
 from planner.presets import load_model
 from planner.specs import DTYPE_BYTES, Axis, JobSpec, Plan, Schedule, StageRecompute
 
@@ -112,7 +112,7 @@ def test_read_back_of_the_exported_dict(model_name, plan, job_spec):
 
 
 def test_the_exporter_imports_neither_torch_nor_deepspeed():
-    code = "import sys, planner.export.deepspeed; print('torch' in sys.modules, 'deepspeed' in sys.modules)"
+    code = "import sys, planner.stacks.deepspeed.export; print('torch' in sys.modules, 'deepspeed' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
 
@@ -164,7 +164,7 @@ def test_read_back_refuses_ulysses_as_context_parallelism():
 def test_nothing_in_the_matrix_is_refused():
     for model_name, plan, _ in MATRIX:
         model = load_model(model_name)
-        assert rules("deepspeed").plan_problems(plan, model) == [] and ds_export.problems(plan, model, None) == []
+        assert rules("deepspeed").plan_problems(plan, model) == [] and ds_rules.problems(plan, model, None) == []
 
 
 HF = Path(__file__).resolve().parent / "data" / "hf_configs"  # published Hugging Face configs (SOURCES.md)
@@ -176,7 +176,7 @@ def test_a_model_deepspeed_wraps_as_it_is_exports_and_the_planner_block_names_it
     model must be. A Llama has nothing to say."""
     model = load_model(str(HF / "gemma-2-9b.json"))
     plan = Plan(dp=8, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=3)
-    assert ds_export.model_problems(model) == []
+    assert ds_rules.model_problems(model) == []
     e = export("deepspeed", plan, model, job(32), plan.world_size)
     said = e.data["planner"]["model"]
     for feature in ("GeGLU", "4 norms per layer", "sliding window of 4096 keys", "on 21 of 42 layers", "soft-capped logits"):
@@ -340,7 +340,7 @@ def test_deepspeeds_topology_is_the_mesh_order_we_allow(dp, tp, pp):
             rank, out[axis] = divmod(rank, degree[axis])
         return out
 
-    placed = [coords(r, ds_export.MESH_ORDER) for r in range(dp * tp * pp)]
+    placed = [coords(r, ds_rules.MESH_ORDER) for r in range(dp * tp * pp)]
     assert all((c.pipe, c.data, c.model) == (p[Axis.pp], p[Axis.dp], p[Axis.tp]) for c, p in zip(map(topo.get_coord, range(len(placed))), placed))
     swapped = [coords(r, (Axis.dp, Axis.tp, Axis.pp)) for r in range(dp * tp * pp)]
     assert (swapped != placed) == (dp > 1 and tp > 1)

@@ -1,8 +1,8 @@
-"""The stacks' candidate filters as the search runs them: each exporter's layout_problems on a
+"""The stacks' candidate filters as the search runs them: each stack's layout_problems on a
 search Candidate (no Plan built per candidate, planner/search/stacks.py:target_space) says
 exactly what its problems() says of the candidate's plan, over every layout of a few searches
 (dense, mixture-of-experts, long-sequence context parallelism); and a model a stack cannot build
-leaves that stack unsearched, with the exporter's one-line reason."""
+leaves that stack unsearched, with the stack's one-line reason."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hardware_profiles import load_cluster
 from planner.cli.solve import cp_degrees
 from planner.errors import UsageError
-from planner.export import STACKS, model_refusal, stack_module
+from planner.stacks import EXPORT_STACKS as STACKS, get, model_refusal
 from planner.presets import load_model
 from planner.search.candidates import SearchSpace, enumerate_candidates, enumerate_layouts
 from planner.search.stacks import target_space
@@ -43,7 +43,7 @@ def test_the_search_filter_is_what_the_export_refuses(name):
     model, cluster, base, layouts = _search(name)
     for stack in STACKS:
         job = JobSpec(global_batch_size=base.global_batch_size, seq_len=base.seq_len, target=stack)
-        mod = stack_module(stack)
+        mod = get(stack)
         for c in layouts.candidates:
             assert mod.layout_problems(c, model, job) == mod.problems(c.plan(), model, job), (stack, c)
         space = target_space(base, model, job)

@@ -30,8 +30,8 @@ from unittest import mock
 import pytest
 
 from planner.errors import UsageError
-from planner.export import export, rules
-from planner.export import megatron as mlm
+from planner.stacks import export, rules
+from planner.stacks.megatron import export as mlm, rules as mlm_rules
 from planner.presets import load_model
 from planner.specs import JobSpec, Plan, StageRecompute
 
@@ -146,7 +146,7 @@ def matrix_case(case):
 
 def test_rules_state_what_megatron_expresses():
     r = rules("megatron")
-    assert r is mlm.RULES and r.zero_stages == (0, 1) and r.zero_stages_with_pp == (0, 1)
+    assert r is mlm_rules.RULES and r.zero_stages == (0, 1) and r.zero_stages_with_pp == (0, 1)
     assert [s.value for s in r.schedules] == ["1f1b", "interleaved-1f1b"] and r.interleaved
     assert r.sequence_parallel and r.tp_comm_overlap
     assert [[a.value for a in o] for o in r.mesh_orders] == [["tp", "dp", "pp"], ["tp", "pp", "dp"]]
@@ -194,7 +194,7 @@ def test_an_architecture_megatron_cannot_build_is_refused_in_one_line(model, fea
     with pytest.raises(UsageError, match=f"^{re.escape(feature)}") as refused:
         export("megatron", plan, model, job_for(plan), plan.world_size)
     assert "\n" not in str(refused.value) and str(refused.value).endswith("can (`plan solve --target deepspeed`)")
-    assert mlm.model_problems(load_model("llama3-8b")) == []
+    assert mlm_rules.model_problems(load_model("llama3-8b")) == []
 
 
 def test_context_parallelism_with_a_window_is_refused():
@@ -203,7 +203,7 @@ def test_context_parallelism_with_a_window_is_refused():
     plan = Plan(dp=2, cp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2)
     with pytest.raises(UsageError, match="megatron cannot run this plan: context parallelism cp=2 with a sliding window"):
         export("megatron", plan, model, job_for(plan, seq_len=16384), plan.world_size)
-    assert mlm.problems(plan, load_model("llama3-8b"), job_for(plan, seq_len=16384)) == []
+    assert mlm_rules.problems(plan, load_model("llama3-8b"), job_for(plan, seq_len=16384)) == []
 
 
 def test_expert_parallelism_across_a_tp_pp_dp_mapping_is_refused():
@@ -212,7 +212,7 @@ def test_expert_parallelism_across_a_tp_pp_dp_mapping_is_refused():
     model, plan = load_model("mixtral-8x7b"), Plan(dp=4, ep=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["tp", "pp", "dp"])
     with pytest.raises(UsageError, match="megatron cannot run this plan: expert parallelism ep=4 with mesh order tp,pp,dp"):
         export("megatron", plan, model, job_for(plan), plan.world_size)
-    assert mlm.problems(plan.model_copy(update={"mesh_order": ["tp", "dp", "pp"]}), model, job_for(plan)) == []
+    assert mlm_rules.problems(plan.model_copy(update={"mesh_order": ["tp", "dp", "pp"]}), model, job_for(plan)) == []
 
 
 def test_context_parallelism_megatron_cannot_lay_out_is_refused():
@@ -223,7 +223,7 @@ def test_context_parallelism_megatron_cannot_lay_out_is_refused():
     with pytest.raises(UsageError, match="megatron cannot run this plan: context parallelism cp=2 with mesh order tp,pp,dp"):
         export("megatron", plan, model, job_for(plan, seq_len=8192), plan.world_size)
     one_replica = plan.model_copy(update={"dp": 1})  # dp 1, but the dp axis still holds cp: the same refusal
-    assert mlm.problems(one_replica, model, job_for(one_replica, seq_len=8192))
+    assert mlm_rules.problems(one_replica, model, job_for(one_replica, seq_len=8192))
     sp = Plan(dp=1, cp=2, tp=4, pp=1, micro_batch_size=1, num_micro_batches=2, sequence_parallel=True)
     with pytest.raises(UsageError, match="sequence parallelism with 4098 tokens per CP rank not divisible by tp=4"):
         export("megatron", sp, model, job_for(sp, seq_len=8196), sp.world_size)
@@ -273,9 +273,9 @@ def test_split_flags_pick_the_plainest_form():
 
 
 def test_recompute_counts_under_megatron_flags():
-    assert mlm.megatron_recompute(("full", "block", 3), [2, 5]) == [R(0, 0, 2), R(2, 0, 3)]
-    assert mlm.megatron_recompute(("full", "uniform", 1), [2, 5]) == [R(0, 0, 2), R(0, 0, 5)]
-    assert mlm.megatron_recompute(("selective", None, None), [2, 5]) == [R(0, 2, 0), R(0, 5, 0)]
+    assert mlm_rules.megatron_recompute(("full", "block", 3), [2, 5]) == [R(0, 0, 2), R(2, 0, 3)]
+    assert mlm_rules.megatron_recompute(("full", "uniform", 1), [2, 5]) == [R(0, 0, 2), R(0, 0, 5)]
+    assert mlm_rules.megatron_recompute(("selective", None, None), [2, 5]) == [R(0, 2, 0), R(0, 5, 0)]
 
 
 @pytest.mark.parametrize("case", BEYOND_RULES, ids=[c[0] for c in BEYOND_RULES])
@@ -284,8 +284,8 @@ def test_rules_accept_every_recompute_megatron_runs(case):
     uneven stages): the Rules, hence the search, take what Megatron's block / uniform methods
     run (tests below run these through megatron-core)."""
     plan, model, job = matrix_case(case)
-    assert mlm.problems(plan, model, job) == []
-    assert mlm.RULES.plan_problems(plan, model) == []
+    assert mlm_rules.problems(plan, model, job) == []
+    assert mlm_rules.RULES.plan_problems(plan, model) == []
     assert export("megatron", plan, model, job, plan.world_size).data
 
 

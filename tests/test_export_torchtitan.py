@@ -17,9 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from planner import export as exporters
+from planner import stacks as exporters
 from planner.errors import UsageError
-from planner.export import torchtitan as tt
+from planner.stacks.torchtitan import export as tt, rules as tt_rules
 from planner.presets import load_model
 from planner.specs import Axis, JobSpec, Plan, StageRecompute
 
@@ -112,7 +112,7 @@ def _compare(got: dict, c) -> None:
 
 
 def test_rules_state_what_torchtitan_0_3_expresses():
-    r = tt.RULES
+    r = tt_rules.RULES
     assert r.zero_stages == r.zero_stages_with_pp == r.zero_stages_with_tp == (0, 2, 3)
     assert r.max_pp is None and r.max_tp is None and r.interleaved and r.sequence_parallel and r.tp_comm_overlap
     assert set(r.schedules) == set(tt._SCHEDULES)
@@ -124,24 +124,24 @@ def test_rules_state_what_torchtitan_0_3_expresses():
 
 
 def test_the_exporter_imports_no_torch():
-    code = "import sys, planner.export.torchtitan; sys.exit(any(m.split('.')[0] in ('torch', 'torchtitan', 'tyro') for m in sys.modules))"
+    code = "import sys, planner.stacks.torchtitan.export; sys.exit(any(m.split('.')[0] in ('torch', 'torchtitan', 'tyro') for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_llama3_presets_get_their_config_and_others_are_generic():
-    assert tt.matching_flavor(load_model("llama3-8b")).config == "llama3_8b"
-    assert tt.matching_flavor(load_model("llama3-70b")).config == "llama3_70b"
-    assert tt.matching_flavor(load_model("llama3-405b")).config == "llama3_405b"
-    assert tt.matching_flavor(load_model("llama2-7b")) is None  # other shape
-    assert tt.matching_flavor(load_model("gpt3-1.3b")) is None  # GELU, LayerNorm, learned positions
-    assert (tt.matching_flavor(load_model("deepseek-v3")).module, tt.matching_flavor(load_model("deepseek-v3")).config) == (
+    assert tt_rules.matching_flavor(load_model("llama3-8b")).config == "llama3_8b"
+    assert tt_rules.matching_flavor(load_model("llama3-70b")).config == "llama3_70b"
+    assert tt_rules.matching_flavor(load_model("llama3-405b")).config == "llama3_405b"
+    assert tt_rules.matching_flavor(load_model("llama2-7b")) is None  # other shape
+    assert tt_rules.matching_flavor(load_model("gpt3-1.3b")) is None  # GELU, LayerNorm, learned positions
+    assert (tt_rules.matching_flavor(load_model("deepseek-v3")).module, tt_rules.matching_flavor(load_model("deepseek-v3")).config) == (
         "deepseek_v3", "deepseek_v3_671b")
     qwen3 = load_model(str(HF / "qwen3-30b-a3b.json"))
-    assert tt.matching_flavor(qwen3).config == "qwen3_30b_a3b"
-    assert tt.matching_flavor(load_model("qwen3-30b-a3b")) is not None  # the preset has Qwen3's QK-norm too
-    assert tt.matching_flavor(load_model("mixtral-8x7b")) is None  # torchtitan 0.3.0 has no Mixtral
+    assert tt_rules.matching_flavor(qwen3).config == "qwen3_30b_a3b"
+    assert tt_rules.matching_flavor(load_model("qwen3-30b-a3b")) is not None  # the preset has Qwen3's QK-norm too
+    assert tt_rules.matching_flavor(load_model("mixtral-8x7b")) is None  # torchtitan 0.3.0 has no Mixtral
     narrow = qwen3.model_copy(update={"attention_head_dim": None})  # heads of 64: not Qwen3's
-    assert tt.matching_flavor(narrow) is None
+    assert tt_rules.matching_flavor(narrow) is None
     generic = _export(MATRIX["llama2-7b-generic-zero2-tp2-pp2"])
     assert "--module" not in generic.data and "--config" not in generic.data
     assert "--module YOUR_MODULE --config YOUR_CONFIG" in generic.text and "32 layers, hidden 4096" in generic.text
@@ -209,7 +209,7 @@ def test_a_llama_shape_with_more_is_no_llama3_config(update):
     """torchtitan's llama3_8b builds no QK-norm, two norms a layer, full attention and plain
     logits: Llama 3 8B's shape with any of those is generic, its text naming what to build."""
     model = load_model("llama3-8b").model_copy(update=update)
-    assert tt.matching_flavor(load_model("llama3-8b")).config == "llama3_8b" and tt.matching_flavor(model) is None
+    assert tt_rules.matching_flavor(load_model("llama3-8b")).config == "llama3_8b" and tt_rules.matching_flavor(model) is None
     c = MATRIX["8b-fsdp3-dp16"]
     text = exporters.export("torchtitan", c.plan, model, c.job, c.gpus).text
     component = {"qk_norm": "GQAttention.Config.qk_norm", "norms_per_layer": "post_attention_norm",
@@ -223,7 +223,7 @@ def test_geglu_is_refused_in_one_line():
     with pytest.raises(UsageError, match=r"^torchtitan cannot build gemma-2-9b: activation geglu .*; deepspeed, accelerate can") as err:
         exporters.export("torchtitan", c.plan, load_model(str(HF / "gemma-2-9b.json")), c.job, c.gpus)
     assert "\n" not in str(err.value)
-    assert tt.model_problems(load_model(str(HF / "gpt-oss-120b.json"))) == []  # windows on half the layers: its own config says which
+    assert tt_rules.model_problems(load_model(str(HF / "gpt-oss-120b.json"))) == []  # windows on half the layers: its own config says which
 
 
 def test_plans_torchtitan_cannot_run_are_refused_naming_the_feature():
@@ -287,7 +287,7 @@ def _parsed(titan, c, argv=None):
 
 def _base_flavor(titan, c) -> str:
     """The flavor of the config _parsed builds for this case."""
-    flavor = tt.matching_flavor(c.model)
+    flavor = tt_rules.matching_flavor(c.model)
     if flavor is None:
         return "30B-A3B" if c.model.is_moe else "8B"
     return "70B" if flavor.flavor == "405B" and not titan.float8 else flavor.flavor
@@ -306,7 +306,7 @@ def test_torchtitan_parses_the_overrides_and_they_mean_the_plan(titan, name):
     assert policy == {"none": "NoneType", "full": "FullAC.Config"}[tt.recompute_mode(plan, c.model).value]
     assert config.compile.enable_async_tensor_parallel == plan.tp_comm_overlap
     assert not plan.tp_comm_overlap or config.compile.enable
-    flavor = tt.matching_flavor(c.model)
+    flavor = tt_rules.matching_flavor(c.model)
     module = flavor.module if flavor else ("qwen3" if c.model.is_moe else "llama3")
     assert (config.model_spec.name, config.model_spec.flavor) == (module, _base_flavor(titan, c))
     if flavor is not None:
@@ -351,7 +351,7 @@ def test_torchtitan_has_the_components_a_generic_text_names(titan):
     assert "silu" in FeedForward.forward.__code__.co_names and "gelu" not in FeedForward.forward.__code__.co_names
 
 
-@pytest.mark.parametrize("name", [n for n in MATRIX if MATRIX[n].plan.cp > 1 and tt.matching_flavor(MATRIX[n].model)])
+@pytest.mark.parametrize("name", [n for n in MATRIX if MATRIX[n].plan.cp > 1 and tt_rules.matching_flavor(MATRIX[n].model)])
 def test_context_parallel_attention_is_an_all_gather_of_kv(titan, name):
     """What the module docstring says torchtitan's CP is, read off the model it builds: the
     llama3 configs' attention is FlexAttention, whose sharding keeps the queries split over cp
@@ -403,7 +403,7 @@ def test_flavors_are_torchtitans_models(titan):
     """Each flavor's numbers are those of the model its config_registry function builds."""
     import importlib
 
-    for f in tt.FLAVORS:
+    for f in tt_rules.FLAVORS:
         model = importlib.import_module(f"torchtitan.models.{f.module}").model_registry(f.flavor).model
         attention, dense = model.layers[0].attention, model.layers[0].feed_forward
         assert (len(model.layers), model.dim, attention.n_heads, getattr(attention, "n_kv_heads", None) or attention.n_heads, model.vocab_size,
@@ -411,7 +411,7 @@ def test_flavors_are_torchtitans_models(titan):
                                                                   f.vocab_size, False, f.max_seq_len)
         assert getattr(attention, "head_dim", None) == f.head_dim  # set only where heads are not hidden / n_heads wide
         if f.experts is None:
-            assert dense.w1.out_features == f.ffn and f.max_seq_len == tt.ROPE_MAX_SEQ
+            assert dense.w1.out_features == f.ffn and f.max_seq_len == tt_rules.ROPE_MAX_SEQ
             continue
         moe = model.layers[-1].moe
         shared = moe.shared_experts.w1.out_features // moe.routed_experts.inner_experts.hidden_dim if moe.shared_experts else 0

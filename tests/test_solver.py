@@ -365,7 +365,7 @@ def test_stack_rules_match_brute_force(split, recompute, memory_gib):
     """`plan solve --target`: the ILP's split / recompute rows (ilp.py:_stack_rules) find the
     same optimum as brute force over only the splits the rules allow; the answer breaks no
     rule and is never faster than the free search."""
-    from planner.export.rules import Rules
+    from planner.stacks.stack import Rules
 
     rules = Rules(stack="test", split=split, recompute=recompute)
     model = SMALL.model_copy(update={"num_layers": 6})

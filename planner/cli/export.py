@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from planner import api, export as exporters
+from planner import api, stacks
 from planner.cli import render
 from planner.cli.types import ALTERNATIVE
 from planner.datafile import check_output, write_atomic
@@ -18,7 +18,7 @@ from planner.plan_file import read_plan_file
 
 @click.command("export")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--to", "stack", required=True, type=click.Choice(exporters.STACKS), help="The training stack.")
+@click.option("--to", "stack", required=True, type=click.Choice(stacks.EXPORT_STACKS), help="The training stack.")
 @click.option("--alternative", type=ALTERNATIVE, default=None, help="Export alternative K of a `plan solve` document (1 = first).")
 @click.option("--json", "as_json", is_flag=True, help="Print {stack, kind, data, text} as one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the configuration (the text form) to this file.")
@@ -42,7 +42,7 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
 
 def costed_for_another(path: Path, alternative: Optional[int], stack: str) -> Optional[str]:
     """One line when the plan (job.target, or the alternative's target) was costed for another
-    stack than `stack`: the stacks' kernels and overlap differ (planner/specs.py:Target), so the
+    stack than `stack`: the stacks' kernels and overlap differ (planner/stacks), so the
     stack's own prediction, and the command that gives all of it."""
     costed = read_plan_file(path, alternative).job.target.value  # read only: the estimates come when they differ
     if costed == stack:

@@ -95,8 +95,8 @@ class SearchSpace:
     fixed: dict = field(default_factory=dict)
     recompute_modes: tuple = MODES  # the Recompute modes the ILP may use
     tp_comm_overlap: tuple = (False,)  # choices for Plan.tp_comm_overlap (both where the target has it)
-    rules: Optional[object] = None  # planner/export/rules.py:Rules of the target stack: only what it can express
-    # Candidate -> what else the stack cannot run of the layout (its exporter's layout_problems,
+    rules: Optional[object] = None  # planner/stacks/stack.py:Rules of the target stack: only what it can express
+    # Candidate -> what else the stack cannot run of the layout (its Stack.layout_problems,
     # which reads only fields a Candidate shares with a Plan: no Plan is built per candidate)
     target_problems: Optional[Callable] = None
     fp8: tuple = (False,)  # choices for Plan.fp8 ((False, True) with `plan solve --fp8` on a device that has it)

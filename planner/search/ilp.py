@@ -215,7 +215,7 @@ def _layer_split(b: _Block) -> None:
 
 
 def _stack_rules(b: _Block) -> None:
-    """What the target stack can express of the split and recompute (planner/export/rules.py:
+    """What the target stack can express of the split and recompute (planner/stacks/stack.py:
     Rules.counts_problems states the same rules): "even" every stage L / P layers;
     "first_last" equal middle stages; "uniform" one recompute mode for every layer (a binary
     u_i per mode); "same_per_stage" every layer selective (binary s) or min(N, n_j) fully

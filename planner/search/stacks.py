@@ -2,8 +2,8 @@
 
 Each stack is searched on its own (solve.py:solve) with its own JobSpec, since the cost model
 reads job.target (its attention kernel, cross-entropy and TP overlap; cost_models/tables.py),
-and its own space: what its exporter can express (planner/export/rules.py and each exporter's
-problems()). The searches share only the layout enumeration (candidates.py:enumerate_layouts),
+and its own space: what it can express (its Rules and layout_problems: planner/stacks/<stack>/
+rules.py). The searches share only the layout enumeration (candidates.py:enumerate_layouts),
 which reads neither the job nor the stack. The answers are then pooled: every plan the stacks
 found, fastest first, and the tie rule (solve.py:break_ties) over all of them, so the
 recommendation's worst case is no higher than any stack's own recommendation's, and the fastest
@@ -19,8 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from planner import stacks
 from planner.errors import InfeasibleError, UsageError
-from planner.export import STACKS, model_refusal, rules as stack_rules, stack_module
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Target
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
@@ -29,7 +29,7 @@ from .deadline import NO_DEADLINE, Deadline, OutOfTime
 from .ilp import default_solver
 from .solve import SearchResult, SearchStats, break_ties, infeasibility, log10_sum, min_memory_needed, seconds_per_token, solve
 
-STACK_TARGETS = tuple(Target(s) for s in STACKS)  # what `plan solve` searches without --target
+STACK_TARGETS = tuple(Target(s) for s in stacks.EXPORT_STACKS)  # what `plan solve` searches without --target
 # The order they are searched in under a --time-limit: the narrowest space first. A search's
 # enumeration and bounds come before any plan (the limit cuts them, and the stack then has none), so
 # the widest space searched first can spend a short limit before any stack has a plan: for
@@ -53,19 +53,20 @@ class StackSearch:
 
 def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpace:
     """`base` narrowed to what job.target can run: for a named stack only the layouts, splits
-    and recompute modes it can express (planner/export); TP overlap a choice where the stack
+    and recompute modes it can express (planner/stacks); TP overlap a choice where the stack
     has it. UsageError when a fixed recompute mode is one the stack lacks."""
-    overlap = (False, True) if job.target.tp_comm_overlap else (False,)
-    if job.target == Target.generic:
+    stack = stacks.get(job.target)
+    overlap = (False, True) if stack.tp_comm_overlap else (False,)
+    if stack.rules is None:  # generic: every layout the cost model prices
         return replace(base, tp_comm_overlap=overlap)
-    refusal = model_refusal(job.target.value, model)  # an architecture the stack cannot build
+    refusal = stacks.model_refusal(stack.name, model)  # an architecture the stack cannot build
     if refusal:
         raise UsageError(refusal)
-    rules = stack_rules(job.target.value)
+    rules = stack.rules
     modes = tuple(m for m in base.recompute_modes if m.value in rules.recompute_modes)
     if not modes:
         raise UsageError(f"--fix recompute={base.recompute_modes[0].value}: {rules.stack} has recompute {', '.join(rules.recompute_modes)}")
-    problems = stack_module(job.target.value).layout_problems  # what the exporter refuses beyond its Rules
+    problems = stack.layout_problems  # what the stack refuses beyond its Rules
     return replace(base, tp_comm_overlap=overlap, rules=rules, recompute_modes=modes,
                    target_problems=lambda layout: problems(layout, model, job))
 

@@ -1,15 +1,70 @@
-"""What a training stack can express, as data: one `Rules` per stack (in its exporter module),
-read by `plan export` (refuse what breaks a rule), by the search (`plan solve --target`:
-candidates.py filters layouts, ilp.py constrains the layer split and recompute) and by the
-README's table."""
+"""What a training stack is, as data: `Stack` (its kernels, its overlap, how it shards ZeRO-3,
+what it can express and where its exporter is) and `Rules` (what it can express, as fields),
+with the `Export` an exporter returns. Each stack's folder builds one of each
+(planner/stacks/<name>/); the package docstring (planner/stacks/__init__.py) says who reads
+what. Rules are read by `plan export` (refuse what breaks a rule), by the search (`plan solve
+--target`: candidates.py filters layouts, ilp.py constrains the layer split and recompute) and
+by the README's table."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Optional
+from importlib import import_module
+from typing import Callable, Mapping, Optional
 
-from planner.specs import Activation, Axis, ModelSpec, Plan, Schedule
+from planner.specs import ATTENTION_KERNELS, Activation, Axis, LossKernel, ModelSpec, Plan, Schedule, Target
+
+ZERO3 = ("deepspeed", "fsdp2", "none")  # Stack.zero3's values
+
+
+def _nothing(*_args) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True, eq=False)
+class Stack:
+    """One training stack, everything the planner knows of it. Built once, in the stack's folder
+    (planner/stacks/<name>/__init__.py); read through planner.stacks.get."""
+
+    name: str  # the Target value (`--target`, `--to`) and the folder's name
+    attention_kernel: str  # the device table's fused-attention entry its attention runs (one of ATTENTION_KERNELS)
+    loss_kernel: LossKernel  # the cross-entropy it runs (a job's loss_kernel overrides it)
+    tp_comm_overlap: bool  # whether it overlaps TP communication with the GEMMs beside it (Plan.tp_comm_overlap)
+    # How it shards ZeRO-3 (weights, gradients and optimizer state): "deepspeed" (DeepSpeed's
+    # ZeRO-3 engine), "fsdp2" (torch's fully_shard, per block), "none" (it has no ZeRO-3)
+    zero3: str
+    rules: Optional[Rules] = None  # what it can express; None: every layout the cost model prices
+    # ModelSpec -> the architecture fields it cannot build: a stack with any is not searched at all
+    model_problems: Callable = _nothing
+    # (layout, model, job) -> what it cannot run of a layout beyond `rules`; the layout is a Plan
+    # or a search Candidate, so only the fields both have are read
+    layout_problems: Callable = _nothing
+    problems: Callable = _nothing  # (plan, model, job) -> layout_problems and what depends on the layer split
+    # The module that writes its configuration: export(plan, model, job, num_gpus[, gpus_per_node])
+    # -> Export, and read_back; imported on first use. None: `plan export` has no such stack.
+    exporter: Optional[str] = None
+    fused: Mapping[str, object] = field(default_factory=dict)  # the kernels it fuses (empty: not yet stated)
+
+    def __post_init__(self):  # internal invariants of a stack's folder, not user input
+        if self.attention_kernel not in ATTENTION_KERNELS or self.zero3 not in ZERO3:
+            raise ValueError(f"stack {self.name}: attention_kernel {self.attention_kernel!r}, zero3 {self.zero3!r}")
+        r = self.rules
+        if r is not None and (r.stack, r.tp_comm_overlap, 3 in r.zero_stages) != (self.name, self.tp_comm_overlap, self.zero3 != "none"):
+            raise ValueError(f"stack {self.name}: its Rules are {r.stack}'s or disagree on TP overlap or ZeRO-3")
+
+    @property
+    def target(self) -> Target:
+        return Target(self.name)
+
+    def export(self, plan: Plan, model: ModelSpec, job, num_gpus: int, gpus_per_node: Optional[int] = None) -> Export:
+        """Its exporter's configuration for `plan` (no checks: planner.stacks.export checks first).
+        `gpus_per_node` goes to exporters that name the node count (accelerate)."""
+        module = import_module(self.exporter)
+        if "gpus_per_node" in inspect.signature(module.export).parameters:
+            return module.export(plan, model, job, num_gpus, gpus_per_node=gpus_per_node)
+        return module.export(plan, model, job, num_gpus)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,20 @@
+"""DeepSpeed 0.19.8 (the user's torch module under deepspeed.initialize): what it runs (below),
+what it can express (rules.py), how a plan becomes its config JSON (export.py) and its fitted
+constants per device (constants.json)."""
+
+from planner.specs import LossKernel
+from planner.stacks.deepspeed.rules import RULES, layout_problems, model_problems, problems
+from planner.stacks.stack import Stack
+
+STACK = Stack(
+    name="deepspeed",
+    attention_kernel="flash2",  # the model's own attention: FlashAttention-2 through SDPA
+    loss_kernel=LossKernel.eager,  # the model's torch cross-entropy
+    tp_comm_overlap=RULES.tp_comm_overlap,  # AutoTP overlaps its all-reduce only, not the SP collectives
+    zero3="deepspeed",  # its ZeRO-3 engine: parameters gathered per bucket, as its prefetch limits allow
+    rules=RULES,
+    model_problems=model_problems,
+    layout_problems=layout_problems,
+    problems=problems,
+    exporter="planner.stacks.deepspeed.export",
+)
