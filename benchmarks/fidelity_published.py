@@ -39,6 +39,8 @@ from cost_models.estimate import estimate  # noqa: E402
 from cost_models.fit import NAMES  # noqa: E402
 from hardware_profiles import PRESET_DIR  # noqa: E402
 
+STACK_DIR = Path(__file__).resolve().parent.parent / "planner" / "stacks"
+
 
 def with_constants(c: Case, theta) -> Case:
     """Case c with theta as the constants of its stack (cost_models/fit.py)."""
@@ -280,13 +282,15 @@ def _print_cv(held: list[Held]):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="write the fitted constants into hardware_profiles/presets")
+    ap.add_argument("--write", action="store_true", help="write the fitted constants into hardware_profiles/presets (pooled) and planner/stacks/*/constants.json")
     args = ap.parse_args()
     cs, skipped = cases()
     pooled = fit(dense(cs))
     thetas = {"generic": pooled}
     frac = {"generic": fit_naive(cs)}
-    print(f"{len(cs)} runs in {len(_groups(cs))} groups; constants (meaning: cost_models/fit.py)")
+    print(f"{len(cs)} runs in {len(_groups(cs))} groups; the constants, each a property of the software that runs the plan:")
+    for c in fitlib.CONSTANTS:
+        print(f"  {c.name}: {c.meaning} (fitted within {c.lo:g}-{c.hi:g})")
     print(f"{'stack':10s} {'runs':>4s} {'groups':>6s}  " + " ".join(f"{n:>19s}" for n in NAMES) + "  fit (rms log ratio)")
     for stack in (*STACKS, "generic"):
         own = cs if stack == "generic" else [c for c in cs if c.job.target.value == stack]
@@ -330,26 +334,26 @@ def _uncertainty(iv: Interval) -> dict:
 
 def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
     """The pooled constants as every preset's own (what `generic` and profiles without a stack
-    entry use), each stack's as the preset's stack_constants."""
+    entry use); each stack's, for any device ("*"), in its folder's constants.json
+    (planner/stacks/<stack>/), which the preset loader adds to every preset."""
     today = date.today().isoformat()
+    th = thetas["generic"]
     for f in sorted(PRESET_DIR.glob("*.json")):
         data = json.loads(f.read_text())
-        th = thetas["generic"]
         data["device"]["sustained_fraction"] = round(th[0], 4)
         data["device"]["kernel_overhead_us"] = round(th[1], 3)
         data["overlap_efficiency"] = round(th[2], 4)
         data["uncertainty"] = _uncertainty(intervals["generic"])
-        entries = {}
-        for stack in (*STACKS, *SHARED):
-            src = SHARED.get(stack, stack)
-            t = thetas[src]
-            entries[stack] = {"sustained_fraction": round(t[0], 4), "kernel_overhead_us": round(t[1], 3),
-                              "overlap_efficiency": round(t[2], 4), "uncertainty": _uncertainty(intervals[src]),
-                              "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
-                                            f"benchmarks/data (of {runs}), pulled towards the pooled fit"}
-        data["stack_constants"] = entries
         f.write_text(json.dumps(data, indent=2) + "\n")
-    print("wrote the constants into", PRESET_DIR)
+    for stack in (*STACKS, *SHARED):
+        src = SHARED.get(stack, stack)
+        t = thetas[src]
+        entry = {"sustained_fraction": round(t[0], 4), "kernel_overhead_us": round(t[1], 3),
+                 "overlap_efficiency": round(t[2], 4), "uncertainty": _uncertainty(intervals[src]),
+                 "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
+                               f"benchmarks/data (of {runs}), pulled towards the pooled fit"}
+        (STACK_DIR / stack / "constants.json").write_text(json.dumps({"*": entry}, indent=2) + "\n")
+    print("wrote the constants into", PRESET_DIR, "and", STACK_DIR)
 
 
 if __name__ == "__main__":
