@@ -32,10 +32,11 @@ LONG_NAME = "example-organisation/an-extremely-long-model-name-for-a-fine-tuned-
 _PLANS = {
     "quick-start": ["solve", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024",
                     "--global-batch", "1536", "--seq-len", "2048"],
-    # The quick start as one free search finds it (dp 32 x tp 4 x pp 8, vpp 6, 24 micro-batches):
-    # a fixed shape for the zoom tests, whatever the default answer becomes.
-    "generic-pp8": ["solve", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024",
-                    "--global-batch", "1536", "--seq-len", "2048", "--target", "generic"],
+    # The quick start as one free search once found it (dp 32 x tp 4 x pp 8, vpp 6, 24 micro-batches):
+    # a fixed shape for the zoom tests, whatever the search's answer becomes.
+    "generic-pp8": ["estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024",
+                    "--global-batch", "1536", "--seq-len", "2048", "--target", "generic", "--tp", "4", "--pp", "8",
+                    "--vpp", "6", "--micro-batch-size", "2", "--zero", "1", "--sequence-parallel"],
     "llama3-8b-16gpu": ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
                         "--global-batch", "32", "--seq-len", "2048", "--tp", "2", "--pp", "4", "--recompute", "selective"],
     "one-gpu": ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "1",
