@@ -26,7 +26,7 @@ from planner.specs import (
 
 from . import compute, memory
 from .communication import GroupLink, mesh_strides, overlapped
-from .terms import MODES, LayoutTerms
+from .terms import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, MODES, LayoutTerms
 
 ADAM_UPDATE_BYTES = 30  # per parameter: read fp32 master/m/v + grad, write master/m/v + 16-bit copy
 SGD_UPDATE_BYTES = 18
@@ -381,6 +381,7 @@ class PipelineCosts:
     gpipe: bool = False  # all forwards, then all backwards (cost_models/pipeline.py:gpipe_time)
     expert_state_bytes_per_param: tuple = ()  # (weights, gradients, optimizer) of routed experts after ZeRO over expert-DP
     first_stage_min_layers: int = 1  # a MoE model's first dense layers live on the first stage
+    zero3_reduce_calls_per_layer: float = 1.0  # reduce-scatter calls per layer per micro-batch (ZeRO-3; terms.dp_exposure)
 
     @property
     def num_stages(self) -> int:
@@ -460,6 +461,7 @@ def layout_costs(
         optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dpw if zero >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
+        zero3_reduce_calls_per_layer=zero3_reduce_calls(job, layer.params) if z3 else 1.0,
         comm_buffer_bytes=memory.tp_overlap_buffer_bytes(model, micro_batch, per_rank.seq_len, e) if tp_overlap else 0.0,
         tokens_per_step=batch * job.seq_len,
         model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),
@@ -470,6 +472,19 @@ def layout_costs(
         expert_state_bytes_per_param=expert_states,
         first_stage_min_layers=max(1, model.first_dense_layers),
     )
+
+
+def zero3_reduce_calls(job: JobSpec, layer_params: float) -> float:
+    """Reduce-scatter calls per layer per micro-batch under ZeRO-3, as the target stack issues
+    them (planner/stacks/<stack>: `zero3`). FSDP (torchtitan, Accelerate, plan run's executor)
+    reduce-scatters each wrapped block's gradients in one call. DeepSpeed's ZeRO-3 copies
+    gradients into a bucket of reduce_bucket_size elements as backward produces them and
+    reduce-scatters each full bucket (its stage-3 optimizer with overlap_comm): a layer of P
+    parameters takes P / bucket calls (fewer than one where buckets span layers), each paying
+    the group's latency, which grows with the ring (communication.GroupLink.step_latency_us)."""
+    if stacks.get(job.target).zero3 != "deepspeed":
+        return 1.0
+    return layer_params / DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 
 
 @lru_cache(maxsize=4096)

@@ -41,6 +41,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MODES = (Recompute.none, Recompute.selective, Recompute.full)
 GRADIENT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb=25
+# DeepSpeed's default reduce_bucket_size, in gradient elements (its ZeRO config docs; deepspeed/runtime/zero/config.py),
+# which the export writes for ZeRO-3 (planner/stacks/deepspeed/export.py) and tables.zero3_reduce_calls charges
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 
 
 class Linear:
@@ -192,21 +195,22 @@ class DataParallel:
     bytes_per_param: int  # gradients / gathered parameters on the wire
     layer_bytes: float  # one layer's parameters on the wire (ZeRO-3's gather / reduce-scatter unit)
     costs: tuple  # (alpha s, beta s per byte) of all-reduce, all-gather, reduce-scatter on the DP link
+    reduce_calls: float = 1.0  # ZeRO-3 reduce-scatter calls per layer (tables.zero3_reduce_calls)
 
     @staticmethod
     def of(pc: "PipelineCosts") -> "DataParallel":
         return _data_parallel(pc.dp_link if pc.dp > 1 else None, pc.dp, pc.zero_stage, pc.overlap, pc.comm_bytes_per_param,
-                              pc.layer.params * pc.comm_bytes_per_param)
+                              pc.layer.params * pc.comm_bytes_per_param, pc.zero3_reduce_calls_per_layer)
 
     def collective(self, c: Collective, nbytes: Linear) -> Linear:
         """One call moving `nbytes` (a bucketed stream pays the latency once)."""
         alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
         return nbytes.scaled(beta).plus(alpha)
 
-    def per_layer_calls(self, c: Collective, nbytes: Linear) -> Linear:
-        """One call per layer moving `nbytes` in all: the latency is paid once per layer."""
+    def per_layer_calls(self, c: Collective, nbytes: Linear, calls: float = 1.0) -> Linear:
+        """`calls` calls per layer moving `nbytes` in all: the latency is paid that often per layer."""
         alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
-        return nbytes.scaled(beta) + Linear.per_layer(0.0, alpha)
+        return nbytes.scaled(beta) + Linear.per_layer(0.0, alpha * calls)
 
     def time(self, c: Collective, nbytes: float) -> float:
         alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
@@ -214,10 +218,11 @@ class DataParallel:
 
 
 @lru_cache(maxsize=1 << 14)
-def _data_parallel(link, size: int, zero_stage: int, efficiency: float, bytes_per_param: int, layer_bytes: float) -> DataParallel:
+def _data_parallel(link, size: int, zero_stage: int, efficiency: float, bytes_per_param: int, layer_bytes: float,
+                   reduce_calls: float = 1.0) -> DataParallel:
     """One DataParallel per setting (links are shared between layouts of one search)."""
     costs = tuple(link.coefficients(c) for c in _DP_COLLECTIVES) if link is not None else ((0.0, 0.0),) * len(_DP_COLLECTIVES)
-    return DataParallel(size, zero_stage, efficiency, bytes_per_param, layer_bytes, costs)
+    return DataParallel(size, zero_stage, efficiency, bytes_per_param, layer_bytes, costs, reduce_calls)
 
 
 def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear) -> Exposure:
@@ -260,9 +265,9 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
         rs = Hidden(rs, dp.time(Collective.reduce_scatter, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
         return Exposure((rs,), (dp.per_layer_calls(Collective.all_gather, grad_bytes),))
     ag_calls = dp.per_layer_calls(Collective.all_gather, grad_bytes)
-    rs_calls = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes)
+    rs_calls = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes, dp.reduce_calls)
     first = dp.time(Collective.all_gather, dp.layer_bytes)
-    last = dp.time(Collective.reduce_scatter, dp.layer_bytes)
+    last = dp.time(Collective.reduce_scatter, dp.layer_bytes / dp.reduce_calls)  # the last call's bucket
     return Exposure((Hidden(ag_calls, first, forward, eta), Hidden(ag_calls + rs_calls, first + last, backward, eta)), ())
 
 

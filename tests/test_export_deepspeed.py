@@ -13,7 +13,7 @@ import pytest
 
 from cost_models.compute import layer_params
 from cost_models.memory import in_flight_micro_batches
-from cost_models.terms import GRADIENT_BUCKET_BYTES
+from cost_models.terms import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, GRADIENT_BUCKET_BYTES
 from planner.errors import UsageError
 from planner.stacks import export, rules
 from planner.stacks.deepspeed import export as ds_export, rules as ds_rules
@@ -90,8 +90,11 @@ def test_export_is_pure_json_with_our_numbers(model_name, plan, job_spec):
     d = e.data
     assert d["train_batch_size"] == job_spec.global_batch_size == d["train_micro_batch_size_per_gpu"] * d["gradient_accumulation_steps"] * plan.dp
     zero = d["zero_optimization"]
-    if plan.zero_stage:  # the cost model's 25 MiB gradient bucket, in gradient elements
+    if plan.zero_stage in (1, 2):  # the cost model's 25 MiB gradient bucket, in gradient elements
         assert zero["reduce_bucket_size"] * DTYPE_BYTES[job_spec.precision] == GRADIENT_BUCKET_BYTES == 25 * 2**20
+    if plan.zero_stage == 3:  # DeepSpeed's own default bucket, which the cost model charges per call
+        assert zero["reduce_bucket_size"] == DEEPSPEED_REDUCE_BUCKET_ELEMENTS == 500_000_000
+    if plan.zero_stage:
         assert zero["overlap_comm"] is True
     if plan.zero_stage == 3:  # one layer (this rank's TP shard and E / ep experts) prefetched, current + next live
         assert zero["stage3_prefetch_bucket_size"] == layer_params(model, plan.tp, plan.ep).total
@@ -233,8 +236,10 @@ def test_deepspeed_accepts_every_export_and_reads_our_values(ds_config, model_na
     assert (cfg.bfloat16_config.enabled, cfg.float16_config.enabled) == (job_spec.precision == "bf16", job_spec.precision == "fp16")
     assert cfg.tensor_parallel_config.autotp_size == (plan.tp if plan.tp > 1 else 0)
     z = cfg.zero_config
-    if plan.zero_stage:
+    if plan.zero_stage in (1, 2):
         assert z.overlap_comm and z.reduce_bucket_size == GRADIENT_BUCKET_BYTES // DTYPE_BYTES[job_spec.precision]
+    if plan.zero_stage == 3:
+        assert z.overlap_comm and z.reduce_bucket_size == DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     if plan.zero_stage in (1, 2):
         assert z.allgather_bucket_size == z.reduce_bucket_size
     if plan.zero_stage == 3:

@@ -127,3 +127,27 @@ def test_out_of_group_coverage_is_measured_not_assumed():
     assert in_sample >= 0.8
     assert cov_bad <= 50 / 60 + 1e-9
     assert all(abs(math.log(h.model)) > 0.3 for h in bad if h.case.group == "g5")
+
+
+def test_zero3_reduce_calls_are_each_stacks_own_and_the_export_writes_the_modelled_bucket():
+    """FSDP reduce-scatters each block in one call; DeepSpeed per bucket of its default 5e8
+    gradient elements (its ZeRO config docs), the bucket its exported config states."""
+    from cost_models.tables import zero3_reduce_calls
+    from cost_models.terms import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    from planner.stacks import export
+
+    model = load_model("gpt3-175b")
+    layer = 12 * model.hidden_size ** 2  # ~1.8e9 parameters per layer of GPT-3 175B (Narayanan et al. 2021 eq. 2)
+    for target in ("torchtitan", "accelerate", "generic"):
+        assert zero3_reduce_calls(JobSpec(global_batch_size=8, seq_len=2048, target=target), layer) == 1.0
+    ds = JobSpec(global_batch_size=1024, seq_len=2048, target="deepspeed")
+    assert zero3_reduce_calls(ds, layer) == pytest.approx(layer / 5e8)
+    plan = Plan(dp=1024, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, zero_stage=3, recompute="full")
+    cfg = export("deepspeed", plan, model, ds, 1024).data
+    assert cfg["zero_optimization"]["reduce_bucket_size"] == DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    # more calls on the same ring cost more: DeepSpeed's 3.6 calls per layer against FSDP's one
+    cl = load_cluster("dgx-a100-80gb")
+    t = {s: estimate(model, cl, JobSpec(global_batch_size=1024, seq_len=2048, target=s), plan) for s in ("deepspeed", "torchtitan")}
+    same = fitlib.with_constants(cl, "deepspeed", fitlib.constants_of(cl, "torchtitan"))
+    t_ds_same = estimate(model, same, ds, plan).time_breakdown_s.dp_communication_exposed
+    assert t_ds_same > t["torchtitan"].time_breakdown_s.dp_communication_exposed

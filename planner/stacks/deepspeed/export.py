@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 
 from cost_models.compute import layer_params
-from cost_models.terms import GRADIENT_BUCKET_BYTES
+from cost_models.terms import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, GRADIENT_BUCKET_BYTES
 from planner.specs import DTYPE_BYTES, DType, Optimizer, Recompute, Schedule
 from planner.stacks.deepspeed.rules import MESH_ORDER
 from planner.stacks.stack import Export, architecture
@@ -97,7 +97,9 @@ def _zero(plan, model, job) -> dict:
     dp_exposure) charges: gradients reduced in GRADIENT_BUCKET_BYTES buckets beside backward
     (ZeRO-1 on the last micro-batch, ZeRO-2 on every one), ZeRO-3 gathering one layer ahead
     with at most the current and the prefetched layer live (cost_models/tables.py
-    zero3_gather_bytes). DeepSpeed sizes buckets in elements of the 16-bit (or fp32) gradient."""
+    zero3_gather_bytes) and reducing gradients in DeepSpeed's own default buckets
+    (cost_models/terms.py DEEPSPEED_REDUCE_BUCKET_ELEMENTS, which tables.zero3_reduce_calls
+    charges). DeepSpeed sizes buckets in elements of the 16-bit (or fp32) gradient."""
     if plan.zero_stage == 0:
         # Without ZeRO DeepSpeed all-reduces after backward in fixed 5e8-element buffers
         # (runtime/engine.py allreduce_gradients, MEMORY_OPT_ALLREDUCE_SIZE): nothing to set.
@@ -108,7 +110,8 @@ def _zero(plan, model, job) -> dict:
         zero |= {"reduce_scatter": True, "allgather_bucket_size": bucket}
     else:
         layer = layer_params(model, plan.tp, plan.ep).total  # one layer's parameters on this rank (its E / ep experts)
-        zero |= {"stage3_prefetch_bucket_size": layer, "stage3_max_live_parameters": 2 * layer}
+        zero |= {"stage3_prefetch_bucket_size": layer, "stage3_max_live_parameters": 2 * layer,
+                 "reduce_bucket_size": DEEPSPEED_REDUCE_BUCKET_ELEMENTS}
     return zero
 
 
