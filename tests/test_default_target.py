@@ -68,8 +68,8 @@ def test_the_default_recommendation_runs_on_its_stack(llama):
 
 
 def test_the_default_is_never_slower_than_a_targeted_search(llama):
-    """The fastest plan of the default is the fastest of any stack's own search (16.29 s,
-    megatron, where the free search recommended 17.47 s), and the recommendation's worst case
+    """The fastest plan of the default is the fastest of any stack's own search, and the
+    recommendation's worst case
     is no higher than any stack's own recommendation's."""
     _, doc = llama[None]
     seq = doc.job.seq_len
