@@ -205,7 +205,8 @@ def test_solve_json_document(tmp_path):
     doc = json.loads(res.output)
     assert doc == json.loads(out.read_text())
     assert set(doc) >= {"schema_version", "model", "cluster", "job", "plan", "estimate", "alternatives", "search"}
-    assert len(doc["alternatives"]) == 2 and set(doc["alternatives"][0]) >= {"plan", "estimate"}
+    # the next top-k plans, then each stack's own recommendation where it is not among them
+    assert len(doc["alternatives"]) >= 2 and set(doc["alternatives"][0]) >= {"plan", "estimate"}
     search = doc["search"]
     for key in ("candidates_considered", "infeasible", "solver", "solve_time_s", "optimal"):
         assert key in search
