@@ -24,23 +24,28 @@ that the step time of every answer equals it to 1e-7 (relative) wherever REV fin
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import random
 import statistics
+from collections import Counter
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cost_models.compute import total_params  # noqa: E402
+from cost_models.estimate import evaluate  # noqa: E402
 from hardware_profiles import cluster_presets, load_cluster  # noqa: E402
 from planner.cli.solve import cp_degrees  # noqa: E402
 from planner.presets import load_model, model_presets  # noqa: E402
-from planner.search.candidates import SearchSpace  # noqa: E402
-from planner.search.solve import min_memory_needed  # noqa: E402
+from planner.search.bounds import min_peak_memory  # noqa: E402
+from planner.search.candidates import CostTables, SearchSpace, enumerate_candidates  # noqa: E402
 from planner.specs import JobSpec, ModelSpec, memory_limit_gib  # noqa: E402
 
 from benchmarks.solve_scaling import DRIVER  # noqa: E402  (the one timed solve, a case's memory limit included)
@@ -93,7 +98,7 @@ def draw(rng: random.Random, i: int, presets: list[str], clusters: list[str], gp
     seq = rng.choice([2048, 2048, 4096, 4096, 8192, 8192, 16384, 32768])
     if isinstance(model, str) and load_model(model).learned_position_embeddings:
         seq = min(seq, load_model(model).max_seq_len)  # no more tokens than its learned positions
-    return dict(model=model, cluster=rng.choice(clusters), gpus=n, batch=max(batch, n // 64 or 1), seq=seq,
+    return dict(model=model, cluster=clusters[i % len(clusters)], gpus=n, batch=max(batch, n // 64 or 1), seq=seq,
                 tight=i % 3 == 0, why="")
 
 
@@ -107,7 +112,9 @@ def population(seed: int, size: int) -> list[dict]:
 
 def finish(case: dict) -> dict:
     """The instance as the driver takes it: context-parallel degrees, and for a memory-tight one
-    its limit, 1.00-1.10 x the least memory any layout needs (seeded by the instance), at most the device's."""
+    its limit: 1.00-1.10 x (seeded by the instance) the peak memory of a layout that fits
+    (:func:`frugal_peak_gib`), so that a plan exists and needs recompute or a careful split.
+    Where even that layout exceeds the device, the device's limit stays (no plan: counted)."""
     out = {k: v for k, v in case.items() if k not in ("tight", "why")}
     cps = cp_degrees(case["seq"], case["gpus"], None)
     if len(cps) > 1:
@@ -116,12 +123,55 @@ def finish(case: dict) -> dict:
         model = ModelSpec(**case["model"]) if isinstance(case["model"], dict) else load_model(case["model"])
         cluster = load_cluster(case["cluster"])
         extra = {"cp_degrees": tuple(cps), "seq_len": case["seq"]} if len(cps) > 1 else {}
-        need = min_memory_needed(model, cluster, JobSpec(global_batch_size=case["batch"], seq_len=case["seq"]),
-                                 SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"], **extra))
-        if need is not None:
+        need = frugal_peak_gib(model, cluster, JobSpec(global_batch_size=case["batch"], seq_len=case["seq"]),
+                               SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"], **extra))
+        if need is not None and need <= memory_limit_gib(cluster):
             u = random.Random(json.dumps(out, sort_keys=True)).uniform(1.0, 1.1)
             out["limit"] = min(memory_limit_gib(cluster), need * u)
+            out["fits_at"] = need
     return out
+
+
+FRUGAL_TRIES = 8  # layouts with the least memory floor whose real frugal split is costed
+
+
+def frugal_peak_gib(model: ModelSpec, cluster, job: JobSpec, space: SearchSpace) -> float | None:
+    """The least peak memory (GiB) of a real split: of the FRUGAL_TRIES layouts (micro-batches of one) with the least
+    floor (planner/search/bounds.py:min_peak_memory), each with every layer in its most frugal
+    recompute mode and the layers dealt one at a time to the rank whose memory grows least
+    (interleaved: equal chunks), costed by cost_models/estimate.py:evaluate. A layout that
+    fits in that much exists; the least any layout needs is at most this and at least the floor."""
+    cands, _ = enumerate_candidates(model, cluster, space)
+    # Micro-batches of one hold the fewest activations; the mesh order moves no byte: one order each.
+    cands = list({replace(c, mesh_order=()): c for c in cands if c.micro_batch_size == 1}.values())
+    tables = CostTables(model, cluster, job)
+    floors = sorted((min_peak_memory(pc), i, pc) for i, pc in ((i, tables.pipeline(c)) for i, c in enumerate(cands)))
+    peaks = [evaluate(pc, frugal_split(pc)).peak_memory_gib for _, _, pc in floors[:FRUGAL_TRIES]]
+    return min(peaks, default=None)
+
+
+def frugal_split(pc) -> list[tuple[int, int, int]]:
+    """Per virtual stage (none, selective, full) counts: every layer in the mode that keeps the
+    fewest bytes, each stage its fewest layers, then one layer at a time to the stage whose
+    rank's memory (terms.py's rank rows) ends lowest."""
+    t, L, P = pc.terms, pc.num_layers, pc.num_stages
+    ranks = t.ranks()
+    mode = min(range(3), key=lambda i: ranks[0].memory.linear.slope[i])
+    if pc.vpp > 1:
+        return [tuple(L // P if i == mode else 0 for i in range(3))] * P
+    n = [max(1, pc.first_stage_min_layers if j == 0 else 1) for j in range(P)]
+
+    def after(j: int, k: int) -> float:
+        mem = ranks[j].memory
+        return mem.linear(tuple(k if i == mode else 0 for i in range(3))) + max(mem.temporary) + mem.full_recompute_buffer
+
+    heap = [(after(j, n[j] + 1), j) for j in range(P)]
+    heapq.heapify(heap)
+    for _ in range(L - sum(n)):
+        _, j = heapq.heappop(heap)
+        n[j] += 1
+        heapq.heappush(heap, (after(j, n[j] + 1), j))
+    return [tuple(k if i == mode else 0 for i in range(3)) for k in n]
 
 
 def run(case: dict, root: Path, timeout: float) -> dict | None:
@@ -135,6 +185,28 @@ def run(case: dict, root: Path, timeout: float) -> dict | None:
     if out.returncode:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def coverage(cases: list[dict]) -> str:
+    """What the population spans, against the issue's list."""
+    models = [ModelSpec(**c["model"]) if isinstance(c["model"], dict) else load_model(c["model"]) for c in cases]
+    params = [total_params(m) for m in models]
+    random_ = [m for c, m in zip(cases, models) if isinstance(c["model"], dict)]
+    gpus = sorted({c["gpus"] for c in cases})
+    odd = [g for g in gpus if g & (g - 1)]  # not a power of two
+    clusters = Counter(c["cluster"] for c in cases)
+    tight = [c for c in cases if c.get("tight")]
+    return "\n".join([
+        f"population: {len(cases)} instances; models: {len(cases) - len(random_)} preset ({len({m.name for m in models} - {m.name for m in random_})} "
+        f"distinct), {sum(not m.is_moe for m in random_)} random dense, {sum(m.is_moe for m in random_)} random MoE; "
+        f"{min(params) / 1e9:.1f}B-{max(params) / 1e9:,.0f}B parameters",
+        f"GPUs: {len(gpus)} counts from {gpus[0]} to {gpus[-1]:,}, {len(odd)} not a power of two ({', '.join(f'{g:,}' for g in odd[:12])} ...)",
+        "clusters: " + ", ".join(f"{k} {v}" for k, v in sorted(clusters.items()))
+        + f"; global batch {min(c['batch'] for c in cases)}-{max(c['batch'] for c in cases):,}"
+        + f"; sequence {min(c['seq'] for c in cases):,}-{max(c['seq'] for c in cases):,}",
+        f"memory-tight: {len(tight)}, of which {sum('limit' in c for c in tight)} with a limit 1.00-1.10 x the peak of a layout "
+        "that fits (the rest: even that layout exceeds the device)",
+    ])
 
 
 def describe(case: dict) -> str:
@@ -160,7 +232,9 @@ def arg(name: str, default):
 def main() -> None:
     seed, size, timeout = arg("--seed", 22), arg("--size", 240), arg("--timeout", 60.0)
     quick, baseline, base_timeout = arg("--quick", 0), arg("--baseline", ""), arg("--baseline-timeout", 60.0)
-    cases = population(seed, size)[: quick or None]
+    raw = population(seed, size)[: quick or None]
+    cases = [dict(finish(c), tight=c["tight"]) for c in raw]
+    print(coverage(cases), flush=True)
     base_root = None
     if baseline:
         base_root = Path(tempfile.mkdtemp(prefix="population-baseline-"))
@@ -168,8 +242,8 @@ def main() -> None:
                        capture_output=True)
     rows, ok, mismatches = [], True, 0
     try:
-        for i, raw in enumerate(cases):
-            case = finish(raw)
+        for i, case in enumerate(cases):
+            case = {k: v for k, v in case.items() if k != "tight"}
             got = run(case, ROOT, timeout)
             secs = timeout if got is None or "error" in got else got["seconds"]
             line = f"{i:4d} {describe(case)[:92]:92s} " + (f"{'> %g' % timeout:>8s}" if got is None else

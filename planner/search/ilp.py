@@ -29,7 +29,7 @@ from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
 from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, Hidden, LayoutTerms, Linear, RankTerms
 
-from .bounds import integer_slowest_rank_time
+from .bounds import convex_minorant, integer_slowest_rank_time, rank_time_floors
 from .candidates import Candidate
 from .deadline import NO_DEADLINE, Deadline, solver_running, stop_requested
 
@@ -301,6 +301,21 @@ def _pipeline(b: _Block, S: list, F: list):
     return pulp.lpSum(S) * (1 / v) + M
 
 
+def _rank_floor_rows(b: _Block, S: list, floors: list) -> None:
+    """Each rank's time per micro-batch (the sum of its stages' S_j) at least its integer floor
+    at its layer count n_r (bounds.py:rank_time_floors: whole layers recomputed), as the lines
+    of the floor's lower convex hull, valid at every whole n_r. The relaxation recomputes
+    fractions of a layer on every rank; these rows charge whole ones in the sum of the stage
+    times too, not only on the slowest rank."""
+    t, ts = b.terms, b.ts
+    for r, (first, seq) in enumerate(floors):
+        stages = t.rank_stages(r)
+        work, n = pulp.lpSum(S[j] for j in stages), pulp.lpSum(b.n[j] for j in stages)
+        for k, (n0, v0, slope) in enumerate(convex_minorant(first, seq)):
+            line = (v0 - slope * n0) * b.y + slope * n
+            b.add(work >= ts * (1 - FLOOR_SLACK) * line, f"rankfloor_{r}_{k}_")
+
+
 def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
     """Model states + in-flight activations + fixed buffers + the largest transient buffer
     (a stage with a fully recomputed layer rebuilds one layer's activations: binary w_j)."""
@@ -315,7 +330,8 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
     """Variables and rows of one candidate (`rules`: what the target stack can express of
     the split and recompute, or None); returns (objective term, layer variables)."""
     b = _Block(prob, pc, y, ts, modes, rules)
-    b.slowest_floor = integer_slowest_rank_time(pc, memory_limit_gib, modes)
+    floors = rank_time_floors(pc, memory_limit_gib, modes)
+    b.slowest_floor = integer_slowest_rank_time(pc, floors)
     _layer_split(b)
     _stack_rules(b)
     t: LayoutTerms = b.terms
@@ -330,6 +346,8 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
             S[j] = b.lin(st.total, b.x[j], ts) + per_mb * (1.0 / pc.vpp)
             if pc.gpipe:
                 F[j] = b.lin(st.forward_pass, b.x[j], ts)
+    if floors is not None:
+        _rank_floor_rows(b, S, floors)
     t_pipe = _pipeline(b, S, F)
     opt = b.var("O", 0)
     for rk, c in zip(ranks, counts):
