@@ -27,12 +27,13 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import os
 import random
 import statistics
-from collections import Counter
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -235,36 +236,28 @@ def main() -> None:
     raw = population(seed, size)[: quick or None]
     cases = [dict(finish(c), tight=c["tight"]) for c in raw]
     print(coverage(cases), flush=True)
+    print("load average (1, 5, 15 min) at the start: %.1f %.1f %.1f" % os.getloadavg(), flush=True)
     base_root = None
     if baseline:
         base_root = Path(tempfile.mkdtemp(prefix="population-baseline-"))
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(base_root), baseline], check=True,
                        capture_output=True)
-    rows, ok, mismatches = [], True, 0
+    rows, mismatches = [], 0
     try:
         for i, case in enumerate(cases):
             case = {k: v for k, v in case.items() if k != "tight"}
             got = run(case, ROOT, timeout)
-            secs = timeout if got is None or "error" in got else got["seconds"]
-            line = f"{i:4d} {describe(case)[:92]:92s} " + (f"{'> %g' % timeout:>8s}" if got is None else
-                                                             f"{'error':>8s}" if "error" in got else f"{secs:8.2f}")
-            if got is not None and "error" not in got:
-                line += f" {got['ilps']:4d} ILPs {got['fastest_step'] if got['fastest_step'] else 'no plan'!s:>22s}"
-            ok = ok and got is not None and "error" not in got and got["optimal"] and secs <= TARGET_S
-            if base_root is not None:
-                old = run(case, base_root, base_timeout)
-                line += "  baseline " + ("> %g s" % base_timeout if old is None else "error" if "error" in old else f"{old['seconds']:.2f} s")
-                if old is not None and "error" not in old and got is not None and "error" not in got:
-                    same = (old["fastest_step"] is None and got["fastest_step"] is None) or (
-                        old["fastest_step"] is not None and got["fastest_step"] is not None and math.isclose(old["fastest_step"], got["fastest_step"], rel_tol=REL_TOL))
-                    mismatches += not same
-                    line += "" if same else f"  DIFFERENT STEP (baseline {old['fastest_step']})"
+            old = run(case, base_root, base_timeout) if base_root is not None else None
+            line, differs = instance_line(i, case, got, old, base_root is not None, timeout, base_timeout)
+            mismatches += differs
             print(line, flush=True)
-            rows.append((secs, i, case, got))
+            rows.append((seconds(got, timeout), i, case, got, old))
     finally:
         if base_root is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_root)], capture_output=True)
-    report(rows, timeout)
+    print("load average (1, 5, 15 min) at the end: %.1f %.1f %.1f" % os.getloadavg())
+    report(rows, timeout, base_root is not None, base_timeout)
+    ok = all(got is not None and "error" not in got and got["optimal"] and got["seconds"] <= TARGET_S for _, _, _, got, _ in rows)
     if mismatches:
         print(f"FAIL: {mismatches} answers differ from the baseline's")
     if not ok or mismatches:
@@ -272,15 +265,49 @@ def main() -> None:
         sys.exit(1)
 
 
-def report(rows: list, timeout: float) -> None:
-    times = [r[0] for r in rows if r[3] is None or "error" not in r[3]]  # a failed solve has no time
-    print(f"\n{len(rows)} instances: median {statistics.median(times):.2f} s, p95 {quantile(times, 0.95):.2f} s, "
-          f"p99 {quantile(times, 0.99):.2f} s, max {max(times):.2f} s")
-    print("slowest ten:")
-    for secs, i, case, got in sorted(rows, key=lambda r: r[:2], reverse=True)[:10]:
+def seconds(got: dict | None, timeout: float) -> float:
+    return timeout if got is None or "error" in got else got["seconds"]
+
+
+def outcome(got: dict | None, timeout: float, cpu: bool = False) -> str:
+    if got is None:
+        return f"> {timeout:g}"
+    return "error" if "error" in got else f"{got['cpu_seconds' if cpu else 'seconds']:.2f}"
+
+
+def instance_line(i: int, case: dict, got, old, with_baseline: bool, timeout: float, base_timeout: float) -> tuple[str, bool]:
+    """One instance's line (wall and CPU seconds, ILPs, the optimum's step) and whether its step
+    differs from the baseline's (compared where both finished)."""
+    line = f"{i:4d} {describe(case)[:96]:96s} {outcome(got, timeout):>7s} s (cpu {outcome(got, timeout, True):>6s})"
+    if got is not None and "error" not in got:
+        line += f" {got['ilps']:4d} ILPs {got['fastest_step'] if got['fastest_step'] else 'no plan'!s:>20s}"
+    if not with_baseline:
+        return line, False
+    line += f"  baseline {outcome(old, base_timeout):>7s} s"
+    if old is None or got is None or "error" in old or "error" in got:
+        return line, False
+    a, b = old["fastest_step"], got["fastest_step"]
+    same = (a is None and b is None) or (a is not None and b is not None and math.isclose(a, b, rel_tol=REL_TOL))
+    return line + ("" if same else f"  DIFFERENT STEP (baseline {a})"), not same
+
+
+def report(rows: list, timeout: float, with_baseline: bool, base_timeout: float) -> None:
+    done = [r for r in rows if r[3] is None or "error" not in r[3]]  # a failed solve has no time
+    for name, key in (("wall", "seconds"), ("cpu", "cpu_seconds")):
+        times = [timeout if got is None else got[key] for _, _, _, got, _ in done]
+        print(f"\n{len(rows)} instances, {name} seconds: median {statistics.median(times):.2f}, p95 {quantile(times, 0.95):.2f}, "
+              f"p99 {quantile(times, 0.99):.2f}, max {max(times):.2f}", end="")
+    plans = sum(got is not None and "error" not in got and got["fastest_step"] is not None for _, _, _, got, _ in rows)
+    tight = [got for _, _, case, got, _ in rows if "limit" in case]
+    print(f"\n{plans} with a plan; memory-tight with a fitting limit: {len(tight)}, "
+          f"{sum(g is not None and 'error' not in g and g['fastest_step'] is not None for g in tight)} with a plan")
+    print("slowest ten (wall):")
+    for _, i, case, got, old in sorted(rows, key=lambda r: r[:2], reverse=True)[:10]:
         why = ("timed out" if got is None else got["error"] if "error" in got else
-               f"{got['candidates']:,} candidates, {got['ilps']} ILPs" + ("" if got["optimal"] else ", not proven optimal"))
-        print(f"  {'> %g' % timeout if got is None else '%.2f' % secs:>7s} s  #{i} {describe(case)}: {why}")
+               f"cpu {got['cpu_seconds']:.2f} s, {got['candidates']:,} candidates, {got['ilps']} ILPs"
+               + ("" if got["fastest_step"] else ", no plan") + ("" if got["optimal"] else ", not proven optimal"))
+        base = f"; baseline {outcome(old, base_timeout)} s" if with_baseline else ""
+        print(f"  {outcome(got, timeout):>7s} s  #{i} {describe(case)}: {why}{base}")
 
 
 if __name__ == "__main__":
