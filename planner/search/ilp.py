@@ -326,9 +326,11 @@ def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
     b.add(b.lin(mem.linear, counts, 1 / GIB) + T <= limit_gib * b.y, f"memory_{rk.rank}_")
 
 
-def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tuple, ts: float, rules=None):
+def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tuple, ts: float, rules=None,
+                  rank_rows: bool = False):
     """Variables and rows of one candidate (`rules`: what the target stack can express of
-    the split and recompute, or None); returns (objective term, layer variables)."""
+    the split and recompute, or None; `rank_rows`: each rank's floor rows, not only the
+    slowest rank's); returns (objective term, layer variables)."""
     b = _Block(prob, pc, y, ts, modes, rules)
     floors = rank_time_floors(pc, memory_limit_gib, modes)
     b.slowest_floor = integer_slowest_rank_time(pc, floors)
@@ -346,7 +348,7 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
             S[j] = b.lin(st.total, b.x[j], ts) + per_mb * (1.0 / pc.vpp)
             if pc.gpipe:
                 F[j] = b.lin(st.forward_pass, b.x[j], ts)
-    if floors is not None:
+    if rank_rows and floors is not None:
         _rank_floor_rows(b, S, floors)
     t_pipe = _pipeline(b, S, F)
     opt = b.var("O", 0)
@@ -357,12 +359,13 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
     return t_pipe + D + opt, b.x
 
 
-def candidate_problem(name: str, pc: PipelineCosts, memory_limit_gib: float, modes: tuple, ts: float, rules=None):
+def candidate_problem(name: str, pc: PipelineCosts, memory_limit_gib: float, modes: tuple, ts: float, rules=None,
+                      rank_rows: bool = False):
     """A MILP holding one candidate's variables and rows, times in units of 1/ts seconds:
     (problem, step-time expression, layer variables x[j][mode])."""
     prob = pulp.LpProblem(name, pulp.LpMinimize)
     y = prob.add_variable("y", 1, 1)
-    term, x = add_candidate(prob, pc, y, memory_limit_gib, modes, ts, rules)
+    term, x = add_candidate(prob, pc, y, memory_limit_gib, modes, ts, rules, rank_rows)
     return prob, term, x
 
 
@@ -383,7 +386,11 @@ def solve_candidate(
     # Time unit: about 1/100 of the step (the compute per pipeline rank).
     rough = (pc.layer.forward + pc.layer.backward) * pc.num_layers * pc.num_micro_batches / pc.pp
     ts = 100.0 / max(rough, 1e-12)
-    prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules)
+    # Each rank's floor rows where the slowest rank weighs at least as much as all ranks' sum
+    # (m - 1/v >= pp): there they close the gap; with few micro-batches over many ranks they
+    # slowed branch-and-bound (README, "Benchmarks").
+    rank_rows = pc.num_micro_batches - 1 / pc.vpp >= pc.pp
+    prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules, rank_rows)
     prob += term
     if cutoff_s is not None:
         prob += term <= cutoff_s * ts * (1 + 1e-9), "cutoff"
@@ -419,7 +426,7 @@ def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_g
     stages. Returns None when the solver cannot confirm one, or the deadline stops it first
     (the caller keeps `counts`)."""
     ts = 100.0 / step_time
-    prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts, rules)
+    prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts, rules, rank_rows=True)
     prob += term <= 100.0 * (1 + 1e-12), "same_step_time"
     P = pc.num_stages
     Q = P * P + 1
