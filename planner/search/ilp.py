@@ -386,10 +386,7 @@ def solve_candidate(
     # Time unit: about 1/100 of the step (the compute per pipeline rank).
     rough = (pc.layer.forward + pc.layer.backward) * pc.num_layers * pc.num_micro_batches / pc.pp
     ts = 100.0 / max(rough, 1e-12)
-    # Each rank's floor rows where the slowest rank weighs at least as much as all ranks' sum
-    # (m - 1/v >= pp): there they close the gap; with few micro-batches over many ranks they
-    # slowed branch-and-bound (README, "Benchmarks").
-    rank_rows = pc.num_micro_batches - 1 / pc.vpp >= pc.pp
+    rank_rows = rank_rows_help(pc) and pc.num_micro_batches - 1 / pc.vpp >= pc.pp
     prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules, rank_rows)
     prob += term
     if cutoff_s is not None:
@@ -405,6 +402,15 @@ def solve_candidate(
     if status != "Optimal" or not (proven or _has_solution(prob)):
         return None, status if status != "Optimal" else "Not Solved"
     return Solution(cand, _counts(x), pulp.value(term) / ts, proven), status
+
+
+def rank_rows_help(pc: PipelineCosts) -> bool:
+    """Whether each rank's floor rows (:func:`_rank_floor_rows`) are worth adding, as measured
+    (README, "Benchmarks"): they close the tie-break MILP's gap and, where the slowest rank
+    weighs at least the sum of the ranks (m - 1/v >= pp), the search MILP's; where a rank's
+    exposed ZeRO-2/3 traffic per micro-batch (a binary per rank) enters its time they slowed
+    branch-and-bound 5-50x in both."""
+    return not any(rk.exposure.per_micro_batch for rk in pc.terms.ranks())
 
 
 def _has_solution(prob) -> bool:
@@ -426,7 +432,7 @@ def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_g
     stages. Returns None when the solver cannot confirm one, or the deadline stops it first
     (the caller keeps `counts`)."""
     ts = 100.0 / step_time
-    prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts, rules, rank_rows=True)
+    prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts, rules, rank_rows_help(pc))
     prob += term <= 100.0 * (1 + 1e-12), "same_step_time"
     P = pc.num_stages
     Q = P * P + 1
