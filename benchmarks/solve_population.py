@@ -1,21 +1,23 @@
 """`plan solve` over a seeded random population: the distribution of solve time, not a hand-picked list.
 
-    python benchmarks/solve_population.py [--seed S] [--size N] [--quick N] [--timeout S]
+    python benchmarks/solve_population.py [--seed S] [--size N] [--quick N] [--from I] [--timeout S]
                                           [--baseline GIT-REV] [--baseline-timeout S]
+    python benchmarks/solve_population.py --summarise OUTPUT [OUTPUT ...]
 
 The population (issue 22): --size instances (default 240) drawn with --seed (default 22):
 preset models and random dense and mixture-of-experts models of 1B to 1T parameters, GPU
 counts from 8 to 16,384 (powers of two, primes times powers of two, and 96, 1,536, 2,240,
 3,072), every cluster preset, global batches of 64-16,384 sequences and sequence lengths of
 2,048-32,768 tokens (context parallelism past 8,192, as `plan solve` tries it); every third
-instance memory-tight: its memory limit (`--max-memory-gib`) is 1.00-1.10 x the least memory
-any layout needs (planner/search/solve.py:min_memory_needed), capped at the device. The first
+instance memory-tight: its memory limit (`--max-memory-gib`) is 1.00-1.10 x the peak memory of
+a real layout that fits (frugal_peak_gib), capped at the device. The first
 two instances are issue 22's: GPT-3 175B on 128 A100-40GB and Llama 3 405B on 256 H100.
-`--quick N` runs the first N.
+`--quick N` runs the first N; `--from I` starts at instance I (a population split over
+processes); `--summarise` prints the distribution and slowest ten over such runs' outputs.
 
 Each instance is one solve (the default target, generic) in a fresh process, timed around the
 library call, stopped after --timeout seconds (default 60) and then shown as "> 60 s". It
-prints the median, p95, p99 and maximum solve time, the slowest ten with what made them slow
+prints the median, p95, p99 and maximum solve time (wall and CPU: the machine may be shared), the slowest ten with what made them slow
 (candidates, ILPs, memory-tight), and exits 1 when one took over 10 s or was not proven
 optimal. `--baseline REV` solves the same instances with the code of git revision REV (a
 temporary worktree, the same driver, --baseline-timeout per instance, default 60 s) and checks
@@ -29,6 +31,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -230,12 +233,43 @@ def arg(name: str, default):
     return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
+LINE = re.compile(r"^ *(\d+) (.{96}) +(\S+(?: \S+)?) s \(cpu +(\S+(?: \S+)?)\)(?: +(\d+) ILPs +(\S+(?: plan)?))?"
+                  r"(?:  baseline +(\S+(?: \S+)?) s)?(  DIFFERENT STEP.*)?$")
+
+
+def summarise(paths: list[str]) -> None:
+    """The distribution and the slowest ten over the instance lines of earlier runs' outputs (a
+    population split over processes with --from): each instance once, from the first file that has it."""
+    rows: dict[int, tuple] = {}
+    for path in paths:
+        for text in Path(path).read_text().splitlines():
+            m = LINE.match(text)
+            if m and int(m[1]) not in rows:
+                rows[int(m[1])] = m.groups()
+    finished = [r for r in rows.values() if r[2] != "error" and not r[2].startswith(">")]
+    for name, k in (("wall", 2), ("cpu", 3)):
+        times = [float(r[k]) for r in finished]
+        print(f"{len(rows)} instances ({len(finished)} finished), {name} seconds: median {statistics.median(times):.2f}, "
+              f"p95 {quantile(times, 0.95):.2f}, p99 {quantile(times, 0.99):.2f}, max {max(times):.2f}")
+    slow = [r for r in rows.values() if r not in finished or float(r[2]) > TARGET_S]
+    differ = [r for r in rows.values() if r[7]]
+    print(f"over {TARGET_S:g} s or unfinished: {len(slow)}; steps differing from the baseline's: {len(differ)}; "
+          f"baseline unfinished: {sum(1 for r in rows.values() if r[6] and r[6].startswith('>'))}")
+    print("slowest ten (wall):")
+    for r in sorted(rows.values(), key=lambda r: float(r[2].lstrip("> ")) if r[2] != "error" else 1e9, reverse=True)[:10]:
+        print(f"  {r[2]:>7s} s (cpu {r[3]}) #{r[0]} {r[1].strip()}: {r[4]} ILPs; baseline {r[6]} s")
+
+
 def main() -> None:
+    if "--summarise" in sys.argv:
+        summarise(sys.argv[sys.argv.index("--summarise") + 1:])
+        return
     seed, size, timeout = arg("--seed", 22), arg("--size", 240), arg("--timeout", 60.0)
     quick, baseline, base_timeout = arg("--quick", 0), arg("--baseline", ""), arg("--baseline-timeout", 60.0)
+    first = arg("--from", 0)  # run instances first.. only (a population split over processes)
     raw = population(seed, size)[: quick or None]
-    cases = [dict(finish(c), tight=c["tight"]) for c in raw]
-    print(coverage(cases), flush=True)
+    cases = [dict(finish(c), tight=c["tight"]) for c in raw[first:]]
+    print(("" if first == 0 else f"instances {first}-{len(raw) - 1} of the ") + coverage(cases), flush=True)
     print("load average (1, 5, 15 min) at the start: %.1f %.1f %.1f" % os.getloadavg(), flush=True)
     base_root = None
     if baseline:
@@ -244,7 +278,7 @@ def main() -> None:
                        capture_output=True)
     rows, mismatches = [], 0
     try:
-        for i, case in enumerate(cases):
+        for i, case in enumerate(cases, start=first):
             case = {k: v for k, v in case.items() if k != "tight"}
             got = run(case, ROOT, timeout)
             old = run(case, base_root, base_timeout) if base_root is not None else None
