@@ -166,9 +166,9 @@ def test_the_issues_100000_layers_with_time_limit_5(tmp_path):
 
 def _hard_milp(monkeypatch):
     """DeepSeek-V3 on 8,192 H100s, dp 512 x tp 2 x pp 8: a MILP HiGHS needs ~50 s to prove
-    without the slowest rank's integer floor (planner/search/bounds.py:integer_slowest_rank_time,
-    issue 22), which makes it a 0.2 s one: the tests run it without that row."""
-    monkeypatch.setattr(ilp, "integer_slowest_rank_time", lambda *args, **kwargs: None)
+    without the ranks' integer floors (planner/search/bounds.py:rank_time_floors, issue 22: the
+    slowest rank's row and each rank's rows), which make it a 0.2 s one: the tests run it without them."""
+    monkeypatch.setattr(ilp, "rank_time_floors", lambda *args, **kwargs: None)
     model, cluster = api.load_model("deepseek-v3"), api.load_cluster("dgx-h100-80gb")
     cand = Candidate(dp=512, tp=2, pp=8, vpp=1, micro_batch_size=1, num_micro_batches=16, schedule=Schedule.one_f_one_b,
                      zero_stage=1, sequence_parallel=True, mesh_order=(Axis.tp, Axis.dp, Axis.pp), ep=8)

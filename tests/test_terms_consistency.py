@@ -91,7 +91,7 @@ def _cases():
 def _fixed_split_ilp(pc, counts, limit_gib: float):
     """The ILP of one candidate with its split fixed to `counts`: (status, objective seconds)."""
     ts = 1.0 / evaluate(pc, counts).step_time_s * 100
-    prob, term, x = candidate_problem("fixed", pc, limit_gib, MODES, ts)
+    prob, term, x = candidate_problem("fixed", pc, limit_gib, MODES, ts, rank_rows=True)  # every valid row
     for j, c in enumerate(counts):
         for i in range(3):
             prob += x[j][i] == c[i], f"fix_{j}_{i}"

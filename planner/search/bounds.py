@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Optional
 
 from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
-from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, DataParallel, Exposure, Hidden, Linear, RankTerms, dp_exposure
+from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, DataParallel, Exposure, Hidden, Linear, RankMemory, RankTerms, dp_exposure
 
 from .deadline import NO_DEADLINE, Deadline
 
@@ -81,7 +81,7 @@ def rank_exposure_floor(rk: RankTerms, lo: float, hi: float, mode: int) -> tuple
     if hi < lo or not (ex.per_micro_batch or ex.per_step):
         return 0.0, 0.0
     pts = {lo, hi}
-    for term in (*ex.per_micro_batch, *ex.per_step):
+    for term in (*ex.per_micro_batch, *ex.per_step) if hi > lo else ():
         pts.update(_breakpoints(term, mode))
     vals = [
         (sum(_floor_term(t, c) for t in ex.per_micro_batch), sum(_floor_term(t, c) for t in ex.per_step))
@@ -139,19 +139,19 @@ class _Rank:
     nhi: float  # most layers the rank can hold
 
 
-def _relaxed_rank(rk: RankTerms, t, limit: float, allowed: list[int], mode: int) -> tuple[_Rank, float]:
-    """One rank of the relaxation, and its least per-step DP exposure."""
-    mem, slope = rk.memory.linear, t.stage_time_slope()
-    c = mem.const + max(rk.memory.temporary) - limit
+def _relaxed_rank(memory: RankMemory, fixed_time: float, nspan: tuple[int, int], t, limit: float, allowed: list[int]) -> _Rank:
+    """One rank of the relaxation (its memory, time besides its layers and layer range), its
+    exposure not yet charged."""
+    mem, slope = memory.linear, t.stage_time_slope()
+    c = mem.const + max(memory.temporary) - limit
     q = mem.slope[0]
     options = [(slope[i] - slope[0], q - mem.slope[i]) for i in allowed if i and q - mem.slope[i] > 0]
     smax = max((saved for _, saved in options), default=0.0)
     rho = min((cost / saved for cost, saved in options), default=float("inf"))
-    nmin, nhi = t.layer_range(rk.rank)
+    nmin, nhi = nspan
     per_layer = q - smax  # > 0: recompute keeps each layer's input and weights
     cap = _whole(-c / per_layer) if per_layer > 0 else (float("inf") if c <= 0 else -1.0)
-    per_mb, step = rank_exposure_floor(rk, nmin, min(nhi, cap), mode)
-    return _Rank(rk.time.const + per_mb, c, q, smax, rho, nmin, min(nhi, cap)), step
+    return _Rank(fixed_time, c, q, smax, rho, nmin, min(nhi, cap))
 
 
 def _whole(n: float) -> float:
@@ -178,13 +178,24 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
     a = t.stage_time_slope()[0]
     allowed = [MODES.index(md) for md in modes]
     mode = max(allowed, key=lambda i: t.layer_recompute[i])
-    ranks, step_floor = [], 0.0
-    for rk in t.ranks():
-        relaxed, step = _relaxed_rank(rk, t, memory_limit_gib * GIB, allowed, mode)
-        ranks.append(relaxed)
-        step_floor = max(step_floor, step)
-    if any(rk.nhi < rk.nmin for rk in ranks) or sum(rk.nhi for rk in ranks) < L:
+    limit = memory_limit_gib * GIB
+    # The first rank holds the most activations in flight and the embedding: where memory rules a
+    # layout out, it nearly always does, and its memory alone costs a fraction of every rank's terms.
+    if _relaxed_rank(t.rank_memory(0), 0.0, t.layer_range(0), t, limit, allowed).nhi < t.layer_range(0)[0]:
         return None
+    terms = t.ranks()
+    ranks = [_relaxed_rank(rk.memory, rk.time.const, t.layer_range(rk.rank), t, limit, allowed) for rk in terms]
+    if any(rk.nhi < rk.nmin for rk in ranks) or sum(rk.nhi for rk in ranks) < L:
+        return None  # memory alone rules the layout out: no exposure to charge
+    step_floor, floors = 0.0, {}
+    for i, (rk, relaxed) in enumerate(zip(terms, ranks)):
+        # Ranks with equal constants (the middle ones) have the same exposure terms: cost them once.
+        key = (rk.time.const, rk.forward.const, rk.params.const, relaxed.nmin, relaxed.nhi)
+        if key not in floors:
+            floors[key] = rank_exposure_floor(rk, relaxed.nmin, relaxed.nhi, mode)
+        per_mb, step = floors[key]
+        ranks[i] = replace(relaxed, K=relaxed.K + per_mb)
+        step_floor = max(step_floor, step)
     tau = _slowest_rank_time(ranks, a, L, deadline)
     total = L * a + sum(rk.K for rk in ranks)
     t_pipe = total / v + (m - 1 / v) * tau
@@ -290,73 +301,97 @@ def min_peak_memory(pc: PipelineCosts) -> float:
 
 # The integer rank times: a memory-tight rank recomputes whole layers, so the cheapest time of
 # a rank holding n layers is a small integer program of its own (two counts, one memory row),
-# solved by enumerating the fully recomputed count. Work per rank and layer count: O(n).
-INTEGER_WORK = 200_000  # most (layer count x enumerated counts) steps before falling back
+# solved by enumerating the fully recomputed count from the least that can fit and stopping
+# once full recompute alone costs more than the best found.
 MEMORY_SLACK_GIB = 1e-6  # a MILP's memory row holds to its feasibility tolerance: count such a split as fitting
+# Most (rank, layer count) pairs costed per candidate (~10 us each): every rank of any model up
+# to ~280 layers on any pipeline depth (128 layers on 64 ranks: 4,160); past it, no floor.
+FLOOR_WORK = 20_000
 
 
-def rank_time_floor(rk: RankTerms, t, limit: float, allowed: list[int], per_mb: float, n: int) -> float:
-    """Least time per micro-batch of rank `rk` holding exactly `n` layers with whole layers
-    recomputed (inf when none fits `limit` bytes): its time with the cheapest integer
-    (selective, full) counts that fit its memory row, the transient buffer at least the
-    largest stage's, or the smallest stage's plus the full-recompute buffer where a layer is
-    fully recomputed, plus `per_mb` (a floor on its exposed traffic per micro-batch)."""
-    mem, slope = rk.memory, t.stage_time_slope()
-    temps = mem.temporary
-    base = mem.linear.const + mem.linear.slope[0] * n + max(temps) - limit - MEMORY_SLACK_GIB * GIB
-    with_full = max(0.0, min(temps) + mem.full_recompute_buffer - max(temps))
-    saved = [mem.linear.slope[0] - mem.linear.slope[i] for i in range(3)]
-    extra = [slope[i] - slope[0] for i in range(3)]
-    best = math.inf
-    for x2 in range(n + 1) if 2 in allowed else (0,):
-        need = base - saved[2] * x2 + (with_full if x2 else 0.0)
-        if need <= 0:
-            x1 = 0
-        elif 1 in allowed and saved[1] > 0:
-            x1 = math.ceil(need / saved[1] - 1e-12)
-        else:
-            continue
-        if x1 + x2 > n:
-            continue
-        best = min(best, extra[1] * x1 + extra[2] * x2)
-    return rk.time((n, 0, 0)) + best + per_mb
+def least_recompute(memory: RankMemory, limit: float, allowed: list[int], n: int, cost: tuple) -> float:
+    """Least sum_i cost[i] x_i (cost >= 0 per layer in mode i) over whole (selective x_1, full
+    x_2) counts with which a rank holding `n` layers fits `limit` bytes: its memory row, the
+    transient buffer at least the largest stage's, or the smallest stage's plus the
+    full-recompute buffer where a layer is fully recomputed. inf when none fits."""
+    temps, mem = memory.temporary, memory.linear
+    base = mem.const + mem.slope[0] * n + max(temps) - limit - MEMORY_SLACK_GIB * GIB
+    if base <= 0:
+        return 0.0
+    with_full = max(0.0, min(temps) + memory.full_recompute_buffer - max(temps))
+    s1, s2 = (mem.slope[0] - mem.slope[i] for i in (1, 2))
+    selective = 1 in allowed and s1 > 0
+
+    def at(x2: int) -> float:  # the least selective count with x2 fully recomputed
+        need = base - s2 * x2 + (with_full if x2 else 0.0)
+        x1 = 0 if need <= 0 else math.ceil(need / s1 - 1e-12) if selective else n + 1
+        return cost[1] * x1 + cost[2] * x2 if x1 + x2 <= n else math.inf
+
+    best = at(0)
+    if 2 not in allowed or s2 <= 0:
+        return best
+    # Fewer full layers than this cannot fit even with every other layer selective (x1 <= n - x2).
+    over = base + with_full - (s1 * n if selective else 0.0)
+    x2 = max(1, math.floor(over / (s2 - s1 if selective else s2)) - 1) if s2 > (s1 if selective else 0.0) else 1
+    while x2 <= n and cost[2] * x2 < best:
+        best = min(best, at(x2))
+        x2 += 1
+    return best
 
 
-def integer_slowest_rank_time(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MODES) -> Optional[float]:
-    """A lower bound on the slowest pipeline rank's time per micro-batch (the sum of its
-    stages' times, what M >= (m - 1/v) W_r maximises in planner/search/ilp.py) in any split
-    that fits: the least tau at which the ranks can hold all L layers, each rank's time for
-    n whole layers being :func:`rank_time_floor` at most (the exposure at n can fall as n grows, so
-    the least over n and more, a nondecreasing sequence the merge needs). The MILP's relaxation lets a
-    rank recompute fractions of a layer, so this row, added to it, closes the gap that
-    branching on each rank's counts otherwise has to. None where the enumeration would take
-    more than INTEGER_WORK steps, a slope is negative (then more layers might need less memory), or
-    nothing fits."""
+def rank_time_floors(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MODES) -> Optional[list]:
+    """Per pipeline rank, (n0, [floor at n0, n0 + 1, ...]): the least time per micro-batch of the
+    rank holding n whole layers, from the fewest any split gives it up to the most, or as many
+    as fit: its time with the cheapest whole layers recomputed that fit its memory
+    (:func:`least_recompute`), plus the least exposure per micro-batch at n layers. None where
+    a slope is negative (then more layers might need less memory), no split fits, or there are
+    more than FLOOR_WORK (rank, layer count) pairs."""
     t, L = pc.terms, pc.num_layers
     allowed = [MODES.index(md) for md in modes]
     ranks = t.ranks()
-    if any(s < 0 for s in t.stage_time_slope()) or any(s <= 0 for rk in ranks for s in rk.memory.linear.slope):
+    slope = t.stage_time_slope()
+    extra = tuple(slope[i] - slope[0] for i in range(3))
+    if any(s < 0 for s in slope) or any(e < 0 for e in extra) or any(s <= 0 for rk in ranks for s in rk.memory.linear.slope):
         return None
     spans = [t.layer_range(rk.rank) for rk in ranks]
-    if sum(hi for _, hi in spans) < L or sum(lo for lo, _ in spans) > L:
+    low, high = sum(lo for lo, _ in spans), sum(hi for _, hi in spans)
+    if high < L or low > L:
         return None
-    more = L - sum(lo for lo, _ in spans)
-    top = max(lo for lo, _ in spans) + more
-    if len(ranks) * (more + 1) * (top + 1) > INTEGER_WORK:
+    # What the other ranks hold leaves each rank between these counts.
+    spans = [(max(lo, L - (high - hi)), min(hi, L - (low - lo))) for lo, hi in spans]
+    if sum(hi - lo + 1 for lo, hi in spans) > FLOOR_WORK:
         return None
     mode = max(allowed, key=lambda i: t.layer_recompute[i])
     limit = memory_limit_gib * GIB
-    times = []  # per rank: its floor at lo, lo + 1, ... while it fits
+    floors = []
     for rk, (lo, hi) in zip(ranks, spans):
         seq = []
-        for n in range(lo, min(hi, lo + more) + 1):
-            per_mb = rank_exposure_floor(rk, n, n, mode)[0]  # at exactly n layers
-            time = rank_time_floor(rk, t, limit, allowed, per_mb, n)
-            if time == math.inf:  # more layers need more memory: none fits either
+        for n in range(lo, hi + 1):
+            recompute = least_recompute(rk.memory, limit, allowed, n, extra)
+            if recompute == math.inf:  # more layers need more memory: none fits either
                 break
-            seq.append(time)
+            seq.append(rk.time((n, 0, 0)) + recompute + rank_exposure_floor(rk, n, n, mode)[0])
         if not seq:
             return None
+        floors.append((lo, seq))
+    return floors
+
+
+def integer_slowest_rank_time(pc: PipelineCosts, floors: Optional[list]) -> Optional[float]:
+    """A lower bound on the slowest pipeline rank's time per micro-batch (the sum of its
+    stages' times, what M >= (m - 1/v) W_r maximises in planner/search/ilp.py) in any split
+    that fits, from the ranks' :func:`rank_time_floors`: the least tau at which the ranks can
+    hold all L layers, each rank's time for n layers being its floor at n or more (the
+    exposure at n can fall as n grows, so a suffix minimum: the nondecreasing sequence the
+    merge needs). The MILP's relaxation lets a rank recompute fractions of a layer, so this
+    row, added to it, closes the gap that branching on each rank's counts otherwise has to.
+    None where `floors` is (nothing fits, or a negative slope)."""
+    if floors is None:
+        return None
+    more = pc.num_layers - sum(lo for lo, _ in floors)
+    times = []
+    for _, seq in floors:
+        seq = list(seq)
         for k in range(len(seq) - 2, -1, -1):  # the exposure is not monotone in n: a suffix minimum is
             seq[k] = min(seq[k], seq[k + 1])
         times.append(seq)
@@ -365,3 +400,17 @@ def integer_slowest_rank_time(pc: PipelineCosts, memory_limit_gib: float, modes:
     if len(further) < more:
         return None
     return max(tau, further[more - 1]) if more else tau
+
+
+def convex_minorant(first: int, values: list) -> list[tuple[int, float, float]]:
+    """The lower convex hull of the points (first + k, values[k]) as lines (n0, value at n0,
+    slope): every line lies on or below every point, so value >= line(n) holds at each n."""
+    hull: list[tuple[int, float]] = []
+    for k, v in enumerate(values):
+        n = first + k
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (n - hull[-2][0]) >= (v - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
+            hull.pop()
+        hull.append((n, v))
+    if len(hull) == 1:
+        return [(hull[0][0], hull[0][1], 0.0)]
+    return [(n0, v0, (v1 - v0) / (n1 - n0)) for (n0, v0), (n1, v1) in zip(hull, hull[1:])]

@@ -29,7 +29,7 @@ from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
 from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, Hidden, LayoutTerms, Linear, RankTerms
 
-from .bounds import integer_slowest_rank_time
+from .bounds import convex_minorant, integer_slowest_rank_time, rank_time_floors
 from .candidates import Candidate
 from .deadline import NO_DEADLINE, Deadline, solver_running, stop_requested
 
@@ -301,6 +301,21 @@ def _pipeline(b: _Block, S: list, F: list):
     return pulp.lpSum(S) * (1 / v) + M
 
 
+def _rank_floor_rows(b: _Block, S: list, floors: list) -> None:
+    """Each rank's time per micro-batch (the sum of its stages' S_j) at least its integer floor
+    at its layer count n_r (bounds.py:rank_time_floors: whole layers recomputed), as the lines
+    of the floor's lower convex hull, valid at every whole n_r. The relaxation recomputes
+    fractions of a layer on every rank; these rows charge whole ones in the sum of the stage
+    times too, not only on the slowest rank."""
+    t, ts = b.terms, b.ts
+    for r, (first, seq) in enumerate(floors):
+        stages = t.rank_stages(r)
+        work, n = pulp.lpSum(S[j] for j in stages), pulp.lpSum(b.n[j] for j in stages)
+        for k, (n0, v0, slope) in enumerate(convex_minorant(first, seq)):
+            line = (v0 - slope * n0) * b.y + slope * n
+            b.add(work >= ts * (1 - FLOOR_SLACK) * line, f"rankfloor_{r}_{k}_")
+
+
 def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
     """Model states + in-flight activations + fixed buffers + the largest transient buffer
     (a stage with a fully recomputed layer rebuilds one layer's activations: binary w_j)."""
@@ -311,11 +326,14 @@ def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
     b.add(b.lin(mem.linear, counts, 1 / GIB) + T <= limit_gib * b.y, f"memory_{rk.rank}_")
 
 
-def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tuple, ts: float, rules=None):
+def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tuple, ts: float, rules=None,
+                  rank_rows: bool = False):
     """Variables and rows of one candidate (`rules`: what the target stack can express of
-    the split and recompute, or None); returns (objective term, layer variables)."""
+    the split and recompute, or None; `rank_rows`: each rank's floor rows, not only the
+    slowest rank's); returns (objective term, layer variables)."""
     b = _Block(prob, pc, y, ts, modes, rules)
-    b.slowest_floor = integer_slowest_rank_time(pc, memory_limit_gib, modes)
+    floors = rank_time_floors(pc, memory_limit_gib, modes)
+    b.slowest_floor = integer_slowest_rank_time(pc, floors)
     _layer_split(b)
     _stack_rules(b)
     t: LayoutTerms = b.terms
@@ -330,6 +348,8 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
             S[j] = b.lin(st.total, b.x[j], ts) + per_mb * (1.0 / pc.vpp)
             if pc.gpipe:
                 F[j] = b.lin(st.forward_pass, b.x[j], ts)
+    if rank_rows and floors is not None:
+        _rank_floor_rows(b, S, floors)
     t_pipe = _pipeline(b, S, F)
     opt = b.var("O", 0)
     for rk, c in zip(ranks, counts):
@@ -339,12 +359,13 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
     return t_pipe + D + opt, b.x
 
 
-def candidate_problem(name: str, pc: PipelineCosts, memory_limit_gib: float, modes: tuple, ts: float, rules=None):
+def candidate_problem(name: str, pc: PipelineCosts, memory_limit_gib: float, modes: tuple, ts: float, rules=None,
+                      rank_rows: bool = False):
     """A MILP holding one candidate's variables and rows, times in units of 1/ts seconds:
     (problem, step-time expression, layer variables x[j][mode])."""
     prob = pulp.LpProblem(name, pulp.LpMinimize)
     y = prob.add_variable("y", 1, 1)
-    term, x = add_candidate(prob, pc, y, memory_limit_gib, modes, ts, rules)
+    term, x = add_candidate(prob, pc, y, memory_limit_gib, modes, ts, rules, rank_rows)
     return prob, term, x
 
 
@@ -365,7 +386,8 @@ def solve_candidate(
     # Time unit: about 1/100 of the step (the compute per pipeline rank).
     rough = (pc.layer.forward + pc.layer.backward) * pc.num_layers * pc.num_micro_batches / pc.pp
     ts = 100.0 / max(rough, 1e-12)
-    prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules)
+    rank_rows = rank_rows_help(pc) and pc.num_micro_batches - 1 / pc.vpp >= pc.pp
+    prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules, rank_rows)
     prob += term
     if cutoff_s is not None:
         prob += term <= cutoff_s * ts * (1 + 1e-9), "cutoff"
@@ -380,6 +402,15 @@ def solve_candidate(
     if status != "Optimal" or not (proven or _has_solution(prob)):
         return None, status if status != "Optimal" else "Not Solved"
     return Solution(cand, _counts(x), pulp.value(term) / ts, proven), status
+
+
+def rank_rows_help(pc: PipelineCosts) -> bool:
+    """Whether each rank's floor rows (:func:`_rank_floor_rows`) are worth adding, as measured
+    (README, "Benchmarks"): they close the tie-break MILP's gap and, where the slowest rank
+    weighs at least the sum of the ranks (m - 1/v >= pp), the search MILP's; where a rank's
+    exposed ZeRO-2/3 traffic per micro-batch (a binary per rank) enters its time they slowed
+    branch-and-bound 5-50x in both."""
+    return not any(rk.exposure.per_micro_batch for rk in pc.terms.ranks())
 
 
 def _has_solution(prob) -> bool:
@@ -401,7 +432,7 @@ def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_g
     stages. Returns None when the solver cannot confirm one, or the deadline stops it first
     (the caller keeps `counts`)."""
     ts = 100.0 / step_time
-    prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts, rules)
+    prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts, rules, rank_rows_help(pc))
     prob += term <= 100.0 * (1 + 1e-12), "same_step_time"
     P = pc.num_stages
     Q = P * P + 1
