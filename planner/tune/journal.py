@@ -94,37 +94,32 @@ def start(path: Path, header: TuneHeader) -> None:
 
 def read(path: Path, warn: Callable[[str], None]) -> tuple[TuneHeader, list[TrialRecord]]:
     """The header and the finished trials. A torn last line (the tuner killed while writing
-    it) is cut off with a warning; anything else unreadable is refused in one line."""
+    it: no newline at its end) is cut off with a warning; anything else unreadable is refused
+    in one line, the file left as it was."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read the journal {path}: {exc.strerror or exc}") from None
     lines = data.split(b"\n")
     complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline ('' when whole)
-    good_end = len(data) - len(tail)
     records = []
     for number, line in enumerate(complete, 1):
         record = _parse(line)
-        if record is None:
-            if number == len(complete) and not tail:  # the last line: torn if it does not parse
-                good_end -= len(line) + 1
-                tail = line
-                break
-            raise UsageError(f"the journal {path} is damaged at line {number} (not a journal record); "
+        if record is None or isinstance(record, TuneHeader) != (number == 1):
+            if number == 1:
+                raise UsageError(f"{path} is not a `plan tune` journal (its first line is no tune header)")
+            raise UsageError(f"the journal {path} is damaged at line {number} (not a trial record); "
                              "only a torn last line can be repaired")
         records.append(record)
-    if tail:
+    if not records:
+        raise UsageError(f"{path} is not a `plan tune` journal (it has no complete first line)")
+    if tail:  # every record ends with a newline in the same write: without one it was torn
         warn(f"the journal's last line was cut off (the tuner stopped while writing it); ignoring it: {len(tail)} bytes")
         try:
-            os.truncate(path, good_end)
+            os.truncate(path, len(data) - len(tail))
         except OSError as exc:
             raise PlannerError(f"cannot repair the journal {path}: {exc.strerror or exc}") from None
-    if not records or not isinstance(records[0], TuneHeader):
-        raise UsageError(f"{path} is not a `plan tune` journal (its first line is no tune header)")
-    trials = [r for r in records[1:] if isinstance(r, TrialRecord)]
-    if len(trials) != len(records) - 1:
-        raise UsageError(f"the journal {path} has more than one header")
-    return records[0], trials
+    return records[0], records[1:]
 
 
 def _parse(line: bytes) -> Optional[_Record]:

@@ -7,9 +7,10 @@ beat the measured best by the most if the model errs in its favour, as a lower c
 bound rule does (Auer et al., "Finite-time analysis of the multiarmed bandit problem", 2002,
 for the upper bound of rewards). A layout whose lower bound cannot beat the measured best
 by more than the tolerance is never worth a trial. The first trials spread instead: while
-the constants are still the prior's, the lowest-bound layout whose signature (tp > 1, pp > 1,
-ZeRO-3, recompute: the terms whose constants are least certain) no trial has had yet, so the
-first measurements tell those terms apart instead of being near-copies of one layout.
+the constants are still the prior's (the first SPREAD_TRIALS, at most half the budget), the
+lowest-bound layout with a term no trial has had yet (tp > 1, pp > 1, ZeRO-3, recompute: the
+terms whose constants are least certain), whether or not it could win, so the first
+measurements tell those terms apart instead of being near-copies of one layout.
 
 Stop rule: no untried layout's lower bound beats the measured best by more than the
 tolerance (proven under the refit model: the search lists layouts best first, so a layout it
@@ -38,6 +39,7 @@ from planner.tune.refit import Observation, Refit, refit
 
 MAX_CANDIDATES = 128  # the most layouts one round asks the search for
 SPREAD_TRIALS = 4  # at most this many first trials spread over signatures (and half the trial budget)
+SPREAD_LIST = 64  # layouts listed while the trials spread
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class TuneResult:
     margin: Optional[float]  # how much faster the best untried layout could be, fraction (<= tolerance when proven)
     challenger: Optional[Candidate]
     exhaustive: int  # feasible layouts in the search space (under the prior's memory model)
+    tolerance: float = 0.02
 
 
 def layout_key(plan: Plan) -> str:
@@ -184,7 +187,8 @@ class _State:
 
     def refit(self) -> None:
         ran, oom = observations(self.request, self.records)
-        self.fit = refit(self.request.cluster, self.request.target, ran, oom, self.capacity_gib)
+        start = self.fit.constants if self.fit is not None else None  # go on from the last fit
+        self.fit = refit(self.request.cluster, self.request.target, ran, oom, self.capacity_gib, start)
 
     def best(self) -> tuple[Optional[TrialRecord], Optional[float]]:
         """The fastest measured trial and its time per token (the searched layout's)."""
@@ -203,6 +207,8 @@ class _State:
         _, best = self.best()
         threshold = best * (1 - self.budget.tolerance) if best is not None else math.inf
         count = self.budget.candidates
+        if len(self.records) < min(SPREAD_TRIALS, max(1, self.budget.trials // 2)):
+            count = max(count, SPREAD_LIST)  # the spread looks for every signature, not only among the best few
         while True:
             listed, complete = search(self.request, self.fit.cluster, count)
             rest = sorted((c for c in listed if c.key not in tried), key=lambda c: c.low)
@@ -219,13 +225,14 @@ def choose(untried: list[Candidate], records: list[TrialRecord], best: Optional[
     if not hopeful:
         return None
     spread = min(SPREAD_TRIALS, max(1, budget.trials // 2))
-    if len(records) < spread:
-        seen = {signature(r.plan) for r in records}
-        fresh = [c for c in hopeful if signature(c.plan) not in seen]
-        if fresh:
+    if len(records) < spread:  # among every listed layout: a term is measured to learn it, even in a layout unlikely to win
+        seen = {i for r in records for i, on in enumerate(signature(r.plan)) if on}
+        fresh = [c for c in untried if any(on and i not in seen for i, on in enumerate(signature(c.plan)))]
+        if fresh or not records:
+            chosen = (fresh or untried)[0]
             names = ("tp>1", "pp>1", "zero-3", "recompute")
-            terms = [n for n, on in zip(names, signature(fresh[0].plan)) if on] or ["plain dp"]
-            return fresh[0], f"spread: lowest bound with {' + '.join(terms)}, a signature not yet measured"
+            terms = [n for n, on in zip(names, signature(chosen.plan)) if on] or ["plain dp"]
+            return chosen, f"spread: lowest bound with {' + '.join(terms)}, a term not yet measured"
     return hopeful[0], "lowest lower bound"
 
 
@@ -283,7 +290,7 @@ def tune(request: TuneRequest, executor: Executor, budget: Budget = Budget(), jo
     if best is not None:
         bound = min([c.low for c in untried] + ([last.low] if not complete else []), default=math.inf)
         margin = (best - bound) / best if bound < math.inf else 0.0
-    return TuneResult(request, state.records, state.fit, record, stop, margin, challenger, count_layouts(request))
+    return TuneResult(request, state.records, state.fit, record, stop, margin, challenger, count_layouts(request), budget.tolerance)
 
 
 def count_layouts(request: TuneRequest, time_limit_s: float = 60.0) -> int:
@@ -295,3 +302,20 @@ def count_layouts(request: TuneRequest, time_limit_s: float = 60.0) -> int:
     except PlannerError:
         return 0
     return 1 + len(doc.alternatives)
+
+
+def predicted_before_after(result: TuneResult, record: TrialRecord) -> tuple[float, float]:
+    """A trial's step time predicted by the prior and by the refit model, for what ran."""
+    what = record.ran
+    model, job, plan = (what.model, what.job, what.plan) if what else (result.request.model, record.job, record.plan)
+    return (predict(model, result.request.cluster, job, plan).step_time_s,
+            predict(model, result.refit.cluster, job, plan).step_time_s)
+
+
+def verdict(result: TuneResult, record: TrialRecord) -> str:
+    if record.status != "ok":
+        return {"oom": "out of memory", "timeout": "timed out", "failed": "failed"}[record.status] + (
+            f": {record.detail}" if record.detail else "")
+    if result.best is not None and record.index == result.best.index:
+        return "best"
+    return f"+{100 * (record.step_time_s / result.best.step_time_s - 1):.1f} % vs best"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from cost_models.estimate import estimate as predict
 from cost_models.fit import CONSTANTS, NAMES, Prior, constants_of, fit_constants, fit_memory_overhead, with_constants
@@ -28,8 +28,8 @@ from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, Uncertainty
 PRIOR_RELATIVE, PRIOR_COVERAGE = 0.5, 0.9
 FLOOR_LOG = 0.02  # ln(1.02): steps of one plan on this machine vary by about 2 % run to run
 # The data's weight against the prior: a constant one prior width away costs as much as every
-# trial missing by NOISE_LOG (5 %, the repeatability of a measured step on a shared CPU).
-NOISE_LOG = 0.05
+# trial missing by NOISE_LOG (2 %, the repeatability of a measured step on a quiet CPU).
+NOISE_LOG = 0.02
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def prior_uncertainty(cluster: ClusterSpec, target: str) -> Uncertainty:
 
 
 def _prior_log_halfwidth(u: Uncertainty) -> float:
-    return math.log1p(max(x for x in (u.relative, u.compute, u.communication) if x is not None))
+    return math.log1p(u.relative)  # the whole step's (per-term widths apply to their shares of it)
 
 
 def residuals_of(cluster: ClusterSpec, target: str, observations: Sequence[Observation]):
@@ -71,16 +71,18 @@ def residuals_of(cluster: ClusterSpec, target: str, observations: Sequence[Obser
 
 
 def refit(prior: ClusterSpec, target: str, ran: Sequence[Observation], out_of_memory: Sequence[tuple[ModelSpec, JobSpec, Plan]],
-          capacity_gib: float) -> Refit:
+          capacity_gib: float, start: Optional[Sequence[float]] = None) -> Refit:
     """The constants that best explain `ran` (the prior's as a penalty), the interval, and the
-    memory overhead that `ran` and the out-of-memory trials agree with."""
+    memory overhead that `ran` and the out-of-memory trials agree with. `start`: where the
+    search for the constants begins (the previous refit's: each refit goes on from the last,
+    so the coordinate-wise search of fit_constants gets further along a narrow valley)."""
     centre = constants_of(prior, target)
     width = tuple((c.hi - c.lo) / 2 for c in CONSTANTS)
     n = len(ran)
     residuals = residuals_of(prior, target, ran)
     w0 = _prior_log_halfwidth(prior_uncertainty(prior, target))
     if n:
-        theta = fit_constants(residuals, prior=Prior(centre, width, NOISE_LOG ** 2 / n))
+        theta = fit_constants(residuals, prior=Prior(centre, width, NOISE_LOG ** 2 / n), start=start)
     else:
         theta = centre
     errors = tuple(r for _, r in residuals(theta))
