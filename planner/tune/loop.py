@@ -228,8 +228,10 @@ def choose(untried: list[Candidate], records: list[TrialRecord], best: Optional[
     if len(records) < spread:  # among every listed layout: a term is measured to learn it, even in a layout unlikely to win
         seen = {i for r in records for i, on in enumerate(signature(r.plan)) if on}
         fresh = [c for c in untried if any(on and i not in seen for i, on in enumerate(signature(c.plan)))]
-        if fresh or not records:
-            chosen = (fresh or untried)[0]
+        if not records:
+            return hopeful[0], "lowest lower bound (the first trial)"
+        if fresh:
+            chosen = fresh[0]
             names = ("tp>1", "pp>1", "zero-3", "recompute")
             terms = [n for n, on in zip(names, signature(chosen.plan)) if on] or ["plain dp"]
             return chosen, f"spread: lowest bound with {' + '.join(terms)}, a term not yet measured"

@@ -91,7 +91,7 @@ def refit(prior: ClusterSpec, target: str, ran: Sequence[Observation], out_of_me
     base = prior.device.framework_overhead_gib
     peaks = [(predict(o.model, prior, o.job, o.plan).peak_memory_gib, o.peak_memory_gib) for o in ran]
     ooms = [predict(m, prior, j, p).peak_memory_gib for m, j, p in out_of_memory]
-    overhead = fit_memory_overhead(base, capacity_gib, peaks, ooms, margin_gib=0.01 * capacity_gib)
+    overhead = fit_memory_overhead(base, capacity_gib, peaks, ooms, margin_gib=1e-6 * capacity_gib)
     cluster = prior
     if overhead != base:
         cluster = prior.model_copy(update={"device": prior.device.model_copy(update={"framework_overhead_gib": overhead})})
