@@ -152,7 +152,7 @@ class RunExecutor:
         step = report.time.measured_step_time_s
         if self.memory_limit_gib is not None and peak > self.memory_limit_gib:
             return {"status": "oom", "peak_memory_gib": peak, "step_time_s": step, "ran": ran,
-                    "detail": f"a rank peaked at {peak:.3f} GiB, over the limit of {self.memory_limit_gib:.3f} GiB"}
+                    "detail": f"a rank peaked at {peak:.4g} GiB, over the limit of {self.memory_limit_gib:.4g} GiB"}
         if not report.verification.passed:
             return {"status": "failed", "step_time_s": step, "peak_memory_gib": peak, "ran": ran,
                     "detail": f"verification failed: {report.verification.message}"}
