@@ -36,3 +36,4 @@ convert
 # planner/tune: journal fields read by --resume's readers and people; the fake executor the tests inject
 started_at, predicted_peak_gib, finished_at
 FakeExecutor
+meaning  # cost_models/fit.py: Constant's description, for the people who read the table

@@ -36,7 +36,8 @@ from cost_models.estimate import estimate as predict  # noqa: E402
 from cost_models.fit import constants_of, with_constants  # noqa: E402
 from planner import api  # noqa: E402
 from planner.specs import ModelSpec, RunReport  # noqa: E402
-from planner.tune.loop import Budget, TuneRequest, layout_key, layout_label, search, tune  # noqa: E402
+from planner.tune import journal  # noqa: E402
+from planner.tune.loop import Budget, TuneRequest, header, layout_key, layout_label, search, tune  # noqa: E402
 from planner.tune.run_executor import RunExecutor  # noqa: E402
 
 MODEL = ModelSpec(name="tune-gpt", num_layers=4, hidden_size=256, num_heads=8, vocab_size=2048, max_seq_len=128,
@@ -119,7 +120,10 @@ def main() -> None:
     print(f"space: {n} layouts; tune budget {budget.trials} trials; prior constants {constants_of(prior, 'generic')}", flush=True)
 
     t0 = time.monotonic()
-    result = tune(request, executor, budget, say=lambda line: print(f"  tune {line}", flush=True),
+    journal_path = directory / "tune.jsonl"  # `plan tune --resume` it to see the tune's table, write its profile
+    journal.start(journal_path, header(request, executor))
+    print(f"journal: {journal_path}", flush=True)
+    result = tune(request, executor, budget, journal_path, say=lambda line: print(f"  tune {line}", flush=True),
                   trial_hook=lambda r, f: print(f"    -> {r.status} {r.step_time_s or 0:.4f} s", flush=True))
     tune_s = time.monotonic() - t0
     winner = result.best
