@@ -65,6 +65,7 @@ class Budget:
     time_s: Optional[float] = None
     tolerance: float = 0.02  # a layout must be able to beat the best by more than this to be tried
     candidates: int = 16  # layouts per round to start with (doubled while the proof needs more)
+    refit_rounds: int = 6  # pattern moves per refit (planner/tune/refit.py:_fit; 0: plain sweeps, faster)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class TuneResult:
     challenger: Optional[Candidate]
     exhaustive: int  # feasible layouts in the search space (under the prior's memory model)
     tolerance: float = 0.02
+    exhaustive_complete: bool = True  # False: the count stopped at its time limit (a lower bound)
 
 
 def layout_key(plan: Plan) -> str:
@@ -188,7 +190,7 @@ class _State:
     def refit(self) -> None:
         ran, oom = observations(self.request, self.records)
         start = self.fit.constants if self.fit is not None else None  # go on from the last fit
-        self.fit = refit(self.request.cluster, self.request.target, ran, oom, self.capacity_gib, start)
+        self.fit = refit(self.request.cluster, self.request.target, ran, oom, self.capacity_gib, start, self.budget.refit_rounds)
 
     def best(self) -> tuple[Optional[TrialRecord], Optional[float]]:
         """The fastest measured trial and its time per token (the searched layout's)."""
@@ -292,18 +294,20 @@ def tune(request: TuneRequest, executor: Executor, budget: Budget = Budget(), jo
     if best is not None:
         bound = min([c.low for c in untried] + ([last.low] if not complete else []), default=math.inf)
         margin = (best - bound) / best if bound < math.inf else 0.0
-    return TuneResult(request, state.records, state.fit, record, stop, margin, challenger, count_layouts(request), budget.tolerance)
+    layouts, counted = count_layouts(request)
+    return TuneResult(request, state.records, state.fit, record, stop, margin, challenger, layouts, budget.tolerance, counted)
 
 
-def count_layouts(request: TuneRequest, time_limit_s: float = 60.0) -> int:
+def count_layouts(request: TuneRequest, time_limit_s: float = 60.0) -> tuple[int, bool]:
     """How many feasible layouts the search space holds (under the prior's memory model): the
-    trials an exhaustive sweep would need."""
+    trials an exhaustive sweep would need; False when the count stopped at the time limit
+    (then it is a lower bound) or at the search's 1,000 alternatives."""
     try:
         doc = api.solve(request.model, request.cluster, gpus=request.gpus, top_k=1000, time_limit=time_limit_s,
                         **request.search_keywords())
     except PlannerError:
-        return 0
-    return 1 + len(doc.alternatives)
+        return 0, True
+    return 1 + len(doc.alternatives), doc.search.optimal and len(doc.alternatives) < 1000
 
 
 def predicted_before_after(result: TuneResult, record: TrialRecord) -> tuple[float, float]:

@@ -26,7 +26,7 @@ def tuned_profile(result: TuneResult, when: str) -> ClusterSpec:
     ran = [r for r in result.records if r.status == "ok"]
     one_node = slice_nodes(result) == 1
     values = ", ".join(f"{n} {v:.4g}" for n, v in zip(NAMES, fit.constants))
-    scaled = {r.ran.model.num_layers for r in ran if r.ran is not None and r.ran.model != request.model}
+    scaled = {r.ran.model.num_layers for r in ran if r.ran is not None and _shape(r.ran.model, r.ran.job) != _shape(request.model, r.job)}
     provenance = (
         f"plan tune, {when}: fitted by cost_models/fit.py to {len(ran)} measured trials (journal indices "
         f"{', '.join(str(r.index) for r in ran) or 'none'}) of {request.model.name} on a slice of {request.gpus} ranks "
@@ -41,6 +41,11 @@ def tuned_profile(result: TuneResult, when: str) -> ClusterSpec:
         provenance += f"; framework_overhead_gib {fit.overhead_gib:.4g} from out-of-memory trials"
     return with_constants(base, request.target, fit.constants, provenance=provenance,
                           uncertainty=profile_uncertainty(request.cluster, request.target, fit, one_node))
+
+
+def _shape(model, job) -> tuple:
+    """What --scale-* changes: a trial ran the searched model unless one of these differs."""
+    return model.num_layers, model.hidden_size, model.num_heads, model.vocab_size, job.seq_len
 
 
 def winner_document(result: TuneResult, profile: ClusterSpec) -> Optional[PlanDocument]:

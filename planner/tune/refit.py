@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from cost_models.estimate import estimate as predict
-from cost_models.fit import CONSTANTS, NAMES, Prior, constants_of, fit_constants, fit_memory_overhead, with_constants
+from cost_models.fit import CONSTANTS, NAMES, Prior, constants_of, fit_constants, fit_memory_overhead, loss, with_constants
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, Uncertainty
 
 # Relative half-width of the prior's interval where the cluster states none (measured
@@ -71,7 +71,7 @@ def residuals_of(cluster: ClusterSpec, target: str, observations: Sequence[Obser
 
 
 def refit(prior: ClusterSpec, target: str, ran: Sequence[Observation], out_of_memory: Sequence[tuple[ModelSpec, JobSpec, Plan]],
-          capacity_gib: float, start: Optional[Sequence[float]] = None) -> Refit:
+          capacity_gib: float, start: Optional[Sequence[float]] = None, rounds: int = 6) -> Refit:
     """The constants that best explain `ran` (the prior's as a penalty), the interval, and the
     memory overhead that `ran` and the out-of-memory trials agree with. `start`: where the
     search for the constants begins (the previous refit's: each refit goes on from the last,
@@ -81,10 +81,7 @@ def refit(prior: ClusterSpec, target: str, ran: Sequence[Observation], out_of_me
     n = len(ran)
     residuals = residuals_of(prior, target, ran)
     w0 = _prior_log_halfwidth(prior_uncertainty(prior, target))
-    if n:
-        theta = fit_constants(residuals, prior=Prior(centre, width, NOISE_LOG ** 2 / n), start=start)
-    else:
-        theta = centre
+    theta = _fit(residuals, Prior(centre, width, NOISE_LOG ** 2 / n), start or centre, rounds) if n else centre
     errors = tuple(r for _, r in residuals(theta))
     dof = n - len(NAMES)
     w = w0 if dof < 1 else max(FLOOR_LOG, 2 * math.sqrt((sum(r * r for r in errors) + (w0 / 2) ** 2) / (dof + 1)))
@@ -98,6 +95,31 @@ def refit(prior: ClusterSpec, target: str, ran: Sequence[Observation], out_of_me
     cluster = with_constants(cluster, target, theta, provenance="plan tune (in progress)",
                              uncertainty=Uncertainty(relative=math.expm1(w), coverage=_coverage(errors, w) if n else PRIOR_COVERAGE))
     return Refit(cluster, tuple(theta), w, errors, overhead)
+
+
+def _fit(residuals, prior: Prior, start: Sequence[float], rounds: int) -> tuple[float, ...]:
+    """fit_constants (one sweep at a time) accelerated by pattern moves (Hooke and Jeeves,
+    "Direct search solution of numerical and statistical problems", JACM 1961): after each
+    sweep, try again from twice as far along the step the sweep made, and keep whichever ends
+    lower. Sustained fraction and kernel gap both lengthen compute, so the loss has a long
+    narrow valley between them that coordinate-wise sweeps alone cross in tiny steps (on the
+    tests' fake machine, 20 plain sweeps came a third as close as 8 of these rounds).
+    `rounds` 0: fit_constants' own 3 sweeps."""
+    if rounds <= 0:
+        return fit_constants(residuals, prior=prior, start=start)
+    def value(theta):
+        return loss(residuals, theta, prior)
+    previous = tuple(start)
+    theta = fit_constants(residuals, sweeps=1, prior=prior, start=previous)
+    best = value(theta)
+    for _ in range(rounds):
+        jump = tuple(min(max(t + 2 * (t - p), c.lo), c.hi) for t, p, c in zip(theta, previous, CONSTANTS))
+        candidates = [fit_constants(residuals, sweeps=1, prior=prior, start=s) for s in (jump, theta)]
+        scored = min((value(c), c) for c in candidates)
+        if scored[0] >= best:
+            break
+        previous, theta, best = theta, scored[1], scored[0]
+    return tuple(theta)
 
 
 def _coverage(errors: Sequence[float], w: float) -> float:
