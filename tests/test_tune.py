@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -170,7 +171,9 @@ def test_tuned_profile_is_a_cluster_plan_solve_reads(request_, tuned, tmp_path):
 
 
 def _plan(*args):
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", "tune", *args], capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "COLUMNS": "200"}  # the table's headers on one line
+    return subprocess.run([sys.executable, "-m", "planner.cli.main", "tune", *args], capture_output=True, text=True, timeout=60,
+                          env=env)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -194,3 +197,16 @@ def test_a_journal_of_something_else_is_refused(tmp_path):
     path.write_text(json.dumps({"kind": "trial"}) + "\n")
     res = _plan("--resume", str(path))
     assert res.returncode == 2 and "not a `plan tune` journal" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_resume_with_the_budget_spent_renders_and_writes(request_, tmp_path):
+    """`plan tune --resume J` with its trials done runs nothing: the table, the profile, the plan."""
+    path = tmp_path / "j.jsonl"
+    journal.start(path, header(request_, FakeExecutor(TRUE)))
+    tune(request_, FakeExecutor(TRUE), Budget(trials=2, refit_rounds=0), path)
+    res = _plan("--resume", str(path), "--trials", "2", "-o", str(tmp_path / "tuned.json"), "--plan-out", str(tmp_path / "p.json"))
+    assert res.returncode == 0, res.stderr
+    assert "predicted before" in res.stdout and "measured best:" in res.stdout and "best" in res.stdout
+    assert "an exhaustive sweep would have run" in res.stdout
+    assert api.read_plan(tmp_path / "p.json").num_gpus == 4
+    assert json.loads((tmp_path / "tuned.json").read_text())["stack_constants"]["generic"]["provenance"].startswith("plan tune")

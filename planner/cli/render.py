@@ -649,7 +649,7 @@ def tune_report(result, profile_path, plan_path) -> None:
 
     req = result.request
     _header(req.model, f"tuned on {req.gpus} ranks of {req.cluster.name}, stack {req.target}; "
-                       f"{len(result.records)} trials of {result.exhaustive} layouts")
+                       f"{len(result.records)} trials of {'' if result.exhaustive_complete else 'at least '}{result.exhaustive} layouts")
     import math
 
     t = Table()
@@ -658,9 +658,9 @@ def tune_report(result, profile_path, plan_path) -> None:
     for r in result.records:
         before, after = predicted_before_after(result, r)
         measured = _fmt_time(r.step_time_s) if r.step_time_s is not None else "-"
-        memory = _gib(r.peak_memory_gib) if r.peak_memory_gib is not None else "-"
+        memory = _bytes(r.peak_memory_gib * 2**30) if r.peak_memory_gib is not None else "-"
         t.add_row(str(r.index + 1), layout_label(r.plan), r.why.split(":")[0], _fmt_time(before), _fmt_time(after), measured,
-                  memory, verdict(result, r), markup=False)
+                  memory, verdict(result, r))
     console.print(t)
     from cost_models.fit import NAMES
 
@@ -689,5 +689,6 @@ def tune_summary(result) -> list[str]:
         lines.append(f"stopped: the {'trial' if result.stop == 'trials' else 'time'} budget is spent; an untried layout "
                      f"could still be up to {100 * max(margin, 0):.1f} % faster"
                      + (f" ({layout_label(result.challenger.plan)})" if result.challenger is not None and margin > 0 else ""))
-    lines.append(f"an exhaustive sweep would have run {result.exhaustive} trials; this tune ran {len(result.records)}")
+    count = f"{result.exhaustive:,}" if result.exhaustive_complete else f"at least {result.exhaustive:,}"
+    lines.append(f"an exhaustive sweep would have run {count} trials; this tune ran {len(result.records)}")
     return lines

@@ -130,7 +130,7 @@ def _json(result, profile, journal_path, output, plan_out) -> str:
                        "predicted_before_s": before, "predicted_after_s": after, "verdict": verdict(result, r)})
     best = result.best
     return json.dumps({
-        "stop": result.stop, "margin": result.margin, "tolerance": result.tolerance, "exhaustive_trials": result.exhaustive,
+        "stop": result.stop, "margin": result.margin, "tolerance": result.tolerance, "exhaustive_trials": result.exhaustive, "exhaustive_counted_whole": result.exhaustive_complete,
         "best": None if best is None else {"index": best.index, "label": best.label, "step_time_s": best.step_time_s,
                                            "plan": best.plan.model_dump(mode="json")},
         "constants": dict(zip(NAMES, result.refit.constants)),
