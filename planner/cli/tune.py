@@ -101,6 +101,9 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
                                                         + (f" ({r.detail})" if r.detail else "")))
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted by Ctrl-C; the journal {path} holds every finished trial (--resume {path})") from None
+    except Interrupted as exc:  # SIGTERM, SIGHUP (signals_interrupt), the running trial stopped
+        raise Interrupted(f"{exc}; the journal {path} holds every finished trial (--resume {path})",
+                          exc.exit_code - 128) from None
     profile = tuned_profile(result, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     winner = winner_document(result, profile)
     if output:
