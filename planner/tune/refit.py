@@ -15,12 +15,21 @@ run-to-run noise of a CPU step on a shared machine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from cost_models.estimate import estimate as predict
 from cost_models.fit import CONSTANTS, NAMES, Prior, constants_of, fit_constants, fit_memory_overhead, loss, with_constants
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, Uncertainty
+
+# The constants the tune fits: fit.CONSTANTS' (the same three, the same meanings), within the
+# ranges the cost model accepts on any machine rather than those of published GPU runs: a
+# user's slice may be CPU ranks, or a node under other load, far below a GPU's sustained
+# fraction (fit.CONSTANTS stops at 0.5) and far above its per-operator gap (50 us there).
+TUNE_CONSTANTS = tuple(
+    replace(c, lo=0.05) if c.name == "sustained_fraction" else replace(c, hi=2000.0) if c.name == "kernel_overhead_us" else c
+    for c in CONSTANTS
+)
 
 # Relative half-width of the prior's interval where the cluster states none (measured
 # profiles): CPU-profile runs came within +-50 % in the worst conditions docs/notebook.md
@@ -77,7 +86,7 @@ def refit(prior: ClusterSpec, target: str, ran: Sequence[Observation], out_of_me
     search for the constants begins (the previous refit's: each refit goes on from the last,
     so the coordinate-wise search of fit_constants gets further along a narrow valley)."""
     centre = constants_of(prior, target)
-    width = tuple((c.hi - c.lo) / 2 for c in CONSTANTS)
+    width = tuple((c.hi - c.lo) / 2 for c in CONSTANTS)  # the prior's trust: the published fit's ranges
     n = len(ran)
     residuals = residuals_of(prior, target, ran)
     w0 = _prior_log_halfwidth(prior_uncertainty(prior, target))
@@ -106,15 +115,15 @@ def _fit(residuals, prior: Prior, start: Sequence[float], rounds: int) -> tuple[
     tests' fake machine, 20 plain sweeps came a third as close as 8 of these rounds).
     `rounds` 0: fit_constants' own 3 sweeps."""
     if rounds <= 0:
-        return fit_constants(residuals, prior=prior, start=start)
+        return fit_constants(residuals, prior=prior, start=start, constants=TUNE_CONSTANTS)
     def value(theta):
         return loss(residuals, theta, prior)
     previous = tuple(start)
-    theta = fit_constants(residuals, sweeps=1, prior=prior, start=previous)
+    theta = fit_constants(residuals, sweeps=1, prior=prior, start=previous, constants=TUNE_CONSTANTS)
     best = value(theta)
     for _ in range(rounds):
-        jump = tuple(min(max(t + 2 * (t - p), c.lo), c.hi) for t, p, c in zip(theta, previous, CONSTANTS))
-        candidates = [fit_constants(residuals, sweeps=1, prior=prior, start=s) for s in (jump, theta)]
+        jump = tuple(min(max(t + 2 * (t - p), c.lo), c.hi) for t, p, c in zip(theta, previous, TUNE_CONSTANTS))
+        candidates = [fit_constants(residuals, sweeps=1, prior=prior, start=s, constants=TUNE_CONSTANTS) for s in (jump, theta)]
         scored = min((value(c), c) for c in candidates)
         if scored[0] >= best:
             break
