@@ -12,7 +12,7 @@ import click
 from planner import api
 from planner.cli import render
 from planner.cli.common import require_names, require_torch, target_options
-from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES
+from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOKENS, Real, Whole
 from planner.datafile import check_output, write_atomic
 from planner.distributed.launch import Interrupted, signals_interrupt
 from planner.errors import UsageError
@@ -21,6 +21,9 @@ from planner.tune import journal
 from planner.tune.loop import Budget, TuneRequest, header, layout_label, request_of, tune as run_tune
 from planner.tune.output import tuned_profile, winner_document
 from planner.tune.run_executor import RunExecutor
+
+
+SCALE = Whole(1, 10**7)  # --scale-*: `plan run` checks them against the model as it does its own
 
 
 @click.command()
@@ -32,23 +35,23 @@ from planner.tune.run_executor import RunExecutor
 @click.option("--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU for the search [default: 95% of the device's].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
 @click.option("--fp8", is_flag=True, help="Let the search run GEMMs in FP8.")
-@click.option("--trials", type=click.IntRange(1, 1000), default=8, show_default=True, help="Most trials to run (a resumed journal's count).")
+@click.option("--trials", type=Whole(1, 1000), default=8, show_default=True, help="Most trials to run (a resumed journal's count).")
 @click.option("--time-budget", type=SECONDS, help="Seconds: start no trial after this much wall time.")
-@click.option("--tolerance", type=click.FloatRange(0, 0.5), default=0.02, show_default=True,
+@click.option("--tolerance", type=Real(0, 0.5, low_allowed=True), default=0.02, show_default=True,
               help="Stop when no untried layout's interval beats the best measured by more than this fraction.")
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal to write (JSON lines) [default: plan-tune-TIME.jsonl].")
 @click.option("--resume", "resume_path", type=click.Path(dir_okay=False), help="Continue this journal (its inputs; finished trials are not run again).")
-@click.option("--steps", type=click.IntRange(2, 1000), default=4, show_default=True, help="Training steps per trial, warm-up included.")
-@click.option("--warmup", type=click.IntRange(1, 999), default=2, show_default=True, help="First steps of a trial left out of its time.")
+@click.option("--steps", type=Whole(2, 1000), default=4, show_default=True, help="Training steps per trial, warm-up included.")
+@click.option("--warmup", type=Whole(1, 999), default=2, show_default=True, help="First steps of a trial left out of its time.")
 @click.option("--trial-timeout", type=SECONDS, default=600.0, show_default=True, help="Seconds a trial may take before it is stopped.")
 @click.option("--trial-memory-gib", type=MEMORY_GIB, help="Out of memory when a rank's measured peak exceeds this [default: --max-memory-gib or none].")
 @click.option("--launcher", type=click.Choice(["auto", "local", "srun"]), default="auto", show_default=True,
               help="How a trial starts its ranks: local processes, or srun (auto: srun inside a Slurm allocation).")
-@click.option("--scale-layers", type=int, help="Trials run this many layers (`plan run --scale-layers`).")
-@click.option("--scale-hidden", type=int, help="Trials run this hidden size.")
-@click.option("--scale-heads", type=int, help="Trials run this many heads.")
-@click.option("--scale-vocab", type=int, help="Trials run this vocabulary.")
-@click.option("--scale-seq-len", type=int, help="Trials run this sequence length.")
+@click.option("--scale-layers", type=SCALE, help="Trials run this many layers (`plan run --scale-layers`).")
+@click.option("--scale-hidden", type=SCALE, help="Trials run this hidden size.")
+@click.option("--scale-heads", type=SCALE, help="Trials run this many heads.")
+@click.option("--scale-vocab", type=SCALE, help="Trials run this vocabulary.")
+@click.option("--scale-seq-len", type=TOKENS, help="Trials run this sequence length.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the tuned profile (a cluster JSON every command reads).")
 @click.option("--plan-out", type=click.Path(dir_okay=False), help="Write the winner as a plan file (`plan export`, `plan run`).")
