@@ -12,6 +12,11 @@ lowest-bound layout with a term no trial has had yet (tp > 1, pp > 1, ZeRO-3, re
 terms whose constants are least certain), whether or not it could win, so the first
 measurements tell those terms apart instead of being near-copies of one layout.
 
+Where the refit still misses the trials of a signature (the three constants cannot express
+every cost of every machine), the layouts of that signature are chosen and bounded with the
+factor its trials measured (_State.corrections): a family measured slower than the model says
+is not tried again and again on the model's word.
+
 Stop rule: no untried layout's lower bound beats the measured best by more than the
 tolerance (proven under the refit model: the search lists layouts best first, so a layout it
 did not list has a bound no lower than the last listed one's), or the trial or time budget
@@ -23,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
@@ -76,6 +81,7 @@ class Candidate:
     estimate: Estimate
     low: float  # lower end of its interval, seconds per token
     mid: float  # prediction, seconds per token
+    factor: float = 1.0  # the correction of its signature (_State.corrections) in low and mid
 
 
 @dataclass
@@ -200,24 +206,46 @@ class _State:
         per_token, record = min(timed, key=lambda t: t[0])
         return record, per_token
 
-    def untried(self) -> tuple[list[Candidate], Optional[Candidate], bool]:
-        """The untried layouts of the search under the refit model, best bound first; the
-        last listed (whose bound bounds every unlisted layout's); True when the list is all.
-        The search is asked for more layouts only while none listed is worth a trial and the
-        last listed could still beat the best (the proof needs the layouts below it)."""
+    def corrections(self) -> dict:
+        """Per signature (tp > 1, pp > 1, ZeRO-3, recompute), the factor by which the refit model
+        still missed that signature's trials: exp(-mean log(predicted / measured)). The three
+        constants cannot express every cost of every machine (gloo's per-call cost of TP on CPU
+        ranks, docs/notebook.md), so a family measured slower than the refit predicts is
+        expected to stay so; untried layouts of a measured signature are chosen and bounded
+        with it."""
+        ran = [r for r in self.records if r.status == "ok"]
+        per = {}
+        for record, residual in zip(ran, self.fit.residuals):
+            per.setdefault(signature(record.plan), []).append(residual)
+        return {sig: math.exp(-sum(rs) / len(rs)) for sig, rs in per.items()}
+
+    def untried(self) -> tuple[list[Candidate], float, bool]:
+        """The untried layouts of the search under the refit model (each corrected by its
+        signature's factor), best bound first; a floor under every unlisted layout's bound;
+        True when the list is all. The search is asked for more layouts only while none
+        listed is worth a trial and the floor could still beat the best (the proof needs the
+        layouts below the last listed)."""
         tried = {r.key for r in self.records}
         _, best = self.best()
         threshold = best * (1 - self.budget.tolerance) if best is not None else math.inf
+        factors = self.corrections()
+        lowest = min([1.0, *factors.values()])
         count = self.budget.candidates
         if len(self.records) < min(SPREAD_TRIALS, max(1, self.budget.trials // 2)):
-            count = max(count, SPREAD_LIST)  # the spread looks for every signature, not only among the best few
+            count = max(count, SPREAD_LIST)  # the spread looks for every term, not only among the best few
         while True:
             listed, complete = search(self.request, self.fit.cluster, count)
-            rest = sorted((c for c in listed if c.key not in tried), key=lambda c: c.low)
+            rest = sorted((_corrected(c, factors.get(signature(c.plan), 1.0)) for c in listed if c.key not in tried),
+                          key=lambda c: c.low)
+            floor = listed[-1].low * lowest  # an unlisted layout: no lower than the last listed, corrected the most
             hopeful = any(c.low < threshold for c in rest)
-            if hopeful or complete or listed[-1].low >= threshold or count >= MAX_CANDIDATES:
-                return rest, listed[-1], complete
+            if hopeful or complete or floor >= threshold or count >= MAX_CANDIDATES:
+                return rest, floor, complete
             count = min(2 * count, MAX_CANDIDATES)
+
+
+def _corrected(c: Candidate, factor: float) -> Candidate:
+    return c if factor == 1.0 else replace(c, low=c.low * factor, mid=c.mid * factor, factor=factor)
 
 
 def choose(untried: list[Candidate], records: list[TrialRecord], best: Optional[float], budget: Budget) -> Optional[tuple[Candidate, str]]:
@@ -263,7 +291,7 @@ def tune(request: TuneRequest, executor: Executor, budget: Budget = Budget(), jo
     state.refit()
     stop, challenger = "trials", None
     while True:
-        untried, last, complete = state.untried()
+        untried, floor, complete = state.untried()
         _, best = state.best()
         if len(state.records) >= budget.trials:
             stop = "trials"
@@ -276,8 +304,10 @@ def tune(request: TuneRequest, executor: Executor, budget: Budget = Budget(), jo
             else:
                 chosen, why = pick
                 index = len(state.records)
+                if chosen.factor != 1.0:
+                    why += f" (x{chosen.factor:.2f}, its signature's trials)"
                 say(f"trial {index + 1}/{budget.trials}: {layout_label(chosen.plan)} ({why}); predicted "
-                    f"{chosen.estimate.step_time_s:.4g} s")
+                    f"{chosen.estimate.step_time_s * chosen.factor:.4g} s")
                 t0 = time.monotonic()
                 measurement = executor.measure(Trial(index, request.model, request.cluster, request.gpus, chosen.job, chosen.plan))
                 record = _record(index, chosen, why, measurement, time.monotonic() - t0)
@@ -292,7 +322,7 @@ def tune(request: TuneRequest, executor: Executor, budget: Budget = Budget(), jo
     record, best = state.best()
     margin = None
     if best is not None:
-        bound = min([c.low for c in untried] + ([last.low] if not complete else []), default=math.inf)
+        bound = min([c.low for c in untried] + ([floor] if not complete else []), default=math.inf)
         margin = (best - bound) / best if bound < math.inf else 0.0
     layouts, counted = count_layouts(request)
     return TuneResult(request, state.records, state.fit, record, stop, margin, challenger, layouts, budget.tolerance, counted)
