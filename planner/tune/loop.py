@@ -18,7 +18,9 @@ factor its trials measured (_State.corrections): a family measured slower than t
 is not tried again and again on the model's word.
 
 Stop rule: no untried layout's lower bound beats the measured best by more than the
-tolerance (proven under the refit model: the search lists layouts best first, so a layout it
+tolerance, once more trials ran than the refit has constants (until then the constants can
+match every trial, and the interval is only the prior's, whose constants the refit has left):
+proven under the refit model, as the search lists layouts best first, so a layout it
 did not list has a bound no lower than the last listed one's), or the trial or time budget
 is spent.
 """
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from cost_models.estimate import estimate as predict
+from cost_models.fit import NAMES
 from planner import api
 from planner.errors import InfeasibleError, PlannerError
 from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recompute, Target, memory_limit_gib
@@ -251,6 +254,8 @@ def _corrected(c: Candidate, factor: float) -> Candidate:
 def choose(untried: list[Candidate], records: list[TrialRecord], best: Optional[float], budget: Budget) -> Optional[tuple[Candidate, str]]:
     """The next trial and why (the module's docstring states the rule); None: nothing can win."""
     threshold = best * (1 - budget.tolerance) if best is not None else math.inf
+    if sum(r.status == "ok" for r in records) <= len(NAMES):  # too few to estimate the interval: no proof yet
+        threshold = math.inf
     hopeful = [c for c in untried if c.low < threshold]
     if not hopeful:
         return None
