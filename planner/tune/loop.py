@@ -9,7 +9,8 @@ for the upper bound of rewards). A layout whose lower bound cannot beat the meas
 by more than the tolerance is never worth a trial. The first trials spread instead: while
 the constants are still the prior's (the first SPREAD_TRIALS, at most half the budget), the
 lowest-bound layout with a term no trial has had yet (tp > 1, pp > 1, ZeRO-3, recompute: the
-terms whose constants are least certain), whether or not it could win, so the first
+terms whose constants are least certain), with as few other terms as possible (one new term
+alone isolates it), whether or not it could win, so the first
 measurements tell those terms apart instead of being near-copies of one layout.
 
 Where the refit still misses the trials of a signature (the three constants cannot express
@@ -263,6 +264,7 @@ def choose(untried: list[Candidate], records: list[TrialRecord], best: Optional[
     if len(records) < spread:  # among every listed layout: a term is measured to learn it, even in a layout unlikely to win
         seen = {i for r in records for i, on in enumerate(signature(r.plan)) if on}
         fresh = [c for c in untried if any(on and i not in seen for i, on in enumerate(signature(c.plan)))]
+        fresh.sort(key=lambda c: (sum(signature(c.plan)), c.low))  # a new term alone first: it isolates that term
         if not records:
             return hopeful[0], "lowest lower bound (the first trial)"
         if fresh:
