@@ -33,3 +33,7 @@ callSolver, tmpDir, user_interrupt
 layouts_represented
 # planner/cli/types.py: click.ParamType.convert, the protocol click calls for each option value
 convert
+# planner/tune: journal fields read by --resume's readers and people; the fake executor the tests inject
+started_at, predicted_peak_gib, finished_at
+FakeExecutor
+meaning  # cost_models/fit.py: Constant's description, for the people who read the table

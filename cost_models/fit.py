@@ -126,3 +126,26 @@ def constants_of(cluster: ClusterSpec, target: Target | str) -> tuple[float, ...
     """The constants the cost model uses for `target` on `cluster`, in CONSTANTS' order."""
     c = cluster.for_target(target)
     return (c.device.sustained_fraction, c.device.kernel_overhead_us, c.overlap_efficiency)
+
+
+def fit_memory_overhead(overhead_gib: float, capacity_gib: float, fitted: Iterable[tuple[float, float]],
+                        out_of_memory: Iterable[float], margin_gib: float = 0.0) -> float:
+    """The per-device memory the model does not see (DeviceSpec.framework_overhead_gib) that
+    agrees with what trials showed, never below `overhead_gib` (the prior's). `fitted`:
+    (predicted peak, measured peak) of trials that ran, GiB; `out_of_memory`: the predicted
+    peaks of trials that did not fit, under a limit of `capacity_gib`. A measured peak above
+    its prediction raises the overhead by the difference; a trial that ran out of memory
+    while predicted to fit raises it until that prediction reaches the capacity (+ `margin_gib`),
+    as far as the trials that ran allow (they fitted, so their predictions must stay within
+    it): an additive constant, as a CUDA context or the memory other tenants hold is."""
+    raise_by = 0.0
+    ran_top = None
+    for predicted, measured in fitted:
+        raise_by = max(raise_by, measured - predicted)
+        ran_top = predicted if ran_top is None else max(ran_top, predicted)
+    for predicted in out_of_memory:
+        need = capacity_gib - predicted + margin_gib
+        if ran_top is not None:
+            need = min(need, capacity_gib - ran_top)
+        raise_by = max(raise_by, need)
+    return overhead_gib + max(0.0, raise_by)

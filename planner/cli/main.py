@@ -142,7 +142,7 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from planner.cli import estimate, export, presets, profile, run, schema, show, solve
+    from planner.cli import estimate, export, presets, profile, run, schema, show, solve, tune
 
     cli.add_command(presets.presets)
     cli.add_command(estimate.estimate)
@@ -152,6 +152,7 @@ def _register() -> None:
     cli.add_command(show.show)
     cli.add_command(export.export)
     cli.add_command(schema.schema)
+    cli.add_command(tune.tune)
 
 
 _register()

@@ -641,3 +641,54 @@ def run_report(report) -> None:
     console.print(run_time_table(report))
     console.print(run_memory_table(report))
     console.print(run_ranks_table(report))
+
+
+def tune_report(result, profile_path, plan_path) -> None:
+    """`plan tune`: a row per trial (planner/tune/loop.py), then the answer and how it was proven."""
+    from planner.tune.loop import layout_label, predicted_before_after, verdict
+
+    req = result.request
+    _header(req.model, f"tuned on {req.gpus} ranks of {req.cluster.name}, stack {req.target}; "
+                       f"{len(result.records)} trials of {'' if result.exhaustive_complete else 'at least '}{result.exhaustive} layouts")
+    import math
+
+    t = Table()
+    for col in ("#", "layout", "why", "predicted before", "after refit", "measured", "memory", "verdict"):
+        t.add_column(col, justify="left" if col in ("layout", "why", "verdict") else "right")
+    for r in result.records:
+        before, after = predicted_before_after(result, r)
+        measured = _fmt_time(r.step_time_s) if r.step_time_s is not None else "-"
+        memory = _bytes(r.peak_memory_gib * 2**30) if r.peak_memory_gib is not None else "-"
+        t.add_row(str(r.index + 1), layout_label(r.plan), r.why.split(":")[0], _fmt_time(before), _fmt_time(after), measured,
+                  memory, verdict(result, r))
+    console.print(t)
+    from cost_models.fit import NAMES
+
+    console.print("refit constants: " + ", ".join(f"{n} {v:.4g}" for n, v in zip(NAMES, result.refit.constants))
+                  + f"; interval x/ {math.exp(result.refit.log_halfwidth):.3f}", markup=False)
+    for line in tune_summary(result):
+        console.print(line, markup=False)
+    for what, path in (("tuned profile", profile_path), ("winner's plan", plan_path)):
+        if path:
+            console.print(f"{what} written to {path}", markup=False)
+
+
+def tune_summary(result) -> list[str]:
+    """The answer, its margin, and how it ended (also on stderr at the end of a --json run)."""
+    from planner.tune.loop import layout_label
+
+    if result.best is None:
+        return [f"no trial ran to the end ({result.stop}); nothing measured to recommend"]
+    best = result.best
+    lines = [f"measured best: {layout_label(best.plan)}, {_fmt_time(best.step_time_s)} a step (trial {best.index + 1})"]
+    margin = result.margin or 0.0
+    if result.stop in ("proven", "exhausted"):
+        lines.append(f"proven: no untried layout's interval beats it by more than {100 * max(margin, 0):.1f} % "
+                     f"(tolerance {100 * result.tolerance:.1f} %)" if result.stop == "proven" else "every layout was tried")
+    else:
+        lines.append(f"stopped: the {'trial' if result.stop == 'trials' else 'time'} budget is spent; an untried layout "
+                     f"could still be up to {100 * max(margin, 0):.1f} % faster"
+                     + (f" ({layout_label(result.challenger.plan)})" if result.challenger is not None and margin > 0 else ""))
+    count = f"{result.exhaustive:,}" if result.exhaustive_complete else f"at least {result.exhaustive:,}"
+    lines.append(f"an exhaustive sweep would have run {count} trials; this tune ran {len(result.records)}")
+    return lines

@@ -1,0 +1,145 @@
+"""`plan tune`: measure a few layouts on the machines at hand, refit the cost model, re-solve, stop when proven."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from planner import api
+from planner.cli import render
+from planner.cli.common import require_names, require_torch, target_options
+from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOKENS, Real, Whole
+from planner.datafile import check_output, write_atomic
+from planner.distributed.launch import Interrupted, signals_interrupt
+from planner.errors import UsageError
+from planner.inputs import cluster_size
+from planner.tune import journal
+from planner.tune.loop import Budget, TuneRequest, header, layout_label, request_of, tune as run_tune
+from planner.tune.output import tuned_profile, winner_document
+from planner.tune.run_executor import RunExecutor
+
+
+SCALE = Whole(1, 10**7)  # --scale-*: `plan run` checks them against the model as it does its own
+
+
+@click.command()
+@target_options
+@click.option("--global-batch", type=SEQUENCES, help="Sequences per optimizer step (fixes the batch).")
+@click.option("--micro-batch-size", type=SEQUENCES, help="Sequences per micro-batch per replica, when the batch is not fixed.")
+@click.option("--micro-batches", type=SEQUENCES, help="Micro-batches per step with --micro-batch-size.")
+@click.option("--fix", "fixes", multiple=True, help="Pin a choice, as `plan solve --fix` (narrows what is tuned).")
+@click.option("--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU for the search [default: 95% of the device's].")
+@click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
+@click.option("--fp8", is_flag=True, help="Let the search run GEMMs in FP8.")
+@click.option("--trials", type=Whole(1, 1000), default=8, show_default=True, help="Most trials to run (a resumed journal's count).")
+@click.option("--time-budget", type=SECONDS, help="Seconds: start no trial after this much wall time.")
+@click.option("--tolerance", type=Real(0, 0.5, low_allowed=True), default=0.02, show_default=True,
+              help="Stop when no untried layout's interval beats the best measured by more than this fraction.")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal to write (JSON lines) [default: plan-tune-TIME.jsonl].")
+@click.option("--resume", "resume_path", type=click.Path(dir_okay=False), help="Continue this journal (its inputs; finished trials are not run again).")
+@click.option("--steps", type=Whole(2, 1000), default=4, show_default=True, help="Training steps per trial, warm-up included.")
+@click.option("--warmup", type=Whole(1, 999), default=2, show_default=True, help="First steps of a trial left out of its time.")
+@click.option("--trial-timeout", type=SECONDS, default=600.0, show_default=True, help="Seconds a trial may take before it is stopped.")
+@click.option("--trial-memory-gib", type=MEMORY_GIB, help="Out of memory when a rank's measured peak exceeds this [default: --max-memory-gib or none].")
+@click.option("--launcher", type=click.Choice(["auto", "local", "srun"]), default="auto", show_default=True,
+              help="How a trial starts its ranks: local processes, or srun (auto: srun inside a Slurm allocation).")
+@click.option("--scale-layers", type=SCALE, help="Trials run this many layers (`plan run --scale-layers`).")
+@click.option("--scale-hidden", type=SCALE, help="Trials run this hidden size.")
+@click.option("--scale-heads", type=SCALE, help="Trials run this many heads.")
+@click.option("--scale-vocab", type=SCALE, help="Trials run this vocabulary.")
+@click.option("--scale-seq-len", type=TOKENS, help="Trials run this sequence length.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the tuned profile (a cluster JSON every command reads).")
+@click.option("--plan-out", type=click.Path(dir_okay=False), help="Write the winner as a plan file (`plan export`, `plan run`).")
+@signals_interrupt()  # SIGTERM / SIGHUP: the running trial stopped, the journal whole, one line, exit 143 / 129
+def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
+         moe_dispatcher, global_batch, micro_batch_size, micro_batches, fixes, max_memory_gib, allow_cross_node_tp, fp8,
+         trials, time_budget, tolerance, journal_path, resume_path, steps, warmup, trial_timeout, trial_memory_gib, launcher,
+         scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len, as_json: bool, output: Optional[str],
+         plan_out: Optional[str]) -> None:
+    """Measure a few layouts with `plan run` on this machine's ranks (or under srun), refit
+    the cost model's constants to them, and stop when no untried layout can beat the best
+    measured; write the tuned profile (-o) and the winner (--plan-out)."""
+    for path in (output, plan_out):
+        if path is not None:
+            check_output(path)
+    if warmup >= steps:
+        raise UsageError(f"--warmup {warmup} leaves no timed step of --steps {steps}; give fewer warm-up steps")
+    scale = {k: v for k, v in (("layers", scale_layers), ("hidden", scale_hidden), ("heads", scale_heads),
+                               ("vocab", scale_vocab), ("seq_len", scale_seq_len)) if v is not None}
+    executor = RunExecutor(steps=steps, warmup=warmup, timeout_s=trial_timeout, memory_limit_gib=trial_memory_gib or max_memory_gib,
+                           scale=scale, launcher=launcher)
+    if resume_path:
+        if model_name or cluster_name:
+            raise UsageError("--resume continues the journal's own inputs; drop --model and --cluster (or start a new tune)")
+        head, done = journal.read(Path(resume_path), render.note)
+        request, path = request_of(head), Path(resume_path)
+    else:
+        require_names(model_name, cluster_name)
+        model, cluster = api.load_model(model_name), api.load_cluster(cluster_name)
+        n = cluster_size(cluster, gpus, nodes, cluster_name)
+        keywords = dict(global_batch=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
+                        seq_len=seq_len, target=stack, fixes=list(fixes), max_memory_gib=max_memory_gib,
+                        allow_cross_node_tp=allow_cross_node_tp, fp8=fp8, precision=precision, optimizer=optimizer,
+                        flash_attention=not no_flash_attention, loss_kernel=loss_kernel, moe_dispatcher=moe_dispatcher)
+        request = TuneRequest(model, cluster, n, {k: v for k, v in keywords.items() if v not in (None, [], False)}
+                              | {"flash_attention": not no_flash_attention})
+        api.solve(model, cluster, gpus=n, top_k=0, **request.search_keywords())  # a bad request fails here, before any trial
+        path = Path(journal_path or time.strftime("plan-tune-%Y%m%d-%H%M%S.jsonl"))
+        done = []
+    require_torch("tune")
+    if not resume_path:
+        journal.start(path, header(request, executor))
+    say = render.note  # stderr, so --json keeps stdout clean
+    say(f"plan tune: journal {path} ({len(done)} trials done)")
+    try:
+        result = run_tune(request, executor, Budget(trials=trials, time_s=time_budget, tolerance=tolerance), path, done,
+                          say=lambda line: say(f"plan tune: {line}"),
+                          trial_hook=lambda r, fit: say(f"plan tune: trial {r.index + 1} {layout_label(r.plan)}: {r.status}"
+                                                        + (f", {r.step_time_s:.4g} s" if r.step_time_s else "")
+                                                        + (f" ({r.detail})" if r.detail else "")))
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted by Ctrl-C; the journal {path} holds every finished trial (--resume {path})") from None
+    except Interrupted as exc:  # SIGTERM, SIGHUP (signals_interrupt), the running trial stopped
+        raise Interrupted(f"{exc}; the journal {path} holds every finished trial (--resume {path})",
+                          exc.exit_code - 128) from None
+    profile = tuned_profile(result, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    winner = winner_document(result, profile)
+    if output:
+        write_atomic(output, profile.model_dump_json(indent=2) + "\n")
+    if plan_out and winner is not None:
+        write_atomic(plan_out, winner.model_dump_json(indent=2) + "\n")
+    if as_json:
+        click.echo(_json(result, profile, path, output, plan_out if winner is not None else None))
+        for line in render.tune_summary(result):
+            print(f"plan tune: {line}", file=sys.stderr)
+    else:
+        render.tune_report(result, output, plan_out if winner is not None else None)
+
+
+def _json(result, profile, journal_path, output, plan_out) -> str:
+    import json
+    import math
+
+    from cost_models.fit import NAMES
+    from planner.tune.loop import predicted_before_after, verdict
+
+    trials = []
+    for r in result.records:
+        before, after = predicted_before_after(result, r)
+        trials.append({**r.model_dump(mode="json", include={"index", "key", "label", "why", "status", "step_time_s",
+                                                             "peak_memory_gib", "detail", "wall_s"}),
+                       "predicted_before_s": before, "predicted_after_s": after, "verdict": verdict(result, r)})
+    best = result.best
+    return json.dumps({
+        "stop": result.stop, "margin": result.margin, "tolerance": result.tolerance, "exhaustive_trials": result.exhaustive, "exhaustive_counted_whole": result.exhaustive_complete,
+        "best": None if best is None else {"index": best.index, "label": best.label, "step_time_s": best.step_time_s,
+                                           "plan": best.plan.model_dump(mode="json")},
+        "constants": dict(zip(NAMES, result.refit.constants)),
+        "interval_factor_on_slice": math.exp(result.refit.log_halfwidth),
+        "trials": trials, "journal": str(journal_path), "profile": output, "plan": plan_out,
+    }, indent=2)

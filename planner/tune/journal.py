@@ -1,0 +1,135 @@
+"""The tune's journal: JSON lines, a header with the request, then one record per finished trial.
+
+Each record is appended as one line in one write, flushed and fsync'ed before the tuner goes
+on, so a trial that ended is on disk whatever happens next. A tuner killed in the middle of
+a write leaves at most a torn last line: reading the journal again (`plan tune --resume`)
+warns, cuts that line off, and continues; a trial that was running when the tuner stopped
+has no record and is measured again. Damage anywhere but the last line is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.errors import PlannerError, UsageError
+from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+
+JOURNAL_VERSION = 1
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class TuneHeader(_Record):
+    """The first line: what is tuned, so that --resume needs nothing else."""
+
+    kind: Literal["tune"] = "tune"
+    version: int = Field(default=JOURNAL_VERSION, description="Journal format version.")
+    model: ModelSpec = Field(description="The model searched.")
+    cluster: ClusterSpec = Field(description="The prior: the cluster (preset or profile) the tune started from.")
+    gpus: int = Field(description="GPUs (ranks) of the slice every trial runs on.")
+    solve: dict = Field(description="The search's keywords (planner.api.solve), JSON values only.")
+    run: dict = Field(default_factory=dict, description="How trials run (the executor's settings).")
+    started_at: str = Field(description="When the tune started, UTC ISO 8601.")
+
+
+class Ran(_Record):
+    """What a trial actually ran (after the executor's --scale-* / rehearsal changes): the
+    refit predicts this, not the layout as searched."""
+
+    model: ModelSpec
+    job: JobSpec
+    plan: Plan
+    num_gpus: int
+
+
+class TrialRecord(_Record):
+    """One finished trial."""
+
+    kind: Literal["trial"] = "trial"
+    index: int = Field(description="0, 1, ... in the order run.")
+    key: str = Field(description="The layout's identity (planner/tune/loop.py:layout_key).")
+    label: str = Field(description="The layout in a few words.")
+    plan: Plan = Field(description="The layout as the search returned it.")
+    job: JobSpec = Field(description="Its job (the batch differs between layouts only when the micro-batch is fixed).")
+    why: str = Field(description="Why it was chosen (the choice rule's reason).")
+    predicted_s: float = Field(description="Its predicted step time when chosen.")
+    interval_s: list[float] = Field(description="Its predicted interval when chosen, [low, high], seconds.")
+    predicted_peak_gib: float = Field(description="Its predicted peak memory per rank when chosen, GiB.")
+    status: Literal["ok", "oom", "failed", "timeout"] = Field(description="ok: measured; oom: out of memory; failed; timeout.")
+    step_time_s: Optional[float] = Field(default=None, description="Measured step time (slowest rank, mean over timed steps).")
+    peak_memory_gib: Optional[float] = Field(default=None, description="Measured peak memory, the largest of any rank, GiB.")
+    detail: str = Field(default="", description="The failure's or the out-of-memory's one line, or notes.")
+    ran: Optional[Ran] = Field(default=None, description="What ran, where it differs from the search's (scaled); None: as searched.")
+    wall_s: float = Field(description="Wall time of the trial, seconds.")
+    finished_at: str = Field(description="When it ended, UTC ISO 8601.")
+
+
+def append(path: Path, record: _Record) -> None:
+    """Append one record as one line: one write, flushed and fsync'ed."""
+    line = (record.model_dump_json() + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise PlannerError(f"cannot write the journal {path}: {exc.strerror or exc}") from None
+
+
+def start(path: Path, header: TuneHeader) -> None:
+    """A new journal holding the header; an existing file is refused (use --resume)."""
+    if path.exists():
+        raise UsageError(f"the journal {path} exists: continue it with --resume {path}, or give another --journal")
+    append(path, header)
+
+
+def read(path: Path, warn: Callable[[str], None]) -> tuple[TuneHeader, list[TrialRecord]]:
+    """The header and the finished trials. A torn last line (the tuner killed while writing
+    it: no newline at its end) is cut off with a warning; anything else unreadable is refused
+    in one line, the file left as it was."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read the journal {path}: {exc.strerror or exc}") from None
+    lines = data.split(b"\n")
+    complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline ('' when whole)
+    records = []
+    for number, line in enumerate(complete, 1):
+        record = _parse(line)
+        if record is None or isinstance(record, TuneHeader) != (number == 1):
+            if number == 1:
+                raise UsageError(f"{path} is not a `plan tune` journal (its first line is no tune header)")
+            raise UsageError(f"the journal {path} is damaged at line {number} (not a trial record); "
+                             "only a torn last line can be repaired")
+        records.append(record)
+    if not records:
+        raise UsageError(f"{path} is not a `plan tune` journal (it has no complete first line)")
+    if tail:  # every record ends with a newline in the same write: without one it was torn
+        warn(f"the journal's last line was cut off (the tuner stopped while writing it); ignoring it: {len(tail)} bytes")
+        try:
+            os.truncate(path, len(data) - len(tail))
+        except OSError as exc:
+            raise PlannerError(f"cannot repair the journal {path}: {exc.strerror or exc}") from None
+    return records[0], records[1:]
+
+
+def _parse(line: bytes) -> Optional[_Record]:
+    try:
+        obj = json.loads(line)
+        kind = obj.get("kind") if isinstance(obj, dict) else None
+        if kind == "tune":
+            return TuneHeader.model_validate(obj)
+        if kind == "trial":
+            return TrialRecord.model_validate(obj)
+    except (ValueError, ValidationError):
+        pass
+    return None
