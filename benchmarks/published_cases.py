@@ -272,8 +272,8 @@ def case(rec: dict) -> Case:
     gbs = p.get("global_batch_size") or dp * mbs
     m = max(1, gbs // (dp * mbs))
     gbs = dp * mbs * m
-    megatron_target = "DGXC" in rec["name"] or rec["group"] in MEGATRON_GROUPS
-    megatron = megatron_target or rec["group"] in DEEPSPEED_GROUPS
+    stack = stack_of(rec)
+    megatron = stack == "megatron" or rec["group"] in DEEPSPEED_GROUPS
     impl = (p.get("data_parallel_impl") or "").upper()
     zero = 3 if "MEGATRON-FSDP" in impl else 0 if "ZERO-0" in impl else 1 if megatron else 2 if "SHARD_GRAD_OP" in impl or "SHARD_GRAD_OP" in rec["name"] else 3
     vpp = p.get("virtual_pp") or 1
@@ -293,7 +293,7 @@ def case(rec: dict) -> Case:
     flash = rec.get("flash_attention", rec["group"] not in DEEPSPEED_GROUPS)  # a record may say it ran without
     job = JobSpec(global_batch_size=gbs, seq_len=rec["model"]["seq_len"], flash_attention=flash,
                   precision="fp16" if rec.get("precision") == "fp16" or rec["group"] == "gpt_neox_20b" else "bf16",
-                  target=stack_of(rec),
+                  target=stack,
                   # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
                   # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
                   # NeMo AutoModel's MaskedCrossEntropy with fp32_upcast false keeps a 16-bit
