@@ -337,6 +337,27 @@ def kernels_time(device: DeviceSpec, kernels: float) -> float:
     return kernels * device.kernel_overhead_us * 1e-6
 
 
+def layer_kernels(model: ModelSpec, k, flash_attention: bool, mlp: bool = True) -> tuple[int, int]:
+    """Kernels one layer launches in forward, (attention core, the rest), for a stack's
+    per-operator counts `k` (planner/stacks/stack.py:Kernels). The core: the fused attention
+    kernel, or two batched GEMMs around the softmax kernels (and the probabilities' dropout);
+    the rest: the projections as GEMMs, the norms (2 or 4, and QK-norm's 2), rotary, the
+    residual adds with their dropouts, the MLP's GEMMs and activation (`mlp` False: a MoE layer
+    with no shared experts, whose experts expert_times counts), K/V repeats and output copies."""
+    core = 1 if flash_attention else 2 + k.softmax + (1 if model.dropout else 0)
+    norm = k.rmsnorm if model.norm == "rmsnorm" else k.layernorm
+    gemms = (3 if k.separate_qkv else 1) + 1
+    rest = model.norms_per_layer * norm + (2 * k.rmsnorm if model.qk_norm else 0)
+    rest += 0 if model.learned_position_embeddings else k.rotary
+    rest += 2 * (k.residual + (k.dropout if model.dropout else 0))
+    rest += 2 * k.kv_repeat if model.kv_heads < model.num_heads else 0
+    rest += k.attention_out
+    if mlp:
+        gemms += (3 if k.separate_gate_up else 2) if model.gated else 2
+        rest += k.gated_activation if model.gated else k.activation
+    return core, gemms + rest
+
+
 @dataclass(frozen=True)
 class LayerCompute:
     """Compute time of one layer, one micro-batch, one GPU (communication excluded)."""
@@ -378,7 +399,10 @@ def layer_compute(
 
     # Linear layers (column-parallel QKV and fc1, row-parallel output and fc2): (in, out).
     q = model.q_width // tp
-    shapes = [(h, q + kv_cols), (q, h)] + ([(h, mlp_in * f // tp), (f // tp, h)] if f else [])
+    kernels = stacks.get(target).kernels  # as the stack launches them: fused QKV / gate+up or not
+    qkv = [(h, q), (h, kv_cols // 2), (h, kv_cols // 2)] if kernels.separate_qkv else [(h, q + kv_cols)]
+    mlp_first = [(h, f // tp)] * mlp_in if kernels.separate_gate_up else [(h, mlp_in * f // tp)]
+    shapes = qkv + [(q, h)] + (mlp_first + [(f // tp, h)] if f else [])
     lin = [linear_times(device, dtype, T, n_in, n_out, fp8=fp8) for n_in, n_out in shapes]
     linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
     attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, stacks.get(target).attention_kernel)
@@ -407,12 +431,8 @@ def layer_compute(
     t_mem = memory_bound_time(device, norm_bytes + qk_norm_bytes + residual_bytes + dropout_bytes + act_bytes + rope_bytes)
     t_softmax = memory_bound_time(device, softmax_bytes)
 
-    # Kernels launched in forward: 4 GEMMs, the norms (2 or 4, + 2 for QK-norm), 2 residual
-    # adds, the activation, the attention (1 fused; 2 GEMMs + softmax unfused), rotary,
-    # dropouts; backward about twice.
-    core_kernels = 1 if flash_attention else 3 + (1 if model.dropout else 0)
-    norm_kernels = model.norms_per_layer + (2 if model.qk_norm else 0)
-    other_kernels = 4 + norm_kernels + 2 + 1 + (0 if model.learned_position_embeddings else 1) + (2 if model.dropout else 0)
+    # Kernels launched in forward, as the stack's code launches them; backward about twice.
+    core_kernels, other_kernels = layer_kernels(model, kernels, flash_attention, bool(f))
     core_gap = kernels_time(device, core_kernels)
     other_gap = kernels_time(device, other_kernels)
 

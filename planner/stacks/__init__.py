@@ -9,7 +9,8 @@ planner/specs.py:Target, holding:
   cost_models/compute.py and tables.py), `loss_kernel` (its cross-entropy, cost_models/compute.py:
   loss_kernel), `tp_comm_overlap` (whether it has Plan.tp_comm_overlap: `plan solve` tries it,
   Plan.validate_for refuses it elsewhere), `zero3` (how it shards ZeRO-3: "deepspeed", "fsdp2" or
-  "none") and `fused` (the kernels it fuses; empty for now); and where its other facts are:
+  "none") and `kernels` (stack.py:Kernels, the kernels a layer of its code launches, operator
+  by operator: what it fuses shows as fewer); and where its other facts are:
 - `rules.py`: `RULES`, what it can express as data (stack.py:Rules), and `model_problems(model)`,
   `layout_problems(layout, model, job)` and `problems(plan, model, job)` for what a Rules cannot
   state. `plan export` refuses a plan that breaks either, in one line naming the feature;

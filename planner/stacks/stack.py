@@ -12,7 +12,7 @@ import inspect
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import import_module
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 from planner.specs import ATTENTION_KERNELS, Activation, Axis, LossKernel, ModelSpec, Plan, Schedule, Target
 
@@ -45,9 +45,11 @@ class Stack:
     # The module that writes its configuration: export(plan, model, job, num_gpus[, gpus_per_node])
     # -> Export, and read_back; imported on first use. None: `plan export` has no such stack.
     exporter: Optional[str] = None
-    fused: Mapping[str, object] = field(default_factory=dict)  # the kernels it fuses (empty: not yet stated)
+    kernels: Optional[Kernels] = None  # the kernels a layer of its code launches; None: generic's (the executor's)
 
     def __post_init__(self):  # internal invariants of a stack's folder, not user input
+        if self.kernels is None:
+            object.__setattr__(self, "kernels", EAGER)
         if self.attention_kernel not in ATTENTION_KERNELS or self.zero3 not in ZERO3:
             raise ValueError(f"stack {self.name}: attention_kernel {self.attention_kernel!r}, zero3 {self.zero3!r}")
         r = self.rules
@@ -65,6 +67,50 @@ class Stack:
         if "gpus_per_node" in inspect.signature(module.export).parameters:
             return module.export(plan, model, job, num_gpus, gpus_per_node=gpus_per_node)
         return module.export(plan, model, job, num_gpus)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels one transformer layer launches in forward as a stack's code runs it, by
+    operator (backward launches about twice as many); cost_models/compute.py:layer_kernels adds
+    them up for a model and charges each a gap (DeviceSpec.kernel_overhead_us). What a stack
+    fuses shows here as one kernel where eager PyTorch launches several."""
+
+    separate_qkv: bool  # q, k and v projections as three GEMMs (else one fused QKV GEMM)
+    separate_gate_up: bool  # a gated MLP's gate and up projections as two GEMMs (else one)
+    layernorm: int  # per LayerNorm
+    rmsnorm: int  # per RMSNorm (QK-norm's too)
+    rotary: int  # rotating q and k, both (with any copy their rotated layout costs later)
+    activation: int  # GELU after fc1
+    gated_activation: int  # act(gate x) * up x
+    residual: int  # one residual add, with the dropout before it where the stack fuses them
+    dropout: int  # a dropout before a residual add, where not fused into it (models with dropout)
+    kv_repeat: int  # per K and V tensor under grouped-query attention (0: the kernel reads shared heads)
+    softmax: int  # unfused attention between its two batched GEMMs: scale, mask, softmax (+ casts)
+    attention_out: int  # copies of the attention output into the output projection's layout
+
+
+# PyTorch eager as `plan run`'s executor runs a layer (planner/distributed/reference_model.py:
+# Block), what generic states; tests/test_stacks.py counts the executor's operators to check it.
+EAGER = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1,
+                rmsnorm=6,  # x * rsqrt(mean(x^2) + eps) * w: pow, mean, add, rsqrt, two products
+                rotary=15,  # per tensor 4 products, a difference, a sum, the interleaving stack; then the
+                # rotated head-major q makes the attention output need one copy back to token order
+                activation=1, gated_activation=2, residual=1, dropout=0,  # the executor has no dropout
+                kv_repeat=1,  # repeat_interleave of the shared heads
+                softmax=1, attention_out=0)
+
+# A Hugging Face transformers model (modeling_llama.py and kin) run eagerly, what DeepSpeed and
+# Accelerate train (the user's module): q, k, v and gate, up as separate projections;
+# LlamaRMSNorm in eager ops (upcast, pow, mean, add, rsqrt, product, downcast, weight: 8);
+# nn.LayerNorm one kernel; apply_rotary_pos_emb (q cos + rotate_half(q) sin: product, negation,
+# concatenation, product, sum: 5 per tensor); act(gate) * up (2); dropout beside each residual
+# add; SDPA with enable_gqa when there is no mask (integrations/sdpa_attention.py: no K/V
+# repeat), its output transposed contiguous (1); eager attention's scale, mask, fp32 softmax,
+# downcast (4) between its two matmuls.
+TRANSFORMERS = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1, rmsnorm=8, rotary=10,
+                       activation=1, gated_activation=2, residual=1, dropout=1, kv_repeat=0,
+                       softmax=4, attention_out=1)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ constants per device (constants.json)."""
 
 from planner.specs import LossKernel
 from planner.stacks.accelerate.rules import RULES, layout_problems, model_problems, problems
-from planner.stacks.stack import Stack
+from planner.stacks.stack import TRANSFORMERS, Stack
 
 STACK = Stack(
     name="accelerate",
@@ -17,4 +17,5 @@ STACK = Stack(
     layout_problems=layout_problems,
     problems=problems,
     exporter="planner.stacks.accelerate.export",
+    kernels=TRANSFORMERS,  # the Hugging Face model it trains, run eagerly (stack.py:TRANSFORMERS)
 )

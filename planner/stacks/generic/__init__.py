@@ -11,4 +11,5 @@ STACK = Stack(
     loss_kernel=LossKernel.eager,  # torch's cross-entropy: logits upcast to fp32, log-softmax saved
     tp_comm_overlap=False,
     zero3="fsdp2",  # the executor's fully_shard per block (planner/executor/parallelize.py)
+    # kernels: left to stack.py:EAGER, the executor's layer as it runs
 )

@@ -4,7 +4,7 @@ constants per device (constants.json)."""
 
 from planner.specs import LossKernel
 from planner.stacks.megatron.rules import RULES, layout_problems, model_problems, problems
-from planner.stacks.stack import Stack
+from planner.stacks.stack import Kernels, Stack
 
 STACK = Stack(
     name="megatron",
@@ -20,4 +20,13 @@ STACK = Stack(
     layout_problems=layout_problems,
     problems=problems,
     exporter="planner.stacks.megatron.export",
+    # Megatron-Core's transformer layer with Transformer Engine (transformer_layer.py,
+    # attention.py, mlp.py): fused QKV (linear_qkv) and fc1 holding gate and up (linear_fc1), one
+    # normalization kernel per norm (TE's LayerNormLinear and its RMSNorm), fused RoPE (one kernel
+    # per tensor; --no-rope-fusion turns it off), bias-GeLU / bias-SwiGLU fusions (one kernel),
+    # bias-dropout-add (one kernel per residual, dropout in it), cuDNN attention reading shared
+    # KV heads as they are, and FusedScaleMaskSoftmax on the unfused path
+    kernels=Kernels(separate_qkv=False, separate_gate_up=False, layernorm=1, rmsnorm=1, rotary=2,
+                    activation=1, gated_activation=1, residual=1, dropout=0, kv_repeat=0, softmax=1,
+                    attention_out=0),
 )

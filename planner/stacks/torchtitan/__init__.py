@@ -3,7 +3,7 @@ it ships), how a plan becomes its command-line overrides (export.py) and its fit
 per device (constants.json)."""
 
 from planner.specs import LossKernel
-from planner.stacks.stack import Stack
+from planner.stacks.stack import Kernels, Stack
 from planner.stacks.torchtitan.rules import RULES, layout_problems, model_problems, problems
 
 STACK = Stack(
@@ -19,4 +19,12 @@ STACK = Stack(
     layout_problems=layout_problems,
     problems=problems,
     exporter="planner.stacks.torchtitan.export",
+    # Its Llama model run eagerly (torchtitan/models/llama3/model: no compile by default): wq, wk,
+    # wv and w1, w3 as separate GEMMs; nn.RMSNorm, one fused kernel on CUDA (aten._fused_rms_norm);
+    # rotary as a complex product between two casts (3 per tensor); silu(w1 x) * w3 x (2); plain
+    # residual adds; attention through SDPA with enable_gqa (no K/V repeat), its output made
+    # contiguous once. It has no unfused attention path: eager PyTorch's (the Hugging Face one's).
+    kernels=Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1, rmsnorm=1, rotary=6,
+                    activation=1, gated_activation=2, residual=1, dropout=1, kv_repeat=0, softmax=4,
+                    attention_out=1),
 )

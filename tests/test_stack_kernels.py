@@ -1,0 +1,108 @@
+"""The kernels a layer launches, per stack (planner/stacks/stack.py:Kernels, summed by
+cost_models/compute.py:layer_kernels): each stack's count against the sum written out from its
+code (the files its Kernels comment names), generic's against the operators `plan run`'s
+executor really dispatches, and the fused stack's layer faster than an eager one's at the same
+constants."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models.compute import layer_compute, layer_kernels
+from hardware_profiles import load_cluster
+from planner import load_model, stacks
+from planner.specs import DType, Target
+
+GPT3 = load_model("gpt3-175b")  # LayerNorm, GELU, learned positions, dropout, multi-head
+LLAMA3 = load_model("llama3-70b")  # RMSNorm, SwiGLU, rotary, grouped-query (8 KV heads of 64)
+
+
+def counts(target: str, model, flash: bool = True) -> tuple[int, int]:
+    return layer_kernels(model, stacks.get(target).kernels, flash)
+
+
+def test_megatron_launches_its_fused_kernels():
+    # Megatron-Core + Transformer Engine: QKV, proj, fc1, fc2 (4 GEMMs); 2 norms; GeLU fused with
+    # its bias (1); 2 bias-dropout-adds; fused attention (1)
+    assert counts("megatron", GPT3) == (1, 4 + 2 + 1 + 2)
+    # unfused: 2 batched GEMMs, FusedScaleMaskSoftmax (1), the probabilities' dropout (1)
+    assert counts("megatron", GPT3, flash=False) == (2 + 1 + 1, 9)
+    # Llama: fused RoPE on q and on k (2), bias-SwiGLU (1), cuDNN reads the 8 shared KV heads
+    assert counts("megatron", LLAMA3) == (1, 4 + 2 + 2 + 1 + 2)
+
+
+def test_torchtitan_launches_eager_kernels_with_a_fused_rmsnorm():
+    # wq, wk, wv, wo, w1, w3, w2 (7); 2 fused RMSNorms; rotary 3 per tensor (6); silu, product (2);
+    # 2 residual adds; the attention output made contiguous (1)
+    assert counts("torchtitan", LLAMA3) == (1, 7 + 2 + 6 + 2 + 2 + 1)
+
+
+@pytest.mark.parametrize("target", ["deepspeed", "accelerate"])
+def test_a_transformers_model_launches_its_eager_kernels(target):
+    # Llama: 7 projections; 2 LlamaRMSNorms of 8 eager ops (16); rotary 5 per tensor (10); act,
+    # product (2); 2 residual adds; the transposed output made contiguous (1)
+    assert counts(target, LLAMA3) == (1, 7 + 16 + 10 + 2 + 2 + 1)
+    # GPT-style with dropout: 6 projections; 2 LayerNorms; GELU; 2 x (dropout + residual add); output copy
+    assert counts(target, GPT3) == (1, 6 + 2 + 1 + 4 + 1)
+    # eager attention: 2 matmuls, scale, mask, fp32 softmax, downcast, the probabilities' dropout
+    assert counts(target, GPT3, flash=False)[0] == 2 + 4 + 1
+
+
+def test_a_moe_layer_without_shared_experts_counts_no_dense_mlp():
+    moe = load_model("mixtral-8x7b")
+    assert moe.num_shared_experts == 0
+    full, attention_only = layer_kernels(moe, stacks.get("megatron").kernels, True), layer_kernels(moe, stacks.get("megatron").kernels, True, mlp=False)
+    assert full[1] - attention_only[1] == 2 + 1  # fc1, fc2 and the fused SwiGLU
+
+
+def test_the_fused_stack_runs_the_same_layer_faster_at_the_same_constants():
+    """Same device constants, same layer: Megatron's fused QKV / gate+up GEMMs and fewer kernels
+    against torchtitan's eager layer, and both faster than a Hugging Face model's."""
+    device = load_cluster("dgx-h100-80gb").device
+    slow_gaps = device.model_copy(update={"kernel_overhead_us": 10.0})
+    times = {t: layer_compute(LLAMA3, slow_gaps, DType.bf16, 1, 8192, 8, True, True, target=Target(t))
+             for t in ("megatron", "torchtitan", "deepspeed")}
+    total = {t: c.forward + c.backward for t, c in times.items()}
+    assert total["megatron"] < total["torchtitan"] < total["deepspeed"]
+    # the difference beyond the GEMM shapes is the gaps: 3 x (kernels difference) x 10 us
+    mt, tt = counts("megatron", LLAMA3), counts("torchtitan", LLAMA3)
+    assert total["torchtitan"] - total["megatron"] >= 3 * (sum(tt) - sum(mt)) * 10e-6 * 0.999
+
+
+# ------------------------------------------------------------------------------ the executor's
+
+
+def _dispatched(block, x) -> list[str]:
+    """The operators a forward pass dispatches that do work: views (aliases of their input)
+    and detaches left out, what a GPU would launch as kernels."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Record() as record:
+        block(x)
+    return [f.__name__ for f in record.ops if not f.is_view and f.__name__ not in ("_unsafe_view.default", "detach.default")]
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama2-7b", "llama3-70b"])
+def test_generic_counts_the_kernels_the_executor_launches(name):
+    torch = pytest.importorskip("torch")
+    from planner.distributed.reference_model import Block
+
+    spec = load_model(name)
+    kv = 8 if spec.kv_heads == spec.num_heads else 2  # keep the model's grouping: MHA or GQA
+    small = spec.model_copy(update=dict(hidden_size=64, num_heads=8, num_kv_heads=kv, ffn=128, max_seq_len=16))
+    torch.manual_seed(0)
+    block = Block(small).to(torch.bfloat16)
+    ops = _dispatched(block, torch.randn(2, 16, 64, dtype=torch.bfloat16))
+    # the executor has no dropout modules: count the model as it runs there
+    core, rest = layer_kernels(small.model_copy(update={"dropout": False}), stacks.get("generic").kernels, True)
+    assert len(ops) == core + rest, ops
+    assert sum("scaled_dot_product" in o for o in ops) == core == 1
