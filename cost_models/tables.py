@@ -158,11 +158,17 @@ def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k:
     several experts on one remote node crosses the network once and is fanned out over
     NVLink there; with `top_k` experts drawn uniformly from the group's N nodes, a token
     reaches (N - 1)(1 - (1 - 1/N)^top_k) remote nodes on average instead of sending
-    top_k (n - k) / n copies (`nbytes` holds its top_k copies)."""
+    top_k (n - k) / n copies (`nbytes` holds its top_k copies). Inside a node the same rule holds
+    rank by rank: DeepEP's dispatch layout sends a token once to each rank holding any of its
+    experts (deep_ep/buffer.py get_dispatch_layout: num_tokens_per_rank, is_token_in_rank), and
+    the combine returns one reduced copy per rank, so a token reaches
+    (n - 1)(1 - (1 - 1/n)^top_k) other ranks instead of top_k (n - 1) / n."""
     n = link.size
     if n <= 1:
         return 0.0
     if not link.inter_node:
+        if deepep:  # one copy per destination rank (priced as the all-gather fit's (n - 1)/n of a buffer)
+            return link.time(Collective.all_gather, nbytes / top_k * n * (1 - (1 - 1 / n) ** top_k))
         return link.time(Collective.all_gather, nbytes)
     k = max(1, n // link.nodes)
     fit = cluster.inter_node.fit(Collective.p2p, n)

@@ -66,3 +66,24 @@ def test_ring_latency_counts_intra_and_inter_node_hops():
     ring = 2 * ((63 - 7) * intra + 7 * inter)
     tree = 2 * (7 * cluster.intra_node.tree_hop_latency_us + 3 * cluster.inter_node.tree_hop_latency_us)
     assert link.step_latency_us(Collective.all_reduce) == pytest.approx(min(ring, tree))
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 4, 8])
+def test_deepep_sends_a_token_once_to_each_rank_of_its_node_holding_its_experts(top_k):
+    """Inside a node DeepEP's dispatch layout sends a token once per destination rank (its
+    is_token_in_rank), not once per routed expert as the alltoall dispatcher does: with top_k
+    experts drawn uniformly from 8 ranks it reaches 7 (1 - (7/8)^top_k) other ranks instead of
+    7/8 top_k copies. One expert per token: the two dispatchers move the same bytes."""
+    from cost_models.tables import all_to_all_time
+
+    cluster = load_cluster("dgx-h100-80gb")
+    link = communication.GroupLink(cluster, 8, 1)
+    assert not link.inter_node
+    nbytes = top_k * 4096 * 4096 * 2.0  # 4096 tokens of 4096 bf16 values, top_k copies
+    alltoall = all_to_all_time(link, nbytes, cluster, top_k)
+    deepep = all_to_all_time(link, nbytes, cluster, top_k, deepep=True)
+    copies = 8 * (1 - (7 / 8) ** top_k)  # distinct ranks a token reaches, its own included
+    assert deepep == pytest.approx(link.time(Collective.all_gather, nbytes / top_k * copies))
+    assert deepep <= alltoall * (1 + 1e-12)
+    if top_k == 1:
+        assert deepep == pytest.approx(alltoall)
