@@ -69,8 +69,13 @@ def main() -> None:
             if others:
                 o = others[0]
                 term, saved = deciding_term(b, o)
-                print(f"  {'':21s} decided by {term.replace('_', ' ')}: {saved:.2f} s saved against the best other shape "
-                      f"({o.estimate.step_time_s:.2f} s: {plan_summary(o.plan)})")
+                if o.estimate.step_time_s < est.step_time_s:  # the recommendation rule's best worst case (planner/search/solve.py)
+                    print(f"  {'':21s} recommended over a faster-predicted shape for its lower worst case ({hi:.2f} s against "
+                          f"{o.estimate.step_time_interval_s[1]:.2f} s), and by {term.replace('_', ' ')} ({saved:.2f} s saved) "
+                          f"against it ({o.estimate.step_time_s:.2f} s: {plan_summary(o.plan)})")
+                else:
+                    print(f"  {'':21s} decided by {term.replace('_', ' ')}: {saved:.2f} s saved against the best other shape "
+                          f"({o.estimate.step_time_s:.2f} s: {plan_summary(o.plan)})")
             else:
                 print(f"  {'':21s} every alternative among the 12 next has the same tp, pp, ZeRO and recompute")
         m, t = best["megatron"], best["torchtitan"]

@@ -100,11 +100,13 @@ def test_a_plan_costed_for_another_stack_exports_with_a_note(solved, tmp_path):
     assert lines[0].endswith(f"(re-estimate with `plan estimate --plan {generic} --target megatron`)")
     again = json.loads(plan_cli("estimate", "--plan", str(generic), "--target", "megatron", "--json").stdout)
     assert f"{again['estimate']['step_time_s']:.3f} s a step predicted" in lines[0]
-    titan = tmp_path / "torchtitan.json"  # accelerate runs torchtitan's kernels with its constants (planner/stacks)
+    titan = tmp_path / "torchtitan.json"  # accelerate: torchtitan's constants, a Hugging Face model's kernels (planner/stacks)
     plan_cli("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "32",
              "--seq-len", "4096", "--zero", "3", "--target", "torchtitan", "-o", str(titan))
-    same = plan_cli("export", str(titan), "--to", "accelerate").stderr
-    assert same.startswith("note: this plan was costed for torchtitan; accelerate's kernels predict the same ")
+    other = plan_cli("export", str(titan), "--to", "accelerate").stderr
+    again = json.loads(plan_cli("estimate", "--plan", str(titan), "--target", "accelerate", "--json").stdout)
+    assert other.startswith("note: this plan was costed for torchtitan; accelerate runs it with its own kernels: "
+                            f"{again['estimate']['step_time_s']:.3f} s a step predicted"), other
     own = plan_cli("export", str(solved["llama3-8b-16-h100", "megatron"]), "--to", "megatron")
     assert own.returncode == 0 and own.stderr == ""
     doc = json.loads(solved["llama3-8b-16-h100", "megatron"].read_text())
