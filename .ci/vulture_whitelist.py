@@ -37,3 +37,4 @@ convert
 started_at, predicted_peak_gib, finished_at
 FakeExecutor
 meaning  # cost_models/fit.py: Constant's description, for the people who read the table
+price_per_gpu_hour  # planner/specs.py:SizePoint, for readers of `plan size --json`

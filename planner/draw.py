@@ -293,3 +293,43 @@ def render(fig, fmt: str) -> bytes:
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "plan"}):
         fig.savefig(buf, format=fmt, dpi=110)
     return buf.getvalue()
+
+
+# One colour per cluster of a `plan size` picture, in the order given.
+CLUSTER_COLOURS = ("#4C72B0", "#55A868", "#C44E52", "#8172B3", "#DD8452", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
+
+
+def size_figure(doc):
+    """`plan size`'s front: days to train (x, log) against GPU-hours or cost (y), a marker per
+    feasible point coloured by cluster and labelled with its GPU count, the interval of its
+    days as a horizontal bar, the front joined by a line; points where adding GPUs stops
+    paying ringed."""
+    fig = _figure(8.0, 5.5)
+    ax = fig.add_subplot()
+    cost = doc.front_axis == "cost"
+    value = (lambda p: p.cost) if cost else (lambda p: p.gpu_hours)
+    clusters = list(dict.fromkeys(p.cluster for p in doc.points))
+    for i, name in enumerate(clusters):
+        ps = [p for p in doc.points if p.cluster == name and p.feasible and value(p) is not None]
+        if not ps:
+            continue
+        colour = CLUSTER_COLOURS[i % len(CLUSTER_COLOURS)]
+        ax.plot([p.days for p in ps], [value(p) for p in ps], marker="o", linestyle=":", color=colour, label=name, gid=f"size-{i}")
+        for p in ps:
+            ax.hlines(value(p), p.days_interval[0], p.days_interval[1], color=colour, alpha=0.4, linewidth=3)
+            ax.annotate(f"{p.gpus:,}", (p.days, value(p)), xytext=(3, 4), textcoords="offset points", fontsize=7, color=colour)
+            if p.stops_paying:
+                ax.plot([p.days], [value(p)], marker="o", markersize=13, markerfacecolor="none", color="black", linewidth=0)
+    front = sorted((p for p in doc.points if p.on_front and value(p) is not None), key=lambda p: p.days)
+    if front:
+        ax.plot([p.days for p in front], [value(p) for p in front], color="black", linewidth=1.2, label="front", gid="size-front")
+    if doc.deadline_days is not None:
+        ax.axvline(doc.deadline_days, color="black", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("days to train (bars: the step time's interval)")
+    ax.set_ylabel("cost" if cost else "GPU-hours")
+    ax.legend(fontsize=8, frameon=False)
+    ringed = " (ringed: adding GPUs stops paying)" if any(p.stops_paying for p in doc.points) else ""
+    _title(fig, f"{doc.model.name}: {doc.tokens / 1e12:,.3g}T tokens, batch {doc.global_batch_size:,} x {doc.seq_len:,}{ringed}", 9)
+    return fig

@@ -142,7 +142,7 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from planner.cli import estimate, export, presets, profile, run, schema, show, solve, tune
+    from planner.cli import estimate, export, presets, profile, run, schema, show, size, solve, tune
 
     cli.add_command(presets.presets)
     cli.add_command(estimate.estimate)
@@ -153,6 +153,7 @@ def _register() -> None:
     cli.add_command(export.export)
     cli.add_command(schema.schema)
     cli.add_command(tune.tune)
+    cli.add_command(size.size)
 
 
 _register()

@@ -692,3 +692,72 @@ def tune_summary(result) -> list[str]:
     count = f"{result.exhaustive:,}" if result.exhaustive_complete else f"at least {result.exhaustive:,}"
     lines.append(f"an exhaustive sweep would have run {count} trials; this tune ran {len(result.records)}")
     return lines
+
+
+def _days(d: float) -> str:
+    return f"{d:,.1f}" if d < 100 else f"{d:,.0f}"
+
+
+def _short_layout(plan: Plan) -> str:
+    """dp x tp x pp (and ep, cp, vpp where used), mbs, ZeRO, recompute: a size table's cell."""
+    parts = [f"dp{plan.dp} tp{plan.tp} pp{plan.pp}"] + [f"{k}{v}" for k, v in (("vpp", plan.vpp), ("ep", plan.ep), ("cp", plan.cp)) if v > 1]
+    return " ".join(parts + [f"mbs{plan.micro_batch_size} z{plan.zero_stage}", plan.recompute.value])
+
+
+def size_report(doc) -> None:
+    """`plan size`: every point, the front marked, then what the front and the scaling say."""
+    m = doc.model
+    console.print(printable(f"{m.name}: {doc.tokens / 1e12:,.3g}T tokens = {doc.steps:,} steps of {doc.global_batch_size:,} x "
+                            f"{doc.seq_len:,} tokens; {'stack ' + doc.target if doc.target else 'every stack searched'}"), markup=False)
+    priced = bool(doc.prices)
+    t = Table(title=f"Time to train against {'cost' if doc.front_axis == 'cost' else 'GPU-hours'} (* on the front)")
+    for col, justify in (("", "left"), ("cluster", "left"), ("GPUs", "right"), ("stack", "left"), ("layout", "left"),
+                         ("step s (interval)", "right"), ("days (interval)", "right"), ("GPU-hours", "right"),
+                         *((("cost", "right"),) if priced else ()), ("MFU", "right"), ("scaling", "right")):
+        t.add_column(col, justify=justify, no_wrap=col in ("cluster", "GPUs"))
+    for p in doc.points:
+        gpus = f"{p.gpus:,}" + ("" if p.gpus == p.gpus_asked else f" ({p.gpus_asked:,})")
+        if not p.feasible:
+            t.add_row("", p.cluster, gpus, "", f"no plan: {p.reason}", "", "", "", *(("",) if priced else ()), "", "")
+            continue
+        lo, hi = p.step_time_interval_s
+        dlo, dhi = p.days_interval
+        scaling = "" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.2f}" + (" stops" if p.stops_paying else "")
+        cost = (f"{p.cost:,.0f}" if p.cost is not None else "",) if priced else ()
+        late = " late" if p.within_deadline is False else ""
+        over = " over" if p.within_budget is False else ""
+        t.add_row("*" if p.on_front else "", p.cluster, gpus, p.target or "", _short_layout(p.plan),
+                  f"{p.step_time_s:.2f} ({lo:.2f}-{hi:.2f})", f"{_days(p.days)} ({_days(dlo)}-{_days(dhi)}){late}",
+                  f"{p.gpu_hours:,.0f}", *(tuple(c + over for c in cost)), f"{100 * p.mfu:.1f}%", scaling)
+    console.print(t)
+    for line in size_summary(doc):
+        console.print(printable(line), markup=False)
+
+
+def size_summary(doc) -> list[str]:
+    """The front from fastest to cheapest, where scaling stops paying, and the deadline / budget verdicts."""
+    ok = [p for p in doc.points if p.feasible]
+    out = []
+    front = sorted((p for p in ok if p.on_front), key=lambda p: p.days)
+    axis = (lambda p: f"${p.cost:,.0f}") if doc.front_axis == "cost" else (lambda p: f"{p.gpu_hours:,.0f} GPU-hours")
+    if front:
+        out.append("front, fastest first: " + "; ".join(f"{p.gpus:,} x {p.cluster} {_days(p.days)} days, {axis(p)}" for p in front))
+    for p in ok:
+        if p.stops_paying:
+            out.append(f"adding GPUs stops paying on {p.cluster} at {p.gpus:,} GPUs: scaling {p.scaling_efficiency:.2f} "
+                       f"< {doc.min_scaling:g} against its previous count")
+    if doc.deadline_days is not None:
+        inside = [p for p in ok if p.within_deadline]
+        best = min(inside, key=lambda p: p.cost if p.cost is not None and doc.front_axis == "cost" else p.gpu_hours, default=None)
+        out.append(f"within {doc.deadline_days:g} days: " + (f"{len(inside)} points; the least {('cost' if doc.front_axis == 'cost' else 'GPU-hours')}: "
+                   f"{best.gpus:,} x {best.cluster}, {_days(best.days)} days, {axis(best)}" if best else "no point; more GPUs or a faster cluster"))
+    if doc.budget is not None:
+        inside = [p for p in ok if p.within_budget]
+        best = min(inside, key=lambda p: p.days, default=None)
+        out.append(f"within {doc.budget:,.0f}: " + (f"the fastest priced point is {best.gpus:,} x {best.cluster}, {_days(best.days)} days"
+                   if best else "no priced point"))
+    infeasible = [p for p in doc.points if not p.feasible]
+    if infeasible:
+        out.append(f"{len(infeasible)} of {len(doc.points)} points have no plan (memory: no layout fits; batch: the batch cannot be split over that many GPUs)")
+    out.append(f"{len(doc.points)} points solved in {doc.wall_time_s:.1f} s")
+    return out

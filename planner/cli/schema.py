@@ -8,12 +8,13 @@ import json
 
 import click
 
-from planner.specs import SCHEMA_VERSION, PlanDocument, RunReport, SolveDocument
+from planner.specs import SCHEMA_VERSION, PlanDocument, RunReport, SizeDocument, SolveDocument
 
 DOCUMENTS = {
     "plan": (PlanDocument, "`plan estimate --json` / `-o`: model, cluster, job, plan and its estimate"),
     "solve": (SolveDocument, "`plan solve --json` / `-o`: a plan document plus alternatives, search statistics and the explanation"),
     "run-report": (RunReport, "`plan run --json` / `-o`: predicted against measured, and the verification against one process"),
+    "size": (SizeDocument, "`plan size --json` / `-o`: time to train and GPU-hours over clusters and GPU counts, and the front"),
 }
 
 
@@ -36,5 +37,5 @@ def schema_text(name: str) -> str:
 @click.command("schema")
 @click.argument("document", type=click.Choice(list(DOCUMENTS)), default="plan")
 def schema(document: str) -> None:
-    """Print the JSON Schema of a document `plan` writes (plan, solve or run-report)."""
+    """Print the JSON Schema of a document `plan` writes (plan, solve, run-report or size)."""
     click.echo(schema_text(document), nl=False)

@@ -1,0 +1,131 @@
+"""`plan size` (planner/size.py, planner/cli/size.py): every point is `plan solve`'s answer turned
+into days and GPU-hours by the stated formulas; the front is exactly the non-dominated points
+(checked against every pair); scaling efficiency, whole nodes, refusals in one line, the
+document against its schema, the picture."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from planner import api
+from planner.errors import UsageError
+from planner.size import parse_gpu_counts, parse_prices, parse_tokens, reason_of, sweep, whole_nodes
+from planner.specs import SizeDocument
+
+PLAN = [sys.executable, "-m", "planner.cli.main"]
+CLUSTERS = ("dgx-a100-80gb", "dgx-h100-80gb")
+
+
+@pytest.fixture(scope="module")
+def doc() -> SizeDocument:
+    model = api.load_model("llama3-8b")
+    return sweep(model, [(n, api.load_cluster(n)) for n in CLUSTERS], [8, 16, 64], 1e12, 256, 4096,
+                 target="megatron", prices={"dgx-a100-80gb": 1.5, "dgx-h100-80gb": 2.5}, deadline_days=60, min_scaling=0.9)
+
+
+def test_tokens_counts_and_prices_are_read_or_refused():
+    assert parse_tokens("15T") == 15e12 and parse_tokens("300B") == 3e11 and parse_tokens("2.5e12") == 2.5e12
+    assert parse_gpu_counts("256..8192") == [256, 512, 1024, 2048, 4096, 8192]
+    assert parse_gpu_counts("1024,256,1024") == [256, 1024] and parse_gpu_counts("64") == [64]
+    assert parse_prices(["a=2.5"], ["a", "b"]) == {"a": 2.5}
+    for bad in ("15X", "", "0", "1e30", "-3T"):
+        with pytest.raises(UsageError, match="--tokens"):
+            parse_tokens(bad)
+    for bad in ("8192..256", "0..8", "a,b", "", "256..", "1.5"):
+        with pytest.raises(UsageError, match="--gpus"):
+            parse_gpu_counts(bad)
+    for bad in (["c=2"], ["a=0"], ["a=nan"], ["a"], ["=2"]):
+        with pytest.raises(UsageError, match="--price"):
+            parse_prices(bad, ["a", "b"])
+
+
+def test_counts_round_to_whole_nodes():
+    assert [whole_nodes(n, 8) for n in (4, 8, 12, 13, 256)] == [4, 8, 16, 16, 256]
+    assert [whole_nodes(n, 72) for n in (256, 512, 1024)] == [288, 504, 1008]  # 3.56, 7.11, 14.2 racks
+
+
+def test_each_point_is_plan_solves_answer_in_days_and_gpu_hours(doc):
+    steps = math.ceil(1e12 / (256 * 4096))
+    assert doc.steps == steps and len(doc.points) == 6
+    for p in doc.points:
+        assert p.feasible, p
+        ref = api.solve("llama3-8b", p.cluster, gpus=p.gpus, global_batch=256, seq_len=4096, target="megatron", top_k=0)
+        assert p.plan == ref.plan and p.step_time_s == ref.estimate.step_time_s
+        assert p.days == pytest.approx(steps * p.step_time_s / 86400, rel=1e-12)
+        assert p.gpu_hours == pytest.approx(p.gpus * steps * p.step_time_s / 3600, rel=1e-12)
+        assert p.cost == pytest.approx(p.gpu_hours * doc.prices[p.cluster], rel=1e-12)
+        assert p.days_interval[0] <= p.days <= p.days_interval[1]
+        assert p.within_deadline == (p.days <= 60)
+
+
+def test_the_front_is_exactly_the_non_dominated_points(doc):
+    assert doc.front_axis == "cost"  # every cluster priced
+    ok = [p for p in doc.points if p.feasible]
+    for p in ok:
+        dominated = any(q.days <= p.days and q.cost <= p.cost and (q.days < p.days or q.cost < p.cost) for q in ok if q is not p)
+        assert p.on_front == (not dominated), p
+    assert any(p.on_front for p in ok)
+
+
+def test_scaling_efficiency_is_the_speed_up_per_gpu_ratio(doc):
+    for name in CLUSTERS:
+        ps = sorted((p for p in doc.points if p.cluster == name), key=lambda p: p.gpus)
+        assert ps[0].scaling_efficiency is None and not ps[0].stops_paying
+        for prev, p in zip(ps, ps[1:]):
+            assert p.scaling_efficiency == pytest.approx((prev.step_time_s / p.step_time_s) * prev.gpus / p.gpus, rel=1e-12)
+            assert p.stops_paying == (p.scaling_efficiency < 0.9)
+
+
+def test_a_point_where_nothing_fits_says_memory():
+    model = api.load_model("gpt3-175b")
+    d = sweep(model, [("dgx-a100-40gb", api.load_cluster("dgx-a100-40gb"))], [8, 1024], 3e11, 1536, 2048, target="megatron")
+    small, large = d.points
+    assert (small.feasible, small.reason, small.on_front) == (False, "memory", False) and large.feasible and large.on_front
+    assert reason_of(UsageError("global batch 8 cannot be split over dp 16")) == "batch"
+
+
+def test_json_matches_the_document_and_the_picture_is_drawn(tmp_path):
+    pytest.importorskip("matplotlib")
+    out, pic = tmp_path / "size.json", tmp_path / "front.svg"
+    r = subprocess.run([*PLAN, "size", "--model", "llama3-8b", "--clusters", "dgx-h100-80gb", "--gpus", "8..16", "--tokens", "1T",
+                        "--global-batch", "256", "--seq-len", "4096", "--target", "megatron", "--json", "-o", str(out),
+                        "--picture", str(pic)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    printed = SizeDocument.model_validate_json(r.stdout)
+    assert SizeDocument.model_validate_json(out.read_text()).points == printed.points
+    assert [p.gpus for p in printed.points] == [8, 16]
+    svg = pic.read_text()
+    assert "days to train" in svg and "dgx-h100-80gb" in svg
+    assert r.stderr.splitlines() == [f"document written to {out}", f"picture written to {pic}"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--tokens", "15X"], "--tokens"),
+    (["--gpus", "8192..256"], "--gpus"),
+    (["--price", "dgx-h200=2"], "not one of --clusters"),
+    (["--budget", "1000"], "--budget needs prices"),
+    (["--clusters", "dgx-h100-80gb,dgx-h100-80gb"], "distinct"),
+    (["--deadline", "soon"], "--deadline"),
+    (["--picture", "front.gif"], ".svg or .png"),
+])
+def test_bad_inputs_are_one_line(tmp_path, args, needle):
+    base = {"--model": "llama3-8b", "--clusters": "dgx-h100-80gb", "--gpus": "8", "--tokens": "1T", "--global-batch": "64",
+            "--seq-len": "4096"}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    r = subprocess.run([*PLAN, "size", *[x for kv in base.items() for x in kv]], capture_output=True, text=True, cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_size_schema_is_published():
+    from planner.cli.schema import schema_text
+
+    schema = json.loads(schema_text("size"))
+    assert schema["$id"].startswith("planner/size-") and "points" in schema["properties"]
