@@ -41,7 +41,8 @@ def mesh_strides(degrees: dict[Axis, int], mesh_order) -> dict[Axis, int]:
 
 def spans_nodes(degree: int, stride: int, gpus_per_node: int) -> bool:
     """True when one group (degree ranks, `stride` apart) sits on more than one node; ranks
-    are laid node by node, gpus_per_node consecutive ranks per node."""
+    are laid node by node, gpus_per_node consecutive ranks per node. Called with the scale-up
+    domain's size (ClusterSpec.domain_gpus): a group inside one domain stays on its fast link."""
     if degree == 1:
         return False
     extent = stride * degree
@@ -56,9 +57,10 @@ class GroupLink:
 
     def __init__(self, cluster: ClusterSpec, size: int, stride: int):
         self.size = size
-        self.inter_node = size > 1 and spans_nodes(size, stride, cluster.gpus_per_node)
+        domain = cluster.domain_gpus  # "node" below: the scale-up domain (one node unless the cluster says more)
+        self.inter_node = size > 1 and spans_nodes(size, stride, domain)
         self._cluster = cluster
-        self.rails = max(1, min(size, cluster.gpus_per_node // stride)) if self.inter_node else 1
+        self.rails = max(1, min(size, domain // stride)) if self.inter_node else 1
         self._coef: dict[Collective, tuple[float, float]] = {}  # (alpha s, seconds per byte of the full buffer)
 
     @property

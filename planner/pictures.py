@@ -309,8 +309,9 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
         link = links[a]
         tier = cluster.inter_node if link.inter_node else cluster.intra_node
         name = tier.name if degrees[a] > 1 else "none (degree 1)"
-        where = (f"across nodes ({link.rails} rail(s)): {name}" if link.inter_node
-                 else name if degrees[a] == 1 else f"inside a node: {name}")
+        unit = "a node" if cluster.domain_gpus == g else f"a scale-up domain of {cluster.domain_gpus} GPUs"
+        where = (f"across {'nodes' if cluster.domain_gpus == g else 'scale-up domains'} ({link.rails} rail(s)): {name}"
+                 if link.inter_node else name if degrees[a] == 1 else f"inside {unit}: {name}")
         axes.append({
             "axis": a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", "degree": degrees[a], "stride": strides[a],
             "inter_node": link.inter_node, "rails": link.rails if link.inter_node else None, "link": name, "where": where,

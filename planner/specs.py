@@ -715,8 +715,14 @@ class ClusterSpec(_Spec):
     num_nodes: Optional[Integer(1, MAX_GPUS)] = Field(
         default=None, description="Nodes available; None means as many as a command asks for (a preset of one node type)."
     )
-    intra_node: LinkTier = Field(description="Link between GPUs of one node.")
-    inter_node: LinkTier = Field(description="Link between nodes, per GPU (one NIC per GPU on DGX).")
+    scaleup_domain_gpus: Optional[Integer(1, MAX_GPUS)] = Field(
+        default=None,
+        description="GPUs that share the intra_node link (the scale-up domain, e.g. 72 on a GB200 NVL72 rack of 18 hosts "
+        "of 4), a whole number of nodes; None: one node. Groups inside a domain take intra_node's figures, groups "
+        "across domains inter_node's. (schema 1.8)",
+    )
+    intra_node: LinkTier = Field(description="Link between GPUs of one scale-up domain (a node unless scaleup_domain_gpus says more).")
+    inter_node: LinkTier = Field(description="Link between scale-up domains, per GPU (one NIC per GPU on DGX).")
     overlap_efficiency: Real(0, 1) = Field(
         default=1.0,
         description="Fraction of the data-parallel communication that can hide behind compute: 1 where collectives run on their own engines (NCCL on GPUs); `plan profile` measures it.",
@@ -734,6 +740,11 @@ class ClusterSpec(_Spec):
         "a stack without an entry uses the device's and the cluster's own figures. (schema 1.7)",
     )
 
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs on the fast link: the scale-up domain (scaleup_domain_gpus), else one node."""
+        return self.scaleup_domain_gpus or self.gpus_per_node
+
     def for_target(self, target: "Target | str") -> "ClusterSpec":
         """This cluster as the cost model sees it under `target`: the stack's constants (if it
         has an entry) in place of the device's sustained fraction and kernel gap and the
@@ -750,6 +761,13 @@ class ClusterSpec(_Spec):
         if k.uncertainty is not None:
             update["uncertainty"] = k.uncertainty
         return self.model_copy(update=update)
+
+    @model_validator(mode="after")
+    def _domain_of_whole_nodes(self) -> "ClusterSpec":
+        d = self.scaleup_domain_gpus
+        if d is not None and d % self.gpus_per_node:
+            raise ValueError(f"scaleup_domain_gpus {d} is not a whole number of nodes of {self.gpus_per_node} GPUs")
+        return self
 
     @model_validator(mode="after")
     def _tiers_complete(self) -> "ClusterSpec":

@@ -208,7 +208,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
     rejected: Counter = Counter()
     out: list[Candidate] = []
     n, L = space.num_gpus, model.num_layers
-    max_tp = space.max_tp or cluster.gpus_per_node
+    max_tp = space.max_tp or cluster.domain_gpus  # TP inside the fast link's domain
     order_cache: dict = {}
     for tp in divisors(n):
         if tp_problem(model, tp):
