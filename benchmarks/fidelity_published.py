@@ -37,7 +37,7 @@ from benchmarks.published_cases import Case, cases  # noqa: E402
 from cost_models import fit as fitlib  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 from cost_models.fit import NAMES  # noqa: E402
-from hardware_profiles import PRESET_DIR  # noqa: E402
+from hardware_profiles import PRESET_DIR, UNCALIBRATED, uncalibrated_entry, widened  # noqa: E402
 
 STACK_DIR = Path(__file__).resolve().parent.parent / "planner" / "stacks"
 
@@ -335,24 +335,30 @@ def _uncertainty(iv: Interval) -> dict:
 def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
     """The pooled constants as every preset's own (what `generic` and profiles without a stack
     entry use); each stack's, for any device ("*"), in its folder's constants.json
-    (planner/stacks/<stack>/), which the preset loader adds to every preset."""
+    (planner/stacks/<stack>/), which the preset loader adds to every preset. An uncalibrated
+    preset (hardware_profiles.UNCALIBRATED: no run here was measured on its device) gets the
+    same constants with its intervals widened, the stacks' as its own stack_constants."""
     today = date.today().isoformat()
     th = thetas["generic"]
+    entries = {}
+    for stack in (*STACKS, *SHARED):
+        src = SHARED.get(stack, stack)
+        t = thetas[src]
+        entries[stack] = {"sustained_fraction": round(t[0], 4), "kernel_overhead_us": round(t[1], 3),
+                          "overlap_efficiency": round(t[2], 4), "uncertainty": _uncertainty(intervals[src]),
+                          "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
+                                        f"benchmarks/data (of {runs}), pulled towards the pooled fit"}
+        (STACK_DIR / stack / "constants.json").write_text(json.dumps({"*": entries[stack]}, indent=2) + "\n")
     for f in sorted(PRESET_DIR.glob("*.json")):
         data = json.loads(f.read_text())
         data["device"]["sustained_fraction"] = round(th[0], 4)
         data["device"]["kernel_overhead_us"] = round(th[1], 3)
         data["overlap_efficiency"] = round(th[2], 4)
         data["uncertainty"] = _uncertainty(intervals["generic"])
+        if f.stem in UNCALIBRATED:
+            data["uncertainty"] = widened(data["uncertainty"])
+            data["stack_constants"] = {s: uncalibrated_entry(e, data["device"]["name"]) for s, e in entries.items()}
         f.write_text(json.dumps(data, indent=2) + "\n")
-    for stack in (*STACKS, *SHARED):
-        src = SHARED.get(stack, stack)
-        t = thetas[src]
-        entry = {"sustained_fraction": round(t[0], 4), "kernel_overhead_us": round(t[1], 3),
-                 "overlap_efficiency": round(t[2], 4), "uncertainty": _uncertainty(intervals[src]),
-                 "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
-                               f"benchmarks/data (of {runs}), pulled towards the pooled fit"}
-        (STACK_DIR / stack / "constants.json").write_text(json.dumps({"*": entry}, indent=2) + "\n")
     print("wrote the constants into", PRESET_DIR, "and", STACK_DIR)
 
 

@@ -10,6 +10,36 @@ from planner.stacks import stack_constants
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
+# Presets of devices that no run of benchmarks/data was measured on (B200, GB200, MI300X,
+# MI325X, MI355X): their figures are datasheet peaks and public microbenchmarks, and the
+# software constants (sustained fraction, kernel gap, overlap) fitted on A100/H100 runs are
+# taken for them as they are, which nothing has checked. Their intervals are the calibrated
+# ones widened: each relative half-width's log (the interval is multiplicative) times
+# UNCALIBRATED_WIDENING, in the preset's `uncertainty` and in its own `stack_constants`
+# entries (which replace the shipped "*" ones). benchmarks/fidelity_published.py --write
+# keeps them so when it refits.
+UNCALIBRATED = frozenset({"dgx-b200", "gb200-nvl72", "mi300x", "mi325x", "mi355x"})
+UNCALIBRATED_WIDENING = 1.5
+_HALF_WIDTHS = ("relative", "compute", "communication")
+
+
+def widened(uncertainty: dict, factor: float = UNCALIBRATED_WIDENING) -> dict:
+    """An Uncertainty (as its JSON dict) with each half-width r turned into (1 + r)^factor - 1."""
+    return {k: round((1 + v) ** factor - 1, 4) if k in _HALF_WIDTHS and v is not None else v
+            for k, v in uncertainty.items()}
+
+
+def uncalibrated_entry(entry: dict, device_name: str) -> dict:
+    """A stack's shipped constants entry (JSON dict, the "*" one) as an uncalibrated preset of
+    `device_name` carries it: the same constants, the interval widened, the provenance saying so."""
+    out = dict(entry)
+    if entry.get("uncertainty") is not None:
+        out["uncertainty"] = widened(entry["uncertainty"])
+    out["provenance"] = (f"uncalibrated on {device_name}: the constants fitted for any device (\"*\") on A100/H100 runs, "
+                         f"taken as they are; interval widened (log half-width x{UNCALIBRATED_WIDENING:g}). "
+                         f"Fitted: {entry.get('provenance') or 'unknown'}")
+    return out
+
 
 def cluster_presets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PRESET_DIR.glob("*.json"))}

@@ -13,7 +13,8 @@ REQUIRED_MODELS = {
     "gpt2-124m", "gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "llama2-7b", "llama2-13b",
     "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt-neox-20b", "bloom-176b",
 }
-REQUIRED_CLUSTERS = {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200"}
+REQUIRED_CLUSTERS = {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200",
+                     "dgx-b200", "gb200-nvl72", "mi300x", "mi325x", "mi355x"}
 
 
 def test_all_presets_load_and_cite_a_source():
@@ -23,8 +24,9 @@ def test_all_presets_load_and_cite_a_source():
         assert load_model(name).source
     for name in cluster_presets():
         c = load_cluster(name)
-        assert c.source and c.gpus_per_node == 8
-        # InfiniBand: HDR 200 Gb/s per A100, NDR 400 Gb/s per H100/H200 (bus bandwidth below line rate).
+        # a node is the NVLink domain: 72 GPUs on GB200 NVL72, 8 elsewhere
+        assert c.source and c.gpus_per_node == (72 if name == "gb200-nvl72" else 8)
+        # InfiniBand: HDR 200 Gb/s per A100, 400 Gb/s per GPU on every later preset (bus bandwidth below line rate).
         ib = c.inter_node.fit("all_reduce", 2).bandwidth_gbps
         assert ib < (25 if "a100" in name else 50)
         assert c.intra_node.fit("all_reduce", 8).bandwidth_gbps > 5 * ib
