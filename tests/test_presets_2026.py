@@ -26,7 +26,8 @@ CITED = [
     ("dgx-b200", "cudnn_fwd", 0.55, "FlashAttention-4: 1,605 TFLOP/s on B200 / 1.3 over cuDNN 9.13 / 2,250"),
     ("dgx-b200", "intra_ar_gbps", 720, "NVLink 5 900 GB/s per direction x the H100 preset's 80%"),
     ("dgx-b200", "inter_ar_gbps", 45, "8 x ConnectX-7 400 Gb/s, ~90% of 50 GB/s"),
-    ("gb200-nvl72", "gpus_per_node", 72, "GB200 NVL72: one 72-GPU NVLink domain as one node"),
+    ("gb200-nvl72", "gpus_per_node", 4, "GB200 NVL72: compute trays of 4 GPUs"),
+    ("gb200-nvl72", "domain_gpus", 72, "GB200 NVL72: 72 GPUs on one NVLink Switch fabric"),
     ("gb200-nvl72", "bf16", 2500, "GB200 NVL72 specifications: 360 PF FP16/BF16 sparse / 72 / 2"),
     ("gb200-nvl72", "fp8", 5000, "GB200 NVL72 specifications: 720 PF FP8 sparse / 72 / 2"),
     ("gb200-nvl72", "memory_gbps", 8000, "GB200 NVL72: 576 TB/s / 72"),
@@ -66,7 +67,7 @@ def _field(c, field):
         "fp8_eff": lambda: d.gemm.fp8_max_efficiency, "cudnn_fwd": lambda: d.attention["cudnn"].forward,
         "intra_ar_gbps": lambda: c.intra_node.fit("all_reduce", 8).bandwidth_gbps,
         "inter_ar_gbps": lambda: c.inter_node.fit("all_reduce", 2).bandwidth_gbps,
-        "p2p_gbps": lambda: c.intra_node.fit("p2p", 2).bandwidth_gbps, "gpus_per_node": lambda: c.gpus_per_node,
+        "p2p_gbps": lambda: c.intra_node.fit("p2p", 2).bandwidth_gbps, "gpus_per_node": lambda: c.gpus_per_node, "domain_gpus": lambda: c.domain_gpus,
     }[field]()
 
 

@@ -24,8 +24,8 @@ def test_all_presets_load_and_cite_a_source():
         assert load_model(name).source
     for name in cluster_presets():
         c = load_cluster(name)
-        # a node is the NVLink domain: 72 GPUs on GB200 NVL72, 8 elsewhere
-        assert c.source and c.gpus_per_node == (72 if name == "gb200-nvl72" else 8)
+        # 8 GPUs a node; GB200 NVL72: trays of 4 in a 72-GPU NVLink domain
+        assert c.source and (c.gpus_per_node, c.domain_gpus) == ((4, 72) if name == "gb200-nvl72" else (8, 8))
         # InfiniBand: HDR 200 Gb/s per A100, 400 Gb/s per GPU on every later preset (bus bandwidth below line rate).
         ib = c.inter_node.fit("all_reduce", 2).bandwidth_gbps
         assert ib < (25 if "a100" in name else 50)
