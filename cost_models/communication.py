@@ -89,8 +89,9 @@ class GroupLink:
 
     @property
     def nodes(self) -> int:
-        """Nodes the group spans (its ranks on one node each drive their own NIC)."""
-        return max(1, self.size // self.rails) if self.inter_node else 1
+        """Nodes the group spans (its ranks on one node each drive their own NIC): rounded up, so
+        that a group of 128 over domains of 72 spans two, not one."""
+        return max(1, -(-self.size // self.rails)) if self.inter_node else 1
 
     def step_latency_us(self, c: Collective) -> float:
         """Latency that grows with the group, on top of the per-call latency: a ring takes

@@ -281,7 +281,7 @@ def test_show_bad_zoom_one_line_no_file(plans, tmp_path, args, message):
 
 _DOCS = Path(__file__).resolve().parent.parent / "docs"
 _SHIPPED = ["quick-start-timeline.png", "quick-start-memory.png", "quick-start-timeline-zoom.png",
-            "llama3-8b-16gpu-placement.png", "llama3-8b-16gpu-timeline.png"]
+            "llama3-8b-16gpu-placement.png", "llama3-8b-16gpu-timeline.png", "size-llama3-70b-15t.png"]
 
 
 def _software(png: bytes) -> str:

@@ -60,3 +60,17 @@ def test_placement_names_the_domain():
 def test_a_domain_of_part_of_a_node_is_refused():
     with pytest.raises(ValidationError, match="not a whole number of nodes"):
         HOSTS_OF_4.model_validate({**HOSTS_OF_4.model_dump(), "scaleup_domain_gpus": 6})
+
+
+def test_a_group_over_part_of_a_second_domain_spans_two():
+    nvl = load_cluster("gb200-nvl72")
+    assert GroupLink(nvl, 128, 1).nodes == 2 and GroupLink(nvl, 144, 1).nodes == 2 and GroupLink(nvl, 24, 1).nodes == 1
+    assert GroupLink(H100, 12, 1).nodes == 2  # 12 ranks on nodes of 8: two nodes, not one
+
+
+def test_deepseek_v3_experts_inside_an_nvl72_rack_cross_the_network_on_b200():
+    """The README's comparison: the NVL72 plan's expert all-to-alls (EP 32 with TP 2) stay on
+    NVLink there and cross nodes on DGX B200 (4 nodes of 8)."""
+    kw = dict(gpus=1024, global_batch=8192, seq_len=4096, tp=2, ep=32, sequence_parallel=True, target="megatron")
+    nvl, b200 = (api.estimate("deepseek-v3", c, **kw).estimate for c in ("gb200-nvl72", "dgx-b200"))
+    assert b200.time_breakdown_s.tp_communication > 5 * nvl.time_breakdown_s.tp_communication

@@ -722,7 +722,7 @@ def size_report(doc) -> None:
             continue
         lo, hi = p.step_time_interval_s
         dlo, dhi = p.days_interval
-        scaling = "" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.2f}" + (" stops" if p.stops_paying else "")
+        scaling = "" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.3f}" + (" stops" if p.stops_paying else "")
         cost = (f"{p.cost:,.0f}" if p.cost is not None else "",) if priced else ()
         late = " late" if p.within_deadline is False else ""
         over = " over" if p.within_budget is False else ""
@@ -742,10 +742,13 @@ def size_summary(doc) -> list[str]:
     axis = (lambda p: f"${p.cost:,.0f}") if doc.front_axis == "cost" else (lambda p: f"{p.gpu_hours:,.0f} GPU-hours")
     if front:
         out.append("front, fastest first: " + "; ".join(f"{p.gpus:,} x {p.cluster} {_days(p.days)} days, {axis(p)}" for p in front))
+    stops: dict[str, list] = {}
     for p in ok:
         if p.stops_paying:
-            out.append(f"adding GPUs stops paying on {p.cluster} at {p.gpus:,} GPUs: scaling {p.scaling_efficiency:.2f} "
-                       f"< {doc.min_scaling:g} against its previous count")
+            stops.setdefault(p.cluster, []).append(p)
+    for cluster, ps in stops.items():
+        out.append(f"adding GPUs stops paying on {cluster} from {ps[0].gpus:,} GPUs: scaling "
+                   f"{', '.join(f'{p.scaling_efficiency:.3f} at {p.gpus:,}' for p in ps)} (below --min-scaling {doc.min_scaling:g})")
     if doc.deadline_days is not None:
         inside = [p for p in ok if p.within_deadline]
         best = min(inside, key=lambda p: p.cost if p.cost is not None and doc.front_axis == "cost" else p.gpu_hours, default=None)
