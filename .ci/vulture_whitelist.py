@@ -4,7 +4,7 @@ Schema fields are read by JSON serialization and by readers outside this reposit
 parameters are named by the protocol that calls them."""
 
 # ruff: noqa
-# planner/specs.py: fields written to and read from plan / report documents
+# planner/specs/: fields written to and read from plan / report documents
 model_config  # pydantic's configuration hook (also planner/plan_file.py)
 sgd  # Optimizer enum member, chosen by name in job files
 deepspeed  # Target enum member, chosen by name (--target deepspeed)
@@ -37,4 +37,4 @@ convert
 started_at, predicted_peak_gib, finished_at
 FakeExecutor
 meaning  # cost_models/fit.py: Constant's description, for the people who read the table
-price_per_gpu_hour  # planner/specs.py:SizePoint, for readers of `plan size --json`
+price_per_gpu_hour  # planner/specs/size_document.py:SizePoint, for readers of `plan size --json`

@@ -2,7 +2,7 @@
 function that benchmarks/fidelity_published.py (published runs) and `plan tune` (trials
 measured on the user's machines) both call.
 
-The constants are those of planner/specs.py:StackConstants, each with a physical meaning:
+The constants are those of planner/specs/cluster.py:StackConstants, each with a physical meaning:
 
 - sustained_fraction: throughput a training loop sustains relative to microbenchmarks
   (clocks under sustained power, synchronisation), multiplying GEMM and attention rates;

@@ -8,7 +8,7 @@
 
 The commands call these same functions (planner/cli/estimate.py, solve.py, export.py) and add
 only option parsing, rendering and exit codes, so a result equals the document `--json` prints
-for the same inputs (planner/specs.py: PlanDocument, SolveDocument). Each keyword is the option
+for the same inputs (planner/specs/plan_document.py: PlanDocument, SolveDocument). Each keyword is the option
 of the same name (`global_batch` is `--global-batch`). A model or cluster is a ModelSpec /
 ClusterSpec, or what --model / --cluster take: a preset name (`plan presets`) or a file.
 

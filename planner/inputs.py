@@ -20,7 +20,7 @@ from planner.search.candidates import SearchSpace
 from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem
 
 # Bounds on what is physically meaningful (GPUs, sequences per step, tokens), the same for
-# options as for documents (planner/specs.py, where each is explained). Beyond them an input is a typo.
+# options as for documents (planner/specs/base.py, where each is explained). Beyond them an input is a typo.
 MAX_GPUS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN = specs.MAX_GPUS, specs.MAX_GLOBAL_BATCH, specs.MAX_SEQ_LEN
 # Without --seq-len a model trains at its maximum length, unless that is a long-context
 # extension (Qwen2.5's 131,072, Llama 3.1's 131,072): then --seq-len is required.

@@ -1,4 +1,4 @@
-"""Per-stack constants (planner/specs.py:StackConstants, ClusterSpec.for_target), the one fit
+"""Per-stack constants (planner/specs/cluster.py:StackConstants, ClusterSpec.for_target), the one fit
 function (cost_models/fit.py) and the out-of-group interval of benchmarks/fidelity_published.py."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`plan schema`: the JSON Schema of the documents `plan` writes, generated from their
-pydantic models (planner/specs.py), so the published format cannot drift from the code.
+pydantic models (planner/specs/), so the published format cannot drift from the code.
 The checked-in copies under schemas/ are compared with these by tests/test_schema.py."""
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# The most processes one launch starts (the planner's own bound on a cluster, planner/specs.py:MAX_GPUS).
+# The most processes one launch starts (the planner's own bound on a cluster, planner/specs/base.py:MAX_GPUS).
 MAX_WORLD = 2**20
 # A host name (letters, digits, dots, hyphens; underscores as some resolvers allow) or an IPv6 address in brackets.
 _HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")

@@ -360,7 +360,7 @@ MAX_STEPS = 100_000
 
 def check_rehearsal(r: Rehearsal) -> None:
     """Each --scale-* / --rehearse-dp given is a count the model and plan documents accept
-    (planner/specs.py's bounds), before anything is computed from it."""
+    (planner/specs/base.py's bounds), before anything is computed from it."""
     from planner.specs import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH
 
     for value, option, most in [(r.layers, "--scale-layers", MAX_LAYERS), (r.hidden, "--scale-hidden", MAX_WIDTH),

@@ -158,7 +158,7 @@ def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelS
 def _hf_name(path: Path) -> str:
     """A config.json is named after its directory (a snapshot's, after its repository); another file after its stem.
     A byte of the path that is not UTF-8 (Python holds it as a lone surrogate, which no output can
-    write) becomes U+FFFD, and so does a control character (a name may hold none: planner/specs.py)."""
+    write) becomes U+FFFD, and so does a control character (a name may hold none: planner/specs/base.py)."""
     parts = Path(os.path.abspath(path)).parts  # '..' resolved, symlinks (a snapshot's into blobs/) not
     if path.name != "config.json":
         name = path.stem

@@ -172,7 +172,7 @@ def unread_field(data: dict, model_type: str) -> str | None:
 
 # ----- the kind of every field read
 # What each field this reader reads (any family's, and the bookkeeping it looks at) must hold, as
-# transformers writes it: a count within the bounds of the spec (planner/specs.py), a yes/no, a
+# transformers writes it: a count within the bounds of the spec (planner/specs/model.py), a yes/no, a
 # name. Checked before anything is computed from a field, so a string, a bool, a dict or a number
 # beyond any model is refused naming the field, not read as something else ("false" as true, 0
 # heads as "equal to the query heads", a name as its letters). null: the family's default.

@@ -1,6 +1,6 @@
 """Kernel-level tables of a device, measured: what the shipped presets take from public data.
 
-On a GPU, `plan profile` fills the same fields the presets carry (planner/specs.py:DeviceSpec):
+On a GPU, `plan profile` fills the same fields the presets carry (planner/specs/cluster.py:DeviceSpec):
 
 - `gemm` (GemmModel): the SM count from the device, and `max_efficiency`, the best fraction of
   the datasheet peak any GEMM of the sweep reached (the presets take the MAMF table; here it is

@@ -282,7 +282,7 @@ def break_ties(results: list) -> list:
     """The tie rule (TIE_RULE). Plans whose intervals overlap the fastest plan's cannot be told apart
     by the prediction; among them recommend the one whose interval ends lowest (the best
     worst case, time per token). Compute and communication carry different errors
-    (planner/specs.py:Uncertainty), so this prefers the plan that depends least on the
+    (planner/specs/cluster.py:Uncertainty), so this prefers the plan that depends least on the
     uncertain terms: a communication-heavy plan must be faster by more than its wider
     interval to be recommended. Without intervals (measured profiles) the fastest stays first."""
     best = results[0]

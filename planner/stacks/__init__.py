@@ -2,7 +2,7 @@
 
 `--target STACK` says which stack runs a plan, `plan export --to STACK` writes its
 configuration. A stack is a folder planner/stacks/<name>/, `name` a value of
-planner/specs.py:Target, holding:
+planner/specs/job.py:Target, holding:
 
 - `__init__.py`: `STACK`, a stack.py:Stack that states what the stack runs, each a plain
   attribute: `attention_kernel` (the device table's fused-attention entry, read by

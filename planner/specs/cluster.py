@@ -1,0 +1,420 @@
+"""The hardware profile: ClusterSpec, its DeviceSpec (GEMM and attention efficiency tables), link
+tiers and their collective fits, Uncertainty, StackConstants, MeasuredProfile (`plan profile`), and
+memory_limit_gib, the memory a plan may use on a cluster."""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from planner.specs.base import (
+    INT_LIMIT,
+    MAX_BYTES,
+    MAX_FLOPS,
+    MAX_GIB,
+    MAX_GBPS,
+    MAX_GLOBAL_BATCH,
+    MAX_GPUS,
+    MAX_SECONDS,
+    MAX_SEQ_LEN,
+    MAX_TFLOPS,
+    MAX_US,
+    MAX_WIDTH,
+    MIN_GBPS,
+    MIN_SECONDS,
+    MIN_TFLOPS,
+    Fraction,
+    Integer,
+    Real,
+    _refused,
+    _Spec,
+)
+from planner.specs.job import Target
+from planner.specs.model import DType, ModelSpec
+
+
+# --------------------------------------------------------------------------- enums
+
+
+# The fused-attention kernels a device table (DeviceSpec.attention) may list, each stack running
+# one (planner/stacks: Stack.attention_kernel): FlashAttention-2 (through SDPA) and Transformer
+# Engine's cuDNN attention.
+ATTENTION_KERNELS = ("flash2", "cudnn")
+
+
+class Collective(str, Enum):
+    all_reduce = "all_reduce"
+    all_gather = "all_gather"
+    reduce_scatter = "reduce_scatter"
+    p2p = "p2p"
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+class EfficiencyPoint(_Spec):
+    """One point of the achievable-matmul-efficiency curve."""
+
+    gemm_flops: Real(0, MAX_FLOPS, 'FLOPs', open_lo=True) = Field(description="FLOPs of one GEMM call (2*m*n*k).")
+    efficiency: Fraction = Field(description="Achieved fraction of peak dense throughput at that size.")
+
+
+class GemmModel(_Spec):
+    """How a GEMM of shape (m, n, k) runs: output tiles spread over the SMs in waves, each
+    tile streaming k (plus a fixed prologue/epilogue worth `k_overhead`) at the best
+    achievable rate. Efficiency = max_efficiency x (tiles/SMs) / max(1, tiles/SMs + wave_tail)
+    x k / (k + k_overhead) (wave and tile quantisation, NVIDIA's "Matrix multiplication
+    background" guide), and never faster than streaming the operands from memory."""
+
+    sm_count: Integer(1, 100_000) = Field(description="Streaming multiprocessors (A100: 108, H100 SXM: 132).")
+    tile_m: Integer(1, 4096) = Field(default=128, description="Output tile rows of the typical large-GEMM kernel.")
+    tile_n: Integer(1, 4096) = Field(default=128, description="Output tile columns.")
+    k_overhead: Real(0, MAX_WIDTH) = Field(default=64, description="Per-tile prologue/epilogue, in equivalent k elements.")
+    wave_tail: Real(0, 1) = Field(default=0.25, description="Average idle fraction of the last wave, in waves.")
+    max_efficiency: Fraction = Field(description="Best achievable fraction of peak of a large, aligned GEMM (measured, e.g. MAMF).")
+    fp8_max_efficiency: Optional[Fraction] = Field(
+        default=None, description="The same for FP8 GEMMs, as a fraction of DeviceSpec.fp8_peak_tflops (schema 1.4)."
+    )
+
+
+class AttentionEfficiency(_Spec):
+    """Achieved fraction of peak of the fused attention kernel (FlashAttention-style)."""
+
+    forward: Fraction = Field(description="Forward kernel, FLOPs executed / (peak x time).")
+    backward: Fraction = Field(description="Backward kernel (2.5x the forward FLOPs: it recomputes the scores).")
+
+
+class DeviceSpec(_Spec):
+    """One accelerator."""
+
+    name: str = Field(description="Device name, e.g. 'A100-SXM4-80GB'.")
+    peak_tflops: dict[DType, Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(min_length=1, description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
+    fp8_peak_tflops: Optional[Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(
+        default=None,
+        description="Peak dense FP8 tensor-core TFLOP/s (H100/H200, B200/GB200, MI300X and later); None: the device has no FP8 GEMMs (schema 1.4).",
+    )
+
+    memory_gib: Real(1e-3, MAX_GIB, 'GiB') = Field(description="Device memory capacity in GiB.")
+    memory_bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Peak memory bandwidth in GB/s.")
+    memory_bandwidth_efficiency: Fraction = Field(
+        default=0.8, description="Achieved fraction of memory bandwidth by element-wise kernels (norms, activations, softmax)."
+    )
+    matmul_efficiency: Optional[list[EfficiencyPoint]] = Field(
+        default=None, min_length=1,
+        description="Achievable GEMM efficiency versus GEMM size (measured square GEMMs); interpolated linearly in "
+        "log10(FLOPs), clamped at the ends. Used where `gemm` (the shape model) is not given; one of the two is required.",
+    )
+    framework_overhead_gib: Real(0, MAX_GIB, 'GiB') = Field(
+        default=2.0, description="Memory per device that is not model state: CUDA context, communicator buffers, allocator fragmentation."
+    )
+    gemm: Optional[GemmModel] = Field(
+        default=None, description="Shape-aware GEMM model; None: GEMMs follow matmul_efficiency by FLOPs (measured CPU profiles)."
+    )
+    attention: Optional[dict[str, AttentionEfficiency]] = Field(
+        default=None,
+        description="Fused attention kernel efficiency by kernel ('flash2': FlashAttention-2; 'cudnn': cuDNN / "
+        "FlashAttention-3 class, as Transformer Engine runs it); None: attention runs as GEMMs. A table needs 'flash2', the "
+        "kernel every stack but megatron runs; without 'cudnn', megatron's attention is costed at flash2's efficiency.",
+    )
+    kernel_overhead_us: Real(0, MAX_US, 'microseconds') = Field(
+        default=0.0, description="Gap per launched kernel in a training loop (launch, dependency wait), microseconds."
+    )
+    sustained_fraction: Fraction = Field(
+        default=1.0,
+        description="Throughput a training loop sustains relative to microbenchmarks (clocks under sustained power, "
+        "synchronisation): multiplies GEMM and attention rates. Fitted by benchmarks/fidelity_published.py.",
+    )
+
+    @field_validator("matmul_efficiency")
+    @classmethod
+    def _sorted(cls, v: Optional[list[EfficiencyPoint]]) -> Optional[list[EfficiencyPoint]]:
+        return sorted(v, key=lambda p: p.gemm_flops) if v is not None else None
+
+    @model_validator(mode="after")
+    def _has_gemm_model(self) -> "DeviceSpec":
+        if self.gemm is None and self.matmul_efficiency is None:
+            raise ValueError("the device needs `gemm` (shape model) or `matmul_efficiency` (measured curve)")
+        return self
+
+    @model_validator(mode="after")
+    def _tables_the_cost_model_reads(self) -> "DeviceSpec":
+        """What the cost model looks up is there: a fused-attention table has flash2 (the kernel
+        of every target but megatron, and megatron's fallback) and no kernel it does not know;
+        FP8 peaks come with the FP8 GEMM efficiency that prices them (cost_models/compute.py)."""
+        if self.attention is not None:
+            unknown = sorted(set(self.attention) - set(ATTENTION_KERNELS))
+            if unknown:
+                raise _refused(f"attention: unknown kernel {unknown[0]!r}; the kernels are 'flash2' and 'cudnn'")
+            if "flash2" not in self.attention:
+                raise _refused("attention needs a 'flash2' entry (FlashAttention-2's forward and backward efficiency, the kernel "
+                                 "every target but megatron runs), or leave attention out to cost attention as GEMMs")
+        if self.fp8_peak_tflops is not None and (self.gemm is None or self.gemm.fp8_max_efficiency is None):
+            raise _refused("fp8_peak_tflops needs gemm.fp8_max_efficiency (the fraction of it an FP8 GEMM achieves), or leave "
+                             "fp8_peak_tflops out for a device without FP8 GEMMs")
+        return self
+
+
+class CollectiveFit(_Spec):
+    """Alpha-beta model of one collective on one link tier: time = latency + volume / bandwidth.
+
+    ``bandwidth_gbps`` is the *bus* bandwidth in the NCCL-tests sense, so the volume is the
+    per-rank ring volume: 2(n-1)/n x bytes for all-reduce, (n-1)/n x bytes for all-gather and
+    reduce-scatter (bytes = the full, unsharded buffer), bytes for point-to-point.
+    """
+
+    collective: Collective = Field(description="Collective kind.")
+    group_size: Optional[Integer(1, MAX_GPUS)] = Field(
+        default=None, description="Group size this fit was measured at; None means it applies to any size."
+    )
+    latency_us: Real(0, MAX_US, 'microseconds') = Field(description="Fixed cost per call (alpha), microseconds.")
+    bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Bus bandwidth (1/beta), GB/s.")
+
+
+class LinkTier(_Spec):
+    """One level of the network: inside a node (NVLink/NVSwitch) or across nodes (InfiniBand)."""
+
+    name: str = Field(description="What the link is, e.g. 'NVLink3 via NVSwitch'.")
+    collectives: list[CollectiveFit] = Field(min_length=1, description="Alpha-beta fits per collective (and optionally per group size).")
+    hop_latency_us: Optional[Real(0, MAX_US, 'microseconds')] = Field(
+        default=None,
+        description="Latency of one ring step over this link (the presets take NCCL's LL128 figures); a ring collective over n ranks pays "
+        "one per step (n-1 for all-gather / reduce-scatter, 2(n-1) for all-reduce). None: latency_us covers the whole call "
+        "(fits measured at one group size).",
+    )
+    tree_hop_latency_us: Optional[Real(0, MAX_US, 'microseconds')] = Field(
+        default=None, description="Latency of one level of NCCL's tree all-reduce over this link; None: no tree algorithm."
+    )
+    call_overhead_us: Optional[dict[Collective, Real(0, MAX_US, 'microseconds')]] = Field(
+        default=None,
+        description="Per collective, microseconds added to every call's latency for what a call costs a training step beyond the "
+        "fits (which time calls back to back): the ranks meeting (a call waits for the last rank and wakes the blocked ones; on "
+        "shared CPU cores, scheduler time slices), the framework's host work around the call (DTensor redistribution, FSDP2 "
+        "copy-in / copy-out), and, where the framework issues the call synchronously, the transfer time the overlap model counts "
+        "as hidden. Measured by `plan profile`: the value with which the cost model reproduces a few blocks timed as `plan run` "
+        "executes them (planner/profiler/calls.py). None or a missing collective: 0 (the GPU presets: the host runs ahead).",
+    )
+
+    def fit(self, collective: Collective, group_size: int) -> CollectiveFit:
+        """The fit for this collective: exact group size, else a size-free fit, else the nearest size."""
+        exact = generic = nearest = None
+        for f in self.collectives:
+            if f.collective != collective:
+                continue
+            if f.group_size == group_size:
+                exact = f
+            elif f.group_size is None:
+                generic = f
+            elif nearest is None or abs(math.log(f.group_size / group_size)) < abs(math.log(nearest.group_size / group_size)):
+                nearest = f
+        found = exact or generic or nearest
+        if found is None:
+            raise KeyError(f"link tier {self.name!r} has no fit for {collective.value}")
+        return found
+
+
+class ProfileEnvironment(_Spec):
+    """Where and how a profile was measured."""
+
+    torch_version: str = Field(description="torch.__version__ of the workers.")
+    backend: str = Field(description="Process-group backend the links were timed on ('gloo', 'nccl').")
+    device_type: str = Field(description="'cpu' or 'cuda'.")
+    device_name: str = Field(description="Device model as reported by the system.")
+    dtype: DType = Field(description="Compute dtype of the layer and matmul measurements.")
+    world_size: Integer(1, MAX_GPUS) = Field(description="Ranks that took part (nproc_per_node x nnodes).")
+    nproc_per_node: Integer(1, MAX_GPUS) = Field(description="Ranks per node.")
+    nnodes: Integer(1, MAX_GPUS) = Field(description="Nodes.")
+    date: str = Field(description="UTC date and time of the measurement (ISO 8601).")
+    hostname: str = Field(description="Host of rank 0.")
+    quick: bool = Field(description="Measured with --quick (fewer sizes and repetitions).")
+
+
+class LayerMeasurement(_Spec):
+    """Measured cost of one layer kind at one shape, one micro-batch, on one device."""
+
+    kind: str = Field(description="'block' (transformer layer), 'embedding' or 'head' (final norm, LM head and loss).")
+    micro_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per micro-batch.")
+    seq_len: Integer(1, MAX_SEQ_LEN) = Field(description="Tokens per sequence.")
+    tp: Integer(1, MAX_GPUS) = Field(description="Tensor-parallel shard measured (the local shapes of one rank, run on one device).")
+    forward_s: Real(0, MAX_SECONDS, 's') = Field(description="Median forward time, seconds.")
+    backward_s: Real(0, MAX_SECONDS, 's') = Field(description="Median backward time, seconds.")
+    activation_bytes: Real(0, MAX_BYTES, 'bytes') = Field(description="Bytes saved for backward by the forward (unique storages).")
+    flops_forward: Real(0, MAX_FLOPS, 'FLOPs') = Field(description="Forward FLOPs counted by torch.utils.flop_counter.")
+    analytic_flops_forward: Real(0, MAX_FLOPS, 'FLOPs') = Field(description="The cost model's forward FLOPs for the same shape.")
+    params: Integer(0, INT_LIMIT - 1) = Field(description="Parameters of the measured (sharded) module.")
+
+
+class MatmulPoint(_Spec):
+    """One point of the GEMM sweep."""
+
+    n: Integer(1, MAX_WIDTH) = Field(description="Square GEMM size n (n x n times n x n).")
+    flops: Real(0, MAX_FLOPS, 'FLOPs', open_lo=True) = Field(description="2 n^3.")
+    seconds: Real(MIN_SECONDS, MAX_SECONDS, 's') = Field(description="Median time of one GEMM.")
+    tflops: Real(0, MAX_TFLOPS, 'TFLOP/s', open_lo=True) = Field(description="Achieved TFLOP/s.")
+
+
+class TimedPoint(_Spec):
+    """One timed collective call."""
+
+    nbytes: Integer(1, INT_LIMIT - 1) = Field(description="Size of the full buffer, bytes.")
+    seconds: Real(MIN_SECONDS, MAX_SECONDS, 's') = Field(description="Median over repetitions of the slowest rank's time.")
+
+
+class CollectiveSweep(_Spec):
+    """A collective timed over message sizes on one group shape, and its alpha-beta fit."""
+
+    collective: Collective = Field(description="Collective kind.")
+    group_size: Integer(1, MAX_GPUS) = Field(description="Ranks in the group.")
+    inter_node: bool = Field(description="The group spans nodes.")
+    points: list[TimedPoint] = Field(min_length=2, description="Timed sizes.")
+    latency_us: Real(0, MAX_US, 'microseconds') = Field(description="Fitted alpha, microseconds.")
+    bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Fitted bus bandwidth, GB/s.")
+    max_relative_error: Real(0, MAX_GIB) = Field(description="Largest |fit - measured| / measured over the points.")
+
+
+class MeasuredProfile(_Spec):
+    """What `plan profile` measured, beside the preset-shaped hardware numbers."""
+
+    environment: ProfileEnvironment = Field(description="Where and how it was measured.")
+    model: ModelSpec = Field(description="The model whose layers were measured; the cost model uses the layer times only for this model.")
+    layers: list[LayerMeasurement] = Field(description="Per layer kind, micro-batch size and TP shard.")
+    matmul: list[MatmulPoint] = Field(description="GEMM sweep behind the efficiency curve.")
+    memory_bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Measured copy bandwidth, GB/s.")
+    collectives: list[CollectiveSweep] = Field(description="Timed collectives and their fits.")
+
+
+class Uncertainty(_Spec):
+    """How far a prediction may be off: the cross-validated error of the cost model on the
+    published runs (benchmarks/fidelity_published.py writes it)."""
+
+    relative: Real(0, 1_000) = Field(description="Relative half-width of the interval: step time x/ (1 + relative).")
+    coverage: Real(0, 1, open_lo=True, open_hi=True) = Field(description="Fraction of held-out published runs inside the interval.")
+    compute: Optional[Real(0, 1_000)] = Field(
+        default=None,
+        description="Per term: relative half-width of the time spent computing (compute, recompute, pipeline bubble, optimizer). "
+        "With `communication`, a plan's interval is x/ exp(sqrt((f_c ln(1 + compute))^2 + (f_m ln(1 + communication))^2)), "
+        "f_c and f_m the shares of its step time; None: `relative` for every plan.",
+    )
+    communication: Optional[Real(0, 1_000)] = Field(
+        default=None, description="Per term: relative half-width of the exposed communication (TP, pipeline sends, DP)."
+    )
+
+    def log_halfwidth(self, compute_share: float, communication_share: float) -> float:
+        """ln of the interval's factor for a step with these shares of compute and communication."""
+        if self.compute is None or self.communication is None:
+            return math.log1p(self.relative)
+        return math.hypot(compute_share * math.log1p(self.compute), communication_share * math.log1p(self.communication))
+
+
+class StackConstants(_Spec):
+    """The constants that are properties of the software a plan runs on, not of the hardware:
+    how fast one training stack's kernels run on this cluster's device, fitted to that stack's
+    own published runs (benchmarks/fidelity_published.py) or to trials measured by `plan tune`.
+    On a cluster that has an entry for a plan's stack (JobSpec.target) they replace the device's
+    and the cluster's own figures (ClusterSpec.for_target)."""
+
+    sustained_fraction: Real(0, 1, open_lo=True) = Field(
+        description="Throughput the stack's training loop sustains relative to the device's microbenchmarks (multiplies GEMM and attention rates)."
+    )
+    kernel_overhead_us: Real(0, 10_000, "us") = Field(
+        description="Gap per modelled operator between kernels (launches, casts and copies around it), microseconds."
+    )
+    overlap_efficiency: Real(0, 1) = Field(
+        description="Fraction of overlapped communication that is free (1 - the slowdown compute suffers beside a collective)."
+    )
+    uncertainty: Optional[Uncertainty] = Field(
+        default=None, description="Out-of-group error of this stack's predictions (None: the cluster's)."
+    )
+    provenance: Optional[str] = Field(default=None, description="What the constants were fitted on, when and how.")
+
+
+class ClusterSpec(_Spec):
+    """A cluster of identical nodes: the hardware profile every command reads.
+
+    Shipped presets (hardware_profiles/presets/*.json) and profiles measured by
+    ``plan profile`` share this schema.
+    """
+
+    name: str = Field(description="Cluster name, e.g. 'dgx-a100-80gb'.")
+    device: DeviceSpec = Field(description="The accelerator in every slot.")
+    gpus_per_node: Integer(1, 4096) = Field(description="Accelerators per node.")
+    num_nodes: Optional[Integer(1, MAX_GPUS)] = Field(
+        default=None, description="Nodes available; None means as many as a command asks for (a preset of one node type)."
+    )
+    scaleup_domain_gpus: Optional[Integer(1, MAX_GPUS)] = Field(
+        default=None,
+        description="GPUs that share the intra_node link (the scale-up domain, e.g. 72 on a GB200 NVL72 rack of 18 hosts "
+        "of 4), a whole number of nodes; None: one node. Groups inside a domain take intra_node's figures, groups "
+        "across domains inter_node's. (schema 1.8)",
+    )
+    intra_node: LinkTier = Field(description="Link between GPUs of one scale-up domain (a node unless scaleup_domain_gpus says more).")
+    inter_node: LinkTier = Field(description="Link between scale-up domains, per GPU (one NIC per GPU on DGX).")
+    overlap_efficiency: Real(0, 1) = Field(
+        default=1.0,
+        description="Fraction of the data-parallel communication that can hide behind compute: 1 where collectives run on their own engines (NCCL on GPUs); `plan profile` measures it.",
+    )
+    source: Optional[str] = Field(default=None, description="Where each number comes from.")
+    uncertainty: Optional[Uncertainty] = Field(
+        default=None, description="Cross-validated error of predictions on this preset's kind of hardware; None: unknown."
+    )
+    measured: Optional[MeasuredProfile] = Field(
+        default=None, description="Per-layer measurements, sweeps and environment written by `plan profile` (None for presets)."
+    )
+    stack_constants: dict[Target, StackConstants] = Field(
+        default_factory=dict,
+        description="Per training stack (JobSpec.target): the software's constants on this cluster, fitted to that stack's runs; "
+        "a stack without an entry uses the device's and the cluster's own figures. (schema 1.7)",
+    )
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs on the fast link: the scale-up domain (scaleup_domain_gpus), else one node."""
+        return self.scaleup_domain_gpus or self.gpus_per_node
+
+    def for_target(self, target: "Target | str") -> "ClusterSpec":
+        """This cluster as the cost model sees it under `target`: the stack's constants (if it
+        has an entry) in place of the device's sustained fraction and kernel gap and the
+        cluster's overlap efficiency and uncertainty. Idempotent."""
+        k = self.stack_constants.get(Target(target))
+        if k is None:
+            return self
+        dev = self.device
+        if (dev.sustained_fraction, dev.kernel_overhead_us, self.overlap_efficiency) == (
+                k.sustained_fraction, k.kernel_overhead_us, k.overlap_efficiency) and (k.uncertainty is None or k.uncertainty == self.uncertainty):
+            return self
+        dev = dev.model_copy(update={"sustained_fraction": k.sustained_fraction, "kernel_overhead_us": k.kernel_overhead_us})
+        update = {"device": dev, "overlap_efficiency": k.overlap_efficiency}
+        if k.uncertainty is not None:
+            update["uncertainty"] = k.uncertainty
+        return self.model_copy(update=update)
+
+    @model_validator(mode="after")
+    def _domain_of_whole_nodes(self) -> "ClusterSpec":
+        d = self.scaleup_domain_gpus
+        if d is not None and d % self.gpus_per_node:
+            raise ValueError(f"scaleup_domain_gpus {d} is not a whole number of nodes of {self.gpus_per_node} GPUs")
+        return self
+
+    @model_validator(mode="after")
+    def _tiers_complete(self) -> "ClusterSpec":
+        for tier in (self.intra_node, self.inter_node):
+            for c in Collective:
+                try:
+                    tier.fit(c, 2)
+                except KeyError:
+                    raise ValueError(f"link tier {tier.name!r} has no fit for {c.value}; every tier needs all of "
+                                     f"{', '.join(x.value for x in Collective)}") from None
+        return self
+
+
+MEMORY_HEADROOM = 0.05  # of device memory that `plan solve` leaves free unless told otherwise
+
+
+def memory_limit_gib(cluster: "ClusterSpec", requested_gib: Optional[float] = None) -> float:
+    """The per-GPU memory a plan may use: the device's less a 5% headroom (what the estimate
+    cannot see: allocator fragmentation peaks, workspaces of kernels chosen at run time), or
+    what the user asks, up to the whole device."""
+    cap = cluster.device.memory_gib
+    return min(requested_gib, cap) if requested_gib else cap * (1.0 - MEMORY_HEADROOM)

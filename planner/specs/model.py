@@ -1,0 +1,165 @@
+"""The model: ModelSpec, a decoder-only transformer, and its enums (Activation, DType)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from planner.specs.base import MAX_COUNT, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH, Integer, _Spec
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class Activation(str, Enum):
+    """MLP flavour: GELU (two matrices, h -> f -> h), or a gated linear unit of three (gate, up,
+    down: down(act(gate x) * up x)) whose gate goes through SiLU (SwiGLU: Llama, Mistral, Qwen)
+    or tanh-approximated GELU (GeGLU: Gemma). The two gated ones cost the same: the same GEMMs
+    and one elementwise activation (Shazeer 2020, "GLU Variants Improve Transformer")."""
+
+    gelu = "gelu"
+    swiglu = "swiglu"
+    geglu = "geglu"
+
+
+class DType(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+DTYPE_BYTES = {DType.fp32: 4, DType.bf16: 2, DType.fp16: 2}
+
+
+# --------------------------------------------------------------------------- model
+
+
+class ModelSpec(_Spec):
+    """A decoder-only transformer (GPT / Llama family)."""
+
+    name: str = Field(description="Model name, e.g. 'gpt3-175b'.")
+    num_layers: Integer(1, MAX_LAYERS) = Field(description="Number of transformer layers (blocks).")
+    hidden_size: Integer(1, MAX_WIDTH) = Field(description="Model width h.")
+    num_heads: Integer(1, MAX_COUNT) = Field(description="Attention (query) heads a.")
+    attention_head_dim: Optional[Integer(1, MAX_WIDTH)] = Field(
+        default=None,
+        description="Width of one attention head when it is not hidden_size / num_heads (Qwen3, GPT-OSS: the query and "
+        "output projections are then h x (heads x head_dim)); None: hidden_size / num_heads (schema 1.4).",
+    )
+    num_kv_heads: Optional[Integer(1, MAX_COUNT)] = Field(
+        default=None, description="Key/value heads for grouped-query attention; None means equal to num_heads (MHA)."
+    )
+    ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(
+        default=None, description="MLP inner width f; None means 4*h (GPT convention)."
+    )
+    vocab_size: Integer(1, MAX_VOCAB) = Field(description="Vocabulary size V (padded, as the embedding table is allocated).")
+    max_seq_len: Integer(1, MAX_SEQ_LEN) = Field(description="Context length the model was trained with (learned position table size).")
+    activation: Activation = Field(
+        default=Activation.gelu,
+        description="MLP flavour: 'gelu' (2 matrices), 'swiglu' or 'geglu' (3 matrices: gate, up, down; 'geglu' schema 1.6).",
+    )
+    tied_embeddings: bool = Field(default=False, description="Input embedding and LM head share one matrix.")
+    learned_position_embeddings: bool = Field(
+        default=True, description="A learned position table of max_seq_len x h (GPT); False for rotary (Llama)."
+    )
+    linear_bias: bool = Field(default=True, description="Linear layers carry biases (GPT yes, Llama no).")
+    norm: str = Field(default="layernorm", description="'layernorm' (weight+bias) or 'rmsnorm' (weight only).")
+    norms_per_layer: Integer(2, 4) = Field(
+        default=2,
+        description="Norms of width h in a layer: 2 (before attention and before the MLP; OLMo 2 normalises their outputs "
+        "instead, at the same cost), 4 (Gemma 2 and 3: before and after each). Each keeps its input for backward. (schema 1.6)",
+    )
+    qk_norm: bool = Field(
+        default=False, description="Queries and keys are normalised per head before attention (Qwen3, Gemma 3, OLMo 2). (schema 1.6)"
+    )
+    sliding_window: Optional[Integer(1, MAX_SEQ_LEN)] = Field(
+        default=None,
+        description="Keys a query attends to in the sliding-window layers (Mistral 7B v0.1: 4096); None: full causal attention. (schema 1.6)",
+    )
+    sliding_window_layers: Integer(0, MAX_LAYERS) = Field(
+        default=0,
+        description="How many layers attend within sliding_window (Gemma 2: every other one); 0 without a window.",
+    )
+    logit_softcapping: bool = Field(
+        default=False, description="The logits are soft-capped, c tanh(logits / c), before the loss (Gemma 2). (schema 1.6)"
+    )
+    dropout: bool = Field(
+        default=True,
+        description="Dropout after attention and MLP (stores 1-byte masks, Korthikanti et al.); Llama-style models train without.",
+    )
+    param_dtype: DType = Field(
+        default=DType.bf16,
+        description="Training precision when the job names none (16-bit mixed precision: bf16). A Hugging Face config's "
+        "torch_dtype is the checkpoint's storage dtype, not this: such a model trains in bf16 unless told otherwise.",
+    )
+    num_experts: Optional[Integer(2, MAX_COUNT)] = Field(
+        default=None,
+        description="Mixture-of-experts: routed experts per MoE layer; None for a dense model (schema 1.4).",
+    )
+    experts_per_token: Optional[Integer(1, MAX_COUNT)] = Field(default=None, description="Routed experts each token goes to (top-k).")
+    moe_ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(default=None, description="Inner width of one expert's MLP; None means ffn_hidden_size.")
+    num_shared_experts: Integer(0, 1_000) = Field(default=0, description="Experts every token goes to besides the routed ones (DeepSeek).")
+    first_dense_layers: Integer(0, MAX_LAYERS) = Field(
+        default=0, description="The first k layers have a dense MLP of ffn_hidden_size instead of experts (DeepSeek-V3: 3)."
+    )
+    source: Optional[str] = Field(default=None, description="Where the numbers come from (paper, config file).")
+
+    @field_validator("norm")
+    @classmethod
+    def _norm_kind(cls, v: str) -> str:
+        if v not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', not {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "ModelSpec":
+        if self.attention_head_dim is None and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.kv_heads}")
+        if self.num_experts is None:
+            if self.experts_per_token or self.moe_ffn_hidden_size or self.num_shared_experts or self.first_dense_layers:
+                raise ValueError("experts_per_token, moe_ffn_hidden_size, num_shared_experts and first_dense_layers need num_experts")
+        else:
+            if self.experts_per_token is None or self.experts_per_token > self.num_experts:
+                raise ValueError(f"a mixture-of-experts model needs experts_per_token between 1 and num_experts ({self.num_experts})")
+            if self.first_dense_layers >= self.num_layers:
+                raise ValueError(f"first_dense_layers {self.first_dense_layers} leaves no MoE layer of {self.num_layers}")
+        if self.sliding_window is None and self.sliding_window_layers:
+            raise ValueError("sliding_window_layers needs sliding_window")
+        if self.sliding_window is not None and not 0 < self.sliding_window_layers <= self.num_layers:
+            raise ValueError(f"sliding_window needs sliding_window_layers between 1 and num_layers ({self.num_layers})")
+        return self
+
+    @property
+    def gated(self) -> bool:
+        """The MLP is a gated linear unit: gate, up and down matrices (SwiGLU, GeGLU)."""
+        return Activation(self.activation) != Activation.gelu
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def moe_ffn(self) -> int:
+        """One expert's MLP width."""
+        return self.moe_ffn_hidden_size or self.ffn
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of the queries (and of the attention output before its projection): heads x head_dim."""
+        return self.num_heads * self.head_dim
