@@ -5,11 +5,12 @@ project's reference set) and benchmarks/data/public_runs.json (added for this pu
 llm-foundry, NVIDIA DGX Cloud benchmarking, the NeMo Megatron launcher's 2022 A100 tables,
 the DeepSpeed team's ZeRO-3 runs on Azure A100, IBM/PyTorch FSDP blog, fms-fsdp, and the
 mixture-of-experts runs of dgxc-benchmarking, NeMo AutoModel, Megatron-Bridge and the
-Megatron-MoE-ModelZoo; see benchmarks/data/public_runs.md). None of the held-out sources is
-among them.
+Megatron-MoE-ModelZoo, and Megatron-Bridge's DGX-GB200 / DGX-B200 rows; see
+benchmarks/data/public_runs.md). None of the held-out sources is among them.
 
 How a record is read (what is not stated in a record is a stated assumption here):
-- the cluster preset of its GPU, with the inter-node bandwidth of the network the record
+- the cluster preset of its GPU (PRESET_OF_GPU: GB200 -> gb200-nvl72, B200 -> dgx-b200, MI300X /
+  MI325X / MI355X -> mi300x / mi325x / mi355x, A100 40/80GB, else dgx-h100-80gb), with the inter-node bandwidth of the network the record
   names (Gb/s per node, split over its 8 GPUs, 90% of line rate as bus bandwidth, as the
   presets);
 - FSDP FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, HSDP = ZeRO-3 over the data-parallel
@@ -78,11 +79,13 @@ NEMOTRON_FLAGS = dict(activation=Activation.gelu, learned_position_embeddings=Fa
 MOE_FAMILIES = {"deepseek": LLAMA, "kimi": LLAMA, "qwen3": LLAMA, "gpt-oss": dict(LLAMA, linear_bias=True)}
 # Groups whose runs are Megatron-Core / NeMo / Megatron-Bridge (ZeRO-1 distributed optimizer, target megatron).
 MEGATRON_MOE_GROUPS = ("dgxc_moe_h100_2505", "bridge_moe_h100", "modelzoo_qwen3_h100")
+# Megatron-Bridge performance tables on Blackwell (dense FP8 and BF16 GPT-OSS rows), one group per system.
+BLACKWELL_GROUPS = ("bridge_gb200", "bridge_b200")
 # NeMo (Megatron-Core underneath) and Megatron-Bridge performance tables: Megatron's distributed
 # optimizer (ZeRO-1) unless the record names another data-parallel implementation.
 MEGATRON_GROUPS = MEGATRON_MOE_GROUPS + ("nemo_h100_fp8_2407", "nemo_h100_fp8_longseq_2403", "megatron_bridge_h100_fp8",
                                          "nemo_a100_gpt5b_2206", "nemo_a100_gpt175b_2206", "nemo_a100_gpt5b_2208",
-                                         "nemo_a100_gpt175b_2208")
+                                         "nemo_a100_gpt175b_2208", *BLACKWELL_GROUPS)
 
 
 @dataclass(frozen=True)
@@ -156,10 +159,21 @@ def _experts(m: dict) -> dict:
                 **({} if m.get("ffn_hidden") else {"ffn_hidden_size": m["moe_ffn_hidden"]}), **own_heads)
 
 
+# The cluster preset of a record's GPU, first match by name (an H100 or H200 record, and any
+# other, takes dgx-h100-80gb). GB200 before B200: "GB200" contains "B200". The Blackwell and AMD
+# presets are UNCALIBRATED (hardware_profiles): their records are the runs that check them.
+PRESET_OF_GPU = (("GB200", "gb200-nvl72"), ("B200", "dgx-b200"), ("MI355X", "mi355x"), ("MI325X", "mi325x"),
+                 ("MI300X", "mi300x"), ("40GB", "dgx-a100-40gb"), ("A100", "dgx-a100-80gb"))
+# GPUs with FP8 tensor-core GEMMs (the planner's FP8: per-tensor scales).
+FP8_GPUS = ("H100", "H200", "B200", "GB200", "MI300X", "MI325X", "MI355X")
+
+
+def preset_of(gpu: str) -> str:
+    return next((name for key, name in PRESET_OF_GPU if key in gpu), "dgx-h100-80gb")
+
+
 def _cluster(rec: dict) -> ClusterSpec:
-    gpu = rec["hardware"]["gpu"]
-    name = "dgx-a100-40gb" if "40GB" in gpu else "dgx-a100-80gb" if "A100" in gpu else "dgx-h100-80gb"
-    cluster = load_cluster(name)
+    cluster = load_cluster(preset_of(rec["hardware"]["gpu"] or ""))
     gbps = NETWORK_GBPS.get(rec["group"])
     ic = rec["hardware"].get("interconnect") or ""
     if gbps is None and rec["group"].startswith("ibm_fsdp"):
@@ -194,7 +208,7 @@ def excluded(rec: dict) -> Optional[str]:
     name, gpu = rec["name"], rec["hardware"]["gpu"] or ""
     if rec.get("doubtful"):  # the source contradicts itself (public_runs.md says how)
         return f"doubtful: {rec['doubtful'].split(':')[0]}"
-    if _fp8(rec) and "H100" not in gpu and "H200" not in gpu:
+    if _fp8(rec) and not any(g in gpu for g in FP8_GPUS):
         return "FP8 on a device without FP8 GEMMs"
     if "V100" in gpu:
         return "V100: no preset for that GPU"

@@ -83,6 +83,11 @@ KNOWN_MISSES = {
     # 16-bit weight copy beside the FP8 one, which the model still counts (85 and 86 of 79.6 GiB).
     "Megatron-Bridge 25.11 LLAMA3_8B FP8-CS, 8 H100, TP1 PP1 CP1 FSDP8": 1.08,
     "Megatron-Bridge 25.11 Qwen3_30B_a3B FP8-CS, 16 H100, TP1 PP2 EP8": 1.09,
+    # GPT-OSS 120B on 64 B200 at EP 8 (8 experts' weights and optimizer states per GPU, MBS 4):
+    # 190 of 179 GiB. The recipe recomputes layernorm and the expert activation (moe_act), whose
+    # saved outputs the model still counts (the records cost that recompute as none).
+    "Megatron-Bridge 26.04 GPT-OSS 120B BF16, 64 B200, TP1 PP1 EP8, MBS 4": 1.07,
+    "Megatron-Bridge 26.04.01 GPT-OSS 120B BF16, 64 B200, TP1 PP1 EP8, MBS 4": 1.07,
 }
 
 
