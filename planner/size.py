@@ -126,7 +126,7 @@ def sweep(model, clusters: Sequence[tuple[str, object]], counts: Sequence[int], 
                 doc = api.solve(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len, target=target,
                                 top_k=0, time_limit=time_limit)
             except (InfeasibleError, UsageError) as exc:  # no layout fits, or this count cannot hold the batch
-                points.append({**base, "feasible": False, "reason": reason_of(exc)})
+                points.append({**base, "feasible": False, "reason": reason_of(exc), "detail": str(exc)})
                 continue
             est = doc.estimate
             step, (lo, hi) = est.step_time_s, est.step_time_interval_s

@@ -129,3 +129,14 @@ def test_the_size_schema_is_published():
 
     schema = json.loads(schema_text("size"))
     assert schema["$id"].startswith("planner/size-") and "points" in schema["properties"]
+
+
+def test_nothing_fitting_anywhere_is_one_line_saying_by_how_much(tmp_path):
+    r = subprocess.run([*PLAN, "size", "--model", "gpt3-175b", "--clusters", "dgx-a100-40gb", "--gpus", "8,16", "--tokens", "300B",
+                        "--global-batch", "1536", "--seq-len", "2048", "--target", "megatron", "--json"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: no point has a plan; at 16 GPUs of dgx-a100-40gb: no layout fits") and "over" in lines[0]
+    doc = SizeDocument.model_validate_json(r.stdout)  # the document still printed: every point and why
+    assert [p.reason for p in doc.points] == ["memory", "memory"] and all("GiB" in p.detail for p in doc.points)

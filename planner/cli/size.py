@@ -16,7 +16,7 @@ from planner.cli import render
 from planner.cli.common import SOLVE_TARGET
 from planner.cli.types import SECONDS, SEQUENCES, TOKENS, Real
 from planner.datafile import check_output, write_atomic
-from planner.errors import UsageError
+from planner.errors import InfeasibleError, UsageError
 from planner.search.deadline import stop_on_signals
 from planner.size import parse_gpu_counts, parse_prices, parse_tokens, sweep
 
@@ -69,6 +69,8 @@ def size(model_name: str, clusters: str, gpu_counts: str, tokens: str, global_ba
     for path in (output, picture):
         if path is not None:
             check_output(path)
+    if output is not None and picture is not None and Path(output).resolve() == Path(picture).resolve():
+        raise UsageError(f"-o and --picture both write {output}; give each its own file")
     if picture is not None:
         from planner.draw import FORMATS, require_matplotlib
 
@@ -93,3 +95,6 @@ def size(model_name: str, clusters: str, gpu_counts: str, tokens: str, global_ba
     for path, what in ((output, "document"), (picture, "picture")):
         if path:
             render.note(f"{what} written to {path}")
+    if not any(p.feasible for p in doc.points):  # nothing fits anywhere: say why, as plan solve does, for the largest count
+        largest = max(doc.points, key=lambda p: p.gpus)
+        raise InfeasibleError(f"no point has a plan; at {largest.gpus:,} GPUs of {largest.cluster}: {largest.detail}")

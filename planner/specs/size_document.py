@@ -20,6 +20,7 @@ class SizePoint(_Spec):
     gpus_asked: Integer(1, MAX_GPUS) = Field(description="The count of --gpus this point stands for.")
     feasible: bool = Field(description="A layout fits; else `reason` says why not.")
     reason: Optional[str] = Field(default=None, description="Why no plan, one word: memory, batch, time or layout.")
+    detail: Optional[str] = Field(default=None, description="Why no plan, as `plan solve` says it (by how much it misses, what would fit).")
     target: Optional[str] = Field(default=None, description="The stack whose plan this is (the best one runs without --target).")
     plan: Optional[Plan] = Field(default=None, description="The recommended layout.")
     optimal: Optional[bool] = Field(default=None, description="The search proved it optimal (else a time limit stopped it).")
