@@ -23,7 +23,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
-from planner.inputs import MAX_GPUS
+from planner.inputs import MAX_GPUS, make_job
 from planner.specs import SizeDocument, SizePoint
 
 MAX_POINTS = 400  # clusters x GPU counts: each is an exact solve (about a second)
@@ -110,6 +110,8 @@ def sweep(model, clusters: Sequence[tuple[str, object]], counts: Sequence[int], 
     if len(clusters) * len(counts) > MAX_POINTS:
         raise UsageError(f"{len(clusters)} clusters x {len(counts)} GPU counts = {len(clusters) * len(counts)} solves; "
                          f"give at most {MAX_POINTS} (fewer --clusters or --gpus)")
+    for _, cluster in clusters:  # what is wrong at every count (a sequence past the model's, a dtype the device lacks) is one error now
+        make_job(model, global_batch, seq_len, None, "adam", False, cluster, target or "generic")
     steps = math.ceil(tokens / (global_batch * seq_len))
     started = time.monotonic()
     points: list[dict] = []

@@ -112,6 +112,7 @@ def test_json_matches_the_document_and_the_picture_is_drawn(tmp_path):
     (["--clusters", "dgx-h100-80gb,dgx-h100-80gb"], "distinct"),
     (["--deadline", "soon"], "--deadline"),
     (["--picture", "front.gif"], ".svg or .png"),
+    (["--model", "gpt2-124m"], "--seq-len 1024 or less"),  # wrong at every count: one error, not a row per point
 ])
 def test_bad_inputs_are_one_line(tmp_path, args, needle):
     base = {"--model": "llama3-8b", "--clusters": "dgx-h100-80gb", "--gpus": "8", "--tokens": "1T", "--global-batch": "64",
