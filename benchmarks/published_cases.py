@@ -313,6 +313,9 @@ def case(rec: dict) -> Case:
                   # NeMo AutoModel's MaskedCrossEntropy with fp32_upcast false keeps a 16-bit
                   # log-softmax: nearest is the fused kernel's 16-bit logits (its recipes' loss_fn).
                   loss_kernel="fused" if rec["group"].startswith("llm_foundry") or rec["group"] == "automodel_moe_h100" else None,
+                  # NeMo AutoModel runs Transformer Engine's attention (its BackendConfig, attn: te, the optimized
+                  # path of its recipes, e.g. examples/llm_pretrain/deepseekv3_pretrain.yaml of NVIDIA-NeMo/Automodel)
+                  attention_kernel="cudnn" if rec["group"] == "automodel_moe_h100" else None,
                   # NeMo AutoModel and the Megatron-Core MoE model zoo dispatch with DeepEP (their recipes)
                   moe_dispatcher="deepep" if "deepep" in json.dumps(rec.get("parallel", {})).lower() + (rec.get("notes") or "").lower()
                   else "alltoall")

@@ -301,6 +301,11 @@ def loss_kernel(job) -> LossKernel:
     return job.loss_kernel or stacks.get(job.target).loss_kernel
 
 
+def attention_kernel(job) -> str:
+    """The job's fused-attention kernel (the device table's entry): its own, else its target stack's."""
+    return job.attention_kernel or stacks.get(job.target).attention_kernel
+
+
 def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int, d: int, fused: bool,
                     kernel: str = "flash2") -> tuple[float, float]:
     """(forward, backward) of the core attention (QK^T, softmax, AV) of `heads` heads, the
@@ -382,6 +387,7 @@ def layer_compute(
     dense: bool = False,
     fp8: bool = False,
     cp: int = 1,
+    attention: str | None = None,
 ) -> LayerCompute:
     """Forward/backward time of one transformer layer on one TP rank, operator by operator:
     four linear layers as GEMMs by shape (forward, input and weight gradients), the core
@@ -405,7 +411,8 @@ def layer_compute(
     shapes = qkv + [(q, h)] + (mlp_first + [(f // tp, h)] if f else [])
     lin = [linear_times(device, dtype, T, n_in, n_out, fp8=fp8) for n_in, n_out in shapes]
     linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
-    attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, stacks.get(target).attention_kernel)
+    kernel = attention or stacks.get(target).attention_kernel  # the job's (JobSpec.attention_kernel), else the stack's
+    attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, kernel)
     attn_exec = 4.0 * b * heads * s * s * d * (0.5 if flash_attention else 1.0)
     # Context parallelism (`seq_len` is then a rank's s / cp tokens): its queries meet every
     # key of the sequence, cp blocks of the chunk's size (load-balanced causal chunks, so each

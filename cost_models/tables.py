@@ -190,7 +190,8 @@ def layer_costs(
     GEMMs in FP8; `cp`: context parallelism, with `job.seq_len` a rank's s / cp tokens)."""
     dtype, b, s = job.precision, micro_batch, job.seq_len
     moe = model.is_moe and not dense
-    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target, ep, dense, fp8, cp)
+    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target, ep, dense, fp8, cp,
+                               compute.attention_kernel(job))
     measured = measured_layer(cluster, model, job, "block", b, tp)
     if measured is not None:
         # A measured profile of this model: its times replace the analytic ones; the core
@@ -229,7 +230,7 @@ def layer_costs(
         # shrinks it) to the next rank while the current block is computed; backward passes K,
         # V and their gradients. What the attention of the steps does not hide is exposed.
         attn_f, attn_b = compute.attention_times(cluster.device, dtype, b, model.num_heads // tp, s, model.head_dim,
-                                                 job.flash_attention, stacks.get(job.target).attention_kernel)
+                                                 job.flash_attention, compute.attention_kernel(job))
         kv = 2 * DTYPE_BYTES[dtype] * b * s * model.head_dim * compute.kv_shard(model, tp)
         step = cp_link.time(Collective.p2p, kv)
         eta = cluster.overlap_efficiency

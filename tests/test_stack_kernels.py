@@ -10,7 +10,7 @@ import pytest
 
 from cost_models.compute import layer_compute, layer_kernels
 from hardware_profiles import load_cluster
-from planner import load_model, stacks
+from planner import api, load_model, stacks
 from planner.specs import DType, Target
 
 GPT3 = load_model("gpt3-175b")  # LayerNorm, GELU, learned positions, dropout, multi-head
@@ -106,3 +106,37 @@ def test_generic_counts_the_kernels_the_executor_launches(name):
     core, rest = layer_kernels(small.model_copy(update={"dropout": False}), stacks.get("generic").kernels, True)
     assert len(ops) == core + rest, ops
     assert sum("scaled_dot_product" in o for o in ops) == core == 1
+
+
+# ------------------------------------------------------------------------------ a job's attention kernel
+
+
+def test_a_job_may_name_its_attention_kernel():
+    """JobSpec.attention_kernel (`--attention-kernel`): a torchtitan / FSDP job on Transformer
+    Engine's attention is priced with the device's cuDNN entry, as Megatron's is; None keeps
+    the stack's; a kernel the device tables do not have is refused."""
+    from cost_models.compute import attention_times
+    from planner.specs import JobSpec
+    from pydantic import ValidationError
+
+    device = load_cluster("dgx-h100-80gb").device
+    args = (LLAMA3, device, DType.bf16, 1, 8192, 8, True, True)
+    titan = layer_compute(*args, target=Target.torchtitan)
+    titan_cudnn = layer_compute(*args, target=Target.torchtitan, attention="cudnn")
+    heads, d = LLAMA3.num_heads // 8, LLAMA3.head_dim
+    diff = [a - b for a, b in zip(attention_times(device, DType.bf16, 1, heads, 8192, d, True, "flash2"),
+                                  attention_times(device, DType.bf16, 1, heads, 8192, d, True, "cudnn"))]
+    assert titan.forward - titan_cudnn.forward == pytest.approx(diff[0], rel=1e-9)
+    assert titan.backward - titan_cudnn.backward == pytest.approx(diff[1], rel=1e-9)
+    doc = api.estimate("llama3-8b", "dgx-h100-80gb", gpus=8, global_batch=32, seq_len=4096, zero=3, target="torchtitan",
+                       attention_kernel="cudnn")
+    plain = api.estimate("llama3-8b", "dgx-h100-80gb", gpus=8, global_batch=32, seq_len=4096, zero=3, target="torchtitan")
+    assert doc.job.attention_kernel == "cudnn" and plain.job.attention_kernel is None
+    assert doc.estimate.step_time_s < plain.estimate.step_time_s
+    back = api.what_if(doc, attention_kernel="flash2")
+    assert "attention_kernel cudnn -> flash2" in back.changes
+    assert back.document.estimate.step_time_s == pytest.approx(
+        api.estimate("llama3-8b", "dgx-h100-80gb", gpus=8, global_batch=32, seq_len=4096, zero=3, target="torchtitan",
+                     attention_kernel="flash2").estimate.step_time_s, rel=1e-12)
+    with pytest.raises(ValidationError, match="attention_kernel must be one of flash2, cudnn"):
+        JobSpec(global_batch_size=8, seq_len=1024, attention_kernel="flash3")

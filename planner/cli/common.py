@@ -10,7 +10,7 @@ import click
 from planner.cli.types import GPUS, TOKENS
 from planner.errors import PlannerError, UsageError
 from planner.inputs import check_plan, check_profile_size, check_real, make_job  # noqa: F401 (planner/cli/run.py, show.py; tests/test_pictures.py)
-from planner.specs import LossKernel, Target
+from planner.specs import ATTENTION_KERNELS, LossKernel, Target
 
 
 # --target of `plan estimate` (one layout, costed as one stack runs it) and of `plan solve`
@@ -52,6 +52,11 @@ def target_options(fn: Callable, target: Callable = ESTIMATE_TARGET) -> Callable
             "--loss-kernel", type=click.Choice([k.value for k in LossKernel]), default=None,
             help="Cross-entropy implementation, which sets the loss's memory per logit [default: the target's: "
             "megatron vocab-parallel, others eager; fused = a fused kernel such as flash-attn's].",
+        ),
+        click.option(
+            "--attention-kernel", type=click.Choice(list(ATTENTION_KERNELS)), default=None,
+            help="Fused attention kernel the training runs [default: the target's: megatron cudnn (Transformer Engine), "
+            "others flash2]; e.g. cudnn for a torchtitan or FSDP run on Transformer Engine's attention.",
         ),
         click.option(
             "--moe-dispatcher", type=click.Choice(["alltoall", "deepep"]), default="alltoall", show_default=True,

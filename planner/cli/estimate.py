@@ -50,7 +50,8 @@ from planner.specs import Recompute, Schedule
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 @click.pass_context
 def estimate(
-    ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, moe_dispatcher,
+    ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, attention_kernel,
+    moe_dispatcher,
     global_batch, tp, pp, dp, ep, cp, vpp, micro_batch_size, recompute, zero, sequence_parallel, fp8, tp_comm_overlap, schedule,
     layers_per_stage, mesh_order, plan_file: Optional[str], alternative: Optional[int], as_json: bool, output: Optional[str],
 ) -> None:
@@ -73,7 +74,8 @@ def estimate(
             cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size, recompute=recompute, zero=zero,
             sequence_parallel=sequence_parallel, fp8=fp8, tp_comm_overlap=tp_comm_overlap, schedule=schedule,
             layers_per_stage=layers_per_stage, mesh_order=mesh_order, precision=precision, optimizer=optimizer,
-            flash_attention=not no_flash_attention, target=stack, loss_kernel=loss_kernel, moe_dispatcher=moe_dispatcher,
+            flash_attention=not no_flash_attention, target=stack, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
+            moe_dispatcher=moe_dispatcher,
         )
     if output:
         api.write_plan(doc, output)

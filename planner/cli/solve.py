@@ -33,7 +33,8 @@ from planner.specs import memory_limit_gib
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 @stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: stop within a moment, even inside a MILP; one line, exit 130 / 143 / 129
 def solve(
-    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, moe_dispatcher,
+    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, attention_kernel,
+    moe_dispatcher,
     global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp, fp8,
     time_limit, solver, as_json: bool, output: Optional[str],
 ) -> None:
@@ -50,7 +51,8 @@ def solve(
         model, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, micro_batch_size=micro_batch_size,
         micro_batches=micro_batches, seq_len=seq_len, target=stack, top_k=top_k, fixes=fixes, max_memory_gib=max_memory_gib,
         allow_cross_node_tp=allow_cross_node_tp, fp8=fp8, time_limit=time_limit, solver=solver, precision=precision,
-        optimizer=optimizer, flash_attention=not no_flash_attention, loss_kernel=loss_kernel, moe_dispatcher=moe_dispatcher,
+        optimizer=optimizer, flash_attention=not no_flash_attention, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
+        moe_dispatcher=moe_dispatcher,
     )
     if output:
         api.write_plan(doc, output)

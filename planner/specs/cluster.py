@@ -32,17 +32,12 @@ from planner.specs.base import (
     _refused,
     _Spec,
 )
-from planner.specs.job import Target
+from planner.specs.job import ATTENTION_KERNELS, Target
 from planner.specs.model import DType, ModelSpec
 
 
 # --------------------------------------------------------------------------- enums
 
-
-# The fused-attention kernels a device table (DeviceSpec.attention) may list, each stack running
-# one (planner/stacks: Stack.attention_kernel): FlashAttention-2 (through SDPA) and Transformer
-# Engine's cuDNN attention.
-ATTENTION_KERNELS = ("flash2", "cudnn")
 
 
 class Collective(str, Enum):

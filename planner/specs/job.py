@@ -11,6 +11,11 @@ from pydantic import Field, field_validator, model_validator
 from planner.specs.base import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, Integer, _Spec
 from planner.specs.model import DType, ModelSpec
 
+# The fused-attention kernels a device table (DeviceSpec.attention) may list, each stack running
+# one (planner/stacks: Stack.attention_kernel; a job may name another, JobSpec.attention_kernel):
+# FlashAttention-2 (through SDPA) and Transformer Engine's cuDNN attention.
+ATTENTION_KERNELS = ("flash2", "cudnn")
+
 
 # --------------------------------------------------------------------------- enums
 
@@ -100,6 +105,18 @@ class JobSpec(_Spec):
         default=None,
         description="Cross-entropy implementation (what the loss keeps per logit); None: the target's (megatron: vocab-parallel, others: eager).",
     )
+    attention_kernel: Optional[str] = Field(
+        default=None,
+        description="Fused attention kernel the job runs, one of the device table's ('flash2': FlashAttention-2 through SDPA, "
+        "'cudnn': Transformer Engine's cuDNN attention); None: the target's (megatron: cudnn, others: flash2). (schema 1.8)",
+    )
+
+    @field_validator("attention_kernel")
+    @classmethod
+    def _attention_kind(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in ATTENTION_KERNELS:
+            raise ValueError(f"attention_kernel must be one of {', '.join(ATTENTION_KERNELS)}, not {v!r}")
+        return v
 
     @field_validator("moe_dispatcher")
     @classmethod
