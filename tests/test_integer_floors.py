@@ -152,3 +152,35 @@ def _even(pc) -> list[tuple[int, int, int]]:
     """Layers as evenly as the layout allows (interleaved: its equal chunks)."""
     P, L = pc.num_stages, pc.num_layers
     return [(L // P + (j < L % P), 0, 0) for j in range(P)]
+
+
+# --------------------------------------------------------------------------- symmetry rows
+
+
+@pytest.mark.parametrize("m,zero,limit_scale", [(2, 2, 1.0), (2, 1, 0.35), (4, 0, 1.0), (16, 1, 1.0)])
+def test_ordering_identical_ranks_keeps_the_optimum(monkeypatch, m, zero, limit_scale):
+    """ilp._order_identical_ranks: rows n_r >= n_{r+1} only between ranks whose every cost and
+    memory expression is equal (the middle ranks holding the same in-flight micro-batches; never
+    the first, with the embedding, or the last, with the head), and the search's optimum is the
+    one found without them, memory-tight or not."""
+    from planner.search.candidates import Candidate
+    from planner.specs import Axis, Schedule, memory_limit_gib
+
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-a100-80gb")
+    cand = Candidate(dp=8, tp=1, pp=8, vpp=1, micro_batch_size=1, num_micro_batches=m, schedule=Schedule.one_f_one_b,
+                     zero_stage=zero, sequence_parallel=False, mesh_order=(Axis.tp, Axis.dp, Axis.pp))
+    pc = CostTables(model, cluster, JobSpec(global_batch_size=8 * m, seq_len=4096)).pipeline(cand)
+    limit = memory_limit_gib(cluster) * limit_scale
+    with_rows, status = ilp.solve_candidate(cand, pc, limit, "highs")
+    prob, _, _ = ilp.candidate_problem("probe", pc, limit, MODES, 1.0, symmetry=True)
+    ordered = sorted(int(c.name.split("_")[1]) for c in prob.constraints.values() if c.name.startswith("order_"))
+    in_flight = [min(m, pc.pp - r) for r in range(pc.pp)]
+    assert ordered == [r for r in range(1, pc.pp - 2) if in_flight[r] == in_flight[r + 1]]
+    monkeypatch.setattr(ilp, "_order_identical_ranks", lambda *args: None)
+    without, _ = ilp.solve_candidate(cand, pc, limit, "highs")
+    assert (with_rows is None) == (without is None), status
+    if with_rows is not None:
+        assert with_rows.proven and without.proven
+        assert with_rows.objective == pytest.approx(without.objective, rel=1e-7)
+        n = [sum(c) for c in with_rows.counts]
+        assert all(n[r] >= n[r + 1] for r in ordered)

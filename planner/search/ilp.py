@@ -332,10 +332,11 @@ def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
 
 
 def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tuple, ts: float, rules=None,
-                  rank_rows: bool = False):
+                  rank_rows: bool = False, symmetry: bool = False):
     """Variables and rows of one candidate (`rules`: what the target stack can express of
     the split and recompute, or None; `rank_rows`: each rank's floor rows, not only the
-    slowest rank's); returns (objective term, layer variables)."""
+    slowest rank's; `symmetry`: order interchangeable ranks, :func:`_order_identical_ranks`);
+    returns (objective term, layer variables)."""
     b = _Block(prob, pc, y, ts, modes, rules)
     floors = rank_time_floors(pc, memory_limit_gib, modes)
     b.slowest_floor = integer_slowest_rank_time(pc, floors)
@@ -361,16 +362,41 @@ def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tu
         b.add(opt >= b.lin(rk.optimizer, c, ts), f"opt_{rk.rank}_")
     for rk, c in zip(ranks, counts):
         _memory(b, rk, c, memory_limit_gib)
+    if symmetry:
+        _order_identical_ranks(b, ranks)
     return t_pipe + D + opt, b.x
 
 
+def _order_identical_ranks(b: _Block, ranks) -> None:
+    """Symmetry breaking: neighbouring pipeline ranks whose every cost and memory expression is
+    the same (the middle ranks of a 1F1B or GPipe pipeline that all hold the same in-flight
+    micro-batches, e.g. m <= pp - r) are interchangeable: any split permuted among them has the
+    same step time and fits the same, and with one stage a rank the pipeline time (the sum of
+    the stages and the slowest) does not depend on their order. So some optimum has their layer
+    counts non-increasing, and the rows n_r >= n_{r+1} keep only those, instead of letting
+    branch-and-bound prove every permutation (population #120 of benchmarks/solve_population.py:
+    two MILPs of 21 s and 16 s). Interleaved schedules (a rank's stages spread through the
+    pipeline) are left as they are. The search's MILP only: the tie-break (canonical_counts)
+    still chooses among all splits."""
+    if b.pc.vpp != 1:
+        return
+
+    def signature(rk) -> tuple:
+        return (rk.time, rk.forward, rk.params, rk.exposure, rk.optimizer, rk.memory, rk.stages)
+
+    sig = [signature(rk) for rk in ranks]
+    for r in range(len(ranks) - 1):
+        if sig[r] == sig[r + 1]:
+            b.add(b.n[r] >= b.n[r + 1], f"order_{r}_")
+
+
 def candidate_problem(name: str, pc: PipelineCosts, memory_limit_gib: float, modes: tuple, ts: float, rules=None,
-                      rank_rows: bool = False):
+                      rank_rows: bool = False, symmetry: bool = False):
     """A MILP holding one candidate's variables and rows, times in units of 1/ts seconds:
     (problem, step-time expression, layer variables x[j][mode])."""
     prob = pulp.LpProblem(name, pulp.LpMinimize)
     y = prob.add_variable("y", 1, 1)
-    term, x = add_candidate(prob, pc, y, memory_limit_gib, modes, ts, rules, rank_rows)
+    term, x = add_candidate(prob, pc, y, memory_limit_gib, modes, ts, rules, rank_rows, symmetry)
     return prob, term, x
 
 
@@ -392,7 +418,7 @@ def solve_candidate(
     rough = (pc.layer.forward + pc.layer.backward) * pc.num_layers * pc.num_micro_batches / pc.pp
     ts = 100.0 / max(rough, 1e-12)
     rank_rows = rank_rows_help(pc) and pc.num_micro_batches - 1 / pc.vpp >= pc.pp
-    prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules, rank_rows)
+    prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules, rank_rows, symmetry=True)
     prob += term
     if cutoff_s is not None:
         prob += term <= cutoff_s * ts * (1 + 1e-9), "cutoff"
