@@ -315,7 +315,9 @@ def test_ctrl_c_while_the_command_loads_is_one_line(delay):
     out, err = p.communicate(timeout=60)
     text = err.decode()
     if "Traceback" in text or "Fatal Python error" in text:
-        assert PACKAGE not in text, text  # before planner/__init__.py ran
+        # before planner/__init__.py ran: no frame in our files (an editable install's finder,
+        # interrupted on a cold start, may quote our path in its own source line)
+        assert f'File "{PACKAGE}' not in text, text
         return
     if p.returncode == 0:
         # a fast machine (CI's) finishes the whole listing before the latest signal: then the
