@@ -304,14 +304,16 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
     g = cluster.gpus_per_node
     ranks = _Ranks(plan, strides, degrees, g)
     links = mesh_links(cluster, plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order)
+    # the fast link's reach: a node, or a scale-up domain of several (ClusterSpec.domain_gpus)
+    unit, across = ("a node", "nodes") if cluster.domain_gpus == g else (f"a scale-up domain of {cluster.domain_gpus} GPUs",
+                                                                         "scale-up domains")
     axes = []
     for a in plan.mesh_order:
         link = links[a]
         tier = cluster.inter_node if link.inter_node else cluster.intra_node
         name = tier.name if degrees[a] > 1 else "none (degree 1)"
-        unit = "a node" if cluster.domain_gpus == g else f"a scale-up domain of {cluster.domain_gpus} GPUs"
-        where = (f"across {'nodes' if cluster.domain_gpus == g else 'scale-up domains'} ({link.rails} rail(s)): {name}"
-                 if link.inter_node else name if degrees[a] == 1 else f"inside {unit}: {name}")
+        where = (f"across {across} ({link.rails} rail(s)): {name}" if link.inter_node
+                 else name if degrees[a] == 1 else f"inside {unit}: {name}")
         axes.append({
             "axis": a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", "degree": degrees[a], "stride": strides[a],
             "inter_node": link.inter_node, "rails": link.rails if link.inter_node else None, "link": name, "where": where,

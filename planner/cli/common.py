@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Callable, Optional
 
 import click
@@ -112,3 +113,22 @@ def _version_tuple(text: str) -> tuple:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
+
+
+def check_picture_files(files: dict, read: tuple = ()) -> None:
+    """Before any work, the picture files of `plan show` and `plan size` ({option: path}): known
+    extensions, distinct files, writable places that are none of the files `read`, matplotlib."""
+    from planner.datafile import check_output
+    from planner.draw import FORMATS, require_matplotlib
+
+    seen: dict[str, str] = {}
+    for k, f in files.items():
+        ext = Path(f).suffix.lower().lstrip(".")
+        if ext not in FORMATS:
+            raise UsageError(f"--{k} {f}: the picture's format comes from the extension; use .svg or .png")
+        target = str(check_output(f, read).resolve())
+        if target in seen:
+            raise UsageError(f"--{seen[target]} and --{k} both write {f}; give each picture its own file")
+        seen[target] = k
+    if files:
+        require_matplotlib()

@@ -19,9 +19,9 @@ from rich.table import Table
 from cost_models.estimate import estimate as run_estimate
 from planner import pictures
 from planner.cli import render
-from planner.cli.common import check_plan
+from planner.cli.common import check_picture_files, check_plan
 from planner.cli.types import ALTERNATIVE, RANGE
-from planner.datafile import check_output, write_atomic
+from planner.datafile import write_atomic
 from planner.errors import UsageError
 from planner.plan_file import read_plan_file
 
@@ -52,7 +52,7 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
     """Pictures of a plan: its pipeline schedule, memory per GPU and placement of ranks."""
     files = {k: v for k, v in (("timeline", timeline), ("memory", memory), ("placement", placement)) if v is not None}
     mb_range, rank_range = micro_batches, ranks
-    _check_files(files, plan_file)
+    check_picture_files(files, (plan_file,))
     doc = read_plan_file(Path(plan_file), alternative)
     model, cluster, job, plan = doc.model, doc.cluster, doc.job, doc.plan
     check_plan(plan, model, job, doc.num_gpus)
@@ -105,23 +105,6 @@ def _check_range(option: str, span: Optional[tuple[int, int]], count: int, what:
         given = f"{span[0]}" if span[0] == span[1] else f"{span[0]}-{span[1]}"
         raise UsageError(f"{option} {given}: the plan has {count} {what}, numbered 0-{count - 1}; "
                          "give a range inside them")
-
-
-def _check_files(files: dict, plan_file: str) -> None:
-    """Before any work: known extensions, distinct files, writable places, matplotlib."""
-    from planner.draw import FORMATS, require_matplotlib
-
-    seen: dict[str, str] = {}
-    for k, f in files.items():
-        ext = Path(f).suffix.lower().lstrip(".")
-        if ext not in FORMATS:
-            raise UsageError(f"--{k} {f}: the picture's format comes from the extension; use .svg or .png")
-        target = str(check_output(f, (plan_file,)).resolve())
-        if target in seen:
-            raise UsageError(f"--{seen[target]} and --{k} both write {f}; give each picture its own file")
-        seen[target] = k
-    if files:
-        require_matplotlib()
 
 
 def _document(tl: pictures.Timeline, win: pictures.Window, est, est_bubble: float, bars, pl: pictures.Placement) -> dict:
