@@ -16,13 +16,16 @@ tuned on another machine. Then, in one run:
 Printed: the tune's trials, then the sweep, the tuned answer's regret (its time in the sweep
 against the sweep's fastest), the prediction's error on the sweep's layouts the tune did not
 measure, with the wrong prior and with the refit constants (mean |predicted / measured - 1|),
-and the wall time of each. Its last line is
+the model's own floor on this machine (its constants refit to every layout of the sweep, in
+sample: no choice of trials can do better), the repeatability of a measurement (the tune's
+trials measured again in the sweep: what no model can predict), and the wall time of each. Its last line is
 `tune: regret R % with K of N trials, refit error E %`.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
@@ -37,6 +40,7 @@ from cost_models.fit import constants_of, with_constants  # noqa: E402
 from planner import api  # noqa: E402
 from planner.specs import ModelSpec, RunReport  # noqa: E402
 from planner.tune import journal  # noqa: E402
+from planner.tune.refit import Observation, refit  # noqa: E402
 from planner.tune.loop import Budget, TuneRequest, header, layout_key, layout_label, search, tune  # noqa: E402
 from planner.tune.run_executor import RunExecutor  # noqa: E402
 
@@ -70,6 +74,11 @@ def _wrong_prior(profile: Path):
 def _error(cluster, rows) -> float:
     """Mean |predicted / measured - 1| over (model, job, plan, measured) rows, percent."""
     return 100 * statistics.mean(abs(predict(m, cluster, j, p).step_time_s / t - 1) for m, j, p, t in rows)
+
+
+def _repeat(pairs) -> float:
+    """Mean |a / b - 1| over pairs of measurements of one layout, percent."""
+    return 100 * statistics.mean(abs(a / b - 1) for a, b in pairs)
 
 
 def _sweep(space, prior, ranks: int, steps: int, directory: Path) -> dict:
@@ -144,6 +153,16 @@ def main() -> None:
     print(f"sweep best: {layout_label(ok[best_key][0].plan)} {best:.4f} s; tuned answer in the sweep: {tuned_time:.4f} s")
     print(f"prediction error on the {len(held_out)} layouts the tune did not measure: {before:.1f} % with the prior, "
           f"{after:.1f} % refit")
+    every = [Observation(m.ran.model, m.ran.job, m.ran.plan, m.step_time_s, 0.0) for _, m in ok.values()]
+    floor = refit(prior, "generic", every, [], prior.device.memory_gib, start=result.refit.constants).cluster
+    print(f"the model's own floor: its constants refit to all {len(every)} layouts of the sweep (in sample, what no "
+          f"choice of trials could beat) miss them by {_error(floor, [(o.model, o.job, o.plan, o.step_time_s) for o in every]):.1f} %")
+    twice = [(r.step_time_s, ok[r.key][1].step_time_s) for r in result.records if r.status == "ok" and r.key in ok]
+    if twice:
+        print(f"repeatability: the {len(twice)} layouts measured twice (in the tune and again in the sweep) differ by "
+              f"{_repeat(twice):.1f} % on average (mean |tune / sweep - 1|); a model that knew each layout's mean exactly "
+              f"would be about {_repeat(twice) / math.sqrt(2):.1f} % off single measurements (1/sqrt 2 of it, for "
+              f"independent errors of equal spread)")
     per_trial = statistics.mean(r.wall_s for r in result.records)
     print(f"wall time: tune {tune_s:.0f} s ({len(result.records)} launches, {per_trial:.0f} s a trial); sweep {sweep_s:.0f} s in one "
           f"launch; as {n} trials like the tune's it would take about {n * per_trial:.0f} s ({tune_s / (n * per_trial):.2f}x)")
