@@ -145,6 +145,26 @@ def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: s
     return x.forward_s * scale, x.backward_s * scale, x.activation_bytes * scale
 
 
+def spine_factor(cluster: ClusterSpec, link: GroupLink) -> float:
+    """How much longer the network part of an all-to-all over `link` takes on an oversubscribed
+    spine (ClusterSpec.spine) than on a non-blocking one: 1 where there is none, or the group
+    fits under one leaf. The group's N domains (nodes, or scale-up domains) fill leaves of L;
+    each sends its remote bytes R evenly to the N - 1 others, of which N - L sit under other
+    leaves, so a leaf's L domains push L R (N - L) / (N - 1) through uplinks that carry L B /
+    oversubscription (B: a domain's network bandwidth) while each NIC carries R at B: the
+    slower of the two is max(1, oversubscription (N - L) / (N - 1)) times R / B. Rings (all-reduce,
+    all-gather, reduce-scatter) and pipeline sends are not slowed: a ring crosses each leaf
+    boundary with one flow, which the uplinks carry at full speed."""
+    spine = cluster.spine
+    if spine is None or not link.inter_node:
+        return 1.0
+    per_leaf = max(1, spine.nodes_per_leaf * cluster.gpus_per_node // cluster.domain_gpus)
+    n = link.nodes
+    if n <= per_leaf:
+        return 1.0
+    return max(1.0, spine.oversubscription * (n - per_leaf) / (n - 1))
+
+
 def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k: int = 1, deepep: bool = False) -> float:
     """One all-to-all of `nbytes` per rank over `link`: each rank sends (n-1)/n of its buffer,
     a different piece to every other rank (the profiles measure no all-to-all; NCCL runs it
@@ -162,7 +182,9 @@ def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k:
     rank by rank: DeepEP's dispatch layout sends a token once to each rank holding any of its
     experts (deep_ep/buffer.py get_dispatch_layout: num_tokens_per_rank, is_token_in_rank), and
     the combine returns one reduced copy per rank, so a token reaches
-    (n - 1)(1 - (1 - 1/n)^top_k) other ranks instead of top_k (n - 1) / n."""
+    (n - 1)(1 - (1 - 1/n)^top_k) other ranks instead of top_k (n - 1) / n.
+
+    An oversubscribed spine (ClusterSpec.spine) multiplies the network part by spine_factor."""
     n = link.size
     if n <= 1:
         return 0.0
@@ -176,7 +198,7 @@ def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k:
     if deepep:
         N = link.nodes
         remote = nbytes / top_k * (N - 1) * (1 - (1 - 1 / N) ** top_k)
-    net = fit.latency_us * 1e-6 + remote / (fit.bandwidth_gbps * 1e9)
+    net = fit.latency_us * 1e-6 + remote / (fit.bandwidth_gbps * 1e9) * spine_factor(cluster, link)
     local = GroupLink(cluster, k, 1).time(Collective.all_gather, nbytes * k / n) if k > 1 else 0.0
     return max(net, local)
 

@@ -325,6 +325,20 @@ class StackConstants(_Spec):
     provenance: Optional[str] = Field(default=None, description="What the constants were fitted on, when and how.")
 
 
+class Spine(_Spec):
+    """The scale-out network's second level where it is oversubscribed: leaf switches each
+    serving `nodes_per_leaf` nodes at full bandwidth, joined by spine switches whose uplinks
+    carry 1 / `oversubscription` of what the leaf's nodes can send. (Added December 2026;
+    absent: a non-blocking fat tree, as NVIDIA's DGX SuperPOD reference designs are.)"""
+
+    nodes_per_leaf: Integer(1, MAX_GPUS) = Field(
+        description="Nodes under one leaf (one scalable unit of a rail-optimised design: e.g. 32 DGX nodes), at full bandwidth."
+    )
+    oversubscription: Real(1, 64) = Field(
+        description="Leaf downlink bandwidth over uplink bandwidth (1: non-blocking; 2: a 2:1 taper)."
+    )
+
+
 class ClusterSpec(_Spec):
     """A cluster of identical nodes: the hardware profile every command reads.
 
@@ -343,6 +357,12 @@ class ClusterSpec(_Spec):
         description="GPUs that share the intra_node link (the scale-up domain, e.g. 72 on a GB200 NVL72 rack of 18 hosts "
         "of 4), a whole number of nodes; None: one node. Groups inside a domain take intra_node's figures, groups "
         "across domains inter_node's. (schema 1.8)",
+    )
+    spine: Optional[Spine] = Field(
+        default=None,
+        description="An oversubscribed spine above the scale-out network's leaves; None: non-blocking. It slows the "
+        "traffic that crosses leaves all at once (an all-to-all over more nodes than a leaf serves), not rings, whose "
+        "one flow per leaf boundary the uplinks carry at full speed (cost_models/tables.py:all_to_all_time).",
     )
     intra_node: LinkTier = Field(description="Link between GPUs of one scale-up domain (a node unless scaleup_domain_gpus says more).")
     inter_node: LinkTier = Field(description="Link between scale-up domains, per GPU (one NIC per GPU on DGX).")
