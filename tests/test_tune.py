@@ -95,6 +95,17 @@ def test_first_trials_spread_over_the_uncertain_terms(tuned):
         assert now - before, (r.label, before)
 
 
+def test_a_budget_of_six_measures_each_uncertain_term_once(request_, space):
+    # the benchmark's budget (benchmarks/tune.py: a third of 20 layouts): the first trial, then
+    # one each with tp, pp and ZeRO-3, so that no term the space holds is left to the prior
+    assert {(c.plan.tp > 1, c.plan.pp > 1, c.plan.zero_stage == 3) for c in space} >= {(True, False, False), (False, True, False),
+                                                                                        (False, False, True)}
+    result = tune(request_, FakeExecutor(TRUE), Budget(trials=6, refit_rounds=0))
+    first = result.records[:4]
+    assert [r.why.startswith("spread") for r in first] == [False, True, True, True]
+    assert {t for r in first for t, on in zip("tpz", (r.plan.tp > 1, r.plan.pp > 1, r.plan.zero_stage == 3)) if on} == set("tpz")
+
+
 def test_a_large_tolerance_proves_the_answer_early(request_):
     result = tune(request_, FakeExecutor(TRUE), Budget(trials=12, tolerance=0.3, refit_rounds=0))
     assert result.stop == "proven" and len(result.records) < 12
