@@ -385,6 +385,10 @@ def search_space(cluster: ClusterSpec, job: JobSpec, gpus: int, fixed: dict, mod
                  fp8: bool) -> SearchSpace:
     """What `plan solve` searches: every layout of `gpus` GPUs less what --fix pins (`fixed`
     and the recompute `modes`, from parse_fixes)."""
+    if micro_batch_size is not None and micro_batch_size * (micro_batches or 1) > MAX_GLOBAL_BATCH:
+        raise UsageError(f"--micro-batch-size {micro_batch_size} x --micro-batches {micro_batches} is "
+                         f"{micro_batch_size * micro_batches:,} sequences a replica, over the {MAX_GLOBAL_BATCH:,} a step may "
+                         "hold; give fewer micro-batches or a smaller micro-batch")
     return SearchSpace(
         num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
         max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,

@@ -216,6 +216,53 @@ def test_a_journal_of_something_else_is_refused(tmp_path):
     assert res.returncode == 2 and "not a `plan tune` journal" in res.stderr and res.stderr.count("\n") == 1, res.stderr
 
 
+def _edited_journal(request_, tmp_path, edit_header=None, edit_trial=None):
+    """A journal of one finished trial, its header or trial record edited by hand."""
+    path = tmp_path / "j.jsonl"
+    journal.start(path, header(request_, FakeExecutor(TRUE)))
+    tune(request_, FakeExecutor(TRUE), Budget(trials=1, refit_rounds=0), path)
+    head, trial = (json.loads(line) for line in path.read_text().splitlines())
+    (edit_header or (lambda _: None))(head)
+    (edit_trial or (lambda _: None))(trial)
+    path.write_text(json.dumps(head) + "\n" + json.dumps(trial) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda h: h["solve"].update(bogus=1), "unknown search option 'bogus'"),
+    (lambda h: h["solve"].update(top_k=5), "unknown search option 'top_k'"),
+    (lambda h: h["solve"].update(global_batch="x"), "global_batch is 'x'"),
+    (lambda h: h["solve"].update(max_memory_gib="NaN"), "max_memory_gib is 'NaN'"),
+    (lambda h: h["solve"].update(fixes=[1]), "not CHOICE=VALUE strings"),
+    (lambda h: h.update(version=2), "journal version 2"),
+])
+def test_a_hand_edited_header_is_refused_saying_what(request_, tmp_path, edit, needle):
+    path = _edited_journal(request_, tmp_path, edit_header=edit)
+    with pytest.raises(UsageError, match="no tune header") as exc:
+        journal.read(path, lambda _: None)
+    assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize("step", [0.0, -1.0, float("inf"), float("nan"), None])
+def test_a_trial_that_ran_without_a_positive_finite_time_is_damage(request_, tmp_path, step):
+    path = _edited_journal(request_, tmp_path, edit_trial=lambda t: t.update(status="ok", step_time_s=step))
+    with pytest.raises(UsageError, match="damaged at line 2"):
+        journal.read(path, lambda _: None)
+
+
+def test_a_journal_nested_past_the_parser_is_refused(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_text("[" * 200_000 + "]" * 200_000 + "\n")
+    with pytest.raises(UsageError, match="not a `plan tune` journal"):
+        journal.read(path, lambda _: None)
+
+
+def test_a_header_whose_search_fails_is_refused_before_any_trial(request_, tmp_path):
+    path = _edited_journal(request_, tmp_path, edit_header=lambda h: h["solve"].update(target="jax"))
+    res = _plan("--resume", str(path), "--trials", "2")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+
+
 def test_resume_with_the_budget_spent_renders_and_writes(request_, tmp_path):
     """`plan tune --resume J` with its trials done runs nothing: the table, the profile, the plan."""
     path = tmp_path / "j.jsonl"
@@ -227,3 +274,12 @@ def test_resume_with_the_budget_spent_renders_and_writes(request_, tmp_path):
     assert "an exhaustive sweep would have run" in res.stdout
     assert api.read_plan(tmp_path / "p.json").num_gpus == 4
     assert json.loads((tmp_path / "tuned.json").read_text())["stack_constants"]["generic"]["provenance"].startswith("plan tune")
+
+
+def test_a_fixed_micro_batch_whose_batch_no_document_holds_is_refused_or_skipped():
+    """dp x mbs x micro-batches above MAX_GLOBAL_BATCH: refused up front when no dp can hold
+    it, else those layouts are skipped (found by fuzzing: the search crashed building them)."""
+    with pytest.raises(UsageError, match="over the 100,000,000"):
+        api.solve("gpt2-124m", "dgx-h100-80gb", gpus=8, micro_batch_size=2, micro_batches=50_000_001, top_k=0)
+    doc = api.solve("gpt2-124m", "dgx-h100-80gb", gpus=8, micro_batch_size=1, micro_batches=100_000_000, top_k=3)
+    assert all(a.global_batch_size <= 100_000_000 for a in doc.alternatives) and doc.plan.dp == 1

@@ -78,6 +78,10 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
             raise UsageError("--resume continues the journal's own inputs; drop --model and --cluster (or start a new tune)")
         head, done = journal.read(Path(resume_path), render.note)
         request, path = request_of(head), Path(resume_path)
+        try:  # the header's search, checked as a new tune's is, before any trial (a hand-edited header fails here)
+            api.solve(request.model, request.cluster, gpus=request.gpus, top_k=0, **request.search_keywords())
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(f"the journal {path} has a damaged header (its search options): {exc}") from None
     else:
         require_names(model_name, cluster_name)
         model, cluster = api.load_model(model_name), api.load_cluster(cluster_name)

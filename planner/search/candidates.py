@@ -31,7 +31,9 @@ from cost_models.tables import (
 )
 from cost_models.compute import model_flops_per_step
 from cost_models.terms import MODES
-from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule, tp_problem
+from planner.specs import (
+    MAX_GLOBAL_BATCH, Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule, tp_problem,
+)
 
 from .deadline import NO_DEADLINE, Deadline, polled
 
@@ -130,6 +132,8 @@ def _batch_options(space: SearchSpace, dp: int, pp: int) -> list[tuple[int, int]
         per_replica = space.global_batch_size // dp
         return [(b, per_replica // b) for b in divisors(per_replica, space.max_micro_batch_size)]
     m = space.micro_batches or 3 * pp  # the usual 2-4x rule for 1F1B: m = 3 x stages
+    if dp * space.micro_batch_size * m > MAX_GLOBAL_BATCH:  # a step of more sequences than any document holds
+        return []
     return [(space.micro_batch_size, m)]
 
 

@@ -10,11 +10,12 @@ has no record and is measured again. Damage anywhere but the last line is refuse
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Callable, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner.errors import PlannerError, UsageError
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan
@@ -37,6 +38,50 @@ class TuneHeader(_Record):
     solve: dict = Field(description="The search's keywords (planner.api.solve), JSON values only.")
     run: dict = Field(default_factory=dict, description="How trials run (the executor's settings).")
     started_at: str = Field(description="When the tune started, UTC ISO 8601.")
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v != JOURNAL_VERSION:
+            raise ValueError(f"journal version {v}: this planner reads version {JOURNAL_VERSION}")
+        return v
+
+    @field_validator("solve")
+    @classmethod
+    def _search_keywords(cls, v: dict) -> dict:
+        problem = _solve_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+
+# The search's keywords a header may hold (planner.api.solve's, less model, cluster, gpus and
+# top_k, which the tune sets), each with the JSON kinds it takes: a damaged or hand-edited
+# header is refused in one line, before the search sees a string where a count belongs.
+_COUNT, _NUMBER, _TEXT, _FLAG = (int,), (int, float), (str,), (bool,)
+SOLVE_KEYWORDS = {
+    "global_batch": _COUNT, "micro_batch_size": _COUNT, "micro_batches": _COUNT, "seq_len": _COUNT, "nodes": _COUNT,
+    "max_memory_gib": _NUMBER, "time_limit": _NUMBER, "target": _TEXT, "precision": _TEXT, "optimizer": _TEXT,
+    "loss_kernel": _TEXT, "moe_dispatcher": _TEXT, "attention_kernel": _TEXT, "solver": _TEXT,
+    "allow_cross_node_tp": _FLAG, "fp8": _FLAG, "flash_attention": _FLAG, "fixes": (list,),
+}
+
+
+def _solve_problem(solve: dict) -> Optional[str]:
+    """What is wrong with a header's search keywords, or None."""
+    for key, value in solve.items():
+        kinds = SOLVE_KEYWORDS.get(key)
+        if kinds is None:
+            return f"unknown search option {key!r}"
+        if value is None:
+            continue
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            return f"{key} is {value!r}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{key} is {value!r}"
+        if key == "fixes" and not all(isinstance(x, str) for x in value):
+            return f"fixes holds {value!r}, not CHOICE=VALUE strings"
+    return None
 
 
 class Ran(_Record):
@@ -63,12 +108,20 @@ class TrialRecord(_Record):
     interval_s: list[float] = Field(description="Its predicted interval when chosen, [low, high], seconds.")
     predicted_peak_gib: float = Field(description="Its predicted peak memory per rank when chosen, GiB.")
     status: Literal["ok", "oom", "failed", "timeout"] = Field(description="ok: measured; oom: out of memory; failed; timeout.")
-    step_time_s: Optional[float] = Field(default=None, description="Measured step time (slowest rank, mean over timed steps).")
-    peak_memory_gib: Optional[float] = Field(default=None, description="Measured peak memory, the largest of any rank, GiB.")
+    step_time_s: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False,
+                                         description="Measured step time (slowest rank, mean over timed steps).")
+    peak_memory_gib: Optional[float] = Field(default=None, ge=0, allow_inf_nan=False,
+                                             description="Measured peak memory, the largest of any rank, GiB.")
     detail: str = Field(default="", description="The failure's or the out-of-memory's one line, or notes.")
     ran: Optional[Ran] = Field(default=None, description="What ran, where it differs from the search's (scaled); None: as searched.")
-    wall_s: float = Field(description="Wall time of the trial, seconds.")
+    wall_s: float = Field(ge=0, allow_inf_nan=False, description="Wall time of the trial, seconds.")
     finished_at: str = Field(description="When it ended, UTC ISO 8601.")
+
+    @model_validator(mode="after")
+    def _measured_when_ok(self) -> "TrialRecord":
+        if self.status == "ok" and self.step_time_s is None:
+            raise ValueError("a trial that ran (status ok) has its step time")
+        return self
 
 
 def append(path: Path, record: _Record) -> None:
@@ -107,7 +160,8 @@ def read(path: Path, warn: Callable[[str], None]) -> tuple[TuneHeader, list[Tria
         record = _parse(line)
         if record is None or isinstance(record, TuneHeader) != (number == 1):
             if number == 1:
-                raise UsageError(f"{path} is not a `plan tune` journal (its first line is no tune header)")
+                why = _header_problem(line)
+                raise UsageError(f"{path} is not a `plan tune` journal (its first line is no tune header{why})")
             raise UsageError(f"the journal {path} is damaged at line {number} (not a trial record); "
                              "only a torn last line can be repaired")
         records.append(record)
@@ -122,6 +176,21 @@ def read(path: Path, warn: Callable[[str], None]) -> tuple[TuneHeader, list[Tria
     return records[0], records[1:]
 
 
+def _header_problem(line: bytes) -> str:
+    """Why a first line that says it is a header is not one (': ...'), else ''."""
+    try:
+        obj = json.loads(line)
+        if isinstance(obj, dict) and obj.get("kind") == "tune":
+            TuneHeader.model_validate(obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        return f": {where}: {first.get('msg', '')}".replace("Value error, ", "")
+    except (ValueError, RecursionError):
+        pass
+    return ""
+
+
 def _parse(line: bytes) -> Optional[_Record]:
     try:
         obj = json.loads(line)
@@ -130,6 +199,6 @@ def _parse(line: bytes) -> Optional[_Record]:
             return TuneHeader.model_validate(obj)
         if kind == "trial":
             return TrialRecord.model_validate(obj)
-    except (ValueError, ValidationError):
+    except (ValueError, ValidationError, RecursionError):  # RecursionError: JSON nested past the parser's depth
         pass
     return None
