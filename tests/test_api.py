@@ -333,3 +333,17 @@ def test_the_stacks_are_searched_narrowest_first():
         count[target] = len(enumerate_candidates(model, cluster, target_space(base, model, job), layouts)[0])
     assert set(SEARCH_ORDER) == set(STACK_TARGETS)
     assert list(count.values()) == sorted(count.values())
+
+
+@pytest.mark.parametrize("fix, check", [
+    ("schedule=gpipe", lambda p: p.schedule.value == "gpipe"),
+    ("mesh_order=tp,pp,dp", lambda p: [a.value for a in p.mesh_order] == ["tp", "pp", "dp"]),
+    ("zero=1", lambda p: p.zero_stage == 1 and p.dp == 1),
+])
+def test_a_fixed_choice_is_searched_even_where_another_dominates_it(fix, check):
+    """GPipe (1F1B is as fast with fewer activations), ZeRO on dp 1 and a dominated mesh order
+    never win, so the search skips them, but not when --fix asks for them (found by fuzzing:
+    'no layout is valid')."""
+    fixes = [fix, "pp=2"] + (["dp=1"] if fix.startswith("zero") else [])
+    doc = api.solve("gpt2-124m", "dgx-h100-80gb", gpus=8, global_batch=64, target="generic", top_k=0, fixes=fixes)
+    assert check(doc.plan), doc.plan

@@ -214,6 +214,10 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
     n, L = space.num_gpus, model.num_layers
     max_tp = space.max_tp or cluster.domain_gpus  # TP inside the fast link's domain
     order_cache: dict = {}
+    # A choice --fix pins is searched even where another would dominate it (the user asked for it)
+    keep_orders = space.include_dominated or "mesh_order" in space.fixed
+    keep_gpipe = space.include_dominated or space.fixed.get("schedule") == Schedule.gpipe
+    keep_zero = space.include_dominated or space.fixed.get("zero_stage", 0) > 0
     for tp in divisors(n):
         if tp_problem(model, tp):
             rejected[DIVISIBILITY] += 1
@@ -233,7 +237,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
                     rejected[DIVISIBILITY] += 1
                 key = (dpw, tp, pp)
                 if key not in order_cache:
-                    orders, dropped = _mesh_orders(cluster, dpw, tp, pp, space.include_dominated)
+                    orders, dropped = _mesh_orders(cluster, dpw, tp, pp, keep_orders)
                     if space.max_tp is None:  # TP stays on NVLink: no mesh order may stretch it across nodes
                         inside = [o for o in orders if not mesh_links(cluster, dpw, tp, pp, o)[Axis.tp].inter_node]
                         rejected[TP_ACROSS_NODES] += len(orders) - len(inside)
@@ -255,8 +259,8 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
                                         continue
                                     # GPipe runs as fast as 1F1B and holds more activations; with
                                     # dp = 1 every ZeRO stage is ZeRO-0. Neither can win.
-                                    dominated = sched == Schedule.gpipe or (zero > 0 and dpw == 1)
-                                    if dominated and not space.include_dominated:
+                                    dominated = (sched == Schedule.gpipe and not keep_gpipe) or (zero > 0 and dpw == 1 and not keep_zero)
+                                    if dominated:
                                         rejected[DOMINATED] += len(MESH_ORDERS)
                                         continue
                                     rejected[DOMINATED] += dropped_orders
