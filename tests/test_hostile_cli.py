@@ -339,3 +339,11 @@ def test_ctrl_c_in_the_middle_of_the_imports_is_one_line():
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.decode().strip() == "error: interrupted", (p.returncode, err.decode())
+
+
+def test_a_plan_refuses_a_new_model_naming_the_option_given(tmp_path):
+    plan = tmp_path / "e.json"
+    assert _run(["estimate", "--model", "gpt2-124m", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16",
+                 "-o", str(plan)], stdout=subprocess.DEVNULL).returncode == 0
+    r = _run(["estimate", "--plan", str(plan), "--model", "llama3-8b"], stdout=subprocess.DEVNULL)
+    assert r.returncode == 2 and "--model cannot change it" in _one_line(r.stderr)  # not "--model-name", which is no option

@@ -116,6 +116,7 @@ def does_not_fit(est, device: str) -> str:
 # With --plan: options that would change the plan's model (refused), options that change
 # nothing, and the keyword of planner/api.py:what_if that an option of another name sets.
 _REFUSED = ("model_name", "no_flash_attention")
+_OPTION = {"model_name": "--model"}  # a parameter whose option is named otherwise
 _NOT_CHANGES = {"plan_file", "alternative", "as_json", "output", *_REFUSED}
 _RENAMED = {"cluster_name": "cluster", "stack": "target"}
 
@@ -125,7 +126,7 @@ def _what_if(plan_file: str, alternative: Optional[int], given: set, params: dic
     changed (planner/api.py:what_if), and a line saying what changed (None: nothing)."""
     refused = given & set(_REFUSED)
     if refused:
-        raise UsageError(f"--plan re-estimates its own model; {', '.join('--' + n.replace('_', '-') for n in sorted(refused))} "
+        raise UsageError(f"--plan re-estimates its own model; {', '.join(_OPTION.get(n, '--' + n.replace('_', '-')) for n in sorted(refused))} "
                          "cannot change it (start from --model instead)")
     changes = {_RENAMED.get(name, name): params[name] for name in given - _NOT_CHANGES}
     result = api.what_if(Path(plan_file), alternative=alternative, **changes)
