@@ -67,6 +67,10 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
     for path in (output, plan_out):
         if path is not None:
             check_output(path)
+    if output and plan_out and Path(output).resolve() == Path(plan_out).resolve():
+        raise UsageError(f"-o and --plan-out name the same file {output}; give each its own (the tuned profile, the winner's plan)")
+    if journal_path is not None and not journal_path.strip():
+        raise UsageError("--journal is empty; give a file name (or leave it out for plan-tune-TIME.jsonl)")
     if warmup >= steps:
         raise UsageError(f"--warmup {warmup} leaves no timed step of --steps {steps}; give fewer warm-up steps")
     scale = {k: v for k, v in (("layers", scale_layers), ("hidden", scale_hidden), ("heads", scale_heads),
