@@ -279,6 +279,8 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
     snapshot link). Returns the path that will be written (a symlink's target: writes go through links)."""
     if output is None or str(output).strip() == "":
         raise UsageError("-o needs a file name")
+    if str(output) == "-":  # not a file named '-': a reader would take it for standard output
+        raise UsageError("-o -: -o writes a file; for the document on standard output use --json (or leave -o out)")
     name = os.fspath(output)
     longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.split(os.sep)), default=0)
     if longest > NAME_MAX:

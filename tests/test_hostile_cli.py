@@ -347,3 +347,10 @@ def test_a_plan_refuses_a_new_model_naming_the_option_given(tmp_path):
                  "-o", str(plan)], stdout=subprocess.DEVNULL).returncode == 0
     r = _run(["estimate", "--plan", str(plan), "--model", "llama3-8b"], stdout=subprocess.DEVNULL)
     assert r.returncode == 2 and "--model cannot change it" in _one_line(r.stderr)  # not "--model-name", which is no option
+
+
+def test_dash_as_the_output_is_refused_not_a_file_named_dash(tmp_path):
+    r = _run(["estimate", "--model", "gpt2-124m", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16", "-o", "-"],
+             stdout=subprocess.DEVNULL, cwd=tmp_path)
+    assert r.returncode == 2 and "-o -" in _one_line(r.stderr)
+    assert not list(tmp_path.iterdir())
