@@ -408,8 +408,18 @@ def _infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: 
     hints.append("a larger-memory cluster")
     return InfeasibleError(
         f"no layout fits in {gib(limit_gib)} GiB per GPU: the least any layout needs (full recompute, best ZeRO stage and split) "
-        f"is {need:.1f} GiB, {over:.1f} GiB ({100 * over / limit_gib:.0f}%) over; to fit, try {', or '.join(hints)}"
+        f"is {need:.1f} GiB, {_over(over, limit_gib)}; to fit, try {', or '.join(hints)}"
     )
+
+
+def _over(over: float, limit: float) -> str:
+    """How far over a limit: 'X GiB (P%) over', or as a multiple where that reads better (a
+    limit of 1e-30 GiB is 3e30 times too small, not a 33-digit percentage)."""
+    ratio = over / limit
+    if ratio < 10:
+        return f"{over:.1f} GiB ({100 * ratio:.0f}%) over"
+    return f"{over:.1f} GiB over ({ratio + 1:.3g} times the limit)"
+
 
 
 def min_memory_needed(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace,
