@@ -75,6 +75,8 @@ def parse_prices(items: Sequence[str], clusters: Sequence[str]) -> dict[str, flo
             raise UsageError(f"--price {item!r}: give CLUSTER=PRICE, a price per GPU-hour above 0 and at most 1,000, e.g. dgx-h100-80gb=2.5")
         if name not in clusters:
             raise UsageError(f"--price {item!r}: {name} is not one of --clusters ({', '.join(clusters)})")
+        if name in prices:
+            raise UsageError(f"--price {item!r}: {name} already has a price ({prices[name]:g}); give each cluster one")
         prices[name] = price
     return prices
 

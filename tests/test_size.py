@@ -39,7 +39,7 @@ def test_tokens_counts_and_prices_are_read_or_refused():
     for bad in ("8192..256", "0..8", "a,b", "", "256..", "1.5"):
         with pytest.raises(UsageError, match="--gpus"):
             parse_gpu_counts(bad)
-    for bad in (["c=2"], ["a=0"], ["a=nan"], ["a"], ["=2"]):
+    for bad in (["c=2"], ["a=0"], ["a=nan"], ["a"], ["=2"], ["a=2", "a=3"]):
         with pytest.raises(UsageError, match="--price"):
             parse_prices(bad, ["a", "b"])
 
