@@ -292,7 +292,10 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
         raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {fields['dp']} x {fields['micro_batch_size']}")
     fields["num_micro_batches"] = job.global_batch_size // per
     if "vpp" in given and "schedule" not in given:
-        fields["schedule"] = Schedule.interleaved_1f1b if fields["vpp"] > 1 else Schedule.one_f_one_b
+        schedule = Schedule.interleaved_1f1b if fields["vpp"] > 1 else Schedule.one_f_one_b
+        if Schedule(fields["schedule"]) != schedule:
+            changes.append(f"schedule {Schedule(fields['schedule']).value} -> {schedule.value} (vpp {fields['vpp']})")
+        fields["schedule"] = schedule
     stages = fields["pp"] * fields["vpp"]
     for key in ("layers_per_stage", "stage_recompute"):
         if fields.get(key) is not None and len(fields[key]) != stages and not (key == "layers_per_stage" and "layers_per_stage" in given):

@@ -118,6 +118,13 @@ def test_a_what_if_to_tp_1_drops_sequence_parallelism_and_says_so():
     assert api.what_if(base, tp=4).document.plan.sequence_parallel
 
 
+def test_a_what_if_of_vpp_says_the_schedule_it_changes():
+    base = api.estimate("gpt2-124m", "dgx-h100-80gb", gpus=8, global_batch=64, pp=2, schedule="gpipe")
+    got = api.what_if(base, vpp=3)
+    assert got.document.plan.schedule.value == "interleaved-1f1b"
+    assert "schedule gpipe -> interleaved-1f1b (vpp 3)" in got.changes
+
+
 def test_solve_is_the_cli_json():
     """Every stack (the default) and one target with pins: --fix strings or a mapping."""
     inputs = dict(gpus=16, global_batch=64, seq_len=2048)
