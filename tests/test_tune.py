@@ -252,6 +252,14 @@ def test_a_trial_that_ran_without_a_positive_finite_time_is_damage(request_, tmp
         journal.read(path, lambda _: None)
 
 
+def test_a_journal_holding_a_layout_twice_is_refused(request_, tmp_path):
+    path = _edited_journal(request_, tmp_path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines + [lines[1]]) + "\n")
+    with pytest.raises(UsageError, match="twice \\(lines 2 and 3\\)"):
+        journal.read(path, lambda _: None)
+
+
 def test_a_journal_nested_past_the_parser_is_refused(tmp_path):
     path = tmp_path / "j.jsonl"
     path.write_text("[" * 200_000 + "]" * 200_000 + "\n")

@@ -167,6 +167,12 @@ def read(path: Path, warn: Callable[[str], None]) -> tuple[TuneHeader, list[Tria
         records.append(record)
     if not records:
         raise UsageError(f"{path} is not a `plan tune` journal (it has no complete first line)")
+    seen: dict[str, int] = {}
+    for number, record in enumerate(records[1:], 2):
+        if record.key in seen:  # a tune never runs a layout twice: the file was edited or spliced
+            raise UsageError(f"the journal {path} holds layout {record.label} twice (lines {seen[record.key]} and {number}); "
+                             "a tune runs each layout once")
+        seen[record.key] = number
     if tail:  # every record ends with a newline in the same write: without one it was torn
         warn(f"the journal's last line was cut off (the tuner stopped while writing it); ignoring it: {len(tail)} bytes")
         try:
