@@ -10,7 +10,7 @@ import io
 import math
 
 from planner.errors import PlannerError
-from planner.pictures import MEMORY_KINDS, Placement, Timeline, Window
+from planner.pictures import MAX_OPS, MEMORY_KINDS, Placement, Timeline, Window
 
 FORMATS = ("svg", "png")
 
@@ -96,8 +96,12 @@ def _layout(fig) -> None:
     fig.get_layout_engine().execute(fig)
 
 
-def too_many_passes(passes: int) -> None:
-    """Refuse a timeline picture of more than MAX_TIMELINE_PASSES passes (PlannerError)."""
+def too_many_passes(passes: int, whole: int | None = None) -> None:
+    """Refuse a timeline picture of more than MAX_TIMELINE_PASSES passes drawn, or of a plan
+    whose whole timeline (`whole` passes, default `passes`) is more than MAX_OPS (PlannerError)."""
+    whole = passes if whole is None else whole
+    if whole > MAX_OPS:  # the timeline is simulated whole before any zoom: a zoom cannot help
+        raise PlannerError(f"the timeline would have {whole:,} passes (more than {MAX_OPS:,}); show a plan with fewer micro-batches")
     if passes > MAX_TIMELINE_PASSES:
         raise PlannerError(f"a timeline picture of {passes:,} passes is unreadable (at most {MAX_TIMELINE_PASSES:,}); "
                            "zoom with --micro-batches A-B or --ranks A-B")

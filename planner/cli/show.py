@@ -62,7 +62,8 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
         from planner.draw import too_many_passes
 
         mbs = plan.num_micro_batches if mb_range is None else mb_range[1] - mb_range[0] + 1
-        too_many_passes(2 * plan.vpp * mbs * (plan.pp if rank_range is None else rank_range[1] - rank_range[0] + 1))
+        too_many_passes(2 * plan.vpp * mbs * (plan.pp if rank_range is None else rank_range[1] - rank_range[0] + 1),
+                        2 * plan.vpp * plan.num_micro_batches * plan.pp)
     est = run_estimate(model, cluster, job, plan)
     tl = pictures.timeline(model, cluster, job, plan, est)
     win = pictures.window(tl, mb_range, rank_range)
