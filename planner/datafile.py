@@ -309,6 +309,8 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
             source = read[(info.st_dev, info.st_ino)]
             which = "of this command" if os.path.abspath(source) == os.path.abspath(name) else f"{source} (the same file)"
             raise UsageError(f"cannot write {name}: it is the input {which}; give another output file")
+        if not os.access(name, os.W_OK):  # the rename would replace it: honour its read-only mode as an in-place write would
+            raise UsageError(f"cannot write {name}: the file is read-only; make it writable or give another output file")
     directory = target.parent
     if not directory.is_dir():
         raise UsageError(f"cannot write {name}: directory {directory} does not exist")

@@ -354,3 +354,19 @@ def test_dash_as_the_output_is_refused_not_a_file_named_dash(tmp_path):
              stdout=subprocess.DEVNULL, cwd=tmp_path)
     assert r.returncode == 2 and "-o -" in _one_line(r.stderr)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_read_only_output_file_is_refused_not_replaced(tmp_path):
+    import shutil
+    prefix = []
+    if os.geteuid() == 0:  # root writes anything: drop the capabilities that override file modes
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv to drop CAP_DAC_OVERRIDE")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    out = tmp_path / "e.json"
+    out.write_text("{}\n")
+    out.chmod(0o444)
+    r = subprocess.run([*prefix, *PLAN, "estimate", "--model", "gpt2-124m", "--cluster", "dgx-h100-80gb", "--gpus", "8",
+                        "--global-batch", "16", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+    assert r.returncode == 2 and "read-only" in _one_line(r.stderr)
+    assert out.read_text() == "{}\n"
