@@ -18,8 +18,23 @@ import sys
 _previous = sys.excepthook
 
 
+def _interrupted(value) -> bool:
+    """Whether an uncaught exception is, or was caused by, a Ctrl-C. pydantic-core builds a
+    model's validators in its compiled core, which reports a KeyboardInterrupt that lands there
+    (a Ctrl-C while planner/specs loads) as a SchemaError whose text names it."""
+    seen = set()
+    while value is not None and id(value) not in seen:
+        seen.add(id(value))
+        if isinstance(value, KeyboardInterrupt):
+            return True
+        if type(value).__name__ == "SchemaError" and "KeyboardInterrupt" in str(value):
+            return True
+        value = value.__cause__ or value.__context__
+    return False
+
+
 def _quietly(kind, value, traceback) -> None:
-    if issubclass(kind, KeyboardInterrupt):
+    if issubclass(kind, KeyboardInterrupt) or _interrupted(value):
         try:
             sys.stderr.write("\nerror: interrupted\n")  # the blank line ends the terminal's ^C, as click's does
             sys.stderr.flush()

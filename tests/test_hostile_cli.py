@@ -370,3 +370,15 @@ def test_a_read_only_output_file_is_refused_not_replaced(tmp_path):
                         "--global-batch", "16", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
     assert r.returncode == 2 and "read-only" in _one_line(r.stderr)
     assert out.read_text() == "{}\n"
+
+
+def test_a_ctrl_c_inside_pydantics_core_is_the_interrupt_line():
+    """A Ctrl-C that lands while pydantic-core builds a model's validators comes out as a
+    SchemaError naming the KeyboardInterrupt (seen once in 5 delays of the test above): it is
+    the interrupt's line and exit code too; any other SchemaError keeps its traceback."""
+    code = ("import planner._interrupt as I; I.hold(); from pydantic_core import SchemaError; "
+            "raise SchemaError('Error building \"enum\" validator:\\n  KeyboardInterrupt: ' if {} else 'a bug')")
+    hit = subprocess.run([sys.executable, "-c", code.format(True)], capture_output=True, text=True, timeout=60)
+    assert hit.returncode == 130 and hit.stderr.strip() == "error: interrupted", hit.stderr
+    other = subprocess.run([sys.executable, "-c", code.format(False)], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 1 and "SchemaError: a bug" in other.stderr
