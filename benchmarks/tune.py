@@ -159,9 +159,10 @@ def main() -> None:
           f"choice of trials could beat) miss them by {_error(floor, [(o.model, o.job, o.plan, o.step_time_s) for o in every]):.1f} %")
     twice = [(r.step_time_s, ok[r.key][1].step_time_s) for r in result.records if r.status == "ok" and r.key in ok]
     if twice:
+        repeat = _repeat(twice)
         print(f"repeatability: the {len(twice)} layouts measured twice (in the tune and again in the sweep) differ by "
-              f"{_repeat(twice):.1f} % on average (mean |tune / sweep - 1|); a model that knew each layout's mean exactly "
-              f"would be about {_repeat(twice) / math.sqrt(2):.1f} % off single measurements (1/sqrt 2 of it, for "
+              f"{repeat:.1f} % on average (mean |tune / sweep - 1|); a model that knew each layout's mean exactly "
+              f"would be about {repeat / math.sqrt(2):.1f} % off single measurements (1/sqrt 2 of it, for "
               f"independent errors of equal spread)")
     per_trial = statistics.mean(r.wall_s for r in result.records)
     print(f"wall time: tune {tune_s:.0f} s ({len(result.records)} launches, {per_trial:.0f} s a trial); sweep {sweep_s:.0f} s in one "

@@ -199,7 +199,7 @@ def _plan(*args):
     (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--steps", "2", "--warmup", "2"],
      "--warmup 2 leaves no timed step"),
     (["--resume", "x.jsonl", "--model", "gpt2-124m"], "drop --model"),
-    (["--resume", "x.jsonl", "-o", "a.json", "--plan-out", "a.json"], "name the same file"),
+    (["--resume", "x.jsonl", "-o", "a.json", "--plan-out", "a.json"], "-o and --plan-out both write a.json"),
     (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--journal", ""], "--journal is empty"),
     (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--launcher", "bogus"], "bogus"),
 ])

@@ -115,20 +115,32 @@ def _version_tuple(text: str) -> tuple:
     return tuple(parts)
 
 
-def check_picture_files(files: dict, read: tuple = ()) -> None:
-    """Before any work, the picture files of `plan show` and `plan size` ({option: path}): known
-    extensions, distinct files, writable places that are none of the files `read`, matplotlib."""
+def check_outputs(files: dict, read: tuple = (), what: str = "output") -> None:
+    """Before any work, every file a command will write ({option as typed: path}, None: not
+    asked for): each a writable place that is none of the files `read` (datafile.check_output),
+    and no two the same file."""
     from planner.datafile import check_output
-    from planner.draw import FORMATS, require_matplotlib
 
     seen: dict[str, str] = {}
+    for option, f in files.items():
+        if f is None:
+            continue
+        target = str(check_output(f, read).resolve())
+        if target in seen:
+            raise UsageError(f"{seen[target]} and {option} both write {f}; give each {what} its own file")
+        seen[target] = option
+
+
+def check_picture_files(files: dict, read: tuple = (), others: Optional[dict] = None) -> None:
+    """Before any work, the picture files of `plan show` and `plan size` ({option: path}): known
+    extensions, distinct files, writable places that are none of the files `read`, matplotlib;
+    `others`: the command's other outputs ({option as typed: path}), checked with them."""
+    from planner.draw import FORMATS, require_matplotlib
+
     for k, f in files.items():
         ext = Path(f).suffix.lower().lstrip(".")
         if ext not in FORMATS:
             raise UsageError(f"--{k} {f}: the picture's format comes from the extension; use .svg or .png")
-        target = str(check_output(f, read).resolve())
-        if target in seen:
-            raise UsageError(f"--{seen[target]} and --{k} both write {f}; give each picture its own file")
-        seen[target] = k
+    check_outputs({**(others or {}), **{f"--{k}": f for k, f in files.items()}}, read, "output" if others else "picture")
     if files:
         require_matplotlib()

@@ -15,7 +15,7 @@ from planner import api
 from planner.cli import render
 from planner.cli.common import SOLVE_TARGET, check_picture_files
 from planner.cli.types import SECONDS, SEQUENCES, TOKENS, Real
-from planner.datafile import check_output, write_atomic
+from planner.datafile import write_atomic
 from planner.errors import InfeasibleError, UsageError
 from planner.search.deadline import stop_on_signals
 from planner.size import parse_gpu_counts, parse_prices, parse_tokens, sweep
@@ -66,12 +66,7 @@ def size(model_name: str, clusters: str, gpu_counts: str, tokens: str, global_ba
         raise UsageError("--budget needs prices: give --price CLUSTER=PRICE for the clusters to cost")
     model = api.load_model(model_name)
     loaded = [(n, api.load_cluster(n)) for n in names]
-    if output is not None:
-        check_output(output)
-    if picture is not None:
-        check_picture_files({"picture": picture})
-    if output is not None and picture is not None and Path(output).resolve() == Path(picture).resolve():
-        raise UsageError(f"-o and --picture both write {output}; give each its own file")
+    check_picture_files({"picture": picture} if picture is not None else {}, others={"-o": output})
     on_terminal = sys.stderr.isatty()
     doc = sweep(model, loaded, counts, budget_tokens, global_batch, seq_len, target=stack, prices=price, deadline_days=days,
                 budget=budget, min_scaling=min_scaling, time_limit=time_limit,
