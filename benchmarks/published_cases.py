@@ -80,7 +80,7 @@ MOE_FAMILIES = {"deepseek": LLAMA, "kimi": LLAMA, "qwen3": LLAMA, "gpt-oss": dic
 # Groups whose runs are Megatron-Core / NeMo / Megatron-Bridge (ZeRO-1 distributed optimizer, target megatron).
 MEGATRON_MOE_GROUPS = ("dgxc_moe_h100_2505", "bridge_moe_h100", "modelzoo_qwen3_h100")
 # Megatron-Bridge performance tables on Blackwell (dense FP8 and BF16 GPT-OSS rows), one group per system.
-BLACKWELL_GROUPS = ("bridge_gb200", "bridge_b200")
+BLACKWELL_GROUPS = ("bridge_gb200", "bridge_b200", "bridge_gb300", "bridge_b300")
 # NeMo (Megatron-Core underneath) and Megatron-Bridge performance tables: Megatron's distributed
 # optimizer (ZeRO-1) unless the record names another data-parallel implementation.
 MEGATRON_GROUPS = MEGATRON_MOE_GROUPS + ("nemo_h100_fp8_2407", "nemo_h100_fp8_longseq_2403", "megatron_bridge_h100_fp8",
@@ -160,12 +160,12 @@ def _experts(m: dict) -> dict:
 
 
 # The cluster preset of a record's GPU, first match by name (an H100 or H200 record, and any
-# other, takes dgx-h100-80gb). GB200 before B200: "GB200" contains "B200". The Blackwell and AMD
+# other, takes dgx-h100-80gb). GB300 before B300 and GB200 before B200: "GB200" contains "B200". The Blackwell and AMD
 # presets are UNCALIBRATED (hardware_profiles): their records are the runs that check them.
-PRESET_OF_GPU = (("GB200", "gb200-nvl72"), ("B200", "dgx-b200"), ("MI355X", "mi355x"), ("MI325X", "mi325x"),
+PRESET_OF_GPU = (("GB300", "gb300-nvl72"), ("B300", "dgx-b300"), ("GB200", "gb200-nvl72"), ("B200", "dgx-b200"), ("MI355X", "mi355x"), ("MI325X", "mi325x"),
                  ("MI300X", "mi300x"), ("40GB", "dgx-a100-40gb"), ("A100", "dgx-a100-80gb"))
 # GPUs with FP8 tensor-core GEMMs (the planner's FP8: per-tensor scales).
-FP8_GPUS = ("H100", "H200", "B200", "GB200", "MI300X", "MI325X", "MI355X")
+FP8_GPUS = ("H100", "H200", "B200", "GB200", "B300", "GB300", "MI300X", "MI325X", "MI355X")
 
 
 def preset_of(gpu: str) -> str:
@@ -212,6 +212,8 @@ def excluded(rec: dict) -> Optional[str]:
         return "FP8 on a device without FP8 GEMMs"
     if "V100" in gpu:
         return "V100: no preset for that GPU"
+    if rec["parallel"].get("layout_contradiction"):  # the table and its release's recipe disagree (public_runs.md)
+        return f"the source's layout contradicts itself ({rec['parallel']['layout_contradiction']})"
     if rec["parallel"].get("offload"):
         return "CPU offload of optimizer states or activations: not modelled"
     if "500W" in gpu:
@@ -245,8 +247,6 @@ def _moe_problem(rec: dict) -> Optional[str]:
         return "precision not stated"
     if rec["model"].get("not_modelled"):
         return f"{rec['model']['not_modelled']}: not modelled"
-    if p.get("layout_contradiction"):
-        return f"the source's layout contradicts itself ({p['layout_contradiction']})"
     if p.get("micro_batch_size") is None or ((p.get("pp") or 1) > 1 and p.get("virtual_pp") is None):
         return "micro-batch size or virtual pipeline size not stated"
     if (p.get("etp") or 1) != 1:

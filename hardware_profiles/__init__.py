@@ -10,15 +10,15 @@ from planner.stacks import stack_constants
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
-# Presets of devices that no run of benchmarks/data was measured on (B200, GB200, MI300X,
-# MI325X, MI355X): their figures are datasheet peaks and public microbenchmarks, and the
+# Presets of devices that no run of benchmarks/data was measured on (B200, GB200, B300, GB300,
+# MI300X, MI325X, MI355X; the Blackwell runs recorded since check them, held out of every fit): their figures are datasheet peaks and public microbenchmarks, and the
 # software constants (sustained fraction, kernel gap, overlap) fitted on A100/H100 runs are
 # taken for them as they are, which nothing has checked. Their intervals are the calibrated
 # ones widened: each relative half-width's log (the interval is multiplicative) times
 # UNCALIBRATED_WIDENING, in the preset's `uncertainty` and in its own `stack_constants`
 # entries (which replace the shipped "*" ones). benchmarks/fidelity_published.py --write
 # keeps them so when it refits.
-UNCALIBRATED = frozenset({"dgx-b200", "gb200-nvl72", "mi300x", "mi325x", "mi355x"})
+UNCALIBRATED = frozenset({"dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72", "mi300x", "mi325x", "mi355x"})
 UNCALIBRATED_WIDENING = 1.5
 _HALF_WIDTHS = ("relative", "compute", "communication")
 

@@ -99,4 +99,4 @@ def test_presets_lists_models_and_clusters():
     data = json.loads(res.output)
     assert {m["name"] for m in data["models"]} >= {"gpt3-175b", "llama3-405b", "bloom-176b"}
     assert {c["name"] for c in data["clusters"]} == {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200", "dgx-b200",
-                                                    "gb200-nvl72", "mi300x", "mi325x", "mi355x"}
+                                                    "gb200-nvl72", "dgx-b300", "gb300-nvl72", "mi300x", "mi325x", "mi355x"}

@@ -1,4 +1,4 @@
-"""The 2026 rental presets (B200, GB200 NVL72, MI300X, MI325X, MI355X): each cited figure as
+"""The 2026 rental presets (B200, GB200 NVL72, B300, GB300 NVL72, MI300X, MI325X, MI355X): each cited figure as
 written, a small solve on each, GB200's NVLink domain as one node, and the uncalibrated
 intervals (hardware_profiles.UNCALIBRATED)."""
 
@@ -11,7 +11,7 @@ import planner
 from hardware_profiles import UNCALIBRATED, UNCALIBRATED_WIDENING, cluster_presets, load_cluster, uncalibrated_entry, widened
 from planner.specs import Target
 
-NEW = ("dgx-b200", "gb200-nvl72", "mi300x", "mi325x", "mi355x")
+NEW = ("dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72", "mi300x", "mi325x", "mi355x")
 STACKS_DIR = Path(__file__).resolve().parent.parent / "planner" / "stacks"
 
 # (preset, field, value, source): the value each preset's "source" text cites.
@@ -36,6 +36,24 @@ CITED = [
     ("gb200-nvl72", "fp8_eff", 0.723, "ml-engineering MAMF FP8: 3,615.6 / 5,000"),
     ("gb200-nvl72", "intra_ar_gbps", 720, "NVLink 5, as dgx-b200"),
     ("gb200-nvl72", "inter_ar_gbps", 45, "one 400 Gb/s ConnectX-7 per GPU"),
+    ("dgx-b300", "bf16", 2250, "HGX B300 specifications: 36 PF FP16/BF16 sparse / 8 / 2"),
+    ("dgx-b300", "fp8", 4500, "HGX B300 specifications: 72 PF FP8 sparse / 8 / 2"),
+    ("dgx-b300", "memory_gbps", 8000, "HGX B300: up to 8 TB/s per GPU"),
+    ("dgx-b300", "memory_gib", 286.6, "288 GB x 79.6/80"),
+    ("dgx-b300", "gemm_eff", 0.776, "no B300 MAMF figure: dgx-b200's, same dense rates"),
+    ("dgx-b300", "intra_ar_gbps", 720, "NVLink 5, as dgx-b200"),
+    ("dgx-b300", "inter_ar_gbps", 90, "one 800 Gb/s ConnectX-8 per GPU, ~90% of 100 GB/s"),
+    ("dgx-b300", "gpus_per_node", 8, "HGX B300: 8 GPUs"),
+    ("gb300-nvl72", "gpus_per_node", 4, "GB300 NVL72: compute trays of 4 GPUs"),
+    ("gb300-nvl72", "domain_gpus", 72, "GB300 NVL72: 72 GPUs on one NVLink Switch fabric"),
+    ("gb300-nvl72", "bf16", 2500, "GB300 NVL72 specifications: 360 PF FP16/BF16 sparse / 72 / 2"),
+    ("gb300-nvl72", "fp8", 5000, "GB300 NVL72 specifications: 720 PF FP8 sparse / 72 / 2"),
+    ("gb300-nvl72", "memory_gbps", 8000, "GB300 NVL72: 576 TB/s / 72"),
+    ("gb300-nvl72", "memory_gib", 286.6, "20.7 TB / 72 = 288 GB x 79.6/80"),
+    ("gb300-nvl72", "gemm_eff", 0.897, "gb200-nvl72's 0.729 x 1.23, GB300 / GB200 GPT-OSS 120B on the same recipe"),
+    ("gb300-nvl72", "fp8_eff", 0.889, "gb200-nvl72's 0.723 x 1.23"),
+    ("gb300-nvl72", "cudnn_fwd", 0.676, "gb200-nvl72's 0.55 x 1.23"),
+    ("gb300-nvl72", "inter_ar_gbps", 90, "72 ConnectX-8 800 Gb/s per rack, one per GPU"),
     ("mi300x", "bf16", 1307.4, "AMD MI300X specifications (dense)"),
     ("mi300x", "fp8", 2614.9, "AMD MI300X specifications (dense)"),
     ("mi300x", "memory_gbps", 5300, "AMD MI300X specifications: 5.3 TB/s"),
@@ -100,7 +118,7 @@ def test_a_small_solve_is_plausible(name):
     assert lo < doc.estimate.step_time_s < hi
 
 
-@pytest.mark.parametrize("name", ["gb200-nvl72", "dgx-b200"])
+@pytest.mark.parametrize("name", ["gb200-nvl72", "dgx-b200", "gb300-nvl72", "dgx-b300"])
 def test_fp8_estimates_on_the_new_nvidia_presets(name):
     base = planner.estimate("llama3-8b", name, gpus=8, global_batch=32, seq_len=4096, tp=2, target="megatron")
     fp8 = planner.estimate("llama3-8b", name, gpus=8, global_batch=32, seq_len=4096, tp=2, target="megatron", fp8=True)
@@ -173,3 +191,22 @@ def test_an_uncalibrated_estimate_has_the_wider_interval():
     b200 = planner.estimate("llama3-8b", "dgx-b200", **kw).estimate
     width = [hi / lo for lo, hi in (h100.step_time_interval_s, b200.step_time_interval_s)]
     assert width[1] > width[0]
+
+
+def test_blackwell_ultra_against_blackwell():
+    """B300 keeps B200's dense rates and efficiencies (the datasheets' figures are the same; no
+    public B300 microbenchmark): a compute-bound layout inside one node estimates the same step.
+    GB300's efficiencies are GB200's x 1.23 (the preset's source: GB300 / GB200 on the same
+    recipe), so its compute is at most 1.23x faster and no slower. Both hold 288 GB against
+    180 / 186, and their 800 Gb/s NICs give twice the bus bandwidth across nodes."""
+    kw = dict(gpus=8, global_batch=32, seq_len=4096, tp=8, target="megatron")
+    b200, b300, gb200, gb300 = (planner.estimate("llama3-8b", c, **kw).estimate
+                                for c in ("dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72"))
+    assert b300.step_time_s == pytest.approx(b200.step_time_s, rel=1e-9)
+    speedup = gb200.time_breakdown_s.compute / gb300.time_breakdown_s.compute
+    assert 1.1 < speedup <= 1.23 + 1e-9
+    for old, new in ((b200, b300), (gb200, gb300)):
+        assert new.memory_capacity_gib > 1.5 * old.memory_capacity_gib
+    for old, new in (("dgx-b200", "dgx-b300"), ("gb200-nvl72", "gb300-nvl72")):
+        ring = [load_cluster(c).inter_node.fit("all_reduce", 16).bandwidth_gbps for c in (old, new)]
+        assert ring[1] == pytest.approx(2 * ring[0])

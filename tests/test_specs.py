@@ -14,7 +14,7 @@ REQUIRED_MODELS = {
     "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt-neox-20b", "bloom-176b",
 }
 REQUIRED_CLUSTERS = {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200",
-                     "dgx-b200", "gb200-nvl72", "mi300x", "mi325x", "mi355x"}
+                     "dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72", "mi300x", "mi325x", "mi355x"}
 
 
 def test_all_presets_load_and_cite_a_source():
@@ -24,11 +24,12 @@ def test_all_presets_load_and_cite_a_source():
         assert load_model(name).source
     for name in cluster_presets():
         c = load_cluster(name)
-        # 8 GPUs a node; GB200 NVL72: trays of 4 in a 72-GPU NVLink domain
-        assert c.source and (c.gpus_per_node, c.domain_gpus) == ((4, 72) if name == "gb200-nvl72" else (8, 8))
-        # InfiniBand: HDR 200 Gb/s per A100, 400 Gb/s per GPU on every later preset (bus bandwidth below line rate).
+        # 8 GPUs a node; GB200 / GB300 NVL72: trays of 4 in a 72-GPU NVLink domain
+        assert c.source and (c.gpus_per_node, c.domain_gpus) == ((4, 72) if name.endswith("-nvl72") else (8, 8))
+        # InfiniBand: HDR 200 Gb/s per A100, 800 Gb/s per Blackwell Ultra (B300 / GB300), 400 Gb/s per GPU on
+        # every other preset (bus bandwidth below line rate).
         ib = c.inter_node.fit("all_reduce", 2).bandwidth_gbps
-        assert ib < (25 if "a100" in name else 50)
+        assert ib < (25 if "a100" in name else 100 if "b300" in name else 50)
         assert c.intra_node.fit("all_reduce", 8).bandwidth_gbps > 5 * ib
 
 

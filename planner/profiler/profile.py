@@ -281,12 +281,14 @@ def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurem
 
 # Datasheet dense peaks (TFLOP/s) for GPUs we know; CPUs and unknown devices use the best
 # GEMM throughput measured, so efficiencies are relative to what the device demonstrably does.
-# "GB200" before "B200", which it contains.
-KNOWN_PEAKS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "GB200": 2500.0, "B200": 2250.0, "MI300X": 1307.4,
+# "GB200" before "B200" and "GB300" before "B300", which they contain.
+KNOWN_PEAKS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "GB300": 2500.0, "B300": 2250.0, "GB200": 2500.0, "B200": 2250.0,
+               "MI300X": 1307.4,
                "MI325X": 1307.4, "MI355X": 2516.6}
 # The shipped preset of each known part: a measured profile keeps its fitted sustained fraction
 # (what a training loop keeps of the microbenchmarks: benchmarks/fidelity_published.py).
-KNOWN_PRESETS = {"A100": "dgx-a100-80gb", "H100": "dgx-h100-80gb", "H200": "dgx-h200", "GB200": "gb200-nvl72", "B200": "dgx-b200",
+KNOWN_PRESETS = {"A100": "dgx-a100-80gb", "H100": "dgx-h100-80gb", "H200": "dgx-h200", "GB300": "gb300-nvl72", "B300": "dgx-b300",
+                 "GB200": "gb200-nvl72", "B200": "dgx-b200",
                  "MI300X": "mi300x", "MI325X": "mi325x", "MI355X": "mi355x"}
 
 

@@ -89,7 +89,7 @@ class DeviceSpec(_Spec):
     peak_tflops: dict[DType, Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(min_length=1, description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
     fp8_peak_tflops: Optional[Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(
         default=None,
-        description="Peak dense FP8 tensor-core TFLOP/s (H100/H200, B200/GB200, MI300X and later); None: the device has no FP8 GEMMs (schema 1.4).",
+        description="Peak dense FP8 tensor-core TFLOP/s (H100/H200, B200/GB200, B300/GB300, MI300X and later); None: the device has no FP8 GEMMs (schema 1.4).",
     )
 
     memory_gib: Real(1e-3, MAX_GIB, 'GiB') = Field(description="Device memory capacity in GiB.")
