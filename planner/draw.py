@@ -198,8 +198,10 @@ def memory_figure(bars: list[dict[str, float]], capacity_gib: float, title: str)
 
 def placement_figure(pl: Placement, title: str):
     """Nodes as rows of GPU cells, each labelled with its rank and its (dp, tp, pp)
-    coordinates (where the label fits) and coloured by pipeline rank; tensor-parallel groups
-    that sit side by side are outlined; the axes' degrees, strides and links are listed above."""
+    coordinates (and its place in its expert group with expert parallelism) where the label
+    fits, coloured by pipeline rank; tensor-parallel groups that sit side by side are outlined;
+    nodes are named with their leaf switch under an oversubscribed spine; the axes' degrees,
+    strides and links (and the expert groups' all-to-all) are listed above."""
     n = len(pl.ranks)
     if n > MAX_PLACEMENT_RANKS:
         raise PlannerError(
@@ -253,8 +255,13 @@ def _placement_cells(ax, pl: Placement, origin) -> None:
                                    fill=False, edgecolor="black", linewidth=1.2))
 
 
-def _rank_label(rk: dict, cp: bool) -> str:
-    return f"r{rk['rank']}\nd{rk['dp']} t{rk['tp']} p{rk['pp']}" + (f" c{rk['cp']}" if cp else "")
+def _rank_label(rk: dict, cp: bool, ep: bool = False) -> str:
+    return f"r{rk['rank']}\nd{rk['dp']} t{rk['tp']} p{rk['pp']}" + (f" c{rk['cp']}" if cp else "") + (f" e{rk['ep']}" if ep else "")
+
+
+def node_name(pl: Placement, node: int) -> str:
+    """"node 3", or "node 3 leaf 1" under an oversubscribed spine."""
+    return f"node {node}" + (f" leaf {node // pl.nodes_per_leaf}" if pl.nodes_per_leaf else "")
 
 
 def _placement_labels(fig, ax, pl: Placement, nodes: int, origin) -> None:
@@ -269,7 +276,8 @@ def _placement_labels(fig, ax, pl: Placement, nodes: int, origin) -> None:
         return next((s for s in range(largest, 3, -1) if _fits(fig, text, s, width, height)), None)
 
     cp = any(rk["cp"] for rk in pl.ranks)  # context parallel: its coordinate too
-    labels = [_rank_label(rk, cp) for rk in pl.ranks]
+    ep = any(a["axis"] == "ep" for a in pl.axes)  # expert parallel: the rank's place in its group
+    labels = [_rank_label(rk, cp, ep) for rk in pl.ranks]
     widest = max(labels, key=len)
     size = size_for(widest, 0.95 * unit_w, 0.9 * unit_h, 6)
     if size is not None:
@@ -277,11 +285,11 @@ def _placement_labels(fig, ax, pl: Placement, nodes: int, origin) -> None:
             x, y = origin(rk["node"])
             ax.text(x + rk["gpu"] + 0.475, y + 0.45, label, ha="center", va="center", fontsize=size,
                     gid=f"rank-{rk['rank']}", in_layout=False)
-    size = size_for(f"node {nodes - 1}", 1.2 * unit_w, 0.9 * unit_h, 7)
+    size = size_for(node_name(pl, nodes - 1), 1.2 * unit_w, 0.9 * unit_h, 7)
     if size is not None:
         for node in range(nodes):
             x, y = origin(node)
-            ax.text(x - 0.2, y + 0.45, f"node {node}", ha="right", va="center", fontsize=size, in_layout=False)
+            ax.text(x - 0.2, y + 0.45, node_name(pl, node), ha="right", va="center", fontsize=size, in_layout=False)
 
 
 def _fits(fig, text: str, size: float, width: float, height: float) -> bool:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from cost_models.communication import mesh_strides
 from cost_models.estimate import rank_counts, recompute_counts
-from cost_models.tables import mesh_links, pipeline_costs
+from cost_models.tables import ep_link_of, mesh_links, pipeline_costs, spine_factor
 from planner.errors import PlannerError
 from planner.specs import Axis, ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Schedule
 
@@ -268,8 +268,9 @@ class Placement:
     """Where every rank sits: node, GPU on the node, and its coordinate on each axis."""
 
     gpus_per_node: int
-    ranks: Sequence[dict]  # {"rank", "node", "gpu", "dp", "cp", "tp", "pp"}, made when read (_Ranks)
+    ranks: Sequence[dict]  # {"rank", "node", "gpu", "dp", "cp", "tp", "pp", "ep", "leaf"}, made when read (_Ranks)
     axes: list[dict]  # per axis: {"axis", "degree", "stride", "inter_node", "rails", "link", "where" (in words)}
+    nodes_per_leaf: int | None = None  # the spine's leaves (ClusterSpec.spine), None without one
 
 
 class _Ranks(Sequence):
@@ -277,9 +278,10 @@ class _Ranks(Sequence):
     to list them all, where `plan show` counts them, lists a node's and draws at most
     draw.MAX_PLACEMENT_RANKS."""
 
-    def __init__(self, plan: Plan, strides: dict, degrees: dict, gpus_per_node: int) -> None:
+    def __init__(self, plan: Plan, strides: dict, degrees: dict, gpus_per_node: int, leaf_gpus: int | None) -> None:
         self._axes = [(a.value, strides[a], degrees[a]) for a in Axis]
         self._cp, self._g, self._n = plan.cp, gpus_per_node, plan.world_size
+        self._tp, self._ep, self._leaf = plan.tp, plan.ep, leaf_gpus
 
     def __len__(self) -> int:
         return self._n
@@ -292,17 +294,24 @@ class _Ranks(Sequence):
         rank = i % self._n
         coord = {name: (rank // stride) % degree for name, stride, degree in self._axes}
         coord["cp"], coord["dp"] = coord["dp"] % self._cp, coord["dp"] // self._cp
-        return {"rank": rank, "node": rank // self._g, "gpu": rank % self._g, **coord}
+        # expert parallelism: ep consecutive ranks of the tp x cp x dp block, tp innermost (Megatron-Core's
+        # folding with expert-TP 1, as cost_models/tables.py:ep_link_of prices it); position in its group
+        coord["ep"] = (((coord["dp"] * self._cp) + coord["cp"]) * self._tp + coord["tp"]) % self._ep
+        leaf = rank // self._leaf if self._leaf else None
+        return {"rank": rank, "node": rank // self._g, "gpu": rank % self._g, **coord, "leaf": leaf}
 
 
 def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
     """Rank r = sum over axes of coordinate x stride, the axes in the plan's mesh order
     (innermost first; cost_models/communication.py:mesh_strides); ranks fill nodes in order,
-    gpus_per_node each (as torchrun numbers them)."""
+    gpus_per_node each (as torchrun numbers them), and nodes fill the spine's leaves in order.
+    With expert parallelism an "ep" row follows the mesh axes: the group the cost model prices
+    (cost_models/tables.py:ep_link_of), and what an oversubscribed spine does to its all-to-all."""
     degrees = {Axis.dp: plan.dp * plan.cp, Axis.tp: plan.tp, Axis.pp: plan.pp}  # cp innermost in the dp axis
     strides = mesh_strides(degrees, plan.mesh_order)
     g = cluster.gpus_per_node
-    ranks = _Ranks(plan, strides, degrees, g)
+    spine = cluster.spine
+    ranks = _Ranks(plan, strides, degrees, g, spine.nodes_per_leaf * g if spine else None)
     links = mesh_links(cluster, plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order)
     # the fast link's reach: a node, or a scale-up domain of several (ClusterSpec.domain_gpus)
     unit, across = ("a node", "nodes") if cluster.domain_gpus == g else (f"a scale-up domain of {cluster.domain_gpus} GPUs",
@@ -318,7 +327,22 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
             "axis": a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", "degree": degrees[a], "stride": strides[a],
             "inter_node": link.inter_node, "rails": link.rails if link.inter_node else None, "link": name, "where": where,
         })
-    return Placement(g, ranks, axes)
+    if plan.ep > 1:
+        link = ep_link_of(cluster, plan.dp * plan.cp, plan.tp, plan.pp, plan.ep, plan.mesh_order)
+        tier = cluster.inter_node if link.inter_node else cluster.intra_node
+        where = f"across {across} ({link.rails} rail(s)): {tier.name}" if link.inter_node else f"inside {unit}: {tier.name}"
+        slowed = spine_factor(cluster, link)
+        if slowed > 1:
+            where += (f"; its all-to-all crosses the spine ({spine.nodes_per_leaf} nodes a leaf, "
+                      f"{spine.oversubscription:g}:1), network part x{slowed:.2f}")
+        axes.append({"axis": "ep", "degree": plan.ep, "stride": link_stride(plan, strides), "inter_node": link.inter_node,
+                     "rails": link.rails if link.inter_node else None, "link": tier.name, "where": where})
+    return Placement(g, ranks, axes, spine.nodes_per_leaf if spine else None)
+
+
+def link_stride(plan: Plan, strides: dict) -> int:
+    """The stride of an expert-parallel group's ranks: the innermost of tp and dp (ep_link_of)."""
+    return min(strides[Axis.tp], strides[Axis.dp]) if plan.tp > 1 else strides[Axis.dp]
 
 
 __all__ = ["KINDS", "MEMORY_KINDS", "Op", "Placement", "Timeline", "Window", "memory_bars", "placement", "timeline", "window"]

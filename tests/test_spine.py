@@ -61,3 +61,47 @@ def test_every_preset_is_non_blocking_and_a_taper_below_one_is_refused():
         H100.model_validate({**H100.model_dump(mode="json"), "spine": {"nodes_per_leaf": 32, "oversubscription": 0.5}})
     read = ClusterSpec.model_validate({**H100.model_dump(mode="json"), "spine": {"nodes_per_leaf": 32, "oversubscription": 2}})
     assert read.spine == Spine(nodes_per_leaf=32, oversubscription=2.0)
+
+
+def test_placement_shows_the_expert_groups_and_the_leaves(tmp_path):
+    """plan show's placement: an "ep" row after the mesh axes with the link the cost model prices
+    and what the spine does to its all-to-all; every rank's place in its expert group (each group
+    of ep consecutive ranks holds each place once) and its leaf; node names carry the leaf."""
+    import json
+    import subprocess
+    import sys
+
+    from cost_models.tables import ep_link_of
+    from planner.pictures import placement
+
+    cluster = tapered(2, 3.0)  # leaves of 2 nodes (16 GPUs), 3:1
+    doc = api.estimate("qwen3-30b-a3b", cluster, gpus=64, global_batch=256, seq_len=4096, pp=2, ep=32, target="megatron")
+    pl = placement(doc.plan, cluster)
+    ep = {a["axis"]: a for a in pl.axes}["ep"]
+    link = ep_link_of(cluster, doc.plan.dp, doc.plan.tp, doc.plan.pp, 32, doc.plan.mesh_order)
+    assert ep["degree"] == 32 and ep["inter_node"] == link.inter_node is True
+    assert "crosses the spine (2 nodes a leaf, 3:1), network part x2.00" in ep["where"]  # 3 x (4 - 2) / (4 - 1)
+    assert spine_factor(cluster, link) == pytest.approx(2.0)
+    groups: dict = {}
+    for rk in pl.ranks:
+        groups.setdefault((rk["pp"], rk["dp"] // 32), []).append(rk["ep"])
+        assert rk["leaf"] == rk["node"] // 2
+    assert all(sorted(v) == list(range(32)) for v in groups.values()) and len(groups) == 2
+    # without a spine: no leaves, and the ep row says nothing of one
+    flat = placement(doc.plan, H100)
+    assert flat.nodes_per_leaf is None and "spine" not in {a["axis"]: a for a in flat.axes}["ep"]["where"]
+    # the command: text, JSON and the picture
+    path, plan_path, svg = tmp_path / "tapered.json", tmp_path / "plan.json", tmp_path / "p.svg"
+    path.write_text(cluster.model_dump_json())
+    base = [sys.executable, "-m", "planner.cli.main"]
+    subprocess.run([*base, "estimate", "--model", "qwen3-30b-a3b", "--cluster", str(path), "--gpus", "64", "--global-batch", "256",
+                    "--seq-len", "4096", "--pp", "2", "--ep", "32", "--target", "megatron", "-o", str(plan_path)],
+                   check=True, capture_output=True)
+    res = subprocess.run([*base, "show", str(plan_path), "--placement", str(svg)], check=True, capture_output=True, text=True,
+                         env={**__import__("os").environ, "COLUMNS": "200"})
+    assert "64 ranks on 8 node(s) of 8 GPUs, 4 leaf switch(es) of 2 nodes" in res.stdout
+    assert "r1(d1 t0 p0 e1)" in res.stdout and "crosses the spine" in res.stdout
+    shown = json.loads(subprocess.run([*base, "show", str(plan_path), "--json"], check=True, capture_output=True, text=True).stdout)
+    assert shown["placement"]["nodes_per_leaf"] == 2 and shown["placement"]["axes"][-1]["axis"] == "ep"
+    text = svg.read_text()
+    assert "node 7 leaf 3" in text and "d1 t0 p0 e1" in text

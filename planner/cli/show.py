@@ -128,7 +128,8 @@ def _document(tl: pictures.Timeline, win: pictures.Window, est, est_bubble: floa
         },
         "memory_gib_per_pipeline_rank": bars,
         "memory_capacity_gib": est.memory_capacity_gib,
-        "placement": {"gpus_per_node": pl.gpus_per_node, "axes": pl.axes, "num_ranks": len(pl.ranks)},
+        "placement": {"gpus_per_node": pl.gpus_per_node, "axes": pl.axes, "num_ranks": len(pl.ranks),
+                      "nodes_per_leaf": pl.nodes_per_leaf},
     }
 
 
@@ -202,7 +203,8 @@ def _text_memory(console: Console, bars, capacity: float) -> None:
 def _text_placement(console: Console, pl: pictures.Placement) -> None:
     n = len(pl.ranks)
     nodes = -(-n // pl.gpus_per_node)
-    table = Table(title=f"Placement: {n} ranks on {nodes} node(s) of {pl.gpus_per_node} GPUs", title_justify="left")
+    leaves = f", {-(-nodes // pl.nodes_per_leaf)} leaf switch(es) of {pl.nodes_per_leaf} nodes" if pl.nodes_per_leaf else ""
+    table = Table(title=f"Placement: {n} ranks on {nodes} node(s) of {pl.gpus_per_node} GPUs{leaves}", title_justify="left")
     for col in ("axis", "degree", "stride", "link"):
         table.add_column(col, justify="right" if col in ("degree", "stride") else "left")
     for a in pl.axes:
@@ -211,7 +213,9 @@ def _text_placement(console: Console, pl: pictures.Placement) -> None:
     console.print(table)
     shown = [rk for rk in pl.ranks[:_LISTED_RANKS] if rk["node"] == 0]
     more = f" ... ({n - len(shown)} more; --placement FILE draws every rank)" if n > len(shown) else ""
+    ep = any(a["axis"] == "ep" for a in pl.axes)
     console.print(
-        "node 0: " + "  ".join(f"r{rk['rank']}(d{rk['dp']} t{rk['tp']} p{rk['pp']})" for rk in shown) + more,
+        "node 0: " + "  ".join(f"r{rk['rank']}(d{rk['dp']} t{rk['tp']} p{rk['pp']}" + (f" e{rk['ep']}" if ep else "") + ")"
+                               for rk in shown) + more,
         highlight=False, markup=False,
     )
