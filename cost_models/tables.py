@@ -363,12 +363,16 @@ def rank_job(job: JobSpec, cp: int) -> JobSpec:
     return job.model_copy(update={"seq_len": job.seq_len // cp}) if cp > 1 else job
 
 
-def ep_link_of(cluster: ClusterSpec, dp: int, tp: int, pp: int, ep: int, mesh_order) -> GroupLink:
-    """The link of an expert-parallel group: ep ranks carved from the tp x dp block, the
-    innermost of the two axes first (Megatron-Core's folding, tp-cp-ep-dp-pp order)."""
+def ep_stride(dp: int, tp: int, pp: int, mesh_order) -> int:
+    """The stride of an expert-parallel group's ranks: ep ranks carved from the tp x dp block,
+    the innermost of the two axes first (Megatron-Core's folding, tp-cp-ep-dp-pp order)."""
     strides = mesh_strides({Axis.dp: dp, Axis.tp: tp, Axis.pp: pp}, mesh_order)
-    inner = min(strides[Axis.tp], strides[Axis.dp]) if tp > 1 else strides[Axis.dp]
-    return GroupLink(cluster, ep, inner)
+    return min(strides[Axis.tp], strides[Axis.dp]) if tp > 1 else strides[Axis.dp]
+
+
+def ep_link_of(cluster: ClusterSpec, dp: int, tp: int, pp: int, ep: int, mesh_order) -> GroupLink:
+    """The link of an expert-parallel group (ep ranks at ep_stride)."""
+    return GroupLink(cluster, ep, ep_stride(dp, tp, pp, mesh_order))
 
 
 def mesh_links(cluster: ClusterSpec, dp: int, tp: int, pp: int, mesh_order) -> dict[Axis, GroupLink]:

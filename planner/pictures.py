@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from cost_models.communication import mesh_strides
 from cost_models.estimate import rank_counts, recompute_counts
-from cost_models.tables import ep_link_of, mesh_links, pipeline_costs, spine_factor
+from cost_models.tables import ep_link_of, ep_stride, mesh_links, pipeline_costs, spine_factor
 from planner.errors import PlannerError
 from planner.specs import Axis, ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Schedule
 
@@ -335,14 +335,10 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
         if slowed > 1:
             where += (f"; its all-to-all crosses the spine ({spine.nodes_per_leaf} nodes a leaf, "
                       f"{spine.oversubscription:g}:1), network part x{slowed:.2f}")
-        axes.append({"axis": "ep", "degree": plan.ep, "stride": link_stride(plan, strides), "inter_node": link.inter_node,
+        axes.append({"axis": "ep", "degree": plan.ep, "stride": ep_stride(plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order),
+                     "inter_node": link.inter_node,
                      "rails": link.rails if link.inter_node else None, "link": tier.name, "where": where})
     return Placement(g, ranks, axes, spine.nodes_per_leaf if spine else None)
-
-
-def link_stride(plan: Plan, strides: dict) -> int:
-    """The stride of an expert-parallel group's ranks: the innermost of tp and dp (ep_link_of)."""
-    return min(strides[Axis.tp], strides[Axis.dp]) if plan.tp > 1 else strides[Axis.dp]
 
 
 __all__ = ["KINDS", "MEMORY_KINDS", "Op", "Placement", "Timeline", "Window", "memory_bars", "placement", "timeline", "window"]
