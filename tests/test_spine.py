@@ -105,3 +105,19 @@ def test_placement_shows_the_expert_groups_and_the_leaves(tmp_path):
     assert shown["placement"]["nodes_per_leaf"] == 2 and shown["placement"]["axes"][-1]["axis"] == "ep"
     text = svg.read_text()
     assert "node 7 leaf 3" in text and "d1 t0 p0 e1" in text
+
+
+@pytest.mark.parametrize("order", ["tp,dp,pp", "dp,tp,pp"])
+def test_expert_groups_in_the_placement_are_the_priced_ones(order):
+    """Each expert group the placement shows is ep ranks at the stride the cost model prices
+    (cost_models/tables.py:ep_stride), holding each place once, whichever of tp and dp is inner."""
+    from cost_models.tables import ep_stride
+    from planner.pictures import placement
+    from planner.specs import Axis, Plan
+
+    plan = Plan(dp=4, tp=2, pp=2, ep=8, micro_batch_size=1, num_micro_batches=4, mesh_order=[Axis(a) for a in order.split(",")])
+    pl = placement(plan, H100)
+    stride = ep_stride(plan.dp, plan.tp, plan.pp, plan.mesh_order)
+    assert {a["axis"]: a for a in pl.axes}["ep"]["stride"] == stride == 1
+    for start in range(0, plan.world_size, 8):  # stride 1: each group is 8 consecutive ranks
+        assert [pl.ranks[r]["ep"] for r in range(start, start + 8)] == list(range(8))
