@@ -88,3 +88,37 @@ def test_a_gpu_profile_carries_the_kernel_tables():
     cpu = assemble({**result, "env": env.model_copy(update={"device_type": "cpu", "device_name": "cpu"}), "kernels": {}},
                    "cpu", load_model("gpt2-124m")).device
     assert cpu.gemm is None and cpu.attention is None
+
+
+def _sweeps(intra_gbps: float, inter_gbps: float):
+    from planner.specs import Collective, CollectiveSweep, TimedPoint
+
+    pts = [TimedPoint(nbytes=1 << 20, seconds=1e-4), TimedPoint(nbytes=1 << 26, seconds=1e-3)]
+    return [CollectiveSweep(collective=c, group_size=n, inter_node=inter, points=pts, latency_us=10.0, bandwidth_gbps=bw,
+                            max_relative_error=0.01)
+            for c in Collective for n, inter, bw in ((4, False, intra_gbps), (8, True, inter_gbps))]
+
+
+@pytest.mark.parametrize("inter_gbps,domain", [(700.0, True), (45.0, False)])
+def test_hosts_on_one_nvlink_fabric_are_written_as_one_domain(inter_gbps, domain):
+    """Two hosts of 4 GPUs: where collectives across them run at NVLink speed (a GB200 NVL72
+    rack's trays) the profile says one scale-up domain of 8 and takes the network beyond it from
+    the part's preset; where they run at NIC speed (45 of 720 GB/s) the hosts stay two nodes."""
+    from planner.profiler.profile import DOMAIN_SHARE, assemble, shared_domain_share
+    from planner.specs import MatmulPoint, ProfileEnvironment
+
+    env = ProfileEnvironment(torch_version="2.13", backend="nccl", device_type="cuda", device_name="NVIDIA GB200",
+                             dtype=DType.bf16, world_size=8, nproc_per_node=4, nnodes=2, date="2026-12-03", hostname="h", quick=True)
+    sweeps = _sweeps(720.0, inter_gbps)
+    assert shared_domain_share(sweeps) == pytest.approx(inter_gbps / 720.0)
+    gemm = MatmulPoint(n=8192, flops=2.0 * 8192**3, seconds=2.0 * 8192**3 / 1800e12, tflops=1800.0)
+    result = {"env": env, "per_rank": [([], [gemm], 3000.0, 180.0, 1.0)] * 8, "sweeps": sweeps, "overlap": 1.0, "stacks": []}
+    c = assemble(result, "gb200-measured", load_model("gpt2-124m"))
+    assert (c.domain_gpus == 8) is domain and (inter_gbps / 720.0 >= DOMAIN_SHARE) is domain
+    if domain:
+        assert c.inter_node == load_cluster("gb200-nvl72").inter_node and "scale-up domain" in c.source
+    else:
+        assert c.domain_gpus == 4 and c.inter_node.fit("all_reduce", 8).bandwidth_gbps == 45.0
+    cpu = assemble({**result, "env": env.model_copy(update={"device_type": "cpu", "device_name": "cpu"})}, "cpu",
+                   load_model("gpt2-124m"))
+    assert cpu.domain_gpus == 4  # gloo on CPUs: no NVLink to find

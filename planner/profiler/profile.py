@@ -297,6 +297,47 @@ def known_peak(device_name: str, measured_tflops: float) -> float:
     return next((v for k, v in KNOWN_PEAKS.items() if k in device_name), measured_tflops)
 
 
+# A cross-host tier at least this share of the in-host bandwidth is the same fabric: the hosts
+# share a scale-up domain (GB200 / GB300 NVL72 trays on one NVLink Switch fabric). No network tier
+# comes near: the presets' NICs reach 45-90 GB/s of bus bandwidth against NVLink's 360-720 (at
+# most 0.125 of it), so 0.5 tells the two apart with room either side.
+DOMAIN_SHARE = 0.5
+
+
+def shared_domain_share(sweeps) -> Optional[float]:
+    """The median over collectives of cross-host over in-host bus bandwidth (each at its largest
+    measured group), or None where either side was not measured."""
+    def widest(inter: bool) -> dict:
+        out: dict = {}
+        for s in sweeps:
+            if s.inter_node == inter and (s.collective not in out or s.group_size > out[s.collective].group_size):
+                out[s.collective] = s
+        return out
+    inside, across = widest(False), widest(True)
+    shares = [across[c].bandwidth_gbps / inside[c].bandwidth_gbps for c in inside if c in across]
+    return statistics.median(shares) if shares else None
+
+
+def _domain_tiers(env: ProfileEnvironment, intra: LinkTier, inter: LinkTier, share: float) -> tuple[dict, str]:
+    """The fields of a profile whose hosts all share one NVLink domain: the domain is every
+    measured GPU (at least: hosts beyond those measured may share it too), its fabric the in-host
+    fits; the network beyond it was not measured, so the known part's preset tier stands in."""
+    from hardware_profiles import load_cluster
+
+    gpus = env.nproc_per_node * env.nnodes
+    preset = next((v for k, v in KNOWN_PRESETS.items() if k in env.device_name), None)
+    note = (f" Hosts share a scale-up domain: collectives across the {env.nnodes} hosts ran at {share:.2f} of the in-host bus "
+            f"bandwidth (median over collectives; at least {DOMAIN_SHARE} means the same fabric), so scaleup_domain_gpus is "
+            f"{gpus}, every GPU measured (the domain may be larger).")
+    if preset is not None:
+        network = load_cluster(preset).inter_node
+        note += f" The network beyond the domain was not measured: the {preset} preset's tier ({network.name}) stands in."
+    else:
+        network = inter.model_copy(update={"name": f"{inter.name}; the domain's fabric: the network beyond it was not measured"})
+        note += " The network beyond the domain was not measured and no preset is known for this part: its tier is the domain's."
+    return {"scaleup_domain_gpus": gpus, "inter_node": network}, note
+
+
 def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     env: ProfileEnvironment = result["env"]
     per_rank = result["per_rank"]
@@ -341,10 +382,15 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
         inter = intra.model_copy(update={"name": "not measured (single node): the intra-node fits"})
     if intra is None:
         intra = inter.model_copy(update={"name": "not measured (one rank per node): the inter-node fits"})
+    domain, note = {}, ""
+    share = shared_domain_share(sweeps)
+    if env.device_type == "cuda" and env.nnodes > 1 and share is not None and share >= DOMAIN_SHARE:
+        domain, note = _domain_tiers(env, intra, inter, share)
+        inter = domain.pop("inter_node")
     cluster = ClusterSpec(
         name=name, device=device, gpus_per_node=env.nproc_per_node, num_nodes=env.nnodes, intra_node=intra,
-        inter_node=inter, overlap_efficiency=result.get("overlap", 1.0),
-        source=f"measured by `plan profile` on {env.hostname}, {env.date}, torch {env.torch_version}, {env.backend}",
+        inter_node=inter, overlap_efficiency=result.get("overlap", 1.0), **domain,
+        source=f"measured by `plan profile` on {env.hostname}, {env.date}, torch {env.torch_version}, {env.backend}" + note,
         measured=MeasuredProfile(
             environment=env, model=model, layers=layers, matmul=matmul, memory_bandwidth_gbps=bandwidth, collectives=sweeps,
         ),
