@@ -8,6 +8,7 @@ name (`global_batch`) sets. Nothing here reads a file, prints or exits.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from pydantic import ValidationError
@@ -388,6 +389,13 @@ def search_space(cluster: ClusterSpec, job: JobSpec, gpus: int, fixed: dict, mod
                  fp8: bool) -> SearchSpace:
     """What `plan solve` searches: every layout of `gpus` GPUs less what --fix pins (`fixed`
     and the recompute `modes`, from parse_fixes)."""
+    fixed_degrees = {k: fixed[k] for k in ("dp", "tp", "pp", "cp") if k in fixed}
+    product = math.prod(fixed_degrees.values())
+    if gpus % product:  # refused here, as `plan estimate` refuses it, not as "no layout" after the search
+        named = " x ".join(f"{k} {v}" for k, v in fixed_degrees.items())
+        what = f"{named} = {product:,}" if len(fixed_degrees) > 1 else f"{product:,}"
+        raise UsageError(f"--fix {', '.join(f'{k}={v}' for k, v in fixed_degrees.items())}: {what} does not divide the "
+                         f"{gpus:,} GPUs; fix degrees whose product divides {gpus:,}")
     if micro_batch_size is not None and micro_batch_size * (micro_batches or 1) > MAX_GLOBAL_BATCH:
         raise UsageError(f"--micro-batch-size {micro_batch_size} x --micro-batches {micro_batches} is "
                          f"{micro_batch_size * micro_batches:,} sequences a replica, over the {MAX_GLOBAL_BATCH:,} a step may "

@@ -234,7 +234,9 @@ def test_solve_human_output_explains():
 @pytest.mark.parametrize(
     "extra, code, message",
     [
-        (["--fix", "tp=3"], 1, "no layout of the search space is valid"),
+        (["--fix", "tp=3"], 2, "--fix tp=3: 3 does not divide the 16 GPUs"),  # as `plan estimate --tp 3` refuses it
+        (["--fix", "tp=4", "--fix", "pp=8"], 2, "tp 4 x pp 8 = 32 does not divide the 16 GPUs"),
+        (["--fix", "vpp=7"], 1, "no layout of the search space is valid"),
         (["--fix", "banana=2"], 2, "expected KEY=VALUE"),
         (["--fix", "sp=maybe"], 2, "not a valid value for sp"),
         (["--micro-batch-size", "2"], 2, "either --global-batch"),

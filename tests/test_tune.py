@@ -202,6 +202,8 @@ def _plan(*args):
     (["--resume", "x.jsonl", "-o", "a.json", "--plan-out", "a.json"], "-o and --plan-out both write a.json"),
     (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--journal", ""], "--journal is empty"),
     (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--launcher", "bogus"], "bogus"),
+    (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--journal", "no/such/dir/j.jsonl"],
+     "cannot write no/such/dir/j.jsonl: directory"),
 ])
 def test_bad_inputs_are_one_line(args, needle, tmp_path):
     res = subprocess.run([sys.executable, "-m", "planner.cli.main", "tune", *args], capture_output=True, text=True, timeout=60,
@@ -209,6 +211,14 @@ def test_bad_inputs_are_one_line(args, needle, tmp_path):
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error:") and needle in res.stderr, res.stderr
     assert not list(tmp_path.iterdir())  # no journal, no output
+
+
+def test_an_existing_journal_is_refused_before_the_search_and_kept(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_text("earlier trials\n")
+    res = _plan("--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--journal", str(path))
+    assert res.returncode == 2 and f"the journal {path} exists: continue it with --resume" in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and path.read_text() == "earlier trials\n"
 
 
 def test_a_journal_of_something_else_is_refused(tmp_path):

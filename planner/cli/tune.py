@@ -64,9 +64,11 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
     """Measure a few layouts with `plan run` on this machine's ranks (or under srun), refit
     the cost model's constants to them, and stop when no untried layout can beat the best
     measured; write the tuned profile (-o) and the winner (--plan-out)."""
-    check_outputs({"-o": output, "--plan-out": plan_out})
     if journal_path is not None and not journal_path.strip():
         raise UsageError("--journal is empty; give a file name (or leave it out for plan-tune-TIME.jsonl)")
+    check_outputs({"-o": output, "--plan-out": plan_out, "--journal": journal_path})  # a journal in no writable place: refused now
+    if journal_path is not None and not resume_path:
+        journal.check_new(Path(journal_path))  # and one that exists, before the search, not after it
     if warmup >= steps:
         raise UsageError(f"--warmup {warmup} leaves no timed step of --steps {steps}; give fewer warm-up steps")
     scale = {k: v for k, v in (("layers", scale_layers), ("hidden", scale_hidden), ("heads", scale_heads),

@@ -138,10 +138,15 @@ def append(path: Path, record: _Record) -> None:
         raise PlannerError(f"cannot write the journal {path}: {exc.strerror or exc}") from None
 
 
-def start(path: Path, header: TuneHeader) -> None:
-    """A new journal holding the header; an existing file is refused (use --resume)."""
+def check_new(path: Path) -> None:
+    """A new journal's path: an existing file is refused (use --resume), never overwritten."""
     if path.exists():
         raise UsageError(f"the journal {path} exists: continue it with --resume {path}, or give another --journal")
+
+
+def start(path: Path, header: TuneHeader) -> None:
+    """A new journal holding the header (check_new first)."""
+    check_new(path)
     append(path, header)
 
 
