@@ -157,7 +157,11 @@ def read_mapping(path: Path) -> tuple[dict, str]:
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not a UTF-8 text file (byte {exc.start}); give a JSON or YAML spec") from None
     try:
-        data = json.loads(text, parse_constant=_no_constant) if path.suffix == ".json" else _load_yaml(path, text)
+        data = (json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys) if path.suffix == ".json"
+                else _load_yaml(path, text))
+    except _DuplicateKey as exc:  # JSON would keep the last silently: which one the author meant is not ours to guess
+        line = _second_line(text, exc.key)
+        raise UsageError(f"{path}{f':{line}' if line else ''}: the key {exc.key!r} appears twice in one mapping; keep one") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
     except yaml.YAMLError as exc:
@@ -200,6 +204,28 @@ def _refuse_lone_surrogates(path: Path, data: dict) -> None:
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a number a spec may hold; give a finite value")
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's pairs as a dict, refusing a key given twice (json.loads keeps the last)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _second_line(text: str, key: str) -> int | None:
+    """The line of `key`'s second appearance as a JSON key (1-based), for the message."""
+    hits = [m.start() for m in re.finditer(r'"%s"\s*:' % re.escape(json.dumps(key)[1:-1]), text)]
+    return text.count("\n", 0, hits[1]) + 1 if len(hits) > 1 else None
 
 
 def key_line(text: str, key: str) -> int | None:
@@ -447,6 +473,28 @@ else:  # PyYAML built without libyaml: the pure-Python parser, the same bounds
         def __init__(self, stream) -> None:
             yaml.SafeLoader.__init__(self, stream)
             _CountingComposer.__init__(self)
+
+
+def _construct_unique_mapping(loader, node, deep=False):
+    """PyYAML's mapping, refusing a key given twice (PyYAML keeps the last) at the line of the
+    second; merge keys (<<) are left to PyYAML, whose explicit keys override merged ones."""
+    seen: set = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            repeated = key in seen
+        except TypeError:  # an unhashable key: PyYAML's own check refuses it
+            continue
+        if repeated:
+            raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} appears twice in one mapping; keep one",
+                                                    key_node.start_mark)
+        seen.add(key)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
+
+
+_YAMLLoader.construct_mapping = _construct_unique_mapping
 
 
 # YAML 1.1 (PyYAML's resolver) reads a float only with a dot, so `1e15` would be the string

@@ -422,3 +422,28 @@ def test_every_preset_cluster_still_reads():
     """The bounds hold every shipped profile (tests/test_hf_configs.py reads the configs)."""
     for path in (ROOT / "hardware_profiles/presets").glob("*.json"):
         ClusterSpec.model_validate_json(path.read_text())
+
+
+@pytest.mark.parametrize("suffix,text,line", [
+    (".yaml", "name: m\nnum_layers: 4\nhidden_size: 256\nnum_layers: 8\n", 4),
+    (".json", '{"name": "m",\n "num_layers": 4,\n "hidden_size": 256,\n "num_layers": 8}', 4),
+    (".yaml", "name: m\nparallel:\n  tp: 2\n  tp: 4\n", 4),  # inside a nested mapping too
+])
+def test_a_key_given_twice_is_refused_at_its_second_line(tmp_path, suffix, text, line):
+    """JSON and YAML parsers keep the last of two equal keys silently; which the author meant is
+    not ours to guess, so the document is refused at the second, naming the key."""
+    from planner.datafile import read_mapping
+    from planner.errors import UsageError
+
+    path = tmp_path / f"dup{suffix}"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=rf"{path.name}:{line}: .*the key '(num_layers|tp)' appears twice in one mapping; keep one"):
+        read_mapping(path)
+
+
+def test_yaml_merge_keys_still_let_explicit_keys_override(tmp_path):
+    from planner.datafile import read_mapping
+
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &b\n  num_heads: 4\n  hidden_size: 64\nm:\n  <<: *b\n  num_heads: 8\n")
+    assert read_mapping(path)[0]["m"] == {"num_heads": 8, "hidden_size": 64}

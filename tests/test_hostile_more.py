@@ -104,7 +104,8 @@ def test_the_ranks_are_the_same_made_when_read(work):
         for r, place in enumerate(ranks):  # the listing as it was made before, rank by rank
             coord = {a.value: (r // strides[a]) % degrees[a] for a in Axis}
             coord["cp"], coord["dp"] = coord["dp"] % plan.cp, coord["dp"] // plan.cp
-            assert place == {"rank": r, "node": r // doc.cluster.gpus_per_node, "gpu": r % doc.cluster.gpus_per_node, **coord}
+            assert place == {"rank": r, "node": r // doc.cluster.gpus_per_node, "gpu": r % doc.cluster.gpus_per_node, **coord,
+                             "ep": 0, "leaf": None}  # ep 1: every rank at place 0 of its own group; no spine
         assert len({(p["dp"], p["tp"], p["pp"]) for p in ranks}) == plan.world_size  # every coordinate once
 
 
