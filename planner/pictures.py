@@ -280,8 +280,8 @@ class _Ranks(Sequence):
 
     def __init__(self, plan: Plan, strides: dict, degrees: dict, gpus_per_node: int, leaf_gpus: int | None) -> None:
         self._axes = [(a.value, strides[a], degrees[a]) for a in Axis]
-        self._cp, self._g, self._n, self._pp = plan.cp, gpus_per_node, plan.world_size, plan.pp
-        self._tp, self._ep, self._leaf = plan.tp, plan.ep, leaf_gpus
+        self._cp, self._g, self._n = plan.cp, gpus_per_node, plan.world_size
+        self._tp, self._ep, self._leaf, self._replicas = plan.tp, plan.ep, leaf_gpus, plan.dp * plan.cp
         self._tp_inner = plan.tp > 1 and strides[Axis.tp] < strides[Axis.dp]  # which of tp, dp the expert groups fold first
 
     def __len__(self) -> int:
@@ -298,7 +298,7 @@ class _Ranks(Sequence):
         # expert parallelism: ep ranks of the tp x (dp x cp) block, the innermost of tp and dp first (Megatron-Core's
         # folding with expert-TP 1, as cost_models/tables.py:ep_stride prices it); the rank's position in its group
         replica = coord["dp"] * self._cp + coord["cp"]
-        block = coord["tp"] + self._tp * replica if self._tp_inner else replica + (self._n // self._tp // self._pp) * coord["tp"]
+        block = coord["tp"] + self._tp * replica if self._tp_inner else replica + self._replicas * coord["tp"]
         coord["ep"] = block % self._ep
         leaf = rank // self._leaf if self._leaf else None
         return {"rank": rank, "node": rank // self._g, "gpu": rank % self._g, **coord, "leaf": leaf}

@@ -283,8 +283,7 @@ def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurem
 # GEMM throughput measured, so efficiencies are relative to what the device demonstrably does.
 # "GB200" before "B200" and "GB300" before "B300", which they contain.
 KNOWN_PEAKS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "GB300": 2500.0, "B300": 2250.0, "GB200": 2500.0, "B200": 2250.0,
-               "MI300X": 1307.4,
-               "MI325X": 1307.4, "MI355X": 2516.6}
+               "MI300X": 1307.4, "MI325X": 1307.4, "MI355X": 2516.6}
 # The shipped preset of each known part: a measured profile keeps its fitted sustained fraction
 # (what a training loop keeps of the microbenchmarks: benchmarks/fidelity_published.py).
 KNOWN_PRESETS = {"A100": "dgx-a100-80gb", "H100": "dgx-h100-80gb", "H200": "dgx-h200", "GB300": "gb300-nvl72", "B300": "dgx-b300",
@@ -318,7 +317,7 @@ def shared_domain_share(sweeps) -> Optional[float]:
     return statistics.median(shares) if shares else None
 
 
-def _domain_tiers(env: ProfileEnvironment, intra: LinkTier, inter: LinkTier, share: float) -> tuple[dict, str]:
+def _domain_tiers(env: ProfileEnvironment, inter: LinkTier, share: float) -> tuple[dict, str]:
     """The fields of a profile whose hosts all share one NVLink domain: the domain is every
     measured GPU (at least: hosts beyond those measured may share it too), its fabric the in-host
     fits; the network beyond it was not measured, so the known part's preset tier stands in."""
@@ -385,7 +384,7 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     domain, note = {}, ""
     share = shared_domain_share(sweeps)
     if env.device_type == "cuda" and env.nnodes > 1 and share is not None and share >= DOMAIN_SHARE:
-        domain, note = _domain_tiers(env, intra, inter, share)
+        domain, note = _domain_tiers(env, inter, share)
         inter = domain.pop("inter_node")
     cluster = ClusterSpec(
         name=name, device=device, gpus_per_node=env.nproc_per_node, num_nodes=env.nnodes, intra_node=intra,
