@@ -303,3 +303,16 @@ def test_a_fixed_micro_batch_whose_batch_no_document_holds_is_refused_or_skipped
         api.solve("gpt2-124m", "dgx-h100-80gb", gpus=8, micro_batch_size=2, micro_batches=50_000_001, top_k=0)
     doc = api.solve("gpt2-124m", "dgx-h100-80gb", gpus=8, micro_batch_size=1, micro_batches=100_000_000, top_k=3)
     assert all(a.global_batch_size <= 100_000_000 for a in doc.alternatives) and doc.plan.dp == 1
+
+
+def test_the_journal_knows_every_search_option_of_api_solve():
+    """journal.SOLVE_KEYWORDS restates api.solve's keywords with the JSON kinds a header may hold
+    for them: a keyword added to api.solve without it would make a new tune's own header
+    unreadable on --resume. The two lists stay the same (model, cluster, gpus and top_k are the
+    header's own fields or the tune's)."""
+    import inspect
+
+    from planner.tune.journal import SOLVE_KEYWORDS
+
+    keywords = set(inspect.signature(api.solve).parameters) - {"model", "cluster", "gpus", "top_k"}
+    assert set(SOLVE_KEYWORDS) == keywords

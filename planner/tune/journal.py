@@ -58,6 +58,7 @@ class TuneHeader(_Record):
 # The search's keywords a header may hold (planner.api.solve's, less model, cluster, gpus and
 # top_k, which the tune sets), each with the JSON kinds it takes: a damaged or hand-edited
 # header is refused in one line, before the search sees a string where a count belongs.
+# tests/test_tune.py checks these are api.solve's keywords, so that one added there is added here.
 _COUNT, _NUMBER, _TEXT, _FLAG = (int,), (int, float), (str,), (bool,)
 SOLVE_KEYWORDS = {
     "global_batch": _COUNT, "micro_batch_size": _COUNT, "micro_batches": _COUNT, "seq_len": _COUNT, "nodes": _COUNT,
