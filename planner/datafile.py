@@ -223,9 +223,11 @@ def _unique_keys(pairs: list) -> dict:
 
 
 def _second_line(text: str, key: str) -> int | None:
-    """The line of `key`'s second appearance as a JSON key (1-based), for the message."""
+    """The line of `key`'s second appearance as a JSON key (1-based), for the message; None
+    where the key appears more than twice (other mappings may hold it: which pair repeats is
+    not known from the text alone)."""
     hits = [m.start() for m in re.finditer(r'"%s"\s*:' % re.escape(json.dumps(key)[1:-1]), text)]
-    return text.count("\n", 0, hits[1]) + 1 if len(hits) > 1 else None
+    return text.count("\n", 0, hits[1]) + 1 if len(hits) == 2 else None
 
 
 def key_line(text: str, key: str) -> int | None:
