@@ -160,10 +160,12 @@ def _experts(m: dict) -> dict:
 
 
 # The cluster preset of a record's GPU, first match by name (an H100 or H200 record, and any
-# other, takes dgx-h100-80gb). GB300 before B300 and GB200 before B200: "GB200" contains "B200". The Blackwell and AMD
-# presets are UNCALIBRATED (hardware_profiles): their records are the runs that check them.
-PRESET_OF_GPU = (("GB300", "gb300-nvl72"), ("B300", "dgx-b300"), ("GB200", "gb200-nvl72"), ("B200", "dgx-b200"), ("MI355X", "mi355x"), ("MI325X", "mi325x"),
-                 ("MI300X", "mi300x"), ("40GB", "dgx-a100-40gb"), ("A100", "dgx-a100-80gb"))
+# other, takes dgx-h100-80gb). GB300 before B300 and GB200 before B200: "GB200" contains "B200".
+# The Blackwell and AMD presets are UNCALIBRATED (hardware_profiles): their records are the runs
+# that check them.
+PRESET_OF_GPU = (("GB300", "gb300-nvl72"), ("B300", "dgx-b300"), ("GB200", "gb200-nvl72"), ("B200", "dgx-b200"),
+                 ("MI355X", "mi355x"), ("MI325X", "mi325x"), ("MI300X", "mi300x"), ("40GB", "dgx-a100-40gb"),
+                 ("A100", "dgx-a100-80gb"))
 # GPUs with FP8 tensor-core GEMMs (the planner's FP8: per-tensor scales).
 FP8_GPUS = ("H100", "H200", "B200", "GB200", "B300", "GB300", "MI300X", "MI325X", "MI355X")
 

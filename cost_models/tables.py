@@ -13,6 +13,7 @@ from planner import stacks
 from planner.specs import (
     DTYPE_BYTES,
     Axis,
+    FP8_PARTS,
     ClusterSpec,
     Collective,
     JobSpec,
@@ -460,7 +461,7 @@ def layout_costs(
     links = links or mesh_links(cluster, dpw, tp, pp, mesh_order)
     ep_link = ep_link_of(cluster, dpw, tp, pp, ep, mesh_order) if ep > 1 else None
     if fp8 and cluster.device.fp8_peak_tflops is None:
-        raise PlanError(f"{cluster.device.name} has no FP8 tensor cores; drop fp8 (or plan on a cluster with FP8: H100/H200, B200/GB200, B300/GB300, MI300X/MI325X/MI355X)")
+        raise PlanError(f"{cluster.device.name} has no FP8 tensor cores; drop fp8 (or plan on a cluster with FP8: {FP8_PARTS})")
     per_rank = rank_job(job, cp)
     layer = layer or layer_costs(model, cluster, per_rank, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link, fp8=fp8,
                                  cp=cp, cp_link=cp_link_of(cluster, dpw, tp, pp, cp, mesh_order))

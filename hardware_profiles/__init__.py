@@ -10,10 +10,11 @@ from planner.stacks import stack_constants
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
-# Presets of devices that no run of benchmarks/data was measured on (B200, GB200, B300, GB300,
-# MI300X, MI325X, MI355X; the Blackwell runs recorded since check them, held out of every fit): their figures are datasheet peaks and public microbenchmarks, and the
-# software constants (sustained fraction, kernel gap, overlap) fitted on A100/H100 runs are
-# taken for them as they are, which nothing has checked. Their intervals are the calibrated
+# Presets of devices that no fitted run of benchmarks/data was measured on (B200, GB200, B300,
+# GB300, MI300X, MI325X, MI355X; the Blackwell runs recorded since check them, held out of every
+# fit): their figures are datasheet peaks and public microbenchmarks, and the software
+# constants (sustained fraction, kernel gap, overlap) fitted on A100/H100 runs are taken for
+# them as they are, which nothing has checked. Their intervals are the calibrated
 # ones widened: each relative half-width's log (the interval is multiplicative) times
 # UNCALIBRATED_WIDENING, in the preset's `uncertainty` and in its own `stack_constants`
 # entries (which replace the shipped "*" ones). benchmarks/fidelity_published.py --write

@@ -10,7 +10,7 @@ import io
 import math
 
 from planner.errors import PlannerError
-from planner.pictures import MAX_OPS, MEMORY_KINDS, Placement, Timeline, Window
+from planner.pictures import MAX_OPS, MEMORY_KINDS, Placement, Timeline, Window, rank_coordinates
 
 FORMATS = ("svg", "png")
 
@@ -255,8 +255,8 @@ def _placement_cells(ax, pl: Placement, origin) -> None:
                                    fill=False, edgecolor="black", linewidth=1.2))
 
 
-def _rank_label(rk: dict, cp: bool, ep: bool = False) -> str:
-    return f"r{rk['rank']}\nd{rk['dp']} t{rk['tp']} p{rk['pp']}" + (f" c{rk['cp']}" if cp else "") + (f" e{rk['ep']}" if ep else "")
+def _rank_label(rk: dict, cp: bool, ep: bool) -> str:
+    return f"r{rk['rank']}\n{rank_coordinates(rk, cp, ep)}"
 
 
 def node_name(pl: Placement, node: int) -> str:
@@ -276,8 +276,7 @@ def _placement_labels(fig, ax, pl: Placement, nodes: int, origin) -> None:
         return next((s for s in range(largest, 3, -1) if _fits(fig, text, s, width, height)), None)
 
     cp = any(rk["cp"] for rk in pl.ranks)  # context parallel: its coordinate too
-    ep = any(a["axis"] == "ep" for a in pl.axes)  # expert parallel: the rank's place in its group
-    labels = [_rank_label(rk, cp, ep) for rk in pl.ranks]
+    labels = [_rank_label(rk, cp, pl.expert_parallel) for rk in pl.ranks]
     widest = max(labels, key=len)
     size = size_for(widest, 0.95 * unit_w, 0.9 * unit_h, 6)
     if size is not None:

@@ -162,7 +162,7 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, gpus: int, cluster: O
         have = ", ".join(sorted(getattr(k, "value", k) for k in device.peak_tflops))
         raise UsageError(f"{cluster.name} has no {job.precision.value} throughput (it has {have}); change the job's precision")
     if plan.fp8 and device.fp8_peak_tflops is None:
-        raise UsageError(f"fp8: {device.name} has no FP8 tensor cores (H100/H200, B200/GB200, B300/GB300, MI300X/MI325X/MI355X do); drop fp8 or plan on a cluster with them")
+        raise UsageError(f"fp8: {device.name} has no FP8 tensor cores ({specs.FP8_PARTS} do); drop fp8 or plan on a cluster with them")
 
 
 def check_document(doc, where: str = "") -> None:
@@ -412,7 +412,7 @@ def fp8_choices(allowed: bool, fixed: dict, cluster: ClusterSpec) -> tuple:
     change the numerics) and the device has them."""
     want = allowed or fixed.get("fp8") is True
     if want and cluster.device.fp8_peak_tflops is None:
-        raise UsageError(f"--fp8: {cluster.device.name} has no FP8 tensor cores (H100/H200, B200/GB200, B300/GB300, MI300X/MI325X/MI355X do)")
+        raise UsageError(f"--fp8: {cluster.device.name} has no FP8 tensor cores ({specs.FP8_PARTS} do)")
     return (False, True) if want else (False,)
 
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cost_models.communication import mesh_strides
+from cost_models.communication import GroupLink, mesh_strides
 from cost_models.estimate import rank_counts, recompute_counts
-from cost_models.tables import ep_link_of, ep_stride, mesh_links, pipeline_costs, spine_factor
+from cost_models.tables import ep_stride, mesh_links, pipeline_costs, spine_factor
 from planner.errors import PlannerError
 from planner.specs import Axis, ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Schedule
 
@@ -272,17 +272,22 @@ class Placement:
     axes: list[dict]  # per axis: {"axis", "degree", "stride", "inter_node", "rails", "link", "where" (in words)}
     nodes_per_leaf: int | None = None  # the spine's leaves (ClusterSpec.spine), None without one
 
+    @property
+    def expert_parallel(self) -> bool:
+        return any(a["axis"] == "ep" for a in self.axes)
+
 
 class _Ranks(Sequence):
     """Every rank's place, each dict made when it is read: a plan of 10^6 GPUs took 8 s of CPU
     to list them all, where `plan show` counts them, lists a node's and draws at most
     draw.MAX_PLACEMENT_RANKS."""
 
-    def __init__(self, plan: Plan, strides: dict, degrees: dict, gpus_per_node: int, leaf_gpus: int | None) -> None:
+    def __init__(self, plan: Plan, strides: dict, degrees: dict, gpus_per_node: int, leaf_gpus: int | None,
+                 tp_inner: bool) -> None:
         self._axes = [(a.value, strides[a], degrees[a]) for a in Axis]
         self._cp, self._g, self._n = plan.cp, gpus_per_node, plan.world_size
         self._tp, self._ep, self._leaf, self._replicas = plan.tp, plan.ep, leaf_gpus, plan.dp * plan.cp
-        self._tp_inner = plan.tp > 1 and strides[Axis.tp] < strides[Axis.dp]  # which of tp, dp the expert groups fold first
+        self._tp_inner = tp_inner  # the expert groups fold tp first (else dp x cp), as ep_stride says
 
     def __len__(self) -> int:
         return self._n
@@ -309,39 +314,44 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
     (innermost first; cost_models/communication.py:mesh_strides); ranks fill nodes in order,
     gpus_per_node each (as torchrun numbers them), and nodes fill the spine's leaves in order.
     With expert parallelism an "ep" row follows the mesh axes: the group the cost model prices
-    (cost_models/tables.py:ep_link_of), and what an oversubscribed spine does to its all-to-all."""
+    (cost_models/tables.py:ep_stride), and what an oversubscribed spine does to its all-to-all."""
     degrees = {Axis.dp: plan.dp * plan.cp, Axis.tp: plan.tp, Axis.pp: plan.pp}  # cp innermost in the dp axis
     strides = mesh_strides(degrees, plan.mesh_order)
     g = cluster.gpus_per_node
     spine = cluster.spine
-    ranks = _Ranks(plan, strides, degrees, g, spine.nodes_per_leaf * g if spine else None)
+    expert_stride = ep_stride(plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order)
+    ranks = _Ranks(plan, strides, degrees, g, spine.nodes_per_leaf * g if spine else None,
+                   plan.tp > 1 and expert_stride == strides[Axis.tp])
     links = mesh_links(cluster, plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order)
     # the fast link's reach: a node, or a scale-up domain of several (ClusterSpec.domain_gpus)
     unit, across = ("a node", "nodes") if cluster.domain_gpus == g else (f"a scale-up domain of {cluster.domain_gpus} GPUs",
                                                                          "scale-up domains")
-    axes = []
-    for a in plan.mesh_order:
-        link = links[a]
+
+    def row(axis: str, degree: int, stride: int, link: GroupLink) -> dict:
         tier = cluster.inter_node if link.inter_node else cluster.intra_node
-        name = tier.name if degrees[a] > 1 else "none (degree 1)"
+        name = tier.name if degree > 1 else "none (degree 1)"
         where = (f"across {across} ({link.rails} rail(s)): {name}" if link.inter_node
-                 else name if degrees[a] == 1 else f"inside {unit}: {name}")
-        axes.append({
-            "axis": a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", "degree": degrees[a], "stride": strides[a],
-            "inter_node": link.inter_node, "rails": link.rails if link.inter_node else None, "link": name, "where": where,
-        })
+                 else name if degree == 1 else f"inside {unit}: {name}")
+        return {"axis": axis, "degree": degree, "stride": stride, "inter_node": link.inter_node,
+                "rails": link.rails if link.inter_node else None, "link": name, "where": where}
+
+    axes = [row(a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", degrees[a], strides[a], links[a]) for a in plan.mesh_order]
     if plan.ep > 1:
-        link = ep_link_of(cluster, plan.dp * plan.cp, plan.tp, plan.pp, plan.ep, plan.mesh_order)
-        tier = cluster.inter_node if link.inter_node else cluster.intra_node
-        where = f"across {across} ({link.rails} rail(s)): {tier.name}" if link.inter_node else f"inside {unit}: {tier.name}"
+        link = GroupLink(cluster, plan.ep, expert_stride)  # the group cost_models/tables.py:ep_link_of prices
+        ep = row("ep", plan.ep, expert_stride, link)
         slowed = spine_factor(cluster, link)
         if slowed > 1:
-            where += (f"; its all-to-all crosses the spine ({spine.nodes_per_leaf} nodes a leaf, "
-                      f"{spine.oversubscription:g}:1), network part x{slowed:.2f}")
-        axes.append({"axis": "ep", "degree": plan.ep, "stride": ep_stride(plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order),
-                     "inter_node": link.inter_node,
-                     "rails": link.rails if link.inter_node else None, "link": tier.name, "where": where})
+            ep["where"] += (f"; its all-to-all crosses the spine ({spine.nodes_per_leaf} nodes a leaf, "
+                            f"{spine.oversubscription:g}:1), network part x{slowed:.2f}")
+        axes.append(ep)
     return Placement(g, ranks, axes, spine.nodes_per_leaf if spine else None)
 
 
-__all__ = ["KINDS", "MEMORY_KINDS", "Op", "Placement", "Timeline", "Window", "memory_bars", "placement", "timeline", "window"]
+def rank_coordinates(rk: dict, cp: bool, ep: bool) -> str:
+    """A rank's place as the placement shows it: "d1 t0 p2", with "c1" under context
+    parallelism and "e5" (its place in its expert group) under expert parallelism."""
+    return f"d{rk['dp']} t{rk['tp']} p{rk['pp']}" + (f" c{rk['cp']}" if cp else "") + (f" e{rk['ep']}" if ep else "")
+
+
+__all__ = ["KINDS", "MEMORY_KINDS", "Op", "Placement", "Timeline", "Window", "memory_bars", "placement", "rank_coordinates", "timeline",
+           "window"]

@@ -15,7 +15,7 @@ from planner.cli.types import ALTERNATIVE, DEGREE, LAYERS, SEQUENCES, ZERO_STAGE
 from planner.datafile import check_output
 from planner.errors import InfeasibleError, UsageError
 from planner.plan_file import read_plan_file
-from planner.specs import Recompute, Schedule
+from planner.specs import FP8_PARTS, Recompute, Schedule
 
 
 @click.command()
@@ -33,7 +33,7 @@ from planner.specs import Recompute, Schedule
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1).")
 @click.option("--cp", type=DEGREE, default=1, show_default=True,
               help="Context-parallel degree: each sequence split over cp ranks (ring attention).")
-@click.option("--fp8", is_flag=True, help="GEMMs in FP8 (needs a device with FP8 tensor cores: H100/H200, B200/GB200, B300/GB300, MI300X/MI325X/MI355X).")
+@click.option("--fp8", is_flag=True, help=f"GEMMs in FP8 (needs a device with FP8 tensor cores: {FP8_PARTS}).")
 @click.option("--tp-comm-overlap", is_flag=True, help="Overlap TP communication with GEMMs (needs --sequence-parallel and --target megatron or torchtitan).")
 @click.option(
     "--schedule",

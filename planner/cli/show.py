@@ -213,9 +213,7 @@ def _text_placement(console: Console, pl: pictures.Placement) -> None:
     console.print(table)
     shown = [rk for rk in pl.ranks[:_LISTED_RANKS] if rk["node"] == 0]
     more = f" ... ({n - len(shown)} more; --placement FILE draws every rank)" if n > len(shown) else ""
-    ep = any(a["axis"] == "ep" for a in pl.axes)
     console.print(
-        "node 0: " + "  ".join(f"r{rk['rank']}(d{rk['dp']} t{rk['tp']} p{rk['pp']}" + (f" e{rk['ep']}" if ep else "") + ")"
-                               for rk in shown) + more,
+        "node 0: " + "  ".join(f"r{rk['rank']}({pictures.rank_coordinates(rk, False, pl.expert_parallel)})" for rk in shown) + more,
         highlight=False, markup=False,
     )

@@ -13,7 +13,7 @@ from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOP_K
 from planner.datafile import check_output
 from planner.inputs import cp_degrees  # noqa: F401 (benchmarks/solve_scaling.py imports it from here)
 from planner.search.deadline import stop_on_signals
-from planner.specs import memory_limit_gib
+from planner.specs import FP8_PARTS, memory_limit_gib
 
 
 @click.command()
@@ -26,7 +26,7 @@ from planner.specs import memory_limit_gib
 @click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero sp schedule mesh_order recompute tp_comm_overlap fp8).")
 @click.option("--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
-@click.option("--fp8", is_flag=True, help="Let the search run GEMMs in FP8 where it is faster (devices with FP8: H100/H200, B200/GB200, B300/GB300, MI300X/MI325X/MI355X).")
+@click.option("--fp8", is_flag=True, help=f"Let the search run GEMMs in FP8 where it is faster (devices with FP8: {FP8_PARTS}).")
 @click.option("--time-limit", type=SECONDS, help="Seconds (shared by the stacks without --target); return the best plan so far, marked as not proven optimal.")
 @click.option("--solver", type=click.Choice(["highs", "cbc"]), default=None, help="MILP solver [default: highs if installed].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

@@ -29,7 +29,7 @@ from planner.specs.job import (
 )
 from planner.specs.cluster import (
     ATTENTION_KERNELS, AttentionEfficiency, ClusterSpec, Collective, CollectiveFit, CollectiveSweep,
-    DeviceSpec, EfficiencyPoint, GemmModel, LayerMeasurement, LinkTier, MEMORY_HEADROOM, MatmulPoint,
+    DeviceSpec, EfficiencyPoint, FP8_PARTS, GemmModel, LayerMeasurement, LinkTier, MEMORY_HEADROOM, MatmulPoint,
     MeasuredProfile, ProfileEnvironment, Spine, StackConstants, TimedPoint, Uncertainty, memory_limit_gib,
 )
 from planner.specs.estimate import Estimate, PipelineRankMemory, TimeBreakdown
@@ -51,7 +51,7 @@ __all__ = [  # every name the modules define but their private helpers
     "cp_problem", "ep_problem", "even_split", "seq_problem", "tp_problem", "ATTENTION_KERNELS",
     "AttentionEfficiency", "ClusterSpec", "Collective", "CollectiveFit", "CollectiveSweep", "DeviceSpec",
     "EfficiencyPoint", "GemmModel", "LayerMeasurement", "LinkTier", "MEMORY_HEADROOM", "MatmulPoint",
-    "MeasuredProfile", "ProfileEnvironment", "Spine", "StackConstants", "TimedPoint", "Uncertainty",
+    "MeasuredProfile", "ProfileEnvironment", "Spine", "FP8_PARTS", "StackConstants", "TimedPoint", "Uncertainty",
     "memory_limit_gib", "Estimate", "PipelineRankMemory", "TimeBreakdown", "Alternative", "Explanation",
     "LinkVolume", "PlanDocument", "SearchReport", "SolveDocument", "StackAnswer", "TieBreak", "MemoryBytes",
     "PipelineRankComparison", "RankMeasurement", "RunReport", "RunSettings", "TimeComparison", "Verification",

@@ -82,6 +82,10 @@ class AttentionEfficiency(_Spec):
     backward: Fraction = Field(description="Backward kernel (2.5x the forward FLOPs: it recomputes the scores).")
 
 
+# The parts with FP8 tensor-core GEMMs among the presets, as the messages and help name them.
+FP8_PARTS = "H100/H200, B200/GB200, B300/GB300, MI300X/MI325X/MI355X"
+
+
 class DeviceSpec(_Spec):
     """One accelerator."""
 
@@ -89,7 +93,7 @@ class DeviceSpec(_Spec):
     peak_tflops: dict[DType, Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(min_length=1, description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
     fp8_peak_tflops: Optional[Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(
         default=None,
-        description="Peak dense FP8 tensor-core TFLOP/s (H100/H200, B200/GB200, B300/GB300, MI300X and later); None: the device has no FP8 GEMMs (schema 1.4).",
+        description=f"Peak dense FP8 tensor-core TFLOP/s ({FP8_PARTS}); None: the device has no FP8 GEMMs (schema 1.4).",
     )
 
     memory_gib: Real(1e-3, MAX_GIB, 'GiB') = Field(description="Device memory capacity in GiB.")
