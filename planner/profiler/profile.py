@@ -296,6 +296,11 @@ def known_peak(device_name: str, measured_tflops: float) -> float:
     return next((v for k, v in KNOWN_PEAKS.items() if k in device_name), measured_tflops)
 
 
+def known_preset(device_name: str) -> Optional[str]:
+    """The shipped preset of a known GPU (KNOWN_PRESETS), else None."""
+    return next((v for k, v in KNOWN_PRESETS.items() if k in device_name), None)
+
+
 # A cross-host tier at least this share of the in-host bandwidth is the same fabric: the hosts
 # share a scale-up domain (GB200 / GB300 NVL72 trays on one NVLink Switch fabric). No network tier
 # comes near: the presets' NICs reach 45-90 GB/s of bus bandwidth against NVLink's 360-720 (at
@@ -317,14 +322,14 @@ def shared_domain_share(sweeps) -> Optional[float]:
     return statistics.median(shares) if shares else None
 
 
-def _domain_tiers(env: ProfileEnvironment, inter: LinkTier, share: float) -> tuple[dict, str]:
-    """The fields of a profile whose hosts all share one NVLink domain: the domain is every
-    measured GPU (at least: hosts beyond those measured may share it too), its fabric the in-host
-    fits; the network beyond it was not measured, so the known part's preset tier stands in."""
+def _domain_network(env: ProfileEnvironment, inter: LinkTier, share: float, gpus: int) -> tuple[LinkTier, str]:
+    """(the network tier, what the source says) of a profile whose hosts all share one NVLink
+    domain of `gpus`: the domain is every measured GPU (at least: hosts beyond those measured
+    may share it too), its fabric the in-host fits; the network beyond it was not measured, so
+    the known part's preset tier stands in."""
     from hardware_profiles import load_cluster
 
-    gpus = env.nproc_per_node * env.nnodes
-    preset = next((v for k, v in KNOWN_PRESETS.items() if k in env.device_name), None)
+    preset = known_preset(env.device_name)
     note = (f" Hosts share a scale-up domain: collectives across the {env.nnodes} hosts ran at {share:.2f} of the in-host bus "
             f"bandwidth (median over collectives; at least {DOMAIN_SHARE} means the same fabric), so scaleup_domain_gpus is "
             f"{gpus}, every GPU measured (the domain may be larger).")
@@ -334,7 +339,7 @@ def _domain_tiers(env: ProfileEnvironment, inter: LinkTier, share: float) -> tup
     else:
         network = inter.model_copy(update={"name": f"{inter.name}; the domain's fabric: the network beyond it was not measured"})
         note += " The network beyond the domain was not measured and no preset is known for this part: its tier is the domain's."
-    return {"scaleup_domain_gpus": gpus, "inter_node": network}, note
+    return network, note
 
 
 def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
@@ -356,7 +361,7 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     if result.get("kernels"):  # a GPU: GEMMs by shape, fused attention, launch gap, as the presets
         from hardware_profiles import load_cluster
 
-        preset = next((v for k, v in KNOWN_PRESETS.items() if k in env.device_name), None)
+        preset = known_preset(env.device_name)
         sustained = load_cluster(preset).device.sustained_fraction if preset else 1.0
         device = device.model_copy(update={**result["kernels"], "sustained_fraction": sustained})
     sweeps = result["sweeps"]
@@ -381,14 +386,14 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
         inter = intra.model_copy(update={"name": "not measured (single node): the intra-node fits"})
     if intra is None:
         intra = inter.model_copy(update={"name": "not measured (one rank per node): the inter-node fits"})
-    domain, note = {}, ""
+    domain, note = None, ""
     share = shared_domain_share(sweeps)
     if env.device_type == "cuda" and env.nnodes > 1 and share is not None and share >= DOMAIN_SHARE:
-        domain, note = _domain_tiers(env, inter, share)
-        inter = domain.pop("inter_node")
+        domain = env.nproc_per_node * env.nnodes
+        inter, note = _domain_network(env, inter, share, domain)
     cluster = ClusterSpec(
         name=name, device=device, gpus_per_node=env.nproc_per_node, num_nodes=env.nnodes, intra_node=intra,
-        inter_node=inter, overlap_efficiency=result.get("overlap", 1.0), **domain,
+        inter_node=inter, overlap_efficiency=result.get("overlap", 1.0), scaleup_domain_gpus=domain,
         source=f"measured by `plan profile` on {env.hostname}, {env.date}, torch {env.torch_version}, {env.backend}" + note,
         measured=MeasuredProfile(
             environment=env, model=model, layers=layers, matmul=matmul, memory_bandwidth_gbps=bandwidth, collectives=sweeps,
