@@ -297,7 +297,8 @@ def case(rec: dict) -> Case:
     # NeMo's performance recipes turn TP comm overlap on (NVIDIA/dgxc-benchmarking
     # nemotron/nemotron4-15b-synth.yaml: ub_tp_comm_overlap True). A later 340B config of that
     # repository turns it off, at another batch and GPU count than the v24.11.1 table read here.
-    # A record that states it (the MoE ones) is read as it is.
+    # A record that states it is read as it is: the MoE ones, and the Megatron-Bridge and NeMo 24.07
+    # dense rows with TP > 1, whose recipes turn it on (benchmarks/data/public_runs.md, Caveats).
     overlap = p.get("tp_comm_overlap")
     plan = Plan(
         dp=dp, tp=tp, pp=pp, vpp=vpp, ep=p.get("ep") or 1, cp=cp, fp8=_fp8(rec), micro_batch_size=mbs, num_micro_batches=m,
