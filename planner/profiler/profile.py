@@ -279,21 +279,25 @@ def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurem
     return out
 
 
-# Datasheet dense peaks (TFLOP/s) for GPUs we know; CPUs and unknown devices use the best
-# GEMM throughput measured, so efficiencies are relative to what the device demonstrably does.
-# "GB200" before "B200" and "GB300" before "B300", which they contain.
-KNOWN_PEAKS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "GB300": 2500.0, "B300": 2250.0, "GB200": 2500.0, "B200": 2250.0,
-               "MI300X": 1307.4, "MI325X": 1307.4, "MI355X": 2516.6}
-# The shipped preset of each known part: a measured profile keeps its fitted sustained fraction
-# (what a training loop keeps of the microbenchmarks: benchmarks/fidelity_published.py).
+# The shipped preset of each known part, first match by name ("GB200" before "B200" and "GB300"
+# before "B300", which they contain): its datasheet peak is the profile's (known_peak), and a
+# measured profile keeps its fitted sustained fraction (what a training loop keeps of the
+# microbenchmarks: benchmarks/fidelity_published.py).
 KNOWN_PRESETS = {"A100": "dgx-a100-80gb", "H100": "dgx-h100-80gb", "H200": "dgx-h200", "GB300": "gb300-nvl72", "B300": "dgx-b300",
                  "GB200": "gb200-nvl72", "B200": "dgx-b200",
                  "MI300X": "mi300x", "MI325X": "mi325x", "MI355X": "mi355x"}
 
 
 def known_peak(device_name: str, measured_tflops: float) -> float:
-    """Datasheet dense peak of a known GPU, else the best measured GEMM throughput."""
-    return next((v for k, v in KNOWN_PEAKS.items() if k in device_name), measured_tflops)
+    """The datasheet dense bf16 peak of a known GPU (its preset's); CPUs and unknown devices use
+    the best GEMM throughput measured, so efficiencies are relative to what the device
+    demonstrably does."""
+    preset = known_preset(device_name)
+    if preset is None:
+        return measured_tflops
+    from hardware_profiles import load_cluster
+
+    return load_cluster(preset).device.peak_tflops[DType.bf16]
 
 
 def known_preset(device_name: str) -> Optional[str]:
