@@ -61,6 +61,19 @@ NETWORK_GBPS = {
     "fms_fsdp_readme": 400,
 }
 
+# Sources whose TFLOPs figure counts FLOPs by a formula of their own, not the hardware FLOPs the
+# planner executes: such a run is compared in tokens/s/GPU, its published TFLOPs divided by that
+# formula's FLOPs per token.
+# GPT-NeoX-20B's 117 TFLOPs per GPU (Black et al. 2022, sec. 3): gpt-neox's logger of the time
+# (EleutherAI/gpt-neox megatron/logging.py get_flops at c560814b, the 20B release, 2022-02-10)
+# counts tokens x (6 N + 60 s h L) with N the model's parameters (20,556,201,984, its model card):
+# no recompute forward, although the run checkpoints every layer. At that rate the 150,000 steps
+# of 1,536 x 2,048 tokens take 1,827 h on 96 GPUs, as the 1,830 h of training quoted for the run;
+# counted by the Megatron formula with recompute (1.087x the FLOPs per token) they would take 1,986 h.
+FLOPS_PER_TOKEN_OF_SOURCE = {
+    "gpt_neox_20b": lambda m: 6 * 20_556_201_984 + 60 * m["seq_len"] * m["hidden"] * m["layers"],
+}
+
 # Model families by record: architecture flags the records do not carry.
 LLAMA = dict(activation=Activation.swiglu, learned_position_embeddings=False, linear_bias=False, norm="rmsnorm", dropout=False)
 MPT = dict(activation=Activation.gelu, learned_position_embeddings=True, linear_bias=False, norm="layernorm", dropout=False,
@@ -327,6 +340,8 @@ def case(rec: dict) -> Case:
         per_gpu = res["tokens_per_sec"] / n
     if per_gpu is None and res.get("seconds_per_iter"):
         per_gpu = gbs * job.seq_len / res["seconds_per_iter"] / n
+    if per_gpu is None and rec["group"] in FLOPS_PER_TOKEN_OF_SOURCE:
+        per_gpu = res["tflops_per_gpu"] * 1e12 / FLOPS_PER_TOKEN_OF_SOURCE[rec["group"]](rec["model"])
     if per_gpu is not None:
         metric, published = "tokens_per_s_per_gpu", float(per_gpu)
     else:

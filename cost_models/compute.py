@@ -271,12 +271,27 @@ def routed_tokens(model: ModelSpec, micro_batch: int, seq_len: int, tp: int) -> 
     return micro_batch * seq_len / tp * model.experts_per_token
 
 
+def moe_kernels(model: ModelSpec, k, local: int) -> int:
+    """Kernels one MoE layer's router, dispatch, combine and `local` routed experts launch in
+    forward, as a stack's code launches them (planner/stacks/stack.py:Kernels): grouped, the
+    experts' GEMMs (gate and up fused or not, then down) and their activation once for all;
+    one GEMM per local expert and projection with one activation kernel (a grouped linear
+    layer looping over cuBLAS); or each expert's MLP on its own. Biased experts whose bias is
+    added outside the GEMM add `expert_bias` per local expert."""
+    gemms = (3 if k.separate_gate_up else 2) if model.gated else 2
+    act = k.gated_activation if model.gated else k.activation
+    experts = {"grouped": gemms + act, "gemm_per_expert": local * gemms + act, "loop": local * (gemms + act)}[k.experts]
+    return k.moe_dispatch + experts + local * (k.expert_extra + (k.expert_bias if model.linear_bias else 0))
+
+
 def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int, ep: int,
-                 fp8: bool = False) -> tuple:
+                 fp8: bool = False, kernels=None) -> tuple:
     """(forward, backward, executed forward FLOPs) of one MoE layer's router and routed
     experts on one GPU: the router GEMM over its tokens, then E / ep experts as grouped GEMMs
-    of (assignments / local experts) rows each, the activation, and the token permutations
-    around the dispatch and combine (memory-bound copies)."""
+    of (assignments / local experts) rows each, the activation, the token permutations
+    around the dispatch and combine (memory-bound copies), and a gap per kernel the stack's
+    MoE layer launches (`kernels`, a stack's Kernels: moe_kernels; generic's by default)."""
+    kernels = kernels or stacks.get(Target.generic).kernels
     h, f, e = model.hidden_size, model.moe_ffn, DTYPE_BYTES[dtype]
     local = model.num_experts // ep
     tokens = micro_batch * seq_len / tp
@@ -289,7 +304,7 @@ def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch
     act_bytes = (mlp_in + 1) * assigned * f * e
     permute_bytes = 2 * (2 * assigned * h * e)  # dispatch and combine: read + write each
     t_mem = memory_bound_time(device, act_bytes + permute_bytes + 4 * tokens * model.num_experts)  # + fp32 router softmax
-    gap = kernels_time(device, 6)  # router, top-k, permute, 2 grouped GEMMs (+ act), unpermute
+    gap = kernels_time(device, moe_kernels(model, kernels, local))
     forward = router[0] + fc1[0] + fc2[0] + t_mem + gap
     backward = router[1] + fc1[1] + fc2[1] + 2 * t_mem + 2 * gap
     flops = 2.0 * (tokens * h * model.num_experts + assigned * (mlp_in + 1) * h * f)
@@ -448,7 +463,7 @@ def layer_compute(
     backward = sum(x[1] for x in lin) + attn_bwd + 2.0 * (t_mem + t_softmax) + 2.0 * (core_gap + other_gap)
     flops = sum(linear_flops) + attn_exec
     if moe:
-        x_fwd, x_bwd, x_flops = expert_times(model, device, dtype, b, s, tp, ep, fp8)
+        x_fwd, x_bwd, x_flops = expert_times(model, device, dtype, b, s, tp, ep, fp8, kernels)
         forward, backward, flops = forward + x_fwd, backward + x_bwd, flops + x_flops
     return LayerCompute(
         forward=forward,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cost_models.compute import layer_compute, layer_kernels
+from cost_models.compute import expert_times, layer_compute, layer_kernels, moe_kernels
 from hardware_profiles import load_cluster
 from planner import api, load_model, stacks
 from planner.specs import DType, Target
@@ -53,6 +53,47 @@ def test_a_moe_layer_without_shared_experts_counts_no_dense_mlp():
     assert moe.num_shared_experts == 0
     full, attention_only = layer_kernels(moe, stacks.get("megatron").kernels, True), layer_kernels(moe, stacks.get("megatron").kernels, True, mlp=False)
     assert full[1] - attention_only[1] == 2 + 1  # fc1, fc2 and the fused SwiGLU
+
+
+MIXTRAL = load_model("mixtral-8x7b")  # 8 experts, top-2, SwiGLU, no bias, no shared expert
+BIASED = MIXTRAL.model_copy(update={"linear_bias": True})  # GPT-OSS-style biased experts
+
+
+def test_megatron_moe_launches_a_gemm_per_local_expert():
+    # router 4, routing bookkeeping 7, permute 2, two all-to-alls, sort 1, inverse sort, all-to-all,
+    # unpermute 3 (19); TE GroupedLinear: fc1 and fc2 one cuBLAS GEMM per local expert; the fused
+    # weighted bias-SwiGLU (1); a biased expert's fc2 bias, product and add per local expert
+    k = stacks.get("megatron").kernels
+    assert moe_kernels(MIXTRAL, k, 16) == 19 + 16 * 2 + 1
+    assert moe_kernels(BIASED, k, 16) == 19 + 16 * 2 + 1 + 16 * 2
+    assert moe_kernels(MIXTRAL, k, 1) == 19 + 2 + 1
+
+
+def test_torchtitan_moe_runs_grouped_gemms_whatever_the_local_experts():
+    # 15 around the experts; torch._grouped_mm for w1, w3, w2 (3); silu and product (2)
+    k = stacks.get("torchtitan").kernels
+    assert moe_kernels(MIXTRAL, k, 1) == moe_kernels(MIXTRAL, k, 64) == 15 + 3 + 2
+
+
+def test_a_transformers_moe_loops_over_its_experts():
+    # 11 around the loop; per expert: where, gather, gate, up, down, silu, product, weighting, index_add
+    for target in ("deepspeed", "accelerate"):
+        assert moe_kernels(MIXTRAL, stacks.get(target).kernels, 8) == 11 + 8 * (3 + 2 + 4)
+
+
+def test_a_megatron_moe_layer_pays_a_gap_per_local_expert():
+    """At the same tokens and FLOPs per GPU, more local experts (lower ep) launch more GEMMs:
+    the MoE part's time grows by 3 x (the launches' difference) x the gap (forward, and backward
+    twice), beyond what the GEMM shapes change."""
+    device = load_cluster("dgx-h100-80gb").device.model_copy(update={"kernel_overhead_us": 10.0})
+    k = stacks.get("megatron").kernels
+    no_gap = device.model_copy(update={"kernel_overhead_us": 0.0})
+    def gaps(ep):
+        with_gap = expert_times(MIXTRAL, device, DType.bf16, 1, 4096, 1, ep, kernels=k)
+        without = expert_times(MIXTRAL, no_gap, DType.bf16, 1, 4096, 1, ep, kernels=k)
+        return with_gap[0] + with_gap[1] - without[0] - without[1]
+    assert gaps(1) == pytest.approx(3 * moe_kernels(MIXTRAL, k, 8) * 10e-6)
+    assert gaps(1) - gaps(8) == pytest.approx(3 * 7 * 2 * 10e-6)
 
 
 def test_the_fused_stack_runs_the_same_layer_faster_at_the_same_constants():
@@ -108,6 +149,22 @@ def test_generic_counts_the_kernels_the_executor_launches(name):
     assert sum("scaled_dot_product" in o for o in ops) == core == 1
 
 
+@pytest.mark.parametrize("experts", [4, 8])
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_generic_counts_the_kernels_the_executors_moe_launches(name, experts):
+    """The executor's MoE block (reference_model.py:MoE) with every expert local: the operators it
+    dispatches against generic's moe_kernels, whose loop launches each expert's MLP."""
+    torch = pytest.importorskip("torch")
+    from planner.distributed.reference_model import MoE
+
+    spec = load_model(name)
+    small = spec.model_copy(update=dict(hidden_size=64, num_heads=8, num_kv_heads=2, ffn=128, moe_ffn_hidden_size=32,
+                                        num_experts=experts, experts_per_token=2, max_seq_len=16))
+    torch.manual_seed(0)
+    ops = _dispatched(MoE(small).to(torch.bfloat16), torch.randn(2, 16, 64, dtype=torch.bfloat16))
+    assert len(ops) == moe_kernels(small, stacks.get("generic").kernels, experts), ops
+
+
 # ------------------------------------------------------------------------------ a job's attention kernel
 
 
@@ -140,3 +197,10 @@ def test_a_job_may_name_its_attention_kernel():
                      attention_kernel="flash2").estimate.step_time_s, rel=1e-12)
     with pytest.raises(ValidationError, match="attention_kernel must be one of flash2, cudnn"):
         JobSpec(global_batch_size=8, seq_len=1024, attention_kernel="flash3")
+
+
+def test_an_unknown_way_of_launching_experts_is_refused():
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="grouped"):
+        replace(stacks.get("megatron").kernels, experts="fused")

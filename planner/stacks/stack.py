@@ -88,6 +88,21 @@ class Kernels:
     kv_repeat: int  # per K and V tensor under grouped-query attention (0: the kernel reads shared heads)
     softmax: int  # unfused attention between its two batched GEMMs: scale, mask, softmax (+ casts)
     attention_out: int  # copies of the attention output into the output projection's layout
+    # A mixture-of-experts layer (cost_models/compute.py:moe_kernels): its router, routing
+    # bookkeeping, dispatch and combine (all-to-alls and permutations), the experts' GEMMs and
+    # activation excluded
+    moe_dispatch: int = 4
+    # How the local experts' MLPs are launched: "grouped", one grouped GEMM per projection and one
+    # activation kernel for all of them; "gemm_per_expert", one GEMM per local expert and projection
+    # (a grouped linear layer that loops over cuBLAS), one activation kernel; "loop", each expert's
+    # MLP on its own (its GEMMs and activation)
+    experts: str = "grouped"
+    expert_extra: int = 0  # kernels per local expert besides its MLP (a loop's gather and scatter)
+    expert_bias: int = 0  # kernels per local expert that add a biased expert's output bias outside its GEMM
+
+    def __post_init__(self):
+        if self.experts not in ("grouped", "gemm_per_expert", "loop"):
+            raise ValueError(f"Kernels.experts is 'grouped', 'gemm_per_expert' or 'loop', not {self.experts!r}")
 
 
 # PyTorch eager as `plan run`'s executor runs a layer (planner/distributed/reference_model.py:
@@ -98,7 +113,12 @@ EAGER = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1,
                 # rotated head-major q makes the attention output need one copy back to token order
                 activation=1, gated_activation=2, residual=1, dropout=0,  # the executor has no dropout
                 kv_repeat=1,  # repeat_interleave of the shared heads
-                softmax=1, attention_out=0)
+                softmax=1, attention_out=0,
+                # its MoE (reference_model.py:MoE): router GEMM, top-k, softmax, sort, bincount, the
+                # copies' source rows (divide, gather); after the experts their concatenation, the
+                # inverse sort and its gather, the weighting and the sum over choices (12); each
+                # local expert an MLP module of its own
+                moe_dispatch=12, experts="loop")
 
 # A Hugging Face transformers model (modeling_llama.py and kin) run eagerly, what DeepSpeed and
 # Accelerate train (the user's module): q, k, v and gate, up as separate projections;
@@ -107,10 +127,14 @@ EAGER = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1,
 # concatenation, product, sum: 5 per tensor); act(gate) * up (2); dropout beside each residual
 # add; SDPA with enable_gqa when there is no mask (integrations/sdpa_attention.py: no K/V
 # repeat), its output transposed contiguous (1); eager attention's scale, mask, fp32 softmax,
-# downcast (4) between its two matmuls.
+# downcast (4) between its two matmuls. Its sparse MoE blocks (modeling_mixtral.py
+# MixtralSparseMoeBlock and kin): router GEMM, softmax, top-k, the weights' renormalisation (sum,
+# divide) and cast, one-hot routing mask and its permute, the experts hit (sum, compare, nonzero)
+# (11); then a Python loop over the experts hit: the token rows (where, gather), the expert MLP,
+# the product by the routing weight and index_add into the output (4 besides the MLP).
 TRANSFORMERS = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1, rmsnorm=8, rotary=10,
                        activation=1, gated_activation=2, residual=1, dropout=1, kv_repeat=0,
-                       softmax=4, attention_out=1)
+                       softmax=4, attention_out=1, moe_dispatch=11, experts="loop", expert_extra=4)
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,20 @@ STACK = Stack(
     # normalization kernel per norm (TE's LayerNormLinear and its RMSNorm), fused RoPE (one kernel
     # per tensor; --no-rope-fusion turns it off), bias-GeLU / bias-SwiGLU fusions (one kernel),
     # bias-dropout-add (one kernel per residual, dropout in it), cuDNN attention reading shared
-    # KV heads as they are, and FusedScaleMaskSoftmax on the unfused path
+    # KV heads as they are, and FusedScaleMaskSoftmax on the unfused path.
+    # Its MoE layer (transformer/moe/: router.py with --moe-router-fusion, token_dispatcher.py's
+    # all-to-all dispatcher with --moe-permute-fusion, experts.py TEGroupedMLP): the gating GEMM,
+    # the fused top-k score kernel, the auxiliary loss's fused score and loss (4); the routing map's
+    # token counts, the send splits, their all-gather over the EP group, the local experts' slice,
+    # two sums and the device-to-host copy of the counts (7); the fused permutation (row map,
+    # permute: 2); all-to-alls of tokens and of probabilities (2); the fused sort by local expert
+    # (1); after the experts the inverse sort, the returning all-to-all and the fused unpermute (3):
+    # 19. The experts: Transformer Engine's GroupedLinear for fc1 and fc2, which on cuBLAS launches
+    # one GEMM per local expert (TransformerEngine common/gemm/cublaslt_gemm.cu:
+    # nvte_multi_tensor_gemm -> multi_stream_cublas_gemm unless NVTE_USE_CUTLASS_GROUPED_GEMM on
+    # Hopper), the weighted bias-activation fusion (1); a biased expert's fc2 bias added per local
+    # expert in Python (TEGroupedMLP._apply_bias: bias x probability, add: 2)
     kernels=Kernels(separate_qkv=False, separate_gate_up=False, layernorm=1, rmsnorm=1, rotary=2,
                     activation=1, gated_activation=1, residual=1, dropout=0, kv_repeat=0, softmax=1,
-                    attention_out=0),
+                    attention_out=0, moe_dispatch=19, experts="gemm_per_expert", expert_bias=2),
 )

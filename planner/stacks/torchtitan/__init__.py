@@ -24,7 +24,13 @@ STACK = Stack(
     # rotary as a complex product between two casts (3 per tensor); silu(w1 x) * w3 x (2); plain
     # residual adds; attention through SDPA with enable_gqa (no K/V repeat), its output made
     # contiguous once. It has no unfused attention path: eager PyTorch's (the Hugging Face one's).
+    # Its MoE layer (torchtitan/models/moe/moe.py): router GEMM, score function, top-k, the tokens
+    # per expert (histc), the reorder by expert (argsort, gather) and the scores' product (7); the
+    # all-to-all of counts, of tokens and back, with the permutation indices into each local
+    # expert's aligned rows and the gathers around them (6); the group offsets' cumsum (1); the
+    # weighted scatter-add of the output (1): 15. The experts (GroupedExperts): torch._grouped_mm,
+    # one kernel for w1, w3 and w2 each, silu and product between.
     kernels=Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1, rmsnorm=1, rotary=6,
                     activation=1, gated_activation=2, residual=1, dropout=1, kv_repeat=0, softmax=4,
-                    attention_out=1),
+                    attention_out=1, moe_dispatch=15, experts="grouped"),
 )
