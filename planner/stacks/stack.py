@@ -90,7 +90,8 @@ class Kernels:
     attention_out: int  # copies of the attention output into the output projection's layout
     # A mixture-of-experts layer (cost_models/compute.py:moe_kernels): its router, routing
     # bookkeeping, dispatch and combine (all-to-alls and permutations), the experts' GEMMs and
-    # activation excluded
+    # activation excluded; one count per stack, as its default dispatch path launches them
+    # (approximated alike for another dispatcher, e.g. DeepEP, and at ep 1, with no all-to-all)
     moe_dispatch: int = 4
     # How the local experts' MLPs are launched: "grouped", one grouped GEMM per projection and one
     # activation kernel for all of them; "gemm_per_expert", one GEMM per local expert and projection
@@ -131,10 +132,10 @@ EAGER = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1,
 # MixtralSparseMoeBlock and kin): router GEMM, softmax, top-k, the weights' renormalisation (sum,
 # divide) and cast, one-hot routing mask and its permute, the experts hit (sum, compare, nonzero)
 # (11); then a Python loop over the experts hit: the token rows (where, gather), the expert MLP,
-# the product by the routing weight and index_add into the output (4 besides the MLP).
+# the routing weights' gather and the product by them, index_add into the output (5 besides the MLP).
 TRANSFORMERS = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1, rmsnorm=8, rotary=10,
                        activation=1, gated_activation=2, residual=1, dropout=1, kv_repeat=0,
-                       softmax=4, attention_out=1, moe_dispatch=11, experts="loop", expert_extra=4)
+                       softmax=4, attention_out=1, moe_dispatch=11, experts="loop", expert_extra=5)
 
 
 @dataclass(frozen=True)
