@@ -271,6 +271,13 @@ def routed_tokens(model: ModelSpec, micro_batch: int, seq_len: int, tp: int) -> 
     return micro_batch * seq_len / tp * model.experts_per_token
 
 
+def mlp_kernels(model: ModelSpec, k) -> tuple[int, int]:
+    """(GEMMs, activation kernels) of one MLP as a stack's code launches it (a dense layer's, or
+    one expert's): gate and up fused into fc1 or apart, then down; the activation."""
+    gemms = (3 if k.separate_gate_up else 2) if model.gated else 2
+    return gemms, k.gated_activation if model.gated else k.activation
+
+
 def moe_kernels(model: ModelSpec, k, local: int) -> int:
     """Kernels one MoE layer's router, dispatch, combine and `local` routed experts launch in
     forward, as a stack's code launches them (planner/stacks/stack.py:Kernels): grouped, the
@@ -278,20 +285,18 @@ def moe_kernels(model: ModelSpec, k, local: int) -> int:
     one GEMM per local expert and projection with one activation kernel (a grouped linear
     layer looping over cuBLAS); or each expert's MLP on its own. Biased experts whose bias is
     added outside the GEMM add `expert_bias` per local expert."""
-    gemms = (3 if k.separate_gate_up else 2) if model.gated else 2
-    act = k.gated_activation if model.gated else k.activation
+    gemms, act = mlp_kernels(model, k)
     experts = {"grouped": gemms + act, "gemm_per_expert": local * gemms + act, "loop": local * (gemms + act)}[k.experts]
     return k.moe_dispatch + experts + local * (k.expert_extra + (k.expert_bias if model.linear_bias else 0))
 
 
 def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int, ep: int,
-                 fp8: bool = False, kernels=None) -> tuple:
+                 kernels, fp8: bool = False) -> tuple:
     """(forward, backward, executed forward FLOPs) of one MoE layer's router and routed
     experts on one GPU: the router GEMM over its tokens, then E / ep experts as grouped GEMMs
     of (assignments / local experts) rows each, the activation, the token permutations
     around the dispatch and combine (memory-bound copies), and a gap per kernel the stack's
-    MoE layer launches (`kernels`, a stack's Kernels: moe_kernels; generic's by default)."""
-    kernels = kernels or stacks.get(Target.generic).kernels
+    MoE layer launches (`kernels`, a stack's Kernels: moe_kernels)."""
     h, f, e = model.hidden_size, model.moe_ffn, DTYPE_BYTES[dtype]
     local = model.num_experts // ep
     tokens = micro_batch * seq_len / tp
@@ -373,8 +378,8 @@ def layer_kernels(model: ModelSpec, k, flash_attention: bool, mlp: bool = True) 
     rest += 2 * k.kv_repeat if model.kv_heads < model.num_heads else 0
     rest += k.attention_out
     if mlp:
-        gemms += (3 if k.separate_gate_up else 2) if model.gated else 2
-        rest += k.gated_activation if model.gated else k.activation
+        mlp_gemms, act = mlp_kernels(model, k)
+        gemms, rest = gemms + mlp_gemms, rest + act
     return core, gemms + rest
 
 
@@ -463,7 +468,7 @@ def layer_compute(
     backward = sum(x[1] for x in lin) + attn_bwd + 2.0 * (t_mem + t_softmax) + 2.0 * (core_gap + other_gap)
     flops = sum(linear_flops) + attn_exec
     if moe:
-        x_fwd, x_bwd, x_flops = expert_times(model, device, dtype, b, s, tp, ep, fp8, kernels)
+        x_fwd, x_bwd, x_flops = expert_times(model, device, dtype, b, s, tp, ep, kernels, fp8)
         forward, backward, flops = forward + x_fwd, backward + x_bwd, flops + x_flops
     return LayerCompute(
         forward=forward,
