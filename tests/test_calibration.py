@@ -37,17 +37,10 @@ def _moe(case) -> bool:
 FITTED = [c for c in CASES if not _moe(c)]
 
 
-# Runs predicted beyond their bound, with the bound they are held to: Qwen3-30B-A3B with FP8
-# current scaling (Megatron-Bridge 25.11) keeps its parameters in FP8 (--fp8-param-gather), which the
-# model does not represent (it also predicts it not to fit, KNOWN_MISSES below); 2.1x too fast since
-# the constants are fitted on dense runs only (benchmarks/fidelity_published.py:dense).
-KNOWN_SPEED_MISSES = {"Megatron-Bridge 25.11 Qwen3_30B_a3B FP8-CS, 16 H100, TP1 PP2 EP8": 2.5}
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name[:60])
 def test_published_run_within_35_percent(case):
     r, _ = ratio(case)
-    bound = KNOWN_SPEED_MISSES.get(case.name, 2.0 if _moe(case) else 1.35)
+    bound = 2.0 if _moe(case) else 1.35
     assert 1 / bound < r < bound, f"{case.name}: predicted / published = {r:.3f}"
 
 
@@ -85,10 +78,6 @@ KNOWN_MISSES = {
     # 79.6 GiB (its expert outputs and permuted inputs are counted per assignment; AutoModel may
     # free them earlier).
     "NeMo AutoModel GPT-OSS 120B BF16, 64 H100, PP1 EP64 FSDP64": 1.01,
-    # FP8 with current scaling keeps its parameters in FP8 (Megatron's --fp8-param-gather): no
-    # 16-bit weight copy beside the FP8 one, which the model still counts (85 and 86 of 79.6 GiB).
-    "Megatron-Bridge 25.11 LLAMA3_8B FP8-CS, 8 H100, TP1 PP1 CP1 FSDP8": 1.08,
-    "Megatron-Bridge 25.11 Qwen3_30B_a3B FP8-CS, 16 H100, TP1 PP2 EP8": 1.09,
     # GPT-OSS 120B on 64 B200 at EP 8 (8 experts' weights and optimizer states per GPU, MBS 4):
     # 190 of 179 GiB. The recipe recomputes layernorm and the expert activation (moe_act), whose
     # saved outputs the model still counts (the records cost that recompute as none).
