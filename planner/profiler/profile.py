@@ -237,7 +237,7 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     if device.type == "cuda":  # the presets' kernel tables, measured (planner/profiler/kernels.py)
         from planner.profiler import kernels
 
-        peak = known_peak(_device_name(device), max(p.tflops for p in matmul))
+        peak = known_peak(known_cluster(_device_name(device)), max(p.tflops for p in matmul))
         tables = kernels.device_tables(torch, device, torch.bfloat16, req.reps, sync, [(p.flops, p.seconds) for p in matmul], peak,
                                        torch.cuda.get_device_properties(device).multi_processor_count)
     dist.barrier()
@@ -288,16 +288,21 @@ KNOWN_PRESETS = {"A100": "dgx-a100-80gb", "H100": "dgx-h100-80gb", "H200": "dgx-
                  "MI300X": "mi300x", "MI325X": "mi325x", "MI355X": "mi355x"}
 
 
-def known_peak(device_name: str, measured_tflops: float) -> float:
-    """The datasheet dense bf16 peak of a known GPU (its preset's); CPUs and unknown devices use
-    the best GEMM throughput measured, so efficiencies are relative to what the device
-    demonstrably does."""
+def known_peak(known: Optional[ClusterSpec], measured_tflops: float) -> float:
+    """The datasheet dense bf16 peak of a known GPU (its preset's, `known`: known_cluster); CPUs
+    and unknown devices use the best GEMM throughput measured, so efficiencies are relative to
+    what the device demonstrably does."""
+    return known.device.peak_tflops[DType.bf16] if known is not None else measured_tflops
+
+
+def known_cluster(device_name: str) -> Optional[ClusterSpec]:
+    """The shipped preset of a known GPU (KNOWN_PRESETS), loaded, else None."""
     preset = known_preset(device_name)
     if preset is None:
-        return measured_tflops
+        return None
     from hardware_profiles import load_cluster
 
-    return load_cluster(preset).device.peak_tflops[DType.bf16]
+    return load_cluster(preset)
 
 
 def known_preset(device_name: str) -> Optional[str]:
@@ -326,20 +331,18 @@ def shared_domain_share(sweeps) -> Optional[float]:
     return statistics.median(shares) if shares else None
 
 
-def _domain_network(env: ProfileEnvironment, inter: LinkTier, share: float, gpus: int) -> tuple[LinkTier, str]:
+def _domain_network(env: ProfileEnvironment, inter: LinkTier, share: float, gpus: int,
+                    known: Optional[ClusterSpec]) -> tuple[LinkTier, str]:
     """(the network tier, what the source says) of a profile whose hosts all share one NVLink
     domain of `gpus`: the domain is every measured GPU (at least: hosts beyond those measured
     may share it too), its fabric the in-host fits; the network beyond it was not measured, so
-    the known part's preset tier stands in."""
-    from hardware_profiles import load_cluster
-
-    preset = known_preset(env.device_name)
+    the known part's preset tier (`known`: known_cluster) stands in."""
     note = (f" Hosts share a scale-up domain: collectives across the {env.nnodes} hosts ran at {share:.2f} of the in-host bus "
             f"bandwidth (median over collectives; at least {DOMAIN_SHARE} means the same fabric), so scaleup_domain_gpus is "
             f"{gpus}, every GPU measured (the domain may be larger).")
-    if preset is not None:
-        network = load_cluster(preset).inter_node
-        note += f" The network beyond the domain was not measured: the {preset} preset's tier ({network.name}) stands in."
+    if known is not None:
+        network = known.inter_node
+        note += f" The network beyond the domain was not measured: the {known.name} preset's tier ({network.name}) stands in."
     else:
         network = inter.model_copy(update={"name": f"{inter.name}; the domain's fabric: the network beyond it was not measured"})
         note += " The network beyond the domain was not measured and no preset is known for this part: its tier is the domain's."
@@ -354,19 +357,15 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     bandwidth = statistics.median(r[2] for r in per_rank)
     capacity = min(r[3] for r in per_rank)
     overhead = statistics.median(r[4] for r in per_rank)
-    peak = max(p.tflops for p in matmul)
-    if env.device_type == "cuda":
-        peak = known_peak(env.device_name, peak)
+    known = known_cluster(env.device_name) if env.device_type == "cuda" else None  # its preset, read once
+    peak = known_peak(known, max(p.tflops for p in matmul))
     curve = [EfficiencyPoint(gemm_flops=p.flops, efficiency=min(1.0, p.tflops / peak)) for p in matmul]
     device = DeviceSpec(
         name=env.device_name, peak_tflops={env.dtype: peak}, memory_gib=capacity, memory_bandwidth_gbps=bandwidth,
         memory_bandwidth_efficiency=1.0, matmul_efficiency=curve, framework_overhead_gib=overhead,
     )
     if result.get("kernels"):  # a GPU: GEMMs by shape, fused attention, launch gap, as the presets
-        from hardware_profiles import load_cluster
-
-        preset = known_preset(env.device_name)
-        sustained = load_cluster(preset).device.sustained_fraction if preset else 1.0
+        sustained = known.device.sustained_fraction if known is not None else 1.0
         device = device.model_copy(update={**result["kernels"], "sustained_fraction": sustained})
     sweeps = result["sweeps"]
 
@@ -394,7 +393,7 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     share = shared_domain_share(sweeps)
     if env.device_type == "cuda" and env.nnodes > 1 and share is not None and share >= DOMAIN_SHARE:
         domain = env.nproc_per_node * env.nnodes
-        inter, note = _domain_network(env, inter, share, domain)
+        inter, note = _domain_network(env, inter, share, domain, known)
     cluster = ClusterSpec(
         name=name, device=device, gpus_per_node=env.nproc_per_node, num_nodes=env.nnodes, intra_node=intra,
         inter_node=inter, overlap_efficiency=result.get("overlap", 1.0), scaleup_domain_gpus=domain,
