@@ -14,6 +14,7 @@ on the runs it was fitted on.
 """
 
 import math
+import re
 from collections import defaultdict
 
 import pytest
@@ -126,3 +127,23 @@ def test_a_figure_counted_by_its_own_formula_is_compared_in_tokens():
     assert c.metric == "tokens_per_s_per_gpu"
     assert c.published == pytest.approx(117e12 / (6 * 20_556_201_984 + 60 * 2048 * 6144 * 44))
     assert 745 < c.published < 750
+
+
+def _bridge_table_row(rec: dict) -> bool:
+    """A row of Megatron-Bridge's performance summary (benchmarks/data/public_runs.md)."""
+    return "Megatron-Bridge" in rec["source"] and "performance-summary" in rec["source"]
+
+
+def test_each_megatron_bridge_case_names_the_recipe_it_was_checked_against():
+    """A summary row is a case only once its release's recipe (at a named commit) was read and
+    agrees with the table's layout; a row whose recipe runs another layout, or overlaps the EP
+    all-to-all across micro-batches, is excluded saying so."""
+    rows = [rec for rec in load_records() if _bridge_table_row(rec)]
+    cases_ = [rec for rec in rows if excluded(rec) is None]
+    assert len(cases_) >= 30
+    for rec in cases_:
+        assert re.search(r"recipe", rec["notes"], re.I) and re.search(r"\b[0-9a-f]{9}\b|at that commit", rec["notes"]), rec["name"]
+    why = {rec["name"]: excluded(rec) for rec in rows}
+    assert why["Megatron-Bridge 26.04.01 Qwen3_235B_a22B FP8, 256 H100, TP2 PP8 EP32"].startswith("EP all-to-all overlapped")
+    assert why["Megatron-Bridge 26.02.01 Qwen3_30B_a3B FP8, 16 H100, TP1 PP2 EP8"].startswith("the source's layout contradicts itself")
+    assert why["Megatron-Bridge 26.06 Qwen3_30B_a3B FP8, 16 H100, TP1 PP1 EP16"] is None
