@@ -157,6 +157,8 @@ def _model(rec: dict) -> ModelSpec:
         fields["num_kv_heads"] = m["num_query_groups"]
     if "bloom" in rec["name"].lower():
         fields["vocab_size"] = 250880
+    if m.get("sliding_window"):  # GPT-OSS: a window of 128 on every other layer (its config's layer_types)
+        fields.update(sliding_window=m["sliding_window"], sliding_window_layers=m["sliding_window_layers"])
     return ModelSpec(**fields, **_experts(m))
 
 
@@ -270,6 +272,8 @@ def _moe_problem(rec: dict) -> Optional[str]:
         return "MoE layers under TP without sequence parallelism: not modelled"
     if p.get("ep_a2a_overlap"):
         return "EP all-to-all overlapped with another micro-batch (1F1B merge): not modelled"
+    if p.get("routing") == "consecutive":  # NeMo AutoModel's benchmark gate (public_runs.md)
+        return "a benchmark gate sending each token to k consecutive experts (1-2 GPUs, not balanced top-k): not modelled"
     if (p.get("pp") or 1) * (p.get("virtual_pp") or 1) > layers:
         return "more pipeline stages than layers (embedding and loss counted as layers): a stage without layers is not modelled"
     return None
@@ -326,13 +330,8 @@ def case(rec: dict) -> Case:
                   target=stack,
                   # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
                   # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
-                  # NeMo AutoModel's MaskedCrossEntropy with fp32_upcast false keeps a 16-bit
-                  # log-softmax: nearest is the fused kernel's 16-bit logits (its recipes' loss_fn).
-                  loss_kernel="fused" if rec["group"].startswith("llm_foundry") or rec["group"] == "automodel_moe_h100" else None,
-                  # NeMo AutoModel runs Transformer Engine's attention (its BackendConfig, attn: te, the optimized
-                  # path of its recipes, e.g. examples/llm_pretrain/deepseekv3_pretrain.yaml of NVIDIA-NeMo/Automodel)
-                  attention_kernel="cudnn" if rec["group"] == "automodel_moe_h100" else None,
-                  # NeMo AutoModel and the Megatron-Core MoE model zoo dispatch with DeepEP (their recipes)
+                  loss_kernel="fused" if rec["group"].startswith("llm_foundry") else None,
+                  # the Megatron-Core MoE model zoo dispatches with DeepEP (its recipes)
                   moe_dispatcher="deepep" if "deepep" in json.dumps(rec.get("parallel", {})).lower() + (rec.get("notes") or "").lower()
                   else "alltoall")
     per_gpu = res.get("tokens_per_sec_per_gpu")

@@ -75,10 +75,6 @@ def test_interval_contains_the_runs_at_the_stated_coverage():
 # stated for that table (README "Calibration and trust" names it as an open miss).
 KNOWN_MISSES = {
     "DGXC Nemotron4 340B BF16, 128 H100, TP8 PP8 VP12": 1.06,
-    # GPT-OSS 120B with every layer's full activations kept around the DeepEP exchange: 80.0 of
-    # 79.6 GiB (its expert outputs and permuted inputs are counted per assignment; AutoModel may
-    # free them earlier).
-    "NeMo AutoModel GPT-OSS 120B BF16, 64 H100, PP1 EP64 FSDP64": 1.01,
     # GPT-OSS 120B on 64 B200 at EP 8 (8 experts' weights and optimizer states per GPU, MBS 4):
     # 190 of 179 GiB. The recipe recomputes layernorm and the expert activation (moe_act), whose
     # saved outputs the model still counts (the records cost that recompute as none).

@@ -19,7 +19,7 @@ def test_moe_records_are_cases_or_excluded_with_a_reason():
     named = {c.name for c in MOE} | {name for name, _ in SKIPPED}
     assert {r["name"] for r in MOE_RECORDS} <= named
     # Guards against a mapping change that silently drops every run: the bf16 runs with a full
-    # layout (dgxc DeepSeek-V3, AutoModel, ModelZoo Qwen3-235B, Megatron-Bridge GPT-OSS) stay in.
+    # layout (dgxc DeepSeek-V3, ModelZoo Qwen3-235B, Megatron-Bridge GPT-OSS and Qwen3-30B) stay in.
     assert len({c.group for c in MOE}) >= 4 and len(MOE) >= 12
 
 
@@ -48,8 +48,21 @@ def test_moe_run_fits_its_gpus(case):
         ("1F1B A2A overlap", "EP all-to-all overlapped with another micro-batch (1F1B merge): not modelled"),
         ("TP2 PP32 EP8", "more pipeline stages than layers"),
         ("MoE Parallel Folding", "micro-batch size or virtual pipeline size not stated"),
+        ("NeMo AutoModel Qwen3 MoE 30B", "a benchmark gate sending each token to k consecutive experts"),
     ],
 )
 def test_moe_exclusions_name_their_reason(fragment, reason):
     reasons = [why for name, why in SKIPPED if fragment in name]
     assert reasons and all(why.startswith(reason) for why in reasons), reasons
+
+
+def test_each_moe_case_dispatches_as_its_recipe_does():
+    """DeepEP where the recipe runs it (the Megatron-Core MoE model zoo), the all-to-all dispatcher
+    elsewhere (dgxc-benchmarking's DeepSeek-V3 recipe, Megatron-Bridge's GPT-OSS): a record's notes
+    that merely name DeepEP must not switch its dispatcher."""
+    by_group = {}
+    for c in MOE:
+        by_group.setdefault(c.group, set()).add(c.job.moe_dispatcher)
+    assert by_group["modelzoo_qwen3_h100"] == {"deepep"}
+    assert by_group["dgxc_moe_h100_2505"] == {"alltoall"}
+    assert by_group["bridge_moe_h100"] == {"alltoall"}
