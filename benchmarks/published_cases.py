@@ -28,15 +28,16 @@ experts_per_token, moe_ffn_hidden, shared_experts, first_dense_layers) and "ep" 
 "parallel"; ep maps to Plan.ep (experts folded into tp x dp with expert-TP 1). Multi-head
 latent attention (DeepSeek-V3, Kimi K2) is planned as multi-head attention of hidden / heads,
 as planner/presets/models/deepseek-v3.yaml does; a head_dim of its own (Qwen3, GPT-OSS) is
-ModelSpec.attention_head_dim. A record whose notes or layout name DeepEP is costed with
+ModelSpec.attention_head_dim; sliding windows (GPT-OSS) are the record's model's
+sliding_window / sliding_window_layers. A record whose notes or layout name DeepEP is costed with
 JobSpec.moe_dispatcher "deepep". Where a record states them, "recompute_mode" (how its recompute is costed),
 "layers_per_stage" (the pipeline split) and "tp_comm_overlap" are read as they are.
 Runs the cost model does not cover are listed by `excluded()` with the reason: FP8, CPU offload,
 context parallelism (issue 12), a 500 W power-capped H100 (no preset for it), missing
 model dimensions or GPU count, and for mixture-of-experts runs expert-TP other than 1, TP
-without sequence parallelism, all-to-all overlapped across micro-batches, pipeline stages
-without layers, layer types the spec has no counterpart for, or a layout the source leaves
-unstated or contradicts.
+without sequence parallelism, all-to-all overlapped across micro-batches, a benchmark's
+routing other than balanced top-k, pipeline stages without layers, layer types the spec has
+no counterpart for, or a layout the source leaves unstated or contradicts.
 """
 
 from __future__ import annotations
