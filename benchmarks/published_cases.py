@@ -29,8 +29,8 @@ experts_per_token, moe_ffn_hidden, shared_experts, first_dense_layers) and "ep" 
 latent attention (DeepSeek-V3, Kimi K2) is planned as multi-head attention of hidden / heads,
 as planner/presets/models/deepseek-v3.yaml does; a head_dim of its own (Qwen3, GPT-OSS) is
 ModelSpec.attention_head_dim; sliding windows (GPT-OSS) are the record's model's
-sliding_window / sliding_window_layers. A record whose notes or layout name DeepEP is costed with
-JobSpec.moe_dispatcher "deepep". Where a record states them, "recompute_mode" (how its recompute is costed),
+sliding_window / sliding_window_layers. A record whose "parallel" names its recipe's dispatcher
+("dispatcher": "deepep") is costed with it (JobSpec.moe_dispatcher), else with the all-to-all. Where a record states them, "recompute_mode" (how its recompute is costed),
 "layers_per_stage" (the pipeline split) and "tp_comm_overlap" are read as they are.
 Runs the cost model does not cover are listed by `excluded()` with the reason: FP8, CPU offload,
 context parallelism (issue 12), a 500 W power-capped H100 (no preset for it), missing
@@ -332,9 +332,8 @@ def case(rec: dict) -> Case:
                   # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
                   # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
                   loss_kernel="fused" if rec["group"].startswith("llm_foundry") else None,
-                  # the Megatron-Core MoE model zoo dispatches with DeepEP (its recipes)
-                  moe_dispatcher="deepep" if "deepep" in json.dumps(rec.get("parallel", {})).lower() + (rec.get("notes") or "").lower()
-                  else "alltoall")
+                  # the dispatcher the record's recipe runs ("deepep": the Megatron-Core MoE model zoo)
+                  moe_dispatcher=p.get("dispatcher") or "alltoall")
     per_gpu = res.get("tokens_per_sec_per_gpu")
     if per_gpu is None and res.get("tokens_per_sec"):
         per_gpu = res["tokens_per_sec"] / n
