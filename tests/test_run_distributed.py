@@ -266,15 +266,16 @@ def test_ctrl_c_stops_plan_profile_within_seconds(tmp_path):
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert lines[-1].startswith("error: interrupted by Ctrl-C") and "Traceback" not in err, err
     assert not out_path.exists()
-    _no_leftovers(marker, grace_s=3.0)
+    _no_leftovers(marker)
 
 
 @pytest.mark.parametrize("wait_s", [0.3, 2.0])
 def test_sigkill_of_the_launcher_leaves_no_worker(tmp_path, wait_s):
     """`kill -9` of `plan run` (no chance to clean up), while the workers start (0.3 s) and
     once they run (2 s): the workers die with it (parent-death signal, set before they import
-    anything heavy; one that starts after the launcher died exits at once), and with them the
-    resource tracker: nothing of the run survives 3 s."""
+    anything heavy; one that starts after the launcher died exits at once, once the interpreter
+    reaches that check, which on a loaded 2-core machine can take seconds), and with them the
+    resource tracker: nothing of the run survives 10 s."""
     path = _plan_file(tmp_path, GPT, _plan(dp=2, micro_batch_size=2))
     marker = uuid.uuid4().hex
     env = _marker_env(marker, PLAN_RUN_FAIL_RANK="1", PLAN_RUN_FAIL_MODE="hang")
@@ -286,7 +287,7 @@ def test_sigkill_of_the_launcher_leaves_no_worker(tmp_path, wait_s):
     time.sleep(wait_s)
     proc.kill()
     proc.wait(timeout=10)
-    _no_leftovers(marker, grace_s=3.0)
+    _no_leftovers(marker)
 
 
 def test_two_nodes_on_one_machine(tmp_path):
