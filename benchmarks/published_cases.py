@@ -25,9 +25,9 @@ How a record is read (what is not stated in a record is a stated assumption here
   source counts FLOPs), else hardware TFLOP/s per GPU.
 Mixture-of-experts records carry the expert fields in "model" (num_experts,
 experts_per_token, moe_ffn_hidden, shared_experts, first_dense_layers) and "ep" / "etp" in
-"parallel"; ep maps to Plan.ep (experts folded into tp x dp with expert-TP 1). Multi-head
-latent attention (DeepSeek-V3, Kimi K2) is planned as multi-head attention of hidden / heads,
-as planner/presets/models/deepseek-v3.yaml does; a head_dim of its own (Qwen3, GPT-OSS) is
+"parallel"; ep maps to Plan.ep (experts folded into tp x dp with expert-TP 1). DeepSeek-V3
+and Kimi K2 attend with multi-head latent attention, as planner/presets/models/deepseek-v3.yaml
+does (MLA below); a head_dim of its own (Qwen3, GPT-OSS) is
 ModelSpec.attention_head_dim; sliding windows (GPT-OSS) are the record's model's
 sliding_window / sliding_window_layers. A record whose "parallel" names its recipe's dispatcher
 ("dispatcher": "deepep") is costed with it (JobSpec.moe_dispatcher), else with the all-to-all. Where a record states them, "recompute_mode" (how its recompute is costed),
@@ -90,7 +90,10 @@ NEMOTRON_FLAGS = dict(activation=Activation.gelu, learned_position_embeddings=Fa
 # Mixture-of-experts families: Llama-style blocks (SwiGLU experts, RMSNorm, rotary, no bias, untied head; Hugging Face
 # configs of DeepSeek-V3, Kimi K2, Qwen3-MoE). GPT-OSS: the same with biases on the attention and expert projections
 # (openai/gpt-oss-120b config.json attention_bias true; GptOssExperts gate_up_proj_bias / down_proj_bias).
-MOE_FAMILIES = {"deepseek": LLAMA, "kimi": LLAMA, "qwen3": LLAMA, "gpt-oss": dict(LLAMA, linear_bias=True)}
+# DeepSeek-V3 and Kimi K2 (moonshotai/Kimi-K2-Base config.json: the same attention) attend with
+# multi-head latent attention of the Hugging Face deepseek-ai/DeepSeek-V3 config.json's widths.
+MLA = dict(attention_head_dim=128, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128)
+MOE_FAMILIES = {"deepseek": dict(LLAMA, **MLA), "kimi": dict(LLAMA, **MLA), "qwen3": LLAMA, "gpt-oss": dict(LLAMA, linear_bias=True)}
 # Groups whose runs are Megatron-Core / NeMo / Megatron-Bridge (ZeRO-1 distributed optimizer, target megatron).
 MEGATRON_MOE_GROUPS = ("dgxc_moe_h100_2505", "bridge_moe_h100", "modelzoo_qwen3_h100")
 # Megatron-Bridge performance tables on Blackwell (dense FP8 and BF16 GPT-OSS rows), one group per system.

@@ -46,6 +46,63 @@ def kv_shard(model: ModelSpec, tp: int) -> int:
     return max(1, model.kv_heads // tp)
 
 
+def attention_linears(model: ModelSpec, tp: int = 1, fused_qkv: bool = False) -> list[tuple[int, int, str]]:
+    """The attention block's linear layers on one TP rank, (in, out, kind) with kind 'column'
+    (column-parallel: output split over TP), 'row' (row-parallel: input split) or 'duplicated'
+    (whole on every TP rank). Standard attention: Q, K and V projections (one fused QKV GEMM
+    with `fused_qkv`) and the output projection. Multi-head latent attention (DeepSeek-V2
+    sec. 2.1, DeepSeek-V3 sec. 2.1.1): a query down-projection to q_lora_rank and its
+    up-projection to every head's query (nope + rope features; or one full-rank query
+    projection without q_lora_rank), a key-value down-projection to kv_lora_rank plus the
+    shared rotary key, and its up-projection to every head's key (nope) and value, then the
+    output projection of heads x v_head_dim. The down-projections are duplicated over TP, as
+    Megatron-Core's MLASelfAttention builds them; under sequence parallelism each rank applies
+    them to its own tokens (layer_compute)."""
+    h = model.hidden_size
+    q = model.q_width // tp
+    out = [(model.out_width // tp, h, "row")]
+    if model.mla:
+        heads = model.num_heads // tp
+        if model.q_lora_rank:
+            qs = [(h, model.q_lora_rank, "duplicated"), (model.q_lora_rank, q, "column")]
+        else:
+            qs = [(h, q, "column")]
+        kvs = [(h, model.kv_lora_rank + model.qk_rope_head_dim, "duplicated"),
+               (model.kv_lora_rank, heads * (model.head_dim + model.v_dim), "column")]
+        return qs + kvs + out
+    kv = model.head_dim * kv_shard(model, tp)
+    qkv = [(h, q + 2 * kv, "column")] if fused_qkv else [(h, q, "column"), (h, kv, "column"), (h, kv, "column")]
+    return qkv + out
+
+
+def attention_input_width(model: ModelSpec) -> int:
+    """Features per token that the attention's column-parallel projections take in, so what
+    tensor parallelism gathers (or all-reduces the gradient of) for them: the layer input h;
+    under MLA the query latent (or h without q_lora_rank), the key-value latent and the shared
+    rotary key, the down-projections being duplicated (Megatron-Core's MLASelfAttention:
+    with sequence parallelism each rank projects its own tokens, then gathers the latents)."""
+    if not model.mla:
+        return model.hidden_size
+    return (model.q_lora_rank or model.hidden_size) + model.kv_lora_rank + model.qk_rope_head_dim
+
+
+def selective_recompute_flops(model: ModelSpec, micro_batch: int, seq_len: int, flash_attention: bool = True) -> float:
+    """FLOPs selective recompute reruns, whole layer: the core attention (as model FLOPs count
+    it); under MLA the up-projections, and the core attention only where it is unfused
+    (layer_compute)."""
+    core = attention_flops_forward(model, micro_batch, seq_len)
+    if not model.mla:
+        return core
+    up = sum(i * o for i, o, kind in attention_linears(model) if kind == "column")
+    return 2.0 * micro_batch * seq_len * up + (0.0 if flash_attention else core)
+
+
+def latent_norm_width(model: ModelSpec) -> int:
+    """Features MLA normalises besides the layer's own norms: the query latent (with
+    q_lora_rank) and the key-value latent, one RMSNorm each; 0 for standard attention."""
+    return (model.q_lora_rank or 0) + (model.kv_lora_rank or 0)
+
+
 def mlp_inputs(model: ModelSpec) -> int:
     """Matrices on the MLP's input side: gate and up for a gated unit (SwiGLU, GeGLU), fc1 for GELU."""
     return 2 if model.gated else 1
@@ -62,17 +119,17 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, dense: bool = False
     h, d = model.hidden_size, model.head_dim
     moe = model.is_moe and not dense
     f = model.num_shared_experts * model.moe_ffn if moe else model.ffn
-    q_cols = model.q_width // tp
-    kv_cols = 2 * d * kv_shard(model, tp)
     mlp_in = mlp_inputs(model)
-    sharded = h * (q_cols + kv_cols) + q_cols * h + mlp_in * h * (f // tp) + (f // tp) * h
-    replicated = 0
+    attn = attention_linears(model, tp)
+    sharded = sum(i * o for i, o, kind in attn if kind != "duplicated") + mlp_in * h * (f // tp) + (f // tp) * h
+    replicated = sum(i * o for i, o, kind in attn if kind == "duplicated")
     expert = 0
     if model.linear_bias:
-        sharded += q_cols + kv_cols + mlp_in * (f // tp)  # column-parallel biases
+        sharded += sum(o for _, o, kind in attn if kind == "column") + mlp_in * (f // tp)  # column-parallel biases
+        replicated += sum(o for _, o, kind in attn if kind == "duplicated")
         replicated += 2 * h  # row-parallel biases (attention output, fc2)
-    norm_params = 2 * h if model.norm == "layernorm" else h
-    replicated += model.norms_per_layer * norm_params
+    norm_params = 2 if model.norm == "layernorm" else 1
+    replicated += norm_params * (model.norms_per_layer * h + latent_norm_width(model))
     if model.qk_norm:
         replicated += 2 * d  # one weight of head_dim each for queries and keys, shared by the heads (Qwen3, Gemma 3)
     if moe:
@@ -149,19 +206,20 @@ def layer_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int, dense:
     top-k experts), the convention of MoE MFU figures (e.g. DeepSeek-V3's 37B active).
     """
     tokens = micro_batch * seq_len
-    h, f, d = model.hidden_size, active_ffn(model, dense), model.head_dim
+    h, f = model.hidden_size, active_ffn(model, dense)
     mlp_in = mlp_inputs(model)
-    matmul_weights = 2 * h * model.q_width + 2 * h * d * model.kv_heads + (mlp_in + 1) * h * f
+    matmul_weights = sum(i * o for i, o, _ in attention_linears(model)) + (mlp_in + 1) * h * f
     if model.is_moe and not dense:
         matmul_weights += h * model.num_experts  # router
     return 2.0 * tokens * matmul_weights + attention_flops_forward(model, micro_batch, seq_len)
 
 
 def attention_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    """QK^T and AV: 2 x (2 b s^2 a d) (a d = h unless the heads have their own width), counted
-    without causal masking (the usual convention), times the share of query-key pairs that
-    sliding windows leave (attention_pairs_fraction)."""
-    return 4.0 * micro_batch * seq_len * seq_len * model.q_width * attention_pairs_fraction(model, seq_len)
+    """QK^T and AV: 2 b s^2 a (d_qk + d_v) (4 b s^2 h when a d = h; MLA's query/key heads are
+    wider than its value heads), counted without causal masking (the usual convention), times
+    the share of query-key pairs that sliding windows leave (attention_pairs_fraction)."""
+    width = model.q_width + model.out_width
+    return 2.0 * micro_batch * seq_len * seq_len * width * attention_pairs_fraction(model, seq_len)
 
 
 def attention_pairs_fraction(model: ModelSpec, seq_len: int) -> float:
@@ -327,28 +385,30 @@ def attention_kernel(job) -> str:
 
 
 def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int, d: int, fused: bool,
-                    kernel: str = "flash2") -> tuple[float, float]:
-    """(forward, backward) of the core attention (QK^T, softmax, AV) of `heads` heads, the
-    softmax excluded when unfused (memory-bound, costed with the other element-wise kernels).
+                    kernel: str = "flash2", dv: int | None = None) -> tuple[float, float]:
+    """(forward, backward) of the core attention (QK^T, softmax, AV) of `heads` heads of
+    query/key width d and value width dv (d when None), the softmax excluded when unfused
+    (memory-bound, costed with the other element-wise kernels).
 
     Fused (FlashAttention): a causal kernel skips the masked half; forward at the device's
     fused-attention efficiency; backward executes 2.5x the forward FLOPs (it recomputes the
     scores: Dao 2023, FlashAttention-2, sec. 3) at its own efficiency. Unfused: two batched
     GEMMs (b x heads of (s, s, d) and (s, d, s)), backward twice each."""
+    dv = d if dv is None else dv
     if fused:
-        flops = 0.5 * 4.0 * b * heads * s * s * d
+        flops = 0.5 * 2.0 * b * heads * s * s * (d + dv)
         table = device.attention or {}
         att = table.get(kernel) or table.get("flash2")
         if att is None:  # no kernel table: attention costs what GEMMs of its FLOPs cost
             if device.matmul_efficiency is not None:  # on the measured curve (profiles)
                 fwd = gemm_time(device, dtype, flops)
             else:  # the shape model: the unfused path's two batched GEMMs, half of them (causal)
-                fwd = 0.5 * (gemm_shape_time(device, dtype, s, s, d, b * heads) + gemm_shape_time(device, dtype, s, d, s, b * heads))
+                fwd = 0.5 * (gemm_shape_time(device, dtype, s, s, d, b * heads) + gemm_shape_time(device, dtype, s, dv, s, b * heads))
             return fwd, 2.0 * fwd
         peak = device.peak_tflops[dtype] * 1e12 * device.sustained_fraction
         return flops / (peak * att.forward), 2.5 * flops / (peak * att.backward)
     batch = b * heads
-    fwd = gemm_shape_time(device, dtype, s, s, d, batch) + gemm_shape_time(device, dtype, s, d, s, batch)
+    fwd = gemm_shape_time(device, dtype, s, s, d, batch) + gemm_shape_time(device, dtype, s, dv, s, batch)
     return fwd, 2.0 * fwd
 
 
@@ -371,9 +431,11 @@ def layer_kernels(model: ModelSpec, k, flash_attention: bool, mlp: bool = True) 
     with no shared experts, whose experts expert_times counts), K/V repeats and output copies."""
     core = 1 if flash_attention else 2 + k.softmax + (1 if model.dropout else 0)
     norm = k.rmsnorm if model.norm == "rmsnorm" else k.layernorm
-    gemms = (3 if k.separate_qkv else 1) + 1
+    gemms = len(attention_linears(model, fused_qkv=not k.separate_qkv))
     rest = model.norms_per_layer * norm + (2 * k.rmsnorm if model.qk_norm else 0)
     rest += 0 if model.learned_position_embeddings else k.rotary
+    if model.mla:  # the latents' norms; queries and keys concatenated from their rotary and other parts
+        rest += (2 if model.q_lora_rank else 1) * norm + 2 * k.attention_out
     rest += 2 * (k.residual + (k.dropout if model.dropout else 0))
     rest += 2 * k.kv_repeat if model.kv_heads < model.num_heads else 0
     rest += k.attention_out
@@ -389,7 +451,7 @@ class LayerCompute:
 
     forward: float
     backward: float
-    attention_core_forward: float  # QK^T, softmax, AV: what selective recompute reruns
+    attention_core_forward: float  # QK^T, softmax, AV (and MLA's up-projections): what selective recompute reruns
     flops_forward: float  # executed per GPU (causal skipping of flash kernels included)
 
 
@@ -415,25 +477,30 @@ def layer_compute(
     bandwidth, and a gap per launched kernel."""
     moe = model.is_moe and not dense
     # A MoE layer's TP-sharded MLP is its shared experts (none: no dense MLP at all).
-    b, s, h, d = micro_batch, seq_len, model.hidden_size, model.head_dim
+    b, s, h = micro_batch, seq_len, model.hidden_size
+    d, dv = model.qk_head_dim, model.v_dim
     f = model.num_shared_experts * model.moe_ffn if moe else model.ffn
     T = b * s
     e = DTYPE_BYTES[dtype]
     heads = model.num_heads // tp
-    kv_cols = 2 * d * kv_shard(model, tp)
+    kv_cols = 2 * d * kv_shard(model, tp)  # this rank's K and V (standard attention)
     mlp_in = mlp_inputs(model)
+    # Norms/residuals/dropout (and MLA's duplicated down-projections) act on the full sequence
+    # on every TP rank unless sequence parallelism shards them.
+    rows = T / tp if sequence_parallel else T
 
-    # Linear layers (column-parallel QKV and fc1, row-parallel output and fc2): (in, out).
+    # Linear layers (column-parallel QKV and fc1, row-parallel output and fc2): (tokens, in, out).
     q = model.q_width // tp
     kernels = stacks.get(target).kernels  # as the stack launches them: fused QKV / gate+up or not
-    qkv = [(h, q), (h, kv_cols // 2), (h, kv_cols // 2)] if kernels.separate_qkv else [(h, q + kv_cols)]
+    kinds = attention_linears(model, tp, not kernels.separate_qkv)
+    attn = [(rows if kind == "duplicated" else T, i, o) for i, o, kind in kinds]
     mlp_first = [(h, f // tp)] * mlp_in if kernels.separate_gate_up else [(h, mlp_in * f // tp)]
-    shapes = qkv + [(q, h)] + (mlp_first + [(f // tp, h)] if f else [])
-    lin = [linear_times(device, dtype, T, n_in, n_out, fp8=fp8) for n_in, n_out in shapes]
-    linear_flops = [2.0 * T * n_in * n_out for n_in, n_out in shapes]
+    shapes = attn + ([(T, i, o) for i, o in mlp_first + [(f // tp, h)]] if f else [])
+    lin = [linear_times(device, dtype, t, n_in, n_out, fp8=fp8) for t, n_in, n_out in shapes]
+    linear_flops = [2.0 * t * n_in * n_out for t, n_in, n_out in shapes]
     kernel = attention or stacks.get(target).attention_kernel  # the job's (JobSpec.attention_kernel), else the stack's
-    attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, kernel)
-    attn_exec = 4.0 * b * heads * s * s * d * (0.5 if flash_attention else 1.0)
+    attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, kernel, dv)
+    attn_exec = 2.0 * b * heads * s * s * (d + dv) * (0.5 if flash_attention else 1.0)
     # Context parallelism (`seq_len` is then a rank's s / cp tokens): its queries meet every
     # key of the sequence, cp blocks of the chunk's size (load-balanced causal chunks, so each
     # rank does 1/cp of the whole attention). Sliding windows: a fused kernel skips the tiles
@@ -441,9 +508,7 @@ def layer_compute(
     kept = attention_pairs_fraction(model, s * cp) if flash_attention else 1.0
     attn_fwd, attn_bwd, attn_exec = attn_fwd * cp * kept, attn_bwd * cp * kept, attn_exec * cp * kept
 
-    # Memory-bound kernels, forward bytes. Norms/residuals/dropout act on the full sequence on
-    # every TP rank unless sequence parallelism shards them.
-    rows = T / tp if sequence_parallel else T
+    # Memory-bound kernels, forward bytes.
     norm_bytes = model.norms_per_layer * (2 * rows * h * e)  # each norm: read + write
     # QK-norm: this rank's queries and keys, read and written (head-sharded, not sequence-sharded)
     qk_norm_bytes = 2 * T * (q + kv_cols // 2) * e if model.qk_norm else 0.0
@@ -451,6 +516,12 @@ def layer_compute(
     dropout_bytes = 2 * (2 * rows * h * e + rows * h) if model.dropout else 0.0  # + 1-byte mask
     act_bytes = (mlp_in + 1) * T * (f // tp) * e  # GELU: read+write; SwiGLU: read 2, write 1
     rope_bytes = 0.0 if model.learned_position_embeddings else 2 * T * (q + kv_cols) * e
+    if model.mla:
+        # rotary on the queries' and the shared key's rope features; the latents' norms; the
+        # queries and keys written whole from their parts (the shared key once per head)
+        rope_bytes = 2 * T * (heads + 1) * model.qk_rope_head_dim * e
+        norm_bytes += 2 * rows * latent_norm_width(model) * e
+        rope_bytes += 2 * 2 * T * q * e
     softmax_bytes = 0.0
     if not flash_attention:
         scores = b * heads * s * s
@@ -465,6 +536,13 @@ def layer_compute(
 
     core = attn_fwd + t_softmax + core_gap
     forward = sum(x[0] for x in lin) + t_mem + other_gap + core
+    if model.mla:
+        # What selective recompute reruns under MLA: the up-projections (the column-parallel
+        # linears), their rotary and concatenation (Megatron-Core's recompute_modules
+        # mla_up_proj), keeping the latents instead of Q, K and V; and the core attention only
+        # where it is unfused (a fused kernel keeps no scores: Megatron-Core's own advice).
+        up = sum(x[0] for x, (_, _, kind) in zip(lin, kinds) if kind == "column") + memory_bound_time(device, rope_bytes)
+        core = up + (0.0 if flash_attention else core)
     backward = sum(x[1] for x in lin) + attn_bwd + 2.0 * (t_mem + t_softmax) + 2.0 * (core_gap + other_gap)
     flops = sum(linear_flops) + attn_exec
     if moe:

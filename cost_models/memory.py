@@ -14,15 +14,16 @@ activations and 1-byte dropout masks,
     TP + selective recompute        s b h (10 + 24/t)
     TP + SP + selective recompute   s b h 34 / t
     full recompute                  2 s b h (layer input only; / t with SP)
-generalised term by term to GQA (K and V of kv_heads), SwiGLU (gate, up and product of f
-each), models without dropout (no masks) and fused attention (no s x s scores stored).
+generalised term by term to GQA (K and V of kv_heads), multi-head latent attention (wider
+query/key heads, and the latents), SwiGLU (gate, up and product of f each), models without
+dropout (no masks) and fused attention (no s x s scores stored).
 """
 
 from __future__ import annotations
 
 from planner.specs import DTYPE_BYTES, DType, LossKernel, ModelSpec, Optimizer, Recompute, Schedule
 
-from .compute import kv_shard, mlp_inputs, vocab_shard
+from .compute import kv_shard, latent_norm_width, mlp_inputs, vocab_shard
 
 GIB = float(2**30)
 
@@ -87,8 +88,17 @@ def layer_activation_bytes(
     replicated = (2 + model.norms_per_layer) * e * sbh + (2 * sbh if model.dropout else 0)
     # Sharded over TP: Q, K, V (for QK^T and AV), input of the output projection, and the MLP.
     q = s * b * (model.q_width // tp)
+    out = s * b * (model.out_width // tp)
     kv = s * b * model.head_dim * kv_shard(model, tp)
     attention = e * (q + 2 * kv + q)
+    if model.mla:
+        # Q and K (every head's, the shared rotary key copied into each), V and the output
+        # projection's input; the latents, as their norms' inputs (this rank's tokens) and
+        # as the up-projections' inputs (the whole sequence, gathered under SP)
+        latent = s * b * latent_norm_width(model)
+        attention = e * (2 * q + 2 * out + latent / sp_div + latent)
+        if recompute == Recompute.selective:  # the up-projections rerun in backward: Q, K and V are not kept
+            attention -= e * (2 * q + out)
     if model.qk_norm:
         attention += e * (q + kv)  # the queries and keys before their norms
     mlp_tensors = 1 + mlp_inputs(model)  # fc1 out, act out (+ up, for a gated unit)
@@ -103,7 +113,7 @@ def layer_activation_bytes(
         # Linear layers keep their inputs for the weight gradient as FP8 (1 byte): the QKV and
         # fc1 inputs, the attention output projection's, and fc2's (the activation output);
         # the experts' permuted inputs too.
-        saved = 2 * sbh / sp_div + q + s * b * (f // tp)
+        saved = 2 * sbh / sp_div + out + s * b * (f // tp)
         if moe:
             saved += s * b / tp * model.experts_per_token * h
         total -= (e - 1) * saved

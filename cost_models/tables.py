@@ -226,12 +226,16 @@ def layer_costs(
     # Four all-reduces of b s h per layer per micro-batch, two forward and two backward
     # (Narayanan et al. 2021, sec. 3.2); with sequence parallelism each becomes an
     # all-gather plus a reduce-scatter of the same buffer (Korthikanti et al. sec. 4.2.2).
+    # Multi-head latent attention gathers its latents, not the layer input, for the attention's
+    # column-parallel up-projections (compute.attention_linears): compute.attention_input_width.
     buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
+    attn_in = buf * compute.attention_input_width(model) / model.hidden_size
     if sp:
-        one = tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, buf)
-    else:
-        one = tp_link.time(Collective.all_reduce, buf)
-    tp_fwd = tp_bwd = 2 * one
+        tp_fwd = tp_bwd = (tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.all_gather, attn_in)
+                           + 2 * tp_link.time(Collective.reduce_scatter, buf))
+    else:  # forward: after the row-parallel projections; backward: the column-parallel inputs' gradients
+        tp_fwd = 2 * tp_link.time(Collective.all_reduce, buf)
+        tp_bwd = tp_link.time(Collective.all_reduce, buf) + tp_link.time(Collective.all_reduce, attn_in)
     if tp_overlap:
         # Overlapped with the layer's GEMMs that produce / consume the buffers, as data-parallel
         # overlap is (communication.overlapped): what stays exposed is the slowdown of the
@@ -252,9 +256,9 @@ def layer_costs(
         # Ring attention: cp - 1 steps, each passing a rank's K and V chunk (its KV heads: GQA
         # shrinks it) to the next rank while the current block is computed; backward passes K,
         # V and their gradients. What the attention of the steps does not hide is exposed.
-        attn_f, attn_b = compute.attention_times(cluster.device, dtype, b, model.num_heads // tp, s, model.head_dim,
-                                                 job.flash_attention, compute.attention_kernel(job))
-        kv = 2 * DTYPE_BYTES[dtype] * b * s * model.head_dim * compute.kv_shard(model, tp)
+        attn_f, attn_b = compute.attention_times(cluster.device, dtype, b, model.num_heads // tp, s, model.qk_head_dim,
+                                                 job.flash_attention, compute.attention_kernel(job), model.v_dim)
+        kv = DTYPE_BYTES[dtype] * b * s * (model.qk_head_dim + model.v_dim) * compute.kv_shard(model, tp)
         step = cp_link.time(Collective.p2p, kv)
         eta = cluster.overlap_efficiency
         ring_fwd = overlapped((cp - 1) * step, 0.0, (cp - 1) * attn_f, eta)
@@ -262,6 +266,8 @@ def layer_costs(
         tp_fwd, tp_bwd = tp_fwd + ring_fwd, tp_bwd + ring_bwd
     flops = compute.layer_flops_forward(model, b, s, dense)
     params = compute.layer_params(model, tp, ep, dense)
+    # selective recompute of MLA's up-projections gathers their latents again (sequence parallel)
+    mla_regather = tp_link.time(Collective.all_gather, attn_in) if model.mla and sp else 0.0
     acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense, fp8) for r in MODES)
     if measured is not None and not sp:
         # measured bytes saved with nothing recomputed; selective frees the analytic core
@@ -273,11 +279,11 @@ def layer_costs(
         backward=lc.backward,
         tp_forward=tp_fwd,
         tp_backward=tp_bwd,
-        recompute=(0.0, lc.attention_core_forward, lc.forward + tp_fwd),
+        recompute=(0.0, lc.attention_core_forward + mla_regather, lc.forward + tp_fwd),
         activation_bytes=acts,
         params=params.total,
         flops_forward=flops,
-        recompute_flops=(0.0, cp * compute.attention_flops_forward(model, b, s), flops),
+        recompute_flops=(0.0, cp * compute.selective_recompute_flops(model, b, s, job.flash_attention), flops),
         expert_params=params.expert,
     )
 

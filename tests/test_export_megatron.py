@@ -93,6 +93,10 @@ MATRIX = [
     ("deepseek-ep8-tp8-pp4-tppdp-first13", "deepseek-v3",
      dict(dp=2, ep=8, tp=8, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True,
           mesh_order=["tp", "pp", "dp"], layers_per_stage=[13, 16, 16, 16]), {}),
+    # MLA's selective recompute: its up-projections (--recompute-modules mla_up_proj)
+    ("deepseek-ep16-tp2-pp4-selective", "deepseek-v3",
+     dict(dp=8, ep=16, tp=2, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True,
+          recompute="selective", layers_per_stage=[13, 16, 16, 16]), {}),
     ("qwen3-ep4-tp2-dp4", "qwen3-30b-a3b",
      dict(dp=4, ep=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True), {}),
     # Context parallelism (cp 2, 4; with dp, TP + SP, pipelines, interleaving, experts folded
@@ -339,7 +343,11 @@ LM_FLAGS = {
     "num_experts": int, "moe_layer_freq": moe_freq_type,  # _add_moe_args
     "cp_comm_type": str,  # _add_distributed_args: nargs='+', default ["p2p"] (one value here: every layer alike)
     "window_size": tuple_type, "window_attn_skip_freq": moe_freq_type,  # _add_network_size_args, by hand
+    # _add_mla_args: MLATransformerConfig's dimensions (core_transformer_config_from_args builds
+    # that config under --multi-latent-attention)
+    "q_lora_rank": int, "kv_lora_rank": int, "qk_head_dim": int, "qk_pos_emb_head_dim": int, "v_head_dim": int,
 }
+MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 # TransformerConfig fields arguments.py:_add_network_size_args gives no flag of their own (set
 # from the flags above or from the precision).
 NOT_FLAGS = {"virtual_pipeline_model_parallel_size", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
@@ -370,6 +378,12 @@ def _config_flags(TransformerConfig) -> dict:
         else:
             out.update({n: (f.name, None) for n in names or [f"--{dashed}"]})
     return out
+
+
+def _is_list(kind) -> bool:
+    if typing.get_origin(kind) is typing.Union:
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    return typing.get_origin(kind) is list
 
 
 def _convert(kind, text: str):
@@ -405,6 +419,9 @@ def megatron_lm(argv: list[str], world_size: int):
             lm[dest], i = _convert(LM_FLAGS[dest], argv[i + 1]), i + 2
         elif flag in flags and flags[flag][1] is not None:
             kw[flags[flag][0]], i = flags[flag][1], i + 1
+        elif flag in flags and _is_list(hints[flags[flag][0]]):  # nargs: the values up to the next flag
+            j = next((k for k in range(i + 1, len(argv)) if argv[k].startswith("--")), len(argv))
+            kw[flags[flag][0]], i = list(argv[i + 1:j]), j
         elif flag in flags:
             kw[flags[flag][0]], i = _convert(hints[flags[flag][0]], argv[i + 1]), i + 2
         else:
@@ -440,6 +457,9 @@ def megatron_lm(argv: list[str], world_size: int):
     swiglu = lm.get("swiglu", False)
     if not lm.get("group_query_attention"):
         kw["num_query_groups"] = None
+    if kw.get("multi_latent_attention"):
+        from megatron.core.transformer.transformer_config import MLATransformerConfig as TransformerConfig
+        kw.update({k: lm[k] for k in MLA_DIMS if k in lm})
     config = TransformerConfig(
         **kw, num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
         virtual_pipeline_model_parallel_size=vpp if vpp and vpp > 1 else None, pipeline_model_parallel_layout=layout,
@@ -488,7 +508,9 @@ def recomputed(config, n: int) -> StageRecompute:
     from megatron.core.transformer import transformer_block
     from megatron.core.transformer.transformer_block import TransformerBlock
 
-    if config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules:
+    # selective: the core attention, or MLA's up-projections (multi_latent_attention.py: recompute_up_proj)
+    if config.recompute_granularity == "selective" and (
+            "core_attn" in config.recompute_modules or (config.multi_latent_attention and "mla_up_proj" in config.recompute_modules)):
         return R(selective=n)
     if config.recompute_granularity != "full":  # TransformerBlock.forward checkpoints only under 'full'
         return R(none=n)
@@ -690,7 +712,13 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     assert (c.hidden_dropout > 0) == model.dropout and (c.attention_backend.name == "unfused") == (not job.flash_attention)
     assert m.lm["seq_length"] == job.seq_len and m.lm.get("untie_embeddings_and_output_weights", False) == (not model.tied_embeddings)
     assert (m.lm.get("position_embedding_type", "learned_absolute") == "learned_absolute") == model.learned_position_embeddings
-    assert c.kv_channels == model.head_dim
+    if model.mla:  # MLA's dimensions are its own (kv_channels unused)
+        assert c.multi_latent_attention and tuple(getattr(c, k) for k in MLA_DIMS) == (
+            model.q_lora_rank, model.kv_lora_rank, model.head_dim, model.qk_rope_head_dim, model.v_dim)
+        if c.recompute_granularity == "selective":  # what the cost model reruns: the up-projections (fused attention)
+            assert c.recompute_modules == (["mla_up_proj"] if job.flash_attention else ["core_attn", "mla_up_proj"])
+    else:
+        assert c.kv_channels == model.head_dim and not c.multi_latent_attention
     check_architecture(c, model, job)
     if model.is_moe:
         check_experts(m, plan, model)

@@ -409,7 +409,11 @@ def test_flavors_are_torchtitans_models(titan):
         assert (len(model.layers), model.dim, attention.n_heads, getattr(attention, "n_kv_heads", None) or attention.n_heads, model.vocab_size,
                 model.enable_weight_tying, model.max_seq_len) == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads,
                                                                   f.vocab_size, False, f.max_seq_len)
-        assert getattr(attention, "head_dim", None) == f.head_dim  # set only where heads are not hidden / n_heads wide
+        if f.mla:  # models/deepseek_v3: multi-head latent attention (q_lora_rank 0: none)
+            assert (attention.kv_lora_rank, attention.q_lora_rank or None, attention.qk_rope_head_dim, attention.v_head_dim,
+                    attention.qk_nope_head_dim) == (*f.mla, f.head_dim)
+        else:
+            assert getattr(attention, "head_dim", None) == f.head_dim  # set only where heads are not hidden / n_heads wide
         if f.experts is None:
             assert dense.w1.out_features == f.ffn and f.max_seq_len == tt_rules.ROPE_MAX_SEQ
             continue

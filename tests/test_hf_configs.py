@@ -53,7 +53,7 @@ PUBLISHED = {
     "phi-3-mini-4k": (3.82e9, 0.001, "Phi-3 report: 3.8B (3.82B on the Hub)"),
     "olmo-2-7b": (7.30e9, 0.001, "OLMo-2-1124-7B model card: 7.30B"),
     "gpt-oss-120b": (116.83e9, 0.0001, "gpt-oss model card, Table 1: 116.83B total"),
-    "deepseek-v3": (671e9, 0.002, "DeepSeek-V3 report: 671B; MLA planned as MHA (+0.17%: test_deepseek_*)"),
+    "deepseek-v3": (671e9, 0.0001, "DeepSeek-V3 report: 671B (671.03B without the multi-token-prediction module)"),
 }
 # name -> (activation, tied, head_dim, norms_per_layer, qk_norm, (sliding_window, layers), soft-capped logits)
 SHAPES = {
@@ -73,8 +73,8 @@ SHAPES = {
     "phi-3-mini-4k": ("swiglu", False, 96, 2, False, (2047, 32), False),
     "olmo-2-7b": ("swiglu", False, 128, 2, True, (None, 0), False),
     "gpt-oss-120b": ("swiglu", False, 64, 2, False, (128, 18), False),
-    "deepseek-v2": ("swiglu", False, 40, 2, False, (None, 0), False),  # MLA planned as MHA of hidden / heads
-    "deepseek-v3": ("swiglu", False, 56, 2, False, (None, 0), False),
+    "deepseek-v2": ("swiglu", False, 128, 2, False, (None, 0), False),  # MLA: head_dim the non-rotary query/key width
+    "deepseek-v3": ("swiglu", False, 128, 2, False, (None, 0), False),
 }
 
 
@@ -156,16 +156,14 @@ def _mla(h: int, heads: int, q_rank: int, kv_rank: int = 512, nope: int = 128, r
 
 
 @pytest.mark.parametrize("name,h,layers,total,active", [("deepseek-v2", 5120, 60, 236e9, 21e9), ("deepseek-v3", 7168, 61, 671e9, 37e9)])
-def test_deepseek_counts_are_published_once_mla_replaces_the_planned_attention(name, h, layers, total, active):
-    """Tolerance: MLA is planned as multi-head attention (4 h^2 a layer; the source says so).
-    DeepSeek-V2: 104.9M against MLA's 149.2M a layer, 2.7B under in total (-1.1%) and in the
-    active count (-12%); DeepSeek-V3: 205.5M against 187.1M, 1.1B over. Put MLA's own weights
-    back and the papers' 236B / 21B and 671B / 37B come out."""
+def test_deepseek_counts_are_published(name, h, layers, total, active):
+    """The papers' 236B / 21B (DeepSeek-V2) and 671B / 37B (DeepSeek-V3), with each layer's
+    attention exactly the DeepSeek-V2 paper's MLA (149.2M and 187.1M weights)."""
     m = read(name)
-    gap = layers * (4 * h * h - _mla(h, 128, 1536))
-    assert total_params(m) - gap == pytest.approx(total, rel=0.002)
-    assert active_params(m) - gap == pytest.approx(active, rel=0.05)  # 21.4B (V2), 38.6B with the embedding (V3)
-    assert "planned as multi-head attention" in m.source
+    assert compute.layer_params(m, dense=True).replicated + compute.layer_params(m, dense=True).sharded \
+        - 2 * h - 3 * h * m.ffn == _mla(h, 128, 1536)
+    assert total_params(m) == pytest.approx(total, rel=0.002)
+    assert active_params(m) == pytest.approx(active, rel=0.05)  # 21.4B (V2), 37.6B with the embedding (V3)
 
 
 def test_llama_3_1_long_context_needs_a_training_length():

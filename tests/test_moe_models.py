@@ -16,12 +16,13 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from cost_models.compute import active_params, total_params
+from cost_models import compute, memory
+from cost_models.compute import active_params, layer_params, total_params
 from planner.cli import render
 from planner.cli.main import cli
 from planner.errors import UsageError
 from planner.presets import from_hf_config, load_model
-from planner.specs import ModelSpec
+from planner.specs import DType, ModelSpec, Plan, Recompute
 
 # config.json of mistralai/Mixtral-8x7B-v0.1, as published.
 MIXTRAL = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
@@ -62,7 +63,7 @@ GPT_OSS = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "atte
            "num_local_experts": 128, "rms_norm_eps": 1e-05, "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 201088}
 
-SHAPE = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "activation", "tied_embeddings",
+SHAPE = ("num_layers", "hidden_size", "num_heads", "kv_heads", "ffn_hidden_size", "vocab_size", "activation", "tied_embeddings",
          "linear_bias", "norm", "num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers")
 
 
@@ -145,33 +146,98 @@ def test_qwen2_moe_shared_expert_is_whole_experts():
 # ----- DeepSeek-V3
 
 # Multi-head latent attention per layer (DeepSeek-V2 paper, section 2.1): W_DQ, q norm, W_UQ
-# (queries of 128 + 64), W_DKV with W_KR, kv norm, W_UK with W_UV, W_O; the preset's is 4 h^2.
+# (queries of 128 + 64), W_DKV with W_KR, kv norm, W_UK with W_UV, W_O.
 MLA = (7168 * 1536 + 1536 + 1536 * 128 * 192) + (7168 * (512 + 64) + 512 + 512 * 128 * 256) + 128 * 128 * 7168
-DEEPSEEK_MLA_GAP = 61 * (4 * 7168 * 7168 - MLA)
 
 
 def test_deepseek_v3_preset_is_671b_with_37b_active():
-    """Tolerance: attention is planned as multi-head attention (205.5M weights a layer against
-    MLA's 187.1M), 1.12B more over 61 layers: +0.17% of the total, +3% of the active count.
-    With MLA's own shapes the published counts come out exactly."""
+    """DeepSeek-V3's own counts (report, sec. 1 and 4.2: 671B, 37B activated; Hugging Face
+    README: 671B main model + 14B multi-token prediction, which the preset leaves out), with
+    MLA's own shapes."""
     m = load_model("deepseek-v3")
     total, active = total_params(m), active_params(m)
-    assert (total, active) == (672_149_632_000, 38_675_510_272)
-    assert abs(total / 671e9 - 1) < 0.002
-    assert round((total - DEEPSEEK_MLA_GAP) / 1e9, 2) == 671.03  # DeepSeek-V3's 671B main model
+    assert round(total / 1e9, 2) == 671.03
     embedding = 129280 * 7168
-    assert round((active - DEEPSEEK_MLA_GAP - embedding) / 1e9, 1) == 36.6  # the README's 36.6B: without the input embedding
-    assert 37e9 < active < 37e9 * 1.05
-    assert "planned as multi-head attention" in m.source and "APPROXIMATED" in m.source
+    assert round((active - embedding) / 1e9, 1) == 36.6  # the README's 36.6B: without the input embedding
+    assert 37e9 < active < 38e9
+    # one MoE layer: its attention is MLA's (norms and the router outside it)
+    assert layer_params(m).total - MLA == 2 * 7168 + 7168 * 256 + layer_params(m).expert + 3 * 7168 * 2048
+    assert m.mla and "multi-head latent attention" in m.source
 
 
-def test_deepseek_v3_config_reads_as_the_preset_and_says_what_it_approximates():
+def test_deepseek_v3_config_reads_as_the_preset():
     m = _read(DEEPSEEK_V3, "DeepSeek-V3")
     assert (m.num_experts, m.experts_per_token, m.moe_ffn, m.num_shared_experts, m.first_dense_layers, m.ffn) == (256, 8, 2048, 1, 3, 18432)
-    assert _same_shape(m, load_model("deepseek-v3"))
-    assert "multi-head latent attention" in m.source and "205.5M attention weights per layer instead of 187.1M" in m.source
+    preset = load_model("deepseek-v3")
+    assert _same_shape(m, preset)
+    assert [(getattr(m, f), getattr(preset, f)) for f in MLA_FIELDS] == [(v, v) for v in (128, 512, 1536, 64, 128)]
     assert "multi-token-prediction" in m.source
-    assert round(MLA / 1e6, 1) == 187.1  # the figure the source quotes is the one this test derives
+    assert round(MLA / 1e6, 1) == 187.1  # DeepSeek-V2 paper's shapes at V3's widths
+
+
+MLA_FIELDS = ("attention_head_dim", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+
+
+def test_mla_attention_flops_are_its_query_key_and_value_widths():
+    """Core attention of MLA: QK^T over query/key heads of 128 + 64 and AV over value heads of
+    128, 2 b s^2 a (d_qk + d_v) forward (DeepSeek-V2 sec. 2.1), not 4 b s^2 h."""
+    m, b, s = load_model("deepseek-v3"), 2, 4096
+    assert compute.attention_flops_forward(m, b, s) == 2 * b * s * s * 128 * (192 + 128)
+    # the projections: every weight once (2 x tokens x weights), the MoE layer's router and 9 experts
+    weights = MLA - 1536 - 512 + 7168 * 256 + 9 * 3 * 7168 * 2048
+    assert compute.layer_flops_forward(m, b, s) == 2 * b * s * weights + compute.attention_flops_forward(m, b, s)
+
+
+def test_mla_down_projections_are_whole_on_every_tp_rank():
+    """Megatron-Core's MLASelfAttention duplicates the down-projections over TP (parallel_mode
+    'duplicated') and splits the up- and output projections: at tp=4 the replicated weights are
+    the two down-projections and the latents' norms, the sharded ones a quarter of the rest."""
+    m = load_model("deepseek-v3")
+    down = 7168 * 1536 + 7168 * (512 + 64)
+    one, four = compute.layer_params(m, dense=True), compute.layer_params(m, tp=4, dense=True)
+    assert four.replicated == down + 1536 + 512 + 2 * 7168
+    assert four.sharded * 4 == one.sharded == MLA - down - 1536 - 512 + 3 * 7168 * 18432
+    assert compute.attention_input_width(m) == 1536 + 512 + 64  # what TP gathers for the up-projections
+
+
+def test_mla_keeps_its_wider_queries_keys_and_values_for_backward():
+    """Activations of MLA's attention per layer (tp=2, SP, flash): Q and K of 128 x 192, V and the
+    output projection's input of 128 x 128 (split over TP), the latents twice (norm input on this
+    rank's tokens, up-projection input gathered); a dense layer to isolate the attention."""
+    m = load_model("deepseek-v3")
+    s, b, tp, e = 4096, 1, 2, 2
+    got = memory.layer_activation_bytes(m, b, s, tp, True, Recompute.none, True, DType.bf16, dense=True)
+    mha = m.model_copy(update=dict(kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=0, v_head_dim=None))
+    base = memory.layer_activation_bytes(mha, b, s, tp, True, Recompute.none, True, DType.bf16, dense=True)
+    mla = e * s * b * (2 * 128 * 192 / tp + 2 * 128 * 128 / tp + (1536 + 512) * (1 / tp + 1))
+    assert got - base == mla - e * s * b * 4 * 128 * 128 / tp  # against MHA's Q, K, V and output of 128 x 128
+
+
+def test_mla_needs_its_head_width_and_refuses_what_it_has_no_use_for():
+    m = load_model("deepseek-v3").model_dump()
+    for change, words in [({"attention_head_dim": None}, "needs attention_head_dim"), ({"num_kv_heads": 8}, "leave num_kv_heads out"),
+                          ({"qk_norm": True}, "set qk_norm false"),
+                          ({"kv_lora_rank": None}, "describe multi-head latent attention: they need kv_lora_rank")]:
+        with pytest.raises(ValueError, match=words):
+            ModelSpec.model_validate({**m, **change})
+
+
+def test_deepseek_v2_lite_projects_its_queries_at_full_rank():
+    """DeepSeek-V2-Lite's config has q_lora_rank null: one query projection of 16 heads x 192."""
+    lite = {**DEEPSEEK_V3, "q_lora_rank": None, "num_attention_heads": 16, "num_key_value_heads": 16, "hidden_size": 2048}
+    m = _read(lite)
+    assert m.q_lora_rank is None and m.mla
+    assert compute.attention_linears(m) == [(2048, 16 * 192, "column"), (2048, 512 + 64, "duplicated"), (512, 16 * 256, "column"),
+                                            (16 * 128, 2048, "row")]
+
+
+def test_mla_runs_as_multi_head_attention_and_says_so():
+    from planner.executor.prepare import runnable_model
+
+    notes = []
+    ran = runnable_model(load_model("deepseek-v3"), Plan(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1), notes)
+    assert not ran.mla and ran.q_width == ran.out_width == 128 * 128
+    assert "multi-head latent attention run as multi-head attention of 128 heads of 128" in notes[-1]
 
 
 # ----- GPT-OSS
@@ -220,7 +286,7 @@ def test_plan_presets_lists_the_moe_presets_with_their_parameter_counts(monkeypa
     r = CliRunner().invoke(cli, ["presets"])
     assert r.exit_code == 0, r.output
     rows = {line.split("│")[1].strip(): line for line in render.console.export_text().splitlines() if line.count("│") > 2}
-    for name, params in [("mixtral-8x7b", "46.70B"), ("qwen3-30b-a3b", "30.53B"), ("deepseek-v3", "672.15B")]:
+    for name, params in [("mixtral-8x7b", "46.70B"), ("qwen3-30b-a3b", "30.53B"), ("deepseek-v3", "671.03B")]:
         assert params in rows[name], rows.get(name)
 
 

@@ -317,6 +317,9 @@ def runnable_model(model: ModelSpec, plan: Plan, notes: list[str]) -> ModelSpec:
     if model.logit_softcapping:
         update["logit_softcapping"] = False
         missing.append("logit soft-capping left out")
+    if model.mla:
+        update.update(kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=0, v_head_dim=None)
+        missing.append(f"multi-head latent attention run as multi-head attention of {model.num_heads} heads of {model.head_dim}")
     if missing:
         notes.append("; ".join(missing) + ": the reference model does not build them (the prediction is for what runs)")
     return model.model_copy(update=update) if update else model

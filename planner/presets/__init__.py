@@ -121,27 +121,11 @@ def _shared_experts(data: dict, name: str, width) -> int:
 
 
 def _deepseek_notes(data: dict) -> list[str]:
-    """DeepSeek's multi-head latent attention (MLA) has no counterpart in the spec: it is planned
-    as multi-head attention of num_attention_heads heads of hidden_size / heads (4 h^2 weights),
-    and the source says how far that is from MLA's projections (DeepSeek-V2 paper, section 2.1)."""
-    h, a = data.get("hidden_size"), data.get("num_attention_heads")
-    dims = [data.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")]
-    q_rank = data.get("q_lora_rank")
-    notes = []
-    if all(_int(v) for v in (h, a, *dims)) and (q_rank is None or _int(q_rank)):
-        nope, rope, v, kv_rank = dims
-        q = h * a * (nope + rope) if q_rank is None else h * q_rank + q_rank + q_rank * a * (nope + rope)  # W_Q, or W_DQ + norm + W_UQ
-        kv = h * (kv_rank + rope) + kv_rank + kv_rank * a * (nope + v)  # W_DKV and W_KR, norm, W_UK and W_UV
-        mla = q + kv + a * v * h  # + W_O
-        notes.append(f"multi-head latent attention (q_lora_rank {q_rank}, kv_lora_rank {kv_rank}, qk head dims {nope}+{rope}, "
-                     f"v head dim {v}) planned as multi-head attention of {a} heads of {h}/{a}: {4 * h * h / 1e6:.1f}M attention "
-                     f"weights per layer instead of {mla / 1e6:.1f}M, scores and K/V {h} wide instead of {a * (nope + rope)} (QK) "
-                     f"and {a * v} (V)")
-    else:
-        notes.append("multi-head latent attention planned as multi-head attention of hidden_size / num_attention_heads")
+    """What of DeepSeek-V2/V3 the spec leaves out (its multi-head latent attention is modelled:
+    planner/presets/hf_config.py:read_decoder)."""
     if data.get("num_nextn_predict_layers"):
-        notes.append(f"the {data['num_nextn_predict_layers']} multi-token-prediction module(s) (num_nextn_predict_layers) not counted")
-    return notes
+        return [f"the {data['num_nextn_predict_layers']} multi-token-prediction module(s) (num_nextn_predict_layers) not counted"]
+    return []
 
 
 def _gpt_oss_notes(data: dict) -> list[str]:

@@ -298,6 +298,11 @@ def read_decoder(data: dict, model_type: str, name: str, moe_fields: Callable) -
     head_dim = None if fam.mla else c.get("head_dim")
     if head_dim is not None and head_dim * heads != h:
         spec["attention_head_dim"] = head_dim  # Qwen3, Gemma, GPT-OSS: heads of their own width
+    if fam.mla:  # DeepSeek-V2/V3: multi-head latent attention (its own key and value for every head)
+        spec.update(num_kv_heads=None, attention_head_dim=c.need("qk_nope_head_dim"), kv_lora_rank=c.need("kv_lora_rank"),
+                    q_lora_rank=c.get("q_lora_rank"), qk_rope_head_dim=c.need("qk_rope_head_dim"), v_head_dim=c.need("v_head_dim"))
+        if c.data.get("qk_head_dim") not in (None, spec["attention_head_dim"] + spec["qk_rope_head_dim"]):
+            c.refuse("qk_head_dim", "it is not qk_nope_head_dim + qk_rope_head_dim; fix the config")
     spec["sliding_window"], spec["sliding_window_layers"] = _windows(c, layers)
     if fam.moe:
         experts, approximated = moe_fields(data, name, fam.moe, c.need)

@@ -21,7 +21,9 @@ from pydantic_core import PydanticCustomError
 # 1.7: ClusterSpec.stack_constants: each training stack's own fitted constants (StackConstants),
 # which the cost model reads for a job's target (ClusterSpec.for_target); read without, none.
 # 1.8: SizeDocument, `plan size --json`; the other documents are unchanged.
-SCHEMA_VERSION = "1.8"
+# 1.9: ModelSpec's multi-head latent attention (kv_lora_rank, q_lora_rank, qk_rope_head_dim,
+# v_head_dim); read without them, attention is standard.
+SCHEMA_VERSION = "1.9"
 
 
 # ----- numbers

@@ -51,6 +51,26 @@ class ModelSpec(_Spec):
     num_kv_heads: Optional[Integer(1, MAX_COUNT)] = Field(
         default=None, description="Key/value heads for grouped-query attention; None means equal to num_heads (MHA)."
     )
+    kv_lora_rank: Optional[Integer(1, MAX_WIDTH)] = Field(
+        default=None,
+        description="Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): width of the compressed key-value latent that "
+        "one down-projection makes from the input and per-head up-projections expand into keys and values (DeepSeek-V3: "
+        "512); attention_head_dim is then each head's non-rotary query/key width. None: standard attention. (schema 1.9)",
+    )
+    q_lora_rank: Optional[Integer(1, MAX_WIDTH)] = Field(
+        default=None,
+        description="Multi-head latent attention: width of the query latent (DeepSeek-V3: 1536); None: the queries are "
+        "projected from the input at full rank. (schema 1.9)",
+    )
+    qk_rope_head_dim: Integer(0, MAX_WIDTH) = Field(
+        default=0,
+        description="Multi-head latent attention: rotary features added to each query and key head, the key's shared by "
+        "all heads and projected with the latent (DeepSeek-V3: 64). (schema 1.9)",
+    )
+    v_head_dim: Optional[Integer(1, MAX_WIDTH)] = Field(
+        default=None,
+        description="Multi-head latent attention: width of one value head; None: the head width. (schema 1.9)",
+    )
     ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(
         default=None, description="MLP inner width f; None means 4*h (GPT convention)."
     )
@@ -127,6 +147,17 @@ class ModelSpec(_Spec):
                 raise ValueError(f"a mixture-of-experts model needs experts_per_token between 1 and num_experts ({self.num_experts})")
             if self.first_dense_layers >= self.num_layers:
                 raise ValueError(f"first_dense_layers {self.first_dense_layers} leaves no MoE layer of {self.num_layers}")
+        if self.kv_lora_rank is None and (self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim):
+            raise ValueError("q_lora_rank, qk_rope_head_dim and v_head_dim describe multi-head latent attention: they need kv_lora_rank")
+        if self.kv_lora_rank is not None:
+            if self.kv_heads != self.num_heads:
+                raise ValueError("multi-head latent attention expands keys and values for every head: leave num_kv_heads out "
+                                 f"(or set it to num_heads, {self.num_heads})")
+            if self.attention_head_dim is None:
+                raise ValueError("multi-head latent attention needs attention_head_dim, each head's non-rotary query/key width "
+                                 "(DeepSeek-V3: 128)")
+            if self.qk_norm:
+                raise ValueError("multi-head latent attention normalises its latents, not per-head queries and keys: set qk_norm false")
         if self.sliding_window is None and self.sliding_window_layers:
             raise ValueError("sliding_window_layers needs sliding_window")
         if self.sliding_window is not None and not 0 < self.sliding_window_layers <= self.num_layers:
@@ -160,6 +191,26 @@ class ModelSpec(_Spec):
         return self.attention_head_dim or self.hidden_size // self.num_heads
 
     @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (kv_lora_rank set)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query (and key) head: head_dim, plus the rotary part under MLA."""
+        return self.head_dim + self.qk_rope_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of one value head (and of one head's attention output)."""
+        return self.v_head_dim or self.head_dim
+
+    @property
     def q_width(self) -> int:
-        """Width of the queries (and of the attention output before its projection): heads x head_dim."""
-        return self.num_heads * self.head_dim
+        """Width of the queries: heads x query head width."""
+        return self.num_heads * self.qk_head_dim
+
+    @property
+    def out_width(self) -> int:
+        """Width of the attention output before its projection: heads x value head width."""
+        return self.num_heads * self.v_dim

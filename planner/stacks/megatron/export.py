@@ -121,6 +121,11 @@ def _split_flags(plan: Plan, num_layers: int) -> list[tuple]:
     return [("--pipeline-model-parallel-layout", layout_string(layers))]
 
 
+def _values(value) -> tuple:
+    """A flag's values: several for a list-valued flag (a tuple), else one."""
+    return value if isinstance(value, tuple) else (value,)
+
+
 def _recompute_flags(setting: Optional[tuple]) -> list[tuple]:
     if setting is None:
         return []
@@ -147,7 +152,12 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
         flags.append(("--tp-comm-overlap", None))
     if tp_pp_dp_mapping(plan):
         flags.append(("--use-tp-pp-dp-mapping", None))
-    flags += _recompute_flags(recompute_setting(plan_counts(plan, L)))
+    setting = recompute_setting(plan_counts(plan, L))
+    flags += _recompute_flags(setting)
+    if setting is not None and setting[0] == "selective" and model.mla:
+        # what the cost model reruns under MLA (cost_models/compute.py:layer_compute): the
+        # up-projections, and the core attention only where it is unfused
+        flags.append(("--recompute-modules", ("mla_up_proj",) if job.flash_attention else ("core_attn", "mla_up_proj")))
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
     precision = DType(job.precision)
     if precision != DType.fp32:
@@ -163,8 +173,9 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
     if Optimizer(job.optimizer) != Optimizer.adam:
         flags.append(("--optimizer", Optimizer(job.optimizer).value))
     flags += _model_flags(model, job) + _expert_flags(model, plan)
-    argv = [str(x) for flag, value in flags for x in ((flag,) if value is None else (flag, value))]
-    text = " \\\n".join(flag if value is None else f"{flag} {shlex.quote(str(value))}" for flag, value in flags)
+    argv = [str(x) for flag, value in flags for x in ((flag,) if value is None else (flag, *_values(value)))]
+    text = " \\\n".join(flag if value is None else " ".join([flag, *(shlex.quote(str(v)) for v in _values(value))])
+                          for flag, value in flags)
     return Export(stack="megatron", text=text, data=argv, kind="args")
 
 
@@ -174,7 +185,12 @@ def _model_flags(model: ModelSpec, job: JobSpec) -> list[tuple]:
              ("--ffn-hidden-size", model.ffn), ("--num-attention-heads", model.num_heads)]
     if model.kv_heads != model.num_heads:
         flags += [("--group-query-attention", None), ("--num-query-groups", model.kv_heads)]
-    if model.attention_head_dim is not None:  # heads not hidden / num_heads wide (Qwen3)
+    if model.mla:  # arguments.py _add_mla_args; --qk-head-dim is the non-rotary part of a query/key head
+        flags += [("--multi-latent-attention", None), ("--kv-lora-rank", model.kv_lora_rank), ("--qk-head-dim", model.head_dim),
+                  ("--qk-pos-emb-head-dim", model.qk_rope_head_dim), ("--v-head-dim", model.v_dim)]
+        if model.q_lora_rank:
+            flags.append(("--q-lora-rank", model.q_lora_rank))
+    elif model.attention_head_dim is not None:  # heads not hidden / num_heads wide (Qwen3)
         flags.append(("--kv-channels", model.head_dim))
     # arguments.py requires max_position_embeddings >= seq_length even for rotary positions,
     # where it sizes no table.

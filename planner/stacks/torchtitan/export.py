@@ -190,8 +190,9 @@ def _cp_lines(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     """What torchtitan's context parallelism does beside the plan's ring (module docstring)."""
     s, cp = job.seq_len, plan.cp
     # K and V of the other ranks' chunks, this rank's KV heads (tp shards them), saved by the
-    # attention for backward: 2 x b x (s - s / cp) x kv_heads / tp x head_dim x bytes.
-    extra = 2 * plan.micro_batch_size * (s - s // cp) * (model.kv_heads // plan.tp) * model.head_dim * DTYPE_BYTES[job.precision]
+    # attention for backward: b x (s - s / cp) x kv_heads / tp x (key + value head widths) x bytes.
+    extra = (plan.micro_batch_size * (s - s // cp) * (model.kv_heads // plan.tp) * (model.qk_head_dim + model.v_dim)
+             * DTYPE_BYTES[job.precision])
     kept = ("holds them only in the layer being recomputed (full recompute)" if recompute_mode(plan, model) == Recompute.full
             else f"keeps them for backward: {extra / 2**20:,.0f} MiB per layer and micro-batch beyond the plan's estimate")
     return [f"# context parallelism: each {s}-token sequence over cp {cp} ranks in {2 * cp} head-tail chunks of {s // (2 * cp)} tokens;",
@@ -223,6 +224,10 @@ def _features(model: ModelSpec) -> list[str]:
                    "and post_ffn_norm, models/muse_glimmer/model.py)")
     if model.qk_norm:
         out.append(f"QK-norm (GQAttention.Config.qk_norm, an RMSNorm of {model.head_dim}, as models/qwen3 builds it)")
+    if model.mla:
+        out.append(f"multi-head latent attention (q_lora_rank {model.q_lora_rank or 0}, kv_lora_rank {model.kv_lora_rank}, "
+                   f"qk_nope_head_dim {model.head_dim}, qk_rope_head_dim {model.qk_rope_head_dim}, v_head_dim {model.v_dim}: "
+                   "the attention of models/deepseek_v3/model.py)")
     if model.sliding_window is not None:
         out.append(f"a {model.sliding_window}-key sliding window on {windowed(model)} (the attention's sliding_window_size "
                    "per layer, as models/gpt_oss/model.py)")

@@ -112,6 +112,8 @@ class Flavor:
     # (routed experts, top-k, expert width, shared experts, dense first layers); None: dense
     experts: Optional[tuple] = None
     qk_norm: bool = False  # GQAttention.Config.qk_norm set (models/qwen3/__init__.py: an RMSNorm of head_dim)
+    # multi-head latent attention (models/deepseek_v3): (kv_lora_rank, q_lora_rank, qk_rope_head_dim, v_head_dim); None: none
+    mla: Optional[tuple] = None
 
 
 FLAVORS = (
@@ -121,10 +123,9 @@ FLAVORS = (
            note="llama3_405b builds float8 linear layers (in its model spec, not an override; building it needs torchao "
                 "and an SM89+ GPU), which the plan's 16-bit estimate does not model"),
     Flavor("deepseek_v3_671b", "671B", 61, 7168, 128, 128, 18432, 129280, module="deepseek_v3", max_seq_len=16384,
-           experts=(256, 8, 2048, 1, 3),
-           note="deepseek_v3_671b builds multi-head latent attention, which the plan's deepseek-v3 preset approximates as "
-                "multi-head attention of 128 heads of 56 (its source says how much that changes); routing is its own "
-                "(sigmoid scores, 8 groups of which 4 are kept, a load-balancing bias)"),
+           head_dim=128, experts=(256, 8, 2048, 1, 3), mla=(512, 1536, 64, 128),
+           note="deepseek_v3_671b routes as DeepSeek-V3 does (sigmoid scores, 8 groups of which 4 are kept, a "
+                "load-balancing bias); the plan costs balanced top-8 routing"),
     Flavor("qwen3_30b_a3b", "30B-A3B", 48, 2048, 32, 4, 768, 151936, module="qwen3", max_seq_len=40960, head_dim=128,
            experts=(128, 8, 768, 0, 0), qk_norm=True),
 )
@@ -140,11 +141,12 @@ def matching_flavor(model: ModelSpec) -> Optional[Flavor]:
     llama = (model.activation == Activation.swiglu and model.norm == "rmsnorm" and not model.linear_bias
              and not model.learned_position_embeddings and not model.tied_embeddings and model.norms_per_layer == 2
              and model.sliding_window is None and not model.logit_softcapping)
+    mla = (model.kv_lora_rank, model.q_lora_rank, model.qk_rope_head_dim, model.v_dim) if model.mla else None
     shape = (model.num_layers, model.hidden_size, model.num_heads, model.kv_heads, model.ffn, model.vocab_size, model.head_dim,
-             _experts(model), model.qk_norm)
+             _experts(model), model.qk_norm, mla)
     for f in FLAVORS:
         if llama and shape == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn, f.vocab_size,
-                               f.head_dim or f.hidden_size // f.num_heads, f.experts, f.qk_norm):
+                               f.head_dim or f.hidden_size // f.num_heads, f.experts, f.qk_norm, f.mla):
             return f
     return None
 
