@@ -161,6 +161,8 @@ def _model(rec: dict) -> ModelSpec:
         fields["num_kv_heads"] = m["num_query_groups"]
     if "bloom" in rec["name"].lower():
         fields["vocab_size"] = 250880
+    if m.get("mtp_layers"):  # DeepSeek-V3 in NeMo's recipe: one multi-token-prediction module
+        fields["mtp_layers"] = m["mtp_layers"]
     if m.get("sliding_window"):  # GPT-OSS: a window of 128 on every other layer (its config's layer_types)
         fields.update(sliding_window=m["sliding_window"], sliding_window_layers=m["sliding_window_layers"])
     return ModelSpec(**fields, **_experts(m))

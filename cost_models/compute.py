@@ -170,9 +170,31 @@ def over_layers(model: ModelSpec, per_layer) -> float:
     return (model.num_layers - k) * per_layer(False) + (k * per_layer(True) if k else 0)
 
 
+def mtp_params(model: ModelSpec, tp: int = 1) -> int:
+    """One multi-token-prediction module on one TP rank besides its transformer layer: the two
+    norms of its inputs and the column-parallel 2h -> h projection (the embedding and the LM
+    head are the model's own)."""
+    h = model.hidden_size
+    norm = 2 * h if model.norm == "layernorm" else h
+    return 2 * norm + 2 * h * (h // tp)
+
+
+def mtp_module_params(model: ModelSpec, active: bool = False) -> int:
+    """Parameters of the model's multi-token-prediction modules (whole, each a layer of the last
+    layer's kind; `active`: top-k of its routed experts)."""
+    if not model.mtp_layers:
+        return 0
+    p = layer_params(model, dense=not model.is_moe)
+    layer = p.total - p.expert + model.experts_per_token * (p.expert // model.num_experts) if active and p.expert else p.total
+    return model.mtp_layers * (layer + mtp_params(model))
+
+
 def total_params(model: ModelSpec) -> int:
-    """Parameter count of the whole model (each tensor once)."""
-    return over_layers(model, lambda dense: layer_params(model, dense=dense).total) + embedding_params(model) + head_params(model)
+    """Parameter count of the whole model (each tensor once), its multi-token-prediction
+    modules included (DeepSeek-V3's 671B leaves its 14B of them out: main-model counts are
+    total_params less mtp_module_params)."""
+    main = over_layers(model, lambda dense: layer_params(model, dense=dense).total) + embedding_params(model) + head_params(model)
+    return main + mtp_module_params(model)
 
 
 def active_params(model: ModelSpec) -> int:
@@ -185,7 +207,7 @@ def active_params(model: ModelSpec) -> int:
             return p.total
         return p.total - p.expert + model.experts_per_token * (p.expert // model.num_experts)
 
-    return over_layers(model, active) + embedding_params(model) + head_params(model)
+    return over_layers(model, active) + embedding_params(model) + head_params(model) + mtp_module_params(model, active=True)
 
 
 # --------------------------------------------------------------------------- FLOPs
@@ -244,6 +266,10 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> f
     """Model FLOPs of one step, no recompute: 3 x forward (Korthikanti et al.:
     72 B L s h^2 (1 + s/(6h) + V/(12 h L)) for GPT layers)."""
     fwd = over_layers(model, lambda dense: layer_flops_forward(model, 1, seq_len, dense)) + head_flops_forward(model, 1, seq_len)
+    # each multi-token-prediction module: its 2h -> h projection, its layer, the LM head again
+    h = model.hidden_size
+    fwd += model.mtp_layers * (2.0 * seq_len * 2 * h * h + layer_flops_forward(model, 1, seq_len, not model.is_moe)
+                               + head_flops_forward(model, 1, seq_len))
     return 3.0 * global_batch * fwd
 
 

@@ -325,15 +325,33 @@ def edge_costs(
     if tp > 1 and not sp:
         p2p = min(p2p, pp_link.time(Collective.p2p, buf / tp) + tp_link.time(Collective.all_gather, buf))
     extra = _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8)
+    head_acts = memory.head_activation_bytes(model, b, s, tp, sp, dtype, loss)
+    mtp = (0.0, 0.0, 0, 0.0)
+    if model.mtp_layers:
+        # Multi-token prediction on the last stage (Megatron-Core builds it there), per module:
+        # the embedding of the next tokens (and, with a pipeline, a copy of the table on this
+        # stage), two norms, the 2h -> h projection (its 2h input gathered under SP), one layer
+        # of the last layer's kind kept whole for backward, and the LM head and loss again.
+        k, L = model.mtp_layers, layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link,
+                                                         dense=not model.is_moe, fp8=fp8)
+        e = DTYPE_BYTES[dtype]
+        proj = compute.linear_times(dev, dtype, b * s, 2 * model.hidden_size, model.hidden_size // tp, fp8=fp8)
+        norms = compute.memory_bound_time(dev, 2 * 2 * b * s * model.hidden_size * e / (tp if sp else 1))
+        gather = 2 * tp_link.time(Collective.all_gather, buf) if sp else 0.0
+        table = compute.vocab_shard(model, tp) * model.hidden_size if pp > 1 else 0
+        mtp = (k * (emb + emb_tp + norms + proj[0] + gather + L.forward + L.tp_forward + head + loss_tp),
+               k * (emb_bwd + 2 * norms + proj[1] + gather + L.backward + L.tp_backward + head_bwd + head_tp),
+               k * (compute.mtp_params(model, tp) + L.params) + table,
+               k * (L.activation_bytes[0] + 2 * e * b * s * 2 * model.hidden_size / (tp if sp else 1) + head_acts))
     return EdgeCosts(
         embedding_forward=emb + emb_tp + extra[0],
         embedding_backward=emb_bwd + extra[1],
-        head_forward=head + loss_tp,
-        head_backward=head_bwd + head_tp,
+        head_forward=head + loss_tp + mtp[0],
+        head_backward=head_bwd + head_tp + mtp[1],
         embedding_params=compute.embedding_params(model, tp) + extra[2],
-        head_params=compute.head_params(model, tp, pp),
+        head_params=compute.head_params(model, tp, pp) + mtp[2],
         embedding_activation_bytes=memory.embedding_activation_bytes(model, b, s, tp, sp) + extra[3],
-        head_activation_bytes=memory.head_activation_bytes(model, b, s, tp, sp, dtype, loss),
+        head_activation_bytes=head_acts + mtp[3],
         logits_temporary_bytes=memory.logits_temporary_bytes(model, b, s, tp, dtype, loss),
         p2p=p2p,
     )

@@ -976,3 +976,13 @@ def test_llama3_8b_128k_solved_for_megatron_exports_with_context_parallelism(tmp
         assert (back["dp"], back["cp"], back["tp"], back["pp"], back["fp8"]) == (plan.dp, plan.cp, plan.tp, plan.pp, plan.fp8)
         if importlib.util.find_spec("megatron") is not None:
             check_means_the_plan(data, plan, model, job)
+
+
+def test_multi_token_prediction_exports_as_mtp_num_layers(mcore):
+    """--mtp-num-layers (TransformerConfig.mtp_num_layers): Megatron-Core builds the modules on
+    the last pipeline stage, where the cost model puts them (cost_models/tables.py:edge_costs)."""
+    plan, model, job = _case("deepseek-ep16-tp2-pp4-selective")
+    data = export("megatron", plan, model.model_copy(update={"mtp_layers": 1}), job, plan.world_size).data
+    assert data[data.index("--mtp-num-layers") + 1] == "1"
+    assert megatron_lm(data, plan.world_size).config.mtp_num_layers == 1
+    assert "--mtp-num-layers" not in export("megatron", plan, model, job, plan.world_size).data

@@ -240,6 +240,54 @@ def test_mla_runs_as_multi_head_attention_and_says_so():
     assert "multi-head latent attention run as multi-head attention of 128 heads of 128" in notes[-1]
 
 
+# ----- multi-token prediction (DeepSeek-V3 sec. 2.2)
+
+
+def test_a_multi_token_prediction_module_is_a_layer_a_projection_and_two_norms():
+    """One module: a transformer layer of the last layer's kind (MoE), two RMSNorms of h and the
+    2h -> h projection (the embedding and the head are shared): 11.61B for DeepSeek-V3, which
+    with the 671.03B main model is what the Hugging Face checkpoint holds less its copies of
+    the embedding and head."""
+    main = load_model("deepseek-v3")
+    m = main.model_copy(update={"mtp_layers": 1})
+    module = layer_params(m).total + 2 * 7168 + 2 * 7168 * 7168
+    assert compute.mtp_module_params(m) == module and round(module / 1e9, 2) == 11.61
+    assert total_params(m) - total_params(main) == module
+    assert active_params(m) - active_params(main) == module - 248 * 3 * 7168 * 2048  # 8 of 256 routed experts active
+    # its FLOPs: the projection, the layer and the LM head once more, 3x forward per token
+    s, extra = 4096, 2 * 4096 * 2 * 7168 * 7168 + compute.layer_flops_forward(m, 1, 4096) + compute.head_flops_forward(m, 1, 4096)
+    assert compute.model_flops_per_step(m, 8, s) - compute.model_flops_per_step(main, 8, s) == pytest.approx(3 * 8 * extra)
+
+
+def test_multi_token_prediction_runs_on_the_last_pipeline_stage():
+    """Megatron-Core builds the module on the last stage (with a copy of the embedding table
+    there when pp > 1): only that pipeline rank's memory grows, and the step with it."""
+    from planner import api
+
+    kw = dict(gpus=512, global_batch=512, seq_len=4096, tp=2, pp=8, ep=64, zero=1, sequence_parallel=True, recompute="selective",
+              layers_per_stage=[7, 8, 8, 8, 8, 8, 8, 6], target="megatron")
+    main = load_model("deepseek-v3")
+    without = api.estimate(main, "dgx-h100-80gb", **kw).estimate
+    with_mtp = api.estimate(main.model_copy(update={"mtp_layers": 1}), "dgx-h100-80gb", **kw).estimate
+    a, b = without.memory_gib_per_pipeline_rank, with_mtp.memory_gib_per_pipeline_rank
+    assert [x.total for x in a[:-1]] == [x.total for x in b[:-1]]
+    table = 129280 // 2 * 7168 * 2 / 2**30  # the bf16 embedding copy alone (tp 2)
+    assert b[-1].weights - a[-1].weights > table
+    assert with_mtp.step_time_s > without.step_time_s
+
+
+def test_multi_token_prediction_is_said_where_a_stack_or_run_builds_none():
+    from planner.executor.prepare import runnable_model
+    from planner.stacks.torchtitan import rules as tt_rules
+
+    m = load_model("deepseek-v3").model_copy(update={"mtp_layers": 1})
+    assert "mtp_layers 1 (torchtitan 0.3.0 builds no multi-token prediction" in tt_rules.model_problems(m)[0]
+    notes = []
+    assert runnable_model(m, Plan(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1), notes).mtp_layers == 0
+    assert "the 1 multi-token-prediction module(s) left out" in notes[-1]
+    assert "num_nextn_predict_layers) not planned" in _read(DEEPSEEK_V3).source and _read(DEEPSEEK_V3).mtp_layers == 0
+
+
 # ----- GPT-OSS
 
 

@@ -317,6 +317,9 @@ def runnable_model(model: ModelSpec, plan: Plan, notes: list[str]) -> ModelSpec:
     if model.logit_softcapping:
         update["logit_softcapping"] = False
         missing.append("logit soft-capping left out")
+    if model.mtp_layers:
+        update["mtp_layers"] = 0
+        missing.append(f"the {model.mtp_layers} multi-token-prediction module(s) left out")
     if model.mla:
         update.update(kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=0, v_head_dim=None)
         missing.append(f"multi-head latent attention run as multi-head attention of {model.num_heads} heads of {model.head_dim}")

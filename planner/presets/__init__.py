@@ -121,11 +121,11 @@ def _shared_experts(data: dict, name: str, width) -> int:
 
 
 def _deepseek_notes(data: dict) -> list[str]:
-    """What of DeepSeek-V2/V3 the spec leaves out (its multi-head latent attention is modelled:
-    planner/presets/hf_config.py:read_decoder)."""
-    if data.get("num_nextn_predict_layers"):
-        return [f"the {data['num_nextn_predict_layers']} multi-token-prediction module(s) (num_nextn_predict_layers) not counted"]
-    return []
+    """DeepSeek-V3's multi-token-prediction module, which transformers does not build: left out,
+    said (ModelSpec.mtp_layers plans it)."""
+    k = data.get("num_nextn_predict_layers")
+    return [f"the {k} multi-token-prediction module(s) (num_nextn_predict_layers) not planned: transformers builds none; "
+            f"mtp_layers: {k} plans Megatron-Core's"] if k else []
 
 
 def _gpt_oss_notes(data: dict) -> list[str]:

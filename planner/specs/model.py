@@ -124,6 +124,13 @@ class ModelSpec(_Spec):
     first_dense_layers: Integer(0, MAX_LAYERS) = Field(
         default=0, description="The first k layers have a dense MLP of ffn_hidden_size instead of experts (DeepSeek-V3: 3)."
     )
+    mtp_layers: Integer(0, MAX_LAYERS) = Field(
+        default=0,
+        description="Multi-token prediction (DeepSeek-V3 sec. 2.2): modules after the last layer, each predicting one token "
+        "further: the next tokens' embeddings (the input table) and the previous depth's hidden states, each normalised, "
+        "concatenated and projected 2h -> h, one transformer layer of the last layer's kind, and the shared LM head with "
+        "its own loss. They run on the last pipeline stage (Megatron-Core). (schema 1.9)",
+    )
     source: Optional[str] = Field(default=None, description="Where the numbers come from (paper, config file).")
 
     @field_validator("norm")

@@ -212,6 +212,8 @@ def _model_flags(model: ModelSpec, job: JobSpec) -> list[tuple]:
         # RIGHT ahead (transformer/utils.py:get_sliding_window_causal_mask), itself included;
         # the spec's window counts the query's own key.
         flags.append(("--window-size", f"{model.sliding_window - 1},0"))
+    if model.mtp_layers:  # transformer/multi_token_prediction.py, on the last pipeline stage as the cost model puts it
+        flags.append(("--mtp-num-layers", model.mtp_layers))
     if not model.linear_bias:
         flags.append(("--disable-bias-linear", None))
     if not model.dropout:

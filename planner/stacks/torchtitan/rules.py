@@ -159,6 +159,9 @@ def model_problems(model: ModelSpec) -> list[str]:
         # models/common/feed_forward.py: FeedForward (and its subclasses) is w2(silu(w1 x) * w3 x);
         # GELU appears only in ungated vision and diffusion MLPs (common/vision_encoder.py, flux).
         out.append("activation geglu (torchtitan 0.3.0's gated feed-forward is SwiGLU only)")
+    if model.mtp_layers:
+        out.append(f"mtp_layers {model.mtp_layers} (torchtitan 0.3.0 builds no multi-token prediction: models/deepseek_v3 "
+                   "has none)")
     if model.norms_per_layer == 3:
         # models/common/decoder.py:TransformerBlock has two norms, muse_glimmer's block four.
         out.append("norms_per_layer 3 (torchtitan's blocks have two norms, or four: models/muse_glimmer)")
