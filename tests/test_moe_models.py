@@ -336,6 +336,7 @@ def test_plan_presets_lists_the_moe_presets_with_their_parameter_counts(monkeypa
     rows = {line.split("│")[1].strip(): line for line in render.console.export_text().splitlines() if line.count("│") > 2}
     for name, params in [("mixtral-8x7b", "46.70B"), ("qwen3-30b-a3b", "30.53B"), ("deepseek-v3", "671.03B")]:
         assert params in rows[name], rows.get(name)
+    assert "128 (MLA)" in rows["deepseek-v3"] and "32 (4)" in rows["qwen3-30b-a3b"]  # heads (KV heads, or MLA)
 
 
 def test_presets_json_states_total_and_active_parameters():

@@ -104,7 +104,7 @@ def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
         t.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=col == "name")
     for m in models:
         t.add_row(
-            m.name, _human(total_params(m)), str(m.num_layers), str(m.hidden_size), f"{m.num_heads} ({m.kv_heads})",
+            m.name, _human(total_params(m)), str(m.num_layers), str(m.hidden_size), f"{m.num_heads} ({'MLA' if m.mla else m.kv_heads})",
             f"{m.activation.value} {m.ffn}", str(m.vocab_size), str(m.max_seq_len),
         )
     console.print(t)
