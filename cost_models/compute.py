@@ -75,22 +75,22 @@ def attention_linears(model: ModelSpec, tp: int = 1, fused_qkv: bool = False) ->
     return qkv + out
 
 
-def attention_input_width(model: ModelSpec) -> int:
+def attention_input_width(model: ModelSpec, target: Target = Target.megatron) -> int:
     """Features per token that the attention's column-parallel projections take in, so what
     tensor parallelism gathers (or all-reduces the gradient of) for them: the layer input h;
-    under MLA the query latent (or h without q_lora_rank), the key-value latent and the shared
-    rotary key, the down-projections being duplicated (Megatron-Core's MLASelfAttention:
-    with sequence parallelism each rank projects its own tokens, then gathers the latents)."""
-    if not model.mla:
+    under MLA, in a stack whose down-projections run on each rank's own tokens
+    (Stack.mla_local_down_projections: Megatron-Core's MLASelfAttention), the query latent (or
+    h without q_lora_rank), the key-value latent and the shared rotary key."""
+    if not model.mla or not stacks.get(target).mla_local_down_projections:
         return model.hidden_size
     return (model.q_lora_rank or model.hidden_size) + model.kv_lora_rank + model.qk_rope_head_dim
 
 
-def selective_recompute_flops(model: ModelSpec, micro_batch: int, seq_len: int, flash_attention: bool = True) -> float:
+def selective_recompute_flops(model: ModelSpec, micro_batch: int, seq_len: int, flash_attention: bool = True, cp: int = 1) -> float:
     """FLOPs selective recompute reruns, whole layer: the core attention (as model FLOPs count
-    it); under MLA the up-projections, and the core attention only where it is unfused
-    (layer_compute)."""
-    core = attention_flops_forward(model, micro_batch, seq_len)
+    it; a rank's seq_len tokens meet cp times as many keys under context parallelism); under
+    MLA the up-projections, and the core attention only where it is unfused (layer_compute)."""
+    core = cp * attention_flops_forward(model, micro_batch, seq_len)
     if not model.mla:
         return core
     up = sum(i * o for i, o, kind in attention_linears(model) if kind == "column")
@@ -171,12 +171,12 @@ def over_layers(model: ModelSpec, per_layer) -> float:
 
 
 def mtp_params(model: ModelSpec, tp: int = 1) -> int:
-    """One multi-token-prediction module on one TP rank besides its transformer layer: the two
-    norms of its inputs and the column-parallel 2h -> h projection (the embedding and the LM
-    head are the model's own)."""
+    """One multi-token-prediction module on one TP rank besides its transformer layer: the norms
+    of its two inputs and its final norm, and the column-parallel 2h -> h projection (the
+    embedding and the LM head are the model's own)."""
     h = model.hidden_size
     norm = 2 * h if model.norm == "layernorm" else h
-    return 2 * norm + 2 * h * (h // tp)
+    return 3 * norm + 2 * h * (h // tp)
 
 
 def mtp_module_params(model: ModelSpec, active: bool = False) -> int:
@@ -191,8 +191,8 @@ def mtp_module_params(model: ModelSpec, active: bool = False) -> int:
 
 def total_params(model: ModelSpec) -> int:
     """Parameter count of the whole model (each tensor once), its multi-token-prediction
-    modules included (DeepSeek-V3's 671B leaves its 14B of them out: main-model counts are
-    total_params less mtp_module_params)."""
+    modules included (DeepSeek-V3's published 671B is its main model: total_params less
+    mtp_module_params)."""
     main = over_layers(model, lambda dense: layer_params(model, dense=dense).total) + embedding_params(model) + head_params(model)
     return main + mtp_module_params(model)
 
@@ -519,7 +519,8 @@ def layer_compute(
     q = model.q_width // tp
     kernels = stacks.get(target).kernels  # as the stack launches them: fused QKV / gate+up or not
     kinds = attention_linears(model, tp, not kernels.separate_qkv)
-    attn = [(rows if kind == "duplicated" else T, i, o) for i, o, kind in kinds]
+    local = rows if stacks.get(target).mla_local_down_projections else T  # MLA's down-projections' tokens on this rank
+    attn = [(local if kind == "duplicated" else T, i, o) for i, o, kind in kinds]
     mlp_first = [(h, f // tp)] * mlp_in if kernels.separate_gate_up else [(h, mlp_in * f // tp)]
     shapes = attn + ([(T, i, o) for i, o in mlp_first + [(f // tp, h)]] if f else [])
     lin = [linear_times(device, dtype, t, n_in, n_out, fp8=fp8) for t, n_in, n_out in shapes]

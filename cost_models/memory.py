@@ -93,12 +93,14 @@ def layer_activation_bytes(
     attention = e * (q + 2 * kv + q)
     if model.mla:
         # Q and K (every head's, the shared rotary key copied into each), V and the output
-        # projection's input; the latents, as their norms' inputs (this rank's tokens) and
-        # as the up-projections' inputs (the whole sequence, gathered under SP)
+        # projection's input; the latents, as their norms' inputs and as the up-projections'
+        # inputs (this rank's tokens under SP: a column-parallel layer gathers again in backward)
         latent = s * b * latent_norm_width(model)
-        attention = e * (2 * q + 2 * out + latent / sp_div + latent)
-        if recompute == Recompute.selective:  # the up-projections rerun in backward: Q, K and V are not kept
-            attention -= e * (2 * q + out)
+        attention = e * (2 * q + 2 * out + 2 * latent / sp_div)
+        if recompute == Recompute.selective:
+            # the up-projections rerun in backward: Q, K and V are not kept; the gathered
+            # rotary key is (Megatron-Core's mla_up_proj checkpoint)
+            attention -= e * (2 * q + out - s * b * model.qk_rope_head_dim)
     if model.qk_norm:
         attention += e * (q + kv)  # the queries and keys before their norms
     mlp_tensors = 1 + mlp_inputs(model)  # fc1 out, act out (+ up, for a gated unit)

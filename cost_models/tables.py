@@ -59,6 +59,7 @@ class StageExtras:
     params: float
     activation_bytes: float
     temporary_bytes: float  # logits on the last stage
+    expert_params: float = 0.0  # of `params`, routed experts (multi-token prediction's): ZeRO over expert-DP
 
     @property
     def constant(self) -> float:
@@ -80,6 +81,7 @@ class EdgeCosts:
     head_activation_bytes: float
     logits_temporary_bytes: float
     p2p: float  # one activation (or gradient) send between neighbouring stages
+    head_expert_params: int = 0  # of head_params, routed experts (multi-token prediction's layers)
 
     def stage(self, first: bool, last: bool) -> "StageExtras":
         """What a virtual stage carries besides its layers: the first the embedding, the last
@@ -112,7 +114,7 @@ class EdgeCosts:
         out = {}
         for first in (True, False):
             for last in (True, False):
-                comp = fwd = params = acts = temp = 0.0
+                comp = fwd = params = acts = temp = expert = 0.0
                 if first:
                     comp += self.embedding_forward + self.embedding_backward
                     fwd += self.embedding_forward
@@ -122,9 +124,10 @@ class EdgeCosts:
                     comp += self.head_forward + self.head_backward
                     fwd += self.head_forward
                     params += self.head_params
+                    expert = self.head_expert_params
                     acts += self.head_activation_bytes
                     temp = self.logits_temporary_bytes
-                out[(first, last)] = StageExtras(comp, fwd, self.p2p * ((not last) + (not first)), params, acts, temp)
+                out[(first, last)] = StageExtras(comp, fwd, self.p2p * ((not last) + (not first)), params, acts, temp, expert)
         return out
 
 
@@ -229,10 +232,17 @@ def layer_costs(
     # Multi-head latent attention gathers its latents, not the layer input, for the attention's
     # column-parallel up-projections (compute.attention_linears): compute.attention_input_width.
     buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
-    attn_in = buf * compute.attention_input_width(model) / model.hidden_size
-    if sp:
-        tp_fwd = tp_bwd = (tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.all_gather, attn_in)
-                           + 2 * tp_link.time(Collective.reduce_scatter, buf))
+    width = compute.attention_input_width(model, job.target)
+    attn_in = buf * width / model.hidden_size
+    if width == model.hidden_size:
+        one = tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, buf) if sp else \
+            tp_link.time(Collective.all_reduce, buf)
+        tp_fwd = tp_bwd = 2 * one
+    elif sp:  # backward: each forward gather's reduce-scatter and each reduce-scatter's gather
+        tp_fwd = (tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.all_gather, attn_in)
+                  + 2 * tp_link.time(Collective.reduce_scatter, buf))
+        tp_bwd = (2 * tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, attn_in)
+                  + tp_link.time(Collective.reduce_scatter, buf))
     else:  # forward: after the row-parallel projections; backward: the column-parallel inputs' gradients
         tp_fwd = 2 * tp_link.time(Collective.all_reduce, buf)
         tp_bwd = tp_link.time(Collective.all_reduce, buf) + tp_link.time(Collective.all_reduce, attn_in)
@@ -266,8 +276,10 @@ def layer_costs(
         tp_fwd, tp_bwd = tp_fwd + ring_fwd, tp_bwd + ring_bwd
     flops = compute.layer_flops_forward(model, b, s, dense)
     params = compute.layer_params(model, tp, ep, dense)
-    # selective recompute of MLA's up-projections gathers their latents again (sequence parallel)
-    mla_regather = tp_link.time(Collective.all_gather, attn_in) if model.mla and sp else 0.0
+    # selective recompute of MLA's up-projections gathers their latents again (sequence
+    # parallel; the gathered rotary key is kept)
+    latents = buf * compute.latent_norm_width(model) / model.hidden_size
+    mla_regather = tp_link.time(Collective.all_gather, latents) if width != model.hidden_size and sp else 0.0
     acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense, fp8) for r in MODES)
     if measured is not None and not sp:
         # measured bytes saved with nothing recomputed; selective frees the analytic core
@@ -283,7 +295,7 @@ def layer_costs(
         activation_bytes=acts,
         params=params.total,
         flops_forward=flops,
-        recompute_flops=(0.0, cp * compute.selective_recompute_flops(model, b, s, job.flash_attention), flops),
+        recompute_flops=(0.0, compute.selective_recompute_flops(model, b, s, job.flash_attention, cp), flops),
         expert_params=params.expert,
     )
 
@@ -326,23 +338,31 @@ def edge_costs(
         p2p = min(p2p, pp_link.time(Collective.p2p, buf / tp) + tp_link.time(Collective.all_gather, buf))
     extra = _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8)
     head_acts = memory.head_activation_bytes(model, b, s, tp, sp, dtype, loss)
-    mtp = (0.0, 0.0, 0, 0.0)
+    mtp = (0.0, 0.0, 0, 0.0, 0)
     if model.mtp_layers:
-        # Multi-token prediction on the last stage (Megatron-Core builds it there), per module:
-        # the embedding of the next tokens (and, with a pipeline, a copy of the table on this
-        # stage), two norms, the 2h -> h projection (its 2h input gathered under SP), one layer
-        # of the last layer's kind kept whole for backward, and the LM head and loss again.
+        # Multi-token prediction on the last stage (Megatron-Core's multi_token_prediction.py
+        # builds it there), per module: the embedding of the next tokens (and, with a pipeline, a
+        # copy of the table on this stage unless the head already holds it, tied), the norms of
+        # the two inputs, the column-parallel 2h -> h projection (its 2h input gathered under
+        # SP; its output gathered over TP, then split again), one layer of the last layer's kind
+        # kept whole for backward (whatever the stage's recompute), a final norm, and the LM
+        # head and loss again.
         k, L = model.mtp_layers, layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link,
                                                          dense=not model.is_moe, fp8=fp8)
-        e = DTYPE_BYTES[dtype]
+        e, rows = DTYPE_BYTES[dtype], b * s / (tp if sp else 1)
         proj = compute.linear_times(dev, dtype, b * s, 2 * model.hidden_size, model.hidden_size // tp, fp8=fp8)
-        norms = compute.memory_bound_time(dev, 2 * 2 * b * s * model.hidden_size * e / (tp if sp else 1))
-        gather = 2 * tp_link.time(Collective.all_gather, buf) if sp else 0.0
-        table = compute.vocab_shard(model, tp) * model.hidden_size if pp > 1 else 0
-        mtp = (k * (emb + emb_tp + norms + proj[0] + gather + L.forward + L.tp_forward + head + loss_tp),
-               k * (emb_bwd + 2 * norms + proj[1] + gather + L.backward + L.tp_backward + head_bwd + head_tp),
+        norms = compute.memory_bound_time(dev, 3 * 2 * rows * model.hidden_size * e)
+        if sp:
+            comm = (tp_link.time(Collective.all_gather, 2 * buf) + tp_link.time(Collective.all_gather, buf),
+                    tp_link.time(Collective.reduce_scatter, 2 * buf))
+        else:
+            comm = (tp_link.time(Collective.all_gather, buf), tp_link.time(Collective.all_reduce, 2 * buf))
+        table = compute.vocab_shard(model, tp) * model.hidden_size if pp > 1 and not model.tied_embeddings else 0
+        mtp = (k * (emb + emb_tp + norms + proj[0] + comm[0] + L.forward + L.tp_forward + head + loss_tp),
+               k * (emb_bwd + 2 * norms + proj[1] + comm[1] + L.backward + L.tp_backward + head_bwd + head_tp),
                k * (compute.mtp_params(model, tp) + L.params) + table,
-               k * (L.activation_bytes[0] + 2 * e * b * s * 2 * model.hidden_size / (tp if sp else 1) + head_acts))
+               k * (L.activation_bytes[0] + e * rows * 3 * model.hidden_size + e * b * s * 2 * model.hidden_size + head_acts),
+               k * L.expert_params)
     return EdgeCosts(
         embedding_forward=emb + emb_tp + extra[0],
         embedding_backward=emb_bwd + extra[1],
@@ -354,6 +374,7 @@ def edge_costs(
         head_activation_bytes=head_acts + mtp[3],
         logits_temporary_bytes=memory.logits_temporary_bytes(model, b, s, tp, dtype, loss),
         p2p=p2p,
+        head_expert_params=mtp[4],
     )
 
 

@@ -369,7 +369,8 @@ class LayoutTerms:
         params = params if params is not None else self.rank_params(r, xs)
         w, g, o = (params.scaled(k) for k in pc.state_bytes_per_param)
         if pc.layer.expert_params:  # routed experts: ZeRO over the expert-DP group, not dp
-            w, g, o = (x + Linear.per_layer(0.0, pc.layer.expert_params * (ke - k))
+            extra = sum(x.expert_params for x in xs)  # the stages' own (multi-token prediction's layers)
+            w, g, o = (x + Linear(extra * (ke - k), (pc.layer.expert_params * (ke - k),) * 3)
                        for x, k, ke in zip((w, g, o), pc.state_bytes_per_param, pc.expert_state_bytes_per_param))
         f = pc.in_flight[r]
         acts = Linear(f * sum(x.activation_bytes for x in xs), tuple(f * a for a in pc.layer.activation_bytes))

@@ -209,8 +209,54 @@ def test_mla_keeps_its_wider_queries_keys_and_values_for_backward():
     got = memory.layer_activation_bytes(m, b, s, tp, True, Recompute.none, True, DType.bf16, dense=True)
     mha = m.model_copy(update=dict(kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=0, v_head_dim=None))
     base = memory.layer_activation_bytes(mha, b, s, tp, True, Recompute.none, True, DType.bf16, dense=True)
-    mla = e * s * b * (2 * 128 * 192 / tp + 2 * 128 * 128 / tp + (1536 + 512) * (1 / tp + 1))
+    mla = e * s * b * (2 * 128 * 192 / tp + 2 * 128 * 128 / tp + 2 * (1536 + 512) / tp)
     assert got - base == mla - e * s * b * 4 * 128 * 128 / tp  # against MHA's Q, K, V and output of 128 x 128
+    # selective (Megatron's mla_up_proj): the latents, the gathered rotary key and the output
+    # projection's input stay; Q, K, V and the fused kernel's fp32 log-sum-exp per head and row go
+    sel = memory.layer_activation_bytes(m, b, s, tp, True, Recompute.selective, True, DType.bf16, dense=True)
+    assert got - sel == e * s * b * (2 * 128 * 192 / tp + 128 * 128 / tp - 64) + 4 * b * (128 // tp) * s
+
+
+def test_megatron_gathers_mla_latents_where_torchtitan_gathers_the_layer_input():
+    """TP 8 with sequence parallelism, one DeepSeek-V3 dense layer: Megatron-Core's duplicated
+    down-projections run on each rank's tokens, so the attention's gather carries the latents and
+    the rotary key (1536 + 512 + 64 features a token); torchtitan's (wq_a, wkv_a NoParallel)
+    gathers the layer input, as standard attention does. Backward conjugates each collective."""
+    from cost_models.communication import GroupLink
+    from cost_models.tables import layer_costs
+    from hardware_profiles import load_cluster
+    from planner.specs import Collective, JobSpec
+
+    m, cluster = load_model("deepseek-v3"), load_cluster("dgx-h100-80gb")
+    link, buf = GroupLink(cluster, 8, 1), 2 * 4096 * 7168
+    ag, rs = (lambda n: link.time(Collective.all_gather, n)), (lambda n: link.time(Collective.reduce_scatter, n))
+    lat = buf * (1536 + 512 + 64) / 7168
+    mega = layer_costs(m, cluster, JobSpec(global_batch_size=8, seq_len=4096, target="megatron"), 1, 8, True, link, dense=True)
+    assert mega.tp_forward == pytest.approx(ag(buf) + ag(lat) + 2 * rs(buf))
+    assert mega.tp_backward == pytest.approx(2 * ag(buf) + rs(lat) + rs(buf))
+    titan = layer_costs(m, cluster, JobSpec(global_batch_size=8, seq_len=4096, target="torchtitan"), 1, 8, True, link, dense=True)
+    assert titan.tp_forward == titan.tp_backward == pytest.approx(2 * (ag(buf) + rs(buf)))
+    # selective recompute reruns the up-projections and gathers their latents again (not the rotary key)
+    assert mega.recompute[1] == pytest.approx(
+        compute.layer_compute(m, cluster.device, DType.bf16, 1, 4096, 8, True, True, "megatron", dense=True).attention_core_forward
+        + ag(buf * (1536 + 512) / 7168))
+
+
+def test_edge_costs_of_a_multi_token_prediction_model_follow_its_layer():
+    """The search caches each layout's edge costs; with a multi-token-prediction module they
+    are built from the layer, so two layouts whose layers differ (FP8 or not) must not share them."""
+    from planner.search.candidates import Candidate, CostTables
+    from hardware_profiles import load_cluster
+    from planner.specs import Axis, JobSpec, Schedule
+
+    m, cluster = load_model("llama3-8b").model_copy(update={"mtp_layers": 1}), load_cluster("dgx-h100-80gb")
+    job = JobSpec(global_batch_size=64, seq_len=4096)
+    kw = dict(dp=4, tp=4, pp=2, vpp=1, micro_batch_size=1, num_micro_batches=16, schedule=Schedule.one_f_one_b, zero_stage=1,
+              sequence_parallel=True, mesh_order=(Axis.tp, Axis.dp, Axis.pp))
+    plain, fp8 = Candidate(**kw), Candidate(**kw, fp8=True)
+    tables = CostTables(m, cluster, job)
+    tables.edge(plain)
+    assert tables.edge(fp8) == CostTables(m, cluster, job).edge(fp8) != tables.edge(plain)
 
 
 def test_mla_needs_its_head_width_and_refuses_what_it_has_no_use_for():
@@ -244,13 +290,13 @@ def test_mla_runs_as_multi_head_attention_and_says_so():
 
 
 def test_a_multi_token_prediction_module_is_a_layer_a_projection_and_two_norms():
-    """One module: a transformer layer of the last layer's kind (MoE), two RMSNorms of h and the
-    2h -> h projection (the embedding and the head are shared): 11.61B for DeepSeek-V3, which
-    with the 671.03B main model is what the Hugging Face checkpoint holds less its copies of
-    the embedding and head."""
+    """One module: a transformer layer of the last layer's kind (MoE), three RMSNorms of h (its
+    two inputs' and its output's) and the 2h -> h projection (the embedding and the head are
+    shared): 11.61B for DeepSeek-V3, which with the 671.03B main model is what the Hugging Face
+    checkpoint holds less its copies of the embedding and head."""
     main = load_model("deepseek-v3")
     m = main.model_copy(update={"mtp_layers": 1})
-    module = layer_params(m).total + 2 * 7168 + 2 * 7168 * 7168
+    module = layer_params(m).total + 3 * 7168 + 2 * 7168 * 7168
     assert compute.mtp_module_params(m) == module and round(module / 1e9, 2) == 11.61
     assert total_params(m) - total_params(main) == module
     assert active_params(m) - active_params(main) == module - 248 * 3 * 7168 * 2048  # 8 of 256 routed experts active
@@ -271,8 +317,16 @@ def test_multi_token_prediction_runs_on_the_last_pipeline_stage():
     with_mtp = api.estimate(main.model_copy(update={"mtp_layers": 1}), "dgx-h100-80gb", **kw).estimate
     a, b = without.memory_gib_per_pipeline_rank, with_mtp.memory_gib_per_pipeline_rank
     assert [x.total for x in a[:-1]] == [x.total for x in b[:-1]]
-    table = 129280 // 2 * 7168 * 2 / 2**30  # the bf16 embedding copy alone (tp 2)
-    assert b[-1].weights - a[-1].weights > table
+    # the last rank holds the embedding table (tp 2: half the vocabulary), the module's norms and
+    # projection (a column-parallel half) and one MoE layer as every rank holds its layers
+    m = main.model_copy(update={"mtp_layers": 1})
+    layer = layer_params(m, tp=2, ep=64)
+    table, own = 129280 // 2 * 7168, 3 * 7168 + 2 * 7168 * 7168 // 2
+    added = table + own + layer.total
+    assert b[-1].weights - a[-1].weights == pytest.approx(2 * added / 2**30)  # 16-bit weights, not sharded by ZeRO-1
+    # Adam's 12 bytes: ZeRO-1 shards the dense part over dp 32, the routed experts over their
+    # expert-DP group (tp 2 x dp 32 / ep 64 = 1 rank: not at all)
+    assert b[-1].optimizer_states - a[-1].optimizer_states == pytest.approx(12 * ((added - layer.expert) / 32 + layer.expert) / 2**30)
     assert with_mtp.step_time_s > without.step_time_s
 
 

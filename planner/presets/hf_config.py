@@ -46,7 +46,7 @@ class Family:
     qk_norm: bool = False
     windows: str = "none"  # which layers a sliding window applies to: see _window_layers
     moe: str | None = None  # which reader of the expert fields (planner/presets/__init__.py:_moe_fields)
-    mla: bool = False  # DeepSeek's multi-head latent attention (planned as multi-head attention)
+    mla: bool = False  # DeepSeek's multi-head latent attention (its widths read: read_decoder)
 
 
 # Fields every rotary decoder below reads (LlamaConfig's names).

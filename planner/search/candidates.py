@@ -324,9 +324,13 @@ class CostTables:
     def edge(self, c: Candidate) -> EdgeCosts:
         links = self.links(c)
         ep_link = self.ep_link(c)
+        # the first dense layers and multi-token prediction are costed from the layer (self.layer):
+        # their edge costs depend on all that it does
+        layered = bool(self.model.first_dense_layers or self.model.mtp_layers)
+        cp_link = cp_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.cp, c.mesh_order) if layered else None
         key = (c.micro_batch_size, c.tp, c.sequence_parallel, c.pp, links[Axis.tp].signature, links[Axis.pp].signature,
-               c.ep, ep_link.signature if ep_link else None, c.tp_comm_overlap if self.model.first_dense_layers else None,
-               c.fp8 if self.model.first_dense_layers else None, c.cp)
+               c.ep, ep_link.signature if ep_link else None, c.tp_comm_overlap if layered else None,
+               c.fp8 if layered else None, c.cp, cp_link.signature if cp_link else None)
         if key not in self._edge:
             self._edge[key] = edge_costs(
                 self.model, self.cluster, rank_job(self.job, c.cp), c.micro_batch_size, c.tp, c.sequence_parallel, c.pp,

@@ -165,6 +165,9 @@ class ModelSpec(_Spec):
                                  "(DeepSeek-V3: 128)")
             if self.qk_norm:
                 raise ValueError("multi-head latent attention normalises its latents, not per-head queries and keys: set qk_norm false")
+            if self.linear_bias:
+                raise ValueError("multi-head latent attention is costed without biases (DeepSeek's and Megatron-Core's have none): "
+                                 "set linear_bias false")
         if self.sliding_window is None and self.sliding_window_layers:
             raise ValueError("sliding_window_layers needs sliding_window")
         if self.sliding_window is not None and not 0 < self.sliding_window_layers <= self.num_layers:

@@ -46,6 +46,11 @@ class Stack:
     # -> Export, and read_back; imported on first use. None: `plan export` has no such stack.
     exporter: Optional[str] = None
     kernels: Optional[Kernels] = None  # the kernels a layer of its code launches; None: generic's (the executor's)
+    # Multi-head latent attention under TP: True, each rank applies the (duplicated) down-
+    # projections to its own tokens under sequence parallelism and TP gathers the latents
+    # (Megatron-Core's MLASelfAttention); False, TP gathers the layer input and every rank
+    # projects all tokens (torchtitan's deepseek_v3: wq_a and wkv_a NoParallel)
+    mla_local_down_projections: bool = False
 
     def __post_init__(self):  # internal invariants of a stack's folder, not user input
         if self.kernels is None:

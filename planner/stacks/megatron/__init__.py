@@ -41,4 +41,6 @@ STACK = Stack(
     kernels=Kernels(separate_qkv=False, separate_gate_up=False, layernorm=1, rmsnorm=1, rotary=2,
                     activation=1, gated_activation=1, residual=1, dropout=0, kv_repeat=0, softmax=1,
                     attention_out=0, moe_dispatch=19, experts="gemm_per_expert", expert_bias=2),
+    # transformer/multi_latent_attention.py: linear_q_down_proj / linear_kv_down_proj 'duplicated'
+    mla_local_down_projections=True,
 )
