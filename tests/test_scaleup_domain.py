@@ -69,8 +69,9 @@ def test_a_group_over_part_of_a_second_domain_spans_two():
 
 
 def test_deepseek_v3_experts_inside_an_nvl72_rack_cross_the_network_on_b200():
-    """The README's comparison: the NVL72 plan's expert all-to-alls (EP 64, TP 1, PP 2) stay on
-    NVLink there and cross nodes on DGX B200 (8 nodes of 8)."""
-    kw = dict(gpus=1024, global_batch=8192, seq_len=4096, tp=1, pp=2, ep=64, zero=1, target="megatron")
+    """The README's comparison: the NVL72 plan's expert all-to-alls (EP 64, TP 4, no pipeline) stay
+    on NVLink there and cross nodes on DGX B200 (8 nodes of 8)."""
+    kw = dict(gpus=1024, global_batch=8192, seq_len=4096, tp=4, pp=1, ep=64, micro_batch_size=4, zero=1, sequence_parallel=True,
+              tp_comm_overlap=True, recompute="selective", target="megatron")
     nvl, b200 = (api.estimate("deepseek-v3", c, **kw).estimate for c in ("gb200-nvl72", "dgx-b200"))
     assert b200.time_breakdown_s.tp_communication > 5 * nvl.time_breakdown_s.tp_communication
