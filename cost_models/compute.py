@@ -103,6 +103,12 @@ def latent_norm_width(model: ModelSpec) -> int:
     return (model.q_lora_rank or 0) + (model.kv_lora_rank or 0)
 
 
+def norm_weights(model: ModelSpec, width: int) -> int:
+    """Parameters of norms over `width` features in all: a weight each (RMSNorm), and a bias
+    (LayerNorm)."""
+    return 2 * width if model.norm == "layernorm" else width
+
+
 def mlp_inputs(model: ModelSpec) -> int:
     """Matrices on the MLP's input side: gate and up for a gated unit (SwiGLU, GeGLU), fc1 for GELU."""
     return 2 if model.gated else 1
@@ -126,10 +132,8 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, dense: bool = False
     expert = 0
     if model.linear_bias:
         sharded += sum(o for _, o, kind in attn if kind == "column") + mlp_in * (f // tp)  # column-parallel biases
-        replicated += sum(o for _, o, kind in attn if kind == "duplicated")
         replicated += 2 * h  # row-parallel biases (attention output, fc2)
-    norm_params = 2 if model.norm == "layernorm" else 1
-    replicated += norm_params * (model.norms_per_layer * h + latent_norm_width(model))
+    replicated += norm_weights(model, model.norms_per_layer * h + latent_norm_width(model))
     if model.qk_norm:
         replicated += 2 * d  # one weight of head_dim each for queries and keys, shared by the heads (Qwen3, Gemma 3)
     if moe:
@@ -157,7 +161,7 @@ def head_params(model: ModelSpec, tp: int = 1, pipeline_stages: int = 1) -> int:
     """Final norm and LM head on the last stage. A tied head still needs its own copy of the
     table when the embedding lives on another pipeline stage (Megatron keeps one and all-reduces
     their gradients)."""
-    norm = 2 * model.hidden_size if model.norm == "layernorm" else model.hidden_size
+    norm = norm_weights(model, model.hidden_size)
     if model.tied_embeddings and pipeline_stages == 1:
         return norm
     return norm + vocab_shard(model, tp) * model.hidden_size
@@ -175,8 +179,7 @@ def mtp_params(model: ModelSpec, tp: int = 1) -> int:
     of its two inputs and its final norm, and the column-parallel 2h -> h projection (the
     embedding and the LM head are the model's own)."""
     h = model.hidden_size
-    norm = 2 * h if model.norm == "layernorm" else h
-    return 3 * norm + 2 * h * (h // tp)
+    return norm_weights(model, 3 * h) + 2 * h * (h // tp)
 
 
 def mtp_module_params(model: ModelSpec, active: bool = False) -> int:
@@ -184,8 +187,8 @@ def mtp_module_params(model: ModelSpec, active: bool = False) -> int:
     layer's kind; `active`: top-k of its routed experts)."""
     if not model.mtp_layers:
         return 0
-    p = layer_params(model, dense=not model.is_moe)
-    layer = p.total - p.expert + model.experts_per_token * (p.expert // model.num_experts) if active and p.expert else p.total
+    dense = not model.is_moe
+    layer = active_layer_params(model, dense) if active else layer_params(model, dense=dense).total
     return model.mtp_layers * (layer + mtp_params(model))
 
 
@@ -197,17 +200,19 @@ def total_params(model: ModelSpec) -> int:
     return main + mtp_module_params(model)
 
 
+def active_layer_params(model: ModelSpec, dense: bool = False) -> int:
+    """Parameters of one layer a token passes through: a MoE layer's router, shared experts and
+    top-k routed experts instead of all of them."""
+    p = layer_params(model, dense=dense)
+    if not p.expert:
+        return p.total
+    return p.total - p.expert + model.experts_per_token * (p.expert // model.num_experts)
+
+
 def active_params(model: ModelSpec) -> int:
-    """Parameters one token passes through: a MoE layer's router, shared experts and top-k
-    routed experts instead of all of them (equal to total_params for a dense model)."""
-
-    def active(dense: bool) -> int:
-        p = layer_params(model, dense=dense)
-        if not p.expert:
-            return p.total
-        return p.total - p.expert + model.experts_per_token * (p.expert // model.num_experts)
-
-    return over_layers(model, active) + embedding_params(model) + head_params(model) + mtp_module_params(model, active=True)
+    """Parameters one token passes through (equal to total_params for a dense model)."""
+    return (over_layers(model, lambda dense: active_layer_params(model, dense)) + embedding_params(model) + head_params(model)
+            + mtp_module_params(model, active=True))
 
 
 # --------------------------------------------------------------------------- FLOPs
@@ -544,11 +549,10 @@ def layer_compute(
     act_bytes = (mlp_in + 1) * T * (f // tp) * e  # GELU: read+write; SwiGLU: read 2, write 1
     rope_bytes = 0.0 if model.learned_position_embeddings else 2 * T * (q + kv_cols) * e
     if model.mla:
-        # rotary on the queries' and the shared key's rope features; the latents' norms; the
-        # queries and keys written whole from their parts (the shared key once per head)
-        rope_bytes = 2 * T * (heads + 1) * model.qk_rope_head_dim * e
+        # the latents' norms; rotary on the queries' and the shared key's rope features, then
+        # the queries and keys written whole from their parts (the shared key once per head)
         norm_bytes += 2 * rows * latent_norm_width(model) * e
-        rope_bytes += 2 * 2 * T * q * e
+        rope_bytes = 2 * T * (heads + 1) * model.qk_rope_head_dim * e + 2 * 2 * T * q * e
     softmax_bytes = 0.0
     if not flash_attention:
         scores = b * heads * s * s
