@@ -43,6 +43,7 @@ no counterpart for, or a layout the source leaves unstated or contradicts.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -89,11 +90,13 @@ NEMOTRON_FLAGS = dict(activation=Activation.gelu, learned_position_embeddings=Fa
                       dropout=False)
 # Mixture-of-experts families: Llama-style blocks (SwiGLU experts, RMSNorm, rotary, no bias, untied head; Hugging Face
 # configs of DeepSeek-V3, Kimi K2, Qwen3-MoE). GPT-OSS: the same with biases on the attention and expert projections
-# (openai/gpt-oss-120b config.json attention_bias true; GptOssExperts gate_up_proj_bias / down_proj_bias).
+# (openai/gpt-oss-120b config.json attention_bias true; GptOssExperts gate_up_proj_bias / down_proj_bias), its
+# experts' GLU clamped at swiglu_limit 7.0 and its rotary embedding YaRN-scaled (rope_scaling factor 32: attention
+# factor 0.1 ln 32 + 1, transformers' _compute_yarn_parameters).
 # DeepSeek-V3 and Kimi K2 (moonshotai/Kimi-K2-Base config.json: the same attention) attend with
 # multi-head latent attention of the Hugging Face deepseek-ai/DeepSeek-V3 config.json's widths.
 MLA = dict(attention_head_dim=128, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128)
-MOE_FAMILIES = {"deepseek": dict(LLAMA, **MLA), "kimi": dict(LLAMA, **MLA), "qwen3": LLAMA, "gpt-oss": dict(LLAMA, linear_bias=True)}
+MOE_FAMILIES = {"deepseek": dict(LLAMA, **MLA), "kimi": dict(LLAMA, **MLA), "qwen3": LLAMA, "gpt-oss": dict(LLAMA, linear_bias=True, glu_limit=7.0, rope_attention_factor=0.1 * math.log(32) + 1)}
 # Groups whose runs are Megatron-Core / NeMo / Megatron-Bridge (ZeRO-1 distributed optimizer, target megatron).
 MEGATRON_MOE_GROUPS = ("dgxc_moe_h100_2505", "bridge_moe_h100", "modelzoo_qwen3_h100")
 # Megatron-Bridge performance tables on Blackwell (dense FP8 and BF16 GPT-OSS rows), one group per system.

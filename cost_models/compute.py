@@ -362,9 +362,23 @@ def routed_tokens(model: ModelSpec, micro_batch: int, seq_len: int, tp: int) -> 
 
 def mlp_kernels(model: ModelSpec, k) -> tuple[int, int]:
     """(GEMMs, activation kernels) of one MLP as a stack's code launches it (a dense layer's, or
-    one expert's): gate and up fused into fc1 or apart, then down; the activation."""
+    one expert's): gate and up fused into fc1 or apart, then down; the activation (and a clamped
+    GLU's clamps before it)."""
     gemms = (3 if k.separate_gate_up else 2) if model.gated else 2
-    return gemms, k.gated_activation if model.gated else k.activation
+    clamp = k.glu_clamp if model.glu_limit is not None else 0
+    return gemms, (k.gated_activation + clamp) if model.gated else k.activation
+
+
+def glu_clamp_bytes(model: ModelSpec, k, tokens: float, f: int, e: int) -> float:
+    """Forward bytes of a clamped GLU's clamps (ModelSpec.glu_limit) over `tokens` rows of a
+    half `f` wide, as the stack `k` launches them; 0 without a clamp."""
+    return k.glu_clamp_passes * tokens * f * e if model.glu_limit is not None else 0.0
+
+
+def rotary_scaled_by_stack(model: ModelSpec, k) -> bool:
+    """The rotary embedding carries an attention factor the stack's fused kernel cannot apply
+    (ModelSpec.rope_attention_factor; Kernels.scaled_rotary): it rotates in eager operators."""
+    return model.rope_attention_factor != 1.0 and not model.learned_position_embeddings and k.scaled_rotary > 0
 
 
 def moe_kernels(model: ModelSpec, k, local: int) -> int:
@@ -395,12 +409,14 @@ def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch
     router = linear_times(device, dtype, tokens, h, model.num_experts)  # kept in 16 bits (routing precision)
     fc1 = linear_times(device, dtype, rows, h, mlp_in * f, local, fp8)
     fc2 = linear_times(device, dtype, rows, f, h, local, fp8)
-    act_bytes = (mlp_in + 1) * assigned * f * e
+    act_bytes = (mlp_in + 1) * assigned * f * e + glu_clamp_bytes(model, kernels, assigned, f, e)
     permute_bytes = 2 * (2 * assigned * h * e)  # dispatch and combine: read + write each
     t_mem = memory_bound_time(device, act_bytes + permute_bytes + 4 * tokens * model.num_experts)  # + fp32 router softmax
+    # a biased expert's output bias added outside its GEMM: as many passes backward as forward
+    t_bias = memory_bound_time(device, kernels.expert_bias_passes * assigned * h * e) if model.linear_bias else 0.0
     gap = kernels_time(device, moe_kernels(model, kernels, local))
-    forward = router[0] + fc1[0] + fc2[0] + t_mem + gap
-    backward = router[1] + fc1[1] + fc2[1] + 2 * t_mem + 2 * gap
+    forward = router[0] + fc1[0] + fc2[0] + t_mem + t_bias + gap
+    backward = router[1] + fc1[1] + fc2[1] + 2 * t_mem + t_bias + 2 * gap
     flops = 2.0 * (tokens * h * model.num_experts + assigned * (mlp_in + 1) * h * f)
     return forward, backward, flops
 
@@ -464,7 +480,7 @@ def layer_kernels(model: ModelSpec, k, flash_attention: bool, mlp: bool = True) 
     norm = k.rmsnorm if model.norm == "rmsnorm" else k.layernorm
     gemms = len(attention_linears(model, fused_qkv=not k.separate_qkv))
     rest = model.norms_per_layer * norm + (2 * k.rmsnorm if model.qk_norm else 0)
-    rest += 0 if model.learned_position_embeddings else k.rotary
+    rest += 0 if model.learned_position_embeddings else k.scaled_rotary if rotary_scaled_by_stack(model, k) else k.rotary
     if model.mla:  # the latents' norms; queries and keys concatenated from their rotary and other parts
         rest += (2 if model.q_lora_rank else 1) * norm + 2 * k.attention_out
     rest += 2 * (k.residual + (k.dropout if model.dropout else 0))
@@ -547,12 +563,14 @@ def layer_compute(
     residual_bytes = 2 * (3 * rows * h * e)  # two residual adds: read 2, write 1
     dropout_bytes = 2 * (2 * rows * h * e + rows * h) if model.dropout else 0.0  # + 1-byte mask
     act_bytes = (mlp_in + 1) * T * (f // tp) * e  # GELU: read+write; SwiGLU: read 2, write 1
-    rope_bytes = 0.0 if model.learned_position_embeddings else 2 * T * (q + kv_cols) * e
+    act_bytes += glu_clamp_bytes(model, kernels, T, f // tp, e)
+    rope_passes = kernels.scaled_rotary_passes if rotary_scaled_by_stack(model, kernels) else 2  # fused: read, write
+    rope_bytes = 0.0 if model.learned_position_embeddings else rope_passes * T * (q + kv_cols // 2) * e  # queries and keys
     if model.mla:
         # the latents' norms; rotary on the queries' and the shared key's rope features, then
         # the queries and keys written whole from their parts (the shared key once per head)
         norm_bytes += 2 * rows * latent_norm_width(model) * e
-        rope_bytes = 2 * T * (heads + 1) * model.qk_rope_head_dim * e + 2 * 2 * T * q * e
+        rope_bytes = rope_passes * T * (heads + 1) * model.qk_rope_head_dim * e + 2 * 2 * T * q * e
     softmax_bytes = 0.0
     if not flash_attention:
         scores = b * heads * s * s

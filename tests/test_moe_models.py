@@ -9,6 +9,8 @@ embedding, the DeepSeek-V3 README); Qwen1.5-MoE-A2.7B 14.3B, 2.7B (its model car
 
 from __future__ import annotations
 
+import math
+
 import io
 import json
 
@@ -353,6 +355,48 @@ def test_gpt_oss_reads_experts_biases_and_windows_and_notes_sinks():
         from_hf_config({**GPT_OSS, "experts_per_token": 2}, "m")
 
 
+# rope_scaling of openai/gpt-oss-120b's config.json and of deepseek-ai/DeepSeek-V3's
+GPT_OSS_ROPE = {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                "truncate": False}
+DEEPSEEK_V3_ROPE = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                    "original_max_position_embeddings": 4096, "type": "yarn"}
+
+
+def test_gpt_oss_reads_its_clamp_and_yarn_attention_factor():
+    """transformers' _compute_yarn_parameters: 0.1 ln(factor) + 1 (GPT-OSS: 1.347), or its ratio
+    under mscale and mscale_all_dim (DeepSeek-V3: 1, folded into the softmax scale), or the
+    attention_factor given; other scalings, none."""
+    m = _read({**GPT_OSS, "rope_scaling": GPT_OSS_ROPE})
+    assert m.glu_limit == 7.0 and m.rope_attention_factor == pytest.approx(0.1 * math.log(32) + 1)
+    assert _read({k: v for k, v in GPT_OSS.items() if k != "swiglu_limit"}).glu_limit == 7.0  # GptOssConfig's default
+    assert _read(GPT_OSS).rope_attention_factor == 1.0
+    assert _read({**DEEPSEEK_V3, "rope_scaling": DEEPSEEK_V3_ROPE}).rope_attention_factor == pytest.approx(1.0)
+    assert _read({**DEEPSEEK_V3, "rope_scaling": {**DEEPSEEK_V3_ROPE, "mscale": 0.707}}).rope_attention_factor == pytest.approx(
+        (0.0707 * math.log(40) + 1) / (0.1 * math.log(40) + 1))
+    assert _read({**GPT_OSS, "rope_parameters": {**GPT_OSS_ROPE, "attention_factor": 1.2}}).rope_attention_factor == 1.2
+    llama3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+              "rope_type": "llama3"}
+    assert _read({**GPT_OSS, "rope_scaling": llama3}).rope_attention_factor == 1.0
+    assert _read({**MIXTRAL}).glu_limit is None
+
+
+def test_a_clamp_needs_a_gated_mlp_and_a_rope_factor_rotary_positions():
+    m = load_model("gpt3-175b").model_dump()
+    with pytest.raises(ValueError, match="glu_limit clamps a gated MLP"):
+        ModelSpec.model_validate({**m, "glu_limit": 7.0})
+    with pytest.raises(ValueError, match="rope_attention_factor scales a rotary embedding"):
+        ModelSpec.model_validate({**m, "rope_attention_factor": 1.3})
+
+
+def test_a_clamp_and_a_rope_factor_are_left_out_of_a_run_and_said():
+    from planner.executor.prepare import runnable_model
+    notes: list = []
+    m = runnable_model(_read({**GPT_OSS, "rope_scaling": GPT_OSS_ROPE}), Plan(dp=1, tp=1, pp=1, micro_batch_size=1,
+                                                                                   num_micro_batches=1), notes)
+    assert m.glu_limit is None and m.rope_attention_factor == 1.0
+    assert "clamp at 7 left out" in notes[-1] and "attention factor 1.34657 left out" in notes[-1]
+
+
 # ----- refusals: one line naming the field
 
 
@@ -365,7 +409,10 @@ def test_gpt_oss_reads_experts_biases_and_windows_and_notes_sinks():
     ({**QWEN2_MOE, "model_type": "qwen2"}, "num_experts"),  # expert fields on a dense model_type
     ({**MIXTRAL, "num_experts_per_tok": None}, "num_experts_per_tok"),
     ({**QWEN3_MOE, "head_dim": 0}, "head_dim"),
-], ids=["decoder_sparse_step", "mlp_only_layers", "shared_width", "moe_layer_freq", "unknown_moe", "dense_type", "no_top_k", "head_dim"])
+    ({**GPT_OSS, "swiglu_limit": -1}, "swiglu_limit"),
+    ({**GPT_OSS, "rope_scaling": {**GPT_OSS_ROPE, "factor": "32"}}, "rope_scaling"),
+], ids=["decoder_sparse_step", "mlp_only_layers", "shared_width", "moe_layer_freq", "unknown_moe", "dense_type", "no_top_k", "head_dim",
+        "swiglu_limit", "yarn_factor"])
 def test_what_cannot_be_modelled_is_refused_in_one_line_naming_the_field(tmp_path, config, field):
     (tmp_path / "config.json").write_text(json.dumps(config))
     r = CliRunner().invoke(cli, ["estimate", "--model", str(tmp_path / "config.json"), "--cluster", "dgx-h100-80gb", "--gpus", "8",

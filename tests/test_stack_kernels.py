@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cost_models.compute import expert_times, layer_compute, layer_kernels, moe_kernels
+from cost_models.compute import expert_times, layer_compute, layer_kernels, memory_bound_time, moe_kernels
 from hardware_profiles import load_cluster
 from planner import api, load_model, stacks
 from planner.specs import DType, Target
@@ -95,6 +95,42 @@ def test_a_megatron_moe_layer_pays_a_gap_per_local_expert():
         return with_gap[0] + with_gap[1] - without[0] - without[1]
     assert gaps(1) == pytest.approx(3 * moe_kernels(MIXTRAL, k, 8) * 10e-6)
     assert gaps(1) - gaps(8) == pytest.approx(3 * 7 * 2 * 10e-6)
+
+
+CLAMPED = BIASED.model_copy(update={"glu_limit": 7.0})  # GPT-OSS's clamped GLU
+
+
+def test_a_clamped_glu_and_an_outside_bias_cost_their_passes():
+    """Megatron-Core (fusions/fused_bias_geglu.py:weighted_bias_quick_geglu_impl) clamps the
+    halves eagerly and concatenates them: 3 kernels, 8 passes over assignments x f forward, twice
+    that backward; TEGroupedMLP._apply_bias: 6 passes over assignments x h each way. An eager
+    stack's clamp is its two clamps: 2 kernels, 4 passes."""
+    device = load_cluster("dgx-h100-80gb").device.model_copy(update={"kernel_overhead_us": 0.0})
+    rows, f, h, e = 4096 * 2, MIXTRAL.moe_ffn, MIXTRAL.hidden_size, 2  # top-2 of one 4096-token sequence, bf16
+    for target, kernels, passes, bias in (("megatron", 3, 8, 6), ("torchtitan", 2, 4, 0)):
+        k = stacks.get(target).kernels
+        assert moe_kernels(CLAMPED, k, 4) == moe_kernels(BIASED, k, 4) + kernels
+        plain, biased, clamped = (expert_times(m, device, DType.bf16, 1, 4096, 1, 2, kernels=k) for m in (MIXTRAL, BIASED, CLAMPED))
+        clamp = memory_bound_time(device, passes * rows * f * e)
+        assert (clamped[0] - biased[0], clamped[1] - biased[1]) == (pytest.approx(clamp), pytest.approx(2 * clamp))
+        outside = memory_bound_time(device, bias * rows * h * e)
+        assert (biased[0] - plain[0], biased[1] - plain[1]) == (pytest.approx(outside), pytest.approx(outside))
+
+
+def test_megatron_rotates_a_yarn_scaled_embedding_in_eager_operators():
+    """Megatron-Core's fused RoPE cannot apply YaRN's mscale (rope_utils.py:apply_rotary_pos_emb),
+    so _apply_rotary_pos_emb_bshd runs: 12 kernels per tensor, 12 passes over q and k where the
+    fused kernel makes 2; torchtitan folds the factor into its tables: nothing changes."""
+    yarn = LLAMA3.model_copy(update={"rope_attention_factor": 1.35})
+    assert counts("megatron", yarn) == (1, counts("megatron", LLAMA3)[1] - 2 + 24)
+    assert counts("torchtitan", yarn) == counts("torchtitan", LLAMA3)
+    device = load_cluster("dgx-h100-80gb").device.model_copy(update={"kernel_overhead_us": 0.0})
+    def layer(m, target):
+        return layer_compute(m, device, DType.bf16, 1, 4096, 1, False, True, target=Target(target))
+    q_and_k = 4096 * (8192 + 128 * 8) * 2  # 64 query heads and 8 key heads of 128, bf16
+    extra = memory_bound_time(device, 10 * q_and_k)
+    assert layer(yarn, "megatron").forward - layer(LLAMA3, "megatron").forward == pytest.approx(extra)
+    assert layer(yarn, "torchtitan").forward == layer(LLAMA3, "torchtitan").forward
 
 
 def test_the_fused_stack_runs_the_same_layer_faster_at_the_same_constants():

@@ -320,6 +320,12 @@ def runnable_model(model: ModelSpec, plan: Plan, notes: list[str]) -> ModelSpec:
     if model.mtp_layers:
         update["mtp_layers"] = 0
         missing.append(f"the {model.mtp_layers} multi-token-prediction module(s) left out")
+    if model.glu_limit is not None:
+        update["glu_limit"] = None
+        missing.append(f"the MLP's clamp at {model.glu_limit:g} left out")
+    if model.rope_attention_factor != 1.0:  # a scale on cos and sin: the same work in the reference's rotary
+        update["rope_attention_factor"] = 1.0
+        missing.append(f"the rotary embedding's attention factor {model.rope_attention_factor:g} left out")
     if model.mla:
         update.update(kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=0, v_head_dim=None)
         missing.append(f"multi-head latent attention run as multi-head attention of {model.num_heads} heads of {model.head_dim}")

@@ -24,6 +24,7 @@ checked before anything is computed from it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -97,8 +98,9 @@ FAMILIES: dict[str, Family] = {
     "deepseek_v3": Family(_DECODER | _DEEPSEEK, {"num_key_value_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536,
                                                  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
                           moe="deepseek", mla=True),
-    "gpt_oss": Family(_DECODER | {"sliding_window", "layer_types", "num_local_experts", "num_experts_per_tok", "experts_per_token"},
-                      {"num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128, "attention_bias": True},
+    "gpt_oss": Family(_DECODER | {"sliding_window", "layer_types", "num_local_experts", "num_experts_per_tok", "experts_per_token",
+                                  "swiglu_limit"},
+                      {"num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128, "attention_bias": True, "swiglu_limit": 7.0},
                       biases="all", windows="alternate", moe="gpt_oss"),
     # OLMo 2 normalises the attention and MLP outputs instead of their inputs: two norms, as costed.
     "olmo2": Family(_DECODER, qk_norm=True),
@@ -128,7 +130,8 @@ _WHY = {
         "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate",
         "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
         "suppress_tokens", "begin_suppress_tokens"),
-    "rotary frequencies: the rotation costs the same whatever they are (rope_scaling's long-context extension too)": (
+    "rotary frequencies: the rotation costs the same whatever they are (rope_scaling's long-context extension too, "
+    "but for YaRN's attention factor, read from it)": (
         "rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_freq", "rope_interleave", "original_max_position_embeddings",
         "rotary_emb_base", "initial_context_length", "use_mrope"),
     "rotary on part of each head: costed as on all of it (a few bytes an element)": ("partial_rotary_factor", "rotary_pct"),
@@ -138,7 +141,7 @@ _WHY = {
     "how the router picks and weights experts, and its auxiliary loss: the same experts' work": (
         "router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "norm_topk_prob", "routed_scaling_factor",
         "scoring_func", "topk_method", "n_group", "topk_group", "aux_loss_alpha", "seq_aux", "ep_size"),
-    "GPT-OSS's clamped SwiGLU: one elementwise op, as SiLU's": ("swiglu_limit", "swiglu_alpha"),
+    "GPT-OSS's SwiGLU slope: the same element-wise operators": ("swiglu_alpha",),
     "GPT-NeoX's parallel attention and MLP: the same operators": ("use_parallel_residual",),
     "Llama's sliced matmuls that reproduce pretraining numerics: the same GEMM work": ("pretraining_tp",),
     "heads other than the causal LM's": ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
@@ -198,7 +201,7 @@ FIELD_KINDS: dict[str, tuple] = {
     **dict.fromkeys(("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "use_sliding_window", "add_cross_attention",
                      "use_bidirectional_attention", "is_encoder_decoder"), ("bool",)),
     **dict.fromkeys(("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"), _PROBABILITY),
-    **dict.fromkeys(("final_logit_softcapping", "attn_logit_softcapping"), ("number", 1e-6, 1e6)),
+    **dict.fromkeys(("final_logit_softcapping", "attn_logit_softcapping", "swiglu_limit"), ("number", 1e-6, 1e6)),
     **dict.fromkeys(("layer_norm_eps", "layer_norm_epsilon"), ("number", 0.0, 1.0)),
     **dict.fromkeys(("hidden_act", "hidden_activation", "activation_function", "model_type"), ("name",)),
     "layer_types": ("names",), "architectures": ("names",), "mlp_only_layers": ("counts",),
@@ -304,12 +307,45 @@ def read_decoder(data: dict, model_type: str, name: str, moe_fields: Callable) -
         if c.data.get("qk_head_dim") not in (None, spec["attention_head_dim"] + spec["qk_rope_head_dim"]):
             c.refuse("qk_head_dim", "it is not qk_nope_head_dim + qk_rope_head_dim; fix the config")
     spec["sliding_window"], spec["sliding_window_layers"] = _windows(c, layers)
+    if model_type == "gpt_oss":  # GptOssExperts clamps the gate and up halves at swiglu_limit
+        spec["glu_limit"] = float(c.get("swiglu_limit"))
+    if model_type != "gpt2":
+        spec["rope_attention_factor"] = _rope_attention_factor(c)
     if fam.moe:
         experts, approximated = moe_fields(data, name, fam.moe, c.need)
         spec.update(experts)
         notes += approximated
     spec["source"] = "; ".join([spec["source"], *notes, *_checkpoint_notes(c, layers, h)])
     return spec
+
+
+def _rope_attention_factor(c: _Config) -> float:
+    """YaRN's attention factor on the rotary embedding's cos and sin, as transformers computes it
+    (modeling_rope_utils.py:_compute_yarn_parameters): attention_factor if given, else
+    0.1 mscale ln(factor) + 1 over the same with mscale_all_dim where both are given (DeepSeek-V3:
+    1), else 0.1 ln(factor) + 1 (GPT-OSS's factor 32: 1.347); 1 for any other rotary scaling."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = c.data.get(key)
+        if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "yarn":
+            break
+    else:
+        return 1.0
+    values = {}
+    for part in ("factor", "attention_factor", "mscale", "mscale_all_dim"):
+        value = rope.get(part)
+        if value is not None and _kind_problem(("number", 1e-6, 1e6), value):
+            c.refuse(key, f"its {part} {value!r} must be a number from 1e-06 to 1e+06")
+        values[part] = value
+    if values["attention_factor"] is not None:
+        return float(values["attention_factor"])
+    factor = values["factor"] or 1.0
+
+    def mscale(m: float) -> float:
+        return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    if values["mscale"] and values["mscale_all_dim"]:
+        return mscale(values["mscale"]) / mscale(values["mscale_all_dim"])
+    return mscale(1.0)
 
 
 def _activation(c: _Config) -> str:

@@ -23,7 +23,9 @@ from pydantic_core import PydanticCustomError
 # 1.8: SizeDocument, `plan size --json`; the other documents are unchanged.
 # 1.9: ModelSpec's multi-head latent attention (kv_lora_rank, q_lora_rank, qk_rope_head_dim,
 # v_head_dim); read without them, attention is standard.
-SCHEMA_VERSION = "1.9"
+# 1.10: ModelSpec.glu_limit (a clamped gated MLP) and rope_attention_factor (YaRN's scale on the
+# rotary embedding); read without them, no clamp and a factor of 1.
+SCHEMA_VERSION = "1.10"
 
 
 # ----- numbers

@@ -7,7 +7,7 @@ from typing import Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from planner.specs.base import MAX_COUNT, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH, Integer, _Spec
+from planner.specs.base import MAX_COUNT, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH, Integer, Real, _Spec
 
 
 # --------------------------------------------------------------------------- enums
@@ -80,11 +80,24 @@ class ModelSpec(_Spec):
         default=Activation.gelu,
         description="MLP flavour: 'gelu' (2 matrices), 'swiglu' or 'geglu' (3 matrices: gate, up, down; 'geglu' schema 1.6).",
     )
+    glu_limit: Optional[Real(0, 1e6, open_lo=True)] = Field(
+        default=None,
+        description="A gated MLP clamps its gate half from above and its linear half on both sides to this limit before "
+        "the activation (GPT-OSS: swiglu_limit 7.0); None: no clamp. It costs element-wise passes over the activation's "
+        "input. (schema 1.10)",
+    )
     tied_embeddings: bool = Field(default=False, description="Input embedding and LM head share one matrix.")
     learned_position_embeddings: bool = Field(
         default=True, description="A learned position table of max_seq_len x h (GPT); False for rotary (Llama)."
     )
     linear_bias: bool = Field(default=True, description="Linear layers carry biases (GPT yes, Llama no).")
+    rope_attention_factor: Real(0, 1e3, open_lo=True) = Field(
+        default=1.0,
+        description="Scale on the rotary embedding's cos and sin (YaRN's attention factor, 0.1 ln(factor) + 1 by Peng et "
+        "al. 2023: GPT-OSS 1.347 for its factor 32); 1 without. Megatron-Core's fused RoPE kernel cannot apply it and "
+        "rotates in eager operators instead. (schema 1.10)",
+    )
+
     norm: str = Field(default="layernorm", description="'layernorm' (weight+bias) or 'rmsnorm' (weight only).")
     norms_per_layer: Integer(2, 4) = Field(
         default=2,
@@ -168,6 +181,10 @@ class ModelSpec(_Spec):
             if self.linear_bias:
                 raise ValueError("multi-head latent attention is costed without biases (DeepSeek's and Megatron-Core's have none): "
                                  "set linear_bias false")
+        if self.glu_limit is not None and not self.gated:
+            raise ValueError("glu_limit clamps a gated MLP's halves: it needs activation 'swiglu' or 'geglu'")
+        if self.rope_attention_factor != 1.0 and self.learned_position_embeddings:
+            raise ValueError("rope_attention_factor scales a rotary embedding: it needs learned_position_embeddings false")
         if self.sliding_window is None and self.sliding_window_layers:
             raise ValueError("sliding_window_layers needs sliding_window")
         if self.sliding_window is not None and not 0 < self.sliding_window_layers <= self.num_layers:

@@ -105,6 +105,20 @@ class Kernels:
     experts: str = "grouped"
     expert_extra: int = 0  # kernels per local expert besides its MLP (a loop's gather and scatter)
     expert_bias: int = 0  # kernels per local expert that add a biased expert's output bias outside its GEMM
+    # forward passes over the experts' output (assignments x h, each a read or a write) adding that
+    # bias costs, backward the same (the bias's and the routing weights' gradients, two reductions)
+    expert_bias_passes: int = 0
+    # A clamped gated MLP (ModelSpec.glu_limit, GPT-OSS): kernels clamping the gate and linear halves
+    # before the activation, and their forward passes over one half (tokens x f, each a read or a
+    # write): two clamps, each reading and writing its half
+    glu_clamp: int = 2
+    glu_clamp_passes: int = 4
+    # Rotary embedding with an attention factor (ModelSpec.rope_attention_factor, YaRN): where the
+    # stack's fused kernel cannot apply it, the kernels rotating q and k (both) instead and their
+    # forward passes over q and k (the fused kernel's 2: one read, one write); 0: as without it (the
+    # factor folded into the cos and sin tables)
+    scaled_rotary: int = 0
+    scaled_rotary_passes: int = 0
 
     def __post_init__(self):
         if self.experts not in ("grouped", "gemm_per_expert", "loop"):

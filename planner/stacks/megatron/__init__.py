@@ -37,10 +37,20 @@ STACK = Stack(
     # one GEMM per local expert (TransformerEngine common/gemm/cublaslt_gemm.cu:
     # nvte_multi_tensor_gemm -> multi_stream_cublas_gemm unless NVTE_USE_CUTLASS_GROUPED_GEMM on
     # Hopper), the weighted bias-activation fusion (1); a biased expert's fc2 bias added per local
-    # expert in Python (TEGroupedMLP._apply_bias: bias x probability, add: 2)
+    # expert in Python (TEGroupedMLP._apply_bias: bias x probability, add: 2), then the experts'
+    # outputs concatenated: 6 passes (the product written, the sum's two reads and its write, the
+    # concatenation's read and write). A clamped GLU (fusions/fused_bias_geglu.py:
+    # weighted_bias_quick_geglu_impl with activation_func_clamp_value, GPT-OSS) chunks the fc1
+    # output, clamps both halves eagerly and concatenates them before the fused activation: 3
+    # kernels, 8 passes over a half. RoPE with YaRN's mscale (models/common/embeddings/rope_utils.py:
+    # apply_rotary_pos_emb: "mscale ... is not supported by TE's fused RoPE") runs
+    # _apply_rotary_pos_emb_bshd per tensor: cos and sin of the frequencies each scaled and cast
+    # (6 small kernels), t * cos, the negated half, its concatenation, the product by sin, the sum
+    # and the concatenation with the unrotated part (6 over the tensor: 12 passes): 24 for q and k
     kernels=Kernels(separate_qkv=False, separate_gate_up=False, layernorm=1, rmsnorm=1, rotary=2,
                     activation=1, gated_activation=1, residual=1, dropout=0, kv_repeat=0, softmax=1,
-                    attention_out=0, moe_dispatch=19, experts="gemm_per_expert", expert_bias=2),
+                    attention_out=0, moe_dispatch=19, experts="gemm_per_expert", expert_bias=2,
+                    expert_bias_passes=6, glu_clamp=3, glu_clamp_passes=8, scaled_rotary=24, scaled_rotary_passes=12),
     # transformer/multi_latent_attention.py: linear_q_down_proj / linear_kv_down_proj 'duplicated'
     mla_local_down_projections=True,
 )
