@@ -377,8 +377,11 @@ def glu_clamp_bytes(model: ModelSpec, k, tokens: float, f: int, e: int) -> float
 
 def rotary_scaled_by_stack(model: ModelSpec, k) -> bool:
     """The rotary embedding carries an attention factor the stack's fused kernel cannot apply
-    (ModelSpec.rope_attention_factor; Kernels.scaled_rotary): it rotates in eager operators."""
-    return model.rope_attention_factor != 1.0 and not model.learned_position_embeddings and k.scaled_rotary > 0
+    (ModelSpec.rope_attention_factor; Kernels.scaled_rotary): it rotates in eager operators.
+    Not under MLA: Megatron-Core's YaRN embedding for it folds the factor into its cos and sin
+    cache and its fused MLA RoPE kernels apply them (yarn_rotary_pos_embedding.py)."""
+    return (model.rope_attention_factor != 1.0 and not model.learned_position_embeddings and not model.mla
+            and k.scaled_rotary > 0)
 
 
 def moe_kernels(model: ModelSpec, k, local: int) -> int:

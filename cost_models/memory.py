@@ -104,6 +104,8 @@ def layer_activation_bytes(
     if model.qk_norm:
         attention += e * (q + kv)  # the queries and keys before their norms
     mlp_tensors = 1 + mlp_inputs(model)  # fc1 out, act out (+ up, for a gated unit)
+    if model.glu_limit is not None:  # the clamped halves, kept beside the fc1 output the clamps keep
+        mlp_tensors += 2
     mlp = e * mlp_tensors * s * b * (f // tp)
     total = replicated / sp_div + attention + mlp
     if moe:

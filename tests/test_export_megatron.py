@@ -190,7 +190,10 @@ def _hf(name: str, **update):
     (load_model("llama3-8b").model_copy(update={"norms_per_layer": 4}), "megatron cannot build llama3-8b: norms_per_layer 4"),
     (load_model("llama3-8b").model_copy(update={"logit_softcapping": True}), "megatron cannot build llama3-8b: logit_softcapping"),
     (_hf("gpt-oss-120b"), "megatron cannot build gpt-oss-120b: sliding_window on 18 of 36 layers"),
-], ids=["geglu", "four-norms", "softcapping", "window-on-some-layers"])
+    (load_model("llama3-8b").model_copy(update={"glu_limit": 7.0}), "megatron cannot build llama3-8b: glu_limit 7"),
+    (load_model("llama3-8b").model_copy(update={"rope_attention_factor": 1.2}),
+     "megatron cannot build llama3-8b: rope_attention_factor 1.2"),
+], ids=["geglu", "four-norms", "softcapping", "window-on-some-layers", "glu-clamp", "yarn"])
 def test_an_architecture_megatron_cannot_build_is_refused_in_one_line(model, feature):
     """Gemma's GeGLU, four norms a layer, soft-capped logits, and windows on layers the spec
     does not name (GPT-OSS: 18 of 36): refused whatever the plan, naming the field."""

@@ -345,6 +345,9 @@ def test_torchtitan_has_the_components_a_generic_text_names(titan):
     assert "qk_norm" in fields(GQAttention) and "sliding_window_size" in fields(GptOssAttention)
     assert {"post_attention_norm", "post_ffn_norm"} <= fields(MuseGlimmerTransformerBlock)
     assert "output_soft_cap_temp" in fields(SoftCappedLinear)
+    from torchtitan.models.common.rope import CosSinRoPE
+    from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
+    assert "swiglu_limit" in fields(GptOssGroupedExperts) and {"scaling", "rope_factor"} <= fields(CosSinRoPE)
     q, kv = torch.arange(12)[:, None], torch.arange(12)[None, :]
     allowed = get_sliding_window_mask_mod(4)(0, 0, q, kv)
     assert allowed.sum(dim=1).tolist() == [min(i + 1, 4) for i in range(12)]

@@ -378,6 +378,23 @@ def test_gpt_oss_reads_its_clamp_and_yarn_attention_factor():
               "rope_type": "llama3"}
     assert _read({**GPT_OSS, "rope_scaling": llama3}).rope_attention_factor == 1.0
     assert _read({**MIXTRAL}).glu_limit is None
+    assert _read({**GPT_OSS, "swiglu_limit": None}).glu_limit == 7.0  # null: the family's default
+    # transformers 5 derives a missing factor from the context's extension: 131072 / 4096 = 32
+    no_factor = {k: v for k, v in GPT_OSS_ROPE.items() if k != "factor"}
+    assert _read({**GPT_OSS, "rope_scaling": no_factor}).rope_attention_factor == pytest.approx(0.1 * math.log(32) + 1)
+    assert _read({**DEEPSEEK_V3, "rope_scaling": {**DEEPSEEK_V3_ROPE, "mscale_all_dim": 0}}).rope_attention_factor == (
+        pytest.approx(0.1 * math.log(40) + 1))  # 0: unset, as transformers reads it
+
+
+def test_a_clamped_glu_keeps_its_clamped_halves_for_backward():
+    """The clamps keep the fc1 output, and the activation the clamped copy of both halves:
+    2 x f more per token-expert assignment (bf16), nothing under full recompute."""
+    m = _read(GPT_OSS)
+    plain = m.model_copy(update={"glu_limit": None})
+    def kept(model, recompute):
+        return memory.layer_activation_bytes(model, 1, 4096, 1, False, recompute, True)
+    assert kept(m, Recompute.none) - kept(plain, Recompute.none) == 2 * 2 * 4096 * 4 * 2880
+    assert kept(m, Recompute.full) == kept(plain, Recompute.full)
 
 
 def test_a_clamp_needs_a_gated_mlp_and_a_rope_factor_rotary_positions():
@@ -411,8 +428,9 @@ def test_a_clamp_and_a_rope_factor_are_left_out_of_a_run_and_said():
     ({**QWEN3_MOE, "head_dim": 0}, "head_dim"),
     ({**GPT_OSS, "swiglu_limit": -1}, "swiglu_limit"),
     ({**GPT_OSS, "rope_scaling": {**GPT_OSS_ROPE, "factor": "32"}}, "rope_scaling"),
+    ({**GPT_OSS, "rope_scaling": {**GPT_OSS_ROPE, "attention_factor": 5000}}, "rope_scaling"),
 ], ids=["decoder_sparse_step", "mlp_only_layers", "shared_width", "moe_layer_freq", "unknown_moe", "dense_type", "no_top_k", "head_dim",
-        "swiglu_limit", "yarn_factor"])
+        "swiglu_limit", "yarn_factor", "yarn_attention_factor"])
 def test_what_cannot_be_modelled_is_refused_in_one_line_naming_the_field(tmp_path, config, field):
     (tmp_path / "config.json").write_text(json.dumps(config))
     r = CliRunner().invoke(cli, ["estimate", "--model", str(tmp_path / "config.json"), "--cluster", "dgx-h100-80gb", "--gpus", "8",

@@ -131,6 +131,9 @@ def test_megatron_rotates_a_yarn_scaled_embedding_in_eager_operators():
     extra = memory_bound_time(device, 10 * q_and_k)
     assert layer(yarn, "megatron").forward - layer(LLAMA3, "megatron").forward == pytest.approx(extra)
     assert layer(yarn, "torchtitan").forward == layer(LLAMA3, "torchtitan").forward
+    # multi-latent attention: Megatron-Core's YaRN cache holds the factor and its fused MLA RoPE applies it
+    dsv3 = load_model("deepseek-v3")
+    assert counts("megatron", dsv3.model_copy(update={"rope_attention_factor": 1.35})) == counts("megatron", dsv3)
 
 
 def test_the_fused_stack_runs_the_same_layer_faster_at_the_same_constants():

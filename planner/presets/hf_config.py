@@ -307,8 +307,9 @@ def read_decoder(data: dict, model_type: str, name: str, moe_fields: Callable) -
         if c.data.get("qk_head_dim") not in (None, spec["attention_head_dim"] + spec["qk_rope_head_dim"]):
             c.refuse("qk_head_dim", "it is not qk_nope_head_dim + qk_rope_head_dim; fix the config")
     spec["sliding_window"], spec["sliding_window_layers"] = _windows(c, layers)
-    if model_type == "gpt_oss":  # GptOssExperts clamps the gate and up halves at swiglu_limit
-        spec["glu_limit"] = float(c.get("swiglu_limit"))
+    if model_type == "gpt_oss":  # GptOssExperts clamps the gate and up halves at swiglu_limit (null: the default)
+        limit = c.data.get("swiglu_limit")
+        spec["glu_limit"] = float(c.fam.defaults["swiglu_limit"] if limit is None else limit)
     if model_type != "gpt2":
         spec["rope_attention_factor"] = _rope_attention_factor(c)
     if fam.moe:
@@ -331,21 +332,29 @@ def _rope_attention_factor(c: _Config) -> float:
     else:
         return 1.0
     values = {}
-    for part in ("factor", "attention_factor", "mscale", "mscale_all_dim"):
+    for part, lo in (("factor", 1e-6), ("attention_factor", 1e-6), ("mscale", 0.0), ("mscale_all_dim", 0.0),
+                     ("original_max_position_embeddings", 1)):
         value = rope.get(part)
-        if value is not None and _kind_problem(("number", 1e-6, 1e6), value):
-            c.refuse(key, f"its {part} {value!r} must be a number from 1e-06 to 1e+06")
+        if value is not None and _kind_problem(("number", lo, 1e6), value):
+            c.refuse(key, f"its {part} {value!r} must be a number from {lo:g} to 1e+06")
         values[part] = value
-    if values["attention_factor"] is not None:
-        return float(values["attention_factor"])
-    factor = values["factor"] or 1.0
+    factor = values["factor"]
+    if factor is None and values["original_max_position_embeddings"]:  # transformers 5: the context's extension
+        factor = (c.get("max_position_embeddings") or 1) / values["original_max_position_embeddings"]
+    factor = factor or 1.0
 
     def mscale(m: float) -> float:
         return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
 
-    if values["mscale"] and values["mscale_all_dim"]:
-        return mscale(values["mscale"]) / mscale(values["mscale_all_dim"])
-    return mscale(1.0)
+    if values["attention_factor"] is not None:
+        out = float(values["attention_factor"])
+    elif values["mscale"] and values["mscale_all_dim"]:
+        out = mscale(values["mscale"]) / mscale(values["mscale_all_dim"])
+    else:
+        out = mscale(1.0)
+    if not 1e-6 < out <= 1e3:  # ModelSpec's bounds on rope_attention_factor
+        c.refuse(key, f"its YaRN attention factor comes to {out:g}, not between 1e-06 and 1000")
+    return out
 
 
 def _activation(c: _Config) -> str:

@@ -135,6 +135,17 @@ def model_problems(model: ModelSpec) -> list[str]:
         # is_layer_window_attention) places the windowed layers; the spec holds only their count.
         out.append(f"sliding_window on {windowed(model)} (the model spec does not say which layers; "
                    "--window-attn-skip-freq must)")
+    if model.glu_limit is not None:
+        # Megatron-Core's TransformerConfig.activation_func_clamp_value (Megatron-Bridge's GPT-OSS
+        # provider sets it); arguments.py has no flag for it.
+        out.append(f"glu_limit {model.glu_limit:g} (Megatron-LM's arguments cannot clamp the MLP: Megatron-Core's "
+                   "TransformerConfig.activation_func_clamp_value can, as Megatron-Bridge sets it)")
+    if model.rope_attention_factor != 1.0:
+        # arguments.py: --rope-type yarn for multi-latent attention only ("Common attention only
+        # support rope_type=rope"); Megatron-Core's position_embedding_type "yarn" has no flag.
+        out.append(f"rope_attention_factor {model.rope_attention_factor:g} (YaRN: Megatron-LM's arguments take it for "
+                   "multi-latent attention only, and this exporter writes none; Megatron-Core's TransformerConfig "
+                   "position_embedding_type 'yarn' can, as Megatron-Bridge sets it)")
     return out
 
 

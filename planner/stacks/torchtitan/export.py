@@ -231,6 +231,13 @@ def _features(model: ModelSpec) -> list[str]:
     if model.sliding_window is not None:
         out.append(f"a {model.sliding_window}-key sliding window on {windowed(model)} (the attention's sliding_window_size "
                    "per layer, as models/gpt_oss/model.py)")
+    if model.glu_limit is not None:
+        out.append(f"the MLP's halves clamped at {model.glu_limit:g} (GptOssGroupedExperts.Config.swiglu_limit, "
+                   "models/gpt_oss/moe.py)")
+    if model.rope_attention_factor != 1.0:
+        out.append(f"YaRN rotary scaling of attention factor {model.rope_attention_factor:.4g} (CosSinRoPE.Config "
+                   "scaling 'yarn' with your model's rope_factor, models/common/rope.py; the factor folded into the "
+                   "softmax scale as models/gpt_oss/model.py does)")
     if model.logit_softcapping:
         out.append("soft-capped logits (an lm_head of SoftCappedLinear.Config with output_soft_cap_temp your model's cap, "
                    "models/muse_glimmer/model.py)")
