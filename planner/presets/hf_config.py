@@ -310,7 +310,7 @@ def read_decoder(data: dict, model_type: str, name: str, moe_fields: Callable) -
     if model_type == "gpt_oss":  # GptOssExperts clamps the gate and up halves at swiglu_limit (null: the default)
         limit = c.data.get("swiglu_limit")
         spec["glu_limit"] = float(c.fam.defaults["swiglu_limit"] if limit is None else limit)
-    if model_type != "gpt2":
+    if not spec["learned_position_embeddings"]:  # a rotary model's YaRN factor (ModelSpec refuses one with learned positions)
         spec["rope_attention_factor"] = _rope_attention_factor(c)
     if fam.moe:
         experts, approximated = moe_fields(data, name, fam.moe, c.need)

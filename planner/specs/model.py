@@ -97,7 +97,6 @@ class ModelSpec(_Spec):
         "al. 2023: GPT-OSS 1.347 for its factor 32); 1 without. Megatron-Core's fused RoPE kernel cannot apply it and "
         "rotates in eager operators instead. (schema 1.10)",
     )
-
     norm: str = Field(default="layernorm", description="'layernorm' (weight+bias) or 'rmsnorm' (weight only).")
     norms_per_layer: Integer(2, 4) = Field(
         default=2,
