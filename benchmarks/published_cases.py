@@ -31,7 +31,8 @@ does (MLA below); a head_dim of its own (Qwen3, GPT-OSS) is
 ModelSpec.attention_head_dim; sliding windows (GPT-OSS) are the record's model's
 sliding_window / sliding_window_layers. A record whose "parallel" names its recipe's dispatcher
 ("dispatcher": "deepep") is costed with it (JobSpec.moe_dispatcher), else with the all-to-all. Where a record states them, "recompute_mode" (how its recompute is costed),
-"layers_per_stage" (the pipeline split) and "tp_comm_overlap" are read as they are.
+"layers_per_stage" (the pipeline split) and "tp_comm_overlap" are read as they are; Megatron's recompute
+modules layernorm and moe_act are Plan.recompute_norm_act.
 Runs the cost model does not cover are listed by `excluded()` with the reason: FP8, CPU offload,
 context parallelism (issue 12), a 500 W power-capped H100 (no preset for it), missing
 model dimensions or GPU count, and for mixture-of-experts runs expert-TP other than 1, TP
@@ -212,6 +213,13 @@ def _cluster(rec: dict) -> ClusterSpec:
     return cluster.model_copy(update={"inter_node": tier.model_copy(update={"collectives": fits, "name": f"{gbps} Gb/s per node"})})
 
 
+def _norm_act(rec: dict, stack: str) -> bool:
+    """Plan.recompute_norm_act: a Megatron record whose recompute modules are layernorm and
+    moe_act (Megatron-Bridge's GPT-OSS and Qwen3 recipes, the model zoo's 'norm, act')."""
+    r = (rec["parallel"].get("recompute") or "").lower()
+    return stack == "megatron" and "layernorm" in r and "moe_act" in r
+
+
 def _recompute(rec: dict, layers: int) -> dict:
     if rec["parallel"].get("recompute_mode"):  # the record says how its recompute is costed (its notes say why)
         return {"recompute": rec["parallel"]["recompute_mode"]}
@@ -331,7 +339,7 @@ def case(rec: dict) -> Case:
         zero_stage=zero,
         sequence_parallel=sp, tp_comm_overlap=sp and ("DGXC" in rec["name"] if overlap is None else overlap),
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=p.get("layers_per_stage"),
-        **_recompute(rec, model.num_layers),
+        recompute_norm_act=_norm_act(rec, stack), **_recompute(rec, model.num_layers),
     )
     flash = rec.get("flash_attention", rec["group"] not in DEEPSPEED_GROUPS)  # a record may say it ran without
     job = JobSpec(global_batch_size=gbs, seq_len=rec["model"]["seq_len"], flash_attention=flash,

@@ -384,6 +384,37 @@ def rotary_scaled_by_stack(model: ModelSpec, k) -> bool:
             and k.scaled_rotary > 0)
 
 
+def separate_norms(model: ModelSpec, k, dense: bool = False) -> int:
+    """Norms of one layer that run as kernels of their own before a linear layer, which keeps
+    their output for its weight gradient (what Plan.recompute_norm_act discards and reruns):
+    both, where the stack runs norms apart; where it fuses them into the linear layers after
+    them (Kernels.norm_in_linear), a MoE layer's pre-MLP norm (the router and the dispatch read
+    its output) and multi-head latent attention's input norm (its down-projections are plain
+    linears). Gemma's post-norms feed residual adds, not linear layers: not counted."""
+    if not k.norm_in_linear:
+        return 2
+    return int(model.mla) + int(model.is_moe and not dense)
+
+
+def norm_act_recompute_time(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int,
+                            sequence_parallel: bool, k, ep: int = 1, dense: bool = False) -> float:
+    """Seconds Plan.recompute_norm_act adds to one layer's backward per micro-batch: the forward
+    of its separate norms (separate_norms: read and write this rank's rows) and, in a MoE layer,
+    of the routed experts' activation (read the fc1 output, write the activation's: as
+    expert_times counts it, a clamped GLU's clamps with it), with a gap per kernel launched."""
+    e, h = DTYPE_BYTES[dtype], model.hidden_size
+    rows = micro_batch * seq_len / (tp if sequence_parallel else 1)
+    n = separate_norms(model, k, dense)
+    nbytes = n * 2 * rows * h * e
+    launched = n * (k.rmsnorm if model.norm == "rmsnorm" else k.layernorm)
+    if model.is_moe and not dense:
+        assigned, f = routed_tokens(model, micro_batch, seq_len, tp), model.moe_ffn
+        nbytes += (mlp_inputs(model) + 1) * assigned * f * e + glu_clamp_bytes(model, k, assigned, f, e)
+        act = mlp_kernels(model, k)[1]
+        launched += act * (model.num_experts // ep if k.experts == "loop" else 1)
+    return memory_bound_time(device, nbytes) + kernels_time(device, launched)
+
+
 def moe_kernels(model: ModelSpec, k, local: int) -> int:
     """Kernels one MoE layer's router, dispatch, combine and `local` routed experts launch in
     forward, as a stack's code launches them (planner/stacks/stack.py:Kernels): grouped, the

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from planner.specs import DTYPE_BYTES, DType, LossKernel, ModelSpec, Optimizer, Recompute, Schedule
 
-from .compute import kv_shard, latent_norm_width, mlp_inputs, vocab_shard
+from .compute import kv_shard, latent_norm_width, mlp_inputs, separate_norms, vocab_shard
 
 GIB = float(2**30)
 
@@ -124,6 +124,23 @@ def layer_activation_bytes(
     if recompute == Recompute.none:
         total += attention_score_bytes(model, micro_batch, seq_len, tp, flash_attention, e)
     return total
+
+
+def norm_act_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, sequence_parallel: bool, kernels,
+                   dtype: DType = DType.bf16, dense: bool = False, fp8: bool = False) -> float:
+    """Bytes of layer_activation_bytes one layer (not fully recomputed) no longer keeps per
+    micro-batch under Plan.recompute_norm_act: the output of each separate norm
+    (compute.separate_norms, as the linear layer after it keeps it: this rank's rows, FP8 under
+    FP8 GEMMs) and, in a MoE layer, the routed experts' activation output (fc2's input) with a
+    clamped GLU's two clamped halves; the fc1 output the activation reruns from is kept."""
+    e = DTYPE_BYTES[dtype]
+    kept = 1 if fp8 else e
+    s, b = seq_len, micro_batch
+    out = separate_norms(model, kernels, dense) * kept * s * b * model.hidden_size / (tp if sequence_parallel else 1)
+    if model.is_moe and not dense:
+        act = s * b * (model.experts_per_token * model.moe_ffn // tp)
+        out += kept * act + (2 * e * act if model.glu_limit is not None else 0)
+    return out
 
 
 def attention_score_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, flash_attention: bool, e: int = 2) -> float:

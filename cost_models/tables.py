@@ -210,10 +210,11 @@ def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k:
 def layer_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink,
     tp_overlap: bool = False, ep: int = 1, ep_link: GroupLink | None = None, dense: bool = False, fp8: bool = False,
-    cp: int = 1, cp_link: GroupLink | None = None,
+    cp: int = 1, cp_link: GroupLink | None = None, norm_act: bool = False,
 ) -> LayerCosts:
     """One layer of the model (`dense`: one of a MoE model's first dense layers; `fp8`: its
-    GEMMs in FP8; `cp`: context parallelism, with `job.seq_len` a rank's s / cp tokens)."""
+    GEMMs in FP8; `cp`: context parallelism, with `job.seq_len` a rank's s / cp tokens;
+    `norm_act`: Plan.recompute_norm_act, in the modes that keep activations)."""
     dtype, b, s = job.precision, micro_batch, job.seq_len
     moe = model.is_moe and not dense
     lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target, ep, dense, fp8, cp,
@@ -286,12 +287,19 @@ def layer_costs(
         # attention share of them; full recompute keeps the layer input only (exact).
         a_none = measured[2]
         acts = (a_none, max(acts[2], a_none - (acts[0] - acts[1])), acts[2])
+    rerun = 0.0
+    if norm_act:
+        # the separate norms' and the experts' activation outputs rebuilt in backward, not kept
+        kernels = stacks.get(job.target).kernels
+        rerun = compute.norm_act_recompute_time(model, cluster.device, dtype, b, s, tp, sp, kernels, ep, dense)
+        freed = memory.norm_act_bytes(model, b, s, tp, sp, kernels, dtype, dense, fp8)
+        acts = (max(acts[2], acts[0] - freed), max(acts[2], acts[1] - freed), acts[2])
     return LayerCosts(
         forward=lc.forward,
         backward=lc.backward,
         tp_forward=tp_fwd,
         tp_backward=tp_bwd,
-        recompute=(0.0, lc.attention_core_forward + mla_regather, lc.forward + tp_fwd),
+        recompute=(rerun, lc.attention_core_forward + mla_regather + rerun, lc.forward + tp_fwd),
         activation_bytes=acts,
         params=params.total,
         flops_forward=flops,
@@ -303,7 +311,7 @@ def layer_costs(
 def edge_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, pp: int,
     tp_link: GroupLink, pp_link: GroupLink, ep: int = 1, ep_link: GroupLink | None = None, layer: LayerCosts | None = None,
-    fp8: bool = False,
+    fp8: bool = False, norm_act: bool = False,
 ) -> EdgeCosts:
     """The first stage's embedding, the last stage's head and loss, the pipeline sends; a MoE
     model's first dense layers (first_dense_layers, which the first stage must hold: Plan's
@@ -336,7 +344,7 @@ def edge_costs(
     p2p = pp_link.time(Collective.p2p, buf / (tp if sp else 1))
     if tp > 1 and not sp:
         p2p = min(p2p, pp_link.time(Collective.p2p, buf / tp) + tp_link.time(Collective.all_gather, buf))
-    extra = _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8)
+    extra = _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8, norm_act)
     head_acts = memory.head_activation_bytes(model, b, s, tp, sp, dtype, loss)
     mtp = (0.0, 0.0, 0, 0.0, 0)
     if model.mtp_layers:
@@ -348,7 +356,7 @@ def edge_costs(
         # kept whole for backward (whatever the stage's recompute), a final norm, and the LM
         # head and loss again.
         k, L = model.mtp_layers, layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link,
-                                                         dense=not model.is_moe, fp8=fp8)
+                                                         dense=not model.is_moe, fp8=fp8, norm_act=norm_act)
         e, rows = DTYPE_BYTES[dtype], b * s / (tp if sp else 1)
         proj = compute.linear_times(dev, dtype, b * s, 2 * model.hidden_size, model.hidden_size // tp, fp8=fp8)
         norms = compute.memory_bound_time(dev, 3 * 2 * rows * model.hidden_size * e)
@@ -378,14 +386,14 @@ def edge_costs(
     )
 
 
-def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8=False) -> tuple:
+def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8=False, norm_act=False) -> tuple:
     """(forward s, backward s, parameters, activation bytes) the first dense layers add beyond
     as many MoE layers; zeros for a dense model."""
     k = model.first_dense_layers
     if not model.is_moe or not k:
         return (0.0, 0.0, 0, 0.0)
-    moe = layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, fp8=fp8)
-    dense = layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, dense=True, fp8=fp8)
+    moe = layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, fp8=fp8, norm_act=norm_act)
+    dense = layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, dense=True, fp8=fp8, norm_act=norm_act)
     return (
         k * (dense.forward + dense.tp_forward - moe.forward - moe.tp_forward),
         k * (dense.backward + dense.tp_backward - moe.backward - moe.tp_backward),
@@ -484,7 +492,7 @@ def pipeline_costs(
     return layout_costs(
         model, cluster.for_target(job.target), job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
         plan.schedule, plan.zero_stage, plan.sequence_parallel, plan.mesh_order, links, layer, edge,
-        tp_overlap=plan.tp_comm_overlap, ep=plan.ep, fp8=plan.fp8, cp=plan.cp,
+        tp_overlap=plan.tp_comm_overlap, ep=plan.ep, fp8=plan.fp8, cp=plan.cp, norm_act=plan.recompute_norm_act,
     )
 
 
@@ -492,7 +500,7 @@ def layout_costs(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, dp: int, tp: int, pp: int, vpp: int, micro_batch: int,
     num_micro_batches: int, schedule: Schedule, zero: int, sp: bool, mesh_order, links: dict | None = None,
     layer: LayerCosts | None = None, edge: EdgeCosts | None = None, model_flops: float | None = None,
-    tp_overlap: bool = False, ep: int = 1, fp8: bool = False, cp: int = 1,
+    tp_overlap: bool = False, ep: int = 1, fp8: bool = False, cp: int = 1, norm_act: bool = False,
 ) -> PipelineCosts:
     """Cost tables of one layout; `links`, `layer`, `edge` and `model_flops` (per step) may
     come from a cache.
@@ -509,8 +517,9 @@ def layout_costs(
         raise PlanError(f"{cluster.device.name} has no FP8 tensor cores; drop fp8 (or plan on a cluster with FP8: {FP8_PARTS})")
     per_rank = rank_job(job, cp)
     layer = layer or layer_costs(model, cluster, per_rank, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link, fp8=fp8,
-                                 cp=cp, cp_link=cp_link_of(cluster, dpw, tp, pp, cp, mesh_order))
-    edge = edge or edge_costs(model, cluster, per_rank, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer, fp8)
+                                 cp=cp, cp_link=cp_link_of(cluster, dpw, tp, pp, cp, mesh_order), norm_act=norm_act)
+    edge = edge or edge_costs(model, cluster, per_rank, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer, fp8,
+                              norm_act)
     e = DTYPE_BYTES[job.precision]
     states = memory.model_state_bytes(1, dpw, zero, job.precision, job.optimizer)  # per parameter held
     # Routed experts are replicated on tp x dp x cp / ep ranks (the expert-DP group), ZeRO shards over those.

@@ -94,7 +94,7 @@ def estimate(
     model: ModelLike, cluster: ClusterLike, *, gpus: Optional[int] = None, nodes: Optional[int] = None,
     global_batch: int, seq_len: Optional[int] = None, tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1,
     ep: int = 1, vpp: int = 1, micro_batch_size: int = 1, recompute: Union[Recompute, str] = "none", zero: int = 0,
-    sequence_parallel: bool = False, fp8: bool = False, tp_comm_overlap: bool = False,
+    sequence_parallel: bool = False, fp8: bool = False, tp_comm_overlap: bool = False, recompute_norm_act: bool = False,
     schedule: Union[Schedule, str, None] = None, layers_per_stage: Union[Sequence[int], str, None] = None,
     mesh_order: Union[Sequence[str], str] = "tp,dp,pp", precision: Union[DType, str, None] = None,
     optimizer: Union[Optimizer, str] = "adam", flash_attention: bool = True, target: Union[Target, str] = "generic",
@@ -118,7 +118,8 @@ def estimate(
                    moe_dispatcher, attention_kernel)
     plan = new_layout(job, n, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size, schedule=schedule,
                       layers_per_stage=layers_per_stage, mesh_order=mesh_order, recompute=recompute, zero_stage=zero,
-                      sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap, fp8=fp8)
+                      sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap, fp8=fp8,
+                      recompute_norm_act=recompute_norm_act)
     return _estimated(spec, hardware, n, job, plan)
 
 
@@ -138,7 +139,8 @@ def what_if(
     attention_kernel: Optional[str] = None, moe_dispatcher: Optional[str] = None, tp: Optional[int] = None, pp: Optional[int] = None, dp: Optional[int] = None,
     cp: Optional[int] = None, ep: Optional[int] = None, vpp: Optional[int] = None, micro_batch_size: Optional[int] = None,
     recompute: Union[Recompute, str, None] = None, zero: Optional[int] = None, sequence_parallel: Optional[bool] = None,
-    fp8: Optional[bool] = None, tp_comm_overlap: Optional[bool] = None, schedule: Union[Schedule, str, None] = None,
+    fp8: Optional[bool] = None, tp_comm_overlap: Optional[bool] = None, recompute_norm_act: Optional[bool] = None,
+    schedule: Union[Schedule, str, None] = None,
     layers_per_stage: Union[Sequence[int], str, None] = None, mesh_order: Union[Sequence[str], str, None] = None,
 ) -> WhatIf:
     """`plan estimate --plan`: a plan (a document, or a plan file's path; `alternative` K >= 1:

@@ -248,6 +248,7 @@ JOB_CHANGES = {"global_batch": "global_batch_size", "seq_len": "seq_len", "preci
 PLAN_CHANGES = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "fp8": "fp8", "vpp": "vpp",
                 "micro_batch_size": "micro_batch_size", "recompute": "recompute", "zero": "zero_stage",
                 "sequence_parallel": "sequence_parallel", "tp_comm_overlap": "tp_comm_overlap", "schedule": "schedule",
+                "recompute_norm_act": "recompute_norm_act",
                 "mesh_order": "mesh_order", "layers_per_stage": "layers_per_stage"}
 
 
@@ -326,6 +327,7 @@ _FIX_KEYS = {
     "sp": ("sequence_parallel", "bool"), "sequence_parallel": ("sequence_parallel", "bool"),
     "schedule": ("schedule", str), "mesh_order": ("mesh_order", "axes"), "recompute": ("recompute", str),
     "tp_comm_overlap": ("tp_comm_overlap", "bool"), "fp8": ("fp8", "bool"),
+    "recompute_norm_act": ("recompute_norm_act", "bool"),
 }
 
 

@@ -75,13 +75,6 @@ def test_interval_contains_the_runs_at_the_stated_coverage():
 # stated for that table (README "Calibration and trust" names it as an open miss).
 KNOWN_MISSES = {
     "DGXC Nemotron4 340B BF16, 128 H100, TP8 PP8 VP12": 1.06,
-    # GPT-OSS 120B on 64 B200 at EP 8 (8 experts' weights and optimizer states per GPU, MBS 4):
-    # 215 of 179 GiB. The recipe recomputes layernorm and the expert activation (moe_act), which
-    # keeps only the fc1 output (2 f per token-expert assignment) of the 5 f the model counts
-    # without recompute (the fc1 output, its clamped copy and the activation's output: 41 GiB
-    # over 36 layers here); the records cost that recompute as none, which no Plan expresses.
-    "Megatron-Bridge 26.04 GPT-OSS 120B BF16, 64 B200, TP1 PP1 EP8, MBS 4": 1.21,
-    "Megatron-Bridge 26.04.01 GPT-OSS 120B BF16, 64 B200, TP1 PP1 EP8, MBS 4": 1.21,
 }
 
 

@@ -34,7 +34,7 @@ def _search(name: str):
     model_name, cluster_name, gpus, batch, seq = SEARCHES[name]
     model, cluster = load_model(model_name), load_cluster(cluster_name)
     base = SearchSpace(num_gpus=gpus, global_batch_size=batch, seq_len=seq, cp_degrees=cp_degrees(seq, gpus, None),
-                       tp_comm_overlap=(False, True))
+                       tp_comm_overlap=(False, True), recompute_norm_act=(False, True))
     return model, cluster, base, enumerate_layouts(model, cluster, base)
 
 

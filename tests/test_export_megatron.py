@@ -99,6 +99,18 @@ MATRIX = [
           recompute="selective", layers_per_stage=[13, 16, 16, 16]), {}),
     ("qwen3-ep4-tp2-dp4", "qwen3-30b-a3b",
      dict(dp=4, ep=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True), {}),
+    # The norms' and the experts' activation recomputed (Plan.recompute_norm_act: --recompute-modules
+    # layernorm moe_act), alone, beside selective recompute, beside MLA's, and on a dense model
+    ("qwen3-ep8-norm-act", "qwen3-30b-a3b",
+     dict(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, recompute_norm_act=True), {}),
+    ("mixtral-ep4-tp2-sp-pp2-selective-norm-act", "mixtral-8x7b",
+     dict(dp=4, ep=4, tp=2, pp=2, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True, recompute="selective",
+          recompute_norm_act=True), {}),
+    ("deepseek-ep16-tp2-pp4-selective-norm-act", "deepseek-v3",
+     dict(dp=8, ep=16, tp=2, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True,
+          recompute="selective", layers_per_stage=[13, 16, 16, 16], recompute_norm_act=True), {}),
+    ("llama8b-tp2-sp-norm-act", "llama3-8b",
+     dict(dp=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True, recompute_norm_act=True), {}),
     # Context parallelism (cp 2, 4; with dp, TP + SP, pipelines, interleaving, experts folded
     # from tp x cp x dp) and FP8 (on with bf16 and fp16, with and without CP; off everywhere above).
     ("llama8b-cp2-dp2-tp2-sp-fp8-block12", "llama3-8b",
@@ -663,6 +675,9 @@ def check_architecture(c, model, job: JobSpec) -> None:
         assert len(wrong) == 0, f"query {int(wrong[0])} sees {int(keys[wrong[0]])} keys, the spec's window {int(expected[wrong[0]])}"
 
 
+NORM_ACT = ("layernorm", "moe_act")  # Megatron-Core's recompute modules Plan.recompute_norm_act writes
+
+
 def test_megatron_core_is_the_pinned_version(mcore):
     assert mcore.__version__ == PINNED, f"the export rules cite megatron-core {PINNED}; installed {mcore.__version__}"
 
@@ -718,10 +733,14 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     if model.mla:  # MLA's dimensions are its own (kv_channels unused)
         assert c.multi_latent_attention and tuple(getattr(c, k) for k in MLA_DIMS) == (
             model.q_lora_rank, model.kv_lora_rank, model.head_dim, model.qk_rope_head_dim, model.v_dim)
-        if c.recompute_granularity == "selective":  # what the cost model reruns: the up-projections (fused attention)
-            assert c.recompute_modules == (["mla_up_proj"] if job.flash_attention else ["core_attn", "mla_up_proj"])
+        if c.recompute_granularity == "selective" and plan.recompute != "none":  # what the cost model reruns: the up-projections (fused attention)
+            assert [m for m in c.recompute_modules if m not in NORM_ACT] == (
+                ["mla_up_proj"] if job.flash_attention else ["core_attn", "mla_up_proj"])
     else:
         assert c.kv_channels == model.head_dim and not c.multi_latent_attention
+    # Plan.recompute_norm_act: the norms' outputs (the experts' activation too in a MoE model) discarded and rerun
+    modules = set(c.recompute_modules or ()) if c.recompute_granularity == "selective" else set()
+    assert modules & set(NORM_ACT) == ((set(NORM_ACT) if model.is_moe else {"layernorm"}) if plan.recompute_norm_act else set())
     check_architecture(c, model, job)
     if model.is_moe:
         check_experts(m, plan, model)
@@ -738,10 +757,11 @@ def test_round_trip_through_megatron(case, mcore):
     assert back["stage_layers"] == built_layers(m.config)
     assert (back["dp"], back["num_micro_batches"]) == (m.dp, m.batches.num_micro_batches)
     mine = {k: back[k] for k in ("dp", "cp", "tp", "pp", "vpp", "micro_batch_size", "num_micro_batches", "zero_stage",
-                                 "sequence_parallel", "tp_comm_overlap", "precision", "optimizer", "fp8")}
+                                 "sequence_parallel", "tp_comm_overlap", "precision", "optimizer", "fp8", "recompute_norm_act")}
     assert mine == dict(dp=plan.dp, cp=plan.cp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, fp8=plan.fp8, micro_batch_size=plan.micro_batch_size,
                         num_micro_batches=plan.num_micro_batches, zero_stage=plan.zero_stage, sequence_parallel=plan.sequence_parallel,
-                        tp_comm_overlap=plan.tp_comm_overlap, precision=job.precision.value, optimizer=job.optimizer.value)
+                        tp_comm_overlap=plan.tp_comm_overlap, precision=job.precision.value, optimizer=job.optimizer.value,
+                        recompute_norm_act=plan.recompute_norm_act)
     assert back["global_batch_size"] == job.global_batch_size
     assert back["stage_layers"] == plan.stage_layers(model.num_layers)
     assert back["stage_recompute"] == [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]

@@ -35,6 +35,9 @@ from planner.specs import FP8_PARTS, Recompute, Schedule
               help="Context-parallel degree: each sequence split over cp ranks (ring attention).")
 @click.option("--fp8", is_flag=True, help=f"GEMMs in FP8 (needs a device with FP8 tensor cores: {FP8_PARTS}).")
 @click.option("--tp-comm-overlap", is_flag=True, help="Overlap TP communication with GEMMs (needs --sequence-parallel and --target megatron or torchtitan).")
+@click.option("--recompute-norm-act/--keep-norm-act", default=False,
+              help="Recompute the separate norms' and the MoE experts' activation outputs in backward instead of keeping them "
+              "(--target megatron: --recompute-modules layernorm moe_act; not with --recompute full).")
 @click.option(
     "--schedule",
     type=click.Choice([s.value for s in Schedule]),
@@ -52,7 +55,8 @@ from planner.specs import FP8_PARTS, Recompute, Schedule
 def estimate(
     ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, attention_kernel,
     moe_dispatcher,
-    global_batch, tp, pp, dp, ep, cp, vpp, micro_batch_size, recompute, zero, sequence_parallel, fp8, tp_comm_overlap, schedule,
+    global_batch, tp, pp, dp, ep, cp, vpp, micro_batch_size, recompute, zero, sequence_parallel, fp8, tp_comm_overlap,
+    recompute_norm_act, schedule,
     layers_per_stage, mesh_order, plan_file: Optional[str], alternative: Optional[int], as_json: bool, output: Optional[str],
 ) -> None:
     """Predict step time, throughput and per-GPU memory of one layout."""
@@ -72,7 +76,8 @@ def estimate(
         doc = api.estimate(
             model, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, seq_len=seq_len, tp=tp, pp=pp, dp=dp,
             cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size, recompute=recompute, zero=zero,
-            sequence_parallel=sequence_parallel, fp8=fp8, tp_comm_overlap=tp_comm_overlap, schedule=schedule,
+            sequence_parallel=sequence_parallel, fp8=fp8, tp_comm_overlap=tp_comm_overlap, recompute_norm_act=recompute_norm_act,
+            schedule=schedule,
             layers_per_stage=layers_per_stage, mesh_order=mesh_order, precision=precision, optimizer=optimizer,
             flash_attention=not no_flash_attention, target=stack, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
             moe_dispatcher=moe_dispatcher,

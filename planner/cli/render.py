@@ -130,7 +130,8 @@ def plan_summary(plan: Plan) -> str:
         f"mbs={plan.micro_batch_size}",
         f"micro-batches={plan.num_micro_batches}" + (f" ({plan.num_micro_batches / plan.pp:g} x pp)" if plan.pp > 1 else ""),
         f"schedule={plan.schedule.value}",
-        f"recompute={plan.recompute.value if plan.stage_recompute is None else _recompute_mix(plan)}",
+        f"recompute={plan.recompute.value if plan.stage_recompute is None else _recompute_mix(plan)}"
+        + ("+norm-act" if plan.recompute_norm_act else ""),
         f"zero={plan.zero_stage}",
     ]
     if plan.sequence_parallel:

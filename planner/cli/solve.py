@@ -23,7 +23,7 @@ from planner.specs import FP8_PARTS, memory_limit_gib
 @click.option("--micro-batches", type=SEQUENCES, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
 @click.option("--top-k", type=TOP_K, default=3, show_default=True,
               help="Alternatives to report (0: none; without --target each other stack's best is listed too).")
-@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero sp schedule mesh_order recompute tp_comm_overlap fp8).")
+@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero sp schedule mesh_order recompute tp_comm_overlap recompute_norm_act fp8).")
 @click.option("--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
 @click.option("--fp8", is_flag=True, help=f"Let the search run GEMMs in FP8 where it is faster (devices with FP8: {FP8_PARTS}).")

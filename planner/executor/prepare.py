@@ -91,6 +91,10 @@ def prepare_case(
     if run_plan.fp8:
         notes.append("FP8 GEMMs computed in fp32 like the reference; predictions are for fp32 without FP8")
         run_plan = run_plan.model_copy(update={"fp8": False})
+    if run_plan.recompute_norm_act:
+        notes.append("the norms' and the experts' activation outputs kept, as the executor's layers keep them (no "
+                     "output-discarding checkpoints); predictions are for keeping them")
+        run_plan = run_plan.model_copy(update={"recompute_norm_act": False})
     if run_plan.dp * run_plan.cp == 1 and run_plan.zero_stage:
         notes.append(f"ZeRO-{run_plan.zero_stage} at dp=1 shards nothing: run without a data-parallel wrapper")
     problem = rehearsal_problem(model, run_model, run_job, run_plan)

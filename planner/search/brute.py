@@ -19,7 +19,7 @@ from cost_models.terms import MODES
 from planner.specs import ClusterSpec, JobSpec, ModelSpec
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
-from .candidates import Candidate, CostTables, SearchSpace, enumerate_candidates
+from .candidates import Candidate, CostTables, SearchSpace, candidate_modes, enumerate_candidates
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -62,7 +62,7 @@ def brute_force(
         for split in splits:
             if split[0] < model.first_dense_layers:
                 continue  # the first stage must hold the dense layers
-            for counts in itertools.product(*(mode_splits(n, space.recompute_modes) for n in split)):
+            for counts in itertools.product(*(mode_splits(n, candidate_modes(space, c)) for n in split)):
                 if space.rules is not None and space.rules.counts_problems(counts):
                     continue  # the target stack cannot run this split / recompute
                 evaluated += 1

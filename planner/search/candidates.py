@@ -68,13 +68,14 @@ class Candidate:
     ep: int = 1  # expert parallelism (MoE models): experts split over ep ranks of tp x dp
     fp8: bool = False  # GEMMs in FP8
     cp: int = 1  # context parallelism: each sequence split over cp ranks (inside the dp axis)
+    recompute_norm_act: bool = False  # Plan.recompute_norm_act (its layers never fully recomputed)
 
     def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
         return Plan(
             dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size, ep=self.ep, fp8=self.fp8, cp=self.cp,
             num_micro_batches=self.num_micro_batches, schedule=self.schedule, zero_stage=self.zero_stage,
             sequence_parallel=self.sequence_parallel, mesh_order=list(self.mesh_order), tp_comm_overlap=self.tp_comm_overlap,
-            layers_per_stage=layers_per_stage, stage_recompute=stage_recompute, recompute=recompute,
+            recompute_norm_act=self.recompute_norm_act, layers_per_stage=layers_per_stage, stage_recompute=stage_recompute, recompute=recompute,
         )
 
     @property
@@ -97,6 +98,8 @@ class SearchSpace:
     fixed: dict = field(default_factory=dict)
     recompute_modes: tuple = MODES  # the Recompute modes the ILP may use
     tp_comm_overlap: tuple = (False,)  # choices for Plan.tp_comm_overlap (both where the target has it)
+    # choices for Plan.recompute_norm_act (both where the target has it and it frees memory: norm_act_choices)
+    recompute_norm_act: tuple = (False,)
     rules: Optional[object] = None  # planner/stacks/stack.py:Rules of the target stack: only what it can express
     # Candidate -> what else the stack cannot run of the layout (its Stack.layout_problems,
     # which reads only fields a Candidate shares with a Plan: no Plan is built per candidate)
@@ -171,13 +174,24 @@ class Layouts:
     rejected: Counter
 
     def covers(self, space: SearchSpace) -> bool:
-        """Whether these are the layouts of `space` (which may have fewer TP-overlap choices)."""
-        return _untargeted(self.space) == _untargeted(space) and set(space.tp_comm_overlap) <= set(self.space.tp_comm_overlap)
+        """Whether these are the layouts of `space` (which may have fewer TP-overlap or norm/act
+        recompute choices)."""
+        return (_untargeted(self.space) == _untargeted(space) and set(space.tp_comm_overlap) <= set(self.space.tp_comm_overlap)
+                and set(space.recompute_norm_act) <= set(self.space.recompute_norm_act))
 
 
 def _untargeted(space: SearchSpace) -> SearchSpace:
     """`space` without what enumerate_candidates applies after enumerate_layouts."""
-    return replace(space, fixed={}, recompute_modes=MODES, tp_comm_overlap=(), rules=None, target_problems=None)
+    return replace(space, fixed={}, recompute_modes=MODES, tp_comm_overlap=(), recompute_norm_act=(), rules=None, target_problems=None)
+
+
+def candidate_modes(space: SearchSpace, c: Candidate) -> tuple:
+    """The recompute modes candidate `c`'s layers may use: the space's, less full recompute
+    where they recompute their norms and activation (Plan.recompute_norm_act: a fully recomputed
+    layer reruns its whole forward, and no stack does both)."""
+    if c.recompute_norm_act:
+        return tuple(m for m in space.recompute_modes if m != Recompute.full)
+    return space.recompute_modes
 
 
 def enumerate_candidates(
@@ -195,6 +209,8 @@ def enumerate_candidates(
     for c in polled(layouts.candidates, deadline):
         if c.sequence_parallel and c.tp_comm_overlap not in space.tp_comm_overlap:
             continue  # a choice this target does not have (layouts enumerated for one that has it)
+        if c.recompute_norm_act not in space.recompute_norm_act:
+            continue
         if any(getattr(c, k) != val for k, val in space.fixed.items()):
             rejected[FIXED] += 1
         elif space.rules is not None and _inexpressible(space.rules, c, model.num_layers):
@@ -218,6 +234,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
     keep_orders = space.include_dominated or "mesh_order" in space.fixed
     keep_gpipe = space.include_dominated or space.fixed.get("schedule") == Schedule.gpipe
     keep_zero = space.include_dominated or space.fixed.get("zero_stage", 0) > 0
+    norm_act = space.recompute_norm_act
     for tp in divisors(n):
         if tp_problem(model, tp):
             rejected[DIVISIBILITY] += 1
@@ -264,9 +281,9 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
                                         rejected[DOMINATED] += len(MESH_ORDERS)
                                         continue
                                     rejected[DOMINATED] += dropped_orders
-                                    for order, ov, ep, fp8 in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
-                                                                                _ep_degrees(model, dpw, tp), space.fp8):
-                                        out.append(Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp))
+                                    for order, ov, ep, fp8, na in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
+                                                                                    _ep_degrees(model, dpw, tp), space.fp8, norm_act):
+                                        out.append(Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp, na))
     return Layouts(space, tuple(out), rejected)
 
 
@@ -285,7 +302,7 @@ def _inexpressible(rules, c: Candidate, num_layers: int) -> bool:
         return True
     return bool(rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
                                       sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
-                                      mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8, cp=c.cp))
+                                      mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8, cp=c.cp, recompute_norm_act=c.recompute_norm_act))
 
 
 class CostTables:
@@ -310,11 +327,11 @@ class CostTables:
         ep_link = self.ep_link(c)
         cp_link = cp_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.cp, c.mesh_order)
         key = (c.micro_batch_size, c.tp, c.sequence_parallel, tp_link.signature, c.tp_comm_overlap, c.ep,
-               ep_link.signature if ep_link else None, c.fp8, c.cp, cp_link.signature if cp_link else None)
+               ep_link.signature if ep_link else None, c.fp8, c.cp, cp_link.signature if cp_link else None, c.recompute_norm_act)
         if key not in self._layer:
             self._layer[key] = layer_costs(
                 self.model, self.cluster, rank_job(self.job, c.cp), c.micro_batch_size, c.tp, c.sequence_parallel, tp_link,
-                c.tp_comm_overlap, c.ep, ep_link, fp8=c.fp8, cp=c.cp, cp_link=cp_link,
+                c.tp_comm_overlap, c.ep, ep_link, fp8=c.fp8, cp=c.cp, cp_link=cp_link, norm_act=c.recompute_norm_act,
             )
         return self._layer[key]
 
@@ -330,11 +347,12 @@ class CostTables:
         cp_link = cp_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.cp, c.mesh_order) if layered else None
         key = (c.micro_batch_size, c.tp, c.sequence_parallel, c.pp, links[Axis.tp].signature, links[Axis.pp].signature,
                c.ep, ep_link.signature if ep_link else None, c.tp_comm_overlap if layered else None,
-               c.fp8 if layered else None, c.cp, cp_link.signature if cp_link else None)
+               c.fp8 if layered else None, c.cp, cp_link.signature if cp_link else None,
+               c.recompute_norm_act if layered else None)
         if key not in self._edge:
             self._edge[key] = edge_costs(
                 self.model, self.cluster, rank_job(self.job, c.cp), c.micro_batch_size, c.tp, c.sequence_parallel, c.pp,
-                links[Axis.tp], links[Axis.pp], c.ep, ep_link, self.layer(c), c.fp8,
+                links[Axis.tp], links[Axis.pp], c.ep, ep_link, self.layer(c), c.fp8, c.recompute_norm_act,
             )
         return self._edge[key]
 
@@ -353,5 +371,5 @@ class CostTables:
         return layout_costs(
             self.model, self.cluster, self.job, c.dp, c.tp, c.pp, c.vpp, c.micro_batch_size, c.num_micro_batches,
             c.schedule, c.zero_stage, c.sequence_parallel, c.mesh_order, self.links(c), self.layer(c), self.edge(c),
-            self.flops(c), tp_overlap=c.tp_comm_overlap, ep=c.ep, fp8=c.fp8, cp=c.cp,
+            self.flops(c), tp_overlap=c.tp_comm_overlap, ep=c.ep, fp8=c.fp8, cp=c.cp, norm_act=c.recompute_norm_act,
         )

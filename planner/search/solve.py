@@ -33,7 +33,7 @@ from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recom
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
-from .candidates import MEMORY, Candidate, CostTables, Layouts, SearchSpace, enumerate_candidates
+from .candidates import MEMORY, Candidate, CostTables, Layouts, SearchSpace, candidate_modes, enumerate_candidates
 from .deadline import NO_DEADLINE, Deadline, OutOfTime, polled
 from .ilp import Solution, canonical_counts, default_solver, solve_candidate
 
@@ -196,7 +196,8 @@ def solve(
     if found and not stats.optimal:
         stats.optimality_gap = max(0.0, (found[0][0] - stats.lower_bound) / found[0][0])
 
-    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, space.recompute_modes, solver, space.rules, deadline)
+    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, candidate_modes(space, sol.candidate), solver,
+                            space.rules, deadline)
                for _, i, sol in found[: top_k + 1]]
     if not results:
         return SearchResult(None, [], stats)
@@ -230,7 +231,7 @@ def _search(cands: list, costs: dict, heap: list, limit: float, top_k: int, solv
         lb, i, refined = heap[0]
         if not refined:
             try:
-                rb = refined_bound(costs[i], limit, space.recompute_modes, stop)
+                rb = refined_bound(costs[i], limit, candidate_modes(space, cands[i]), stop)
             except OutOfTime:  # the candidate stays on the heap with its cheap bound
                 stats.optimal = False
                 break
@@ -245,7 +246,7 @@ def _search(cands: list, costs: dict, heap: list, limit: float, top_k: int, solv
         heapq.heappop(heap)
         # Only a plan faster than the (top_k + 1)-th found so far can change the answer.
         cutoff = threshold() * costs[i].tokens_per_step if len(found) > top_k else None
-        sol, status = solve_candidate(cands[i], costs[i], limit, solver, None, space.recompute_modes, space.rules, cutoff,
+        sol, status = solve_candidate(cands[i], costs[i], limit, solver, None, candidate_modes(space, cands[i]), space.rules, cutoff,
                                       deadline=stop)
         stats.ilps_solved += 1
         if status == "Cutoff":

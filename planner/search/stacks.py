@@ -19,9 +19,10 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from cost_models import memory
 from planner import stacks
 from planner.errors import InfeasibleError, UsageError
-from planner.specs import ClusterSpec, JobSpec, ModelSpec, Target
+from planner.specs import ClusterSpec, JobSpec, ModelSpec, Recompute, Target
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .candidates import MEMORY, SearchSpace, enumerate_layouts
@@ -57,8 +58,9 @@ def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpa
     has it. UsageError when a fixed recompute mode is one the stack lacks."""
     stack = stacks.get(job.target)
     overlap = (False, True) if stack.tp_comm_overlap else (False,)
+    norm_act = _norm_act_space(base, model, stack)
     if stack.rules is None:  # generic: every layout the cost model prices
-        return replace(base, tp_comm_overlap=overlap)
+        return replace(base, tp_comm_overlap=overlap, recompute_norm_act=norm_act)
     refusal = stacks.model_refusal(stack.name, model)  # an architecture the stack cannot build
     if refusal:
         raise UsageError(refusal)
@@ -67,8 +69,34 @@ def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpa
     if not modes:
         raise UsageError(f"--fix recompute={base.recompute_modes[0].value}: {rules.stack} has recompute {', '.join(rules.recompute_modes)}")
     problems = stack.layout_problems  # what the stack refuses beyond its Rules
-    return replace(base, tp_comm_overlap=overlap, rules=rules, recompute_modes=modes,
+    return replace(base, tp_comm_overlap=overlap, recompute_norm_act=norm_act, rules=rules, recompute_modes=modes,
                    target_problems=lambda layout: problems(layout, model, job))
+
+
+def _norm_act_space(base: SearchSpace, model: ModelSpec, stack) -> tuple:
+    """Plan.recompute_norm_act's choices for `stack` in `base`: --fix's, else norm_act_choices;
+    off where --fix leaves only full recompute (nothing then keeps the outputs it would rerun).
+    UsageError for a --fix the stack or the recompute modes cannot honour."""
+    only_full = all(m == Recompute.full for m in base.recompute_modes)
+    if "recompute_norm_act" in base.fixed:
+        if base.fixed["recompute_norm_act"] and not stack.recompute_norm_act:
+            having = ", ".join(s.name for s in stacks.STACKS.values() if s.recompute_norm_act)
+            raise UsageError(f"--fix recompute_norm_act=true: {stack.name} does not recompute the norms and the experts' "
+                             f"activation apart; --target {having}, or drop the fix")
+        if base.fixed["recompute_norm_act"] and only_full:
+            raise UsageError("--fix recompute_norm_act=true goes with recompute none or selective: a fully recomputed layer "
+                             "reruns its whole forward already")
+        return (base.fixed["recompute_norm_act"],)
+    return (False,) if only_full else norm_act_choices(model, stack)
+
+
+def norm_act_choices(model: ModelSpec, stack) -> tuple:
+    """Plan.recompute_norm_act's choices in a search for `stack`: both where the stack has it and
+    it frees memory for this model (a norm of its own or MoE experts: cost_models/memory.py:
+    norm_act_bytes), else off (it would only cost time)."""
+    if stack.recompute_norm_act and memory.norm_act_bytes(model, 1, 1, 1, False, stack.kernels) > 0:
+        return (False, True)
+    return (False,)
 
 
 def solve_stacks(
@@ -97,7 +125,8 @@ def solve_stacks(
     searches = [_stack_search(base, model, job, t) for t in targets]
     todo = [s for s in searches if s.space is not None]
     try:  # every target's TP-overlap choice in one enumeration; each search takes its own (candidates.py)
-        layouts = enumerate_layouts(model, cluster, replace(base, tp_comm_overlap=(False, True)), deadline.before_first_plan())
+        every = replace(base, tp_comm_overlap=(False, True), recompute_norm_act=tuple(sorted({x for s in todo for x in s.space.recompute_norm_act})))
+        layouts = enumerate_layouts(model, cluster, every, deadline.before_first_plan())
     except OutOfTime:
         layouts = None
     for k, s in enumerate(sorted(todo, key=_search_rank)):

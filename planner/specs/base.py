@@ -25,7 +25,9 @@ from pydantic_core import PydanticCustomError
 # v_head_dim); read without them, attention is standard.
 # 1.10: ModelSpec.glu_limit (a clamped gated MLP) and rope_attention_factor (YaRN's scale on the
 # rotary embedding); read without them, no clamp and a factor of 1.
-SCHEMA_VERSION = "1.10"
+# 1.11: Plan.recompute_norm_act (the norms' and the experts' activation outputs recomputed in
+# backward, Megatron-Core's recompute modules layernorm and moe_act); read without it, kept.
+SCHEMA_VERSION = "1.11"
 
 
 # ----- numbers

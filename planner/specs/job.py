@@ -179,6 +179,14 @@ class Plan(_Spec):
     stage_recompute: Optional[list[StageRecompute]] = Field(
         default=None, description="Per virtual stage, how many layers run under each recompute mode (none, selective, full)."
     )
+    recompute_norm_act: bool = Field(
+        default=False,
+        description="In the layers not fully recomputed, also recompute in backward the outputs of the norms that run as kernels "
+        "of their own (not fused into the linear layer after them) and of the MoE experts' activation (a clamped GLU's clamps "
+        "with it), instead of keeping them: Megatron-Core's --recompute-modules layernorm moe_act, output-discarding "
+        "checkpoints. Saves those tensors, runs their kernels again; no full recompute with it; needs a target that has it "
+        "(schema 1.11).",
+    )
     zero_stage: Integer(0, 3) = Field(default=0, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP).")
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism: norms/dropout sharded over the TP group.")
     tp_comm_overlap: bool = Field(
@@ -232,6 +240,12 @@ class Plan(_Spec):
             raise PlanError("the interleaved schedule needs pp > 1")
         if self.sequence_parallel and self.tp == 1:
             raise PlanError("sequence_parallel needs tp > 1")
+        if self.recompute_norm_act and self.stage_recompute_has_full():
+            raise PlanError(
+                "recompute_norm_act recomputes the norms and the experts' activation of layers that keep their activations; "
+                "a fully recomputed layer reruns its whole forward already: drop recompute_norm_act or use recompute 'none' "
+                "or 'selective'"
+            )
         if self.tp_comm_overlap and not self.sequence_parallel:
             raise PlanError("tp_comm_overlap needs sequence_parallel (and tp > 1): the overlap pipelines its all-gathers and reduce-scatters")
         if self.layers_per_stage is not None:
@@ -249,6 +263,12 @@ class Plan(_Spec):
                     if r.layers != n:
                         raise PlanError(f"stage {j}: stage_recompute counts {r.layers} layers but layers_per_stage says {n}")
         return self
+
+    def stage_recompute_has_full(self) -> bool:
+        """Whether any layer is fully recomputed."""
+        if self.stage_recompute is not None:
+            return any(r.full for r in self.stage_recompute)
+        return self.recompute == Recompute.full
 
     def stage_layers(self, num_layers: int) -> list[int]:
         """Layers per virtual stage: the explicit split, or the default as-even-as-possible one
@@ -299,6 +319,12 @@ class Plan(_Spec):
             if not STACKS[Target(job.target)].tp_comm_overlap:
                 overlapping = " or ".join(s.name for s in STACKS.values() if s.tp_comm_overlap)
                 raise PlanError(f"tp_comm_overlap is not available in target {Target(job.target).value}; use --target {overlapping}, or drop it")
+        if self.recompute_norm_act:
+            from planner.stacks import STACKS
+
+            if not STACKS[Target(job.target)].recompute_norm_act:
+                having = " or ".join(s.name for s in STACKS.values() if s.recompute_norm_act)
+                raise PlanError(f"recompute_norm_act is not available in target {Target(job.target).value}; use --target {having}, or drop it")
         problem = seq_problem(model, job.seq_len)
         if problem:
             raise PlanError(problem)

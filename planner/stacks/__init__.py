@@ -142,8 +142,8 @@ def rules_table() -> str:
     recompute = {"per_stage": "any mix per stage", "same_per_stage": "same count of full layers in every stage, or all selective",
                  "uniform": "one mode for every layer"}
     rows = ["| stack | ZeRO | ZeRO with pp > 1 | ZeRO with tp > 1 | pp | schedules | interleaved | SP | TP overlap | EP | CP | FP8 | "
-            "mesh order (innermost first) | layers per stage | recompute |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "mesh order (innermost first) | layers per stage | recompute | norm/act recompute |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for stack in EXPORT_STACKS:
         r = rules(stack)
         orders = " or ".join(",".join(a.value for a in o) for o in r.mesh_orders) if r.mesh_orders else "any"
@@ -152,7 +152,7 @@ def rules_table() -> str:
             "no" if r.max_pp == 1 else "yes", ", ".join(s.value for s in r.schedules) if r.max_pp != 1 else "-",
             "yes" if r.interleaved and r.max_pp != 1 else "no", "yes" if r.sequence_parallel else "no",
             "yes" if r.tp_comm_overlap else "no", "no" if r.max_ep == 1 else "yes", "no" if r.max_cp == 1 else "yes",
-            "yes" if r.fp8 else "no", orders, split[r.split], recompute[r.recompute],
+            "yes" if r.fp8 else "no", orders, split[r.split], recompute[r.recompute], "yes" if r.recompute_norm_act else "no",
         ]
         rows.append("| " + " | ".join(cells) + " |")
     notes = [f"- **{stack}**: " + "; ".join(f"{k}: {v}" for k, v in rules(stack).notes.items()) for stack in EXPORT_STACKS if rules(stack).notes]

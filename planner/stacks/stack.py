@@ -51,6 +51,9 @@ class Stack:
     # (Megatron-Core's MLASelfAttention); False, TP gathers the layer input and every rank
     # projects all tokens (torchtitan's deepseek_v3: wq_a and wkv_a NoParallel)
     mla_local_down_projections: bool = False
+    # Whether it recomputes the norms' and the experts' activation outputs in backward instead of
+    # keeping them (Plan.recompute_norm_act)
+    recompute_norm_act: bool = False
 
     def __post_init__(self):  # internal invariants of a stack's folder, not user input
         if self.kernels is None:
@@ -58,8 +61,9 @@ class Stack:
         if self.attention_kernel not in ATTENTION_KERNELS or self.zero3 not in ZERO3:
             raise ValueError(f"stack {self.name}: attention_kernel {self.attention_kernel!r}, zero3 {self.zero3!r}")
         r = self.rules
-        if r is not None and (r.stack, r.tp_comm_overlap, 3 in r.zero_stages) != (self.name, self.tp_comm_overlap, self.zero3 != "none"):
-            raise ValueError(f"stack {self.name}: its Rules are {r.stack}'s or disagree on TP overlap or ZeRO-3")
+        if r is not None and (r.stack, r.tp_comm_overlap, 3 in r.zero_stages, r.recompute_norm_act) != (
+                self.name, self.tp_comm_overlap, self.zero3 != "none", self.recompute_norm_act):
+            raise ValueError(f"stack {self.name}: its Rules are {r.stack}'s or disagree on TP overlap, ZeRO-3 or norm/act recompute")
 
     @property
     def target(self) -> Target:
@@ -119,6 +123,11 @@ class Kernels:
     # factor folded into the cos and sin tables)
     scaled_rotary: int = 0
     scaled_rotary_passes: int = 0
+    # The norms before the attention's and a dense MLP's first linear layers fused into those layers,
+    # which keep the normalised input themselves (Transformer Engine's LayerNormLinear): no norm
+    # output of its own to discard (Plan.recompute_norm_act). A MoE layer's pre-MLP norm (it feeds
+    # the router and the dispatch) and multi-head latent attention's input norm stay separate.
+    norm_in_linear: bool = False
 
     def __post_init__(self):
         if self.experts not in ("grouped", "gemm_per_expert", "loop"):
@@ -186,6 +195,7 @@ class Rules:
     interleaved: bool = True  # vpp > 1
     sequence_parallel: bool = True
     tp_comm_overlap: bool = False
+    recompute_norm_act: bool = False  # Plan.recompute_norm_act
     mesh_orders: Optional[tuple] = None  # allowed mesh orders (innermost first); None: any
     # "free": any layers per stage; "first_last": equal middle stages, first and last may differ;
     # "even": every stage the same (L divisible by the stages)
@@ -199,7 +209,7 @@ class Rules:
 
     def layout_problems(self, *, dp: int, tp: int, pp: int, vpp: int, schedule: Schedule, zero_stage: int,
                         sequence_parallel: bool, tp_comm_overlap: bool, mesh_order, ep: int = 1, fp8: bool = False,
-                        cp: int = 1) -> list[str]:
+                        cp: int = 1, recompute_norm_act: bool = False) -> list[str]:
         """Why a layout (everything but the layer split and recompute) cannot be expressed."""
         out = []
         if self.max_cp is not None and cp > self.max_cp:
@@ -228,6 +238,8 @@ class Rules:
             out.append("sequence parallelism")
         if tp_comm_overlap and not self.tp_comm_overlap:
             out.append("TP communication overlap")
+        if recompute_norm_act and not self.recompute_norm_act:
+            out.append("recompute of the norms and the experts' activation")
         dpw = dp * cp  # the mesh's dp axis holds the cp ranks too
         if self.mesh_orders is not None and not _order_allowed(self.mesh_orders, tuple(mesh_order), dpw > 1, tp > 1, pp > 1):
             out.append(f"mesh order {','.join(Axis(a).value for a in mesh_order)} ({self.stack} lays ranks out as "
@@ -237,7 +249,8 @@ class Rules:
     def plan_problems(self, plan: Plan, model: ModelSpec) -> list[str]:
         out = self.layout_problems(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, schedule=plan.schedule, zero_stage=plan.zero_stage,
                                    sequence_parallel=plan.sequence_parallel, tp_comm_overlap=plan.tp_comm_overlap,
-                                   mesh_order=plan.mesh_order, ep=plan.ep, fp8=plan.fp8, cp=plan.cp)
+                                   mesh_order=plan.mesh_order, ep=plan.ep, fp8=plan.fp8, cp=plan.cp,
+                                   recompute_norm_act=plan.recompute_norm_act)
         counts = [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
         return out + self.counts_problems(counts)
 

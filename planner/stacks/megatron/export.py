@@ -52,6 +52,14 @@ expert groups out of the tp x dp ranks, order tp-ep-dp-pp), tokens exchanged by 
 GPU). The cost model assumes balanced, dropless routing (every expert gets top-k x tokens / E):
 no --moe-expert-capacity-factor, so Megatron drops no token; balancing the router (its aux loss
 coefficient, default 0, or expert bias) is the user's training choice.
+
+Plan.recompute_norm_act is the selective granularity's modules "layernorm" and "moe_act"
+(--recompute-granularity selective --recompute-modules layernorm moe_act, core_attn or MLA's
+mla_up_proj beside them when the plan recomputes selectively): transformer_layer.py discards a
+separate norm's output and reruns the norm in backward (tensor_parallel/random.py:
+CheckpointWithoutOutput), the grouped experts the same for their activation (moe/experts.py);
+a norm inside Transformer Engine's LayerNormLinear (the attention's, a dense MLP's) is left as
+it is, as the cost model prices it (planner/stacks/stack.py:Kernels.norm_in_linear).
 """
 
 from __future__ import annotations
@@ -153,11 +161,21 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
     if tp_pp_dp_mapping(plan):
         flags.append(("--use-tp-pp-dp-mapping", None))
     setting = recompute_setting(plan_counts(plan, L))
-    flags += _recompute_flags(setting)
-    if setting is not None and setting[0] == "selective" and model.mla:
+    modules: tuple = ()
+    if setting is not None and setting[0] == "selective":
         # what the cost model reruns under MLA (cost_models/compute.py:layer_compute): the
-        # up-projections, and the core attention only where it is unfused
-        flags.append(("--recompute-modules", ("mla_up_proj",) if job.flash_attention else ("core_attn", "mla_up_proj")))
+        # up-projections, and the core attention only where it is unfused; else the core attention
+        # (Megatron's default module, named once other modules join it)
+        if model.mla:
+            modules = ("mla_up_proj",) if job.flash_attention else ("core_attn", "mla_up_proj")
+        elif plan.recompute_norm_act:
+            modules = ("core_attn",)
+    if plan.recompute_norm_act:  # Plan.recompute_norm_act: modules of the selective granularity
+        modules += ("layernorm", "moe_act") if model.is_moe else ("layernorm",)
+        setting = setting or ("selective", None, None)
+    flags += _recompute_flags(setting)
+    if modules:
+        flags.append(("--recompute-modules", modules))
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
     precision = DType(job.precision)
     if precision != DType.fp32:
@@ -286,6 +304,10 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
     if "recompute-granularity" in args:
         num = args.get("recompute-num-layers")
         setting = (args["recompute-granularity"], args.get("recompute-method"), int(num) if num is not None else None)
+    modules = set(_values(args.get("recompute-modules", ("core_attn",))))  # Megatron's default: core_attn
+    norm_act = setting is not None and setting[0] == "selective" and bool(modules & {"layernorm", "moe_act"})
+    if norm_act and not modules & {"core_attn", "mla_up_proj"}:
+        setting = None  # the norms and the activation only: no layer's attention recomputed
     micro, global_batch = int(args["micro-batch-size"]), int(args["global-batch-size"])
     cp = int(args.get("context-parallel-size", 1))
     if cp > 1 and args.get("cp-comm-type", "p2p") != "p2p":  # Megatron-LM's default is p2p
@@ -300,6 +322,7 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
         "num_micro_batches": global_batch // (micro * dp) if dp else None,
         "zero_stage": 1 if "use-distributed-optimizer" in args else 0,
         "sequence_parallel": "sequence-parallel" in args, "tp_comm_overlap": "tp-comm-overlap" in args,
+        "recompute_norm_act": norm_act,
         "mesh_order": ["tp", "pp", "dp"] if "use-tp-pp-dp-mapping" in args else ["tp", "dp", "pp"],
         "stage_layers": layers,
         "stage_recompute": [(c.none, c.selective, c.full) for c in megatron_recompute(setting, layers)],
@@ -335,13 +358,17 @@ def _experts_back(args: dict, num_layers: int) -> dict:
 
 
 def _parse_argv(argv: list[str]) -> dict:
-    """--flag value / --flag (True) pairs, keyed without the dashes."""
+    """--flag value / --flag (True) pairs, keyed without the dashes; a flag followed by several
+    values (--recompute-modules a b) keeps them as a tuple."""
     out, i = {}, 0
     while i < len(argv):
         flag = argv[i]
         if not flag.startswith("--"):
             raise ValueError(f"expected a --flag at position {i}, got {flag!r}")
-        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        out[flag[2:]] = argv[i + 1] if has_value else True
-        i += 2 if has_value else 1
+        j = i + 1
+        while j < len(argv) and not argv[j].startswith("--"):
+            j += 1
+        values = argv[i + 1:j]
+        out[flag[2:]] = True if not values else values[0] if len(values) == 1 else tuple(values)
+        i = j
     return out

@@ -42,6 +42,11 @@ RULES = Rules(
     # TransformerConfig.fp8 = "hybrid", fp8_recipe = "delayed" (export.py's docstring).
     fp8=True,
     tp_comm_overlap=True,  # ModelParallelConfig.tp_comm_overlap: Transformer Engine userbuffers
+    # TransformerConfig.recompute_modules "layernorm" and "moe_act" (selective granularity):
+    # output-discarding checkpoints of the separate norms (transformer_layer.py: not an IdentityOp
+    # norm, i.e. not fused into a LayerNormLinear) and of the grouped experts' activation
+    # (moe/experts.py, with --moe-grouped-gemm)
+    recompute_norm_act=True,
     # parallel_state.initialize_model_parallel(order=...): "tp-cp-ep-dp-pp" by default (tp
     # innermost, then dp, then pp) and "tp-cp-ep-pp-dp" under Megatron-LM's
     # --use-tp-pp-dp-mapping; its docstring: "we support tp-dp-pp and tp-pp-dp orders".
@@ -69,6 +74,8 @@ RULES = Rules(
         "context parallelism": "--context-parallel-size cp --cp-comm-type p2p (a ring of K/V chunks in Transformer Engine's "
         "attention, 2 x cp load-balanced chunks); not with --use-tp-pp-dp-mapping and pp > 1",
         "FP8": "--fp8-format hybrid --fp8-recipe delayed (Transformer Engine: E4M3 forward, E5M2 gradients, per-tensor scales)",
+        "norm/act recompute": "--recompute-granularity selective --recompute-modules layernorm moe_act (with core_attn or "
+        "mla_up_proj under selective recompute); not with FP8's delayed scaling",
     },
 )
 
@@ -170,6 +177,11 @@ def layout_problems(layout, model: ModelSpec, job: JobSpec) -> list[str]:
         # all_gather: "The context parallel running configs cannot support sliding window
         # attetnion!"; the plan's ring is p2p.
         out.append(f"context parallelism cp={layout.cp} with a sliding window (Transformer Engine's p2p ring refuses windows)")
+    # transformer_config.py:__post_init__ raises "Delayed scaling does not support moe_act and
+    # layernorm recompute for fp8", and this export's FP8 recipe is delayed scaling.
+    if getattr(layout, "recompute_norm_act", False) and layout.fp8:
+        out.append("recompute of the norms and the experts' activation with FP8 (Megatron-Core refuses it under the "
+                   "delayed-scaling recipe this export writes)")
     # parallel_state: --use-tp-pp-dp-mapping orders ranks "tp-cp-ep-pp-dp", cp next to tp and
     # inside pp, where the plan holds cp inside the dp axis (tp, pp, then cp x dp).
     if layout.cp > 1 and tp_pp_dp_mapping(layout):
