@@ -353,8 +353,9 @@ def edge_costs(
         # copy of the table on this stage unless the head already holds it, tied), the norms of
         # the two inputs, the column-parallel 2h -> h projection (its 2h input gathered under
         # SP; its output gathered over TP, then split again), one layer of the last layer's kind
-        # kept whole for backward (whatever the stage's recompute), a final norm, and the LM
-        # head and loss again.
+        # kept whole for backward (whatever the stage's recompute; under Plan.recompute_norm_act
+        # its norm and activation outputs rerun, as the layer's config says), a final norm, and
+        # the LM head and loss again.
         k, L = model.mtp_layers, layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link,
                                                          dense=not model.is_moe, fp8=fp8, norm_act=norm_act)
         e, rows = DTYPE_BYTES[dtype], b * s / (tp if sp else 1)
@@ -367,7 +368,7 @@ def edge_costs(
             comm = (tp_link.time(Collective.all_gather, buf), tp_link.time(Collective.all_reduce, 2 * buf))
         table = compute.vocab_shard(model, tp) * model.hidden_size if pp > 1 and not model.tied_embeddings else 0
         mtp = (k * (emb + emb_tp + norms + proj[0] + comm[0] + L.forward + L.tp_forward + head + loss_tp),
-               k * (emb_bwd + 2 * norms + proj[1] + comm[1] + L.backward + L.tp_backward + head_bwd + head_tp),
+               k * (emb_bwd + 2 * norms + proj[1] + comm[1] + L.backward + L.tp_backward + L.recompute[0] + head_bwd + head_tp),
                k * (compute.mtp_params(model, tp) + L.params) + table,
                k * (L.activation_bytes[0] + e * rows * 3 * model.hidden_size + e * b * s * 2 * model.hidden_size + head_acts),
                k * L.expert_params)
@@ -396,7 +397,8 @@ def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, lay
     dense = layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, dense=True, fp8=fp8, norm_act=norm_act)
     return (
         k * (dense.forward + dense.tp_forward - moe.forward - moe.tp_forward),
-        k * (dense.backward + dense.tp_backward - moe.backward - moe.tp_backward),
+        # (and, under Plan.recompute_norm_act, the dense layer's rerun in place of the MoE layer's)
+        k * (dense.backward + dense.tp_backward + dense.recompute[0] - moe.backward - moe.tp_backward - moe.recompute[0]),
         k * (dense.params - moe.params),
         # the stage's recompute mode is not known here: the largest difference over the modes
         # (never lets a dense layer that keeps less than a MoE layer lower the estimate)

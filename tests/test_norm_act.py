@@ -105,7 +105,8 @@ def test_megatron_refuses_it_with_fp8_delayed_scaling():
     model = load_model("qwen3-30b-a3b")
     job = JobSpec(global_batch_size=8, seq_len=4096, target="megatron")
     plan = Plan(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, fp8=True, recompute_norm_act=True)
-    assert any("delayed-scaling" in p for p in stacks.get("megatron").problems(plan, model, job))
+    assert any("FP8 recipe refuses it" in p for p in stacks.get("megatron").problems(plan, model, job) +
+               stacks.get("megatron").rules.plan_problems(plan, model))
 
 
 @pytest.mark.parametrize("memory_gib", [80, 1.6, 1.3])
@@ -184,6 +185,7 @@ def test_plan_run_keeps_the_outputs_and_says_so():
 @pytest.mark.parametrize("fixes,message", [
     (["--fix", "recompute=full", "--fix", "recompute_norm_act=true", "--target", "megatron"], "goes with recompute none or selective"),
     (["--fix", "recompute_norm_act=true", "--target", "torchtitan"], "torchtitan does not recompute"),
+    (["--fix", "recompute_norm_act=true", "--fix", "fp8=true", "--target", "megatron"], "FP8 recipe refuses"),
 ])
 def test_solve_refuses_a_fix_it_cannot_honour(fixes, message):
     res = subprocess.run([sys.executable, "-m", "planner.cli.main", "solve", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb",

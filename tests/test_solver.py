@@ -402,3 +402,18 @@ def test_matches_brute_force_moe(memory_gib):
         plan = res.best.plan
         assert MOE_SMALL.num_experts % plan.ep == 0 and (plan.tp * plan.dp) % plan.ep == 0
         assert plan.stage_layers(5)[0] >= 2
+
+
+@pytest.mark.parametrize("layers,memory_gib", [(5, 1.0), (5, 0.8), (6, 0.9), (6, 0.8)])
+def test_zero_at_one_replica_still_shards_replicated_experts(layers, memory_gib):
+    """dp 1 leaves ZeRO nothing to shard of a dense model, but routed experts with ep < tp x dp
+    are replicated over their expert-data-parallel group (tp x dp / ep ranks), which ZeRO shards:
+    such layouts are searched, not skipped as dominated, and the search still meets brute force
+    (Megatron's rules, every split and recompute)."""
+    from planner.search.stacks import target_space
+    job = JobSpec(global_batch_size=4, seq_len=2048, target="megatron")
+    base = SearchSpace(num_gpus=4, global_batch_size=4, fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1})
+    model = MOE_SMALL.model_copy(update={"num_layers": layers})
+    res = assert_same_optimum(model, tiny_cluster(memory_gib), job, target_space(base, model, job))
+    if memory_gib == 0.8:  # what only ZeRO over the experts' group fits (brute force's optimum; skipped as dominated before)
+        assert (res.fastest.plan.dp, res.fastest.plan.zero_stage) == (1, 1)

@@ -274,16 +274,17 @@ def _kth_time_bisected(ranks: list[_Rank], time_at, more: int, deadline: Deadlin
     return None
 
 
-def min_peak_memory(pc: PipelineCosts) -> float:
+def min_peak_memory(pc: PipelineCosts, modes: tuple = MODES) -> float:
     """Bytes: a lower bound on the peak memory of any split of this layout, every layer in
-    its most frugal recompute mode and the layers spread to equalise rank memory
+    its most frugal recompute mode of `modes` and the layers spread to equalise rank memory
     (continuous water-filling)."""
     t, L, v = pc.terms, pc.num_layers, pc.vpp
     fixed, slope = [], []
+    allowed = [i for i, m in enumerate(MODES) if m in modes]
     for rk in t.ranks():
         mem = rk.memory.linear
         fixed.append(mem.const + max(rk.memory.temporary))
-        slope.append(min(mem.slope))
+        slope.append(min(mem.slope[i] for i in allowed))
     lo = max(c + q * v for c, q in zip(fixed, slope))
     if min(slope) <= 0 or sum(max(v, (lo - c) / q) for c, q in zip(fixed, slope)) >= L:
         return lo  # a rank whose memory does not grow with its layers: no water-filling (the loop below would not end)

@@ -275,14 +275,19 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
                                         rejected[DIVISIBILITY] += 1
                                         continue
                                     # GPipe runs as fast as 1F1B and holds more activations; with
-                                    # dp = 1 every ZeRO stage is ZeRO-0. Neither can win.
-                                    dominated = (sched == Schedule.gpipe and not keep_gpipe) or (zero > 0 and dpw == 1 and not keep_zero)
+                                    # dp = 1 every ZeRO stage is ZeRO-0, unless routed experts are
+                                    # replicated over tp / ep ranks (their expert-DP group, which
+                                    # ZeRO shards them over). Neither can win.
+                                    eps = _ep_degrees(model, dpw, tp)
+                                    if zero > 0 and dpw == 1 and not keep_zero:
+                                        eps = [ep for ep in eps if tp * dpw // ep > 1]
+                                    dominated = (sched == Schedule.gpipe and not keep_gpipe) or not eps
                                     if dominated:
                                         rejected[DOMINATED] += len(MESH_ORDERS)
                                         continue
                                     rejected[DOMINATED] += dropped_orders
                                     for order, ov, ep, fp8, na in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
-                                                                                    _ep_degrees(model, dpw, tp), space.fp8, norm_act):
+                                                                                    eps, space.fp8, norm_act):
                                         out.append(Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp, na))
     return Layouts(space, tuple(out), rejected)
 

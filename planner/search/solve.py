@@ -425,14 +425,15 @@ def _over(over: float, limit: float) -> str:
 
 def min_memory_needed(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace,
                       deadline: Deadline = NO_DEADLINE) -> Optional[float]:
-    """A lower bound (GiB) on the peak memory of the most frugal layout: every layer fully
-    recomputed, layers spread to equalise rank memory (continuous water-filling). OutOfTime
-    past the deadline."""
+    """A lower bound (GiB) on the peak memory of the most frugal layout: every layer in its most
+    frugal recompute mode the candidate may use (full recompute, unless the candidate reruns its
+    norms and activation instead), layers spread to equalise rank memory (continuous
+    water-filling). OutOfTime past the deadline."""
     cands, _ = enumerate_candidates(model, cluster, space, deadline=deadline)
     tables = CostTables(model, cluster, job)
     best = None
     for c in polled(cands, deadline, every=64):
         pc = tables.pipeline(c)
-        need = min_peak_memory(pc)
+        need = min_peak_memory(pc, candidate_modes(space, c))
         best = need if best is None else min(best, need)
     return None if best is None else best / GIB

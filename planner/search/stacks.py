@@ -83,6 +83,10 @@ def _norm_act_space(base: SearchSpace, model: ModelSpec, stack) -> tuple:
             having = ", ".join(s.name for s in stacks.STACKS.values() if s.recompute_norm_act)
             raise UsageError(f"--fix recompute_norm_act=true: {stack.name} does not recompute the norms and the experts' "
                              f"activation apart; --target {having}, or drop the fix")
+        rules = stack.rules
+        if base.fixed["recompute_norm_act"] and base.fixed.get("fp8") and rules is not None and not rules.recompute_norm_act_fp8:
+            raise UsageError(f"--fix recompute_norm_act=true with --fix fp8=true: {stack.name}'s FP8 recipe refuses the norm and "
+                             "activation recompute; drop one of the fixes")
         if base.fixed["recompute_norm_act"] and only_full:
             raise UsageError("--fix recompute_norm_act=true goes with recompute none or selective: a fully recomputed layer "
                              "reruns its whole forward already")

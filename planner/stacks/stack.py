@@ -196,6 +196,7 @@ class Rules:
     sequence_parallel: bool = True
     tp_comm_overlap: bool = False
     recompute_norm_act: bool = False  # Plan.recompute_norm_act
+    recompute_norm_act_fp8: bool = True  # ... together with FP8 GEMMs
     mesh_orders: Optional[tuple] = None  # allowed mesh orders (innermost first); None: any
     # "free": any layers per stage; "first_last": equal middle stages, first and last may differ;
     # "even": every stage the same (L divisible by the stages)
@@ -240,6 +241,8 @@ class Rules:
             out.append("TP communication overlap")
         if recompute_norm_act and not self.recompute_norm_act:
             out.append("recompute of the norms and the experts' activation")
+        elif recompute_norm_act and fp8 and not self.recompute_norm_act_fp8:
+            out.append(f"recompute of the norms and the experts' activation with FP8 ({self.stack}'s FP8 recipe refuses it)")
         dpw = dp * cp  # the mesh's dp axis holds the cp ranks too
         if self.mesh_orders is not None and not _order_allowed(self.mesh_orders, tuple(mesh_order), dpw > 1, tp > 1, pp > 1):
             out.append(f"mesh order {','.join(Axis(a).value for a in mesh_order)} ({self.stack} lays ranks out as "

@@ -47,6 +47,9 @@ RULES = Rules(
     # norm, i.e. not fused into a LayerNormLinear) and of the grouped experts' activation
     # (moe/experts.py, with --moe-grouped-gemm)
     recompute_norm_act=True,
+    # transformer_config.py:__post_init__ raises "Delayed scaling does not support moe_act and
+    # layernorm recompute for fp8", and this export's FP8 recipe is delayed scaling
+    recompute_norm_act_fp8=False,
     # parallel_state.initialize_model_parallel(order=...): "tp-cp-ep-dp-pp" by default (tp
     # innermost, then dp, then pp) and "tp-cp-ep-pp-dp" under Megatron-LM's
     # --use-tp-pp-dp-mapping; its docstring: "we support tp-dp-pp and tp-pp-dp orders".
@@ -177,11 +180,6 @@ def layout_problems(layout, model: ModelSpec, job: JobSpec) -> list[str]:
         # all_gather: "The context parallel running configs cannot support sliding window
         # attetnion!"; the plan's ring is p2p.
         out.append(f"context parallelism cp={layout.cp} with a sliding window (Transformer Engine's p2p ring refuses windows)")
-    # transformer_config.py:__post_init__ raises "Delayed scaling does not support moe_act and
-    # layernorm recompute for fp8", and this export's FP8 recipe is delayed scaling.
-    if getattr(layout, "recompute_norm_act", False) and layout.fp8:
-        out.append("recompute of the norms and the experts' activation with FP8 (Megatron-Core refuses it under the "
-                   "delayed-scaling recipe this export writes)")
     # parallel_state: --use-tp-pp-dp-mapping orders ranks "tp-cp-ep-pp-dp", cp next to tp and
     # inside pp, where the plan holds cp inside the dp axis (tp, pp, then cp x dp).
     if layout.cp > 1 and tp_pp_dp_mapping(layout):
