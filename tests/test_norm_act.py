@@ -200,3 +200,14 @@ def test_fixed_full_recompute_searches_without_it():
     job = JobSpec(global_batch_size=64, seq_len=4096, target="megatron")
     base = SearchSpace(num_gpus=16, global_batch_size=64, recompute_modes=(Recompute.full,))
     assert target_space(base, load_model("qwen3-30b-a3b"), job).recompute_norm_act == (False,)
+
+
+def test_a_plan_over_memory_names_it_where_it_would_help():
+    """`plan estimate`'s one-line 'does not fit' names --recompute-norm-act where the target has it
+    and it frees memory, and not elsewhere."""
+    base = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
+            "--seq-len", "4096", "--pp", "2", "--ep", "8", "--micro-batch-size", "2"]
+    for extra, named in ((["--target", "megatron"], True), ([], False), (["--target", "megatron", "--recompute-norm-act"], False)):
+        res = subprocess.run([sys.executable, "-m", "planner.cli.main", *base, *extra, "--json"], capture_output=True, text=True)
+        assert res.returncode == 1 and "does not fit" in res.stderr
+        assert ("--recompute-norm-act" in res.stderr) == named, extra

@@ -89,7 +89,7 @@ def estimate(
     else:
         render.estimate_report(doc)
     if not doc.estimate.fits:  # one line on stderr, the error (the report above shows the layout)
-        raise InfeasibleError(does_not_fit(doc.estimate, doc.cluster.device.name))
+        raise InfeasibleError(does_not_fit(doc.estimate, doc.cluster.device.name, _norm_act_would_help(doc)))
     if changed:
         render.note(changed)
     if output:
@@ -106,7 +106,18 @@ def _read_inputs(plan_file: Optional[str], alternative: Optional[int], model_nam
     return model_name if plan_file else api.load_model(model_name)
 
 
-def does_not_fit(est, device: str) -> str:
+def _norm_act_would_help(doc) -> bool:
+    """Whether --recompute-norm-act is a way down for this plan: its target has it, the plan does
+    not use it, no layer is fully recomputed and it frees memory for this model."""
+    from cost_models.memory import norm_act_bytes
+    from planner import stacks
+
+    stack = stacks.get(doc.job.target)
+    return (stack.recompute_norm_act and not doc.plan.recompute_norm_act and not doc.plan.stage_recompute_has_full()
+            and norm_act_bytes(doc.model, 1, 1, 1, False, stack.kernels) > 0)
+
+
+def does_not_fit(est, device: str, norm_act: bool = False) -> str:
     """One line for a plan over its device's memory: which pipeline rank, by how much, and
     what would bring it under (the estimate and any -o file are still written: how far over
     is what a user sizing a layout wants to see)."""
@@ -114,8 +125,8 @@ def does_not_fit(est, device: str) -> str:
     over = worst.total - est.memory_capacity_gib
     return (f"the plan does not fit: pipeline rank {worst.pipeline_rank} needs {worst.total:.1f} GiB per GPU, "
             f"{render.gib(over)} GiB over the device's {render.gib(est.memory_capacity_gib)} GiB ({device}); a higher --zero, "
-            "--recompute selective or full, more --tp or --pp, or more GPUs would bring it down (`plan solve` finds the "
-            "fastest layout that fits)")
+            f"--recompute selective or full, {'--recompute-norm-act, ' if norm_act else ''}more --tp or --pp, or more GPUs would "
+            "bring it down (`plan solve` finds the fastest layout that fits)")
 
 
 # With --plan: options that would change the plan's model (refused), options that change
