@@ -107,14 +107,13 @@ def _read_inputs(plan_file: Optional[str], alternative: Optional[int], model_nam
 
 
 def _norm_act_would_help(doc) -> bool:
-    """Whether --recompute-norm-act is a way down for this plan: its target has it, the plan does
-    not use it, no layer is fully recomputed and it frees memory for this model."""
-    from cost_models.memory import norm_act_bytes
+    """Whether --recompute-norm-act is a way down for this plan: the plan does not use it, no
+    layer is fully recomputed, and its target has it and it frees memory for this model."""
     from planner import stacks
+    from planner.search.stacks import norm_act_frees_memory
 
-    stack = stacks.get(doc.job.target)
-    return (stack.recompute_norm_act and not doc.plan.recompute_norm_act and not doc.plan.stage_recompute_has_full()
-            and norm_act_bytes(doc.model, 1, 1, 1, False, stack.kernels) > 0)
+    return (not doc.plan.recompute_norm_act and not doc.plan.stage_recompute_has_full()
+            and norm_act_frees_memory(doc.model, stacks.get(doc.job.target)))
 
 
 def does_not_fit(est, device: str, norm_act: bool = False) -> str:

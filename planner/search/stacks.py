@@ -78,29 +78,32 @@ def _norm_act_space(base: SearchSpace, model: ModelSpec, stack) -> tuple:
     off where --fix leaves only full recompute (nothing then keeps the outputs it would rerun).
     UsageError for a --fix the stack or the recompute modes cannot honour."""
     only_full = all(m == Recompute.full for m in base.recompute_modes)
-    if "recompute_norm_act" in base.fixed:
-        if base.fixed["recompute_norm_act"] and not stack.recompute_norm_act:
-            having = ", ".join(s.name for s in stacks.STACKS.values() if s.recompute_norm_act)
+    if "recompute_norm_act" not in base.fixed:
+        return (False,) if only_full else norm_act_choices(model, stack)
+    if base.fixed["recompute_norm_act"]:
+        if not stack.recompute_norm_act:
             raise UsageError(f"--fix recompute_norm_act=true: {stack.name} does not recompute the norms and the experts' "
-                             f"activation apart; --target {having}, or drop the fix")
-        rules = stack.rules
-        if base.fixed["recompute_norm_act"] and base.fixed.get("fp8") and rules is not None and not rules.recompute_norm_act_fp8:
+                             f"activation apart; --target {stacks.having('recompute_norm_act')}, or drop the fix")
+        if base.fixed.get("fp8") and stack.rules is not None and not stack.rules.recompute_norm_act_fp8:
             raise UsageError(f"--fix recompute_norm_act=true with --fix fp8=true: {stack.name}'s FP8 recipe refuses the norm and "
                              "activation recompute; drop one of the fixes")
-        if base.fixed["recompute_norm_act"] and only_full:
+        if only_full:
             raise UsageError("--fix recompute_norm_act=true goes with recompute none or selective: a fully recomputed layer "
                              "reruns its whole forward already")
-        return (base.fixed["recompute_norm_act"],)
-    return (False,) if only_full else norm_act_choices(model, stack)
+    return (base.fixed["recompute_norm_act"],)
+
+
+def norm_act_frees_memory(model: ModelSpec, stack) -> bool:
+    """Whether Plan.recompute_norm_act is worth trying for `model` on `stack`: the stack has it
+    and it frees memory for this model (a norm of its own or MoE experts: cost_models/memory.py:
+    norm_act_bytes); elsewhere it would only cost time."""
+    return stack.recompute_norm_act and memory.norm_act_bytes(model, 1, 1, 1, False, stack.kernels) > 0
 
 
 def norm_act_choices(model: ModelSpec, stack) -> tuple:
-    """Plan.recompute_norm_act's choices in a search for `stack`: both where the stack has it and
-    it frees memory for this model (a norm of its own or MoE experts: cost_models/memory.py:
-    norm_act_bytes), else off (it would only cost time)."""
-    if stack.recompute_norm_act and memory.norm_act_bytes(model, 1, 1, 1, False, stack.kernels) > 0:
-        return (False, True)
-    return (False,)
+    """Plan.recompute_norm_act's choices in a search for `stack`: both where it frees memory
+    (norm_act_frees_memory), else off."""
+    return (False, True) if norm_act_frees_memory(model, stack) else (False,)
 
 
 def solve_stacks(

@@ -313,18 +313,13 @@ class Plan(_Spec):
             raise PlanError(
                 f"the interleaved schedule needs micro-batches ({self.num_micro_batches}) to be a multiple of pp ({self.pp})"
             )
-        if self.tp_comm_overlap:
-            from planner.stacks import STACKS  # imported here: planner.stacks imports this module
+        for feature in ("tp_comm_overlap", "recompute_norm_act"):  # what only some stacks run
+            if getattr(self, feature):
+                from planner.stacks import STACKS, having  # imported here: planner.stacks imports this module
 
-            if not STACKS[Target(job.target)].tp_comm_overlap:
-                overlapping = " or ".join(s.name for s in STACKS.values() if s.tp_comm_overlap)
-                raise PlanError(f"tp_comm_overlap is not available in target {Target(job.target).value}; use --target {overlapping}, or drop it")
-        if self.recompute_norm_act:
-            from planner.stacks import STACKS
-
-            if not STACKS[Target(job.target)].recompute_norm_act:
-                having = " or ".join(s.name for s in STACKS.values() if s.recompute_norm_act)
-                raise PlanError(f"recompute_norm_act is not available in target {Target(job.target).value}; use --target {having}, or drop it")
+                if not getattr(STACKS[Target(job.target)], feature):
+                    raise PlanError(f"{feature} is not available in target {Target(job.target).value}; use --target "
+                                    f"{having(feature)}, or drop it")
         problem = seq_problem(model, job.seq_len)
         if problem:
             raise PlanError(problem)

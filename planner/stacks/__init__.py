@@ -62,6 +62,12 @@ def get(target: Target | str) -> Stack:
         raise UsageError(f"unknown stack {target!r}: choose one of {', '.join(t.value for t in STACKS)}") from None
 
 
+def having(feature: str) -> str:
+    """The stacks whose Stack has `feature` (a bool field: tp_comm_overlap, recompute_norm_act), for
+    a refusal's "use --target ..."."""
+    return " or ".join(s.name for s in STACKS.values() if getattr(s, feature))
+
+
 def rules(stack: Target | str) -> Rules:
     """What an exportable stack can express (generic has no Rules: None)."""
     return get(stack).rules
@@ -163,5 +169,5 @@ def _stages(stages: tuple) -> str:
     return ", ".join(str(s) for s in stages) if stages else "none"
 
 
-__all__ = ["EXPORT_STACKS", "STACKS", "Export", "Rules", "Stack", "export", "get", "model_refusal", "rules", "rules_table",
+__all__ = ["EXPORT_STACKS", "STACKS", "Export", "Rules", "Stack", "export", "get", "having", "model_refusal", "rules", "rules_table",
            "stack_constants"]
