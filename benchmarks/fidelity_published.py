@@ -6,13 +6,20 @@ leave-one-group-out cross-validation against a naive estimator.
 
 The cost model's figures come from kernel-level public data (hardware_profiles/presets/*.json:
 datasheet peaks, measured maximum GEMM throughput, FlashAttention kernel efficiencies, NCCL's
-latency model). Three constants, each with a physical meaning, are fitted to the published runs
-of benchmarks/published_cases.py (least squares in log(predicted / published), each group of
-runs weighted equally, so that one large table does not decide the fit):
+latency model). Three constants per stack (four for the stacks of SPLIT), each with a physical
+meaning, are fitted to the published runs of benchmarks/published_cases.py (least squares in
+log(predicted / published), each group of runs weighted equally, so that one large table does
+not decide the fit):
 
 - sustained_fraction: throughput a training loop sustains relative to microbenchmarks
-  (clocks under sustained power, synchronisation), multiplying GEMM and attention rates (one
-  value for A100 and H100: a fraction per generation cross-validated worse);
+  (clocks under sustained power, synchronisation), multiplying GEMM and attention rates. For
+  the stacks of SPLIT, one per GPU generation (sustained_fraction for Hopper and any device
+  without an entry of its own, sustained_fraction_ampere for the A100s): how much of a generation's measured peak
+  a stack's kernels reach is the software's, and only there did one software release run on
+  both generations (llm-foundry's one benchmark table, IBM's one blog). Megatron's A100 runs
+  are NeMo's 2022 releases and its H100 runs 2024-2026 ones, DeepSpeed has no H100 run, and
+  pooled over the stacks, which pull apart, a fraction per generation cross-validated worse:
+  one value there;
 - kernel_overhead_us: the gap per modelled operator (launches, casts and copies around it);
 - overlap_efficiency: the fraction of overlapped communication that is free (1 - the
   slowdown compute suffers while a collective runs beside it).
@@ -42,10 +49,46 @@ from hardware_profiles import PRESET_DIR, UNCALIBRATED, uncalibrated_entry, wide
 STACK_DIR = Path(__file__).resolve().parent.parent / "planner" / "stacks"
 
 
+# The fitted constants: cost_models/fit.py's three, the sustained fraction being Hopper's (and
+# that of any later or unmeasured device: the "*" entry of a stack's constants.json), plus the
+# sustained fraction on Ampere (the A100 presets' own entries).
+AMPERE = ("dgx-a100-40gb", "dgx-a100-80gb")  # the calibrated presets of the older generation
+CONSTANTS = fitlib.CONSTANTS + (
+    fitlib.Constant("sustained_fraction_ampere", 0.5, 1.0, 0.85, "sustained_fraction on the A100s (Ampere)"),)
+FITTED = tuple(c.name for c in CONSTANTS)
+# The stacks whose runs measured the same software on both generations (see the module's
+# docstring): each has a sustained fraction per generation; the others one for every device.
+SPLIT = ("torchtitan",)
+
+
+def _fit(res, split: bool, sweeps: int = 3, prior=None, start=None):
+    """fit_constants over CONSTANTS (split) or cost_models/fit.py's three, the Ampere fraction
+    then tied to the other; from `start`, one sweep within WARM of it. In CONSTANTS' order."""
+    k = len(CONSTANTS) if split else len(NAMES)
+    kw = dict(constants=CONSTANTS[:k], free=FITTED[:k])
+    if prior is not None:
+        kw["prior"] = fitlib.Prior(tuple(prior.centre[:k]), tuple(prior.width[:k]), prior.weight)
+    if start is not None:
+        kw.update(start=tuple(start[:k]), within=WARM[:k])
+        sweeps = 1
+    th = fitlib.fit_constants(res, sweeps, **kw)
+    return th if split else (*th, th[0])
+
+
+def on_ampere(cluster) -> bool:
+    return cluster.name in AMPERE
+
+
+def device_constants(cluster, theta) -> tuple:
+    """The three constants (cost_models/fit.py) that `theta` (in CONSTANTS' order) gives `cluster`."""
+    sf = theta[3] if len(theta) > 3 and on_ampere(cluster) else theta[0]
+    return (sf, theta[1], theta[2])
+
+
 def with_constants(c: Case, theta) -> Case:
-    """Case c with theta as the constants of its stack (cost_models/fit.py)."""
-    return Case(c.name, c.group, c.model, fitlib.with_constants(c.cluster, c.job.target, theta), c.job, c.plan, c.metric,
-                c.published, c.peak_memory_gib)
+    """Case c with theta (in CONSTANTS' order) as the constants of its stack on its device."""
+    return Case(c.name, c.group, c.model, fitlib.with_constants(c.cluster, c.job.target, device_constants(c.cluster, theta)),
+                c.job, c.plan, c.metric, c.published, c.peak_memory_gib)
 
 
 def predict(c: Case, theta=None):
@@ -78,16 +121,15 @@ def residuals(cs):
 
 
 def fit(cs, sweeps: int = 3, start=None):
-    """The constants that fit runs cs best (cost_models/fit.py:fit_constants); from `start`
-    (a fit on a superset of cs), one sweep within WARM of it."""
-    if start is not None:
-        return fitlib.fit_constants(residuals(cs), 1, start=start, within=WARM)
-    return fitlib.fit_constants(residuals(cs), sweeps)
+    """The pooled constants that fit runs cs best (cost_models/fit.py:fit_constants), one
+    sustained fraction for every device; from `start` (a fit on a superset of cs), one sweep
+    within WARM of it."""
+    return _fit(residuals(cs), False, sweeps, start=start)
 
 
 # Cross-validation starts each fold's fit from the fit on every run and searches this far around it
 # (one sweep): a fold leaves out one group of 17, which moves the constants by far less.
-WARM = (0.08, 12.0, 0.25)
+WARM = (0.08, 12.0, 0.25, 0.08)
 
 
 def fit_naive(cs) -> float:
@@ -140,7 +182,7 @@ SHARED = {"accelerate": "torchtitan"}  # Accelerate runs PyTorch FSDP2 with eage
 # A stack's constants are pulled towards the pooled fit (the other stacks' runs included): a
 # move of one width costs as much as every group of the stack being off by sqrt(PRIOR_WEIGHT)
 # in log (10%), so a stack with few runs stays near the pooled constants unless its runs insist.
-PRIOR_WIDTH = (0.1, 15.0, 0.3)
+PRIOR_WIDTH = (0.1, 15.0, 0.3, 0.1)
 PRIOR_WEIGHT = 0.01
 MIN_GROUPS_FOR_OWN_INTERVAL = 4  # fewer: the interval's widths come from every stack's residuals
 
@@ -160,10 +202,8 @@ def stack_fit(cs, pooled, sweeps: int = 3, start=None):
     own = dense(cs)
     if not own:
         return tuple(pooled)
-    prior = fitlib.Prior(tuple(pooled), PRIOR_WIDTH, PRIOR_WEIGHT)
-    if start is not None:
-        return fitlib.fit_constants(residuals(own), 1, prior=prior, start=start, within=WARM)
-    return fitlib.fit_constants(residuals(own), sweeps, prior=prior)
+    split = own[0].job.target.value in SPLIT
+    return _fit(residuals(own), split, sweeps, prior=fitlib.Prior(tuple(pooled), PRIOR_WIDTH, PRIOR_WEIGHT), start=start)
 
 
 def fit_naive_of(cs) -> float:
@@ -294,9 +334,9 @@ def main() -> None:
     thetas = {"generic": pooled}
     frac = {"generic": fit_naive(cs)}
     print(f"{len(cs)} runs in {len(_groups(cs))} groups; the constants, each a property of the software that runs the plan:")
-    for c in fitlib.CONSTANTS:
+    for c in CONSTANTS:
         print(f"  {c.name}: {c.meaning} (fitted within {c.lo:g}-{c.hi:g})")
-    print(f"{'stack':10s} {'runs':>4s} {'groups':>6s}  " + " ".join(f"{n:>19s}" for n in NAMES) + "  fit (rms log ratio)")
+    print(f"{'stack':10s} {'runs':>4s} {'groups':>6s}  " + " ".join(f"{n:>19s}" for n in (*NAMES, "(on Ampere)")) + "  fit (rms log ratio)")
     for stack in (*STACKS, "generic"):
         own = cs if stack == "generic" else [c for c in cs if c.job.target.value == stack]
         if stack != "generic":
@@ -364,24 +404,31 @@ def _uncertainty(iv: Interval) -> dict:
 
 def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
     """The pooled constants as every preset's own (what `generic` and profiles without a stack
-    entry use); each stack's, for any device ("*"), in its folder's constants.json
-    (planner/stacks/<stack>/), which the preset loader adds to every preset. An uncalibrated
-    preset (hardware_profiles.UNCALIBRATED: no run here was measured on its device) gets the
-    same constants with its intervals widened, the stacks' as its own stack_constants."""
+    entry use); each stack's in its folder's constants.json (planner/stacks/<stack>/), which the
+    preset loader adds to every preset: for any device ("*") with the Hopper sustained fraction,
+    and for each Ampere preset's device with its own. An uncalibrated preset
+    (hardware_profiles.UNCALIBRATED: no run here was measured on its device) gets the "*"
+    constants with its intervals widened, the stacks' as its own stack_constants."""
     today = date.today().isoformat()
-    th = thetas["generic"]
+    ampere = {json.loads((PRESET_DIR / f"{p}.json").read_text())["device"]["name"] for p in AMPERE}
     entries = {}
     for stack in (*STACKS, *SHARED):
         src = SHARED.get(stack, stack)
         t = thetas[src]
-        entries[stack] = {"sustained_fraction": round(t[0], 4), "kernel_overhead_us": round(t[1], 3),
-                          "overlap_efficiency": round(t[2], 4), "uncertainty": _uncertainty(intervals[src]),
-                          "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
-                                        f"benchmarks/data (of {runs}), pulled towards the pooled fit"}
-        (STACK_DIR / stack / "constants.json").write_text(json.dumps({"*": entries[stack]}, indent=2) + "\n")
+
+        def entry(sf, where, t=t, src=src):
+            return {"sustained_fraction": round(sf, 4), "kernel_overhead_us": round(t[1], 3),
+                    "overlap_efficiency": round(t[2], 4), "uncertainty": _uncertainty(intervals[src]),
+                    "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
+                                  f"benchmarks/data (of {runs}), pulled towards the pooled fit; sustained fraction {where}"}
+        entries[stack] = entry(t[0], "of Hopper (H100 runs), for any device without its own entry" if src in SPLIT
+                              else "one for every device")
+        own = {name: entry(t[3], "of Ampere (A100 runs)") for name in sorted(ampere)} if src in SPLIT else {}
+        (STACK_DIR / stack / "constants.json").write_text(json.dumps({"*": entries[stack], **own}, indent=2) + "\n")
+    th = thetas["generic"]
     for f in sorted(PRESET_DIR.glob("*.json")):
         data = json.loads(f.read_text())
-        data["device"]["sustained_fraction"] = round(th[0], 4)
+        data["device"]["sustained_fraction"] = round(th[3] if f.stem in AMPERE else th[0], 4)
         data["device"]["kernel_overhead_us"] = round(th[1], 3)
         data["overlap_efficiency"] = round(th[2], 4)
         data["uncertainty"] = _uncertainty(intervals["generic"])

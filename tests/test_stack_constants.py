@@ -151,3 +151,45 @@ def test_zero3_reduce_calls_are_each_stacks_own_and_the_export_writes_the_modell
     same = fitlib.with_constants(cl, "deepspeed", fitlib.constants_of(cl, "torchtitan"))
     t_ds_same = estimate(model, same, ds, plan).time_breakdown_s.dp_communication_exposed
     assert t_ds_same > t["torchtitan"].time_breakdown_s.dp_communication_exposed
+
+
+def test_a_split_stack_fits_a_sustained_fraction_per_generation_and_the_others_one():
+    """benchmarks/fidelity_published.py: a stack of SPLIT fits the A100s' sustained fraction apart
+    from Hopper's; any other stack (and the pooled fit) one fraction for every device."""
+    import json
+
+    from benchmarks import fidelity_published as fp
+    from benchmarks.published_cases import Case
+
+    true = (0.70, 12.0, 0.6, 0.78)  # CONSTANTS' order: Hopper's fraction, gap, overlap, Ampere's fraction
+    cases = []
+    for name in ("dgx-a100-80gb", "dgx-h100-80gb"):
+        cl = load_cluster(name)
+        for i, (_, model, job, plan) in enumerate(_cases()):
+            c = Case(f"{name} {i}", f"g{i % 3}", model, cl, job, plan, "tokens_per_s_per_gpu", 1.0)
+            cases.append(Case(c.name, c.group, model, cl, job, plan, c.metric, fp.predict(c, true)[0]))
+    # the case's device picks its fraction, through the constants the cost model reads
+    for c in cases[:: len(cases) - 1]:
+        got = fp.with_constants(c, true).cluster.for_target(c.job.target).device.sustained_fraction
+        assert got == (0.78 if c.cluster.name in fp.AMPERE else 0.70)
+    split = fp._fit(fp.residuals(cases), True, sweeps=4)
+    assert split[0] == pytest.approx(0.70, abs=0.01) and split[3] == pytest.approx(0.78, abs=0.01)
+    tied = fp._fit(fp.residuals(cases), False, sweeps=4)
+    assert tied[3] == tied[0] and 0.70 < tied[0] < 0.78
+    assert fitlib.loss(fp.residuals(cases), split) < fitlib.loss(fp.residuals(cases), tied)
+    # stack_fit splits torchtitan's (pulled towards a pooled fit of one fraction), not deepspeed's
+    pooled = (0.74, 12.0, 0.6, 0.74)
+    own = fp.stack_fit(cases, pooled, sweeps=2)
+    assert own[3] - own[0] > 0.02  # 0.08 apart, less the prior's pull
+    other = [Case(c.name, c.group, c.model, c.cluster, c.job.model_copy(update={"target": Target.deepspeed}), c.plan, c.metric,
+                  c.published) for c in cases]
+    assert fp.stack_fit(other, pooled, sweeps=1)[3] == fp.stack_fit(other, pooled, sweeps=1)[0]
+    # as shipped: the split stacks' A100 presets take their own entry, Hopper's the "*" one; every
+    # other stack one entry for all
+    a100, h100 = load_cluster("dgx-a100-80gb"), load_cluster("dgx-h100-80gb")
+    for t in ("megatron", "deepspeed", "torchtitan", "accelerate"):
+        entries = json.loads((fp.STACK_DIR / t / "constants.json").read_text())
+        fa, fh = (c.for_target(t).device.sustained_fraction for c in (a100, h100))
+        assert fh == entries["*"]["sustained_fraction"]
+        assert fa == entries.get(a100.device.name, entries["*"])["sustained_fraction"]
+        assert (fa != fh) == (fp.SHARED.get(t, t) in fp.SPLIT), t
