@@ -6,7 +6,7 @@ leave-one-group-out cross-validation against a naive estimator.
 
 The cost model's figures come from kernel-level public data (hardware_profiles/presets/*.json:
 datasheet peaks, measured maximum GEMM throughput, FlashAttention kernel efficiencies, NCCL's
-latency model). Three constants per stack (four for the stacks of SPLIT), each with a physical
+latency model). Three constants per stack (five for the stacks of SPLIT), each with a physical
 meaning, are fitted to the published runs of benchmarks/published_cases.py (least squares in
 log(predicted / published), each group of runs weighted equally, so that one large table does
 not decide the fit):
@@ -22,7 +22,13 @@ not decide the fit):
   one value there;
 - kernel_overhead_us: the gap per modelled operator (launches, casts and copies around it);
 - overlap_efficiency: the fraction of overlapped communication that is free (1 - the
-  slowdown compute suffers while a collective runs beside it).
+  slowdown compute suffers while a collective runs beside it);
+- step_overhead_s (the stacks of SPLIT): the time per optimizer step the GPUs wait on the
+  training loop's host work (the optimizer's launches, gradient clipping, metrics and logging,
+  the next batch). Eager PyTorch loops spend tens of milliseconds there, which steps of
+  0.6-2.5 s show (llm-foundry's small models, IBM's 7B and 13B on H100): predicted with none,
+  they came out 5-21% fast while steps of 5 s and more of the same tables did not. The other stacks' runs take seconds
+  per step and cannot tell it from the sustained fraction: 0 there (and in the pooled fit).
 
 Naive estimator: a constant fraction of peak FLOP/s (model FLOPs), fitted to the same runs.
 Cross-validation: for each group, fit both on the other groups and predict it.
@@ -51,19 +57,23 @@ STACK_DIR = Path(__file__).resolve().parent.parent / "planner" / "stacks"
 
 # The fitted constants: cost_models/fit.py's three, the sustained fraction being Hopper's (and
 # that of any later or unmeasured device: the "*" entry of a stack's constants.json), plus the
-# sustained fraction on Ampere (the A100 presets' own entries).
+# sustained fraction on Ampere (the A100 presets' own entries) and the host time per step
+# (StackConstants.step_overhead_s).
 AMPERE = ("dgx-a100-40gb", "dgx-a100-80gb")  # the calibrated presets of the older generation
 CONSTANTS = fitlib.CONSTANTS + (
-    fitlib.Constant("sustained_fraction_ampere", 0.5, 1.0, 0.85, "sustained_fraction on the A100s (Ampere)"),)
+    fitlib.Constant("sustained_fraction_ampere", 0.5, 1.0, 0.85, "sustained_fraction on the A100s (Ampere)"),
+    fitlib.Constant("step_overhead_s", 0.0, 0.5, 0.0, "host time per optimizer step, s"),)
 FITTED = tuple(c.name for c in CONSTANTS)
 # The stacks whose runs measured the same software on both generations (see the module's
-# docstring): each has a sustained fraction per generation; the others one for every device.
+# docstring): each has a sustained fraction per generation, and a host time per step; the others
+# one fraction for every device and no host time.
 SPLIT = ("torchtitan",)
 
 
 def _fit(res, split: bool, sweeps: int = 3, prior=None, start=None):
     """fit_constants over CONSTANTS (split) or cost_models/fit.py's three, the Ampere fraction
-    then tied to the other; from `start`, one sweep within WARM of it. In CONSTANTS' order."""
+    then tied to the other and no host time per step; from `start`, one sweep within WARM of
+    it. In CONSTANTS' order."""
     k = len(CONSTANTS) if split else len(NAMES)
     kw = dict(constants=CONSTANTS[:k], free=FITTED[:k])
     if prior is not None:
@@ -71,8 +81,13 @@ def _fit(res, split: bool, sweeps: int = 3, prior=None, start=None):
     if start is not None:
         kw.update(start=tuple(start[:k]), within=WARM[:k])
         sweeps = 1
-    th = fitlib.fit_constants(res, sweeps, **kw)
-    return th if split else (*th, th[0])
+    th = fitlib.fit_constants(res if split else (lambda t: res(tied(t))), sweeps, **kw)
+    return tuple(th) if split else tied(th)
+
+
+def tied(theta) -> tuple:
+    """cost_models/fit.py's three constants in CONSTANTS' order: one sustained fraction, no host time."""
+    return (*theta[:3], theta[0], 0.0)
 
 
 def on_ampere(cluster) -> bool:
@@ -87,8 +102,9 @@ def device_constants(cluster, theta) -> tuple:
 
 def with_constants(c: Case, theta) -> Case:
     """Case c with theta (in CONSTANTS' order) as the constants of its stack on its device."""
-    return Case(c.name, c.group, c.model, fitlib.with_constants(c.cluster, c.job.target, device_constants(c.cluster, theta)),
-                c.job, c.plan, c.metric, c.published, c.peak_memory_gib)
+    step = theta[4] if len(theta) > 4 else None  # None: the entry's
+    cluster = fitlib.with_constants(c.cluster, c.job.target, device_constants(c.cluster, theta), step_overhead_s=step)
+    return Case(c.name, c.group, c.model, cluster, c.job, c.plan, c.metric, c.published, c.peak_memory_gib)
 
 
 def predict(c: Case, theta=None):
@@ -129,7 +145,7 @@ def fit(cs, sweeps: int = 3, start=None):
 
 # Cross-validation starts each fold's fit from the fit on every run and searches this far around it
 # (one sweep): a fold leaves out one group of 17, which moves the constants by far less.
-WARM = (0.08, 12.0, 0.25, 0.08)
+WARM = (0.08, 12.0, 0.25, 0.08, 0.1)
 
 
 def fit_naive(cs) -> float:
@@ -182,7 +198,9 @@ SHARED = {"accelerate": "torchtitan"}  # Accelerate runs PyTorch FSDP2 with eage
 # A stack's constants are pulled towards the pooled fit (the other stacks' runs included): a
 # move of one width costs as much as every group of the stack being off by sqrt(PRIOR_WEIGHT)
 # in log (10%), so a stack with few runs stays near the pooled constants unless its runs insist.
-PRIOR_WIDTH = (0.1, 15.0, 0.3, 0.1)
+# The host time per step has no pooled value to be pulled towards (the pooled fit has none): its
+# width, 1 s, only says that it is well under a second.
+PRIOR_WIDTH = (0.1, 15.0, 0.3, 0.1, 1.0)
 PRIOR_WEIGHT = 0.01
 MIN_GROUPS_FOR_OWN_INTERVAL = 4  # fewer: the interval's widths come from every stack's residuals
 
@@ -336,7 +354,7 @@ def main() -> None:
     print(f"{len(cs)} runs in {len(_groups(cs))} groups; the constants, each a property of the software that runs the plan:")
     for c in CONSTANTS:
         print(f"  {c.name}: {c.meaning} (fitted within {c.lo:g}-{c.hi:g})")
-    print(f"{'stack':10s} {'runs':>4s} {'groups':>6s}  " + " ".join(f"{n:>19s}" for n in (*NAMES, "(on Ampere)")) + "  fit (rms log ratio)")
+    print(f"{'stack':10s} {'runs':>4s} {'groups':>6s}  " + " ".join(f"{n:>19s}" for n in (*NAMES, "(on Ampere)", "step_overhead_s")) + "  fit (rms log ratio)")
     for stack in (*STACKS, "generic"):
         own = cs if stack == "generic" else [c for c in cs if c.job.target.value == stack]
         if stack != "generic":
@@ -417,8 +435,9 @@ def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
         t = thetas[src]
 
         def entry(sf, where, t=t, src=src):
+            host = {"step_overhead_s": round(t[4], 4)} if src in SPLIT else {}  # the others have none (module docstring)
             return {"sustained_fraction": round(sf, 4), "kernel_overhead_us": round(t[1], 3),
-                    "overlap_efficiency": round(t[2], 4), "uncertainty": _uncertainty(intervals[src]),
+                    "overlap_efficiency": round(t[2], 4), **host, "uncertainty": _uncertainty(intervals[src]),
                     "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
                                   f"benchmarks/data (of {runs}), pulled towards the pooled fit; sustained fraction {where}"}
         entries[stack] = entry(t[0], "of Hopper (H100 runs), for any device without its own entry" if src in SPLIT

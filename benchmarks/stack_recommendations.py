@@ -63,8 +63,9 @@ def main() -> None:
             print(f"  --target {target:10s} {est.step_time_s:7.2f} s ({lo:.2f}-{hi:.2f}) MFU {100 * est.mfu:4.1f}%  "
                   f"{plan_summary(b.plan)}")
             if k is not None:
+                host = f", host {1000 * k.step_overhead_s:.0f} ms a step" if k.step_overhead_s else ""
                 print(f"  {'':21s} constants: sustained {k.sustained_fraction:.3f}, gap {k.kernel_overhead_us:.2f} us, "
-                      f"overlap {k.overlap_efficiency:.3f}")
+                      f"overlap {k.overlap_efficiency:.3f}{host}")
             others = [a for a in res.alternatives if shape(a.plan) != shape(b.plan)]
             if others:
                 o = others[0]

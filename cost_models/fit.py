@@ -2,7 +2,8 @@
 function that benchmarks/fidelity_published.py (published runs) and `plan tune` (trials
 measured on the user's machines) both call.
 
-The constants are those of planner/specs/cluster.py:StackConstants, each with a physical meaning:
+The constants are three of planner/specs/cluster.py:StackConstants, each with a physical meaning
+(the fourth, a stack's host time per step, is kept as the cluster states it: with_constants):
 
 - sustained_fraction: throughput a training loop sustains relative to microbenchmarks
   (clocks under sustained power, synchronisation), multiplying GEMM and attention rates;
@@ -113,11 +114,14 @@ def fit_constants(residuals: Residuals, sweeps: int = 3, prior: Optional[Prior] 
 
 
 def with_constants(cluster: ClusterSpec, target: Target | str, theta: Sequence[float],
-                   provenance: Optional[str] = None, uncertainty=None) -> ClusterSpec:
-    """`cluster` with `theta` (in CONSTANTS' order) as the constants of stack `target`."""
+                   provenance: Optional[str] = None, uncertainty=None, step_overhead_s: Optional[float] = None) -> ClusterSpec:
+    """`cluster` with `theta` (in CONSTANTS' order) as the constants of stack `target`; its
+    host time per step (StackConstants.step_overhead_s) `step_overhead_s`, else the entry's."""
     values = dict(zip(NAMES, theta))
     old = cluster.stack_constants.get(Target(target))
-    entry = StackConstants(**values, uncertainty=uncertainty if uncertainty is not None else (old.uncertainty if old else None),
+    step = step_overhead_s if step_overhead_s is not None else cluster.step_overhead_s(target)
+    entry = StackConstants(**values, step_overhead_s=step,
+                           uncertainty=uncertainty if uncertainty is not None else (old.uncertainty if old else None),
                            provenance=provenance)
     return cluster.model_copy(update={"stack_constants": {**cluster.stack_constants, Target(target): entry}})
 

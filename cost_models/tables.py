@@ -471,6 +471,7 @@ class PipelineCosts:
     expert_state_bytes_per_param: tuple = ()  # (weights, gradients, optimizer) of routed experts after ZeRO over expert-DP
     first_stage_min_layers: int = 1  # a MoE model's first dense layers live on the first stage
     zero3_reduce_calls_per_layer: float = 1.0  # reduce-scatter calls per layer per micro-batch (ZeRO-3; terms.dp_exposure)
+    step_overhead_s: float = 0.0  # the stack's host time per optimizer step (StackConstants.step_overhead_s)
 
     @property
     def num_stages(self) -> int:
@@ -552,6 +553,7 @@ def layout_costs(
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
         zero3_reduce_calls_per_layer=zero3_reduce_calls(job, layer.params) if z3 else 1.0,
+        step_overhead_s=cluster.step_overhead_s(job.target),
         comm_buffer_bytes=memory.tp_overlap_buffer_bytes(model, micro_batch, per_rank.seq_len, e) if tp_overlap else 0.0,
         tokens_per_step=batch * job.seq_len,
         model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),

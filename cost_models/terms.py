@@ -343,8 +343,9 @@ class LayoutTerms:
         return Linear.per_layer(sum(x.params for x in xs), self.layer_params)
 
     def optimizer_time(self, params: Linear) -> Linear:
-        """The update of the local shard of `params`: memory-bound, once per step."""
-        return params.scaled(self.pc.optimizer_seconds_per_param)
+        """The update of the local shard of `params` (memory-bound) and the stack's host time
+        per step (StackConstants.step_overhead_s): once per step."""
+        return params.scaled(self.pc.optimizer_seconds_per_param).plus(self.pc.step_overhead_s)
 
     def states_bytes(self, params: float) -> float:
         """Model states (weights, gradients, optimizer, after ZeRO) of `params` parameters

@@ -161,7 +161,7 @@ def test_a_split_stack_fits_a_sustained_fraction_per_generation_and_the_others_o
     from benchmarks import fidelity_published as fp
     from benchmarks.published_cases import Case
 
-    true = (0.70, 12.0, 0.6, 0.78)  # CONSTANTS' order: Hopper's fraction, gap, overlap, Ampere's fraction
+    true = (0.70, 12.0, 0.6, 0.78, 0.0)  # CONSTANTS' order: Hopper's fraction, gap, overlap, Ampere's fraction, host time
     cases = []
     for name in ("dgx-a100-80gb", "dgx-h100-80gb"):
         cl = load_cluster(name)
@@ -178,7 +178,7 @@ def test_a_split_stack_fits_a_sustained_fraction_per_generation_and_the_others_o
     assert tied[3] == tied[0] and 0.70 < tied[0] < 0.78
     assert fitlib.loss(fp.residuals(cases), split) < fitlib.loss(fp.residuals(cases), tied)
     # stack_fit splits torchtitan's (pulled towards a pooled fit of one fraction), not deepspeed's
-    pooled = (0.74, 12.0, 0.6, 0.74)
+    pooled = (0.74, 12.0, 0.6, 0.74, 0.0)
     own = fp.stack_fit(cases, pooled, sweeps=2)
     assert own[3] - own[0] > 0.02  # 0.08 apart, less the prior's pull
     other = [Case(c.name, c.group, c.model, c.cluster, c.job.model_copy(update={"target": Target.deepspeed}), c.plan, c.metric,
@@ -193,3 +193,70 @@ def test_a_split_stack_fits_a_sustained_fraction_per_generation_and_the_others_o
         assert fh == entries["*"]["sustained_fraction"]
         assert fa == entries.get(a100.device.name, entries["*"])["sustained_fraction"]
         assert (fa != fh) == (fp.SHARED.get(t, t) in fp.SPLIT), t
+
+
+def test_a_stack_host_time_per_step_is_paid_once_per_step_by_that_stack_only():
+    """StackConstants.step_overhead_s: added once to the step (in the optimizer term), whatever the
+    layout (pipeline ranks, micro-batches); another stack, or a cluster without the field, pays none."""
+    base = load_cluster("dgx-h100-80gb")
+    theta = fitlib.constants_of(base, "torchtitan")
+    none, some = (fitlib.with_constants(base, "torchtitan", theta, step_overhead_s=s) for s in (0.0, 0.25))
+    assert some.step_overhead_s("torchtitan") == 0.25 and some.step_overhead_s("megatron") == base.step_overhead_s("megatron")
+    for layout in ((1, 1, 8, 3, 1), (2, 4, 1, 1, 1), (1, 2, 4, 1, 2)):
+        tp, pp, dp, zero, mbs = layout
+        model, job, plan = _case("torchtitan", tp, pp, dp, zero, 32, mbs)
+        a, b = estimate(model, none, job, plan), estimate(model, some, job, plan)
+        assert b.step_time_s - a.step_time_s == pytest.approx(0.25, abs=1e-9)
+        assert b.time_breakdown_s.optimizer - a.time_breakdown_s.optimizer == pytest.approx(0.25, abs=1e-9)
+        model, job_m, plan = _case("megatron", tp, pp, dp, zero, 32, mbs)
+        assert estimate(model, some, job_m, plan).step_time_s == estimate(model, none, job_m, plan).step_time_s
+    # an entry written before schema 1.12 reads without one, and a cluster without an entry has none
+    old = StackConstants.model_validate({"sustained_fraction": 0.7, "kernel_overhead_us": 10.0, "overlap_efficiency": 0.7})
+    assert old.step_overhead_s == 0.0
+    bare = base.model_copy(update={"stack_constants": {}})
+    assert bare.step_overhead_s("torchtitan") == 0.0
+    model, job, plan = _case("torchtitan", gbs=32)
+    by_hand = bare.model_copy(update={"device": none.for_target("torchtitan").device, "overlap_efficiency": theta[2]})
+    assert estimate(model, by_hand, job, plan).step_time_s == pytest.approx(estimate(model, none, job, plan).step_time_s, rel=1e-12)
+    # `plan tune` refits the three constants and keeps the entry's host time
+    assert fitlib.with_constants(some, "torchtitan", theta).step_overhead_s("torchtitan") == 0.25
+
+
+def test_a_split_stack_fits_a_host_time_per_step_and_the_others_none():
+    """benchmarks/fidelity_published.py: runs measured with a host time per step (short steps and
+    long ones) give it back to a stack of SPLIT; the tied fit (other stacks, pooled) has none;
+    as shipped, torchtitan's and Accelerate's entries carry the fitted one and the others none."""
+    import json
+
+    from benchmarks import fidelity_published as fp
+    from benchmarks.published_cases import Case
+
+    true = (0.72, 12.0, 0.7, 0.72, 0.08)
+    cl = load_cluster("dgx-h100-80gb")
+    cases = []
+    for i, (layout, gbs) in enumerate((((1, 1, 16, 3, 1), 16), ((1, 1, 16, 3, 1), 256), ((2, 1, 8, 1, 2), 16),
+                                       ((2, 1, 8, 1, 2), 128), ((1, 1, 16, 0, 1), 32), ((1, 1, 16, 0, 4), 512))):
+        tp, pp, dp, zero, mbs = layout
+        model, job, plan = _case("torchtitan", tp, pp, dp, zero, gbs, mbs)
+        c = Case(f"c{i}", f"g{i % 3}", model, cl, job, plan, "tokens_per_s_per_gpu", 1.0)
+        cases.append(Case(c.name, c.group, model, cl, job, plan, c.metric, fp.predict(c, true)[0]))
+    steps = [fp.predict(c, true)[1].step_time_s for c in cases]
+    assert min(steps) < 0.5 * max(steps)  # short steps and long ones: the host time is told apart
+    split = fp._fit(fp.residuals(cases), True, sweeps=10)  # the gap trades against the host time: slow to settle
+    assert split[4] == pytest.approx(0.08, abs=0.01) and split[0] == pytest.approx(0.72, abs=0.015)
+    tied = fp._fit(fp.residuals(cases), False, sweeps=4)
+    assert fitlib.loss(fp.residuals(cases), split) < fitlib.loss(fp.residuals(cases), tied)
+    # stack_fit fits it for torchtitan, not for deepspeed (whose runs, here the same, show it as well)
+    pooled = (0.72, 12.0, 0.7, 0.72, 0.0)
+    assert fp.stack_fit(cases, pooled, sweeps=2)[4] > 0.04
+    other = [Case(c.name, c.group, c.model, c.cluster, c.job.model_copy(update={"target": Target.deepspeed}), c.plan, c.metric,
+                  c.published) for c in cases]
+    assert fp.stack_fit(other, pooled, sweeps=1)[4] == 0.0
+    # as shipped, on every calibrated device
+    for name in ("dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb"):
+        cl = load_cluster(name)
+        for t in ("megatron", "deepspeed", "torchtitan", "accelerate"):
+            entries = json.loads((fp.STACK_DIR / t / "constants.json").read_text())
+            shipped = cl.step_overhead_s(t)
+            assert shipped == entries.get(cl.device.name, entries["*"]).get("step_overhead_s", 0.0)
+            assert (shipped > 0) == (fp.SHARED.get(t, t) in fp.SPLIT), (name, t)

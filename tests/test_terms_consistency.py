@@ -10,6 +10,7 @@ import pulp
 import pytest
 
 from cost_models.estimate import evaluate
+from cost_models.fit import constants_of, with_constants
 from cost_models.memory import GIB
 from cost_models.terms import MODES
 from hardware_profiles import load_cluster
@@ -29,11 +30,17 @@ def _small_cluster(overlap: float):
 
 # (model, cluster, GPUs, global batch): a small model whose ranks straddle one gradient
 # bucket (25 MiB), with partial overlap; and real models with interleaving and every ZeRO stage.
+def _with_host_time(cluster, seconds: float):
+    return with_constants(cluster, "generic", constants_of(cluster, "generic"), step_overhead_s=seconds)
+
+
 SETTINGS = [
     (SMALL, _small_cluster(0.6), 4, 8),
     (SMALL, _small_cluster(1.0), 8, 16),
     (load_model("gpt3-13b"), load_cluster("dgx-a100-80gb"), 64, 256),
-    (load_model("llama2-7b"), load_cluster("dgx-a100-40gb").model_copy(update={"overlap_efficiency": 0.8}), 16, 64),
+    # a host time per step (StackConstants.step_overhead_s) for the jobs' stack, generic
+    (load_model("llama2-7b"), _with_host_time(load_cluster("dgx-a100-40gb").model_copy(update={"overlap_efficiency": 0.8}), 0.05),
+     16, 64),
 ]
 # A mixture-of-experts model: every ep, the first two layers dense on the first stage.
 MOE = SMALL.model_copy(update={"name": "small-moe", "activation": "swiglu", "num_experts": 4, "experts_per_token": 2,

@@ -27,7 +27,8 @@ from pydantic_core import PydanticCustomError
 # rotary embedding); read without them, no clamp and a factor of 1.
 # 1.11: Plan.recompute_norm_act (the norms' and the experts' activation outputs recomputed in
 # backward, Megatron-Core's recompute modules layernorm and moe_act); read without it, kept.
-SCHEMA_VERSION = "1.11"
+# 1.12: StackConstants.step_overhead_s (a stack's host time per optimizer step); read without it, 0.
+SCHEMA_VERSION = "1.12"
 
 
 # ----- numbers

@@ -323,6 +323,11 @@ class StackConstants(_Spec):
     overlap_efficiency: Real(0, 1) = Field(
         description="Fraction of overlapped communication that is free (1 - the slowdown compute suffers beside a collective)."
     )
+    step_overhead_s: Real(0, 60, "s") = Field(
+        default=0.0,
+        description="Time per optimizer step the GPUs wait on the training loop's host work (the optimizer's launches, gradient "
+        "clipping, metrics and logging, the next batch), seconds; added once per step (schema 1.12; read without it, 0).",
+    )
     uncertainty: Optional[Uncertainty] = Field(
         default=None, description="Out-of-group error of this stack's predictions (None: the cluster's)."
     )
@@ -408,6 +413,12 @@ class ClusterSpec(_Spec):
         if k.uncertainty is not None:
             update["uncertainty"] = k.uncertainty
         return self.model_copy(update=update)
+
+    def step_overhead_s(self, target: "Target | str") -> float:
+        """The host time per optimizer step of `target`'s training loop on this cluster
+        (StackConstants.step_overhead_s; 0 for a stack without an entry)."""
+        k = self.stack_constants.get(Target(target))
+        return k.step_overhead_s if k is not None else 0.0
 
     @model_validator(mode="after")
     def _domain_of_whole_nodes(self) -> "ClusterSpec":

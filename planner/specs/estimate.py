@@ -19,7 +19,7 @@ class TimeBreakdown(_Spec):
     tp_communication: float = Field(description="Tensor-parallel all-reduce / all-gather / reduce-scatter, on the critical path.")
     pp_communication: float = Field(description="Point-to-point sends between pipeline stages.")
     dp_communication_exposed: float = Field(description="Data-parallel (or ZeRO) communication not hidden behind compute.")
-    optimizer: float = Field(description="Optimizer step (memory-bound update of the local parameter shard).")
+    optimizer: float = Field(description="Optimizer step (memory-bound update of the local parameter shard) and the stack's host time per step (StackConstants.step_overhead_s).")
 
 
 class _ReadsV1_0(_Spec):

@@ -26,6 +26,9 @@ def tuned_profile(result: TuneResult, when: str) -> ClusterSpec:
     ran = [r for r in result.records if r.status == "ok"]
     one_node = slice_nodes(result) == 1
     values = ", ".join(f"{n} {v:.4g}" for n, v in zip(NAMES, fit.constants))
+    host = request.cluster.step_overhead_s(request.target)
+    if host:  # not refit: the prior's (StackConstants.step_overhead_s), kept
+        values += f", step_overhead_s {host:.4g} (the prior's, kept)"
     scaled = {r.ran.model.num_layers for r in ran if r.ran is not None and _shape(r.ran.model, r.ran.job) != _shape(request.model, r.job)}
     provenance = (
         f"plan tune, {when}: fitted by cost_models/fit.py to {len(ran)} measured trials (journal indices "
