@@ -38,3 +38,5 @@ started_at, predicted_peak_gib, finished_at
 FakeExecutor
 meaning  # cost_models/fit.py: Constant's description, for the people who read the table
 price_per_gpu_hour  # planner/specs/size_document.py:SizePoint, for readers of `plan size --json`
+# planner/datafile.py: PyYAML's resolver reads its class's table of implicit resolvers (replaced by YAML 1.2's)
+yaml_implicit_resolvers

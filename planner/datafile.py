@@ -74,17 +74,18 @@ def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec 
     Opened with O_NONBLOCK (a FIFO swapped in after the stat cannot block), checked again with
     fstat on the open descriptor, read up to limit + 1 bytes (a file growing meanwhile is caught)."""
     name = os.fspath(path)
+    named = name if what == "spec or plan file" else f"the {what} {name}"  # for an OS error's line
     try:
-        _refuse_special(name, os.stat(name).st_mode)  # before opening: opening a device can itself act
+        _refuse_special(name, os.stat(name).st_mode, what)  # before opening: opening a device can itself act
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(name, flags)
     except OSError as exc:
-        raise UsageError(os_message("read", name, exc)) from None
+        raise UsageError(os_message("read", named, exc)) from None
     except ValueError:  # a NUL byte, or a character no file name here can hold
         raise UsageError(f"cannot read {name!r}: {_UNNAMEABLE}") from None
     try:
         info = os.fstat(fd)
-        _refuse_special(name, info.st_mode)
+        _refuse_special(name, info.st_mode, what)
         if info.st_size > limit:
             raise UsageError(f"{name}: {info.st_size:,} bytes is too large for a {what} (at most {limit:,})")
         chunks, size = [], 0
@@ -97,7 +98,7 @@ def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec 
         if size > limit:
             raise UsageError(f"{name}: more than {limit:,} bytes is too large for a {what} (at most {limit:,})")
     except OSError as exc:
-        raise UsageError(os_message("read", name, exc)) from None
+        raise UsageError(os_message("read", named, exc)) from None
     finally:
         os.close(fd)
     scope = _READ.get()
@@ -106,11 +107,12 @@ def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec 
     return b"".join(chunks)
 
 
-def _refuse_special(name: str, mode: int) -> None:
+def _refuse_special(name: str, mode: int, what: str = "spec or plan file") -> None:
+    hint = _KINDS if what == "spec or plan file" else f"give the {what}, a regular file"
     if stat.S_ISDIR(mode):
-        raise UsageError(f"cannot read {name}: it is a directory; {_KINDS}")
+        raise UsageError(f"cannot read {name}: it is a directory; {hint}")
     if not stat.S_ISREG(mode):
-        raise UsageError(f"cannot read {name}: it is a {_special(mode)}, not a regular file; {_KINDS}")
+        raise UsageError(f"cannot read {name}: it is a {_special(mode)}, not a regular file; {hint}")
 
 
 def _special(mode: int) -> str:
@@ -244,7 +246,7 @@ def validation_message(exc: ValidationError, path: Path | str | None = None, tex
     # An unknown field (a typo) explains the missing one it was meant to be: report it first.
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    loc = ".".join(str(p) for p in err["loc"])
     line = None
     if text is not None:
         for part in reversed([p for p in err["loc"] if isinstance(p, str)]):
@@ -257,9 +259,11 @@ def validation_message(exc: ValidationError, path: Path | str | None = None, tex
         msg = "unknown field"
     elif err["type"] == "missing":
         msg = "required field is missing"
+    msg = msg.removeprefix("Value error, ")  # a validator's own sentence, which pydantic prefixes
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     prefix = f"{where}: " if where else ""
-    return f"{prefix}field '{loc}': {msg}{more}"
+    field_ = f"field '{loc}': " if err["loc"] else ""  # a check across fields names them itself
+    return f"{prefix}{field_}{msg}{more}"
 
 
 def parse_spec(cls: type[T], data: dict, path: Path | str | None = None, text: str | None = None) -> T:
@@ -280,7 +284,7 @@ def load_named(
         data, text = read_mapping(presets[name_or_path])
         return parse(data, presets[name_or_path], text)
     path = Path(name_or_path)
-    if path.suffix in (".json", ".yaml", ".yml") or os.sep in name_or_path:
+    if path.suffix in (".json", ".yaml", ".yml") or os.sep in name_or_path or os.path.lexists(name_or_path):  # a path, even without a suffix
         if missing(path):
             raise UsageError(f"{kind} file {name_or_path} does not exist")
         data, text = read_mapping(path)
@@ -289,7 +293,7 @@ def load_named(
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     where = ("a path to a .json/.yaml spec, a Hugging Face config.json or model directory, or a hub id in the local cache"
              if kind == "model" else "a path to a .json/.yaml file")
-    raise UsageError(f"unknown {kind} preset {name_or_path!r}{hint} (`plan presets` lists them; or give {where})")
+    raise UsageError(f"unknown {kind} preset {_short(name_or_path)!r}{hint} (`plan presets` lists them; or give {where})")
 
 
 # Longest file name most file systems take (NAME_MAX); the temporary name adds to the output's.
@@ -499,14 +503,39 @@ def _construct_unique_mapping(loader, node, deep=False):
 _YAMLLoader.construct_mapping = _construct_unique_mapping
 
 
-# YAML 1.1 (PyYAML's resolver) reads a float only with a dot, so `1e15` would be the string
-# "1e15" and a spec's number refused; YAML 1.2's core schema (https://yaml.org/spec/1.2.2/,
-# 10.3.2) reads it as the float its author meant. Added to the floats PyYAML already knows.
-_YAMLLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+# YAML 1.2's core schema (https://yaml.org/spec/1.2.2/, 10.3.2) in place of PyYAML's YAML 1.1
+# resolvers, whose readings a spec's author does not mean: `1:30` is 90 (base 60), `010` is 8
+# (octal), `0b11` and `1_000` numbers, `yes` / `no` / `on` / `off` booleans, `2026-12-04` a date,
+# while `1e15` is a string. Under 1.2 `010` is 10, `1e15` the float, and the rest are strings,
+# which a field that wants a number or a yes/no refuses in one line. Merge keys (<<) stay.
+_YAMLLoader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in (
+    ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),  # before float: "10" is both
+    ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+     "-+0123456789."),
+    ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    ("merge", r"^<<$", "<"),
+):
+    _YAMLLoader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_pattern), list(_first))
+
+
+def _construct_int(loader, node) -> int:
+    """A YAML 1.2 integer: decimal (leading zeros too: `010` is 10), 0o octal, 0x hexadecimal."""
+    text = loader.construct_scalar(node)
+    sign = -1 if text[:1] == "-" else 1
+    digits = text.lstrip("+-")
+    base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
+    try:
+        return sign * int(digits[2:] if base != 10 else digits, base)
+    except ValueError as exc:
+        if "digits" in str(exc):  # Python's limit on a string's digits: read_mapping says so
+            raise
+        raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not an integer (decimal, 0o octal or 0x hex)",
+                                                node.start_mark) from None
+
+
+_YAMLLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def _load_yaml(path: Path, text: str):

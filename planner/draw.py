@@ -340,7 +340,10 @@ def size_figure(doc):
     ax.set_yscale("log")
     ax.set_xlabel("days to train (bars: the step time's interval)")
     ax.set_ylabel("cost" if cost else "GPU-hours")
-    ax.legend(fontsize=8, frameon=False)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=8, frameon=False)
+    else:  # no point has a plan: an empty chart says so rather than nothing
+        ax.text(0.5, 0.5, "no point has a plan (the table says why)", transform=ax.transAxes, ha="center", va="center")
     ringed = " (ringed: adding GPUs stops paying)" if any(p.stops_paying for p in doc.points) else ""
     _title(fig, f"{doc.model.name}: {doc.tokens / 1e12:,.3g}T tokens, batch {doc.global_batch_size:,} x {doc.seq_len:,}{ringed}", 9)
     return fig

@@ -66,15 +66,22 @@ def cluster_size(cluster: ClusterSpec, gpus: Optional[int], nodes: Optional[int]
     if gpus > MAX_GPUS:
         raise UsageError(f"--gpus {gpus:,} is beyond any cluster ({MAX_GPUS:,} GPUs at most); give the GPUs you will train on")
     check_profile_size(cluster, gpus, cluster_name)
+    check_cluster_holds(cluster, gpus, "--gpus")
+    return gpus
+
+
+def check_cluster_holds(cluster: ClusterSpec, gpus: int, what: str) -> None:
+    """`gpus` (named `what` in the message: --gpus, a document's num_gpus) is one node's share or
+    whole nodes of `cluster`, and no more than its nodes hold."""
     if gpus > cluster.gpus_per_node and gpus % cluster.gpus_per_node:
         raise UsageError(
-            f"--gpus {gpus} is not a whole number of {cluster.name} nodes ({cluster.gpus_per_node} GPUs each); use a multiple of {cluster.gpus_per_node}"
+            f"{what} {gpus} is not a whole number of {cluster.name} nodes ({cluster.gpus_per_node} GPUs each); use a multiple of {cluster.gpus_per_node}"
         )
     if cluster.num_nodes is not None and gpus > cluster.num_nodes * cluster.gpus_per_node:
         raise UsageError(
-            f"{cluster.name} has {cluster.num_nodes} nodes x {cluster.gpus_per_node} = {cluster.num_nodes * cluster.gpus_per_node} GPUs, fewer than the {gpus} asked for"
+            f"{cluster.name} has {cluster.num_nodes} nodes x {cluster.gpus_per_node} = {cluster.num_nodes * cluster.gpus_per_node} GPUs, "
+            + (f"fewer than the {gpus} asked for" if what == "--gpus" else f"fewer than its {what} {gpus}; fix one of them")
         )
-    return gpus
 
 
 def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Optional[str] = None) -> None:
@@ -172,6 +179,7 @@ def check_document(doc, where: str = "") -> None:
     is consistent, so no command re-derives what another refuses. `doc`: a PlanInput; `where`:
     the file, named before the message."""
     try:
+        check_cluster_holds(doc.cluster, doc.num_gpus, "num_gpus")
         check_plan(doc.plan, doc.model, doc.job, doc.num_gpus, doc.cluster)
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}" if where else str(exc)) from None

@@ -45,6 +45,48 @@ def test_a_what_if_that_stops_fitting_exits_like_a_new_layout(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: the plan does not fit"), lines
 
 
+@pytest.mark.parametrize("taken, suggested, not_suggested", [
+    ([], ["a higher --zero", "--recompute selective or full"], []),
+    (["--recompute", "selective"], ["a higher --zero", "--recompute full"], ["selective or full"]),
+    (["--recompute", "full", "--zero", "3"], ["more --tp or --pp"], ["--zero", "--recompute"]),
+])
+def test_does_not_fit_names_only_the_steps_the_plan_has_not_taken(taken, suggested, not_suggested):
+    res = plan("estimate", *OVER, *taken)
+    assert res.returncode == 1
+    line = res.stderr.strip().splitlines()[-1]
+    assert all(s in line.split("(")[-2] for s in suggested), line
+    ways = line.split("GiB (")[-1]  # the remedies, after the device's name
+    assert not any(s in ways for s in not_suggested), line
+
+
+def test_exporting_a_plan_that_does_not_fit_warns(tmp_path):
+    """The configuration is still written (a user may mean to size it up), with the estimate's
+    line on stderr; a plan that fits exports without it."""
+    over, cfg = tmp_path / "over.json", tmp_path / "args.sh"
+    assert plan("estimate", *OVER, "-o", str(over)).returncode == 1
+    res = plan("export", str(over), "--to", "megatron", "-o", str(cfg))
+    assert res.returncode == 0 and cfg.read_text()
+    assert "warning: the plan does not fit: pipeline rank" in res.stderr, res.stderr
+    fits = tmp_path / "fits.json"
+    assert plan("estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-40gb", "--gpus", "2", "--global-batch", "8",
+                "--seq-len", "1024", "-o", str(fits)).returncode == 0
+    res = plan("export", str(fits), "--to", "megatron")
+    assert res.returncode == 0 and "does not fit" not in res.stderr, res.stderr
+
+
+def test_nothing_fits_names_a_memory_limit_the_user_set_and_no_micro_batch_the_search_tried():
+    res = plan("solve", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "8",
+               "--seq-len", "2048", "--max-memory-gib", "5")
+    assert res.returncode == 1
+    line = res.stderr.strip().splitlines()[-1]
+    assert "a higher --max-memory-gib (the device's own limit is 76 GiB)" in line, line
+    assert "micro-batch size 1" not in line  # with the batch fixed, the least memory was found over every micro-batch
+    res = plan("solve", "--model", "llama3-70b", "--cluster", "dgx-a100-40gb", "--gpus", "8", "--micro-batch-size", "4",
+               "--seq-len", "8192")
+    line = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 1 and "micro-batch size 1" in line and "--max-memory-gib" not in line, line
+
+
 def test_output_files_are_confirmed(tmp_path):
     out = tmp_path / "p.json"
     res = plan("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "32",

@@ -393,6 +393,11 @@ INCONSISTENT = {
     "micro-batches that do not make the batch": (_plan(num_micro_batches=PLAN_DOC["plan"]["num_micro_batches"] + 1), "global batch"),
     "precision the device has no peak for": ({**PLAN_DOC, "job": {**PLAN_DOC["job"], "precision": "fp16"}, "cluster": {
         **PLAN_DOC["cluster"], "device": {**PLAN_DOC["cluster"]["device"], "peak_tflops": {"bf16": 312.0}}}}, "no fp16 throughput"),
+    # the checks --gpus gets against --cluster (planner/inputs.py:check_cluster_holds), on the document's own pair
+    "a cluster of fewer GPUs than the plan's": ({**PLAN_DOC, "cluster": {**PLAN_DOC["cluster"], "gpus_per_node": 4, "num_nodes": 1}},
+                                                "fewer than its num_gpus 8"),
+    "GPUs that are no whole number of nodes": ({**PLAN_DOC, "cluster": {**PLAN_DOC["cluster"], "gpus_per_node": 3}},
+                                               "not a whole number of"),
 }
 
 

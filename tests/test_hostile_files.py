@@ -53,6 +53,7 @@ READERS = {  # {F}: the file the command reads
     "export": ["export", "{F}", "--to", "megatron"],
     "run": ["run", "{F}"],
     "profile --show": ["profile", "--show", "{F}"],
+    "tune --resume": ["tune", "--resume", "{F}"],  # the journal (planner/tune/journal.py:read)
 }
 SAFE_KINDS = {  # name in the directory -> how it is made; none of these can block or fill memory
     "directory": "dir.json",

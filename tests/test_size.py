@@ -104,6 +104,21 @@ def test_json_matches_the_document_and_the_picture_is_drawn(tmp_path):
     assert r.stderr.splitlines() == [f"document written to {out}", f"picture written to {pic}"]
 
 
+def test_with_no_point_the_picture_says_so_and_nothing_else_reaches_stderr(tmp_path):
+    """Every point without a plan: the document and a picture that says so are written, the
+    error is the last line, and matplotlib's warning of an empty legend is not printed."""
+    pytest.importorskip("matplotlib")
+    out, pic = tmp_path / "size.json", tmp_path / "front.svg"
+    r = subprocess.run([*PLAN, "size", "--model", "llama3-70b", "--clusters", "dgx-a100-40gb", "--gpus", "8", "--tokens", "1T",
+                        "--global-batch", "8", "--seq-len", "8192", "-o", str(out), "--picture", str(pic)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 1
+    lines = r.stderr.splitlines()
+    assert lines[:2] == [f"document written to {out}", f"picture written to {pic}"] and len(lines) == 3, lines
+    assert lines[2].startswith("error: no point has a plan")
+    assert "no point has a plan" in pic.read_text()
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--tokens", "15X"], "--tokens"),
     (["--gpus", "8192..256"], "--gpus"),

@@ -236,7 +236,10 @@ def test_solve_human_output_explains():
     [
         (["--fix", "tp=3"], 2, "--fix tp=3: 3 does not divide the 16 GPUs"),  # as `plan estimate --tp 3` refuses it
         (["--fix", "tp=4", "--fix", "pp=8"], 2, "tp 4 x pp 8 = 32 does not divide the 16 GPUs"),
-        (["--fix", "vpp=7"], 1, "no layout of the search space is valid"),
+        (["--fix", "vpp=7"], 1, "no layout of the search space is valid with --fix vpp=7 ("),  # the fix that empties the space
+        (["--fix", "ep=2"], 1, "valid with --fix ep=2 ("),
+        (["--gpus", "1048576"], 1, "valid for gpt3-1.3b on 1,048,576 GPUs with global batch 128"),
+        (["--max-memory-gib", "1"], 1, "a higher --max-memory-gib (the device's own limit is"),
         (["--fix", "banana=2"], 2, "expected KEY=VALUE"),
         (["--fix", "sp=maybe"], 2, "not a valid value for sp"),
         (["--micro-batch-size", "2"], 2, "either --global-batch"),

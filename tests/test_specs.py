@@ -1,5 +1,7 @@
 """Schemas: presets load, plans validate with messages that name the factor to change."""
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -139,6 +141,34 @@ def test_yaml_numbers_in_exponent_form_read_as_numbers(tmp_path):
     path.write_text(text.replace("memory_gib: 79.6", 'memory_gib: "8e1"'))
     with pytest.raises(UsageError, match="memory_gib"):
         load_cluster(str(path))
+
+
+@pytest.mark.parametrize("written, read", [
+    ("num_layers: 032", 32),  # YAML 1.1: octal 26
+    ("num_layers: 0x20", 32),
+    ("num_layers: 0o40", 32),  # YAML 1.1: refused (its octal has no 0o)
+    ("num_layers: +32", 32),
+    ("num_layers: 1:30", None),  # YAML 1.1: 90 (base 60)
+    ("num_layers: 3_2", None),  # YAML 1.1: 32
+    ("num_layers: 0b100000", None),  # YAML 1.1: 32
+    ("tied_embeddings: no", None),  # YAML 1.1: false
+    ("tied_embeddings: off", None),
+    ("tied_embeddings: False", False),
+])
+def test_yaml_reads_numbers_and_yes_no_as_yaml_1_2_does(tmp_path, written, read):
+    """YAML 1.2's core schema (planner/datafile.py): what YAML 1.1 would read as a number or a
+    boolean the author did not write (base 60, octal by a leading zero, yes / no / on / off,
+    underscores, binary) is a string, which the field refuses in one line naming it."""
+    text = Path(model_presets()["llama3-8b"]).read_text()
+    key = written.split(":")[0]
+    line = next(x for x in text.splitlines() if x.startswith(key + ":"))
+    path = tmp_path / "m.yaml"
+    path.write_text(text.replace(line, written, 1))
+    if read is None:
+        with pytest.raises(UsageError, match=key):
+            load_model(str(path))
+    else:
+        assert getattr(load_model(str(path)), key) == read
 
 
 @pytest.mark.parametrize("name", ["m\nerror: injected", "m\x1b[31mred", "tab\there", "del\x7f", "c1\x9b31m"])

@@ -89,7 +89,7 @@ def estimate(
     else:
         render.estimate_report(doc)
     if not doc.estimate.fits:  # one line on stderr, the error (the report above shows the layout)
-        raise InfeasibleError(does_not_fit(doc.estimate, doc.cluster.device.name, _norm_act_would_help(doc)))
+        raise InfeasibleError(does_not_fit(doc))
     if changed:
         render.note(changed)
     if output:
@@ -116,16 +116,26 @@ def _norm_act_would_help(doc) -> bool:
             and norm_act_frees_memory(doc.model, stacks.get(doc.job.target)))
 
 
-def does_not_fit(est, device: str, norm_act: bool = False) -> str:
+def does_not_fit(doc) -> str:
     """One line for a plan over its device's memory: which pipeline rank, by how much, and
-    what would bring it under (the estimate and any -o file are still written: how far over
-    is what a user sizing a layout wants to see)."""
+    what would bring it under, naming only the steps this plan has not taken (the estimate and
+    any -o file are still written: how far over is what a user sizing a layout wants to see)."""
+    est, plan = doc.estimate, doc.plan
     worst = max(est.memory_gib_per_pipeline_rank, key=lambda r: r.total)
     over = worst.total - est.memory_capacity_gib
+    ways = []
+    if plan.zero_stage < 3:
+        ways.append("a higher --zero")
+    every_layer_full = (all(r.full for r in plan.stage_recompute) if plan.stage_recompute is not None
+                        else plan.recompute == Recompute.full)
+    if not every_layer_full:
+        ways.append("--recompute selective or full" if plan.recompute == Recompute.none else "--recompute full")
+    if _norm_act_would_help(doc):
+        ways.append("--recompute-norm-act")
+    ways.append("more --tp or --pp, or more GPUs")
     return (f"the plan does not fit: pipeline rank {worst.pipeline_rank} needs {worst.total:.1f} GiB per GPU, "
-            f"{render.gib(over)} GiB over the device's {render.gib(est.memory_capacity_gib)} GiB ({device}); a higher --zero, "
-            f"--recompute selective or full, {'--recompute-norm-act, ' if norm_act else ''}more --tp or --pp, or more GPUs would "
-            "bring it down (`plan solve` finds the fastest layout that fits)")
+            f"{render.gib(over)} GiB over the device's {render.gib(est.memory_capacity_gib)} GiB ({doc.cluster.device.name}); "
+            f"{', '.join(ways)} would bring it down (`plan solve` finds the fastest layout that fits)")
 
 
 # With --plan: options that would change the plan's model (refused), options that change

@@ -10,6 +10,7 @@ import click
 
 from planner import api, stacks
 from planner.cli import render
+from planner.cli.estimate import does_not_fit
 from planner.cli.types import ALTERNATIVE
 from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError
@@ -38,6 +39,19 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
     note = costed_for_another(Path(plan_file), alternative, stack)
     if note:
         render.note(note)
+    over = _over_memory(Path(plan_file), alternative, stack)
+    if over:
+        render.note(f"warning: {over}")
+
+
+def _over_memory(path: Path, alternative: Optional[int], stack: str) -> Optional[str]:
+    """The estimate's "does not fit" line for the plan as `stack` runs it, else None: the
+    configuration is still written (a user may mean to size it up), but not in silence."""
+    try:
+        doc = api.what_if(path, alternative=alternative, target=stack).document
+    except PlannerError:  # the stack's job cannot cost this plan as it stands: costed_for_another said so
+        return None
+    return None if doc.estimate.fits else does_not_fit(doc)
 
 
 def costed_for_another(path: Path, alternative: Optional[int], stack: str) -> Optional[str]:

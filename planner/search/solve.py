@@ -387,7 +387,7 @@ def _infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: 
                    deadline: Deadline) -> InfeasibleError:
     need = min_memory_needed(model, cluster, job, space, deadline)
     if need is None:
-        return InfeasibleError("no layout of the search space is valid for this model and GPU count (check --fix and divisibility)")
+        return InfeasibleError(_no_valid_layout(model, cluster, space, deadline))
     over = need - limit_gib
     if over <= 0:  # the floor ignores what the target stack cannot express of splits and recompute
         return InfeasibleError(
@@ -404,13 +404,31 @@ def _infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: 
             break
     if space.fixed:
         hints.append("fewer --fix constraints")
-    if space.global_batch_size is None or space.max_micro_batch_size > 1:
+    if space.global_batch_size is None and (space.micro_batch_size or 1) > 1:  # with a batch, the floor tried 1 already
         hints.append("micro-batch size 1")
+    device_limit = memory_limit_gib_of(cluster)
+    if limit_gib < device_limit:  # --max-memory-gib, below what the device holds
+        hints.append(f"a higher --max-memory-gib (the device's own limit is {gib(device_limit)} GiB)")
     hints.append("a larger-memory cluster")
     return InfeasibleError(
         f"no layout fits in {gib(limit_gib)} GiB per GPU: the least any layout needs (full recompute, best ZeRO stage and split) "
         f"is {need:.1f} GiB, {_over(over, limit_gib)}; to fit, try {', or '.join(hints)}"
     )
+
+
+def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline) -> str:
+    """Why the search space holds no valid layout: the --fix that empties it where one alone does
+    (the space has layouts without it), else the sizes that leave none."""
+    for key, value in space.fixed.items():
+        rest = SearchSpace(**{**space.__dict__, "fixed": {k: v for k, v in space.fixed.items() if k != key}})
+        if enumerate_candidates(model, cluster, rest, deadline=deadline)[0]:
+            shown = value.value if hasattr(value, "value") else value
+            return (f"no layout of the search space is valid with --fix {key}={shown} ({model.name} on {space.num_gpus:,} GPUs "
+                    "has layouts without it: its divisibility or the target stack rules it out); change or drop it")
+    batch = f"global batch {space.global_batch_size:,}" if space.global_batch_size else "this micro-batch"
+    return (f"no layout of the search space is valid for {model.name} on {space.num_gpus:,} GPUs with {batch}"
+            f"{' and these --fix values' if space.fixed else ''}: dp x tp x pp (x cp) must make the GPU count, dp divide the "
+            "batch, tp the heads and pp the layers; try fewer GPUs" + (" or a larger batch" if space.global_batch_size else ""))
 
 
 def _over(over: float, limit: float) -> str:

@@ -17,10 +17,14 @@ from typing import Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from planner.datafile import read_input
 from planner.errors import PlannerError, UsageError
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 JOURNAL_VERSION = 1
+# The largest journal --resume reads: a header (a model and a cluster, each at most
+# datafile.MAX_SPEC_BYTES) and tens of thousands of trials of a few kB each
+MAX_JOURNAL_BYTES = 256 * 2**20
 
 
 class _Record(BaseModel):
@@ -155,10 +159,7 @@ def read(path: Path, warn: Callable[[str], None]) -> tuple[TuneHeader, list[Tria
     """The header and the finished trials. A torn last line (the tuner killed while writing
     it: no newline at its end) is cut off with a warning; anything else unreadable is refused
     in one line, the file left as it was."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read the journal {path}: {exc.strerror or exc}") from None
+    data = read_input(path, MAX_JOURNAL_BYTES, "journal")  # a regular file only: no FIFO, no /dev/zero
     lines = data.split(b"\n")
     complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline ('' when whole)
     records = []
