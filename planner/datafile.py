@@ -521,20 +521,19 @@ for _tag, _pattern, _first in (
 
 
 def _construct_int(loader, node) -> int:
-    """A YAML 1.2 integer: decimal (leading zeros too: `010` is 10), 0o octal, 0x hexadecimal."""
+    """A YAML 1.2 integer: decimal (leading zeros too: `010` is 10), 0o octal, 0x hexadecimal;
+    anything else, an explicit `!!int` tag's text included (`+-5`, `1_0`), refused."""
     text = loader.construct_scalar(node)
-    sign = -1 if text[:1] == "-" else 1
-    digits = text.lstrip("+-")
-    base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
-    try:
-        return sign * int(digits[2:] if base != 10 else digits, base)
-    except ValueError as exc:
-        if "digits" in str(exc):  # Python's limit on a string's digits: read_mapping says so
-            raise
+    m = _YAML_INT.fullmatch(text)
+    if m is None:
         raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not an integer (decimal, 0o octal or 0x hex)",
-                                                node.start_mark) from None
+                                                node.start_mark)
+    sign, octal, hexadecimal, decimal = m.groups()
+    value = int(octal, 8) if octal else int(hexadecimal, 16) if hexadecimal else int(decimal)  # ValueError past 4,300 digits
+    return -value if sign == "-" else value
 
 
+_YAML_INT = re.compile(r"([-+]?)(?:0o([0-7]+)|0x([0-9a-fA-F]+)|([0-9]+))")
 _YAMLLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 

@@ -344,10 +344,15 @@ def fix_items(fixes) -> tuple[str, ...]:
     {"tp": 8, "sp": True, "mesh_order": ["tp", "pp", "dp"]})."""
     if not hasattr(fixes, "items"):
         return tuple(fixes)
-    return tuple(f"{key}={_fix_text(value)}" for key, value in fixes.items())
+    return tuple(f"{key}={fix_text(value)}" for key, value in fixes.items())
 
 
-def _fix_text(value) -> str:
+def fix_key(field: str) -> str:
+    """The shortest --fix key for a Candidate field (`mbs` for micro_batch_size)."""
+    return next(key for key, (f, _) in _FIX_KEYS.items() if f == field)
+
+
+def fix_text(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, tuple)):

@@ -45,18 +45,32 @@ def test_a_what_if_that_stops_fitting_exits_like_a_new_layout(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: the plan does not fit"), lines
 
 
-@pytest.mark.parametrize("taken, suggested, not_suggested", [
-    ([], ["a higher --zero", "--recompute selective or full"], []),
-    (["--recompute", "selective"], ["a higher --zero", "--recompute full"], ["selective or full"]),
-    (["--recompute", "full", "--zero", "3"], ["more --tp or --pp"], ["--zero", "--recompute"]),
+OVER4 = OVER[:5] + ["4"] + OVER[6:]  # dp 2: ZeRO has ranks to shard over
+
+
+@pytest.mark.parametrize("args, suggested, not_suggested", [
+    (OVER, ["--recompute selective or full"], ["--zero"]),  # dp 1: nothing for ZeRO to shard over
+    (OVER4, ["a higher --zero", "--recompute selective or full"], []),
+    (OVER4 + ["--recompute", "selective"], ["a higher --zero", "--recompute full"], ["selective or full"]),
+    (["--model", "llama3-70b"] + OVER4[2:] + ["--recompute", "full", "--zero", "3"], ["more --tp or --pp"], ["--zero", "--recompute"]),
 ])
-def test_does_not_fit_names_only_the_steps_the_plan_has_not_taken(taken, suggested, not_suggested):
-    res = plan("estimate", *OVER, *taken)
+def test_does_not_fit_names_only_the_steps_the_plan_has_not_taken(args, suggested, not_suggested):
+    res = plan("estimate", *args)
     assert res.returncode == 1
-    line = res.stderr.strip().splitlines()[-1]
-    assert all(s in line.split("(")[-2] for s in suggested), line
-    ways = line.split("GiB (")[-1]  # the remedies, after the device's name
-    assert not any(s in ways for s in not_suggested), line
+    ways = res.stderr.strip().splitlines()[-1].split("GiB (")[-1]  # the remedies, after the device's name
+    assert all(s in ways for s in suggested) and not any(s in ways for s in not_suggested), ways
+
+
+def test_does_not_fit_counts_partly_recomputed_stages_as_a_step_not_taken(tmp_path):
+    """stage_recompute with one full layer of 16 a stage: the other 15 keep their activations,
+    so full recompute is still a way down."""
+    doc = tmp_path / "over.json"
+    assert plan("estimate", *OVER4, "-o", str(doc)).returncode == 1
+    data = json.loads(doc.read_text())
+    data["plan"].update(recompute="mixed", stage_recompute=[{"none": 15, "full": 1}, {"none": 15, "full": 1}])
+    doc.write_text(json.dumps(data))
+    res = plan("estimate", "--plan", str(doc))
+    assert res.returncode == 1 and "--recompute full" in res.stderr.strip().splitlines()[-1], res.stderr
 
 
 def test_exporting_a_plan_that_does_not_fit_warns(tmp_path):
@@ -67,6 +81,7 @@ def test_exporting_a_plan_that_does_not_fit_warns(tmp_path):
     res = plan("export", str(over), "--to", "megatron", "-o", str(cfg))
     assert res.returncode == 0 and cfg.read_text()
     assert "warning: the plan does not fit: pipeline rank" in res.stderr, res.stderr
+    assert f"the options named are `plan estimate --plan {over} --target megatron`'s" in res.stderr
     fits = tmp_path / "fits.json"
     assert plan("estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-40gb", "--gpus", "2", "--global-batch", "8",
                 "--seq-len", "1024", "-o", str(fits)).returncode == 0

@@ -238,6 +238,9 @@ def test_solve_human_output_explains():
         (["--fix", "tp=4", "--fix", "pp=8"], 2, "tp 4 x pp 8 = 32 does not divide the 16 GPUs"),
         (["--fix", "vpp=7"], 1, "no layout of the search space is valid with --fix vpp=7 ("),  # the fix that empties the space
         (["--fix", "ep=2"], 1, "valid with --fix ep=2 ("),
+        (["--fix", "mbs=3"], 1, "valid with --fix mbs=3 ("),  # the key as typed, not the field's name
+        (["--fix", "pp=8", "--fix", "vpp=4"], 1, "valid with --fix pp=8 and --fix vpp=4 together"),  # 24 layers: each alone has layouts
+        (["--fix", "mesh_order=dp,pp,tp", "--fix", "tp=8"], 1, "--fix mesh_order=dp,pp,tp (gpt3-1.3b on 16 GPUs"),
         (["--gpus", "1048576"], 1, "valid for gpt3-1.3b on 1,048,576 GPUs with global batch 128"),
         (["--max-memory-gib", "1"], 1, "a higher --max-memory-gib (the device's own limit is"),
         (["--fix", "banana=2"], 2, "expected KEY=VALUE"),

@@ -193,6 +193,18 @@ def _plan(*args):
                           env=env)
 
 
+@pytest.mark.parametrize("option", ["-o", "--plan-out"])
+def test_an_output_onto_the_resumed_journal_is_refused_before_anything_runs(option, tmp_path):
+    """The journal is read and appended to: an output that would replace it is refused at once
+    (not after the tune, its trials run), the journal as it was."""
+    j = tmp_path / "j.jsonl"
+    j.write_text("not read yet\n")
+    res = subprocess.run([sys.executable, "-m", "planner.cli.main", "tune", "--resume", "j.jsonl", option, "./j.jsonl"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert res.returncode == 2 and "it is the input of this command" in res.stderr, res.stderr
+    assert j.read_text() == "not read yet\n"
+
+
 @pytest.mark.parametrize("args, needle", [
     ([], "--model is required"),
     (["--resume", "/nonexistent/j.jsonl"], "cannot read the journal"),

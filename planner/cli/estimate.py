@@ -124,11 +124,14 @@ def does_not_fit(doc) -> str:
     worst = max(est.memory_gib_per_pipeline_rank, key=lambda r: r.total)
     over = worst.total - est.memory_capacity_gib
     ways = []
-    if plan.zero_stage < 3:
+    if plan.zero_stage < 3 and plan.dp * plan.cp > 1:  # ZeRO shards over dp x cp ranks: none to shard over at 1
         ways.append("a higher --zero")
-    every_layer_full = (all(r.full for r in plan.stage_recompute) if plan.stage_recompute is not None
+    every_layer_full = (all(r.full == r.layers for r in plan.stage_recompute) if plan.stage_recompute is not None
                         else plan.recompute == Recompute.full)
-    if not every_layer_full:
+    if plan.recompute_norm_act:  # refused with full recompute (Plan.validate_for): selective is the step left
+        if plan.recompute == Recompute.none:
+            ways.append("--recompute selective")
+    elif not every_layer_full:
         ways.append("--recompute selective or full" if plan.recompute == Recompute.none else "--recompute full")
     if _norm_act_would_help(doc):
         ways.append("--recompute-norm-act")

@@ -41,7 +41,8 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
         render.note(note)
     over = _over_memory(Path(plan_file), alternative, stack)
     if over:
-        render.note(f"warning: {over}")
+        again = f"plan estimate --plan {plan_file}" + (f" --alternative {alternative}" if alternative else "") + f" --target {stack}"
+        render.note(f"warning: {over}; the options named are `{again}`'s")
 
 
 def _over_memory(path: Path, alternative: Optional[int], stack: str) -> Optional[str]:

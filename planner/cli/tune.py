@@ -67,6 +67,8 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
     if journal_path is not None and not journal_path.strip():
         raise UsageError("--journal is empty; give a file name (or leave it out for plan-tune-TIME.jsonl)")
     check_outputs({"-o": output, "--plan-out": plan_out, "--journal": journal_path})  # a journal in no writable place: refused now
+    if resume_path:  # the journal resumed is read, and appended to: no output may replace it (refused now, not after the tune)
+        check_outputs({"-o": output, "--plan-out": plan_out}, read=(resume_path,))
     if journal_path is not None and not resume_path:
         journal.check_new(Path(journal_path))  # and one that exists, before the search, not after it
     if warmup >= steps:

@@ -33,7 +33,7 @@ from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recom
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
-from .candidates import MEMORY, Candidate, CostTables, Layouts, SearchSpace, candidate_modes, enumerate_candidates
+from .candidates import MEMORY, TP_ACROSS_NODES, Candidate, CostTables, Layouts, SearchSpace, candidate_modes, enumerate_candidates
 from .deadline import NO_DEADLINE, Deadline, OutOfTime, polled
 from .ilp import Solution, canonical_counts, default_solver, solve_candidate
 
@@ -407,7 +407,7 @@ def _infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: 
     if space.global_batch_size is None and (space.micro_batch_size or 1) > 1:  # with a batch, the floor tried 1 already
         hints.append("micro-batch size 1")
     device_limit = memory_limit_gib_of(cluster)
-    if limit_gib < device_limit:  # --max-memory-gib, below what the device holds
+    if limit_gib < device_limit and need <= device_limit:  # --max-memory-gib, below what the device holds and would do
         hints.append(f"a higher --max-memory-gib (the device's own limit is {gib(device_limit)} GiB)")
     hints.append("a larger-memory cluster")
     return InfeasibleError(
@@ -417,18 +417,41 @@ def _infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: 
 
 
 def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline) -> str:
-    """Why the search space holds no valid layout: the --fix that empties it where one alone does
-    (the space has layouts without it), else the sizes that leave none."""
-    for key, value in space.fixed.items():
-        rest = SearchSpace(**{**space.__dict__, "fixed": {k: v for k, v in space.fixed.items() if k != key}})
-        if enumerate_candidates(model, cluster, rest, deadline=deadline)[0]:
-            shown = value.value if hasattr(value, "value") else value
-            return (f"no layout of the search space is valid with --fix {key}={shown} ({model.name} on {space.num_gpus:,} GPUs "
-                    "has layouts without it: its divisibility or the target stack rules it out); change or drop it")
+    """Why the search space holds no valid layout. With --fix: one enumeration without the fixes
+    (what a solve without them enumerates), each layout scored by the fixes it breaks; a fix
+    that alone rules out a layout is named, and two or more such are named as clashing. Else the
+    sizes that leave none, and what rejected them. Past the deadline, the short line."""
+    from planner.inputs import fix_key, fix_text  # planner.inputs builds search spaces: imported late
+
+    short = "no layout of the search space is valid for this model and GPU count (check --fix and divisibility)"
+    shown = {k: f"--fix {fix_key(k)}={fix_text(v)}" for k, v in space.fixed.items()}
+    try:
+        free = SearchSpace(**{**space.__dict__, "fixed": {}})
+        layouts, rejected = enumerate_candidates(model, cluster, free, deadline=deadline)
+        alone: set = set()
+        fewest: Optional[frozenset] = None
+        for c in polled(layouts, deadline, every=256):
+            broken = frozenset(k for k, v in space.fixed.items() if getattr(c, k) != v)
+            if len(broken) == 1:
+                alone |= broken
+            if fewest is None or len(broken) < len(fewest):
+                fewest = broken
+    except OutOfTime:
+        return short
+    blamed = alone or fewest or frozenset({"tp"})  # the generic case: any tp
+    cross = (" (or --allow-cross-node-tp: tp may not leave a node)"
+             if rejected.get(TP_ACROSS_NODES) and blamed & {"tp", "mesh_order"} else "")
+    if len(alone) == 1:
+        return (f"no layout of the search space is valid with {shown[next(iter(alone))]} ({model.name} on {space.num_gpus:,} "
+                f"GPUs has layouts without it: its divisibility or the target stack rules it out); change or drop it{cross}")
+    if alone or fewest:
+        names = " and ".join(shown[k] for k in sorted(alone or fewest))
+        return (f"no layout of the search space is valid with {names} together ({model.name} on {space.num_gpus:,} GPUs has "
+                f"layouts without {'any one' if alone else 'all'} of them); change or drop {'one' if alone else 'them'}{cross}")
     batch = f"global batch {space.global_batch_size:,}" if space.global_batch_size else "this micro-batch"
-    return (f"no layout of the search space is valid for {model.name} on {space.num_gpus:,} GPUs with {batch}"
-            f"{' and these --fix values' if space.fixed else ''}: dp x tp x pp (x cp) must make the GPU count, dp divide the "
-            "batch, tp the heads and pp the layers; try fewer GPUs" + (" or a larger batch" if space.global_batch_size else ""))
+    return (f"no layout of the search space is valid for {model.name} on {space.num_gpus:,} GPUs with {batch}: dp x tp x pp "
+            f"(x cp) must make the GPU count, dp divide the batch, tp the heads and pp the layers; try fewer GPUs"
+            + (" or a larger batch" if space.global_batch_size else "") + cross)
 
 
 def _over(over: float, limit: float) -> str:
