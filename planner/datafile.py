@@ -44,6 +44,7 @@ MAX_JSON_NODES = 500_000
 MAX_YAML_NODES = 50_000
 MAX_YAML_ALIASES = 100
 MAX_DEPTH = 32
+_SPEC = "spec or plan file"  # what read_input reads unless told (its messages say so)
 _KINDS = "give a regular .json/.yaml file"
 _UNNAMEABLE = "not a name a file can have here (a NUL byte, or a character the file system's encoding lacks)"
 
@@ -69,12 +70,12 @@ def inputs_read() -> dict:
     return dict(_READ.get() or {})
 
 
-def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec or plan file") -> bytes:
+def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = _SPEC) -> bytes:
     """The bytes of a regular file of at most `limit` bytes; anything else one UsageError line.
     Opened with O_NONBLOCK (a FIFO swapped in after the stat cannot block), checked again with
     fstat on the open descriptor, read up to limit + 1 bytes (a file growing meanwhile is caught)."""
     name = os.fspath(path)
-    named = name if what == "spec or plan file" else f"the {what} {name}"  # for an OS error's line
+    named = name if what == _SPEC else f"the {what} {name}"  # for an OS error's line
     try:
         _refuse_special(name, os.stat(name).st_mode, what)  # before opening: opening a device can itself act
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -107,8 +108,8 @@ def read_input(path: Path | str, limit: int = MAX_SPEC_BYTES, what: str = "spec 
     return b"".join(chunks)
 
 
-def _refuse_special(name: str, mode: int, what: str = "spec or plan file") -> None:
-    hint = _KINDS if what == "spec or plan file" else f"give the {what}, a regular file"
+def _refuse_special(name: str, mode: int, what: str) -> None:
+    hint = _KINDS if what == _SPEC else f"give the {what}, a regular file"
     if stat.S_ISDIR(mode):
         raise UsageError(f"cannot read {name}: it is a directory; {hint}")
     if not stat.S_ISREG(mode):

@@ -126,8 +126,7 @@ def does_not_fit(doc) -> str:
     ways = []
     if plan.zero_stage < 3 and plan.dp * plan.cp > 1:  # ZeRO shards over dp x cp ranks: none to shard over at 1
         ways.append("a higher --zero")
-    every_layer_full = (all(r.full == r.layers for r in plan.stage_recompute) if plan.stage_recompute is not None
-                        else plan.recompute == Recompute.full)
+    every_layer_full = all(r.full == r.layers for r in plan.stage_recompute_counts(doc.model.num_layers))
     if plan.recompute_norm_act:  # refused with full recompute (Plan.validate_for): selective is the step left
         if plan.recompute == Recompute.none:
             ways.append("--recompute selective")

@@ -36,38 +36,39 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
         click.echo(render.printable(out.text.rstrip("\n"), lines=True))  # a name in a comment: no raw escape
     if output:
         render.note(f"{out.stack} {out.kind} written to {output}")
-    note = costed_for_another(Path(plan_file), alternative, stack)
+    path = Path(plan_file)
+    again = f"plan estimate --plan {path}" + (f" --alternative {alternative}" if alternative else "") + f" --target {stack}"
+    theirs = _as_stack_runs(path, alternative, stack)
+    note = costed_for_another(path, alternative, stack, theirs, again)
     if note:
         render.note(note)
-    over = _over_memory(Path(plan_file), alternative, stack)
-    if over:
-        again = f"plan estimate --plan {plan_file}" + (f" --alternative {alternative}" if alternative else "") + f" --target {stack}"
-        render.note(f"warning: {over}; the options named are `{again}`'s")
+    if theirs is not None and not theirs.estimate.fits:  # still written (a user may mean to size it up), not in silence
+        render.note(f"warning: {does_not_fit(theirs)}; the options named are `{again}`'s")
 
 
-def _over_memory(path: Path, alternative: Optional[int], stack: str) -> Optional[str]:
-    """The estimate's "does not fit" line for the plan as `stack` runs it, else None: the
-    configuration is still written (a user may mean to size it up), but not in silence."""
+def _as_stack_runs(path: Path, alternative: Optional[int], stack: str):
+    """The plan's document estimated as `stack` runs it (its kernels and overlap), once for
+    both lines below; None where the stack's job cannot cost the plan as it stands."""
     try:
-        doc = api.what_if(path, alternative=alternative, target=stack).document
-    except PlannerError:  # the stack's job cannot cost this plan as it stands: costed_for_another said so
+        return api.what_if(path, alternative=alternative, target=stack).document
+    except PlannerError:
         return None
-    return None if doc.estimate.fits else does_not_fit(doc)
 
 
-def costed_for_another(path: Path, alternative: Optional[int], stack: str) -> Optional[str]:
+def costed_for_another(path: Path, alternative: Optional[int], stack: str, theirs, again: str) -> Optional[str]:
     """One line when the plan (job.target, or the alternative's target) was costed for another
     stack than `stack`: the stacks' kernels and overlap differ (planner/stacks), so the
-    stack's own prediction, and the command that gives all of it."""
+    stack's own prediction (`theirs`: _as_stack_runs), and the command that gives all of it."""
     costed = read_plan_file(path, alternative).job.target.value  # read only: the estimates come when they differ
     if costed == stack:
         return None
-    again = f"plan estimate --plan {path}" + (f" --alternative {alternative}" if alternative else "") + f" --target {stack}"
+    runs = f"{stack}'s own kernels change its prediction"  # no number where either estimate cannot be made
     try:
         ours = api.read_plan(path, alternative).estimate.step_time_s
-        theirs = api.what_if(path, alternative=alternative, target=stack).document.estimate.step_time_s
-        runs = (f"{stack} runs it with its own kernels: {theirs:.3f} s a step predicted, not {ours:.3f} s" if f"{theirs:.3f}" != f"{ours:.3f}"
+    except PlannerError:
+        ours = None
+    if theirs is not None and ours is not None:
+        t = theirs.estimate.step_time_s
+        runs = (f"{stack} runs it with its own kernels: {t:.3f} s a step predicted, not {ours:.3f} s" if f"{t:.3f}" != f"{ours:.3f}"
                 else f"{stack}'s kernels predict the same {ours:.3f} s a step")
-    except PlannerError:  # the stack's job cannot cost this plan as it stands: say so without a number
-        runs = f"{stack}'s own kernels change its prediction"
     return f"note: this plan was costed for {costed}; {runs} (re-estimate with `{again}`)"
