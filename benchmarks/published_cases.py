@@ -296,8 +296,9 @@ def _moe_problem(rec: dict) -> Optional[str]:
     return None
 
 
-# Groups run on DeepSpeed: BLOOM (Megatron-DeepSpeed, ZeRO-1) and GPT-NeoX-20B (GPT-NeoX, built on
-# DeepSpeed's engine, ZeRO-1).
+# Groups run on DeepSpeed: BLOOM (Megatron-DeepSpeed, ZeRO-1; with it, one group, the layouts BigScience
+# benchmarked for it on the same machine and code in February 2022, fp16 ZeRO-1) and GPT-NeoX-20B
+# (GPT-NeoX, built on DeepSpeed's engine, ZeRO-1).
 DEEPSPEED_GROUPS = ("bloom", "gpt_neox_20b")
 
 

@@ -472,6 +472,9 @@ class PipelineCosts:
     first_stage_min_layers: int = 1  # a MoE model's first dense layers live on the first stage
     zero3_reduce_calls_per_layer: float = 1.0  # reduce-scatter calls per layer per micro-batch (ZeRO-3; terms.dp_exposure)
     step_overhead_s: float = 0.0  # the stack's host time per optimizer step (StackConstants.step_overhead_s)
+    # ZeRO 0-1 gradient reduction as the stack runs it (Stack.gradient_reduce; terms.dp_exposure)
+    gradient_reduce_hidden: bool = True
+    gradient_reduce: Collective = Collective.reduce_scatter
 
     @property
     def num_stages(self) -> int:
@@ -534,6 +537,7 @@ def layout_costs(
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
     z3 = zero >= 3 and dpw > 1
     batch = dp * micro_batch * num_micro_batches
+    reduce_hidden, reduce = stacks.get(job.target).gradient_reduce(pp, zero, job.precision)
     return PipelineCosts(
         pp=pp,
         vpp=vpp,
@@ -554,6 +558,8 @@ def layout_costs(
         zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
         zero3_reduce_calls_per_layer=zero3_reduce_calls(job, layer.params) if z3 else 1.0,
         step_overhead_s=cluster.step_overhead_s(job.target),
+        gradient_reduce_hidden=reduce_hidden,
+        gradient_reduce=reduce,
         comm_buffer_bytes=memory.tp_overlap_buffer_bytes(model, micro_batch, per_rank.seq_len, e) if tp_overlap else 0.0,
         tokens_per_step=batch * job.seq_len,
         model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),

@@ -95,16 +95,18 @@ class Hidden(NamedTuple):
     `efficiency` of the rest actually hides (communication.overlapped):
         exposed = max((1 - eta) comm + eta edge,  comm - eta window).
     Gradient-bucket switch: when `bucket_bytes` (the rank's gradient bytes) is below one
-    bucket, everything goes in that one last bucket and nothing hides: exposed = comm."""
+    bucket (`bucket`, bytes), everything goes in that one last bucket and nothing hides:
+    exposed = comm."""
 
     comm: Linear
     edge: float
     window: Linear
     efficiency: float
     bucket_bytes: Optional[Linear] = None
+    bucket: float = GRADIENT_BUCKET_BYTES
 
     def bucket_full(self, counts) -> bool:
-        return self.bucket_bytes is None or self.bucket_bytes(counts) >= GRADIENT_BUCKET_BYTES
+        return self.bucket_bytes is None or self.bucket_bytes(counts) >= self.bucket
 
     def __call__(self, counts, bucket_full: Optional[bool] = None) -> float:
         comm = self.comm(counts)
@@ -196,11 +198,16 @@ class DataParallel:
     layer_bytes: float  # one layer's parameters on the wire (ZeRO-3's gather / reduce-scatter unit)
     costs: tuple  # (alpha s, beta s per byte) of all-reduce, all-gather, reduce-scatter on the DP link
     reduce_calls: float = 1.0  # ZeRO-3 reduce-scatter calls per layer (tables.zero3_reduce_calls)
+    # ZeRO 0-1: whether the gradient reduction hides beside the last micro-batch's backward, and
+    # the collective that reduces (the stack's: planner/stacks/stack.py:Stack.gradient_reduce)
+    reduce_hidden: bool = True
+    reduce: Collective = Collective.reduce_scatter
 
     @staticmethod
     def of(pc: "PipelineCosts") -> "DataParallel":
         return _data_parallel(pc.dp_link if pc.dp > 1 else None, pc.dp, pc.zero_stage, pc.overlap, pc.comm_bytes_per_param,
-                              pc.layer.params * pc.comm_bytes_per_param, pc.zero3_reduce_calls_per_layer)
+                              pc.layer.params * pc.comm_bytes_per_param, pc.zero3_reduce_calls_per_layer,
+                              pc.gradient_reduce_hidden, pc.gradient_reduce)
 
     def collective(self, c: Collective, nbytes: Linear) -> Linear:
         """One call moving `nbytes` (a bucketed stream pays the latency once)."""
@@ -219,10 +226,11 @@ class DataParallel:
 
 @lru_cache(maxsize=1 << 14)
 def _data_parallel(link, size: int, zero_stage: int, efficiency: float, bytes_per_param: int, layer_bytes: float,
-                   reduce_calls: float = 1.0) -> DataParallel:
+                   reduce_calls: float = 1.0, reduce_hidden: bool = True,
+                   reduce: Collective = Collective.reduce_scatter) -> DataParallel:
     """One DataParallel per setting (links are shared between layouts of one search)."""
     costs = tuple(link.coefficients(c) for c in _DP_COLLECTIVES) if link is not None else ((0.0, 0.0),) * len(_DP_COLLECTIVES)
-    return DataParallel(size, zero_stage, efficiency, bytes_per_param, layer_bytes, costs, reduce_calls)
+    return DataParallel(size, zero_stage, efficiency, bytes_per_param, layer_bytes, costs, reduce_calls, reduce_hidden, reduce)
 
 
 def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear) -> Exposure:
@@ -232,7 +240,9 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     DDP: the bucketed gradient all-reduce overlaps the last micro-batch's backward, except
     the last bucket. ZeRO-1 (Megatron's distributed optimizer): gradients accumulate in a
     full buffer and are reduce-scattered once the same way; the parameter all-gather after
-    the optimizer step is exposed. ZeRO-2 keeps only its gradient shard, so it
+    the optimizer step is exposed. A stack that reduces after backward instead (DeepSpeed at
+    ZeRO-0, and its pipeline engine: DataParallel.reduce_hidden) exposes the whole reduction,
+    an all-reduce where it reduces whole gradients (DataParallel.reduce). ZeRO-2 keeps only its gradient shard, so it
     reduce-scatters after every micro-batch's backward (DeepSpeed stage 2, FSDP
     SHARD_GRAD_OP) and gathers parameters once per step. ZeRO-3 / FSDP gathers every layer
     again in forward and in backward of every micro-batch and reduce-scatters its
@@ -255,11 +265,14 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     def bucketed(c: Collective) -> Hidden:
         return Hidden(dp.collective(c, grad_bytes), dp.time(c, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
 
+    def reduced(c: Collective):
+        return bucketed(c) if dp.reduce_hidden else dp.collective(c, grad_bytes)
+
     ag = dp.collective(Collective.all_gather, grad_bytes)
     if dp.zero_stage == 0:
-        return Exposure((), (bucketed(Collective.all_reduce),))
+        return Exposure((), (reduced(Collective.all_reduce),))
     if dp.zero_stage == 1:
-        return Exposure((), (bucketed(Collective.reduce_scatter), ag))
+        return Exposure((), (reduced(dp.reduce), ag))
     if dp.zero_stage == 2:  # one reduce-scatter and one gather per layer, as FSDP issues them (plan run's FSDP2)
         rs = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes)
         rs = Hidden(rs, dp.time(Collective.reduce_scatter, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
@@ -267,8 +280,13 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     ag_calls = dp.per_layer_calls(Collective.all_gather, grad_bytes)
     rs_calls = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes, dp.reduce_calls)
     first = dp.time(Collective.all_gather, dp.layer_bytes)
-    last = dp.time(Collective.reduce_scatter, dp.layer_bytes / dp.reduce_calls)  # the last call's bucket
-    return Exposure((Hidden(ag_calls, first, forward, eta), Hidden(ag_calls + rs_calls, first + last, backward, eta)), ())
+    bucket = dp.layer_bytes / dp.reduce_calls  # the last call's bucket
+    last = dp.time(Collective.reduce_scatter, bucket)
+    # buckets spanning layers (DeepSpeed's, fewer calls than layers): a rank whose gradients do not
+    # fill one reduces them all in that last bucket, after backward
+    spans = dp.reduce_calls < 1
+    back = Hidden(ag_calls + rs_calls, first + last, backward, eta, grad_bytes if spans else None, bucket if spans else GRADIENT_BUCKET_BYTES)
+    return Exposure((Hidden(ag_calls, first, forward, eta), back), ())
 
 
 class LayoutTerms:

@@ -4,7 +4,7 @@ benchmarks/fidelity_published.py fitted to the dense runs.
 
 Tolerances: every dense run within 35% (the runs mix frameworks, networks and FLOP conventions;
 the cross-validated figures are in the README), each dense group's geometric-mean ratio within
-25% (GPT-NeoX-20B, fp16 without FlashAttention, is predicted 19% fast), and the step-time interval the estimate states contains at least its stated share of
+25% (GPT-NeoX-20B, fp16 without FlashAttention, is predicted 11% fast), and the step-time interval the estimate states contains at least its stated share of
 the runs it was fitted on.
 
 Runs of the dimensions added after the fit of the shipped constants (mixture-of-experts,
@@ -118,6 +118,24 @@ def test_a_figure_counted_by_its_own_formula_is_compared_in_tokens():
     assert c.metric == "tokens_per_s_per_gpu"
     assert c.published == pytest.approx(117e12 / (6 * 20_556_201_984 + 60 * 2048 * 6144 * 44))
     assert 745 < c.published < 750
+
+
+def test_bigscience_benchmark_rows_reproduce_their_printed_tflops():
+    """BigScience's layout benchmarks for BLOOM (benchmarks/data/public_runs.json, group bloom) are
+    compared in tokens/s/GPU from their seconds per iteration; the TFLOPs each row printed must
+    follow from its layout by the formula of their Megatron-DeepSpeed (recompute counted:
+    96 B s L h^2 (1 + s / 6h + V / 16 L h) / (t N), V = 250,880), which checks each row as entered."""
+    rows = [r for r in load_records() if r["group"] == "bloom" and "chronicles-prequel" in r["source"]]
+    assert len(rows) == 18
+    for r in rows:
+        m, p, res = r["model"], r["parallel"], r["result"]
+        n, t, s, L, h = r["hardware"]["count"], res["seconds_per_iter"], m["seq_len"], m["layers"], m["hidden"]
+        assert n == p["tp"] * p["pp"] * p["dp"] == 384
+        tflops = 96 * p["global_batch_size"] * s * L * h * h * (1 + s / (6 * h) + 250880 / (16 * L * h)) / (t * n) / 1e12
+        assert tflops == pytest.approx(res["tflops_per_gpu"], abs=0.05), r["name"]
+        c = case_of(r)
+        assert c.metric == "tokens_per_s_per_gpu" and c.job.target.value == "deepspeed" and c.plan.zero_stage == 1
+        assert c.published == pytest.approx(p["global_batch_size"] * s / t / n)
 
 
 def _bridge_table_row(rec: dict) -> bool:

@@ -204,7 +204,8 @@ def test_blackwell_ultra_against_blackwell():
                                 for c in ("dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72"))
     assert b300.step_time_s == pytest.approx(b200.step_time_s, rel=1e-9)
     speedup = gb200.time_breakdown_s.compute / gb300.time_breakdown_s.compute
-    assert 1.1 < speedup <= 1.23 + 1e-9
+    # below 1.23: the stack's gap per kernel (its constants, not the device's) does not shrink
+    assert 1.05 < speedup <= 1.23 + 1e-9
     for old, new in ((b200, b300), (gb200, gb300)):
         assert new.memory_capacity_gib > 1.5 * old.memory_capacity_gib
     for old, new in (("dgx-b200", "dgx-b300"), ("gb200-nvl72", "gb300-nvl72")):

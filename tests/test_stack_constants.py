@@ -153,6 +153,39 @@ def test_zero3_reduce_calls_are_each_stacks_own_and_the_export_writes_the_modell
     assert t_ds_same > t["torchtitan"].time_breakdown_s.dp_communication_exposed
 
 
+@pytest.mark.parametrize("pp,zero,precision,reduce", [
+    (4, 1, "bf16", "all_reduce"),  # the pipeline engine's BF16 path all-reduces whole gradients
+    (4, 1, "fp16", "reduce_scatter"),  # its ZeRO-1 optimizer reduces each rank's shard
+    (4, 0, "bf16", "all_reduce"),
+    (1, 0, "bf16", "all_reduce"),  # engine.backward all-reduces once backward is done
+])
+def test_deepspeed_reduces_gradients_after_backward_where_its_engine_does(pp, zero, precision, reduce):
+    """DeepSpeed reduces ZeRO 0-1 gradients after the backward pass (its pipeline engine's
+    ReduceGrads after the last micro-batch; at ZeRO-0 engine.backward's all-reduce): the whole
+    reduction is exposed, plus ZeRO-1's weight gather: DP collectives of the rank's gradient bytes
+    at the DP link's cost (alpha + bytes / bandwidth), nothing hidden. Megatron, with the same
+    constants, reduces beside the last micro-batch's backward and exposes less."""
+    from cost_models.tables import layout_costs
+    from planner.specs import Collective
+
+    model, cl = load_model("gpt3-13b"), load_cluster("dgx-a100-80gb")
+    dp = 64 // (2 * pp)
+    plan = Plan(dp=dp, tp=2, pp=pp, micro_batch_size=1, num_micro_batches=16, zero_stage=zero, recompute="full")
+    jobs = {t: JobSpec(global_batch_size=16 * dp, seq_len=2048, precision=precision, target=t) for t in ("deepspeed", "megatron")}
+    same = fitlib.with_constants(cl, "deepspeed", fitlib.constants_of(cl, "megatron"))
+    ds = estimate(model, same, jobs["deepspeed"], plan)
+    mg = estimate(model, same, jobs["megatron"], plan)
+    pc = layout_costs(model, same.for_target("deepspeed"), jobs["deepspeed"], dp, 2, pp, 1, 1, 16, plan.schedule, zero, False,
+                      plan.mesh_order)
+    # the step waits for the rank with the most parameters: its layers and its stage's extras
+    # (embedding, head)
+    nbytes = 2 * max(pc.terms.rank_params(r)((model.num_layers // pp, 0, 0)) for r in range(pp))
+    want = pc.dp_link.time(Collective[reduce], nbytes) + (pc.dp_link.time(Collective.all_gather, nbytes) if zero == 1 else 0.0)
+    assert ds.time_breakdown_s.dp_communication_exposed == pytest.approx(want, rel=1e-6)
+    # Megatron hides at least half of its reduce-scatter (its ZeRO-1 gather is exposed as well)
+    assert mg.time_breakdown_s.dp_communication_exposed < want - 0.5 * pc.dp_link.time(Collective.reduce_scatter, nbytes)
+
+
 def test_a_split_stack_fits_a_sustained_fraction_per_generation_and_the_others_one():
     """benchmarks/fidelity_published.py: a stack of SPLIT fits the A100s' sustained fraction apart
     from Hopper's; any other stack (and the pooled fit) one fraction for every device."""

@@ -18,6 +18,7 @@ from planner.presets import load_model
 from planner.search.bounds import cheap_bound, min_peak_memory, refined_bound
 from planner.search.candidates import CostTables, SearchSpace, enumerate_candidates
 from planner.search.ilp import candidate_problem, make_solver, quiet_stdout
+from planner import stacks
 from planner.specs import JobSpec, ModelSpec
 
 SMALL = ModelSpec(name="small", num_layers=6, hidden_size=1024, num_heads=8, vocab_size=32000, max_seq_len=2048)
@@ -48,6 +49,8 @@ MOE = SMALL.model_copy(update={"name": "small-moe", "activation": "swiglu", "num
 SETTINGS.append((MOE, _small_cluster(0.6), 8, 16))
 # Context parallelism: 8,192-token sequences split over cp = 2 or 4 ranks.
 SETTINGS.append((SMALL.model_copy(update={"max_seq_len": 8192}), _small_cluster(0.6), 8, 16, (1, 2, 4), 8192))
+# DeepSpeed's stack: ZeRO 0-1 gradients reduced after backward (planner/stacks/stack.py:Stack.gradient_reduce).
+SETTINGS.append((SMALL, _small_cluster(0.6), 8, 16, (1,), 2048, "deepspeed"))
 SAMPLES_PER_SETTING = 60
 
 
@@ -81,9 +84,11 @@ def _symmetric_order(counts, pp: int) -> list:
 def _cases():
     rng = random.Random(20261130)
     for s, (model, cluster, gpus, batch, *cp) in enumerate(SETTINGS):
-        cps, seq = cp if cp else ((1,), 2048)
-        job = JobSpec(global_batch_size=batch, seq_len=seq)
-        space = SearchSpace(num_gpus=gpus, global_batch_size=batch, include_dominated=True, cp_degrees=cps, seq_len=seq)
+        cps, seq, target = (*cp, "generic")[:3] if cp else ((1,), 2048, "generic")
+        job = JobSpec(global_batch_size=batch, seq_len=seq, target=target)
+        rules = stacks.get(target).rules  # what the stack runs (DeepSpeed: no ZeRO-2/3 beside a pipeline)
+        space = SearchSpace(num_gpus=gpus, global_batch_size=batch, include_dominated=True, cp_degrees=cps, seq_len=seq,
+                            rules=rules)
         cands, _ = enumerate_candidates(model, cluster, space)
         tables = CostTables(model, cluster, job)
         for i, c in enumerate(rng.sample(cands, min(SAMPLES_PER_SETTING, len(cands)))):

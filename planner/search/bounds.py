@@ -21,7 +21,7 @@ from typing import Optional
 
 from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
-from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, DataParallel, Exposure, Hidden, Linear, RankMemory, RankTerms, dp_exposure
+from cost_models.terms import MODES, DataParallel, Exposure, Hidden, Linear, RankMemory, RankTerms, dp_exposure
 
 from .deadline import NO_DEADLINE, Deadline
 
@@ -39,7 +39,7 @@ def _floor_term(term, counts, window: bool = True) -> float:
     at a gradient bucket's edge, the cheaper side."""
     if not isinstance(term, Hidden):
         return term(counts)
-    full = term.bucket_bytes is None or term.bucket_bytes(counts) >= GRADIENT_BUCKET_BYTES * (1 - BUCKET_TOL)
+    full = term.bucket_bytes is None or term.bucket_bytes(counts) >= term.bucket * (1 - BUCKET_TOL)
     return term(counts, full) if window else term.never_hidden(counts, full)
 
 
@@ -67,7 +67,7 @@ def _breakpoints(term, mode: int) -> list[float]:
     cross(term.edge_piece(True), term.window_piece())
     cross(term.comm, term.window_piece())
     if term.bucket_bytes is not None and term.bucket_bytes.slope[mode]:
-        pts.append((GRADIENT_BUCKET_BYTES - term.bucket_bytes.const) / term.bucket_bytes.slope[mode])
+        pts.append((term.bucket - term.bucket_bytes.const) / term.bucket_bytes.slope[mode])
     return pts
 
 

@@ -28,7 +28,7 @@ import pulp
 
 from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
-from cost_models.terms import GRADIENT_BUCKET_BYTES, MODES, Hidden, LayoutTerms, Linear, RankTerms
+from cost_models.terms import MODES, Hidden, LayoutTerms, Linear, RankTerms
 
 from .bounds import convex_minorant, integer_slowest_rank_time, rank_time_floors
 from .candidates import Candidate
@@ -260,14 +260,14 @@ def _hidden(b: _Block, name: str, h: Hidden, counts, layer_range: tuple[int, int
     ts, U = b.ts, b.var(name, 0)
     b.add(U >= b.lin(h.window_piece(), counts, ts), f"{name}w_")
     lo, hi = (h.bucket_bytes((n, 0, 0)) for n in layer_range) if h.bucket_bytes is not None else (None, None)
-    if h.bucket_bytes is None or lo >= GRADIENT_BUCKET_BYTES:
+    if h.bucket_bytes is None or lo >= h.bucket:
         b.add(U >= b.lin(h.edge_piece(True), counts, ts), f"{name}e_")
-    elif hi <= GRADIENT_BUCKET_BYTES:
+    elif hi <= h.bucket:
         b.add(U >= b.lin(h.comm, counts, ts), f"{name}c_")
     else:
         z = b.var(f"{name}z", cat="Binary")
         big = ts * h.comm((layer_range[1], 0, 0))
-        b.add(b.lin(h.bucket_bytes, counts) >= GRADIENT_BUCKET_BYTES * z, f"{name}zfull_")
+        b.add(b.lin(h.bucket_bytes, counts) >= h.bucket * z, f"{name}zfull_")
         b.add(z <= b.y, f"{name}zsel_")
         b.add(U >= (1 - h.efficiency) * b.lin(h.comm, counts, ts) + h.efficiency * h.edge * ts * z, f"{name}ze_")
         b.add(U >= b.lin(h.comm, counts, ts) - big * z, f"{name}zc_")

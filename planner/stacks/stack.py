@@ -14,7 +14,7 @@ from functools import lru_cache
 from importlib import import_module
 from typing import Callable, Optional
 
-from planner.specs import ATTENTION_KERNELS, Activation, Axis, LossKernel, ModelSpec, Plan, Schedule, Target
+from planner.specs import ATTENTION_KERNELS, Activation, Axis, Collective, DType, LossKernel, ModelSpec, Plan, Schedule, Target
 
 ZERO3 = ("deepspeed", "fsdp2", "none")  # Stack.zero3's values
 
@@ -54,6 +54,14 @@ class Stack:
     # Whether it recomputes the norms' and the experts' activation outputs in backward instead of
     # keeping them (Plan.recompute_norm_act)
     recompute_norm_act: bool = False
+    # Where it reduces the data-parallel gradients of ZeRO 0-1 (gradient_reduce): beside the last
+    # micro-batch's backward, bucket by bucket (False), or after the backward pass, where nothing
+    # hides it (True): at ZeRO-0 (`zero0`), and whenever pp > 1 (`pipeline`)
+    reduce_after_backward_zero0: bool = False
+    reduce_after_pipeline: bool = False
+    # With pp > 1, ZeRO-1 and BF16 it all-reduces the whole gradient (not a reduce-scatter)
+    # before each rank updates its shard and gathers the weights
+    bf16_pipeline_all_reduce: bool = False
 
     def __post_init__(self):  # internal invariants of a stack's folder, not user input
         if self.kernels is None:
@@ -68,6 +76,14 @@ class Stack:
     @property
     def target(self) -> Target:
         return Target(self.name)
+
+    def gradient_reduce(self, pp: int, zero_stage: int, precision) -> tuple[bool, Collective]:
+        """(whether its ZeRO 0-1 gradient reduction hides beside backward, the collective that
+        reduces them) for a layout of `pp` stages at `zero_stage` in `precision`."""
+        after = (zero_stage == 0 and self.reduce_after_backward_zero0) or (pp > 1 and self.reduce_after_pipeline)
+        if zero_stage == 0 or (zero_stage == 1 and pp > 1 and self.bf16_pipeline_all_reduce and precision == DType.bf16):
+            return not after, Collective.all_reduce
+        return not after, Collective.reduce_scatter
 
     def export(self, plan: Plan, model: ModelSpec, job, num_gpus: int, gpus_per_node: Optional[int] = None) -> Export:
         """Its exporter's configuration for `plan` (no checks: planner.stacks.export checks first).

@@ -18,4 +18,14 @@ STACK = Stack(
     problems=problems,
     exporter="planner.stacks.deepspeed.export",
     kernels=TRANSFORMERS,  # the Hugging Face model it trains, run eagerly (stack.py:TRANSFORMERS)
+    # ZeRO-0: engine.backward all-reduces the gradients once backward is done (runtime/engine.py,
+    # allreduce_gradients after the backward pass). pp > 1: the pipeline engine reduces them only
+    # at the schedule's last instruction, ReduceGrads after the last micro-batch
+    # (runtime/pipe/schedule.py TrainSchedule; pipe/engine.py is_gradient_accumulation_boundary is
+    # true only inside _exec_reduce_grads), and with BF16 all-reduces them whole
+    # (_bf16_reduce_grads: buffered_allreduce_fallback) before BF16_Optimizer updates its shard.
+    # ZeRO 1-2 at pp = 1 reduce in backward hooks on a side stream (overlap_comm, as export.py sets).
+    reduce_after_backward_zero0=True,
+    reduce_after_pipeline=True,
+    bf16_pipeline_all_reduce=True,
 )

@@ -95,7 +95,9 @@ def _precision(precision: DType) -> dict:
 def _zero(plan, model, job) -> dict:
     """ZeRO settings that make DeepSpeed communicate as the cost model (cost_models/terms.py
     dp_exposure) charges: gradients reduced in GRADIENT_BUCKET_BYTES buckets beside backward
-    (ZeRO-1 on the last micro-batch, ZeRO-2 on every one), ZeRO-3 gathering one layer ahead
+    (ZeRO-1 on the last micro-batch, ZeRO-2 on every one; at ZeRO-0, and with a pipeline, the
+    engine reduces after backward whatever the config says: Stack.gradient_reduce, which the cost
+    model charges as such), ZeRO-3 gathering one layer ahead
     with at most the current and the prefetched layer live (cost_models/tables.py
     zero3_gather_bytes) and reducing gradients in DeepSpeed's own default buckets
     (cost_models/terms.py DEEPSPEED_REDUCE_BUCKET_ELEMENTS, which tables.zero3_reduce_calls
