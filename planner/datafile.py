@@ -133,7 +133,7 @@ def os_message(verb: str, name: str, exc: OSError) -> str:
     if exc.errno == errno.ENOENT:
         dangling = os.path.islink(name)
         why = "a symbolic link to a file that does not exist" if dangling else "no such file"
-    return f"cannot {verb} {_short(name)}: {why or exc.strerror or exc}"
+    return f"cannot {verb} {short_text(name)}: {why or exc.strerror or exc}"
 
 
 def missing(path: Path | str) -> bool:
@@ -294,7 +294,7 @@ def load_named(
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     where = ("a path to a .json/.yaml spec, a Hugging Face config.json or model directory, or a hub id in the local cache"
              if kind == "model" else "a path to a .json/.yaml file")
-    raise UsageError(f"unknown {kind} preset {_short(name_or_path)!r}{hint} (`plan presets` lists them; or give {where})")
+    raise UsageError(f"unknown {kind} preset {short_text(name_or_path)!r}{hint} (`plan presets` lists them; or give {where})")
 
 
 # Longest file name most file systems take (NAME_MAX); the temporary name adds to the output's.
@@ -317,7 +317,7 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
     name = os.fspath(output)
     longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.split(os.sep)), default=0)
     if longest > NAME_MAX:
-        raise UsageError(f"cannot write {_short(name)}: a name in the path is {longest} bytes, more than {NAME_MAX}; shorten it")
+        raise UsageError(f"cannot write {short_text(name)}: a name in the path is {longest} bytes, more than {NAME_MAX}; shorten it")
     try:
         info = os.stat(name)
     except FileNotFoundError:
@@ -355,7 +355,8 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
     return target
 
 
-def _short(name: str) -> str:
+def short_text(name: str) -> str:
+    """`name` as an error line echoes it: at most 80 characters, its start and end kept."""
     return name if len(name) <= 80 else name[:40] + "..." + name[-20:]
 
 

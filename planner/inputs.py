@@ -15,10 +15,12 @@ from pydantic import ValidationError
 
 from cost_models.terms import MODES
 from planner import specs
+from planner.datafile import short_text
 from planner.errors import UsageError
 from planner.numerals import whole_number, whole_numbers
 from planner.search.candidates import SearchSpace
 from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem
+from planner.specs.job import world_size_problem
 
 # Bounds on what is physically meaningful (GPUs, sequences per step, tokens), the same for
 # options as for documents (planner/specs/base.py, where each is explained). Beyond them an input is a typo.
@@ -234,6 +236,9 @@ def new_layout(job: JobSpec, gpus: int, *, tp: int, pp: int, dp: Optional[int], 
     check_degrees(dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size))
     if dp is None:
         dp = data_parallel(gpus, tp, pp, cp)
+    problem = world_size_problem(dp, cp, tp, pp, gpus)  # before the batch: the degrees are the first thing to change
+    if problem:
+        raise UsageError(problem)
     if job.global_batch_size % (dp * micro_batch_size):
         raise UsageError(
             f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {dp * micro_batch_size}"
@@ -297,6 +302,9 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
                 fields[field] = False
     if (world_given or given.keys() & {"tp", "pp", "cp"}) and "dp" not in given:
         fields["dp"] = data_parallel(gpus, fields["tp"], fields["pp"], fields["cp"])
+    problem = world_size_problem(fields["dp"], fields["cp"], fields["tp"], fields["pp"], gpus)
+    if problem:
+        raise UsageError(problem)
     per = fields["dp"] * fields["micro_batch_size"]
     if job.global_batch_size % per:
         raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {fields['dp']} x {fields['micro_batch_size']}")
@@ -392,7 +400,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
                 modes = (Recompute(value),)
         except ValueError:
             allowed = " (0 to 3)" if field == "zero_stage" else " (a positive integer)" if kind is int else ""
-            raise UsageError(f"--fix {item!r}: {value!r} is not a valid value for {key}{allowed}") from None
+            raise UsageError(f"--fix {short_text(item)!r}: not a valid value for {key}{allowed}") from None
         after = fixed.get(field, modes if field == "recompute" else None)
         if before is not None and before != after:
             raise UsageError(f"--fix {item!r} contradicts an earlier --fix of {key}; give each choice once")

@@ -29,7 +29,11 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
     if no_file_at(path):
         raise UsageError(f"plan file {path} does not exist")
     data, text = read_mapping(path)
-    version = str(data.get("schema_version", ""))
+    raw = data.get("schema_version")
+    if raw is not None and not isinstance(raw, str):  # 1.10 as a number reads 1.1
+        raise UsageError(f"{path}: schema_version is {raw!r}, not a string; write it quoted, as \"{SCHEMA_VERSION}\" "
+                         "(a number cannot tell 1.1 from 1.10)")
+    version = raw or ""
     if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
         raise UsageError(
             f"{path}: schema_version {version or '(missing)'} is not readable by this planner (schema {SCHEMA_VERSION}); re-create the plan"

@@ -65,6 +65,8 @@ def test_plan_file_round_trip(tmp_path):
         (["--model", "gpt3-175"], "did you mean gpt3-175b"),
         (["--pp", "12"], "tp x pp = 8 x 12 = 96 does not divide the 1024 GPUs"),
         (["--dp", "4"], "dp x tp x pp = 4 x 8 x 16 = 512, but the cluster has 1024 GPUs"),
+        # degrees that do not make the GPUs, at a batch dp does not divide either: the degrees are named, not the batch
+        (["--dp", "3"], "dp x tp x pp = 3 x 8 x 16 = 384, but the cluster has 1024 GPUs"),
         (["--tp", "64", "--pp", "16"], "tp=64 does not divide the 96 attention heads"),
         (["--micro-batch-size", "5"], "not divisible by dp x micro_batch_size = 8 x 5 = 40"),
         (["--cluster", "dgx-a100"], "unknown cluster preset"),

@@ -111,6 +111,11 @@ def test_output_files_are_confirmed(tmp_path):
     res = plan("export", str(out), "--to", "megatron", "-o", str(cfg))
     assert res.returncode == 0, res.stderr
     assert f"written to {cfg}" in res.stderr and cfg.read_text()
+    # plan solve says it on stderr too, not in its table on stdout (a pipe of the table stays the table)
+    solved = tmp_path / "s.json"
+    res = plan("solve", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "32",
+               "--seq-len", "2048", "-o", str(solved))
+    assert res.returncode == 0 and f"plan written to {solved}" in res.stderr and "written to" not in res.stdout
 
 
 @pytest.mark.parametrize("predicted, measured, words", [

@@ -212,8 +212,9 @@ def _refused(cfg: dict, tmp_path: Path) -> str:
     ("mistral-7b-v0.1", {"attention_bias": True}, "attention_bias"),  # Mistral's code builds no biases
     ("qwen3-30b-a3b", {"mlp_only_layers": [0, 47]}, "mlp_only_layers"),
     ("gemma-3-27b", {}, "vision_config"),  # multimodal: the text_config, as a file of its own, is read
+    ("llama-3-8b", {"rope_scaling": "yarn"}, "rope_scaling"),  # not a mapping: no factor to read (was ignored)
 ], ids=["unknown_type", "no_type", "unread_field", "per_layer", "relu", "pruned", "bidirectional", "layer_types", "gemma_act", "bias",
-        "moe_layers", "multimodal"])
+        "moe_layers", "multimodal", "rope_not_mapping"])
 def test_what_is_not_read_is_refused_naming_the_field(tmp_path, base, changes, field):
     cfg = {k: v for k, v in {**config(base), **changes}.items() if v is not None}
     assert f"'{field}'" in _refused(cfg, tmp_path)

@@ -398,6 +398,8 @@ INCONSISTENT = {
                                                 "fewer than its num_gpus 8"),
     "GPUs that are no whole number of nodes": ({**PLAN_DOC, "cluster": {**PLAN_DOC["cluster"], "gpus_per_node": 3}},
                                                "not a whole number of"),
+    # a version as a number: 1.10 would read 1.1 (was accepted)
+    "a schema_version that is a number": ({**PLAN_DOC, "schema_version": 1.1}, "schema_version is 1.1, not a string"),
 }
 
 

@@ -172,9 +172,10 @@ def test_profile_two_processes_then_solve(tmp_path):
     # at work_items' count, and the time it took (issue 18, 9: nothing showed off a terminal)
     err = run.stderr.splitlines()
     assert err[0].startswith("plan profile: estimate before starting: about "), run.stderr[-2000:]
-    assert "gathering the measurements" in err[-2], run.stderr[-2000:]  # the launcher follows the last line: quick items may not show
-    done, total = err[-2].split("] ")[1].split(" ")[0].split("/")
-    assert done == total and err[-1].startswith("plan profile: measured in "), run.stderr[-2000:]
+    assert "gathering the measurements" in err[-3], run.stderr[-2000:]  # the launcher follows the last line: quick items may not show
+    done, total = err[-3].split("] ")[1].split(" ")[0].split("/")
+    assert done == total and err[-2].startswith("plan profile: measured in "), run.stderr[-2000:]
+    assert err[-1] == f"profile written to {out}" and "written" not in run.stdout  # on stderr, as every command's -o
     cluster = ClusterSpec.model_validate_json(out.read_text())  # round trip through the schema
     assert ClusterSpec.model_validate_json(cluster.model_dump_json()) == cluster
     m = cluster.measured

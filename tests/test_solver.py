@@ -245,6 +245,7 @@ def test_solve_human_output_explains():
         (["--max-memory-gib", "1"], 1, "a higher --max-memory-gib (the device's own limit is"),
         (["--fix", "banana=2"], 2, "expected KEY=VALUE"),
         (["--fix", "sp=maybe"], 2, "not a valid value for sp"),
+        (["--fix", "tp=" + "9" * 100_000], 2, "'tp=" + "9" * 37 + "..." + "9" * 20 + "': not a valid"),
         (["--micro-batch-size", "2"], 2, "either --global-batch"),
         (["--max-memory-gib", "1"], 1, "no layout fits in 1 GiB"),
     ],

@@ -95,7 +95,7 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
     cluster = assemble(rank0, name or f"measured-{rank0['env'].hostname}", model)
     write_atomic(output, cluster.model_dump_json(indent=2) + "\n")
     render.profile_report(cluster)
-    render.console.print(f"profile written to {output}")
+    render.note(f"profile written to {output}")
 
 
 def _launch_with_progress(spec: LaunchSpec, req, progress_path: str) -> dict:

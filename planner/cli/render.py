@@ -671,7 +671,7 @@ def tune_report(result, profile_path, plan_path) -> None:
         console.print(line, markup=False)
     for what, path in (("tuned profile", profile_path), ("winner's plan", plan_path)):
         if path:
-            console.print(f"{what} written to {path}", markup=False)
+            note(f"{what} written to {path}")
 
 
 def tune_summary(result) -> list[str]:

@@ -61,4 +61,4 @@ def solve(
     else:
         render.solve_report(doc, memory_limit_gib(doc.cluster, max_memory_gib))
         if output:
-            render.console.print(f"plan written to {output}", markup=False)
+            render.note(f"plan written to {output}")

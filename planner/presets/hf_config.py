@@ -327,6 +327,8 @@ def _rope_attention_factor(c: _Config) -> float:
     1), else 0.1 ln(factor) + 1 (GPT-OSS's factor 32: 1.347); 1 for any other rotary scaling."""
     for key in ("rope_parameters", "rope_scaling"):
         rope = c.data.get(key)
+        if rope is not None and not isinstance(rope, dict):  # transformers reads it as a mapping
+            c.refuse(key, "must be a mapping (rope_type, factor, ...) or null")
         if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "yarn":
             break
     else:

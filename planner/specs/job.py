@@ -145,6 +145,15 @@ class PlanError(ValueError):
     """A plan that cannot be laid out; the message names the factor to change."""
 
 
+
+def world_size_problem(dp: int, cp: int, tp: int, pp: int, num_gpus: int) -> Optional[str]:
+    """Why dp x cp x tp x pp does not make `num_gpus` GPUs (naming the factors to change), or None."""
+    if dp * cp * tp * pp == num_gpus:
+        return None
+    names, values = ("dp x cp x tp x pp", f"{dp} x {cp} x {tp} x {pp}") if cp > 1 else ("dp x tp x pp", f"{dp} x {tp} x {pp}")
+    return (f"{names} = {values} = {dp * cp * tp * pp}, but the cluster has {num_gpus} GPUs; "
+            f"change {names.replace(' x ', ', ')} so that their product is {num_gpus}")
+
 class Plan(_Spec):
     """A parallel layout of one training job on one cluster."""
 
@@ -285,13 +294,9 @@ class Plan(_Spec):
 
     def validate_for(self, model: ModelSpec, job: JobSpec, num_gpus: Optional[int] = None) -> None:
         """Check the plan against a model, job and GPU count; raise PlanError naming the factor to change."""
-        if num_gpus is not None and self.world_size != num_gpus:
-            names, values = ("dp x cp x tp x pp", f"{self.dp} x {self.cp} x {self.tp} x {self.pp}") if self.cp > 1 else (
-                "dp x tp x pp", f"{self.dp} x {self.tp} x {self.pp}")
-            raise PlanError(
-                f"{names} = {values} = {self.world_size}, but the cluster has {num_gpus} GPUs; "
-                f"change {names.replace(' x ', ', ')} so that their product is {num_gpus}"
-            )
+        problem = None if num_gpus is None else world_size_problem(self.dp, self.cp, self.tp, self.pp, num_gpus)
+        if problem:
+            raise PlanError(problem)
         problem = tp_problem(model, self.tp)
         if problem:
             raise PlanError(problem)
