@@ -537,7 +537,7 @@ def layout_costs(
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
     z3 = zero >= 3 and dpw > 1
     batch = dp * micro_batch * num_micro_batches
-    reduce_hidden, reduce = stacks.get(job.target).gradient_reduce(pp, zero, job.precision)
+    reduce_hidden, reduce = stacks.get(job.target).gradient_reduce(pp, zero)
     return PipelineCosts(
         pp=pp,
         vpp=vpp,

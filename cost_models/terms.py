@@ -95,8 +95,10 @@ class Hidden(NamedTuple):
     `efficiency` of the rest actually hides (communication.overlapped):
         exposed = max((1 - eta) comm + eta edge,  comm - eta window).
     Gradient-bucket switch: when `bucket_bytes` (the rank's gradient bytes) is below one
-    bucket (`bucket`, bytes), everything goes in that one last bucket and nothing hides:
-    exposed = comm."""
+    bucket (`bucket`, bytes), everything goes in that one last bucket: the piece that never
+    hides is then `tail` (linear in the counts: what the last bucket holds, the rank's whole
+    reduction), or, without one, all of `comm` (exposed = comm: DDP's bucket, whose comm is
+    the reduction alone). At the switch the tail equals the edge, so nothing jumps there."""
 
     comm: Linear
     edge: float
@@ -104,28 +106,33 @@ class Hidden(NamedTuple):
     efficiency: float
     bucket_bytes: Optional[Linear] = None
     bucket: float = GRADIENT_BUCKET_BYTES
+    tail: Optional[Linear] = None
 
     def bucket_full(self, counts) -> bool:
         return self.bucket_bytes is None or self.bucket_bytes(counts) >= self.bucket
 
+    def _edge(self, counts, full: bool) -> float:
+        return self.edge if full else self.tail(counts) if self.tail is not None else self.comm(counts)
+
     def __call__(self, counts, bucket_full: Optional[bool] = None) -> float:
-        comm = self.comm(counts)
         full = self.bucket_full(counts) if bucket_full is None else bucket_full
-        return overlapped(comm, self.edge if full else comm, self.window(counts), self.efficiency)
+        return overlapped(self.comm(counts), self._edge(counts, full), self.window(counts), self.efficiency)
 
     def never_hidden(self, counts, bucket_full: Optional[bool] = None) -> float:
         """What stays exposed however long the window: nondecreasing in the counts."""
-        comm = self.comm(counts)
         full = self.bucket_full(counts) if bucket_full is None else bucket_full
-        return overlapped(comm, self.edge if full else comm, float("inf"), self.efficiency)
+        return overlapped(self.comm(counts), self._edge(counts, full), float("inf"), self.efficiency)
 
     def window_piece(self) -> Linear:
         return self.comm - self.window.scaled(self.efficiency)
 
     def edge_piece(self, bucket_full: bool = True) -> Linear:
-        """The piece that does not depend on the window (edge <= comm: every rank holds a layer)."""
+        """The piece that does not depend on the window (edge <= comm: every rank holds a layer;
+        tail <= comm: it is part of it)."""
         if not bucket_full:
-            return self.comm
+            if self.tail is None:
+                return self.comm
+            return self.comm.scaled(1.0 - self.efficiency) + self.tail.scaled(self.efficiency)
         return self.comm.scaled(1.0 - self.efficiency).plus(self.efficiency * self.edge)
 
 
@@ -282,10 +289,12 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     first = dp.time(Collective.all_gather, dp.layer_bytes)
     bucket = dp.layer_bytes / dp.reduce_calls  # the last call's bucket
     last = dp.time(Collective.reduce_scatter, bucket)
-    # buckets spanning layers (DeepSpeed's, fewer calls than layers): a rank whose gradients do not
-    # fill one reduces them all in that last bucket, after backward
-    spans = dp.reduce_calls < 1
-    back = Hidden(ag_calls + rs_calls, first + last, backward, eta, grad_bytes if spans else None, bucket if spans else GRADIENT_BUCKET_BYTES)
+    if dp.reduce_calls < 1:
+        # buckets spanning layers (DeepSpeed's, fewer calls than layers): a rank whose gradients do
+        # not fill one reduces them all in that last bucket, after backward; its gathers still hide
+        back = Hidden(ag_calls + rs_calls, first + last, backward, eta, grad_bytes, bucket, rs_calls.plus(first))
+    else:
+        back = Hidden(ag_calls + rs_calls, first + last, backward, eta)
     return Exposure((Hidden(ag_calls, first, forward, eta), back), ())
 
 

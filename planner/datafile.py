@@ -356,7 +356,7 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
 
 
 def short_text(name: str) -> str:
-    """`name` as an error line echoes it: at most 80 characters, its start and end kept."""
+    """`name` as an error line echoes it: whole up to 80 characters, else its first 40 and last 20."""
     return name if len(name) <= 80 else name[:40] + "..." + name[-20:]
 
 

@@ -373,7 +373,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
     for item in fixes:
         key, sep, value = item.partition("=")
         if not sep or key not in _FIX_KEYS:
-            raise UsageError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(_FIX_KEYS))}")
+            raise UsageError(f"--fix {short_text(item)!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(_FIX_KEYS))}")
         field, kind = _FIX_KEYS[key]
         before = fixed.get(field, modes if field == "recompute" and modes != MODES else None)
         try:
@@ -403,7 +403,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
             raise UsageError(f"--fix {short_text(item)!r}: not a valid value for {key}{allowed}") from None
         after = fixed.get(field, modes if field == "recompute" else None)
         if before is not None and before != after:
-            raise UsageError(f"--fix {item!r} contradicts an earlier --fix of {key}; give each choice once")
+            raise UsageError(f"--fix {short_text(item)!r} contradicts an earlier --fix of {key}; give each choice once")
     return fixed, modes
 
 

@@ -154,8 +154,10 @@ def test_zero3_reduce_calls_are_each_stacks_own_and_the_export_writes_the_modell
 
 
 @pytest.mark.parametrize("pp,zero,precision,reduce", [
-    (4, 1, "bf16", "all_reduce"),  # the pipeline engine's BF16 path all-reduces whole gradients
-    (4, 1, "fp16", "reduce_scatter"),  # its ZeRO-1 optimizer reduces each rank's shard
+    # its ZeRO-1 optimizer reduces each rank's shard, in BF16 too (BF16_Optimizer, which all-reduces,
+    # needs grad_accum_dtype fp32, which the export does not set)
+    (4, 1, "bf16", "reduce_scatter"),
+    (4, 1, "fp16", "reduce_scatter"),
     (4, 0, "bf16", "all_reduce"),
     (1, 0, "bf16", "all_reduce"),  # engine.backward all-reduces once backward is done
 ])
@@ -184,6 +186,36 @@ def test_deepspeed_reduces_gradients_after_backward_where_its_engine_does(pp, ze
     assert ds.time_breakdown_s.dp_communication_exposed == pytest.approx(want, rel=1e-6)
     # Megatron hides at least half of its reduce-scatter (its ZeRO-1 gather is exposed as well)
     assert mg.time_breakdown_s.dp_communication_exposed < want - 0.5 * pc.dp_link.time(Collective.reduce_scatter, nbytes)
+
+
+def test_deepspeed_zero3_buckets_spanning_layers_expose_the_reduction_not_the_gathers():
+    """DeepSpeed's ZeRO-3 reduce bucket can hold several layers (tables.zero3_reduce_calls < 1): a
+    rank whose gradients do not fill one reduces them in that last bucket after backward, so all of
+    its reduce-scatter is exposed while its prefetched gathers still hide; at the bucket's edge the
+    two cases meet (no jump), and what never hides grows with the layers, as the bounds assume
+    (planner/search/bounds.py:exposure_floor_at_least)."""
+    from cost_models.terms import DataParallel, Linear, dp_exposure
+    from planner.search.bounds import exposure_floor_at_least
+    from planner.specs import Collective
+
+    layer, eta = 10e6, 0.7  # parameters per layer; 2 bytes each on the wire
+    costs = ((20e-6, 1 / 40e9), (10e-6, 1 / 45e9), (10e-6, 1 / 45e9))  # all-reduce, all-gather, reduce-scatter
+    dp = DataParallel(64, 3, eta, 2, 2 * layer, costs, reduce_calls=0.1)  # a bucket of 10 layers
+    ex = dp_exposure(dp, Linear.per_layer(0.0, layer), Linear.per_layer(0.0, 0.0), Linear.per_layer(0.0, 1.0))
+    back = ex.per_micro_batch[1]
+    for n in (1, 4, 9):  # under one bucket: the whole reduction exposed, the gathers but the first hidden
+        rs = dp.per_layer_calls(Collective.reduce_scatter, Linear.per_layer(0.0, 2 * layer), 0.1)((n, 0, 0))
+        first = dp.time(Collective.all_gather, 2 * layer)
+        comm = back.comm((n, 0, 0))
+        assert back.never_hidden((n, 0, 0)) == pytest.approx((1 - eta) * comm + eta * (first + rs), rel=1e-12)
+        assert back.never_hidden((n, 0, 0)) < comm or n == 1  # one layer: its gather is the first, which never hides
+    edge = [back.never_hidden((n, 0, 0)) for n in (9.999999, 10.0)]
+    assert edge[0] == pytest.approx(edge[1], rel=1e-6)
+    values = [back.never_hidden((n / 4, 0, 0)) for n in range(4, 120)]
+    assert values == sorted(values)
+    for n in (1, 5, 9.5, 10, 20):  # a floor at n layers holds at every larger count
+        floor = exposure_floor_at_least(ex, n, 0)[0]
+        assert all(floor <= sum(t.never_hidden((m, 0, 0)) for t in ex.per_micro_batch) + 1e-15 for m in (n, n + 0.5, n + 1, 30))
 
 
 def test_a_split_stack_fits_a_sustained_fraction_per_generation_and_the_others_one():

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from planner.datafile import short_text
 from planner.errors import UsageError
 from planner.specs import MAX_COUNT, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH
 
@@ -279,7 +280,7 @@ class _Config:
         raise UsageError(f"{self.name}: Hugging Face config has no {' / '.join(keys)}")
 
     def refuse(self, key: str, why: str):
-        raise UsageError(f"{self.name}: field '{key}' = {self.data.get(key)!r}: {why}")
+        raise UsageError(f"{self.name}: field '{key}' = {short_text(repr(self.data.get(key)))}: {why}")
 
 
 def read_decoder(data: dict, model_type: str, name: str, moe_fields: Callable) -> dict:

@@ -65,7 +65,7 @@ def _breakpoints(term, mode: int) -> list[float]:
             pts.append((q.const - p.const) / ds)
 
     cross(term.edge_piece(True), term.window_piece())
-    cross(term.comm, term.window_piece())
+    cross(term.edge_piece(False), term.window_piece())
     if term.bucket_bytes is not None and term.bucket_bytes.slope[mode]:
         pts.append((term.bucket - term.bucket_bytes.const) / term.bucket_bytes.slope[mode])
     return pts

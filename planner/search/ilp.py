@@ -263,14 +263,14 @@ def _hidden(b: _Block, name: str, h: Hidden, counts, layer_range: tuple[int, int
     if h.bucket_bytes is None or lo >= h.bucket:
         b.add(U >= b.lin(h.edge_piece(True), counts, ts), f"{name}e_")
     elif hi <= h.bucket:
-        b.add(U >= b.lin(h.comm, counts, ts), f"{name}c_")
+        b.add(U >= b.lin(h.edge_piece(False), counts, ts), f"{name}c_")
     else:
         z = b.var(f"{name}z", cat="Binary")
         big = ts * h.comm((layer_range[1], 0, 0))
         b.add(b.lin(h.bucket_bytes, counts) >= h.bucket * z, f"{name}zfull_")
         b.add(z <= b.y, f"{name}zsel_")
         b.add(U >= (1 - h.efficiency) * b.lin(h.comm, counts, ts) + h.efficiency * h.edge * ts * z, f"{name}ze_")
-        b.add(U >= b.lin(h.comm, counts, ts) - big * z, f"{name}zc_")
+        b.add(U >= b.lin(h.edge_piece(False), counts, ts) - big * z, f"{name}zc_")
     return U
 
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 from importlib import import_module
 from typing import Callable, Optional
 
-from planner.specs import ATTENTION_KERNELS, Activation, Axis, Collective, DType, LossKernel, ModelSpec, Plan, Schedule, Target
+from planner.specs import ATTENTION_KERNELS, Activation, Axis, Collective, LossKernel, ModelSpec, Plan, Schedule, Target
 
 ZERO3 = ("deepspeed", "fsdp2", "none")  # Stack.zero3's values
 
@@ -59,9 +59,6 @@ class Stack:
     # hides it (True): at ZeRO-0 (`zero0`), and whenever pp > 1 (`pipeline`)
     reduce_after_backward_zero0: bool = False
     reduce_after_pipeline: bool = False
-    # With pp > 1, ZeRO-1 and BF16 it all-reduces the whole gradient (not a reduce-scatter)
-    # before each rank updates its shard and gathers the weights
-    bf16_pipeline_all_reduce: bool = False
 
     def __post_init__(self):  # internal invariants of a stack's folder, not user input
         if self.kernels is None:
@@ -77,13 +74,11 @@ class Stack:
     def target(self) -> Target:
         return Target(self.name)
 
-    def gradient_reduce(self, pp: int, zero_stage: int, precision) -> tuple[bool, Collective]:
+    def gradient_reduce(self, pp: int, zero_stage: int) -> tuple[bool, Collective]:
         """(whether its ZeRO 0-1 gradient reduction hides beside backward, the collective that
-        reduces them) for a layout of `pp` stages at `zero_stage` in `precision`."""
+        reduces them: ZeRO-0 all-reduces, ZeRO-1 reduce-scatters) for a layout of `pp` stages."""
         after = (zero_stage == 0 and self.reduce_after_backward_zero0) or (pp > 1 and self.reduce_after_pipeline)
-        if zero_stage == 0 or (zero_stage == 1 and pp > 1 and self.bf16_pipeline_all_reduce and precision == DType.bf16):
-            return not after, Collective.all_reduce
-        return not after, Collective.reduce_scatter
+        return not after, Collective.all_reduce if zero_stage == 0 else Collective.reduce_scatter
 
     def export(self, plan: Plan, model: ModelSpec, job, num_gpus: int, gpus_per_node: Optional[int] = None) -> Export:
         """Its exporter's configuration for `plan` (no checks: planner.stacks.export checks first).

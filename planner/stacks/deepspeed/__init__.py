@@ -22,10 +22,11 @@ STACK = Stack(
     # allreduce_gradients after the backward pass). pp > 1: the pipeline engine reduces them only
     # at the schedule's last instruction, ReduceGrads after the last micro-batch
     # (runtime/pipe/schedule.py TrainSchedule; pipe/engine.py is_gradient_accumulation_boundary is
-    # true only inside _exec_reduce_grads), and with BF16 all-reduces them whole
-    # (_bf16_reduce_grads: buffered_allreduce_fallback) before BF16_Optimizer updates its shard.
-    # ZeRO 1-2 at pp = 1 reduce in backward hooks on a side stream (overlap_comm, as export.py sets).
+    # true only inside _exec_reduce_grads; the engine turns overlap_comm off for a pipeline).
+    # ZeRO-1 in BF16 stays DeepSpeedZeroOptimizer's reduce-scatter: BF16_Optimizer, which
+    # all-reduces whole gradients there, is taken only with data_types.grad_accum_dtype fp32,
+    # which export.py does not set. ZeRO 1-2 at pp = 1 reduce in backward hooks on a side
+    # stream (overlap_comm, as export.py sets).
     reduce_after_backward_zero0=True,
     reduce_after_pipeline=True,
-    bf16_pipeline_all_reduce=True,
 )
