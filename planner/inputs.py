@@ -228,6 +228,19 @@ def data_parallel(gpus: int, tp: int, pp: int, cp: int) -> int:
     return gpus // (tp * pp * cp)
 
 
+def micro_batch_count(job: JobSpec, gpus: int, dp: int, tp: int, pp: int, cp: int, micro_batch_size: int) -> int:
+    """The micro-batch count of a layout on `gpus` GPUs; a UsageError naming the degrees where they
+    do not make the GPUs (first: they are the first thing to change), else the batch where dp x
+    micro-batch does not divide it."""
+    problem = world_size_problem(dp, cp, tp, pp, gpus)
+    if problem:
+        raise UsageError(problem)
+    per = dp * micro_batch_size
+    if job.global_batch_size % per:
+        raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {per}")
+    return job.global_batch_size // per
+
+
 def new_layout(job: JobSpec, gpus: int, *, tp: int, pp: int, dp: Optional[int], cp: int, ep: int, vpp: int,
                micro_batch_size: int, schedule, layers_per_stage, mesh_order, **fields) -> Plan:
     """The Plan of `plan estimate`'s layout options: dp from the GPUs left by tp x pp x cp
@@ -236,16 +249,9 @@ def new_layout(job: JobSpec, gpus: int, *, tp: int, pp: int, dp: Optional[int], 
     check_degrees(dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size))
     if dp is None:
         dp = data_parallel(gpus, tp, pp, cp)
-    problem = world_size_problem(dp, cp, tp, pp, gpus)  # before the batch: the degrees are the first thing to change
-    if problem:
-        raise UsageError(problem)
-    if job.global_batch_size % (dp * micro_batch_size):
-        raise UsageError(
-            f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {dp * micro_batch_size}"
-        )
     return make_plan(
         dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, micro_batch_size=micro_batch_size,
-        num_micro_batches=job.global_batch_size // (dp * micro_batch_size),
+        num_micro_batches=micro_batch_count(job, gpus, dp, tp, pp, cp, micro_batch_size),
         schedule=schedule or (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b),
         layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"), mesh_order=mesh_axes(mesh_order), **fields,
     )
@@ -302,13 +308,8 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
                 fields[field] = False
     if (world_given or given.keys() & {"tp", "pp", "cp"}) and "dp" not in given:
         fields["dp"] = data_parallel(gpus, fields["tp"], fields["pp"], fields["cp"])
-    problem = world_size_problem(fields["dp"], fields["cp"], fields["tp"], fields["pp"], gpus)
-    if problem:
-        raise UsageError(problem)
-    per = fields["dp"] * fields["micro_batch_size"]
-    if job.global_batch_size % per:
-        raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {fields['dp']} x {fields['micro_batch_size']}")
-    fields["num_micro_batches"] = job.global_batch_size // per
+    fields["num_micro_batches"] = micro_batch_count(job, gpus, fields["dp"], fields["tp"], fields["pp"], fields["cp"],
+                                                    fields["micro_batch_size"])
     if "vpp" in given and "schedule" not in given:
         schedule = Schedule.interleaved_1f1b if fields["vpp"] > 1 else Schedule.one_f_one_b
         if Schedule(fields["schedule"]) != schedule:

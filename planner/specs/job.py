@@ -145,7 +145,6 @@ class PlanError(ValueError):
     """A plan that cannot be laid out; the message names the factor to change."""
 
 
-
 def world_size_problem(dp: int, cp: int, tp: int, pp: int, num_gpus: int) -> Optional[str]:
     """Why dp x cp x tp x pp does not make `num_gpus` GPUs (naming the factors to change), or None."""
     if dp * cp * tp * pp == num_gpus:
