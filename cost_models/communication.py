@@ -27,6 +27,7 @@ VOLUME_FACTOR = {
     Collective.all_gather: lambda n: (n - 1) / n,
     Collective.reduce_scatter: lambda n: (n - 1) / n,
     Collective.p2p: lambda n: 1.0,
+    Collective.all_to_all: lambda n: (n - 1) / n,  # every rank sends all but its own piece (nccl-tests' busbw)
 }
 
 
@@ -75,7 +76,7 @@ class GroupLink:
             n, cluster = self.size, self._cluster
             fit = (cluster.inter_node if self.inter_node else cluster.intra_node).fit(c, n)
             bw = fit.bandwidth_gbps
-            if self.inter_node and c != Collective.p2p:
+            if self.inter_node and c not in (Collective.p2p, Collective.all_to_all):  # rings share a node's NICs
                 bw = min(bw * self.rails, cluster.intra_node.fit(c, n).bandwidth_gbps)
             alpha = fit.latency_us + self.step_latency_us(c) + self.call_overhead_us(c)
             coef = self._coef[c] = (alpha * 1e-6, VOLUME_FACTOR[c](n) / (bw * 1e9))
@@ -100,7 +101,7 @@ class GroupLink:
         all-reduce may instead take NCCL's tree, 2((n/nodes - 1) intra + log2(nodes) inter)
         hops, whichever is shorter (NCCL's tuning model: src/graph/tuning.cc of NVIDIA/nccl).
         Zero for links without hop latencies (profiles fitted at one group size)."""
-        if c == Collective.p2p or self.size <= 1:
+        if c in (Collective.p2p, Collective.all_to_all) or self.size <= 1:  # concurrent exchanges, not ring steps
             return 0.0
         intra, inter = self._cluster.intra_node, self._cluster.inter_node
         hop_intra = intra.hop_latency_us

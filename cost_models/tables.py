@@ -171,7 +171,7 @@ def spine_factor(cluster: ClusterSpec, link: GroupLink) -> float:
 
 def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k: int = 1, deepep: bool = False) -> float:
     """One all-to-all of `nbytes` per rank over `link`: each rank sends (n-1)/n of its buffer,
-    a different piece to every other rank (the profiles measure no all-to-all; NCCL runs it
+    a different piece to every other rank (the presets carry no all-to-all fit; NCCL runs it
     as n-1 concurrent point-to-point exchanges). Inside a node the all-gather fit of NVLink
     prices it. Across nodes each rank's own NIC carries the (n - k)/n going to other nodes
     (k of the group's ranks per node) at the network's point-to-point bandwidth, while the
@@ -188,22 +188,30 @@ def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k:
     the combine returns one reduced copy per rank, so a token reaches
     (n - 1)(1 - (1 - 1/n)^top_k) other ranks instead of top_k (n - 1) / n.
 
-    An oversubscribed spine (ClusterSpec.spine) multiplies the network part by spine_factor."""
+    An oversubscribed spine (ClusterSpec.spine) multiplies the network part by spine_factor.
+
+    A measured all-to-all (a tier's all_to_all fit, which `plan profile` times with torch's
+    all_to_all_single: inside a node, over k consecutive ranks; across nodes, over one rank per
+    node, so that its bus bandwidth is what a rank's all-to-all traffic to other nodes gets)
+    replaces the all-gather fit inside a node and the point-to-point fit of the network part for
+    NCCL's all-to-all; DeepEP's own kernels keep the rules above."""
     n = link.size
     if n <= 1:
         return 0.0
+    measured = not deepep and (cluster.inter_node if link.inter_node else cluster.intra_node).has(Collective.all_to_all)
     if not link.inter_node:
         if deepep:  # one copy per destination rank (priced as the all-gather fit's (n - 1)/n of a buffer)
             return link.time(Collective.all_gather, nbytes / top_k * n * (1 - (1 - 1 / n) ** top_k))
-        return link.time(Collective.all_gather, nbytes)
+        return link.time(Collective.all_to_all if measured else Collective.all_gather, nbytes)
     k = max(1, n // link.nodes)
-    fit = cluster.inter_node.fit(Collective.p2p, n)
+    fit = cluster.inter_node.fit(Collective.all_to_all if measured else Collective.p2p, n)
     remote = nbytes * (n - k) / n
     if deepep:
         N = link.nodes
         remote = nbytes / top_k * (N - 1) * (1 - (1 - 1 / N) ** top_k)
     net = fit.latency_us * 1e-6 + remote / (fit.bandwidth_gbps * 1e9) * spine_factor(cluster, link)
-    local = GroupLink(cluster, k, 1).time(Collective.all_gather, nbytes * k / n) if k > 1 else 0.0
+    node = Collective.all_to_all if not deepep and cluster.intra_node.has(Collective.all_to_all) else Collective.all_gather
+    local = GroupLink(cluster, k, 1).time(node, nbytes * k / n) if k > 1 else 0.0
     return max(net, local)
 
 

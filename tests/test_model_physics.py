@@ -87,3 +87,60 @@ def test_deepep_sends_a_token_once_to_each_rank_of_its_node_holding_its_experts(
     assert deepep <= alltoall * (1 + 1e-12)
     if top_k == 1:
         assert deepep == pytest.approx(alltoall)
+
+
+def _with_all_to_all(cluster, inter: bool, latency_us: float, bandwidth_gbps: float):
+    """`cluster` with a measured all-to-all fit (as `plan profile` writes one) on one tier."""
+    from planner.specs import CollectiveFit
+
+    name = "inter_node" if inter else "intra_node"
+    tier = getattr(cluster, name)
+    fit = CollectiveFit(collective=Collective.all_to_all, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps)
+    return cluster.model_copy(update={name: tier.model_copy(update={"collectives": [*tier.collectives, fit]})})
+
+
+def test_measured_all_to_all_prices_the_dispatch():
+    """A tier's measured all-to-all replaces what stands for it without one: across nodes, the
+    network point-to-point fit (the 7/8 of a rank's buffer bound for the 7 other nodes of EP 64 on
+    8-GPU nodes, over its own NIC at the measured bus bandwidth); inside a node, the all-gather fit
+    ((n - 1)/n of the buffer at its bus bandwidth, nccl-tests' alltoall convention). DeepEP's
+    kernels keep their rule. The presets carry no all-to-all (no public figure): optional."""
+    from cost_models.tables import all_to_all_time
+
+    cluster = load_cluster("dgx-h100-80gb")
+    assert not cluster.intra_node.has(Collective.all_to_all) and not cluster.inter_node.has(Collective.all_to_all)
+    nbytes = 8 * 2048 * 7168 * 2.0  # 2,048 tokens of DeepSeek-V3's width in bf16, 8 copies each
+    ep64 = communication.GroupLink(cluster, 64, 1)
+    assert ep64.inter_node and ep64.nodes == 8
+    p2p = cluster.inter_node.fit(Collective.p2p, 64)
+    before = all_to_all_time(ep64, nbytes, cluster, 8)
+    local = communication.GroupLink(cluster, 8, 1).time(Collective.all_gather, nbytes / 8)
+    assert before == pytest.approx(max(p2p.latency_us * 1e-6 + nbytes * 56 / 64 / (p2p.bandwidth_gbps * 1e9), local))
+    slow = _with_all_to_all(cluster, True, 30.0, p2p.bandwidth_gbps / 2)  # half the point-to-point rate
+    after = all_to_all_time(communication.GroupLink(slow, 64, 1), nbytes, slow, 8)
+    assert after == pytest.approx(max(30e-6 + nbytes * 56 / 64 / (p2p.bandwidth_gbps / 2 * 1e9), local))
+    assert after > 1.9 * before
+    deepep = all_to_all_time(ep64, nbytes, cluster, 8, deepep=True)
+    assert all_to_all_time(communication.GroupLink(slow, 64, 1), nbytes, slow, 8, deepep=True) == pytest.approx(deepep)
+    # inside a node: alpha + (n - 1)/n of the buffer at the measured bus bandwidth
+    inside = _with_all_to_all(cluster, False, 12.0, 150.0)
+    ep8 = communication.GroupLink(inside, 8, 1)
+    assert not ep8.inter_node
+    assert all_to_all_time(ep8, nbytes, inside, 8) == pytest.approx(12e-6 + nbytes * 7 / 8 / 150e9)
+    # and the share of an inter-node exchange that stays inside each node with it
+    both = _with_all_to_all(inside, True, 30.0, p2p.bandwidth_gbps / 100)  # a network so slow the node's share never binds
+    net = 30e-6 + nbytes * 56 / 64 / (p2p.bandwidth_gbps / 100 * 1e9)
+    assert all_to_all_time(communication.GroupLink(both, 64, 1), nbytes, both, 8) == pytest.approx(net)
+    fast = _with_all_to_all(inside, True, 0.0, 1e6)  # a network so fast the node's share binds
+    assert all_to_all_time(communication.GroupLink(fast, 64, 1), nbytes, fast, 8) == pytest.approx(12e-6 + nbytes / 8 * 7 / 8 / 150e9)
+
+
+def test_a_tier_needs_the_ring_collectives_and_p2p_not_the_all_to_all():
+    from planner.specs import ClusterSpec, CollectiveFit, LinkTier
+
+    cluster = load_cluster("dgx-h100-80gb")
+    fits = [CollectiveFit(collective=c, latency_us=1.0, bandwidth_gbps=10.0) for c in Collective if c != Collective.p2p]
+    data = cluster.model_dump()
+    with pytest.raises(ValueError, match="has no fit for p2p.*all_to_all is optional"):
+        ClusterSpec.model_validate({**data, "intra_node": LinkTier(name="no p2p", collectives=fits).model_dump()})
+    assert ClusterSpec.model_validate(data) == cluster  # the presets: no all-to-all, accepted

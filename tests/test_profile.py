@@ -181,6 +181,7 @@ def test_profile_two_processes_then_solve(tmp_path):
     m = cluster.measured
     assert m.environment.world_size == 2 and m.environment.backend == "gloo"
     assert {s.collective for s in m.collectives} == set(Collective)
+    assert cluster.intra_node.has(Collective.all_to_all)  # measured (all_to_all_single on gloo), so the MoE exchange uses it
     assert all(s.bandwidth_gbps > 0 and s.latency_us >= 0 for s in m.collectives)
     # the TP and ZeRO-3 stacks, timed as plan run executes them, set each call's overhead
     overheads = cluster.intra_node.call_overhead_us

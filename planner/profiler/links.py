@@ -6,7 +6,8 @@ times back to back (as a training step does; up to 64 calls for small messages, 
 scheduler noise averages out), and the per-call time of the slowest rank, median over
 repetitions, is the point (all-reduce MAX over the group). The
 fit minimises relative error (weights 1/t^2), because sizes span six orders of magnitude:
-    t(bytes) = alpha + k(n) bytes / B,   k = 2(n-1)/n all-reduce, (n-1)/n gather/scatter, 1 p2p.
+    t(bytes) = alpha + k(n) bytes / B,   k = 2(n-1)/n all-reduce, (n-1)/n gather/scatter and
+    all-to-all, 1 p2p.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def _run(collective: Collective, group, members: list[int], rank: int, numel: in
         full = torch.ones((numel // n) * n, dtype=dtype, device=device)
         shard = torch.empty(numel // n, dtype=dtype, device=device)
         return lambda: dist.reduce_scatter_tensor(shard, full, group=group)
+    if collective == Collective.all_to_all:  # a distinct piece to every member, as a MoE dispatch sends
+        inp = torch.ones((numel // n) * n, dtype=dtype, device=device)
+        out = torch.empty_like(inp)
+        return lambda: dist.all_to_all_single(out, inp, group=group)
     # point-to-point: members pair up (0 -> 1, 2 -> 3, ...), as pipeline stages send
     buf = torch.ones(numel, dtype=dtype, device=device)
     i = members.index(rank)
@@ -121,6 +126,10 @@ def sweep(
         group = dist.new_group(members)
         for collective in Collective:
             if collective == Collective.p2p and len(members) % 2:
+                continue
+            if collective == Collective.all_to_all and inter and len(members) != world // nproc_per_node:
+                # across nodes only one rank per node: its bus bandwidth is then what a rank's
+                # traffic to other nodes gets (cost_models/tables.py:all_to_all_time)
                 continue
             points = []
             for nbytes in sizes:

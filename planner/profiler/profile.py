@@ -22,8 +22,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from planner.profiler.calls import fit_call_overheads
 from planner.specs import (
+    REQUIRED_COLLECTIVES,
     ClusterSpec,
-    Collective,
     CollectiveFit,
     DeviceSpec,
     DType,
@@ -327,7 +327,8 @@ def shared_domain_share(sweeps) -> Optional[float]:
                 out[s.collective] = s
         return out
     inside, across = widest(False), widest(True)
-    shares = [across[c].bandwidth_gbps / inside[c].bandwidth_gbps for c in inside if c in across]
+    # the ring collectives and p2p (the all-to-all across hosts is timed over one rank per host only)
+    shares = [across[c].bandwidth_gbps / inside[c].bandwidth_gbps for c in REQUIRED_COLLECTIVES if c in inside and c in across]
     return statistics.median(shares) if shares else None
 
 
@@ -374,7 +375,7 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
             CollectiveFit(collective=s.collective, group_size=s.group_size, latency_us=s.latency_us, bandwidth_gbps=s.bandwidth_gbps)
             for s in sweeps if s.inter_node == inter
         ]
-        missing = {c for c in Collective} - {f.collective for f in fits}
+        missing = set(REQUIRED_COLLECTIVES) - {f.collective for f in fits}
         if not fits or missing:
             return None
         return LinkTier(name=label, collectives=fits)
@@ -383,7 +384,7 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     inter = tier(True, f"measured across nodes ({env.backend})")
     if intra is None and inter is None:  # a single rank: nothing to time
         intra = LinkTier(name="not measured (one rank)", collectives=[
-            CollectiveFit(collective=c, latency_us=0.0, bandwidth_gbps=1e6) for c in Collective
+            CollectiveFit(collective=c, latency_us=0.0, bandwidth_gbps=1e6) for c in REQUIRED_COLLECTIVES
         ])
     if inter is None:
         inter = intra.model_copy(update={"name": "not measured (single node): the intra-node fits"})

@@ -32,7 +32,8 @@ from cost_models.tables import (
 from cost_models.compute import model_flops_per_step
 from cost_models.terms import MODES
 from planner.specs import (
-    MAX_GLOBAL_BATCH, Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule, tp_problem,
+    MAX_GLOBAL_BATCH, REQUIRED_COLLECTIVES, Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule,
+    tp_problem,
 )
 
 from .deadline import NO_DEADLINE, Deadline, polled
@@ -144,10 +145,13 @@ def _mesh_orders(cluster: ClusterSpec, dp: int, tp: int, pp: int, keep_all: bool
     """Mesh orders whose link costs are not dominated by another order's (every axis's
     alpha and beta no larger); equal ones are deduplicated. Returns (orders, dropped)."""
     scored = []
+    # a measured all-to-all (both tiers: LinkTier.has) prices the EP groups' exchanges: compared too
+    both = cluster.intra_node.has(Collective.all_to_all) and cluster.inter_node.has(Collective.all_to_all)
+    collectives = REQUIRED_COLLECTIVES + ((Collective.all_to_all,) if both else ())
     for order in MESH_ORDERS:
         links = mesh_links(cluster, dp, tp, pp, order)
         vec = tuple(
-            x for a in Axis for c in Collective for x in (links[a].coefficients(c) if links[a].size > 1 else (0.0, 0.0))
+            x for a in Axis for c in collectives for x in (links[a].coefficients(c) if links[a].size > 1 else (0.0, 0.0))
         )
         scored.append((order, vec))
     if keep_all:

@@ -28,7 +28,7 @@ from planner.specs.job import (
     cp_problem, ep_problem, even_split, seq_problem, tp_problem,
 )
 from planner.specs.cluster import (
-    ATTENTION_KERNELS, AttentionEfficiency, ClusterSpec, Collective, CollectiveFit, CollectiveSweep,
+    ATTENTION_KERNELS, AttentionEfficiency, ClusterSpec, Collective, CollectiveFit, CollectiveSweep, REQUIRED_COLLECTIVES,
     DeviceSpec, EfficiencyPoint, FP8_PARTS, GemmModel, LayerMeasurement, LinkTier, MEMORY_HEADROOM, MatmulPoint,
     MeasuredProfile, ProfileEnvironment, Spine, StackConstants, TimedPoint, Uncertainty, memory_limit_gib,
 )
@@ -49,7 +49,7 @@ __all__ = [  # every name the modules define but their private helpers
     "SCHEMA_VERSION", "number_problem", "Activation", "DTYPE_BYTES", "DType", "ModelSpec", "Axis", "JobSpec",
     "LossKernel", "Optimizer", "Plan", "PlanError", "Recompute", "Schedule", "StageRecompute", "Target",
     "cp_problem", "ep_problem", "even_split", "seq_problem", "tp_problem", "ATTENTION_KERNELS",
-    "AttentionEfficiency", "ClusterSpec", "Collective", "CollectiveFit", "CollectiveSweep", "DeviceSpec",
+    "AttentionEfficiency", "ClusterSpec", "Collective", "CollectiveFit", "REQUIRED_COLLECTIVES", "CollectiveSweep", "DeviceSpec",
     "EfficiencyPoint", "GemmModel", "LayerMeasurement", "LinkTier", "MEMORY_HEADROOM", "MatmulPoint",
     "MeasuredProfile", "ProfileEnvironment", "Spine", "FP8_PARTS", "StackConstants", "TimedPoint", "Uncertainty",
     "memory_limit_gib", "Estimate", "PipelineRankMemory", "TimeBreakdown", "Alternative", "Explanation",

@@ -28,7 +28,8 @@ from pydantic_core import PydanticCustomError
 # 1.11: Plan.recompute_norm_act (the norms' and the experts' activation outputs recomputed in
 # backward, Megatron-Core's recompute modules layernorm and moe_act); read without it, kept.
 # 1.12: StackConstants.step_overhead_s (a stack's host time per optimizer step); read without it, 0.
-SCHEMA_VERSION = "1.12"
+# 1.13: the collective all_to_all, a link tier's optional measured fit of it (plan profile).
+SCHEMA_VERSION = "1.13"
 
 
 # ----- numbers
