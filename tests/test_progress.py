@@ -139,7 +139,7 @@ def test_the_estimate_grows_with_the_work_and_shrinks_with_the_rate():
 
 def test_the_profile_reports_as_many_items_as_it_estimates():
     """The workers' progress lines (planner/profiler/profile.py: Progress) count against
-    work_items: a quick profile of GPT-2 on 2 processes is 40 items, the LM head and the
+    work_items: a quick profile of GPT-2 on 2 processes is 48 items, the LM head and the
     stacks of blocks the heaviest (measured: 52 s and 65 s of 145 s, docs in profile.py)."""
     torch = pytest.importorskip("torch")  # noqa: F841
     from planner.profiler.profile import ProfileRequest, _tp_shards, describe_work, work_items
@@ -147,7 +147,14 @@ def test_the_profile_reports_as_many_items_as_it_estimates():
     gpt2 = load_model("gpt2-124m")
     req = ProfileRequest(model=gpt2, seq_len=1024, micro_batches=(1,), quick=True, backend="gloo")
     items = work_items(req, _tp_shards(gpt2, 2), 2, 2, 100e9, 2)
-    assert len(items) == 40 and items[-1][0] == "stacks"
+    assert len(items) == 48 and items[-1][0] == "stacks"
+    # the sweep's items, as sweep() times them: 8 sizes of 5 collectives over the one group of 2
+    from planner.profiler.links import group_shapes, swept
+    assert [(g, [c.value for c in swept(g, inter, 1)]) for g, inter in group_shapes(2, 2)] == [
+        ([0, 1], ["all_reduce", "all_gather", "reduce_scatter", "p2p", "all_to_all"])]
+    # 2 nodes of 4: groups of 2 and 4 inside a node, one rank per node, the whole world (no all-to-all)
+    assert [len(swept(g, inter, 2)) for g, inter in group_shapes(8, 4)] == [5, 5, 5, 4]
+    assert [len(swept(g, inter, 1)) for g, inter in group_shapes(3, 3)] == [4]  # 3 ranks do not pair up: no p2p
     seconds = [s for _, s in items]
     assert sorted(seconds)[-2:] == sorted([seconds[3], seconds[-1]])  # the head, the stacks
     words = describe_work(items, 100e9, render.duration)

@@ -115,6 +115,14 @@ def group_shapes(world: int, nproc_per_node: int) -> list[tuple[list[int], bool]
     return shapes
 
 
+def swept(members: list[int], inter: bool, nnodes: int) -> list[Collective]:
+    """The collectives timed over one group shape: point-to-point where the members pair up;
+    the all-to-all across nodes over one rank per node only, so that its bus bandwidth is what a
+    rank's traffic to other nodes gets (cost_models/tables.py:all_to_all_time)."""
+    return [c for c in Collective
+            if not (c == Collective.p2p and len(members) % 2) and not (c == Collective.all_to_all and inter and len(members) != nnodes)]
+
+
 def sweep(
     rank: int, world: int, nproc_per_node: int, sizes: list[int], reps: int, warmup: int, device: torch.device,
     sync: Callable[[], None], progress: Callable[[str], None] = lambda s: None,
@@ -124,13 +132,7 @@ def sweep(
     results = []
     for members, inter in group_shapes(world, nproc_per_node):
         group = dist.new_group(members)
-        for collective in Collective:
-            if collective == Collective.p2p and len(members) % 2:
-                continue
-            if collective == Collective.all_to_all and inter and len(members) != world // nproc_per_node:
-                # across nodes only one rank per node: its bus bandwidth is then what a rank's
-                # traffic to other nodes gets (cost_models/tables.py:all_to_all_time)
-                continue
+        for collective in swept(members, inter, world // nproc_per_node):
             points = []
             for nbytes in sizes:
                 progress(f"{collective.value} x{len(members)}{' across nodes' if inter else ''} {nbytes} B")

@@ -95,7 +95,7 @@ def work_items(req: ProfileRequest, tps: list[int], world: int, nproc: int, flop
     ('other'), then the stacks of blocks timed as plan run issues their collective calls."""
     from cost_models.compute import head_flops_forward, layer_flops_forward
     from planner.profiler.calls import STACK_LAYERS
-    from planner.profiler.links import group_shapes
+    from planner.profiler.links import group_shapes, swept
 
     rate = flops_per_s * PROFILE_EFFICIENCY / max(1.0, nproc / cores)  # one rank's, ranks sharing cores
     runs = 3 * req.warmup + 4 * req.layer_reps + 2  # forward-equivalents of measure_module: warm-up and timed (fwd, fwd+bwd), saved bytes, FLOPs
@@ -105,7 +105,7 @@ def work_items(req: ProfileRequest, tps: list[int], world: int, nproc: int, flop
         shards = [1] if req.model_factory else tps
         layers += [runs * layer_flops_forward(m, b, s) / t / rate for t in shards] + [0.0] * (len(tps) - len(shards) + 1)
         layers.append(0.0 if req.model_factory else runs * head_flops_forward(m, b, s) / rate)
-    links = sum(len(req.message_sizes) * (4 if len(g) % 2 == 0 else 3) for g, _ in group_shapes(world, nproc))
+    links = sum(len(req.message_sizes) * len(swept(g, inter, world // nproc)) for g, inter in group_shapes(world, nproc))
     stacks = 0.0
     if world > 1 and not req.model_factory:  # plain and ZeRO-3, then TP and its local twin: fwd + bwd each
         tp = stack_tp(tps)

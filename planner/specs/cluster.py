@@ -169,7 +169,8 @@ class CollectiveFit(_Spec):
 
     ``bandwidth_gbps`` is the *bus* bandwidth in the NCCL-tests sense, so the volume is the
     per-rank ring volume: 2(n-1)/n x bytes for all-reduce, (n-1)/n x bytes for all-gather and
-    reduce-scatter (bytes = the full, unsharded buffer), bytes for point-to-point.
+    reduce-scatter (bytes = the full, unsharded buffer), bytes for point-to-point, and (n-1)/n x
+    bytes for all-to-all (bytes = a rank's whole send buffer, its own piece included).
     """
 
     collective: Collective = Field(description="Collective kind.")
