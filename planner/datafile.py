@@ -287,7 +287,9 @@ def load_named(
     path = Path(name_or_path)
     if path.suffix in (".json", ".yaml", ".yml") or os.sep in name_or_path or os.path.lexists(name_or_path):  # a path, even without a suffix
         if missing(path):
-            raise UsageError(f"{kind} file {name_or_path} does not exist")
+            preset = path.stem if path.stem in presets and path.parent == Path(".") else None  # llama3-8b.yaml for llama3-8b
+            raise UsageError(f"{kind} file {name_or_path} does not exist"
+                             + (f"; the preset of that name is `--{kind} {preset}`" if preset else ""))
         data, text = read_mapping(path)
         return parse(data, path, text)
     close = [p for p in presets if name_or_path.lower() in p.lower()][:4] or difflib.get_close_matches(name_or_path, list(presets), n=4, cutoff=0.5)

@@ -34,11 +34,16 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
         raise UsageError(f"{path}: schema_version is {raw!r}, not a string; write it quoted, as \"{SCHEMA_VERSION}\" "
                          "(a number cannot tell 1.1 from 1.10)")
     version = raw or ""
+    parts = ("model", "cluster", "num_gpus", "job", "plan")
+    if raw is None and any(data.get(k) is None for k in parts):  # a model, profile, export, size document...
+        missing = ", ".join(k for k in ("schema_version", *parts) if data.get(k) is None)
+        raise UsageError(f"{path}: not a plan file, missing {missing} (plan files are what `plan solve -o` and "
+                         "`plan estimate -o` write)")
     if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
         raise UsageError(
             f"{path}: schema_version {version or '(missing)'} is not readable by this planner (schema {SCHEMA_VERSION}); re-create the plan"
         )
-    fields = {k: data.get(k) for k in ("model", "cluster", "num_gpus", "job", "plan")}
+    fields = {k: data.get(k) for k in parts}
     if alternative is not None:
         alts = data.get("alternatives")
         if not isinstance(alts, list) or not alts:

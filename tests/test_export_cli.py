@@ -71,6 +71,25 @@ def test_free_optimum_refused_and_targeted_one_slower(solved):
     assert fastest(targeted) > fastest(free)
 
 
+def test_a_refusal_points_to_the_stacks_own_alternative(tmp_path):
+    """A search of every stack (no --target) keeps each stack's best plan among the
+    alternatives; exporting the recommendation to a stack that cannot run it names that one."""
+    path = tmp_path / "all.json"
+    plan_cli("solve", *SOLVES["llama3-70b-64-h100"], "-o", str(path))
+    alts = json.loads(path.read_text())["alternatives"]
+    refused = 0
+    for stack in STACKS:
+        res = plan_cli("export", str(path), "--to", stack, check=False)
+        if res.returncode == 0:
+            continue  # the recommendation is this stack's
+        refused += 1
+        k = next(i for i, a in enumerate(alts, 1) if a["target"] == stack)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert res.stderr.rstrip().endswith(f"alternative {k}: `plan export {path} --to {stack} --alternative {k}`"), res.stderr
+        assert plan_cli("export", str(path), "--to", stack, "--alternative", str(k), check=False).returncode == 0
+    assert refused >= 2  # megatron's plan is the recommendation here: the others refuse it
+
+
 def test_export_writes_the_text_atomically(solved, tmp_path):
     out = tmp_path / "args.txt"
     res = plan_cli("export", str(solved["llama3-8b-16-h100", "megatron"]), "--to", "megatron", "-o", str(out))

@@ -24,10 +24,11 @@ def test_a_plan_that_does_not_fit_says_by_how_much_and_exits_1(tmp_path):
     out = tmp_path / "over.json"
     res = plan("estimate", *OVER, "-o", str(out))
     assert res.returncode == 1, res.stderr
-    last = res.stderr.strip().splitlines()[-1]
+    *first, last = res.stderr.strip().splitlines()
     assert last.startswith("error: the plan does not fit: pipeline rank ") and "GiB over the device's 40 GiB (A100" in last
     assert "DOES NOT FIT" in res.stdout  # the estimate is still shown ...
-    doc = json.loads(out.read_text())  # ... and written: how far over is the point
+    assert first == [f"plan written to {out}"]  # ... and written, which -o confirms before the error
+    doc = json.loads(out.read_text())  # how far over is the point
     assert doc["estimate"]["fits"] is False
     assert "Traceback" not in res.stderr
     js = plan("estimate", *OVER, "--json")
@@ -129,3 +130,32 @@ def test_predicted_against_measured_is_one_ratio(predicted, measured, words):
 
 def test_memory_in_a_sentence_is_rounded():
     assert gib(0.95 * 11.77) == "11.18" and gib(76.0) == "76" and gib(40.5) == "40.5"
+
+
+def test_a_file_that_is_not_a_plan_is_named_so(tmp_path):
+    """A model spec (or any document without schema_version and a plan's parts) handed to a
+    command that reads plans: "not a plan file", not "schema_version (missing) is not readable"."""
+    spec = tmp_path / "m.json"
+    spec.write_text(json.dumps({"name": "m", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "vocab_size": 128}))
+    for args in (["show", str(spec)], ["estimate", "--plan", str(spec)], ["export", str(spec), "--to", "megatron"]):
+        res = plan(*args)
+        assert res.returncode == 2 and res.stderr.strip() == (
+            f"error: {spec}: not a plan file, missing schema_version, model, cluster, num_gpus, job, plan (plan files are "
+            "what `plan solve -o` and `plan estimate -o` write)"), (args, res.stderr)
+
+
+def test_a_memory_limit_over_the_device_is_said_to_be_capped():
+    res = plan("solve", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "64",
+               "--max-memory-gib", "500", "--top-k", "0", "--json")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines() == ["note: --max-memory-gib 500 is more than the device's 80 GiB: planned to the whole device"]
+    assert plan("solve", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "64",
+                "--max-memory-gib", "60", "--top-k", "0", "--json").stderr == ""
+
+
+def test_a_missing_file_named_like_a_preset_points_to_the_preset():
+    res = plan("estimate", "--model", "llama3-8b.yaml", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
+    assert res.returncode == 2
+    assert res.stderr.strip() == "error: model file llama3-8b.yaml does not exist; the preset of that name is `--model llama3-8b`"
+    res = plan("estimate", "--model", "llama3-8b", "--cluster", "no/dgx-h100-80gb.json", "--gpus", "8", "--global-batch", "8")
+    assert res.stderr.strip() == "error: cluster file no/dgx-h100-80gb.json does not exist"  # a path elsewhere: no guess

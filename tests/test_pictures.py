@@ -204,6 +204,9 @@ def test_show_writes_pictures_every_rank_once_in_the_svg(small_plan, tmp_path):
     # text version: one row per pipeline rank, the memory table, the axes
     assert len(re.findall(r"^pp \d+ +\|", res.stdout, flags=re.M)) == 4
     assert "Memory per GPU" in res.stdout and "Placement: 16 ranks on 2 node(s)" in res.stdout
+    # each file confirmed on stderr, as every command's -o, none on stdout
+    assert res.stderr.splitlines() == [f"{k} picture written to {f}" for k, f in (("timeline", tl), ("memory", mem), ("placement", pl))]
+    assert "written to" not in res.stdout
 
 
 def test_timeline_figure_outlines_every_pass(small_plan):

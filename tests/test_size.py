@@ -156,3 +156,18 @@ def test_nothing_fitting_anywhere_is_one_line_saying_by_how_much(tmp_path):
     assert lines[0].startswith("error: no point has a plan; at 16 GPUs of dgx-a100-40gb: no layout fits") and "over" in lines[0]
     doc = SizeDocument.model_validate_json(r.stdout)  # the document still printed: every point and why
     assert [p.reason for p in doc.points] == ["memory", "memory"] and all("GiB" in p.detail for p in doc.points)
+
+
+def test_the_budget_line_names_the_cheapest_point_when_none_is_within(doc):
+    """Every point priced but over --budget: the line says the cheapest and what it costs, not
+    "no priced point" (which is for a sweep without prices)."""
+    from planner.cli.render import size_summary
+
+    cheapest = min((p for p in doc.points if p.feasible), key=lambda p: p.cost)
+    over = doc.model_copy(update={"budget": cheapest.cost / 2,
+                                  "points": [p.model_copy(update={"within_budget": False}) for p in doc.points]})
+    line = next(x for x in size_summary(over) if x.startswith("within $"))
+    assert line == (f"within ${cheapest.cost / 2:,.0f}: no point; the cheapest is {cheapest.gpus:,} x {cheapest.cluster}, "
+                    f"${cheapest.cost:,.0f} in " + line.rsplit(" in ", 1)[1])
+    unpriced = over.model_copy(update={"front_axis": "gpu_hours", "points": [p.model_copy(update={"cost": None}) for p in over.points]})
+    assert next(x for x in size_summary(unpriced) if x.startswith("within $")).endswith("no priced point")

@@ -244,7 +244,9 @@ def test_solve_human_output_explains():
         (["--gpus", "1048576"], 1, "valid for gpt3-1.3b on 1,048,576 GPUs with global batch 128"),
         (["--max-memory-gib", "1"], 1, "a higher --max-memory-gib (the device's own limit is"),
         (["--fix", "banana=2"], 2, "expected KEY=VALUE"),
-        (["--fix", "sp=maybe"], 2, "not a valid value for sp"),
+        (["--fix", "sp=maybe"], 2, "not a valid value for sp (true or false)"),
+        (["--fix", "recompute=ful"], 2, "not a valid value for recompute (none, selective, full)"),  # the values, to pick from
+        (["--fix", "schedule=interleaved"], 2, "not a valid value for schedule (gpipe, 1f1b, interleaved-1f1b)"),
         (["--fix", "tp=" + "9" * 100_000], 2, "'tp=" + "9" * 37 + "..." + "9" * 20 + "': not a valid"),
         (["--micro-batch-size", "2"], 2, "either --global-batch"),
         (["--max-memory-gib", "1"], 1, "no layout fits in 1 GiB"),

@@ -89,6 +89,8 @@ def estimate(
     else:
         render.estimate_report(doc)
     if not doc.estimate.fits:  # one line on stderr, the error (the report above shows the layout)
+        if output:  # written all the same (README, "plan estimate"): said before the error
+            render.note(f"plan written to {output}")
         raise InfeasibleError(does_not_fit(doc))
     if changed:
         render.note(changed)

@@ -12,8 +12,8 @@ from planner import api, stacks
 from planner.cli import render
 from planner.cli.estimate import does_not_fit
 from planner.cli.types import ALTERNATIVE
-from planner.datafile import check_output, write_atomic
-from planner.errors import PlannerError
+from planner.datafile import check_output, read_mapping, write_atomic
+from planner.errors import PlannerError, UsageError
 from planner.plan_file import read_plan_file
 
 
@@ -27,7 +27,14 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
     """Megatron-LM arguments, a DeepSpeed config, torchtitan overrides or an Accelerate config for a plan."""
     if output is not None:
         check_output(output, (plan_file,))
-    out = api.export_plan(Path(plan_file), stack, alternative=alternative)
+    try:
+        out = api.export_plan(Path(plan_file), stack, alternative=alternative)
+    except UsageError as e:
+        k = None if alternative is not None else _alternative_for(Path(plan_file), stack)
+        if k is None:
+            raise
+        raise UsageError(f"{e}; or export this file's best plan for {stack}, alternative {k}: "
+                         f"`plan export {plan_file} --to {stack} --alternative {k}`") from None
     if output:
         write_atomic(output, out.text if out.text.endswith("\n") else out.text + "\n")
     if as_json:
@@ -44,6 +51,19 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
         render.note(note)
     if theirs is not None and not theirs.estimate.fits:  # still written (a user may mean to size it up), not in silence
         render.note(f"warning: {does_not_fit(theirs)}; the options named are `{again}`'s")
+
+
+def _alternative_for(path: Path, stack: str) -> Optional[int]:
+    """The first alternative of a `plan solve` document costed for `stack` (schema 1.6: each
+    alternative's target), which `plan export --alternative` can export; None where there is none."""
+    try:
+        data, _ = read_mapping(path)
+    except PlannerError:
+        return None
+    alts = data.get("alternatives")
+    if not isinstance(alts, list):
+        return None
+    return next((i for i, a in enumerate(alts, 1) if isinstance(a, dict) and a.get("target") == stack), None)
 
 
 def _as_stack_runs(path: Path, alternative: Optional[int], stack: str):

@@ -753,13 +753,16 @@ def size_summary(doc) -> list[str]:
     if doc.deadline_days is not None:
         inside = [p for p in ok if p.within_deadline]
         best = min(inside, key=lambda p: p.cost if p.cost is not None and doc.front_axis == "cost" else p.gpu_hours, default=None)
-        out.append(f"within {doc.deadline_days:g} days: " + (f"{len(inside)} points; the least {('cost' if doc.front_axis == 'cost' else 'GPU-hours')}: "
+        out.append(f"within {doc.deadline_days:g} days: " + (f"{len(inside)} point{'s' if len(inside) != 1 else ''}; the least {('cost' if doc.front_axis == 'cost' else 'GPU-hours')}: "
                    f"{best.gpus:,} x {best.cluster}, {_days(best.days)} days, {axis(best)}" if best else "no point; more GPUs or a faster cluster"))
     if doc.budget is not None:
         inside = [p for p in ok if p.within_budget]
         best = min(inside, key=lambda p: p.days, default=None)
-        out.append(f"within {doc.budget:,.0f}: " + (f"the fastest priced point is {best.gpus:,} x {best.cluster}, {_days(best.days)} days"
-                   if best else "no priced point"))
+        cheapest = min((p for p in ok if p.cost is not None), key=lambda p: p.cost, default=None)
+        out.append(f"within ${doc.budget:,.0f}: " + (
+            f"the fastest priced point is {best.gpus:,} x {best.cluster}, {_days(best.days)} days" if best
+            else f"no point; the cheapest is {cheapest.gpus:,} x {cheapest.cluster}, ${cheapest.cost:,.0f} in {_days(cheapest.days)} days"
+            if cheapest else "no priced point"))
     infeasible = [p for p in doc.points if not p.feasible]
     if infeasible:
         out.append(f"{len(infeasible)} of {len(doc.points)} points have no plan (memory: no layout fits; batch: the batch cannot be split over that many GPUs)")

@@ -83,6 +83,8 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
         rendered = {k: draw.render(figures[k](), Path(f).suffix.lower().lstrip(".")) for k, f in files.items()}
         for k, f in files.items():  # every picture drawn before any is written
             write_atomic(f, rendered[k])
+        for k, f in files.items():  # on stderr, as every command's -o (with --json too)
+            render.note(f"{k} picture written to {f}")
     if as_json:
         click.echo(json.dumps(_document(tl, win, est, est_bubble, bars, pl), indent=2))
         return
@@ -91,8 +93,6 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
     _text_timeline(console, tl, win, est.step_time_s, est_bubble)
     _text_memory(console, bars, est.memory_capacity_gib)
     _text_placement(console, pl)
-    for k, f in files.items():
-        console.print(f"wrote the {k} picture to {f}", highlight=False)
 
 
 def picture_title(doc) -> str:

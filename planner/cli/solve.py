@@ -56,6 +56,10 @@ def solve(
     )
     if output:
         api.write_plan(doc, output)
+    capacity = doc.cluster.device.memory_gib
+    if max_memory_gib and max_memory_gib > capacity:  # planned to the whole device (memory_limit_gib), said
+        render.note(f"note: --max-memory-gib {max_memory_gib:g} is more than the device's {capacity:.4g} GiB: "
+                    f"planned to the whole device")
     if as_json:
         click.echo(doc.model_dump_json(indent=2))
     else:
