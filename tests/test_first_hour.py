@@ -159,3 +159,15 @@ def test_a_missing_file_named_like_a_preset_points_to_the_preset():
     assert res.stderr.strip() == "error: model file llama3-8b.yaml does not exist; the preset of that name is `--model llama3-8b`"
     res = plan("estimate", "--model", "llama3-8b", "--cluster", "no/dgx-h100-80gb.json", "--gpus", "8", "--global-batch", "8")
     assert res.stderr.strip() == "error: cluster file no/dgx-h100-80gb.json does not exist"  # a path elsewhere: no guess
+
+
+@pytest.mark.parametrize("fix,target,why", [
+    ("zero=1", "torchtitan", "torchtitan has ZeRO stages 0, 2, 3"),
+    ("schedule=gpipe", "megatron", "megatron has schedules 1f1b, interleaved-1f1b"),
+    ("pp=2", "accelerate", "accelerate allows pp up to 1"),
+])
+def test_a_fix_the_target_stack_cannot_express_says_what_it_has(fix, target, why):
+    res = plan("solve", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
+               "--fix", fix, "--target", target)
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: --fix {fix}: {why}; change or drop the fix, or plan for another --target"

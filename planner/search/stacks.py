@@ -65,12 +65,42 @@ def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpa
     if refusal:
         raise UsageError(refusal)
     rules = stack.rules
+    refusal = _fix_refusal(base.fixed, rules)
+    if refusal:
+        raise UsageError(refusal)
     modes = tuple(m for m in base.recompute_modes if m.value in rules.recompute_modes)
     if not modes:
         raise UsageError(f"--fix recompute={base.recompute_modes[0].value}: {rules.stack} has recompute {', '.join(rules.recompute_modes)}")
     problems = stack.layout_problems  # what the stack refuses beyond its Rules
     return replace(base, tp_comm_overlap=overlap, recompute_norm_act=norm_act, rules=rules, recompute_modes=modes,
                    target_problems=lambda layout: problems(layout, model, job))
+
+
+def _fix_refusal(fixed: dict, rules) -> Optional[str]:
+    """One line for a --fix the stack cannot express whatever the rest of the layout (its Rules:
+    a ZeRO stage, schedule or feature it lacks, a degree over its maximum), naming what it has;
+    None where every fix is one it can run. (Fixes that clash only with other choices are the
+    search's to report.)"""
+    from planner.inputs import fix_key, fix_text  # planner.inputs builds search spaces: imported late
+
+    def has(xs):
+        return ", ".join(str(getattr(x, "value", x)) for x in xs)
+    limits = {"tp": rules.max_tp, "pp": rules.max_pp, "ep": rules.max_ep, "cp": rules.max_cp}
+    for key, value in fixed.items():
+        why = None
+        if key == "zero_stage" and value not in rules.zero_stages:
+            why = f"{rules.stack} has ZeRO stages {has(rules.zero_stages)}"
+        elif key == "schedule" and value not in rules.schedules:
+            why = f"{rules.stack} has schedules {has(rules.schedules)}"
+        elif key in limits and limits[key] is not None and value > limits[key]:
+            why = f"{rules.stack} allows {key} up to {limits[key]}"
+        elif key == "vpp" and value > 1 and not rules.interleaved:
+            why = f"{rules.stack} has no interleaved pipeline"
+        elif value is True and key in ("fp8", "sequence_parallel", "tp_comm_overlap") and not getattr(rules, key):
+            why = f"{rules.stack} exports no {key.replace('_', ' ')}"
+        if why:
+            return f"--fix {fix_key(key)}={fix_text(value)}: {why}; change or drop the fix, or plan for another --target"
+    return None
 
 
 def _norm_act_space(base: SearchSpace, model: ModelSpec, stack) -> tuple:
