@@ -261,7 +261,13 @@ def validation_message(exc: ValidationError, path: Path | str | None = None, tex
     elif err["type"] == "missing":
         msg = "required field is missing"
     msg = msg.removeprefix("Value error, ")  # a validator's own sentence, which pydantic prefixes
-    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    more = ""
+    if len(errors) > 1:  # name the others (up to four) so that one edit can fix them all
+        def what(e) -> str:
+            kind = {"missing": " missing", "extra_forbidden": " unknown"}.get(e["type"], "")
+            return f"'{'.'.join(str(p) for p in e['loc'])}'{kind}" if e["loc"] else "a check across fields"
+        rest = errors[1:]
+        more = f" (also {', '.join(what(e) for e in rest[:4])}" + (f" and {len(rest) - 4} more" if len(rest) > 4 else "") + ")"
     prefix = f"{where}: " if where else ""
     field_ = f"field '{loc}': " if err["loc"] else ""  # a check across fields names them itself
     return f"{prefix}{field_}{msg}{more}"

@@ -171,3 +171,17 @@ def test_a_fix_the_target_stack_cannot_express_says_what_it_has(fix, target, why
                "--fix", fix, "--target", target)
     assert res.returncode == 2
     assert res.stderr.strip() == f"error: --fix {fix}: {why}; change or drop the fix, or plan for another --target"
+
+
+def test_a_spec_with_several_problems_names_them_all_in_one_line(tmp_path):
+    spec = tmp_path / "typo.json"
+    spec.write_text(json.dumps({"name": "m", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "vocab_size": 128,
+                                "activaton": "gelu", "ffn": 3}))
+    res = plan("estimate", "--model", str(spec), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: {spec}:1: field 'activaton': unknown field (also 'ffn' unknown, 'max_seq_len' missing)"
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    res = plan("estimate", "--model", str(empty), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
+    assert res.stderr.strip().endswith("(also 'num_layers' missing, 'hidden_size' missing, 'num_heads' missing, "
+                                       "'vocab_size' missing and 1 more)"), res.stderr
