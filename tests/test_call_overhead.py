@@ -106,3 +106,15 @@ def test_negative_overhead_refused():
         LinkTier.model_validate({"name": "x", "collectives": fits, "call_overhead_us": {"all_reduce": -1.0}})
     tier = LinkTier.model_validate({"name": "x", "collectives": fits, "call_overhead_us": {"all_reduce": 5.0}})
     assert LinkTier.model_validate_json(tier.model_dump_json()) == tier and tier.call_overhead_us == {AR: 5.0}
+
+
+def test_the_all_to_all_takes_the_all_gathers_overhead_until_it_has_its_own():
+    """plan profile times no all-to-all overhead: a MoE exchange pays the all-gather's per call
+    (what it paid priced by the all-gather fit, before the all-to-all was measured), its own where
+    a profile states one."""
+    cluster = with_overheads(gloo_like(), {AG: 700.0, RS: 50.0})
+    link = GroupLink(cluster, 4, 1)
+    assert link.call_overhead_us(Collective.all_to_all) == 700.0
+    own = with_overheads(gloo_like(), {AG: 700.0, Collective.all_to_all: 90.0})
+    assert GroupLink(own, 4, 1).call_overhead_us(Collective.all_to_all) == 90.0
+    assert GroupLink(gloo_like(), 4, 1).call_overhead_us(Collective.all_to_all) == 0.0
