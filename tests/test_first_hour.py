@@ -185,3 +185,23 @@ def test_a_spec_with_several_problems_names_them_all_in_one_line(tmp_path):
     res = plan("estimate", "--model", str(empty), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
     assert res.stderr.strip().endswith("(also 'num_layers' missing, 'hidden_size' missing, 'num_heads' missing, "
                                        "'vocab_size' missing and 1 more)"), res.stderr
+
+
+def test_an_entry_of_plan_presets_json_reads_back_as_a_model_spec(tmp_path):
+    """`plan presets --json` adds each model's parameter counts; an entry saved as a spec reads
+    back as the preset (the counts checked against the spec, not taken as fields), and a count
+    that is not the spec's is refused naming it."""
+    from planner import api
+
+    res = plan("presets", "--json")
+    entries = json.loads(res.stdout)["models"]
+    for entry in entries:
+        path = tmp_path / f"{entry['name']}.json"
+        path.write_text(json.dumps(entry))
+        assert api.load_model(str(path)) == api.load_model(entry["name"]), entry["name"]
+    bad = {**entries[0], "parameters": entries[0]["parameters"] + 1}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    res = plan("estimate", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
+    assert res.returncode == 2 and res.stderr.startswith(f"error: {path}: parameters {bad['parameters']} is not this spec's ("), res.stderr
+    assert "Traceback" not in res.stderr

@@ -85,3 +85,9 @@ def test_solve_writes_mixed_for_a_mixed_plan():
     c = Candidate(1, 1, 2, 1, 1, 4, Schedule.one_f_one_b, 0, False, (Axis.tp, Axis.dp, Axis.pp))
     assert decode(c, [(2, 0, 1), (3, 0, 0)]).recompute == Recompute.mixed
     assert decode(c, [(0, 0, 3), (0, 0, 3)]).recompute == Recompute.full
+
+
+def test_plan_schema_takes_json_as_every_command_does():
+    out = subprocess.run([sys.executable, "-m", "planner.cli.main", "schema", "size", "--json"], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout == schema_text("size")

@@ -36,6 +36,7 @@ def schema_text(name: str) -> str:
 
 @click.command("schema")
 @click.argument("document", type=click.Choice(list(DOCUMENTS)), default="plan")
-def schema(document: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Accepted as every command takes it: the schema is JSON either way.")
+def schema(document: str, as_json: bool) -> None:
     """Print the JSON Schema of a document `plan` writes (plan, solve, run-report or size)."""
     click.echo(schema_text(document), nl=False)

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.datafile import load_named, missing, parse_spec, read_input, read_mapping
+from planner.datafile import load_named, missing, parse_spec, read_input, read_mapping, short_text
 from planner.errors import UsageError
 from planner.presets.hf_config import FAMILIES, read_decoder, typed_fields, unread_field
 from planner.specs import ModelSpec
@@ -133,10 +133,24 @@ def _gpt_oss_notes(data: dict) -> list[str]:
     return ["attention sinks (one logit per head) and router biases not counted"]
 
 
+# What `plan presets --json` adds to each model's spec (planner/cli/presets.py): derived, not spec fields
+DERIVED = ("parameters", "active_parameters")
+
+
 def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelSpec:
     if is_hf_config(data):
         return parse_spec(ModelSpec, from_hf_config(data, name or _hf_name(path)), path, text)
-    return parse_spec(ModelSpec, data, path, text)
+    derived = {k: data[k] for k in DERIVED if k in data}
+    model = parse_spec(ModelSpec, {k: v for k, v in data.items() if k not in DERIVED}, path, text)
+    if derived:  # an entry of `plan presets --json` read back: its counts must be the spec's own
+        from cost_models.compute import active_params, total_params
+
+        own = {"parameters": total_params(model), "active_parameters": active_params(model)}
+        wrong = [k for k, v in derived.items() if v != own[k]]
+        if wrong:
+            raise UsageError(f"{path}: {wrong[0]} {short_text(str(derived[wrong[0]]))} is not this spec's ({own[wrong[0]]:,}); it is "
+                             f"derived from the other fields (`plan presets --json` writes it): drop it")
+    return model
 
 
 def _hf_name(path: Path) -> str:
