@@ -265,7 +265,7 @@ def validation_message(exc: ValidationError, path: Path | str | None = None, tex
     if len(errors) > 1:  # name the others (up to four) so that one edit can fix them all
         def what(e) -> str:
             kind = {"missing": " missing", "extra_forbidden": " unknown"}.get(e["type"], "")
-            return f"'{'.'.join(str(p) for p in e['loc'])}'{kind}" if e["loc"] else "a check across fields"
+            return f"'{short_text('.'.join(str(p) for p in e['loc']))}'{kind}" if e["loc"] else "a check across fields"
         rest = errors[1:]
         more = f" (also {', '.join(what(e) for e in rest[:4])}" + (f" and {len(rest) - 4} more" if len(rest) > 4 else "") + ")"
     prefix = f"{where}: " if where else ""
@@ -295,7 +295,7 @@ def load_named(
         if missing(path):
             preset = path.stem if path.stem in presets and path.parent == Path(".") else None  # llama3-8b.yaml for llama3-8b
             raise UsageError(f"{kind} file {name_or_path} does not exist"
-                             + (f"; the preset of that name is `--{kind} {preset}`" if preset else ""))
+                             + (f"; there is a {kind} preset named {preset} (give the name, not a file)" if preset else ""))
         data, text = read_mapping(path)
         return parse(data, path, text)
     close = [p for p in presets if name_or_path.lower() in p.lower()][:4] or difflib.get_close_matches(name_or_path, list(presets), n=4, cutoff=0.5)

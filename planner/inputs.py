@@ -400,7 +400,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
                     raise ValueError  # a mix is what the search decides; fix one mode
                 modes = (Recompute(value),)
         except ValueError:
-            allowed = (" (0 to 3)" if field == "zero_stage" else " (a positive integer)" if kind is int
+            allowed = (" (0 to 3)" if field == "zero_stage" else " (a whole number from 1 to 1,048,576)" if kind is int
                        else " (true or false)" if kind == "bool" else " (dp, tp and pp in some order, e.g. tp,dp,pp)"
                        if kind == "axes" else f" ({', '.join(x.value for x in Schedule)})" if field == "schedule"
                        else f" ({', '.join(x.value for x in Recompute if x != Recompute.mixed)})")

@@ -76,16 +76,17 @@ def test_a_refusal_points_to_the_stacks_own_alternative(tmp_path):
     alternatives; exporting the recommendation to a stack that cannot run it names that one."""
     path = tmp_path / "all.json"
     plan_cli("solve", *SOLVES["llama3-70b-64-h100"], "-o", str(path))
-    alts = json.loads(path.read_text())["alternatives"]
+    own = {e["target"]: e["alternative"] for e in json.loads(path.read_text())["stacks"]}
     refused = 0
     for stack in STACKS:
         res = plan_cli("export", str(path), "--to", stack, check=False)
         if res.returncode == 0:
             continue  # the recommendation is this stack's
         refused += 1
-        k = next(i for i, a in enumerate(alts, 1) if a["target"] == stack)
+        k = own[stack]  # the plan `plan solve --target STACK` would recommend (the document's `stacks`)
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-        assert res.stderr.rstrip().endswith(f"alternative {k}: `plan export {path} --to {stack} --alternative {k}`"), res.stderr
+        assert res.stderr.rstrip().endswith(f"holds for {stack}, alternative {k}: `plan export {path} --to {stack} "
+                                            f"--alternative {k}`"), res.stderr
         assert plan_cli("export", str(path), "--to", stack, "--alternative", str(k), check=False).returncode == 0
     assert refused >= 2  # megatron's plan is the recommendation here: the others refuse it
 
@@ -158,3 +159,21 @@ def test_a_model_a_stack_cannot_build_leaves_its_search_empty(tmp_path):
         refused = plan_cli(*args, check=False)
         assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
         assert "megatron cannot build gemma-2-9b: activation geglu" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_no_pointer_where_the_file_holds_no_runnable_plan_for_the_stack(tmp_path):
+    """Only the stack's refusal gets the pointer, and only to an alternative that reads as a
+    plan: another error (an unreadable version) or a broken alternative keeps the plain line."""
+    path = tmp_path / "all.json"
+    plan_cli("solve", *SOLVES["llama3-70b-64-h100"], "-o", str(path))
+    doc = json.loads(path.read_text())
+    k = next(e["alternative"] for e in doc["stacks"] if e["target"] == "deepspeed")
+    broken = tmp_path / "broken.json"
+    doc["alternatives"][k - 1]["plan"] = None
+    broken.write_text(json.dumps(doc))
+    res = plan_cli("export", str(broken), "--to", "deepspeed", check=False)
+    assert res.returncode == 2 and "deepspeed cannot run this plan" in res.stderr and "--alternative" not in res.stderr
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": "0.9"}))
+    res = plan_cli("export", str(old), "--to", "deepspeed", check=False)
+    assert res.returncode == 2 and "not readable" in res.stderr and "--alternative" not in res.stderr

@@ -156,7 +156,8 @@ def test_a_memory_limit_over_the_device_is_said_to_be_capped():
 def test_a_missing_file_named_like_a_preset_points_to_the_preset():
     res = plan("estimate", "--model", "llama3-8b.yaml", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
     assert res.returncode == 2
-    assert res.stderr.strip() == "error: model file llama3-8b.yaml does not exist; the preset of that name is `--model llama3-8b`"
+    assert res.stderr.strip() == ("error: model file llama3-8b.yaml does not exist; there is a model preset named llama3-8b "
+                                   "(give the name, not a file)")
     res = plan("estimate", "--model", "llama3-8b", "--cluster", "no/dgx-h100-80gb.json", "--gpus", "8", "--global-batch", "8")
     assert res.stderr.strip() == "error: cluster file no/dgx-h100-80gb.json does not exist"  # a path elsewhere: no guess
 
@@ -205,3 +206,16 @@ def test_an_entry_of_plan_presets_json_reads_back_as_a_model_spec(tmp_path):
     res = plan("estimate", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
     assert res.returncode == 2 and res.stderr.startswith(f"error: {path}: parameters {bad['parameters']} is not this spec's ("), res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_fixes_that_rule_out_every_stack_are_a_usage_error_and_a_pipeline_free_stack_takes_1f1b(tmp_path):
+    base = ["solve", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "256"]
+    res = plan(*base, "--fix", "zero=1", "--fix", "schedule=gpipe")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("error: no stack can run these --fix choices: --fix schedule=gpipe: megatron has schedules")
+    assert res.stderr.rstrip().endswith("; change or drop them, or plan with --target generic")
+    # accelerate has no pipeline: every plan it runs is 1f1b at pp 1, which --fix may name
+    out = tmp_path / "a.json"
+    res = plan(*base, "--target", "accelerate", "--fix", "schedule=1f1b", "--top-k", "0", "--json", "-o", str(out))
+    assert res.returncode == 0 and json.loads(res.stdout)["plan"]["schedule"] == "1f1b", res.stderr
+    assert res.stderr.splitlines() == [f"plan written to {out}"]  # -o confirmed with --json too

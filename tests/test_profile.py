@@ -199,3 +199,19 @@ def test_profile_two_processes_then_solve(tmp_path):
     assert doc["job"]["precision"] == "fp32"  # the profile's dtype
     shown = CliRunner().invoke(cli, ["profile", "--show", str(out)])
     assert shown.exit_code == 0 and "Per-layer measurements" in shown.output and "GEMM sweep" in shown.output
+
+
+def test_show_says_the_all_to_all_pays_the_all_gathers_call_overhead(tmp_path):
+    from planner.specs import CollectiveFit
+
+    base = _profile_with(0.1)
+    tier = base.intra_node
+    tier = tier.model_copy(update={
+        "collectives": [*tier.collectives, CollectiveFit(collective=Collective.all_to_all, latency_us=10.0, bandwidth_gbps=1.0)],
+        "call_overhead_us": {Collective.all_gather: 500.0}})
+    path = tmp_path / "a2a.json"
+    path.write_text(base.model_copy(update={"intra_node": tier}).model_dump_json())
+    res = CliRunner().invoke(cli, ["profile", "--show", str(path)], env={"COLUMNS": "160"})
+    assert res.exit_code == 0, res.output
+    row = next(x for x in res.output.splitlines() if "intra-node" in x and "all_to_all" in x)
+    assert "500 (all-gather's)" in row

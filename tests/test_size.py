@@ -167,7 +167,15 @@ def test_the_budget_line_names_the_cheapest_point_when_none_is_within(doc):
     over = doc.model_copy(update={"budget": cheapest.cost / 2,
                                   "points": [p.model_copy(update={"within_budget": False}) for p in doc.points]})
     line = next(x for x in size_summary(over) if x.startswith("within $"))
-    assert line == (f"within ${cheapest.cost / 2:,.0f}: no point; the cheapest is {cheapest.gpus:,} x {cheapest.cluster}, "
+    assert line == (f"within ${cheapest.cost / 2:,.0f}: no point; the cheapest priced one is {cheapest.gpus:,} x {cheapest.cluster}, "
                     f"${cheapest.cost:,.0f} in " + line.rsplit(" in ", 1)[1])
     unpriced = over.model_copy(update={"front_axis": "gpu_hours", "points": [p.model_copy(update={"cost": None}) for p in over.points]})
     assert next(x for x in size_summary(unpriced) if x.startswith("within $")).endswith("no priced point")
+
+
+def test_the_summary_counts_points_in_words(doc):
+    from planner.cli.render import size_summary
+
+    one = doc.model_copy(update={"points": doc.points[:1], "deadline_days": None, "budget": 0.4})
+    lines = size_summary(one)
+    assert lines[-1].startswith("1 point solved in ") and "within $0.40: " in "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -29,12 +30,12 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
         check_output(output, (plan_file,))
     try:
         out = api.export_plan(Path(plan_file), stack, alternative=alternative)
-    except UsageError as e:
+    except stacks.StackRefusal as e:
         k = None if alternative is not None else _alternative_for(Path(plan_file), stack)
         if k is None:
             raise
-        raise UsageError(f"{e}; or export this file's best plan for {stack}, alternative {k}: "
-                         f"`plan export {plan_file} --to {stack} --alternative {k}`") from None
+        raise UsageError(f"{e}; or export the plan this file holds for {stack}, alternative {k}: "
+                         f"`plan export {shlex.quote(plan_file)} --to {stack} --alternative {k}`") from None
     if output:
         write_atomic(output, out.text if out.text.endswith("\n") else out.text + "\n")
     if as_json:
@@ -54,16 +55,18 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
 
 
 def _alternative_for(path: Path, stack: str) -> Optional[int]:
-    """The first alternative of a `plan solve` document costed for `stack` (schema 1.6: each
-    alternative's target), which `plan export --alternative` can export; None where there is none."""
+    """The alternative K >= 1 of a `plan solve` document that holds `stack`'s own plan (its
+    `stacks` entry, schema 1.6), where it reads as a plan; None where there is none."""
     try:
         data, _ = read_mapping(path)
-    except PlannerError:
+        entry = next((e for e in data.get("stacks") or () if isinstance(e, dict) and e.get("target") == stack), None)
+        k = entry.get("alternative") if entry else None
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            return None
+        read_plan_file(path, k)  # the command it suggests must run
+        return k
+    except (PlannerError, AttributeError, TypeError):
         return None
-    alts = data.get("alternatives")
-    if not isinstance(alts, list):
-        return None
-    return next((i for i, a in enumerate(alts, 1) if isinstance(a, dict) and a.get("target") == stack), None)
 
 
 def _as_stack_runs(path: Path, alternative: Optional[int], stack: str):

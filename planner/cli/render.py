@@ -15,7 +15,7 @@ from rich.table import Table
 from cost_models.compute import total_params
 from planner.presets import HUB_SOURCE
 from planner.units import gib
-from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument, Target
+from planner.specs import ClusterSpec, Collective, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument, Target
 
 import os
 import sys
@@ -500,9 +500,13 @@ def profile_report(cluster: ClusterSpec) -> None:
             s = sweeps.get((f.collective, f.group_size, inter))
             err = "-" if s is None else f"{100 * s.max_relative_error:.0f}%"
             style = "bold red" if s is not None and s.max_relative_error > POOR_FIT else None
-            per_call = (tier.call_overhead_us or {}).get(f.collective)
+            overheads = tier.call_overhead_us or {}
+            per_call = overheads.get(f.collective)
+            shown = "-" if per_call is None else f"{per_call:.0f}"
+            if per_call is None and f.collective == Collective.all_to_all and Collective.all_gather in overheads:
+                shown = f"{overheads[Collective.all_gather]:.0f} (all-gather's)"  # GroupLink.call_overhead_us
             links.add_row(tier_name, f.collective.value, str(f.group_size or "any"), f"{f.latency_us:.1f}",
-                          f"{f.bandwidth_gbps:.3g}", "-" if per_call is None else f"{per_call:.0f}",
+                          f"{f.bandwidth_gbps:.3g}", shown,
                           err + (" POOR FIT" if style else ""), style=style)
     console.print(links)
     if m is None:
@@ -753,18 +757,23 @@ def size_summary(doc) -> list[str]:
     if doc.deadline_days is not None:
         inside = [p for p in ok if p.within_deadline]
         best = min(inside, key=lambda p: p.cost if p.cost is not None and doc.front_axis == "cost" else p.gpu_hours, default=None)
-        out.append(f"within {doc.deadline_days:g} days: " + (f"{len(inside)} point{'s' if len(inside) != 1 else ''}; the least {('cost' if doc.front_axis == 'cost' else 'GPU-hours')}: "
+        out.append(f"within {doc.deadline_days:g} days: " + (f"{_points(len(inside))}; the least {('cost' if doc.front_axis == 'cost' else 'GPU-hours')}: "
                    f"{best.gpus:,} x {best.cluster}, {_days(best.days)} days, {axis(best)}" if best else "no point; more GPUs or a faster cluster"))
     if doc.budget is not None:
         inside = [p for p in ok if p.within_budget]
         best = min(inside, key=lambda p: p.days, default=None)
         cheapest = min((p for p in ok if p.cost is not None), key=lambda p: p.cost, default=None)
-        out.append(f"within ${doc.budget:,.0f}: " + (
+        money = f"${doc.budget:,.2f}" if doc.budget < 100 else f"${doc.budget:,.0f}"
+        out.append(f"within {money}: " + (
             f"the fastest priced point is {best.gpus:,} x {best.cluster}, {_days(best.days)} days" if best
-            else f"no point; the cheapest is {cheapest.gpus:,} x {cheapest.cluster}, ${cheapest.cost:,.0f} in {_days(cheapest.days)} days"
+            else f"no point; the cheapest priced one is {cheapest.gpus:,} x {cheapest.cluster}, ${cheapest.cost:,.0f} in {_days(cheapest.days)} days"
             if cheapest else "no priced point"))
     infeasible = [p for p in doc.points if not p.feasible]
     if infeasible:
-        out.append(f"{len(infeasible)} of {len(doc.points)} points have no plan (memory: no layout fits; batch: the batch cannot be split over that many GPUs)")
-    out.append(f"{len(doc.points)} points solved in {doc.wall_time_s:.1f} s")
+        out.append(f"{len(infeasible)} of {_points(len(doc.points))} {'has' if len(infeasible) == 1 else 'have'} no plan (memory: no layout fits; batch: the batch cannot be split over that many GPUs)")
+    out.append(f"{_points(len(doc.points))} solved in {doc.wall_time_s:.1f} s")
     return out
+
+
+def _points(n: int) -> str:
+    return f"{n:,} point{'s' if n != 1 else ''}"

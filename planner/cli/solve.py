@@ -58,11 +58,11 @@ def solve(
         api.write_plan(doc, output)
     capacity = doc.cluster.device.memory_gib
     if max_memory_gib and max_memory_gib > capacity:  # planned to the whole device (memory_limit_gib), said
-        render.note(f"note: --max-memory-gib {max_memory_gib:g} is more than the device's {capacity:.4g} GiB: "
+        render.note(f"note: --max-memory-gib {max_memory_gib:g} is more than the device's {capacity:g} GiB: "
                     f"planned to the whole device")
     if as_json:
         click.echo(doc.model_dump_json(indent=2))
     else:
         render.solve_report(doc, memory_limit_gib(doc.cluster, max_memory_gib))
-        if output:
-            render.note(f"plan written to {output}")
+    if output:  # on stderr, with --json too
+        render.note(f"plan written to {output}")

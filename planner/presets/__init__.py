@@ -3,6 +3,7 @@ from a file, a model directory, or a hub id found in the local Hugging Face cach
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -146,9 +147,11 @@ def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelS
         from cost_models.compute import active_params, total_params
 
         own = {"parameters": total_params(model), "active_parameters": active_params(model)}
-        wrong = [k for k, v in derived.items() if v != own[k]]
+        wrong = [k for k, v in derived.items() if isinstance(v, bool) or v != own[k]]
         if wrong:
-            raise UsageError(f"{path}: {wrong[0]} {short_text(str(derived[wrong[0]]))} is not this spec's ({own[wrong[0]]:,}); it is "
+            k = wrong[0]
+            kind = "" if isinstance(derived[k], (int, float)) and not isinstance(derived[k], bool) else " (not a number)"
+            raise UsageError(f"{path}: {k} {short_text(json.dumps(derived[k]))}{kind} is not this spec's ({own[k]:,}); it is "
                              f"derived from the other fields (`plan presets --json` writes it): drop it")
     return model
 

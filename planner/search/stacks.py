@@ -76,6 +76,9 @@ def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpa
                    target_problems=lambda layout: problems(layout, model, job))
 
 
+FIX_ADVICE = "; change or drop the fix, or plan for another --target"
+
+
 def _fix_refusal(fixed: dict, rules) -> Optional[str]:
     """One line for a --fix the stack cannot express whatever the rest of the layout (its Rules:
     a ZeRO stage, schedule or feature it lacks, a degree over its maximum), naming what it has;
@@ -90,7 +93,7 @@ def _fix_refusal(fixed: dict, rules) -> Optional[str]:
         why = None
         if key == "zero_stage" and value not in rules.zero_stages:
             why = f"{rules.stack} has ZeRO stages {has(rules.zero_stages)}"
-        elif key == "schedule" and value not in rules.schedules:
+        elif key == "schedule" and rules.schedules and value not in rules.schedules:  # none: no pipeline, any is 1f1b
             why = f"{rules.stack} has schedules {has(rules.schedules)}"
         elif key in limits and limits[key] is not None and value > limits[key]:
             why = f"{rules.stack} allows {key} up to {limits[key]}"
@@ -99,7 +102,7 @@ def _fix_refusal(fixed: dict, rules) -> Optional[str]:
         elif value is True and key in ("fp8", "sequence_parallel", "tp_comm_overlap") and not getattr(rules, key):
             why = f"{rules.stack} exports no {key.replace('_', ' ')}"
         if why:
-            return f"--fix {fix_key(key)}={fix_text(value)}: {why}; change or drop the fix, or plan for another --target"
+            return f"--fix {fix_key(key)}={fix_text(value)}: {why}{FIX_ADVICE}"
     return None
 
 
@@ -235,10 +238,13 @@ def _combined_stats(stats: list[SearchStats], solver: str, wall_s: float, fastes
 
 
 def stacks_infeasibility(model: ModelSpec, cluster: ClusterSpec, searches: list, limit_gib: float,
-                         deadline: Deadline = NO_DEADLINE) -> InfeasibleError:
+                         deadline: Deadline = NO_DEADLINE) -> InfeasibleError | UsageError:
     """Why no stack has a plan: the message of the stack whose most frugal layout needs least
-    (past the deadline, only that nothing fits)."""
+    (past the deadline, only that nothing fits); a UsageError where --fix choices rule out every stack."""
     searched = [s for s in searches if s.space is not None]
+    if not searched and all(s.reason.startswith("--fix ") for s in searches):  # the fixes rule out every stack: usage
+        return UsageError("no stack can run these --fix choices: " + "; ".join(dict.fromkeys(
+            s.reason.removesuffix(FIX_ADVICE) for s in searches)) + "; change or drop them, or plan with --target generic")
     if not searched:
         return InfeasibleError("; ".join(s.reason if s.reason.startswith(s.target.value) else f"{s.target.value}: {s.reason}"
                                          for s in searches))

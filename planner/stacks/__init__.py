@@ -73,6 +73,11 @@ def rules(stack: Target | str) -> Rules:
     return get(stack).rules
 
 
+class StackRefusal(UsageError):
+    """The stack cannot express the plan (stacks.export): what `plan export` can point past, to
+    the stack's own plan in a `plan solve` document."""
+
+
 def export(stack: str, plan, model, job, num_gpus: int, gpus_per_node: int | None = None) -> Export:
     """The stack's configuration for `plan`; UsageError naming the first feature the stack
     cannot express (and suggesting `plan solve --target`). `gpus_per_node`: the cluster's, for
@@ -85,7 +90,7 @@ def export(stack: str, plan, model, job, num_gpus: int, gpus_per_node: int | Non
         raise UsageError(refusal)
     problems = s.rules.plan_problems(plan, model) + s.problems(plan, model, job)
     if problems:
-        raise UsageError(
+        raise StackRefusal(
             f"{stack} cannot run this plan: {problems[0]}"
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
             + f"; re-plan with `plan solve ... --target {stack}`, which searches only what {stack} can express"
