@@ -202,7 +202,8 @@ def test_solve_json_document(tmp_path):
     out = tmp_path / "plan.json"
     res = CliRunner().invoke(cli, SOLVE + ["--json", "-o", str(out), "--top-k", "2"])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    assert res.stderr == f"plan written to {out}\n"  # confirmed on stderr, stdout the document alone
+    doc = json.loads(res.stdout)
     assert doc == json.loads(out.read_text())
     assert set(doc) >= {"schema_version", "model", "cluster", "job", "plan", "estimate", "alternatives", "search"}
     # the next top-k plans, then each stack's own recommendation where it is not among them
