@@ -84,14 +84,9 @@ class GroupLink:
 
     def call_overhead_us(self, c: Collective) -> float:
         """What one call costs beyond the fit of back-to-back calls (LinkTier.call_overhead_us;
-        0 where the tier has no figure for `c`). The all-to-all, whose overhead `plan profile`
-        does not time, takes the all-gather's: the same ranks meeting and host work around a
-        call, and what a MoE exchange paid before a profile measured the all-to-all itself."""
+        0 where the tier has no figure for `c`; LinkTier.call_overhead)."""
         tier = self._cluster.inter_node if self.inter_node else self._cluster.intra_node
-        overheads = tier.call_overhead_us or {}
-        if c == Collective.all_to_all and c not in overheads:
-            return overheads.get(Collective.all_gather, 0.0)
-        return overheads.get(c, 0.0)
+        return tier.call_overhead(c) or 0.0
 
     @property
     def nodes(self) -> int:

@@ -198,19 +198,20 @@ def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k:
     n = link.size
     if n <= 1:
         return 0.0
-    measured = not deepep and (cluster.inter_node if link.inter_node else cluster.intra_node).has(Collective.all_to_all)
+    # NCCL's all-to-all inside a node: measured, else the all-gather fit
+    node = Collective.all_to_all if not deepep and cluster.intra_node.has(Collective.all_to_all) else Collective.all_gather
     if not link.inter_node:
         if deepep:  # one copy per destination rank (priced as the all-gather fit's (n - 1)/n of a buffer)
             return link.time(Collective.all_gather, nbytes / top_k * n * (1 - (1 - 1 / n) ** top_k))
-        return link.time(Collective.all_to_all if measured else Collective.all_gather, nbytes)
+        return link.time(node, nbytes)
     k = max(1, n // link.nodes)
-    fit = cluster.inter_node.fit(Collective.all_to_all if measured else Collective.p2p, n)
+    network = Collective.all_to_all if not deepep and cluster.inter_node.has(Collective.all_to_all) else Collective.p2p
+    fit = cluster.inter_node.fit(network, n)
     remote = nbytes * (n - k) / n
     if deepep:
         N = link.nodes
         remote = nbytes / top_k * (N - 1) * (1 - (1 - 1 / N) ** top_k)
     net = fit.latency_us * 1e-6 + remote / (fit.bandwidth_gbps * 1e9) * spine_factor(cluster, link)
-    node = Collective.all_to_all if not deepep and cluster.intra_node.has(Collective.all_to_all) else Collective.all_gather
     local = GroupLink(cluster, k, 1).time(node, nbytes * k / n) if k > 1 else 0.0
     return max(net, local)
 

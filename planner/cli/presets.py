@@ -6,10 +6,9 @@ import json
 
 import click
 
-from cost_models.compute import active_params, total_params
 from hardware_profiles import cluster_presets, load_cluster
 from planner.cli import render
-from planner.presets import load_model, model_presets
+from planner.presets import derived_counts, load_model, model_presets
 
 
 @click.command()
@@ -22,8 +21,7 @@ def presets(as_json: bool) -> None:
         click.echo(
             json.dumps(
                 {
-                    "models": [m.model_dump(mode="json") | {"parameters": total_params(m), "active_parameters": active_params(m)}
-                               for m in models],
+                    "models": [m.model_dump(mode="json") | derived_counts(m) for m in models],
                     "clusters": [c.model_dump(mode="json") for c in clusters],
                 },
                 indent=2,

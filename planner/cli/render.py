@@ -15,7 +15,7 @@ from rich.table import Table
 from cost_models.compute import total_params
 from planner.presets import HUB_SOURCE
 from planner.units import gib
-from planner.specs import ClusterSpec, Collective, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument, Target
+from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument, Target
 
 import os
 import sys
@@ -500,11 +500,9 @@ def profile_report(cluster: ClusterSpec) -> None:
             s = sweeps.get((f.collective, f.group_size, inter))
             err = "-" if s is None else f"{100 * s.max_relative_error:.0f}%"
             style = "bold red" if s is not None and s.max_relative_error > POOR_FIT else None
-            overheads = tier.call_overhead_us or {}
-            per_call = overheads.get(f.collective)
-            shown = "-" if per_call is None else f"{per_call:.0f}"
-            if per_call is None and f.collective == Collective.all_to_all and Collective.all_gather in overheads:
-                shown = f"{overheads[Collective.all_gather]:.0f} (all-gather's)"  # GroupLink.call_overhead_us
+            per_call = tier.call_overhead(f.collective)
+            inherited = f.collective not in (tier.call_overhead_us or {})  # the all-to-all's, the all-gather's
+            shown = "-" if per_call is None else f"{per_call:.0f}" + (" (all-gather's)" if inherited else "")
             links.add_row(tier_name, f.collective.value, str(f.group_size or "any"), f"{f.latency_us:.1f}",
                           f"{f.bandwidth_gbps:.3g}", shown,
                           err + (" POOR FIT" if style else ""), style=style)

@@ -134,8 +134,15 @@ def _gpt_oss_notes(data: dict) -> list[str]:
     return ["attention sinks (one logit per head) and router biases not counted"]
 
 
-# What `plan presets --json` adds to each model's spec (planner/cli/presets.py): derived, not spec fields
+# What `plan presets --json` adds to each model's spec: derived, not spec fields
 DERIVED = ("parameters", "active_parameters")
+
+
+def derived_counts(model: ModelSpec) -> dict[str, int]:
+    """The DERIVED counts of `model`, as `plan presets --json` writes them beside its spec."""
+    from cost_models.compute import active_params, total_params
+
+    return {"parameters": total_params(model), "active_parameters": active_params(model)}
 
 
 def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelSpec:
@@ -144,9 +151,7 @@ def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelS
     derived = {k: data[k] for k in DERIVED if k in data}
     model = parse_spec(ModelSpec, {k: v for k, v in data.items() if k not in DERIVED}, path, text)
     if derived:  # an entry of `plan presets --json` read back: its counts must be the spec's own
-        from cost_models.compute import active_params, total_params
-
-        own = {"parameters": total_params(model), "active_parameters": active_params(model)}
+        own = derived_counts(model)
         wrong = [k for k, v in derived.items() if isinstance(v, bool) or v != own[k]]
         if wrong:
             k = wrong[0]

@@ -205,6 +205,15 @@ class LinkTier(_Spec):
         "executes them (planner/profiler/calls.py). None or a missing collective: 0 (the GPU presets: the host runs ahead).",
     )
 
+    def call_overhead(self, collective: Collective) -> Optional[float]:
+        """call_overhead_us of `collective`, None where the tier has none. The all-to-all, whose
+        overhead `plan profile` does not time, takes the all-gather's: the same ranks meeting and
+        host work around a call, and what a MoE exchange paid before a profile measured it."""
+        overheads = self.call_overhead_us or {}
+        if collective == Collective.all_to_all and collective not in overheads:
+            collective = Collective.all_gather
+        return overheads.get(collective)
+
     def has(self, collective: Collective) -> bool:
         """Whether this tier fits `collective` at any group size."""
         return any(f.collective == collective for f in self.collectives)
