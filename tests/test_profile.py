@@ -17,7 +17,7 @@ from planner.specs import Axis, ClusterSpec, Collective, JobSpec, ModelSpec
 torch = pytest.importorskip("torch")
 
 from planner.profiler.compute import Lockstep, _median_time, profile_layers  # noqa: E402
-from planner.profiler.links import fit_alpha_beta  # noqa: E402
+from planner.profiler.links import fit_alpha_beta, p2p_peer  # noqa: E402
 
 GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=128, num_heads=4, vocab_size=512, max_seq_len=128)
 LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=128, num_heads=8, num_kv_heads=2, ffn_hidden_size=352,
@@ -155,6 +155,48 @@ def test_bad_and_truncated_profiles(tmp_path):
     bad.write_text(json.dumps(data, indent=2))
     res = CliRunner().invoke(cli, ["solve", "--model", "gpt2-124m", "--cluster", str(bad), "--gpus", "2", "--global-batch", "8"])
     assert res.exit_code == 2 and "forward_s" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_point_to_point_pairs_span_two_hosts():
+    """Blocks of one host's members pair up member by member, so that every pair of a group that
+    spans hosts crosses the network (neighbouring ranks of one host would time the link inside
+    it), and an odd block out sits out rather than leaving the link unmeasured."""
+    def pairs(members, per_host):
+        return {r: p2p_peer(members, r, per_host) for r in members}
+    assert pairs([0, 1, 2, 3], 1) == {0: (1, True), 1: (0, False), 2: (3, True), 3: (2, False)}  # inside a host
+    assert pairs([0, 1, 2], 1) == {0: (1, True), 1: (0, False), 2: None}  # 3 hosts of one rank
+    assert pairs([0, 1, 2, 3], 2) == {0: (2, True), 1: (3, True), 2: (0, False), 3: (1, False)}  # 2 hosts of 2: across
+    assert pairs([0, 2, 4], 1) == {0: (2, True), 2: (0, False), 4: None}  # one rank per host of 2
+    assert [p2p_peer(list(range(6)), r, 2) for r in (4, 5)] == [None, None]  # the third host of 2 sits out
+
+
+@pytest.mark.distributed
+def test_three_hosts_of_one_rank_measure_the_network(tmp_path):
+    """Three `plan profile` launches, one rank per host, on this machine: the tier across hosts
+    holds every collective, point-to-point included, as measured (three ranks do not pair up
+    evenly; the profile used to drop the tier and write 1e6 GB/s for every link)."""
+    from planner.distributed.launch import free_port
+
+    model = tmp_path / "tiny.json"
+    model.write_text(GPT.model_copy(update={"num_layers": 2, "hidden_size": 64, "max_seq_len": 64}).model_dump_json())
+    out = tmp_path / "profile.json"
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "planner.cli.main", "profile", "--model", str(model), "--quick", "--nnodes", "3",
+         "--node-rank", str(i), "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--backend", "gloo", "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    try:
+        results = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-1500:] for _, err in results]
+    cluster = ClusterSpec.model_validate_json(out.read_text())
+    assert cluster.num_nodes == 3 and cluster.gpus_per_node == 1
+    fits = {f.collective: f for f in cluster.inter_node.collectives}
+    assert set(fits) == set(Collective) and all(0 < f.bandwidth_gbps < 1e4 for f in fits.values()), fits
+    measured = {(s.collective, s.group_size, s.inter_node) for s in cluster.measured.collectives}
+    assert (Collective.p2p, 3, True) in measured and cluster.intra_node.collectives == cluster.inter_node.collectives
 
 
 @pytest.mark.distributed

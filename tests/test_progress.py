@@ -154,7 +154,8 @@ def test_the_profile_reports_as_many_items_as_it_estimates():
         ([0, 1], ["all_reduce", "all_gather", "reduce_scatter", "p2p", "all_to_all"])]
     # 2 nodes of 4: groups of 2 and 4 inside a node, one rank per node, the whole world (no all-to-all)
     assert [len(swept(g, inter, 2)) for g, inter in group_shapes(8, 4)] == [5, 5, 5, 4]
-    assert [len(swept(g, inter, 1)) for g, inter in group_shapes(3, 3)] == [4]  # 3 ranks do not pair up: no p2p
+    assert [len(swept(g, inter, 1)) for g, inter in group_shapes(3, 3)] == [5]  # 3 ranks: one pair, one sits out
+    assert [len(swept(g, inter, 3)) for g, inter in group_shapes(3, 1)] == [5]  # 3 hosts of one rank (tests/test_profile.py)
     seconds = [s for _, s in items]
     assert sorted(seconds)[-2:] == sorted([seconds[3], seconds[-1]])  # the head, the stacks
     words = describe_work(items, 100e9, render.duration)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -47,8 +47,9 @@ def fit_alpha_beta(collective: Collective, group_size: int, points: list[tuple[i
     return alpha, 1.0 / beta / 1e9, err
 
 
-def _run(collective: Collective, group, members: list[int], rank: int, numel: int, dtype, device):
-    """A closure running one call of `collective` for this rank in `group`."""
+def _run(collective: Collective, group, members: list[int], rank: int, numel: int, dtype, device, per_host: int = 1):
+    """A closure running one call of `collective` for this rank in `group` (`per_host`: how many of
+    the members share a host, for the point-to-point pairs)."""
     n = len(members)
     if collective == Collective.all_reduce:
         buf = torch.ones(numel, dtype=dtype, device=device)
@@ -65,23 +66,40 @@ def _run(collective: Collective, group, members: list[int], rank: int, numel: in
         inp = torch.ones((numel // n) * n, dtype=dtype, device=device)
         out = torch.empty_like(inp)
         return lambda: dist.all_to_all_single(out, inp, group=group)
-    # point-to-point: members pair up (0 -> 1, 2 -> 3, ...), as pipeline stages send
+    # point-to-point, as pipeline stages send: every pair at once
     buf = torch.ones(numel, dtype=dtype, device=device)
-    i = members.index(rank)
-    peer = members[i + 1] if i % 2 == 0 else members[i - 1]
-    if i % 2 == 0:
+    pair = p2p_peer(members, rank, per_host)
+    if pair is None:  # the odd one out
+        return lambda: None
+    peer, sends = pair
+    if sends:
         return lambda: dist.send(buf, peer, group=group)
     return lambda: dist.recv(buf, peer, group=group)
 
 
+def p2p_peer(members: list[int], rank: int, per_host: int = 1) -> Optional[tuple[int, bool]]:
+    """(peer, whether this rank sends) in the point-to-point sweep over `members`, or None where it
+    sits out. The members come in blocks of `per_host` (one host's share of the group, in rank
+    order; 1 inside a host), and blocks pair up 0 with 1, 2 with 3, member by member: across
+    hosts every pair then spans two hosts (pairing neighbouring ranks would time the link
+    inside a host instead). With an odd number of blocks the last sits out."""
+    i = members.index(rank)
+    block = i // per_host
+    if block % 2:
+        return members[i - per_host], False
+    if (block + 1) * per_host < len(members):
+        return members[i + per_host], True
+    return None
+
+
 def time_collective(
     collective: Collective, group, members: list[int], rank: int, nbytes: int, reps: int, warmup: int,
-    device: torch.device, sync: Callable[[], None],
+    device: torch.device, sync: Callable[[], None], per_host: int = 1,
 ) -> float:
     """Median over reps of the slowest member's time for one call (members only)."""
     dtype = torch.float32
     numel = max(len(members), nbytes // 4)
-    fn = _run(collective, group, members, rank, numel, dtype, device)
+    fn = _run(collective, group, members, rank, numel, dtype, device, per_host)
     for _ in range(warmup):
         fn()
     sync()
@@ -116,11 +134,10 @@ def group_shapes(world: int, nproc_per_node: int) -> list[tuple[list[int], bool]
 
 
 def swept(members: list[int], inter: bool, nnodes: int) -> list[Collective]:
-    """The collectives timed over one group shape: point-to-point where the members pair up;
-    the all-to-all across nodes over one rank per node only, so that its bus bandwidth is what a
-    rank's traffic to other nodes gets (cost_models/tables.py:all_to_all_time)."""
-    return [c for c in Collective
-            if not (c == Collective.p2p and len(members) % 2) and not (c == Collective.all_to_all and inter and len(members) != nnodes)]
+    """The collectives timed over one group shape: all of them (point-to-point over the pairs
+    p2p_peer forms), but the all-to-all across nodes over one rank per node only, so that its bus
+    bandwidth is what a rank's traffic to other nodes gets (cost_models/tables.py:all_to_all_time)."""
+    return [c for c in Collective if not (c == Collective.all_to_all and inter and len(members) != nnodes)]
 
 
 def sweep(
@@ -130,14 +147,16 @@ def sweep(
     """Every collective over every group shape; every rank must call this (groups are
     created collectively). Returns the fits on rank 0, [] elsewhere."""
     results = []
+    nnodes = world // nproc_per_node
     for members, inter in group_shapes(world, nproc_per_node):
         group = dist.new_group(members)
-        for collective in swept(members, inter, world // nproc_per_node):
+        for collective in swept(members, inter, nnodes):
             points = []
             for nbytes in sizes:
                 progress(f"{collective.value} x{len(members)}{' across nodes' if inter else ''} {nbytes} B")
                 if rank in members:
-                    t = time_collective(collective, group, members, rank, nbytes, reps, warmup, device, sync)
+                    t = time_collective(collective, group, members, rank, nbytes, reps, warmup, device, sync,
+                                        len(members) // nnodes if inter else 1)
                 else:
                     t = 0.0
                 points.append((nbytes, t))
