@@ -163,9 +163,9 @@ def test_a_missing_file_named_like_a_preset_points_to_the_preset():
 
 
 @pytest.mark.parametrize("fix,target,why", [
-    ("zero=1", "torchtitan", "torchtitan has ZeRO stages 0, 2, 3"),
-    ("schedule=gpipe", "megatron", "megatron has schedules 1f1b, interleaved-1f1b"),
-    ("pp=2", "accelerate", "accelerate allows pp up to 1"),
+    ("zero=1", "torchtitan", "ZeRO stage 1 (torchtitan has stages 0, 2, 3)"),
+    ("schedule=gpipe", "megatron", "schedule gpipe (megatron has 1f1b, interleaved-1f1b)"),
+    ("pp=2", "accelerate", "pipeline parallelism pp=2 (accelerate has none)"),
 ])
 def test_a_fix_the_target_stack_cannot_express_says_what_it_has(fix, target, why):
     res = plan("solve", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
@@ -212,7 +212,7 @@ def test_fixes_that_rule_out_every_stack_are_a_usage_error_and_a_pipeline_free_s
     base = ["solve", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "256"]
     res = plan(*base, "--fix", "zero=1", "--fix", "schedule=gpipe")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert res.stderr.startswith("error: no stack can run these --fix choices: --fix schedule=gpipe: megatron has schedules")
+    assert res.stderr.startswith("error: no stack can run these --fix choices: --fix schedule=gpipe: schedule gpipe (megatron has")
     assert res.stderr.rstrip().endswith("; change or drop them, or plan with --target generic")
     # accelerate has no pipeline: every plan it runs is 1f1b at pp 1, which --fix may name
     out = tmp_path / "a.json"

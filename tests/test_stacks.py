@@ -102,3 +102,30 @@ def test_a_malformed_constants_file_is_one_line_naming_it(tmp_path):
     with pytest.raises(PlannerError, match=r"constants\.json:2.*sustained_fraction") as err:
         stacks.read_constants(path)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("target", [t for t in stacks.EXPORT_STACKS])
+def test_a_single_value_refused_is_the_problem_the_layout_check_names(target):
+    """Rules.value_problem (what `plan solve --fix` refuses a stack with before searching it) and
+    Rules.layout_problems (what the search and the exporters refuse) are one check: every value
+    one refuses, set in an otherwise plain layout, is named by the other in the same words."""
+    from planner.specs import Plan, Schedule
+
+    rules = stacks.get(target).rules
+    plain = dict(dp=1, tp=1, pp=1, vpp=1, schedule=Schedule.one_f_one_b, zero_stage=rules.zero_stages[0], sequence_parallel=False,
+                 tp_comm_overlap=False, mesh_order=Plan(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1).mesh_order)
+    assert rules.layout_problems(**plain) == []
+    values = [("zero_stage", z) for z in range(4)] + [(k, 8) for k in ("tp", "pp", "ep", "cp")] + [("vpp", 2)] + [
+        (k, True) for k in ("fp8", "sequence_parallel", "tp_comm_overlap", "recompute_norm_act")] + [("schedule", s) for s in Schedule]
+    refused = 0
+    for field, value in values:
+        layout = dict(plain, **{field: value})
+        if field in ("vpp", "schedule"):  # a pipeline to interleave or schedule
+            layout.update(pp=2, vpp=layout["vpp"])
+        if field in ("sequence_parallel", "tp_comm_overlap"):
+            layout.update(tp=2, sequence_parallel=True)
+        problem = rules.value_problem(field, value)
+        if problem:
+            assert problem in rules.layout_problems(**layout), (field, value)
+            refused += 1
+    assert refused >= 3  # every exported stack lacks something

@@ -47,15 +47,16 @@ class StackSearch:
 
     target: Target
     job: JobSpec  # the job as this stack runs it (its target)
-    space: Optional[SearchSpace]  # None: not searched (a --fix the stack cannot honour; see reason)
+    space: Optional[SearchSpace]  # None: not searched (a --fix or a model the stack cannot honour; see reason)
     result: Optional[SearchResult] = None
     reason: Optional[str] = None  # why the stack has no plan
+    fix_refused: Optional[str] = None  # FixRefusal.problem where a --fix ruled the stack out
 
 
 def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpace:
     """`base` narrowed to what job.target can run: for a named stack only the layouts, splits
     and recompute modes it can express (planner/stacks); TP overlap a choice where the stack
-    has it. UsageError when a fixed recompute mode is one the stack lacks."""
+    has it. FixRefusal when a --fix is one the stack cannot express, UsageError when the model is."""
     stack = stacks.get(job.target)
     overlap = (False, True) if stack.tp_comm_overlap else (False,)
     norm_act = _norm_act_space(base, model, stack)
@@ -65,64 +66,52 @@ def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpa
     if refusal:
         raise UsageError(refusal)
     rules = stack.rules
-    refusal = _fix_refusal(base.fixed, rules)
-    if refusal:
-        raise UsageError(refusal)
+    _refuse_fixes(base.fixed, rules)
     modes = tuple(m for m in base.recompute_modes if m.value in rules.recompute_modes)
     if not modes:
-        raise UsageError(f"--fix recompute={base.recompute_modes[0].value}: {rules.stack} has recompute {', '.join(rules.recompute_modes)}")
+        raise FixRefusal(f"--fix recompute={base.recompute_modes[0].value}", f"{rules.stack} has recompute {', '.join(rules.recompute_modes)}")
     problems = stack.layout_problems  # what the stack refuses beyond its Rules
     return replace(base, tp_comm_overlap=overlap, recompute_norm_act=norm_act, rules=rules, recompute_modes=modes,
                    target_problems=lambda layout: problems(layout, model, job))
 
 
-FIX_ADVICE = "; change or drop the fix, or plan for another --target"
+class FixRefusal(UsageError):
+    """A --fix choice a stack cannot honour: `problem` (the fix and why) and what to do."""
+
+    def __init__(self, fix: str, why: str, advice: str = "; change or drop the fix, or plan for another --target"):
+        self.problem = f"{fix}: {why}"
+        super().__init__(self.problem + advice)
 
 
-def _fix_refusal(fixed: dict, rules) -> Optional[str]:
-    """One line for a --fix the stack cannot express whatever the rest of the layout (its Rules:
-    a ZeRO stage, schedule or feature it lacks, a degree over its maximum), naming what it has;
-    None where every fix is one it can run. (Fixes that clash only with other choices are the
-    search's to report.)"""
+def _refuse_fixes(fixed: dict, rules) -> None:
+    """FixRefusal for the first --fix the stack cannot express whatever the rest of the layout
+    (Rules.value_problem: a ZeRO stage, schedule or feature it lacks, a degree over its maximum).
+    (Fixes that clash only with other choices are the search's to report.)"""
     from planner.inputs import fix_key, fix_text  # planner.inputs builds search spaces: imported late
 
-    def has(xs):
-        return ", ".join(str(getattr(x, "value", x)) for x in xs)
-    limits = {"tp": rules.max_tp, "pp": rules.max_pp, "ep": rules.max_ep, "cp": rules.max_cp}
     for key, value in fixed.items():
-        why = None
-        if key == "zero_stage" and value not in rules.zero_stages:
-            why = f"{rules.stack} has ZeRO stages {has(rules.zero_stages)}"
-        elif key == "schedule" and rules.schedules and value not in rules.schedules:  # none: no pipeline, any is 1f1b
-            why = f"{rules.stack} has schedules {has(rules.schedules)}"
-        elif key in limits and limits[key] is not None and value > limits[key]:
-            why = f"{rules.stack} allows {key} up to {limits[key]}"
-        elif key == "vpp" and value > 1 and not rules.interleaved:
-            why = f"{rules.stack} has no interleaved pipeline"
-        elif value is True and key in ("fp8", "sequence_parallel", "tp_comm_overlap") and not getattr(rules, key):
-            why = f"{rules.stack} exports no {key.replace('_', ' ')}"
+        why = rules.value_problem(key, value)
         if why:
-            return f"--fix {fix_key(key)}={fix_text(value)}: {why}{FIX_ADVICE}"
-    return None
+            raise FixRefusal(f"--fix {fix_key(key)}={fix_text(value)}", why)
 
 
 def _norm_act_space(base: SearchSpace, model: ModelSpec, stack) -> tuple:
     """Plan.recompute_norm_act's choices for `stack` in `base`: --fix's, else norm_act_choices;
     off where --fix leaves only full recompute (nothing then keeps the outputs it would rerun).
-    UsageError for a --fix the stack or the recompute modes cannot honour."""
+    FixRefusal for a --fix the stack or the recompute modes cannot honour."""
     only_full = all(m == Recompute.full for m in base.recompute_modes)
     if "recompute_norm_act" not in base.fixed:
         return (False,) if only_full else norm_act_choices(model, stack)
     if base.fixed["recompute_norm_act"]:
         if not stack.recompute_norm_act:
-            raise UsageError(f"--fix recompute_norm_act=true: {stack.name} does not recompute the norms and the experts' "
-                             f"activation apart; --target {stacks.having('recompute_norm_act')}, or drop the fix")
+            raise FixRefusal("--fix recompute_norm_act=true", f"{stack.name} does not recompute the norms and the experts' activation "
+                             f"apart", f"; --target {stacks.having('recompute_norm_act')}, or drop the fix")
         if base.fixed.get("fp8") and stack.rules is not None and not stack.rules.recompute_norm_act_fp8:
-            raise UsageError(f"--fix recompute_norm_act=true with --fix fp8=true: {stack.name}'s FP8 recipe refuses the norm and "
-                             "activation recompute; drop one of the fixes")
+            raise FixRefusal("--fix recompute_norm_act=true with --fix fp8=true",
+                             f"{stack.name}'s FP8 recipe refuses the norm and activation recompute", "; drop one of the fixes")
         if only_full:
-            raise UsageError("--fix recompute_norm_act=true goes with recompute none or selective: a fully recomputed layer "
-                             "reruns its whole forward already")
+            raise FixRefusal("--fix recompute_norm_act=true", "a fully recomputed layer reruns its whole forward already",
+                             "; it goes with recompute none or selective")
     return (base.fixed["recompute_norm_act"],)
 
 
@@ -194,7 +183,7 @@ def _stack_search(base: SearchSpace, model: ModelSpec, job: JobSpec, target: Tar
     try:
         return StackSearch(target, sjob, target_space(base, model, sjob))
     except UsageError as exc:
-        return StackSearch(target, sjob, None, reason=str(exc))
+        return StackSearch(target, sjob, None, reason=str(exc), fix_refused=getattr(exc, "problem", None))
 
 
 def _why_none(result: SearchResult, limit_gib: float) -> str:
@@ -242,9 +231,9 @@ def stacks_infeasibility(model: ModelSpec, cluster: ClusterSpec, searches: list,
     """Why no stack has a plan: the message of the stack whose most frugal layout needs least
     (past the deadline, only that nothing fits); a UsageError where --fix choices rule out every stack."""
     searched = [s for s in searches if s.space is not None]
-    if not searched and all(s.reason.startswith("--fix ") for s in searches):  # the fixes rule out every stack: usage
-        return UsageError("no stack can run these --fix choices: " + "; ".join(dict.fromkeys(
-            s.reason.removesuffix(FIX_ADVICE) for s in searches)) + "; change or drop them, or plan with --target generic")
+    if not searched and all(s.fix_refused for s in searches):  # the fixes rule out every stack: usage
+        return UsageError("no stack can run these --fix choices: " + "; ".join(dict.fromkeys(s.fix_refused for s in searches))
+                          + "; change or drop them, or plan with --target generic")
     if not searched:
         return InfeasibleError("; ".join(s.reason if s.reason.startswith(s.target.value) else f"{s.target.value}: {s.reason}"
                                          for s in searches))

@@ -187,6 +187,15 @@ class Export:
     kind: str  # "args" | "json" | "yaml"
 
 
+# A feature (a boolean Plan field) a stack may lack, as layout_problems names it.
+_FEATURES = {
+    "fp8": "FP8 GEMMs (this export of {stack} has no FP8 recipe)",
+    "sequence_parallel": "sequence parallelism ({stack} has none)",
+    "tp_comm_overlap": "TP communication overlap ({stack} has none)",
+    "recompute_norm_act": "recompute of the norms and the experts' activation ({stack} has none)",
+}
+
+
 @dataclass(frozen=True)
 class Rules:
     """What one stack can express. Layout-level fields filter candidates; `split` and
@@ -219,40 +228,45 @@ class Rules:
     recompute_modes: tuple = ("none", "selective", "full")  # the recompute modes the stack has
     notes: dict = field(default_factory=dict)  # feature -> one line for the README table
 
+    def value_problem(self, field: str, value) -> Optional[str]:
+        """Why one layout field (a Plan field's name) cannot take `value` whatever the rest of the
+        layout: a degree over the stack's maximum, a ZeRO stage, schedule or feature it lacks;
+        None where some layout has it. layout_problems starts from these, and `plan solve --fix`
+        refuses a stack with them before searching it (planner/search/stacks.py:target_space)."""
+        degrees = {"tp": ("tensor", self.max_tp), "pp": ("pipeline", self.max_pp), "ep": ("expert", self.max_ep),
+                   "cp": ("context", self.max_cp)}
+        if field in degrees:
+            what, most = degrees[field]
+            if most is not None and value > most:
+                return f"{what} parallelism {field}={value} ({self.stack} has none)" if most == 1 else f"{field}={value} (at most {most})"
+        elif field == "zero_stage" and value not in self.zero_stages:
+            return f"ZeRO stage {value} ({self.stack} has stages {_list(self.zero_stages)})"
+        elif field == "schedule" and self.schedules and value not in self.schedules:  # none: no pipeline
+            return f"schedule {Schedule(value).value} ({self.stack} has {_list(s.value for s in self.schedules)})"
+        elif field == "vpp" and value > 1 and not self.interleaved:
+            return f"interleaved virtual stages vpp={value} ({self.stack} has none)"
+        elif field in _FEATURES and value is True and not getattr(self, field):
+            return _FEATURES[field].format(stack=self.stack)
+        return None
+
     def layout_problems(self, *, dp: int, tp: int, pp: int, vpp: int, schedule: Schedule, zero_stage: int,
                         sequence_parallel: bool, tp_comm_overlap: bool, mesh_order, ep: int = 1, fp8: bool = False,
                         cp: int = 1, recompute_norm_act: bool = False) -> list[str]:
         """Why a layout (everything but the layer split and recompute) cannot be expressed."""
-        out = []
-        if self.max_cp is not None and cp > self.max_cp:
-            out.append(f"context parallelism cp={cp} ({self.stack} has none)" if self.max_cp == 1 else f"cp={cp} (at most {self.max_cp})")
-        if fp8 and not self.fp8:
-            out.append(f"FP8 GEMMs (this export of {self.stack} has no FP8 recipe)")
-        if self.max_ep is not None and ep > self.max_ep:
-            out.append(f"expert parallelism ep={ep} ({self.stack} has none)" if self.max_ep == 1 else f"ep={ep} (at most {self.max_ep})")
-        if zero_stage not in self.zero_stages:
-            out.append(f"ZeRO stage {zero_stage} ({self.stack} has stages {_list(self.zero_stages)})")
-        elif pp > 1 and zero_stage not in self.zero_stages_with_pp:
-            out.append(f"ZeRO stage {zero_stage} with pipeline parallelism ({self.stack} allows stages {_list(self.zero_stages_with_pp)} with pp > 1)")
-        elif tp > 1 and zero_stage not in self.zero_stages_with_tp:
-            out.append(f"ZeRO stage {zero_stage} with tensor parallelism ({self.stack} allows stages {_list(self.zero_stages_with_tp)} with tp > 1)")
-        if self.max_pp is not None and pp > self.max_pp:
-            out.append(f"pipeline parallelism pp={pp} ({self.stack} has none)" if self.max_pp == 1 else f"pp={pp} (at most {self.max_pp})")
+        def check(**fields) -> list[str]:
+            return [p for p in (self.value_problem(k, v) for k, v in fields.items()) if p]
+        out = check(cp=cp, fp8=fp8, ep=ep, zero_stage=zero_stage)
+        if zero_stage in self.zero_stages:
+            if pp > 1 and zero_stage not in self.zero_stages_with_pp:
+                out.append(f"ZeRO stage {zero_stage} with pipeline parallelism ({self.stack} allows stages {_list(self.zero_stages_with_pp)} with pp > 1)")
+            elif tp > 1 and zero_stage not in self.zero_stages_with_tp:
+                out.append(f"ZeRO stage {zero_stage} with tensor parallelism ({self.stack} allows stages {_list(self.zero_stages_with_tp)} with tp > 1)")
+        out += check(pp=pp)
         if tp > 1 and pp > 1 and not self.tp_with_pp:
             out.append(f"tensor parallelism together with pipeline parallelism ({self.stack} has one or the other)")
-        if self.max_tp is not None and tp > self.max_tp:
-            out.append(f"tensor parallelism tp={tp} ({self.stack} has none)" if self.max_tp == 1 else f"tp={tp} (at most {self.max_tp})")
-        if pp > 1 and schedule not in self.schedules:
-            out.append(f"schedule {schedule.value} ({self.stack} has {_list(s.value for s in self.schedules)})")
-        if vpp > 1 and not self.interleaved:
-            out.append(f"interleaved virtual stages vpp={vpp}")
-        if sequence_parallel and not self.sequence_parallel:
-            out.append("sequence parallelism")
-        if tp_comm_overlap and not self.tp_comm_overlap:
-            out.append("TP communication overlap")
-        if recompute_norm_act and not self.recompute_norm_act:
-            out.append("recompute of the norms and the experts' activation")
-        elif recompute_norm_act and fp8 and not self.recompute_norm_act_fp8:
+        out += check(tp=tp, **({"schedule": schedule} if pp > 1 else {}), vpp=vpp,  # a schedule without a pipeline is no choice
+                     sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap, recompute_norm_act=recompute_norm_act)
+        if recompute_norm_act and fp8 and self.recompute_norm_act and not self.recompute_norm_act_fp8:
             out.append(f"recompute of the norms and the experts' activation with FP8 ({self.stack}'s FP8 recipe refuses it)")
         dpw = dp * cp  # the mesh's dp axis holds the cp ranks too
         if self.mesh_orders is not None and not _order_allowed(self.mesh_orders, tuple(mesh_order), dpw > 1, tp > 1, pp > 1):
