@@ -184,6 +184,9 @@ def read_mapping(path: Path) -> tuple[dict, str]:
         raise UsageError(f"{path}: more than {MAX_JSON_NODES:,} values; not a spec or plan file")
     if depth > MAX_DEPTH:
         raise UsageError(f"{path}: nested more than {MAX_DEPTH} levels deep; not a spec or plan file")
+    if data is None:  # an empty YAML document, only comments, or null
+        blank = all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines())
+        raise UsageError(f"{path}: {'empty' if blank else 'null'}; expected a mapping of fields")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
     if _SURROGATE_ESCAPE.search(text):

@@ -35,13 +35,12 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
                          "(a number cannot tell 1.1 from 1.10)")
     version = raw or ""
     parts = ("model", "cluster", "num_gpus", "job", "plan")
-    if raw is None and any(data.get(k) is None for k in parts):  # a model, profile, export, size document...
-        missing = ", ".join(k for k in ("schema_version", *parts) if data.get(k) is None)
-        raise UsageError(f"{path}: not a plan file, missing {missing} (plan files are what `plan solve -o` and "
-                         "`plan estimate -o` write)")
+    if not raw and any(data.get(k) is None for k in parts):  # a model, profile, export, size document...
+        _not_a_plan(path, [k for k in ("schema_version", *parts) if not data.get(k)])
     if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        shown = "(missing)" if raw is None else repr(version)
         raise UsageError(
-            f"{path}: schema_version {version or '(missing)'} is not readable by this planner (schema {SCHEMA_VERSION}); re-create the plan"
+            f"{path}: schema_version {shown} is not readable by this planner (schema {SCHEMA_VERSION}); re-create the plan"
         )
     fields = {k: data.get(k) for k in parts}
     if alternative is not None:
@@ -63,10 +62,15 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
         fields["plan"] = {k: v for k, v in fields["plan"].items() if k != "recompute"}
     missing = [k for k, v in fields.items() if v is None]
     if missing:
-        raise UsageError(f"{path}: not a plan file, missing {', '.join(missing)}")
+        _not_a_plan(path, missing)
     doc = parse_spec(PlanInput, fields, path, text)
     check_document(doc, str(path))  # one validation for every command that reads a plan (planner/inputs.py)
     return doc
+
+
+def _not_a_plan(path: Path, missing: list[str]) -> None:
+    raise UsageError(f"{path}: not a plan file, missing {', '.join(missing)} (plan files are what `plan solve -o` and "
+                     "`plan estimate -o` write)")
 
 
 def _older(version: str, than: tuple) -> bool:

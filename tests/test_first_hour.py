@@ -144,6 +144,25 @@ def test_a_file_that_is_not_a_plan_is_named_so(tmp_path):
             "what `plan solve -o` and `plan estimate -o` write)"), (args, res.stderr)
 
 
+def test_documents_with_a_plans_header_but_not_its_parts_and_empty_files(tmp_path):
+    """A `plan size` document (schema_version and a model, no plan), an empty schema_version, and
+    empty or null files: each named for what it is, in one line."""
+    size = tmp_path / "size.json"
+    size.write_text(json.dumps({"schema_version": "1.13", "model": {"name": "m"}, "points": []}))
+    res = plan("show", str(size))
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"error: {size}: not a plan file, missing cluster, num_gpus, job, plan (plan files are what `plan solve -o` and "
+        "`plan estimate -o` write)"), res.stderr
+    blank = tmp_path / "blank.json"
+    blank.write_text(json.dumps({"schema_version": "", **{k: 1 for k in ("model", "cluster", "num_gpus", "job", "plan")}}))
+    assert plan("show", str(blank)).stderr.startswith(f"error: {blank}: schema_version '' is not readable by this planner")
+    for text, what in (("", "empty"), ("# nothing yet\n", "empty"), ("null\n", "null")):
+        spec = tmp_path / "m.yaml"
+        spec.write_text(text)
+        res = plan("estimate", "--model", str(spec), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
+        assert res.returncode == 2 and res.stderr.strip() == f"error: {spec}: {what}; expected a mapping of fields", res.stderr
+
+
 def test_a_memory_limit_over_the_device_is_said_to_be_capped():
     res = plan("solve", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "64",
                "--max-memory-gib", "500", "--top-k", "0", "--json")
