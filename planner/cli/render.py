@@ -285,8 +285,15 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
         f"split and per-stage recompute; infeasible: {infeasible}; skipped: {skipped}; pruned by bound: {s.pruned_by_bound:,}; "
         f"{s.ilps_solved} ILPs over {s.ilp_candidates} candidates ({s.solver}) in {s.solve_time_s:.2f} s; "
         + ("proven optimal" if s.optimal else
-           f"[bold red]not proven optimal (time limit): within {100 * s.optimality_gap:.2g}% of the optimum[/bold red]")
+           f"[bold red]not proven optimal (time limit): {_gap(s.optimality_gap)}[/bold red]")
     )
+
+
+def _gap(gap: float) -> str:
+    """How far from the optimum a plan the time limit left unproven may be."""
+    if gap >= 1:  # a lower bound of 0: a search the limit cut before it bounded its layouts
+        return "no bound on how far from the optimum (a search ran out of time before bounding its layouts; give more time)"
+    return f"within {100 * gap:.2g}% of the optimum"
 
 
 def _runs_on(doc: SolveDocument) -> str:

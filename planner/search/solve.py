@@ -182,8 +182,8 @@ def solve(
         stats.candidates_considered = len(cands) + sum(stats.rejected.values())
         tables = CostTables(model, cluster, job)
         heap, costs = _bound_all(cands, tables, limit, model.num_layers, stats, early)
-    except OutOfTime:  # no bound for every candidate yet: no plan, nothing proven
-        stats.optimal, stats.solve_time_s = False, time.perf_counter() - start
+    except OutOfTime:  # no bound for every candidate yet: no plan, nothing proven (the only bound is 0)
+        stats.optimal, stats.lower_bound, stats.solve_time_s = False, 0.0, time.perf_counter() - start
         return SearchResult(None, [], stats)
     if progress:
         progress(f"{len(cands)} candidates bounded in {time.perf_counter() - start:.2f} s")

@@ -160,7 +160,7 @@ def solve_stacks(
         layouts = None
     for k, s in enumerate(sorted(todo, key=_search_rank)):
         if layouts is None:  # the time ran out enumerating: no stack has a plan
-            s.result = SearchResult(None, [], SearchStats(solver=solver, optimal=False))
+            s.result = SearchResult(None, [], SearchStats(solver=solver, optimal=False, lower_bound=0.0))  # nothing proven
         else:
             left = deadline.left()
             share = deadline.sooner(None if left is None else left / (len(todo) - k))
@@ -212,7 +212,8 @@ def _pool(results: list, top_k: int) -> tuple:
 
 def _combined_stats(stats: list[SearchStats], solver: str, wall_s: float, fastest) -> SearchStats:
     """The searches' counts summed; optimal when every stack's search was proven, the gap over
-    the least bound any of them left."""
+    the least bound any of them left (0 from a search the time cut before it bounded anything:
+    the plans of that stack may be any faster)."""
     out = SearchStats(solver=solver, solve_time_s=wall_s, rejected=sum((s.rejected for s in stats), Counter()))
     for field in ("candidates_considered", "refined", "ilps_solved", "pruned_by_bound"):
         setattr(out, field, sum(getattr(s, field) for s in stats))

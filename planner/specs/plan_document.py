@@ -60,7 +60,7 @@ class SearchReport(_Spec):
     solver: str = Field(description="MILP solver used through PuLP ('highs' or 'cbc').")
     solve_time_s: float = Field(description="Wall time of the search.")
     optimal: bool = Field(description="True when the plan is proven optimal for the search space; False after --time-limit.")
-    optimality_gap: float = Field(default=0.0, description="Proven bound on how far the plan may be from the optimum: (its time per token - the least lower bound left) / its time per token; 0 when optimal.")
+    optimality_gap: float = Field(default=0.0, description="Proven bound on how far the plan may be from the optimum: (its time per token - the least lower bound left) / its time per token; 0 when optimal, 1 when nothing bounds it (a search the time limit cut before it bounded its layouts).")
 
 
 class TieBreak(_Spec):
