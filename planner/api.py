@@ -43,6 +43,7 @@ from planner.inputs import (
     make_job,
     new_layout,
     parse_fixes,
+    refuse_model_fixes,
     search_space,
     what_if_job,
     what_if_layout,
@@ -216,6 +217,7 @@ def solve(
                    target or Target.generic.value, loss_kernel, moe_dispatcher, attention_kernel)
     space = search_space(hardware, job, n, fixed, modes, global_batch=global_batch, micro_batch_size=micro_batch_size,
                          micro_batches=micro_batches, allow_cross_node_tp=allow_cross_node_tp, fp8=fp8)
+    refuse_model_fixes(spec, fixed)
     limit = memory_limit_gib(hardware, max_memory_gib)
     if target is None:  # every stack, each with its own job and rules
         result = solve_stacks(spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline)

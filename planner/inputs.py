@@ -20,7 +20,7 @@ from planner.errors import UsageError
 from planner.numerals import whole_number, whole_numbers
 from planner.search.candidates import SearchSpace
 from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem
-from planner.specs.job import world_size_problem
+from planner.specs.job import ep_problem, tp_problem, world_size_problem
 
 # Bounds on what is physically meaningful (GPUs, sequences per step, tokens), the same for
 # options as for documents (planner/specs/base.py, where each is explained). Beyond them an input is a typo.
@@ -409,6 +409,18 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
         if before is not None and before != after:
             raise UsageError(f"--fix {short_text(item)!r} contradicts an earlier --fix of {key}; give each choice once")
     return fixed, modes
+
+
+def refuse_model_fixes(model: ModelSpec, fixed: dict) -> None:
+    """UsageError for a fixed degree that the model rules out on every layout: a tp its heads or
+    FFN do not divide (specs tp_problem), an ep over a dense model or not dividing its experts
+    (specs ep_problem, at a dp that carries any ep): said as such rather than as no layout found."""
+    if fixed.get("tp", 1) > 1 and (why := tp_problem(model, fixed["tp"])):
+        raise UsageError(f"--fix tp={fixed['tp']}: {why}; fix another tp or drop the fix")
+    if fixed.get("ep", 1) > 1 and not model.is_moe:
+        raise UsageError(f"--fix ep={fixed['ep']}: {model.name} has no experts (a dense model); drop the fix")
+    if fixed.get("ep", 1) > 1 and (why := ep_problem(model, fixed["ep"], 1, fixed["ep"], True)):
+        raise UsageError(f"--fix ep={fixed['ep']}: {why}; fix another ep or drop the fix")
 
 
 def search_space(cluster: ClusterSpec, job: JobSpec, gpus: int, fixed: dict, modes: tuple, *, global_batch: Optional[int],

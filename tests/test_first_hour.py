@@ -238,3 +238,35 @@ def test_fixes_that_rule_out_every_stack_are_a_usage_error_and_a_pipeline_free_s
     res = plan(*base, "--target", "accelerate", "--fix", "schedule=1f1b", "--top-k", "0", "--json", "-o", str(out))
     assert res.returncode == 0 and json.loads(res.stdout)["plan"]["schedule"] == "1f1b", res.stderr
     assert res.stderr.splitlines() == [f"plan written to {out}"]  # -o confirmed with --json too
+
+
+@pytest.mark.parametrize("args,error", [
+    # Megatron divides the query groups over TP: qwen3-30b-a3b's 4 KV heads refuse tp 8 (it used to be searched and exported)
+    (["--model", "qwen3-30b-a3b", "--gpus", "16", "--seq-len", "4096", "--fix", "tp=8", "--target", "megatron"],
+     "error: no layout megatron can run has --fix tp=8: tp=8 over the 4 KV heads of qwen3-30b-a3b (Megatron divides the query "
+     "groups over TP, never replicates them), and other reasons; change or drop it, or plan for another --target"),
+    (["--model", "mixtral-8x7b", "--gpus", "16", "--fix", "ep=16"],
+     "error: --fix ep=16: ep=16 does not divide the 8 experts of mixtral-8x7b; fix another ep or drop the fix"),
+    (["--model", "llama3-8b", "--gpus", "16", "--fix", "ep=2"], "error: --fix ep=2: llama3-8b has no experts (a dense model); drop the fix"),
+    (["--model", "llama3-8b", "--gpus", "3", "--fix", "tp=3"],
+     "error: --fix tp=3: tp=3 does not divide the 32 attention heads of llama3-8b; fix another tp or drop the fix"),
+    # tp=1 with sequence parallelism clashes by itself: no word of --allow-cross-node-tp
+    (["--model", "llama3-8b", "--gpus", "16", "--fix", "sp=true", "--fix", "tp=1"],
+     "error: no layout of the search space is valid with --fix sp=true and --fix tp=1 together (llama3-8b on 16 GPUs has layouts "
+     "without any one of them); change or drop one"),
+])
+def test_a_fix_no_layout_can_honour_names_the_rule(args, error):
+    res = plan("solve", "--cluster", "dgx-a100-80gb", "--global-batch", "64", *(["--seq-len", "2048"] if "--seq-len" not in args else []),
+               *args)
+    assert res.returncode in (1, 2) and res.stderr.strip() == error, res.stderr
+
+
+def test_megatron_refuses_to_export_tp_over_fewer_kv_heads(tmp_path):
+    """A generic plan of qwen3-30b-a3b at tp 8 (its 4 KV heads replicated, as the generic cost model
+    allows): Megatron-Core's attention divides the query groups by tp and asserts on a remainder."""
+    out = tmp_path / "p.json"
+    res = plan("solve", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
+               "--seq-len", "4096", "--fix", "tp=8", "--fix", "zero=1", "--target", "generic", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    res = plan("export", str(out), "--to", "megatron")
+    assert res.returncode == 2 and "tp=8 over the 4 KV heads of qwen3-30b-a3b (Megatron divides the query groups" in res.stderr

@@ -238,7 +238,7 @@ def test_solve_human_output_explains():
         (["--fix", "tp=3"], 2, "--fix tp=3: 3 does not divide the 16 GPUs"),  # as `plan estimate --tp 3` refuses it
         (["--fix", "tp=4", "--fix", "pp=8"], 2, "tp 4 x pp 8 = 32 does not divide the 16 GPUs"),
         (["--fix", "vpp=7"], 1, "no layout of the search space is valid with --fix vpp=7 ("),  # the fix that empties the space
-        (["--fix", "ep=2"], 1, "valid with --fix ep=2 ("),
+        (["--fix", "ep=2"], 2, "--fix ep=2: gpt3-1.3b has no experts (a dense model); drop the fix"),
         (["--fix", "mbs=3"], 1, "valid with --fix mbs=3 ("),  # the key as typed, not the field's name
         (["--fix", "pp=8", "--fix", "vpp=4"], 1, "valid with --fix pp=8 and --fix vpp=4 together"),  # 24 layers: each alone has layouts
         (["--fix", "mesh_order=dp,pp,tp", "--fix", "tp=8"], 1, "--fix mesh_order=dp,pp,tp (gpt3-1.3b on 16 GPUs"),

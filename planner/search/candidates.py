@@ -217,9 +217,7 @@ def enumerate_candidates(
             continue
         if any(getattr(c, k) != val for k, val in space.fixed.items()):
             rejected[FIXED] += 1
-        elif space.rules is not None and _inexpressible(space.rules, c, model.num_layers):
-            rejected[TARGET] += 1
-        elif space.target_problems is not None and space.target_problems(c):
+        elif stack_problems(space, c, model.num_layers):
             rejected[TARGET] += 1
         else:
             out.append(c)
@@ -304,14 +302,20 @@ def _ep_degrees(model: ModelSpec, dp: int, tp: int) -> list[int]:
     return divisors(math.gcd(model.num_experts, tp * dp))
 
 
-def _inexpressible(rules, c: Candidate, num_layers: int) -> bool:
-    """Whether the target stack cannot run this layout whatever its split (an even split it
-    needs but the layers do not divide counts too)."""
+def stack_problems(space: SearchSpace, c: Candidate, num_layers: int) -> list[str]:
+    """Why the space's target stack cannot run this layout whatever its split (its Rules, an even
+    split the layers do not divide, and what it refuses beyond them); [] where it can."""
+    rules = space.rules
+    if rules is None:
+        return []
     if rules.split == "even" and num_layers % (c.pp * c.vpp):
-        return True
-    return bool(rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
-                                      sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
-                                      mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8, cp=c.cp, recompute_norm_act=c.recompute_norm_act))
+        return [f"{num_layers} layers over {c.pp * c.vpp} stages ({rules.stack} splits layers evenly)"]
+    out = rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
+                                sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
+                                mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8, cp=c.cp, recompute_norm_act=c.recompute_norm_act)
+    if out or space.target_problems is None:
+        return out
+    return space.target_problems(c)
 
 
 class CostTables:

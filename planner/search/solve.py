@@ -20,7 +20,7 @@ import math
 import heapq
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable, Optional
 
@@ -33,7 +33,8 @@ from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recom
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
-from .candidates import MEMORY, TP_ACROSS_NODES, Candidate, CostTables, Layouts, SearchSpace, candidate_modes, enumerate_candidates
+from .candidates import (MEMORY, TP_ACROSS_NODES, Candidate, CostTables, Layouts, SearchSpace, candidate_modes, enumerate_candidates,
+                         stack_problems)
 from .deadline import NO_DEADLINE, Deadline, OutOfTime, polled
 from .ilp import Solution, canonical_counts, default_solver, solve_candidate
 
@@ -439,8 +440,16 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
     except OutOfTime:
         return short
     blamed = alone or fewest or frozenset({"tp"})  # the generic case: any tp
-    cross = (" (or --allow-cross-node-tp: tp may not leave a node)"
-             if rejected.get(TP_ACROSS_NODES) and blamed & {"tp", "mesh_order"} else "")
+    fixed_tp = space.fixed.get("tp")
+    cross = (" (or --allow-cross-node-tp: tp may not leave a node)" if rejected.get(TP_ACROSS_NODES) and blamed & {"tp", "mesh_order"}
+             and (fixed_tp is None or fixed_tp > cluster.gpus_per_node) else "")
+    try:
+        refused = _stack_refusal(model, cluster, space, deadline) if space.fixed else None
+    except OutOfTime:
+        refused = None
+    if refused:  # layouts with the fixes exist; the target stack runs none of them
+        names = " and ".join(shown.values())
+        return f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(shown) == 1 else 'them'}, or plan for another --target"
     if len(alone) == 1:
         return (f"no layout of the search space is valid with {shown[next(iter(alone))]} ({model.name} on {space.num_gpus:,} "
                 f"GPUs has layouts without it: its divisibility or the target stack rules it out); change or drop it{cross}")
@@ -452,6 +461,19 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
     return (f"no layout of the search space is valid for {model.name} on {space.num_gpus:,} GPUs with {batch}: dp x tp x pp "
             f"(x cp) must make the GPU count, dp divide the batch, tp the heads and pp the layers; try fewer GPUs"
             + (" or a larger batch" if space.global_batch_size else "") + cross)
+
+
+def _stack_refusal(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline) -> Optional[str]:
+    """Where layouts with the space's --fix choices exist but its target stack runs none of them:
+    why it refuses them (its most frequent first reason; "and other reasons" where they differ).
+    None without a target stack or where no layout has the fixes."""
+    if space.rules is None:
+        return None
+    layouts, _ = enumerate_candidates(model, cluster, replace(space, rules=None, target_problems=None), deadline=deadline)
+    reasons = Counter(problems[0] for c in polled(layouts, deadline, every=256) if (problems := stack_problems(space, c, model.num_layers)))
+    if not reasons:
+        return None
+    return reasons.most_common(1)[0][0] + (", and other reasons" if len(reasons) > 1 else "")
 
 
 def _over(over: float, limit: float) -> str:

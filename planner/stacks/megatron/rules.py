@@ -163,6 +163,11 @@ def layout_problems(layout, model: ModelSpec, job: JobSpec) -> list[str]:
     """What Megatron cannot run of a layout (a Plan, or a search Candidate: the fields both
     have) that `RULES` does not cover."""
     out = []
+    # transformer/attention.py: num_query_groups_per_partition = divide(num_query_groups, tp)
+    # (core/utils.py:divide asserts an exact division): TP splits the KV heads, never replicates them.
+    if layout.tp > 1 and model.kv_heads % layout.tp:
+        out.append(f"tp={layout.tp} over the {model.kv_heads} KV heads of {model.name} (Megatron divides the query groups over TP, "
+                   "never replicates them)")
     # schedules.py: the interleaved schedule runs micro-batches in groups of
     # microbatch_group_size_per_vp_stage (default pp) and raises on a remainder smaller than pp.
     if layout.vpp > 1 and layout.num_micro_batches % layout.pp:
