@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -270,3 +271,26 @@ def test_megatron_refuses_to_export_tp_over_fewer_kv_heads(tmp_path):
     assert res.returncode == 0, res.stderr
     res = plan("export", str(out), "--to", "megatron")
     assert res.returncode == 2 and "tp=8 over the 4 KV heads of qwen3-30b-a3b (Megatron divides the query groups" in res.stderr
+
+
+def test_names_from_a_cluster_file_are_printed_as_written_never_as_markup(tmp_path):
+    """A cluster or device name with rich markup in it ([link=...] would write an OSC 8 hyperlink
+    escape to a colour terminal; [red] would vanish) is printed as text by every command that
+    shows it."""
+    import os
+
+    doc = json.loads((Path(__file__).resolve().parents[1] / "hardware_profiles/presets/dgx-a100-80gb.json").read_text())
+    doc.update(name="[link=http://example.invalid]click[/link]")
+    doc["device"]["name"] = "[red]A100"
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    env = dict(os.environ, FORCE_COLOR="1")
+    for args in (["estimate", "--model", "llama3-8b", "--cluster", str(path), "--gpus", "8", "--global-batch", "8", "--tp", "8"],
+                 ["profile", "--show", str(path)],
+                 ["size", "--model", "llama3-8b", "--clusters", str(path), "--gpus", "8", "--tokens", "1B", "--global-batch", "64",
+                  "--seq-len", "2048"]):
+        res = plan(*args, env=env)
+        assert res.returncode == 0, res.stderr
+        assert "\x1b]8;" not in res.stdout, args  # no hyperlink escape
+        if args[0] != "size":  # (size names a cluster by what --clusters gave)
+            assert "[link=http://example.invalid]click[/link]" in res.stdout and "[red]A100" in res.stdout, args

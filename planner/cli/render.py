@@ -243,7 +243,7 @@ def _with_details(summary: str, details: str) -> str:
 
 def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     job, est = doc.job, doc.estimate
-    _header(doc.model, f"on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
+    _header(doc.model, f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(doc.cluster.name)}); "
             f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {gib(limit_gib)} GiB")
     details = layout_details([doc.plan] + [a.plan for a in doc.alternatives], doc.model.num_layers)
     console.print(f"[bold]recommended[/bold] {escape(_runs_on(doc))}: {_with_details(plan_summary(doc.plan), details[0])}; "
@@ -359,7 +359,7 @@ def _stacks_table(doc: SolveDocument) -> Table:
                      overflow="fold", max_width=9 if col == "step time (vs best)" and _narrow() else None)
     for s in doc.stacks:
         if s.alternative is None:
-            t.add_row(s.target.value, f"none: {s.reason}", "-", "-")
+            t.add_row(s.target.value, escape(f"none: {s.reason}"), "-", "-")
             continue
         e = doc.estimate if s.alternative == 0 else doc.alternatives[s.alternative - 1].estimate
         t.add_row(s.target.value, "recommended" if s.alternative == 0 else f"alternative {s.alternative}", _versus(doc.estimate, e),
@@ -486,7 +486,7 @@ def profile_report(cluster: ClusterSpec) -> None:
     """A measured profile (or a preset) as tables; poor alpha-beta fits are flagged."""
     dev, m = cluster.device, cluster.measured
     peaks = ", ".join(f"{k.value} {v:.3g} TFLOP/s" for k, v in dev.peak_tflops.items())
-    console.print(f"[bold]{cluster.name}[/bold]: {cluster.num_nodes or 'any'} node(s) x {cluster.gpus_per_node} x {dev.name}")
+    console.print(f"[bold]{escape(cluster.name)}[/bold]: {cluster.num_nodes or 'any'} node(s) x {cluster.gpus_per_node} x {escape(dev.name)}")
     console.print(
         f"peak {peaks}; memory {dev.memory_gib:.1f} GiB per rank; copy bandwidth {dev.memory_bandwidth_gbps:.1f} GB/s; "
         f"framework overhead {dev.framework_overhead_gib:.2f} GiB; communication hidden behind compute: "
@@ -496,7 +496,7 @@ def profile_report(cluster: ClusterSpec) -> None:
         e = m.environment
         console.print(
             f"measured {e.date} on {e.hostname}: torch {e.torch_version}, {e.backend}, {e.device_type}, {e.dtype.value}, "
-            f"{e.world_size} ranks ({e.nnodes} x {e.nproc_per_node}){', quick' if e.quick else ''}; model {m.model.name}"
+            f"{e.world_size} ranks ({e.nnodes} x {e.nproc_per_node}){', quick' if e.quick else ''}; model {escape(m.model.name)}"
         )
     links = Table(title="Collectives: alpha-beta fits (time = latency + volume / bus bandwidth)")
     for col in ("tier", "collective", "group", "latency us", "bus GB/s", "per call us", "max fit error"):
@@ -510,13 +510,13 @@ def profile_report(cluster: ClusterSpec) -> None:
             per_call = tier.call_overhead(f.collective)
             inherited = f.collective not in (tier.call_overhead_us or {})  # the all-to-all's, the all-gather's
             shown = "-" if per_call is None else f"{per_call:.0f}" + (" (all-gather's)" if inherited else "")
-            links.add_row(tier_name, f.collective.value, str(f.group_size or "any"), f"{f.latency_us:.1f}",
+            links.add_row(escape(tier_name), f.collective.value, str(f.group_size or "any"), f"{f.latency_us:.1f}",
                           f"{f.bandwidth_gbps:.3g}", shown,
                           err + (" POOR FIT" if style else ""), style=style)
     console.print(links)
     if m is None:
         return
-    layers = Table(title=f"Per-layer measurements ({m.model.name}, medians over ranks)")
+    layers = Table(title=f"Per-layer measurements ({escape(m.model.name)}, medians over ranks)")
     for col in ("layer", "mbs", "seq", "tp", "forward", "backward", "saved MiB", "GFLOP fwd", "FLOPs / model"):
         layers.add_column(col, justify="left" if col == "layer" else "right")
     for x in m.layers:
@@ -542,7 +542,7 @@ def _header(model: ModelSpec, rest: str) -> None:
 
 def estimate_report(doc: PlanDocument) -> None:
     job = doc.job
-    _header(doc.model, f"on {doc.num_gpus} x {doc.cluster.device.name} ({doc.cluster.name}); "
+    _header(doc.model, f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(doc.cluster.name)}); "
             f"global batch {job.global_batch_size} x {job.seq_len} tokens, {job.precision.value}, {job.optimizer.value}")
     console.print(f"layout: {plan_summary(doc.plan)}")
     console.print(time_table(doc.estimate))
@@ -584,7 +584,7 @@ def run_verification_table(v) -> Table:
 
 def run_time_table(report) -> Table:
     tm = report.time
-    t = Table(title=f"Step time, predicted ({report.cluster.name}) against measured (mean of {tm.measured_steps} steps, slowest rank)",
+    t = Table(title=f"Step time, predicted ({escape(report.cluster.name)}) against measured (mean of {tm.measured_steps} steps, slowest rank)",
               caption=prediction_verdict(tm.predicted_step_time_s, tm.measured_step_time_s))
     for col in ("", "predicted", "measured", "predicted / measured"):
         t.add_column(col, justify="left" if not col else "right")
@@ -638,7 +638,7 @@ def run_ranks_table(report) -> Table:
 def run_report(report) -> None:
     s, job = report.settings, report.job
     console.print(
-        f"[bold]{report.model.name}[/bold] ({_human(total_params(report.model))} parameters) on {s.world_size} ranks "
+        f"[bold]{escape(report.model.name)}[/bold] ({_human(total_params(report.model))} parameters) on {s.world_size} ranks "
         f"({s.backend}, {s.device}, {s.nnodes} node{'s' if s.nnodes > 1 else ''}); global batch {job.global_batch_size} x "
         f"{job.seq_len} tokens, {job.precision.value}; {s.steps} steps ({s.warmup_steps} warm-up), seed {s.seed}"
     )
@@ -658,7 +658,7 @@ def tune_report(result, profile_path, plan_path) -> None:
     from planner.tune.loop import layout_label, predicted_before_after, verdict
 
     req = result.request
-    _header(req.model, f"tuned on {req.gpus} ranks of {req.cluster.name}, stack {req.target}; "
+    _header(req.model, f"tuned on {req.gpus} ranks of {escape(req.cluster.name)}, stack {req.target}; "
                        f"{len(result.records)} trials of {'' if result.exhaustive_complete else 'at least '}{result.exhaustive} layouts")
     import math
 
@@ -728,7 +728,7 @@ def size_report(doc) -> None:
     for p in doc.points:
         gpus = f"{p.gpus:,}" + ("" if p.gpus == p.gpus_asked else f" ({p.gpus_asked:,})")
         if not p.feasible:
-            t.add_row("", p.cluster, gpus, "", f"no plan: {p.reason}", "", "", "", *(("",) if priced else ()), "", "")
+            t.add_row("", escape(p.cluster), gpus, "", escape(f"no plan: {p.reason}"), "", "", "", *(("",) if priced else ()), "", "")
             continue
         lo, hi = p.step_time_interval_s
         dlo, dhi = p.days_interval
@@ -736,7 +736,7 @@ def size_report(doc) -> None:
         cost = (f"{p.cost:,.0f}" if p.cost is not None else "",) if priced else ()
         late = " late" if p.within_deadline is False else ""
         over = " over" if p.within_budget is False else ""
-        t.add_row("*" if p.on_front else "", p.cluster, gpus, p.target or "", _short_layout(p.plan),
+        t.add_row("*" if p.on_front else "", escape(p.cluster), gpus, p.target or "", _short_layout(p.plan),
                   f"{p.step_time_s:.2f} ({lo:.2f}-{hi:.2f})", f"{_days(p.days)} ({_days(dlo)}-{_days(dhi)}){late}",
                   f"{p.gpu_hours:,.0f}", *(tuple(c + over for c in cost)), f"{100 * p.mfu:.1f}%", scaling)
     console.print(t)
