@@ -257,3 +257,30 @@ def test_show_says_the_all_to_all_pays_the_all_gathers_call_overhead(tmp_path):
     assert res.exit_code == 0, res.output
     row = next(x for x in res.output.splitlines() if "intra-node" in x and "all_to_all" in x)
     assert "500 (all-gather's)" in row
+
+
+def _measured_cluster() -> dict:
+    """A preset with a small measured section, as a dict to edit."""
+    doc = json.loads(_profile_with(0.25).model_dump_json())
+    doc["measured"]["collectives"] = []
+    return doc
+
+
+@pytest.mark.parametrize("edit,error", [
+    (lambda d: d["intra_node"]["collectives"].append(dict(d["intra_node"]["collectives"][0])), "collectives: two fits of"),
+    (lambda d: d["device"].update(framework_overhead_gib=d["device"]["memory_gib"]), "is not below memory_gib"),
+    (lambda d: d["measured"]["layers"].append(dict(d["measured"]["layers"][0], forward_s=0.5)), "layers: two measurements of the block"),
+    (lambda d: d["measured"]["layers"][0].update(forward_s=0.0), "a block's forward_s and backward_s are above 0"),
+    (lambda d: d["measured"]["layers"][0].update(kind="banana"), "Input should be 'block', 'embedding' or 'head'"),
+    (lambda d: d["measured"]["environment"].update(world_size=3), "world_size 3 is not nproc_per_node x nnodes = 2 x 1"),
+])
+def test_a_profile_the_cost_model_would_misread_is_refused(edit, error):
+    """Each edit was accepted, and the cost model then used one of two fits or measurements
+    silently, planned with no memory left, or read a free transformer layer."""
+    from pydantic import ValidationError
+
+    doc = _measured_cluster()
+    ClusterSpec.model_validate(doc)  # the unedited profile is valid
+    edit(doc)
+    with pytest.raises(ValidationError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        ClusterSpec.model_validate(doc)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
@@ -158,6 +158,10 @@ class DeviceSpec(_Spec):
             if "flash2" not in self.attention:
                 raise _refused("attention needs a 'flash2' entry (FlashAttention-2's forward and backward efficiency, the kernel "
                                  "every target but megatron runs), or leave attention out to cost attention as GEMMs")
+        if self.framework_overhead_gib >= self.memory_gib:
+            raise _refused(f"framework_overhead_gib {self.framework_overhead_gib:g} is not below memory_gib {self.memory_gib:g}: "
+                           "nothing would be left for the model; give the memory the framework itself takes (CUDA context, "
+                           "buffers: about 2 GiB on a GPU)")
         if self.fp8_peak_tflops is not None and (self.gemm is None or self.gemm.fp8_max_efficiency is None):
             raise _refused("fp8_peak_tflops needs gemm.fp8_max_efficiency (the fraction of it an FP8 GEMM achieves), or leave "
                              "fp8_peak_tflops out for a device without FP8 GEMMs")
@@ -205,6 +209,19 @@ class LinkTier(_Spec):
         "executes them (planner/profiler/calls.py). None or a missing collective: 0 (the GPU presets: the host runs ahead).",
     )
 
+    @model_validator(mode="after")
+    def _one_fit_per_size(self) -> "LinkTier":
+        """A second fit of a collective at the same group size would be one the cost model
+        silently ignores (fit() takes one): refused."""
+        seen = set()
+        for f in self.collectives:
+            key = (f.collective, f.group_size)
+            if key in seen:
+                size = "any group size" if f.group_size is None else f"group size {f.group_size}"
+                raise _refused(f"collectives: two fits of {f.collective.value} at {size}; keep one")
+            seen.add(key)
+        return self
+
     def call_overhead(self, collective: Collective) -> Optional[float]:
         """call_overhead_us of `collective`, None where the tier has none. The all-to-all, whose
         overhead `plan profile` does not time, takes the all-gather's: the same ranks meeting and
@@ -251,11 +268,17 @@ class ProfileEnvironment(_Spec):
     hostname: str = Field(description="Host of rank 0.")
     quick: bool = Field(description="Measured with --quick (fewer sizes and repetitions).")
 
+    @model_validator(mode="after")
+    def _world(self) -> "ProfileEnvironment":
+        if self.world_size != self.nproc_per_node * self.nnodes:
+            raise _refused(f"world_size {self.world_size} is not nproc_per_node x nnodes = {self.nproc_per_node} x {self.nnodes}")
+        return self
+
 
 class LayerMeasurement(_Spec):
     """Measured cost of one layer kind at one shape, one micro-batch, on one device."""
 
-    kind: str = Field(description="'block' (transformer layer), 'embedding' or 'head' (final norm, LM head and loss).")
+    kind: Literal["block", "embedding", "head"] = Field(description="'block' (transformer layer), 'embedding' or 'head' (final norm, LM head and loss).")
     micro_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per micro-batch.")
     seq_len: Integer(1, MAX_SEQ_LEN) = Field(description="Tokens per sequence.")
     tp: Integer(1, MAX_GPUS) = Field(description="Tensor-parallel shard measured (the local shapes of one rank, run on one device).")
@@ -265,6 +288,13 @@ class LayerMeasurement(_Spec):
     flops_forward: Real(0, MAX_FLOPS, 'FLOPs') = Field(description="Forward FLOPs counted by torch.utils.flop_counter.")
     analytic_flops_forward: Real(0, MAX_FLOPS, 'FLOPs') = Field(description="The cost model's forward FLOPs for the same shape.")
     params: Integer(0, INT_LIMIT - 1) = Field(description="Parameters of the measured (sharded) module.")
+
+    @model_validator(mode="after")
+    def _a_block_takes_time(self) -> "LayerMeasurement":
+        if self.kind == "block" and (self.forward_s <= 0 or self.backward_s <= 0):
+            raise _refused("a block's forward_s and backward_s are above 0 (a transformer layer takes time); re-measure with "
+                           "`plan profile`")
+        return self
 
 
 class MatmulPoint(_Spec):
@@ -304,6 +334,17 @@ class MeasuredProfile(_Spec):
     matmul: list[MatmulPoint] = Field(description="GEMM sweep behind the efficiency curve.")
     memory_bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Measured copy bandwidth, GB/s.")
     collectives: list[CollectiveSweep] = Field(description="Timed collectives and their fits.")
+
+    @model_validator(mode="after")
+    def _one_measurement_per_shape(self) -> "MeasuredProfile":
+        seen = set()
+        for x in self.layers:
+            key = (x.kind, x.micro_batch_size, x.seq_len, x.tp)
+            if key in seen:
+                raise _refused(f"layers: two measurements of the {x.kind} at micro-batch {x.micro_batch_size}, sequence "
+                               f"{x.seq_len}, tp {x.tp}; keep one")
+            seen.add(key)
+        return self
 
 
 class Uncertainty(_Spec):
