@@ -53,10 +53,20 @@ def _parse(data: dict, path: Path, text: str) -> ClusterSpec:
 def load_cluster(name_or_path: str) -> ClusterSpec:
     """A cluster preset by name, or a hardware profile file (preset-shaped or from `plan profile`).
     A preset takes each training stack's shipped constants for its device (planner/stacks/<stack>/
-    constants.json) where it states none of its own for that stack; a file is read as written."""
+    constants.json) where it states none of its own for that stack; so does a file that is a
+    preset as shipped (the preset file itself, or an unedited copy: the same numbers by name or by
+    path); any other file is read as written."""
     presets = cluster_presets()
     cluster = load_named(name_or_path, "cluster", presets, _parse)
-    return with_shipped_stack_constants(cluster) if name_or_path in presets else cluster
+    if name_or_path in presets or _is_shipped(cluster, presets):
+        return with_shipped_stack_constants(cluster)
+    return cluster
+
+
+def _is_shipped(cluster: ClusterSpec, presets: dict[str, Path]) -> bool:
+    """Whether `cluster` (read from a file) is the shipped preset of its name, unedited."""
+    path = presets.get(cluster.name)
+    return path is not None and load_named(cluster.name, "cluster", presets, _parse) == cluster
 
 
 def with_shipped_stack_constants(cluster: ClusterSpec) -> ClusterSpec:

@@ -81,8 +81,8 @@ def test_a_preset_takes_the_shipped_constants_of_its_device(monkeypatch, tmp_pat
     assert load_cluster("dgx-h100-80gb").stack_constants[Target.megatron].provenance == "megatron anywhere"
     own = a100.model_copy(update={"stack_constants": {Target.megatron: _entry(0.9, "the preset's own")}})
     assert with_shipped_stack_constants(own).stack_constants[Target.megatron].provenance == "the preset's own"
-    profile = tmp_path / "measured.json"  # a profile file: as written, whatever ships
-    profile.write_text((PRESET_DIR / "dgx-a100-80gb.json").read_text())
+    profile = tmp_path / "measured.json"  # a profile file (not a shipped preset's): as written, whatever ships
+    profile.write_text((PRESET_DIR / "dgx-a100-80gb.json").read_text().replace('"dgx-a100-80gb"', '"measured"', 1))
     assert load_cluster(str(profile)).stack_constants == {}
 
 
@@ -129,3 +129,18 @@ def test_a_single_value_refused_is_the_problem_the_layout_check_names(target):
             assert problem in rules.layout_problems(**layout), (field, value)
             refused += 1
     assert refused >= 3  # every exported stack lacks something
+
+
+def test_a_preset_file_or_its_unedited_copy_is_the_preset(tmp_path):
+    """The shipped constants come with a preset by name, by its path, or as an unedited copy (a
+    copy gave another step time than the name: helper walkthrough, stop 39); an edited copy is
+    read as written."""
+    named = load_cluster("dgx-a100-80gb")
+    copy = tmp_path / "mine.json"
+    copy.write_text((PRESET_DIR / "dgx-a100-80gb.json").read_text())
+    assert load_cluster(str(PRESET_DIR / "dgx-a100-80gb.json")) == named == load_cluster(str(copy))
+    assert named.stack_constants  # the stacks' entries
+    edited = json.loads(copy.read_text())
+    edited["device"]["memory_gib"] = 64
+    copy.write_text(json.dumps(edited))
+    assert load_cluster(str(copy)).stack_constants == {}
