@@ -259,6 +259,8 @@ def _edited_journal(request_, tmp_path, edit_header=None, edit_trial=None):
     (lambda h: h["solve"].update(max_memory_gib="NaN"), "max_memory_gib is 'NaN'"),
     (lambda h: h["solve"].update(fixes=[1]), "not CHOICE=VALUE strings"),
     (lambda h: h.update(version=2), "journal version 2"),
+    (lambda h: h.update(gpus=True), "gpus: Input should be a valid integer"),  # not read as 1
+    (lambda h: h.update(gpus=2.0), "gpus: Input should be a valid integer"),
 ])
 def test_a_hand_edited_header_is_refused_saying_what(request_, tmp_path, edit, needle):
     path = _edited_journal(request_, tmp_path, edit_header=edit)
@@ -289,10 +291,19 @@ def test_a_journal_nested_past_the_parser_is_refused(tmp_path):
         journal.read(path, lambda _: None)
 
 
-def test_a_header_whose_search_fails_is_refused_before_any_trial(request_, tmp_path):
-    path = _edited_journal(request_, tmp_path, edit_header=lambda h: h["solve"].update(target="jax"))
+@pytest.mark.parametrize("edit", [lambda h: h["solve"].update(target="jax"), lambda h: h.update(gpus=-4),
+                                  lambda h: h["solve"].update(global_batch=0), lambda h: h["solve"].update(fixes=["tp=2", "tp=4"])])
+def test_a_header_whose_search_fails_is_refused_before_any_trial(request_, tmp_path, edit):
+    """Said of the journal (the user gave only --resume J), and the file left as it was, a torn
+    last line included (it used to be cut off before the header was checked)."""
+    path = _edited_journal(request_, tmp_path, edit_header=edit)
+    with open(path, "ab") as f:
+        f.write(b'{"kind": "trial", "ind')
+    before = path.read_bytes()
     res = _plan("--resume", str(path), "--trials", "2")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith(f"error: the journal {path} has a damaged header (its search options): "), res.stderr
+    assert path.read_bytes() == before
 
 
 def test_resume_with_the_budget_spent_renders_and_writes(request_, tmp_path):

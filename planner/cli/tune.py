@@ -80,12 +80,17 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
     if resume_path:
         if model_name or cluster_name:
             raise UsageError("--resume continues the journal's own inputs; drop --model and --cluster (or start a new tune)")
-        head, done = journal.read(Path(resume_path), render.note)
-        request, path = request_of(head), Path(resume_path)
-        try:  # the header's search, checked as a new tune's is, before any trial (a hand-edited header fails here)
-            api.solve(request.model, request.cluster, gpus=request.gpus, top_k=0, **request.search_keywords())
-        except ValueError as exc:  # a value of the right kind that names nothing (a target 'jax'); kinds: journal.py
-            raise UsageError(f"the journal {path} has a damaged header (its search options): {exc}") from None
+        path = Path(resume_path)
+
+        def runnable(head) -> None:  # the header's search, checked as a new tune's is, before any trial or repair
+            request = request_of(head)
+            try:
+                api.solve(request.model, request.cluster, gpus=request.gpus, top_k=0, **request.search_keywords())
+            except (ValueError, UsageError) as exc:  # a value of the right kind that names nothing (a target 'jax'), a
+                # count out of range (gpus -4); the kinds are journal.py's. Said of the journal: the user gave only --resume
+                raise UsageError(f"the journal {path} has a damaged header (its search options): {exc}") from None
+        head, done = journal.read(path, render.note, check=runnable)
+        request = request_of(head)
     else:
         require_names(model_name, cluster_name)
         model, cluster = api.load_model(model_name), api.load_cluster(cluster_name)

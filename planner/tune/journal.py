@@ -38,7 +38,7 @@ class TuneHeader(_Record):
     version: int = Field(default=JOURNAL_VERSION, description="Journal format version.")
     model: ModelSpec = Field(description="The model searched.")
     cluster: ClusterSpec = Field(description="The prior: the cluster (preset or profile) the tune started from.")
-    gpus: int = Field(description="GPUs (ranks) of the slice every trial runs on.")
+    gpus: int = Field(strict=True, description="GPUs (ranks) of the slice every trial runs on.")  # not true, not 2.0
     solve: dict = Field(description="The search's keywords (planner.api.solve), JSON values only.")
     run: dict = Field(default_factory=dict, description="How trials run (the executor's settings).")
     started_at: str = Field(description="When the tune started, UTC ISO 8601.")
@@ -155,10 +155,11 @@ def start(path: Path, header: TuneHeader) -> None:
     append(path, header)
 
 
-def read(path: Path, warn: Callable[[str], None]) -> tuple[TuneHeader, list[TrialRecord]]:
+def read(path: Path, warn: Callable[[str], None], check: Callable[[TuneHeader], None] = lambda head: None,
+         ) -> tuple[TuneHeader, list[TrialRecord]]:
     """The header and the finished trials. A torn last line (the tuner killed while writing
-    it: no newline at its end) is cut off with a warning; anything else unreadable is refused
-    in one line, the file left as it was."""
+    it: no newline at its end) is cut off with a warning, once the header has passed `check`;
+    anything else unreadable is refused in one line, the file left as it was."""
     data = read_input(path, MAX_JOURNAL_BYTES, "journal")  # a regular file only: no FIFO, no /dev/zero
     lines = data.split(b"\n")
     complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline ('' when whole)
@@ -180,6 +181,7 @@ def read(path: Path, warn: Callable[[str], None]) -> tuple[TuneHeader, list[Tria
             raise UsageError(f"the journal {path} holds layout {record.label} twice (lines {seen[record.key]} and {number}); "
                              "a tune runs each layout once")
         seen[record.key] = number
+    check(records[0])
     if tail:  # every record ends with a newline in the same write: without one it was torn
         warn(f"the journal's last line was cut off (the tuner stopped while writing it); ignoring it: {len(tail)} bytes")
         try:
