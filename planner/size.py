@@ -45,6 +45,8 @@ def parse_gpu_counts(text: str) -> list[int]:
     try:
         if ".." in t:
             lo, hi = (int(x) for x in t.split("..", 1))
+            if 1 <= hi < lo:
+                raise UsageError(f"--gpus {text!r}: the range runs backwards; give FIRST..LAST with FIRST <= LAST, e.g. {hi}..{lo}")
             if not 1 <= lo <= hi:
                 raise ValueError
             counts = []

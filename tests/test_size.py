@@ -49,6 +49,14 @@ def test_counts_round_to_whole_nodes():
     assert [whole_nodes(n, 72) for n in (256, 512, 1024)] == [288, 504, 1008]  # 3.56, 7.11, 14.2 racks
 
 
+def test_counts_rounding_to_one_point_are_said_and_tokens_read_in_their_unit():
+    r = subprocess.run([*PLAN, "size", "--model", "llama3-8b", "--clusters", "dgx-h100-80gb", "--gpus", "8,9,10,16", "--tokens", "2P",
+                        "--global-batch", "64", "--seq-len", "4096"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "plan size: dgx-h100-80gb: 8, 9 and 10 GPUs round to 8 (whole nodes of 8): one point" in r.stderr
+    assert r.stdout.startswith("llama3-8b: 2P tokens = ")  # not '2e+03T'
+
+
 def test_each_point_is_plan_solves_answer_in_days_and_gpu_hours(doc):
     steps = math.ceil(1e12 / (256 * 4096))
     assert doc.steps == steps and len(doc.points) == 6
@@ -121,7 +129,8 @@ def test_with_no_point_the_picture_says_so_and_nothing_else_reaches_stderr(tmp_p
 
 @pytest.mark.parametrize("args,needle", [
     (["--tokens", "15X"], "--tokens"),
-    (["--gpus", "8192..256"], "--gpus"),
+    (["--gpus", "8192..256"], "the range runs backwards; give FIRST..LAST with FIRST <= LAST, e.g. 256..8192"),
+    (["--clusters", "dgx-h100-80gb,,"], "distinct"),  # an empty name, as --gpus 8,,16 is refused
     (["--price", "dgx-h200=2"], "not one of --clusters"),
     (["--budget", "1000"], "--budget needs prices"),
     (["--clusters", "dgx-h100-80gb,dgx-h100-80gb"], "distinct"),

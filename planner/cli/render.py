@@ -36,6 +36,13 @@ def printable(text: str, lines: bool = False) -> str:
     return (_UNSAFE_IN_LINES if lines else _UNSAFE).sub(lambda m: repr(m[0])[1:-1], text)
 
 
+def token_count(n: float) -> str:
+    """Tokens in the unit --tokens takes: 15T, 300B, 2P (three significant digits)."""
+    unit, suffix = next(((u, s) for u, s in ((1e15, "P"), (1e12, "T"), (1e9, "B")) if n >= u), (1e6, "M"))
+    text = f"{n / unit:.3g}"
+    return (f"{n / unit:,.0f}" if "e" in text else text) + suffix
+
+
 def note(text: str) -> None:
     """One line on stderr (a message beside the output: a file written, what a what-if changed)."""
     click.echo(printable(text), err=True)
@@ -717,7 +724,7 @@ def _short_layout(plan: Plan) -> str:
 def size_report(doc) -> None:
     """`plan size`: every point, the front marked, then what the front and the scaling say."""
     m = doc.model
-    console.print(printable(f"{m.name}: {doc.tokens / 1e12:,.3g}T tokens = {doc.steps:,} steps of {doc.global_batch_size:,} x "
+    console.print(printable(f"{m.name}: {token_count(doc.tokens)} tokens = {doc.steps:,} steps of {doc.global_batch_size:,} x "
                             f"{doc.seq_len:,} tokens; {'stack ' + doc.target if doc.target else 'every stack searched'}"), markup=False)
     priced = bool(doc.prices)
     t = Table(title=f"Time to train against {'cost' if doc.front_axis == 'cost' else 'GPU-hours'} (* on the front)")

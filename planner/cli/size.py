@@ -18,7 +18,7 @@ from planner.cli.types import SECONDS, SEQUENCES, TOKENS, Real
 from planner.datafile import write_atomic
 from planner.errors import InfeasibleError, UsageError
 from planner.search.deadline import stop_on_signals
-from planner.size import parse_gpu_counts, parse_prices, parse_tokens, sweep
+from planner.size import parse_gpu_counts, parse_prices, parse_tokens, sweep, whole_nodes
 
 MONEY = Real(0, 1e15)  # --budget
 
@@ -55,8 +55,8 @@ def size(model_name: str, clusters: str, gpu_counts: str, tokens: str, global_ba
          time_limit: Optional[float], picture: Optional[str], as_json: bool, output: Optional[str]) -> None:
     """Time to train and GPU-hours (or cost) over clusters and GPU counts, each point solved
     exactly: the Pareto front, and where adding GPUs stops paying."""
-    names = [c.strip() for c in clusters.split(",") if c.strip()]
-    if not names or len(set(names)) != len(names):
+    names = [c.strip() for c in clusters.split(",")]
+    if not all(names) or len(set(names)) != len(names):
         raise UsageError(f"--clusters {clusters!r}: give distinct cluster presets or profile files, comma-separated")
     counts = parse_gpu_counts(gpu_counts)
     budget_tokens = parse_tokens(tokens)
@@ -67,6 +67,15 @@ def size(model_name: str, clusters: str, gpu_counts: str, tokens: str, global_ba
     model = api.load_model(model_name)
     loaded = [(n, api.load_cluster(n)) for n in names]
     check_picture_files({"picture": picture} if picture is not None else {}, others={"-o": output})
+    for name, cluster in loaded:  # counts that round to one whole number of nodes are priced once: say which
+        rounded: dict[int, list[int]] = {}
+        for n in counts:
+            rounded.setdefault(whole_nodes(n, cluster.gpus_per_node), []).append(n)
+        for gpus, asked in rounded.items():
+            if len(asked) > 1:
+                listed = ", ".join(f"{n:,}" for n in asked[:-1]) + f" and {asked[-1]:,}"
+                render.note(f"plan size: {name}: {listed} GPUs round to {gpus:,} (whole nodes of "
+                            f"{cluster.gpus_per_node}): one point")
     on_terminal = sys.stderr.isatty()
     doc = sweep(model, loaded, counts, budget_tokens, global_batch, seq_len, target=stack, prices=price, deadline_days=days,
                 budget=budget, min_scaling=min_scaling, time_limit=time_limit,
