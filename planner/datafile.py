@@ -27,6 +27,7 @@ from typing import Callable, Iterator, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from planner import specs
 from planner.errors import PlannerError, UsageError
 
 T = TypeVar("T", bound=BaseModel)
@@ -264,6 +265,10 @@ def validation_message(exc: ValidationError, path: Path | str | None = None, tex
     elif err["type"] == "missing":
         msg = "required field is missing"
     msg = msg.removeprefix("Value error, ")  # a validator's own sentence, which pydantic prefixes
+    if err["type"] == "model_type":  # "... or instance of StageRecompute": a class name means nothing in a file
+        cls = getattr(specs, err.get("ctx", {}).get("class_name", ""), None)
+        fields = f" ({', '.join(cls.model_fields)})" if isinstance(getattr(cls, "model_fields", None), dict) else ""
+        msg = f"expected a mapping of fields{fields}, got {short_text(repr(err['input']))}"
     more = ""
     if len(errors) > 1:  # name the others (up to four) so that one edit can fix them all
         def what(e) -> str:

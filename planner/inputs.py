@@ -182,6 +182,12 @@ def check_document(doc, where: str = "") -> None:
     the file, named before the message."""
     try:
         check_cluster_holds(doc.cluster, doc.num_gpus, "num_gpus")
+        plan = doc.plan
+        if world_size_problem(plan.dp, plan.cp, plan.tp, plan.pp, doc.num_gpus):  # the document's count, not a cluster's
+            product = plan.dp * plan.cp * plan.tp * plan.pp
+            raise UsageError(f"num_gpus is {doc.num_gpus:,}, but the plan's layout (dp {plan.dp} x tp {plan.tp} x pp {plan.pp}"
+                             + (f" x cp {plan.cp}" if plan.cp > 1 else "") + f") runs on {product:,}; make them agree "
+                             "(re-create the plan with `plan solve -o`)")
         check_plan(doc.plan, doc.model, doc.job, doc.num_gpus, doc.cluster)
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}" if where else str(exc)) from None

@@ -294,3 +294,23 @@ def test_names_from_a_cluster_file_are_printed_as_written_never_as_markup(tmp_pa
         assert "\x1b]8;" not in res.stdout, args  # no hyperlink escape
         if args[0] != "size":  # (size names a cluster by what --clusters gave)
             assert "[link=http://example.invalid]click[/link]" in res.stdout and "[red]A100" in res.stdout, args
+
+
+def test_a_plan_document_at_odds_with_itself_names_its_own_fields(tmp_path):
+    """num_gpus edited under a layout: the document's count is named (not 'the cluster has');
+    stage_recompute given as lists: the fields a stage takes, not a class name."""
+    out = tmp_path / "p.json"
+    assert plan("solve", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch", "64",
+                "--seq-len", "2048", "--fix", "tp=2", "--fix", "pp=1", "-o", str(out)).returncode == 0
+    doc = json.loads(out.read_text())
+    bad = tmp_path / "gpus.json"
+    bad.write_text(json.dumps({**doc, "num_gpus": 8}))
+    res = plan("export", str(bad), "--to", "megatron")
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"error: {bad}: num_gpus is 8, but the plan's layout (dp 8 x tp 2 x pp 1) runs on 16; make them agree (re-create the plan "
+        "with `plan solve -o`)"), res.stderr
+    bad = tmp_path / "stages.json"
+    bad.write_text(json.dumps({**doc, "plan": {**doc["plan"], "stage_recompute": [[32, 0, 0]]}}))
+    res = plan("show", str(bad))
+    assert res.returncode == 2 and "field 'plan.stage_recompute.0': expected a mapping of fields (none, selective, full), got [32, 0, 0]" \
+        in res.stderr, res.stderr
