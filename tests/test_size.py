@@ -95,6 +95,9 @@ def test_a_point_where_nothing_fits_says_memory():
     small, large = d.points
     assert (small.feasible, small.reason, small.on_front) == (False, "memory", False) and large.feasible and large.on_front
     assert reason_of(UsageError("global batch 8 cannot be split over dp 16")) == "batch"
+    from planner.cli.render import size_summary
+
+    assert "1 of 2 points has no plan (memory: no layout fits)" in size_summary(d)  # the reasons the points have, only
 
 
 def test_json_matches_the_document_and_the_picture_is_drawn(tmp_path):

@@ -495,7 +495,7 @@ def profile_report(cluster: ClusterSpec) -> None:
     peaks = ", ".join(f"{k.value} {v:.3g} TFLOP/s" for k, v in dev.peak_tflops.items())
     console.print(f"[bold]{escape(cluster.name)}[/bold]: {cluster.num_nodes or 'any'} node(s) x {cluster.gpus_per_node} x {escape(dev.name)}")
     console.print(
-        f"peak {peaks}; memory {dev.memory_gib:.1f} GiB per rank; copy bandwidth {dev.memory_bandwidth_gbps:.1f} GB/s; "
+        f"peak {peaks}; memory {gib(dev.memory_gib)} GiB per rank; copy bandwidth {dev.memory_bandwidth_gbps:.1f} GB/s; "
         f"framework overhead {dev.framework_overhead_gib:.2f} GiB; communication hidden behind compute: "
         f"{100 * cluster.overlap_efficiency:.0f}%"
     )
@@ -782,7 +782,11 @@ def size_summary(doc) -> list[str]:
             if cheapest else "no priced point"))
     infeasible = [p for p in doc.points if not p.feasible]
     if infeasible:
-        out.append(f"{len(infeasible)} of {_points(len(doc.points))} {'has' if len(infeasible) == 1 else 'have'} no plan (memory: no layout fits; batch: the batch cannot be split over that many GPUs)")
+        meaning = {"memory": "no layout fits", "batch": "the batch cannot be split over that many GPUs",
+                   "time": "none found within --time-limit", "layout": "no layout of the model divides that many GPUs"}
+        reasons = dict.fromkeys(p.reason for p in infeasible)
+        out.append(f"{len(infeasible)} of {_points(len(doc.points))} {'has' if len(infeasible) == 1 else 'have'} no plan ("
+                   + "; ".join(f"{r}: {meaning.get(r, r)}" for r in reasons) + ")")
     out.append(f"{_points(len(doc.points))} solved in {doc.wall_time_s:.1f} s")
     return out
 
