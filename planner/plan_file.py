@@ -36,7 +36,7 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
     version = raw or ""
     parts = ("model", "cluster", "num_gpus", "job", "plan")
     if not raw and any(data.get(k) is None for k in parts):  # a model, profile, export, size document...
-        _not_a_plan(path, [k for k in ("schema_version", *parts) if not data.get(k)])
+        _not_a_plan(path, ["schema_version"] + [k for k in parts if data.get(k) is None])
     if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
         shown = "(missing)" if raw is None else repr(version)
         raise UsageError(

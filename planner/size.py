@@ -45,7 +45,7 @@ def parse_gpu_counts(text: str) -> list[int]:
     try:
         if ".." in t:
             lo, hi = (int(x) for x in t.split("..", 1))
-            if 1 <= hi < lo:
+            if 1 <= hi < lo <= MAX_GPUS and re.fullmatch(r"[0-9]+\.\.[0-9]+", t):
                 raise UsageError(f"--gpus {text!r}: the range runs backwards; give FIRST..LAST with FIRST <= LAST, e.g. {hi}..{lo}")
             if not 1 <= lo <= hi:
                 raise ValueError

@@ -285,7 +285,10 @@ def test_names_from_a_cluster_file_are_printed_as_written_never_as_markup(tmp_pa
     path = tmp_path / "c.json"
     path.write_text(json.dumps(doc))
     env = dict(os.environ, FORCE_COLOR="1")
+    doc["intra_node"]["name"] = "[link=http://example.invalid]NVL[/link]"
+    path.write_text(json.dumps(doc))
     for args in (["estimate", "--model", "llama3-8b", "--cluster", str(path), "--gpus", "8", "--global-batch", "8", "--tp", "8"],
+                 ["solve", "--model", "llama3-8b", "--cluster", str(path), "--gpus", "8", "--global-batch", "8", "--top-k", "0"],
                  ["profile", "--show", str(path)],
                  ["size", "--model", "llama3-8b", "--clusters", str(path), "--gpus", "8", "--tokens", "1B", "--global-batch", "64",
                   "--seq-len", "2048"]):
@@ -314,3 +317,31 @@ def test_a_plan_document_at_odds_with_itself_names_its_own_fields(tmp_path):
     res = plan("show", str(bad))
     assert res.returncode == 2 and "field 'plan.stage_recompute.0': expected a mapping of fields (none, selective, full), got [32, 0, 0]" \
         in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("args,start", [
+    # a mesh order stretching a tp of 2 across nodes: the hint stays (it solves with --allow-cross-node-tp)
+    (["--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "16", "--seq-len", "2048", "--fix", "tp=2", "--fix", "pp=1",
+      "--fix", "mesh_order=dp,tp,pp", "--target", "generic"], "error: no layout of the search space is valid with --fix mesh_order"),
+    # deepspeed runs no layout of 6 GPUs at all: not the harmless fix's fault
+    (["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "6", "--seq-len", "2048", "--target", "deepspeed", "--fix", "mbs=1"],
+     "error: no layout of the search space is valid for llama3-8b on 6 GPUs"),
+    # the reason the nearest layouts share (pp=1 ones fail on sequence parallelism alone), not the first check's
+    (["--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--seq-len", "4096", "--target", "deepspeed",
+      "--fix", "tp=2"], "error: no layout deepspeed can run has --fix tp=2: sequence parallelism (deepspeed has none); change or drop it"),
+    # without --target: every stack's reason, and generic, which runs it
+    (["--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--seq-len", "4096", "--fix", "tp=8"],
+     "error: no stack can run --fix tp=8: megatron: tp=8 over the 4 KV heads"),
+    # a clash of two fixes that generic refuses too: named both, and no --target generic advice
+    (["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--seq-len", "4096", "--fix", "recompute=full",
+      "--fix", "recompute_norm_act=true", "--target", "megatron"],
+     "error: --fix recompute_norm_act=true with --fix recompute=full: a fully recomputed layer reruns its whole forward already; "
+     "drop one of the fixes"),
+])
+def test_a_refused_fix_is_blamed_only_for_what_it_rules_out(args, start):
+    res = plan("solve", "--global-batch", "64", *args)
+    assert res.returncode in (1, 2) and len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith(start), res.stderr
+    if "--fix mesh_order" in start:
+        assert res.stderr.rstrip().endswith("(or --allow-cross-node-tp: tp may not leave a node)")
+    if "no stack can run" in start:
+        assert "; deepspeed: " in res.stderr and res.stderr.rstrip().endswith("or plan with --target generic")

@@ -183,7 +183,7 @@ def test_plan_run_keeps_the_outputs_and_says_so():
 
 
 @pytest.mark.parametrize("fixes,message", [
-    (["--fix", "recompute=full", "--fix", "recompute_norm_act=true", "--target", "megatron"], "goes with recompute none or selective"),
+    (["--fix", "recompute=full", "--fix", "recompute_norm_act=true", "--target", "megatron"], "with --fix recompute=full: a fully recomputed layer"),
     (["--fix", "recompute_norm_act=true", "--target", "torchtitan"], "torchtitan does not recompute"),
     (["--fix", "recompute_norm_act=true", "--fix", "fp8=true", "--target", "megatron"], "FP8 recipe refuses"),
 ])

@@ -271,7 +271,7 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     for col in ("dimension", "degree", "link", "bus GB/s", "GiB per GPU per step"):
         comm.add_column(col, justify="right" if col not in ("dimension", "link") else "left")
     for v in ex.communication:
-        comm.add_row(v.axis.value, str(v.degree), v.link, f"{v.bandwidth_gbps:.0f}", f"{v.gib_per_gpu_per_step:.2f}")
+        comm.add_row(v.axis.value, str(v.degree), escape(v.link), f"{v.bandwidth_gbps:.0f}", f"{v.gib_per_gpu_per_step:.2f}")
     console.print(comm)
     if doc.alternatives:
         console.print(_alternatives_table(doc, details))
@@ -502,7 +502,8 @@ def profile_report(cluster: ClusterSpec) -> None:
     if m is not None:
         e = m.environment
         console.print(
-            f"measured {e.date} on {e.hostname}: torch {e.torch_version}, {e.backend}, {e.device_type}, {e.dtype.value}, "
+            f"measured {escape(e.date)} on {escape(e.hostname)}: torch {escape(e.torch_version)}, {escape(e.backend)}, "
+            f"{escape(e.device_type)}, {e.dtype.value}, "
             f"{e.world_size} ranks ({e.nnodes} x {e.nproc_per_node}){', quick' if e.quick else ''}; model {escape(m.model.name)}"
         )
     links = Table(title="Collectives: alpha-beta fits (time = latency + volume / bus bandwidth)")

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from planner.errors import PlannerError
 from planner.profiler.calls import fit_call_overheads
 from planner.specs import (
     REQUIRED_COLLECTIVES,
@@ -361,6 +362,9 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     known = known_cluster(env.device_name) if env.device_type == "cuda" else None  # its preset, read once
     peak = known_peak(known, max(p.tflops for p in matmul))
     curve = [EfficiencyPoint(gemm_flops=p.flops, efficiency=min(1.0, p.tflops / peak)) for p in matmul]
+    if overhead >= capacity:  # a DeviceSpec refuses it: said of the run, not as a validation error
+        raise PlannerError(f"each of the {env.nproc_per_node} ranks per node has {capacity:.2f} GiB of memory (its share), not more "
+                           f"than the {overhead:.2f} GiB its framework alone takes; profile with fewer ranks per node")
     device = DeviceSpec(
         name=env.device_name, peak_tflops={env.dtype: peak}, memory_gib=capacity, memory_bandwidth_gbps=bandwidth,
         memory_bandwidth_efficiency=1.0, matmul_efficiency=curve, framework_overhead_gib=overhead,

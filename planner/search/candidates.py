@@ -308,11 +308,11 @@ def stack_problems(space: SearchSpace, c: Candidate, num_layers: int) -> list[st
     rules = space.rules
     if rules is None:
         return []
-    if rules.split == "even" and num_layers % (c.pp * c.vpp):
-        return [f"{num_layers} layers over {c.pp * c.vpp} stages ({rules.stack} splits layers evenly)"]
     out = rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
                                 sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
                                 mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8, cp=c.cp, recompute_norm_act=c.recompute_norm_act)
+    if rules.split == "even" and num_layers % (c.pp * c.vpp):
+        out.append(f"{num_layers} layers over {c.pp * c.vpp} stages ({rules.stack} splits layers evenly)")
     if out or space.target_problems is None:
         return out
     return space.target_problems(c)

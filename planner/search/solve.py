@@ -441,15 +441,17 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
         return short
     blamed = alone or fewest or frozenset({"tp"})  # the generic case: any tp
     fixed_tp = space.fixed.get("tp")
+    # a tp over the scale-up domain, or a mesh order stretching a smaller one across nodes
     cross = (" (or --allow-cross-node-tp: tp may not leave a node)" if rejected.get(TP_ACROSS_NODES) and blamed & {"tp", "mesh_order"}
-             and (fixed_tp is None or fixed_tp > cluster.gpus_per_node) else "")
-    try:
-        refused = _stack_refusal(model, cluster, space, deadline) if space.fixed else None
+             and ("mesh_order" in blamed or fixed_tp is None or fixed_tp > cluster.domain_gpus) else "")
+    try:  # only where the stack runs layouts without the fixes: else the fixes are not what rules them out
+        refused = stack_refusal(model, cluster, space, deadline) if space.fixed and fewest is not None else None
     except OutOfTime:
         refused = None
     if refused:  # layouts with the fixes exist; the target stack runs none of them
         names = " and ".join(shown.values())
-        return f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(shown) == 1 else 'them'}, or plan for another --target"
+        return (f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(shown) == 1 else 'them'}, "
+                "or plan for another --target")
     if len(alone) == 1:
         return (f"no layout of the search space is valid with {shown[next(iter(alone))]} ({model.name} on {space.num_gpus:,} "
                 f"GPUs has layouts without it: its divisibility or the target stack rules it out); change or drop it{cross}")
@@ -463,17 +465,23 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
             + (" or a larger batch" if space.global_batch_size else "") + cross)
 
 
-def _stack_refusal(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline) -> Optional[str]:
+def stack_refusal(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline = NO_DEADLINE) -> Optional[str]:
     """Where layouts with the space's --fix choices exist but its target stack runs none of them:
-    why it refuses them (its most frequent first reason; "and other reasons" where they differ).
-    None without a target stack or where no layout has the fixes."""
+    why it refuses them, from the layouts it refuses for the fewest reasons (the nearest to
+    running): the reason most of those share, "and other reasons" where it is not their only
+    one. None without a target stack, where no layout has the fixes, or where the stack runs one.
+    OutOfTime past `deadline`."""
     if space.rules is None:
         return None
     layouts, _ = enumerate_candidates(model, cluster, replace(space, rules=None, target_problems=None), deadline=deadline)
-    reasons = Counter(problems[0] for c in polled(layouts, deadline, every=256) if (problems := stack_problems(space, c, model.num_layers)))
-    if not reasons:
+    problems = [stack_problems(space, c, model.num_layers) for c in polled(layouts, deadline, every=256)]
+    refused = [p for p in problems if p]
+    if not refused or len(refused) < len(problems):  # no layout has the fixes, or the stack runs some
         return None
-    return reasons.most_common(1)[0][0] + (", and other reasons" if len(reasons) > 1 else "")
+    least = min(len(p) for p in refused)
+    nearest = [p for p in refused if len(p) == least]
+    reason, count = Counter(x for p in nearest for x in p).most_common(1)[0]
+    return reason + ("" if least == 1 and count == len(nearest) else ", and other reasons")
 
 
 def _over(over: float, limit: float) -> str:

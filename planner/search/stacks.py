@@ -28,7 +28,8 @@ from planner.specs import memory_limit_gib as memory_limit_gib_of
 from .candidates import MEMORY, SearchSpace, enumerate_layouts
 from .deadline import NO_DEADLINE, Deadline, OutOfTime
 from .ilp import default_solver
-from .solve import SearchResult, SearchStats, break_ties, infeasibility, log10_sum, min_memory_needed, seconds_per_token, solve
+from .solve import (SearchResult, SearchStats, break_ties, infeasibility, log10_sum, min_memory_needed, seconds_per_token, solve,
+                    stack_refusal)
 
 STACK_TARGETS = tuple(Target(s) for s in stacks.EXPORT_STACKS)  # what `plan solve` searches without --target
 # The order they are searched in under a --time-limit: the narrowest space first. A search's
@@ -51,6 +52,7 @@ class StackSearch:
     result: Optional[SearchResult] = None
     reason: Optional[str] = None  # why the stack has no plan
     fix_refused: Optional[str] = None  # FixRefusal.problem where a --fix ruled the stack out
+    fix_refused_generic_too: bool = False  # ... one that --target generic refuses as well (FixRefusal.generic_too)
 
 
 def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpace:
@@ -78,8 +80,10 @@ def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpa
 class FixRefusal(UsageError):
     """A --fix choice a stack cannot honour: `problem` (the fix and why) and what to do."""
 
-    def __init__(self, fix: str, why: str, advice: str = "; change or drop the fix, or plan for another --target"):
+    def __init__(self, fix: str, why: str, advice: str = "; change or drop the fix, or plan for another --target",
+                 generic_too: bool = False):
         self.problem = f"{fix}: {why}"
+        self.generic_too = generic_too  # --target generic refuses it as well
         super().__init__(self.problem + advice)
 
 
@@ -105,13 +109,14 @@ def _norm_act_space(base: SearchSpace, model: ModelSpec, stack) -> tuple:
     if base.fixed["recompute_norm_act"]:
         if not stack.recompute_norm_act:
             raise FixRefusal("--fix recompute_norm_act=true", f"{stack.name} does not recompute the norms and the experts' activation "
-                             f"apart", f"; --target {stacks.having('recompute_norm_act')}, or drop the fix")
+                             f"apart", f"; --target {stacks.having('recompute_norm_act')}, or drop the fix",
+                             generic_too=not stacks.get(Target.generic).recompute_norm_act)
         if base.fixed.get("fp8") and stack.rules is not None and not stack.rules.recompute_norm_act_fp8:
             raise FixRefusal("--fix recompute_norm_act=true with --fix fp8=true",
                              f"{stack.name}'s FP8 recipe refuses the norm and activation recompute", "; drop one of the fixes")
         if only_full:
-            raise FixRefusal("--fix recompute_norm_act=true", "a fully recomputed layer reruns its whole forward already",
-                             "; it goes with recompute none or selective")
+            raise FixRefusal("--fix recompute_norm_act=true with --fix recompute=full",
+                             "a fully recomputed layer reruns its whole forward already", "; drop one of the fixes", generic_too=True)
     return (base.fixed["recompute_norm_act"],)
 
 
@@ -183,7 +188,8 @@ def _stack_search(base: SearchSpace, model: ModelSpec, job: JobSpec, target: Tar
     try:
         return StackSearch(target, sjob, target_space(base, model, sjob))
     except UsageError as exc:
-        return StackSearch(target, sjob, None, reason=str(exc), fix_refused=getattr(exc, "problem", None))
+        return StackSearch(target, sjob, None, reason=str(exc), fix_refused=getattr(exc, "problem", None),
+                           fix_refused_generic_too=getattr(exc, "generic_too", False))
 
 
 def _why_none(result: SearchResult, limit_gib: float) -> str:
@@ -233,12 +239,23 @@ def stacks_infeasibility(model: ModelSpec, cluster: ClusterSpec, searches: list,
     (past the deadline, only that nothing fits); a UsageError where --fix choices rule out every stack."""
     searched = [s for s in searches if s.space is not None]
     if not searched and all(s.fix_refused for s in searches):  # the fixes rule out every stack: usage
+        generic = "" if any(s.fix_refused_generic_too for s in searches) else ", or plan with --target generic"
         return UsageError("no stack can run these --fix choices: " + "; ".join(dict.fromkeys(s.fix_refused for s in searches))
-                          + "; change or drop them, or plan with --target generic")
+                          + "; change or drop them" + generic)
     if not searched:
         return InfeasibleError("; ".join(s.reason if s.reason.startswith(s.target.value) else f"{s.target.value}: {s.reason}"
                                          for s in searches))
     names = f"any of {', '.join(s.target.value for s in searched)}"
+    try:  # the --fix choices are what every stack refuses, where layouts with them exist: each stack's reason
+        why = {s.target: stack_refusal(model, cluster, s.space, deadline) for s in searched} if searched[0].space.fixed else {}
+    except OutOfTime:
+        why = {}
+    if len(searched) > 1 and why and all(why.values()):
+        from planner.inputs import fix_key, fix_text  # planner.inputs builds search spaces: imported late
+
+        fixes = " and ".join(f"--fix {fix_key(k)}={fix_text(v)}" for k, v in searched[0].space.fixed.items())
+        return UsageError(f"no stack can run {fixes}: " + "; ".join(f"{t.value}: {w}" for t, w in why.items())
+                          + "; change or drop " + ("it" if len(searched[0].space.fixed) == 1 else "them") + ", or plan with --target generic")
     try:
         need = {s.target: min_memory_needed(model, cluster, s.job, s.space, deadline) for s in searched}
     except OutOfTime:
