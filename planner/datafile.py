@@ -185,8 +185,9 @@ def read_mapping(path: Path) -> tuple[dict, str]:
         raise UsageError(f"{path}: more than {MAX_JSON_NODES:,} values; not a spec or plan file")
     if depth > MAX_DEPTH:
         raise UsageError(f"{path}: nested more than {MAX_DEPTH} levels deep; not a spec or plan file")
-    if data is None:  # an empty YAML document, only comments, or null
-        blank = all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines())
+    if data is None:  # an empty YAML document (only comments or document markers), or null
+        blank = all(not ln.strip() or ln.lstrip().startswith("#") or ln.strip() in ("---", "...")
+                    for ln in text.splitlines())
         raise UsageError(f"{path}: {'empty' if blank else 'null'}; expected a mapping of fields")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
@@ -267,7 +268,13 @@ def validation_message(exc: ValidationError, path: Path | str | None = None, tex
     msg = msg.removeprefix("Value error, ")  # a validator's own sentence, which pydantic prefixes
     if err["type"] == "model_type":  # "... or instance of StageRecompute": a class name means nothing in a file
         cls = getattr(specs, err.get("ctx", {}).get("class_name", ""), None)
-        fields = f" ({', '.join(cls.model_fields)})" if isinstance(getattr(cls, "model_fields", None), dict) else ""
+        names = getattr(cls, "model_fields", None)
+        fields = ""
+        if isinstance(names, dict) and len(names) > 6:  # a model spec's 34 fields: its required ones say enough
+            required = [k for k, f in names.items() if f.is_required()]
+            fields = f" ({', '.join(required)} and {len(names) - len(required)} optional)"
+        elif isinstance(names, dict):
+            fields = f" ({', '.join(names)})"
         msg = f"expected a mapping of fields{fields}, got {short_text(repr(err['input']))}"
     more = ""
     if len(errors) > 1:  # name the others (up to four) so that one edit can fix them all

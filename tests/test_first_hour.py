@@ -157,7 +157,7 @@ def test_documents_with_a_plans_header_but_not_its_parts_and_empty_files(tmp_pat
     blank = tmp_path / "blank.json"
     blank.write_text(json.dumps({"schema_version": "", **{k: 1 for k in ("model", "cluster", "num_gpus", "job", "plan")}}))
     assert plan("show", str(blank)).stderr.startswith(f"error: {blank}: schema_version '' is not readable by this planner")
-    for text, what in (("", "empty"), ("# nothing yet\n", "empty"), ("null\n", "null")):
+    for text, what in (("", "empty"), ("# nothing yet\n", "empty"), ("---\n", "empty"), ("null\n", "null")):
         spec = tmp_path / "m.yaml"
         spec.write_text(text)
         res = plan("estimate", "--model", str(spec), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
@@ -317,6 +317,12 @@ def test_a_plan_document_at_odds_with_itself_names_its_own_fields(tmp_path):
     res = plan("show", str(bad))
     assert res.returncode == 2 and "field 'plan.stage_recompute.0': expected a mapping of fields (none, selective, full), got [32, 0, 0]" \
         in res.stderr, res.stderr
+    # a preset's name where its spec belongs: the spec's required fields, not all of its 34
+    bad = tmp_path / "model.json"
+    bad.write_text(json.dumps({**doc, "model": "llama3-8b"}))
+    res = plan("show", str(bad))
+    assert res.returncode == 2 and "field 'model': expected a mapping of fields (name, num_layers, hidden_size, num_heads, " \
+        "vocab_size, max_seq_len and 28 optional), got 'llama3-8b'" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("args,start", [

@@ -90,6 +90,25 @@ def test_a_gpu_profile_carries_the_kernel_tables():
     assert cpu.gemm is None and cpu.attention is None
 
 
+def test_a_rank_whose_memory_share_the_framework_fills_is_refused_in_one_line():
+    """assemble(): a rank's memory share (the host's memory over its ranks, on CPU) not above the
+    framework's own is a PlannerError naming both and what to change, not a DeviceSpec validation
+    traceback; just above it assembles."""
+    from planner.errors import PlannerError
+    from planner.profiler.profile import assemble
+    from planner.specs import MatmulPoint, ProfileEnvironment
+
+    env = ProfileEnvironment(torch_version="2.13", backend="gloo", device_type="cpu", device_name="cpu", dtype=DType.fp32,
+                             world_size=4, nproc_per_node=4, nnodes=1, date="2026-12-04", hostname="h", quick=True)
+    point = MatmulPoint(n=512, flops=2.0 * 512**3, seconds=1e-2, tflops=2.0 * 512**3 / 1e-2 / 1e12)
+    def result(capacity, overhead):
+        return {"env": env, "per_rank": [([], [point], 10.0, capacity, overhead)] * 4, "sweeps": [], "overlap": 1.0, "stacks": []}
+    with pytest.raises(PlannerError, match=r"^each of the 4 ranks per node has 1\.50 GiB of memory \(its share\), not more than "
+                                           r"the 1\.50 GiB its framework alone takes; profile with fewer ranks per node$"):
+        assemble(result(1.5, 1.5), "cpu", load_model("gpt2-124m"))
+    assert assemble(result(1.6, 1.5), "cpu", load_model("gpt2-124m")).device.framework_overhead_gib == 1.5
+
+
 def _sweeps(intra_gbps: float, inter_gbps: float):
     from planner.specs import Collective, CollectiveSweep, TimedPoint
 

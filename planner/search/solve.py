@@ -427,7 +427,10 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
     short = "no layout of the search space is valid for this model and GPU count (check --fix and divisibility)"
     shown = {k: f"--fix {fix_key(k)}={fix_text(v)}" for k, v in space.fixed.items()}
     try:
-        free = SearchSpace(**{**space.__dict__, "fixed": {}})
+        # the choices a fix keeps although they are dominated (gpipe, a mesh order, a ZeRO stage) are
+        # enumerated too: else the fix alone would be blamed for what another fix rules out
+        dominated = space.include_dominated or bool({"schedule", "mesh_order", "zero_stage"} & set(space.fixed))
+        free = SearchSpace(**{**space.__dict__, "fixed": {}, "include_dominated": dominated})
         layouts, rejected = enumerate_candidates(model, cluster, free, deadline=deadline)
         alone: set = set()
         fewest: Optional[frozenset] = None
@@ -444,13 +447,16 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
     # a tp over the scale-up domain, or a mesh order stretching a smaller one across nodes
     cross = (" (or --allow-cross-node-tp: tp may not leave a node)" if rejected.get(TP_ACROSS_NODES) and blamed & {"tp", "mesh_order"}
              and ("mesh_order" in blamed or fixed_tp is None or fixed_tp > cluster.domain_gpus) else "")
-    try:  # only where the stack runs layouts without the fixes: else the fixes are not what rules them out
-        refused = stack_refusal(model, cluster, space, deadline) if space.fixed and fewest is not None else None
+    # only where the stack runs layouts without the fixes: else the fixes are not what rules them out;
+    # a fix that alone rules out every layout is asked about alone (the others may have no layout with it)
+    ask = {k: space.fixed[k] for k in alone} if len(alone) == 1 and len(space.fixed) > 1 else space.fixed
+    try:
+        refused = stack_refusal(model, cluster, replace(space, fixed=ask), deadline) if space.fixed and fewest is not None else None
     except OutOfTime:
         refused = None
     if refused:  # layouts with the fixes exist; the target stack runs none of them
-        names = " and ".join(shown.values())
-        return (f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(shown) == 1 else 'them'}, "
+        names = " and ".join(shown[k] for k in ask)
+        return (f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(ask) == 1 else 'them'}, "
                 "or plan for another --target")
     if len(alone) == 1:
         return (f"no layout of the search space is valid with {shown[next(iter(alone))]} ({model.name} on {space.num_gpus:,} "
