@@ -216,6 +216,9 @@ def test_an_output_onto_the_resumed_journal_is_refused_before_anything_runs(opti
     (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--launcher", "bogus"], "bogus"),
     (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--journal", "no/such/dir/j.jsonl"],
      "cannot write no/such/dir/j.jsonl: directory"),
+    # what no layout changes is refused before a trial launches (every trial failed on it, and the tune exited 0)
+    (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--seq-len", "128",
+      "--scale-heads", "5"], "--scale-heads 5: it does not split hidden 768; use --scale-heads 6"),
 ])
 def test_bad_inputs_are_one_line(args, needle, tmp_path):
     res = subprocess.run([sys.executable, "-m", "planner.cli.main", "tune", *args], capture_output=True, text=True, timeout=60,

@@ -111,6 +111,17 @@ def test_out_of_memory_then_sigterm_then_resume(tmp_path):
     assert check.returncode in (0, 2) and check.stderr.count("\n") <= 1, check.stderr  # a plan file export reads
 
 
+def test_a_tune_whose_every_trial_failed_exits_1(tmp_path):
+    """One trial, out of memory (the limit above): the table shows it, and the tune ends with one
+    error line and exit 1, where it said "nothing measured" and exited 0."""
+    journal = tmp_path / "tune.jsonl"
+    res = subprocess.run(_tune_args(tmp_path, "--trials", "1", "--journal", str(journal), "--trial-memory-gib", LIMIT_GIB),
+                         capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == f"error: no trial ran to the end; each one's error is in the journal {journal}"
+    assert [t["status"] for t in _trial_lines(journal)] == ["oom"]
+
+
 def _slurm_up() -> str:
     if not shutil.which("srun") or not shutil.which("sinfo"):
         return "no srun/sinfo on PATH (.ci/slurm starts a one-node Slurm as root)"

@@ -15,7 +15,7 @@ from planner.cli.common import check_outputs, require_names, require_torch, targ
 from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOKENS, Real, Whole
 from planner.datafile import write_atomic
 from planner.distributed.launch import Interrupted, signals_interrupt
-from planner.errors import UsageError
+from planner.errors import PlannerError, UsageError
 from planner.inputs import cluster_size
 from planner.tune import journal
 from planner.tune.loop import Budget, TuneRequest, header, layout_label, request_of, tune as run_tune
@@ -105,6 +105,10 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
         api.solve(model, cluster, gpus=n, top_k=0, **request.search_keywords())  # a bad request fails here, before any trial
         path = Path(journal_path or time.strftime("plan-tune-%Y%m%d-%H%M%S.jsonl"))
         done = []
+    if scale:  # what no layout changes (heads that do not split the width), refused before a trial is launched
+        from planner.executor.prepare import Rehearsal, scale_model
+
+        scale_model(request.model, Rehearsal(**scale), 1, [])
     require_torch("tune")
     if not resume_path:
         journal.start(path, header(request, executor))
@@ -133,6 +137,8 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
             print(f"plan tune: {line}", file=sys.stderr)
     else:
         render.tune_report(result, output, plan_out if winner is not None else None)
+    if result.best is None:  # every trial failed: a failure, whatever the outputs say of it
+        raise PlannerError(f"no trial ran to the end; each one's error is in the journal {path}")
 
 
 def _json(result, profile, journal_path, output, plan_out) -> str:
