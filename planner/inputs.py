@@ -19,7 +19,7 @@ from planner.datafile import short_text
 from planner.errors import UsageError
 from planner.numerals import whole_number, whole_numbers
 from planner.search.candidates import SearchSpace
-from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem
+from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem, Target
 from planner.specs.job import ep_problem, tp_problem, world_size_problem
 
 # Bounds on what is physically meaningful (GPUs, sequences per step, tokens), the same for
@@ -311,6 +311,13 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
         for field in ("sequence_parallel", "tp_comm_overlap"):
             if fields[field] and field not in given:
                 changes.append(f"{field} dropped (tp 1)")
+                fields[field] = False
+    if "target" in given:  # what only some stacks run, the plan's own where the new target has none
+        from planner.stacks import STACKS  # imported late, as specs/job.py does
+
+        for field in ("tp_comm_overlap", "recompute_norm_act"):
+            if fields[field] and field not in given and not getattr(STACKS[Target(job.target)], field):
+                changes.append(f"{field} dropped ({Target(job.target).value} has none)")
                 fields[field] = False
     if (world_given or given.keys() & {"tp", "pp", "cp"}) and "dp" not in given:
         fields["dp"] = data_parallel(gpus, fields["tp"], fields["pp"], fields["cp"])

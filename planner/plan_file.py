@@ -52,6 +52,8 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
         alt = alts[alternative - 1]
         if not isinstance(alt, dict) or not isinstance(fields["job"], dict):
             raise UsageError(f"{path}: alternative {alternative} is malformed")
+        if alt.get("plan") is None:  # not "not a plan file": the document's own plan is there
+            raise UsageError(f"{path}: alternative {alternative} is malformed: it has no plan")
         fields["plan"] = alt.get("plan")
         if alt.get("global_batch_size") is not None:
             fields["job"] = {**fields["job"], "global_batch_size": alt["global_batch_size"]}

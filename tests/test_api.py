@@ -118,6 +118,17 @@ def test_a_what_if_to_tp_1_drops_sequence_parallelism_and_says_so():
     assert api.what_if(base, tp=4).document.plan.sequence_parallel
 
 
+def test_a_what_if_to_a_target_without_tp_overlap_drops_it_and_says_so():
+    """A target that lacks the plan's TP overlap (or norm/activation recompute): dropped with a
+    note, not refused with "drop it", which no option of `plan estimate --plan` can do."""
+    base = api.estimate(**H100_8, tp=2, sequence_parallel=True, tp_comm_overlap=True, target="megatron")
+    for target in ("deepspeed", "generic"):
+        got = api.what_if(base, target=target)
+        assert not got.document.plan.tp_comm_overlap and got.document.plan.sequence_parallel
+        assert got.changes == (f"target megatron -> {target}", f"tp_comm_overlap dropped ({target} has none)")
+    assert api.what_if(base, target="torchtitan").document.plan.tp_comm_overlap  # torchtitan has it: kept
+
+
 def test_a_what_if_of_vpp_says_the_schedule_it_changes():
     base = api.estimate("gpt2-124m", "dgx-h100-80gb", gpus=8, global_batch=64, pp=2, schedule="gpipe")
     got = api.what_if(base, vpp=3)
@@ -190,6 +201,18 @@ def test_an_alternative_a_document_lacks_is_a_usage_error():
     solved = api.solve("gpt3-1.3b", "dgx-a100-80gb", gpus=16, global_batch=64, seq_len=2048, top_k=1)
     with pytest.raises(UsageError, match=f"alternatives 1 to {len(solved.alternatives)}"):
         api.export_plan(solved, "megatron", alternative=len(solved.alternatives) + 1)
+
+
+def test_an_alternative_without_its_plan_is_named_not_the_file(tmp_path):
+    """The document's own plan is there: an alternative lacking one is that alternative's fault
+    (it read "not a plan file, missing plan")."""
+    solved = api.solve("gpt3-1.3b", "dgx-a100-80gb", gpus=16, global_batch=64, seq_len=2048, top_k=1)
+    path = tmp_path / "solve.json"
+    path.write_text(json.dumps({**solved.model_dump(mode="json"), "alternatives": [{}, []]}))
+    for k, why in ((1, "alternative 1 is malformed: it has no plan"), (2, "alternative 2 is malformed")):
+        with pytest.raises(UsageError) as err:
+            api.what_if(path, alternative=k)
+        assert str(err.value) == f"{path}: {why}"
 
 
 # --------------------------------------------------------------------------- files
