@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 
+from planner.datafile import short_text
 from planner.errors import PlannerError
 from planner.pictures import MAX_OPS, MEMORY_KINDS, Placement, Timeline, Window, rank_coordinates
 
@@ -93,7 +95,9 @@ def _title(fig, text: str, size: float, left: bool = False) -> None:
 def _layout(fig) -> None:
     """Lay the figure out now (the constrained layout that saving repeats), so that axes'
     pixel sizes are known."""
-    fig.get_layout_engine().execute(fig)
+    with warnings.catch_warnings():  # a title taller than the figure is drawn as it falls, not warned of on stderr
+        warnings.filterwarnings("ignore", message="constrained_layout not applied", category=UserWarning)
+        fig.get_layout_engine().execute(fig)
 
 
 def too_many_passes(passes: int, whole: int | None = None) -> None:
@@ -301,7 +305,8 @@ def render(fig, fmt: str) -> bytes:
     import matplotlib
 
     buf = io.BytesIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "plan"}):
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "plan"}), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="constrained_layout not applied", category=UserWarning)
         fig.savefig(buf, format=fmt, dpi=110)
     return buf.getvalue()
 
@@ -345,5 +350,5 @@ def size_figure(doc):
     else:  # no point has a plan: an empty chart says so rather than nothing
         ax.text(0.5, 0.5, "no point has a plan (the table says why)", transform=ax.transAxes, ha="center", va="center")
     ringed = " (ringed: adding GPUs stops paying)" if any(p.stops_paying for p in doc.points) else ""
-    _title(fig, f"{doc.model.name}: {doc.tokens / 1e12:,.3g}T tokens, batch {doc.global_batch_size:,} x {doc.seq_len:,}{ringed}", 9)
+    _title(fig, f"{short_text(doc.model.name)}: {doc.tokens / 1e12:,.3g}T tokens, batch {doc.global_batch_size:,} x {doc.seq_len:,}{ringed}", 9)
     return fig

@@ -208,7 +208,11 @@ def parse_int_list(text, what: str) -> Optional[list[int]]:
 def mesh_axes(order) -> list[str]:
     """Mesh order as "tp,dp,pp" (the CLI's) or a sequence of axis names (the API's)."""
     items = order.split(",") if isinstance(order, str) else order
-    return [getattr(a, "value", a).strip() for a in items]
+    axes = [str(getattr(a, "value", a)).strip().lower() for a in items]
+    if sorted(axes) != sorted(a.value for a in Axis):
+        shown = order if isinstance(order, str) else ",".join(str(getattr(a, "value", a)) for a in order)
+        raise UsageError(f"--mesh-order {shown!r}: give dp, tp and pp in some order, innermost (inside a node) first, e.g. tp,dp,pp")
+    return axes
 
 
 # --------------------------------------------------------------------------- a new layout (plan estimate)
@@ -243,7 +247,10 @@ def micro_batch_count(job: JobSpec, gpus: int, dp: int, tp: int, pp: int, cp: in
         raise UsageError(problem)
     per = dp * micro_batch_size
     if job.global_batch_size % per:
-        raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {per}")
+        share = job.global_batch_size // dp if job.global_batch_size % dp == 0 else None  # each replica's sequences
+        smaller = max(m for m in range(1, micro_batch_size + 1) if share % m == 0) if share else None
+        raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {per}; "
+                         + f"use {f'--micro-batch-size {smaller} or ' if smaller else ''}a global batch that is a multiple of {per}")
     return job.global_batch_size // per
 
 
@@ -287,7 +294,10 @@ def what_if_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dic
                        not job.flash_attention, cluster, updates.get("target", job.target.value),
                        updates.get("loss_kernel", job.loss_kernel.value if job.loss_kernel else None),
                        updates.get("moe_dispatcher", job.moe_dispatcher), updates.get("attention_kernel", job.attention_kernel))
-    changes = [f"{k} {_show(getattr(job, k))} -> {_show(getattr(new_job, k))}" for k in updates if getattr(job, k) != getattr(new_job, k)]
+    def show(value) -> str:  # a job field left unset takes its stack's default (loss_kernel, attention_kernel)
+        return "the stack's default" if value is None else _show(value)
+
+    changes = [f"{k} {show(getattr(job, k))} -> {show(getattr(new_job, k))}" for k in updates if getattr(job, k) != getattr(new_job, k)]
     return new_job, changes
 
 
@@ -464,7 +474,8 @@ def fp8_choices(allowed: bool, fixed: dict, cluster: ClusterSpec) -> tuple:
     change the numerics) and the device has them."""
     want = allowed or fixed.get("fp8") is True
     if want and cluster.device.fp8_peak_tflops is None:
-        raise UsageError(f"--fp8: {cluster.device.name} has no FP8 tensor cores ({specs.FP8_PARTS} do)")
+        flag = "--fp8" if allowed else "--fix fp8=true"
+        raise UsageError(f"{flag}: {cluster.device.name} has no FP8 tensor cores ({specs.FP8_PARTS} do); drop it or plan on one of those")
     return (False, True) if want else (False,)
 
 

@@ -351,3 +351,34 @@ def test_a_refused_fix_is_blamed_only_for_what_it_rules_out(args, start):
         assert res.stderr.rstrip().endswith("(or --allow-cross-node-tp: tp may not leave a node)")
     if "no stack can run" in start:
         assert "; deepspeed: " in res.stderr and res.stderr.rstrip().endswith("or plan with --target generic")
+
+
+def test_a_fuzz_of_every_command_found_these_lines_wanting(tmp_path):
+    """Each said what the user typed and what to do: the option's own name, not a field's or
+    another option's; a hint that works; the cap said beside a miss it changed."""
+    doc = tmp_path / "p.json"
+    assert plan("solve", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch", "64",
+                "--seq-len", "2048", "-o", str(doc)).returncode == 0
+    est = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64", "--seq-len", "2048"]
+    cases = [
+        (est + ["--mesh-order", "ep,tp,dp,pp"], 2,
+         "--mesh-order 'ep,tp,dp,pp': give dp, tp and pp in some order, innermost (inside a node) first, e.g. tp,dp,pp"),
+        (est + ["--micro-batch-size", "3"], 2,
+         "global batch 64 is not divisible by dp x micro_batch_size = 16 x 3 = 48; use --micro-batch-size 2 or a global batch that "
+         "is a multiple of 48"),
+        (["solve", *est[1:], "--fix", "fp8=true", "--cluster", "dgx-a100-80gb"], 2, "--fix fp8=true: A100-SXM4-80GB has no FP8"),
+        (["show", str(doc), "--memory", str(tmp_path / ".svg")], 2, "give the picture a name before its extension, e.g. memory.svg"),
+        (["run", str(doc), "--nnodes", "0"], 2, "--nnodes must be at least 1, got 0"),
+        (["profile", "--model", "gpt2-124m", "--micro-batch-sizes", "", "-o", str(tmp_path / "prof.json")], 2,
+         "--micro-batch-sizes must be comma-separated whole numbers"),
+        (["profile", "--model-factory", "foo", "-o", str(tmp_path / "prof.json")], 2,
+         "--model-factory must be package.module:function, got 'foo'"),
+        (["solve", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096",
+          "--max-memory-gib", "1000"], 1, "(--max-memory-gib 1000 is more than the device's 79.6 GiB: planned to the whole device)"),
+    ]
+    for args, code, needle in cases:
+        res = plan(*args)
+        assert res.returncode == code and res.stderr.count("\n") == 1 and needle in res.stderr, (args, res.stderr)
+    res = plan("estimate", "--plan", str(doc), "--loss-kernel", "fused")  # a job field the plan left to its stack
+    assert res.returncode == 0 and f"changed from {doc}: loss_kernel the stack's default -> fused" in res.stderr, res.stderr
+    assert not (tmp_path / "prof.json").exists()

@@ -61,7 +61,7 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
     if not 1 <= seq <= most:
         positions = " (the model's learned positions)" if model.learned_position_embeddings else ""
         raise UsageError(f"--seq-len must be between 1 and {most:,}{positions}, got {seq if abs(seq) < 10**20 else 'more'}")
-    mbs = _micro_batch_sizes(micro_batch_sizes or ("1" if quick else "1,2,4"))
+    mbs = _micro_batch_sizes(micro_batch_sizes if micro_batch_sizes is not None else ("1" if quick else "1,2,4"))
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, backend=backend)
     validate(spec)
     require_torch("profile")  # installed (not loaded yet): said before what this machine would hold
@@ -170,7 +170,8 @@ def _factory_importable_from_cwd(model_factory: str) -> None:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # what it prints at import: not ours to show
             load_factory(model_factory)
     except (ImportError, ValueError) as exc:
-        raise UsageError(f"--model-factory: {_one_line(exc)}") from None
+        why = _one_line(exc)  # load_factory's own messages name the option already
+        raise UsageError(why if why.startswith("--model-factory") else f"--model-factory: {why}") from None
     except SystemExit as exc:  # the module called sys.exit() while it was imported
         raise UsageError(f"--model-factory {model_factory!r}: importing it called sys.exit({exc.code!r})") from None
     except Exception as exc:  # whatever the user's module raises at import: its fault, said in one line

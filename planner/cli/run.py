@@ -99,7 +99,9 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
     check_seed(seed)
     case = prepare_case(doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr)
     if nproc_per_node is None:  # the plan's world, or the rehearsal's (--rehearse-dp)
-        if nnodes < 1 or case.plan.world_size % nnodes:
+        if nnodes < 1:
+            raise UsageError(f"--nnodes must be at least 1, got {nnodes}")
+        if case.plan.world_size % nnodes:
             raise UsageError(f"the plan's {case.plan.world_size} ranks do not split over --nnodes {nnodes}; give --nproc-per-node")
         nproc_per_node = case.plan.world_size // nnodes
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)

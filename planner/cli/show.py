@@ -21,7 +21,7 @@ from planner import pictures
 from planner.cli import render
 from planner.cli.common import check_picture_files, check_plan
 from planner.cli.types import ALTERNATIVE, RANGE
-from planner.datafile import write_atomic
+from planner.datafile import short_text, write_atomic
 from planner.errors import UsageError
 from planner.plan_file import read_plan_file
 
@@ -98,7 +98,7 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
 def picture_title(doc) -> str:
     """What every picture of the plan document `doc` is titled (and the terminal's first line)."""
     stack = "" if doc.job.target.value == "generic" else f" with {doc.job.target.value}"
-    return f"{doc.model.name} on {doc.num_gpus} x {doc.cluster.name}{stack}: {render.plan_summary(doc.plan)}"
+    return f"{short_text(doc.model.name)} on {doc.num_gpus} x {short_text(doc.cluster.name)}{stack}: {render.plan_summary(doc.plan)}"
 
 
 def _check_range(option: str, span: Optional[tuple[int, int]], count: int, what: str) -> None:

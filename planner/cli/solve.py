@@ -7,6 +7,7 @@ from typing import Optional
 import click
 
 from planner import api
+from planner.errors import InfeasibleError
 from planner.cli import render
 from planner.cli.common import require_names, solve_target_options
 from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOP_K
@@ -47,13 +48,20 @@ def solve(
         model = api.load_model(model_name)
         api.load_cluster(cluster_name)
         check_output(output)
-    doc = api.solve(
-        model, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, micro_batch_size=micro_batch_size,
-        micro_batches=micro_batches, seq_len=seq_len, target=stack, top_k=top_k, fixes=fixes, max_memory_gib=max_memory_gib,
-        allow_cross_node_tp=allow_cross_node_tp, fp8=fp8, time_limit=time_limit, solver=solver, precision=precision,
-        optimizer=optimizer, flash_attention=not no_flash_attention, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
-        moe_dispatcher=moe_dispatcher,
-    )
+    try:
+        doc = api.solve(
+            model, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, micro_batch_size=micro_batch_size,
+            micro_batches=micro_batches, seq_len=seq_len, target=stack, top_k=top_k, fixes=fixes, max_memory_gib=max_memory_gib,
+            allow_cross_node_tp=allow_cross_node_tp, fp8=fp8, time_limit=time_limit, solver=solver, precision=precision,
+            optimizer=optimizer, flash_attention=not no_flash_attention, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
+            moe_dispatcher=moe_dispatcher,
+        )
+    except InfeasibleError as exc:  # a cap above the device was planned to the whole device: said here too
+        device = api.load_cluster(cluster_name).device if max_memory_gib else None
+        if device is not None and max_memory_gib > device.memory_gib:
+            raise InfeasibleError(f"{exc} (--max-memory-gib {max_memory_gib:g} is more than the device's {device.memory_gib:g} GiB: "
+                                  "planned to the whole device)") from None
+        raise
     if output:
         api.write_plan(doc, output)
     capacity = doc.cluster.device.memory_gib
