@@ -338,6 +338,10 @@ def test_a_plan_document_at_odds_with_itself_names_its_own_fields(tmp_path):
     # without --target: every stack's reason, and generic, which runs it
     (["--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--seq-len", "4096", "--fix", "tp=8"],
      "error: no stack can run --fix tp=8: megatron: tp=8 over the 4 KV heads"),
+    # three stacks refuse the fixes before searching, the fourth runs none of the layouts with them (a tied model's
+    # pipeline): every stack's reason, where the one searched stack's was all it said
+    (["--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--gpus", "16", "--fix", "pp=2", "--fix", "schedule=gpipe"],
+     "error: no stack can run --fix pp=2 and --fix schedule=gpipe: megatron: --fix schedule=gpipe: schedule gpipe (megatron has"),
     # a clash of two fixes that generic refuses too: named both, and no --target generic advice
     (["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--seq-len", "4096", "--fix", "recompute=full",
       "--fix", "recompute_norm_act=true", "--target", "megatron"],

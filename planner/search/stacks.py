@@ -250,11 +250,13 @@ def stacks_infeasibility(model: ModelSpec, cluster: ClusterSpec, searches: list,
         why = {s.target: stack_refusal(model, cluster, s.space, deadline) for s in searched} if searched[0].space.fixed else {}
     except OutOfTime:
         why = {}
-    if len(searched) > 1 and why and all(why.values()):
+    refused = {s.target: s.fix_refused for s in searches if s.fix_refused}  # the stacks a fix ruled out before the search
+    if (len(searched) > 1 or refused) and why and all(why.values()):
         from planner.inputs import fix_key, fix_text  # planner.inputs builds search spaces: imported late
 
         fixes = " and ".join(f"--fix {fix_key(k)}={fix_text(v)}" for k, v in searched[0].space.fixed.items())
-        return UsageError(f"no stack can run {fixes}: " + "; ".join(f"{t.value}: {w}" for t, w in why.items())
+        reasons = {s.target: refused.get(s.target) or why[s.target] for s in searches if s.target in refused or s.target in why}
+        return UsageError(f"no stack can run {fixes}: " + "; ".join(f"{t.value}: {w}" for t, w in reasons.items())
                           + "; change or drop " + ("it" if len(searched[0].space.fixed) == 1 else "them") + ", or plan with --target generic")
     try:
         need = {s.target: min_memory_needed(model, cluster, s.job, s.space, deadline) for s in searched}
