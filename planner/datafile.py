@@ -186,8 +186,8 @@ def read_mapping(path: Path) -> tuple[dict, str]:
     if depth > MAX_DEPTH:
         raise UsageError(f"{path}: nested more than {MAX_DEPTH} levels deep; not a spec or plan file")
     if data is None:  # an empty YAML document (only comments or document markers), or null
-        blank = all(not ln.strip() or ln.lstrip().startswith("#") or ln.strip() in ("---", "...")
-                    for ln in text.splitlines())
+        blank = all(not ln.strip() or ln.lstrip().startswith(("#", "%")) or re.fullmatch(r"(---|\.\.\.)(\s+#.*)?", ln.strip())
+                    for ln in text.splitlines())  # comments, directives and document markers
         raise UsageError(f"{path}: {'empty' if blank else 'null'}; expected a mapping of fields")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
@@ -270,8 +270,8 @@ def validation_message(exc: ValidationError, path: Path | str | None = None, tex
         cls = getattr(specs, err.get("ctx", {}).get("class_name", ""), None)
         names = getattr(cls, "model_fields", None)
         fields = ""
-        if isinstance(names, dict) and len(names) > 6:  # a model spec's 34 fields: its required ones say enough
-            required = [k for k, f in names.items() if f.is_required()]
+        required = [k for k, f in names.items() if f.is_required()] if isinstance(names, dict) else []
+        if isinstance(names, dict) and len(names) > 6 and len(required) < len(names):  # a model spec's 34: the required say enough
             fields = f" ({', '.join(required)} and {len(names) - len(required)} optional)"
         elif isinstance(names, dict):
             fields = f" ({', '.join(names)})"

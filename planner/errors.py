@@ -17,3 +17,7 @@ class UsageError(PlannerError):
 
 class InfeasibleError(PlannerError):
     exit_code = 1
+
+
+class MemoryMiss(InfeasibleError):
+    """No layout fits in the memory limit (as opposed to no valid layout at all)."""

@@ -211,7 +211,8 @@ def mesh_axes(order) -> list[str]:
     axes = [str(getattr(a, "value", a)).strip().lower() for a in items]
     if sorted(axes) != sorted(a.value for a in Axis):
         shown = order if isinstance(order, str) else ",".join(str(getattr(a, "value", a)) for a in order)
-        raise UsageError(f"--mesh-order {shown!r}: give dp, tp and pp in some order, innermost (inside a node) first, e.g. tp,dp,pp")
+        raise UsageError(f"--mesh-order {short_text(shown)!r}: give dp, tp and pp in some order, innermost (inside a node) first, "
+                         "e.g. tp,dp,pp")
     return axes
 
 
@@ -247,10 +248,12 @@ def micro_batch_count(job: JobSpec, gpus: int, dp: int, tp: int, pp: int, cp: in
         raise UsageError(problem)
     per = dp * micro_batch_size
     if job.global_batch_size % per:
-        share = job.global_batch_size // dp if job.global_batch_size % dp == 0 else None  # each replica's sequences
-        smaller = max(m for m in range(1, micro_batch_size + 1) if share % m == 0) if share else None
-        raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {per}; "
-                         + f"use {f'--micro-batch-size {smaller} or ' if smaller else ''}a global batch that is a multiple of {per}")
+        share = job.global_batch_size // dp if job.global_batch_size % dp == 0 else 0  # each replica's sequences
+        smaller = max((m for m in range(1, min(micro_batch_size, share) + 1) if share % m == 0), default=None)
+        ways = ([f"--micro-batch-size {smaller}"] if smaller else []) + ([f"a global batch that is a multiple of {per}"]
+                                                                         if per <= MAX_GLOBAL_BATCH else [])
+        raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {per}"
+                         + (f"; use {' or '.join(ways)}" if ways else ""))
     return job.global_batch_size // per
 
 
@@ -412,7 +415,7 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
                     raise ValueError
                 fixed[field] = value.lower() in ("true", "1", "yes", "on")
             elif kind == "axes":
-                axes = tuple(Axis(a.strip()) for a in value.split(","))
+                axes = tuple(Axis(a.strip().lower()) for a in value.split(","))
                 if sorted(a.value for a in axes) != ["dp", "pp", "tp"]:
                     raise ValueError
                 fixed[field] = axes

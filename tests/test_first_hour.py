@@ -157,7 +157,8 @@ def test_documents_with_a_plans_header_but_not_its_parts_and_empty_files(tmp_pat
     blank = tmp_path / "blank.json"
     blank.write_text(json.dumps({"schema_version": "", **{k: 1 for k in ("model", "cluster", "num_gpus", "job", "plan")}}))
     assert plan("show", str(blank)).stderr.startswith(f"error: {blank}: schema_version '' is not readable by this planner")
-    for text, what in (("", "empty"), ("# nothing yet\n", "empty"), ("---\n", "empty"), ("null\n", "null")):
+    for text, what in (("", "empty"), ("# nothing yet\n", "empty"), ("---\n", "empty"), ("%YAML 1.2\n--- # none yet\n", "empty"),
+                       ("null\n", "null")):
         spec = tmp_path / "m.yaml"
         spec.write_text(text)
         res = plan("estimate", "--model", str(spec), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8")
@@ -371,7 +372,10 @@ def test_a_fuzz_of_every_command_found_these_lines_wanting(tmp_path):
          "global batch 64 is not divisible by dp x micro_batch_size = 16 x 3 = 48; use --micro-batch-size 2 or a global batch that "
          "is a multiple of 48"),
         (["solve", *est[1:], "--fix", "fp8=true", "--cluster", "dgx-a100-80gb"], 2, "--fix fp8=true: A100-SXM4-80GB has no FP8"),
-        (["show", str(doc), "--memory", str(tmp_path / ".svg")], 2, "give the picture a name before its extension, e.g. memory.svg"),
+        (["show", str(doc), "--memory", str(tmp_path / ".svg")], 2,
+         f"give the picture a name before its extension, e.g. {tmp_path / 'memory.svg'}"),
+        (["show", str(doc), "--memory", "svg"], 2, "--memory svg: the picture's format comes from the extension; use .svg or .png"),
+        (["solve", *est[1:], "--fix", "mesh_order=TP,DP"], 2, "--fix 'mesh_order=TP,DP': not a valid value for mesh_order"),
         (["run", str(doc), "--nnodes", "0"], 2, "--nnodes must be at least 1, got 0"),
         (["profile", "--model", "gpt2-124m", "--micro-batch-sizes", "", "-o", str(tmp_path / "prof.json")], 2,
          "--micro-batch-sizes must be comma-separated whole numbers"),

@@ -246,9 +246,6 @@ def test_solve_human_output_explains():
         # gpipe has no virtual stages: the two clash, neither alone rules out every layout (gpipe,
         # dominated by 1F1B, was left out of the search without the fixes, and blamed alone)
         (["--fix", "schedule=gpipe", "--fix", "vpp=2", "--target", "generic"], 1, "--fix schedule=gpipe and --fix vpp=2 together"),
-        # torchtitan runs no layout with vpp 2 of this tied model: that fix is asked about alone, and its reason given
-        (["--fix", "schedule=gpipe", "--fix", "vpp=2", "--target", "torchtitan"], 1,
-         "no layout torchtitan can run has --fix vpp=2: tied embeddings with pipeline parallelism"),
         (["--gpus", "1048576"], 1, "valid for gpt3-1.3b on 1,048,576 GPUs with global batch 128"),
         (["--max-memory-gib", "1"], 1, "a higher --max-memory-gib (the device's own limit is"),
         (["--fix", "banana=2"], 2, "expected KEY=VALUE"),

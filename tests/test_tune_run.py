@@ -113,13 +113,17 @@ def test_out_of_memory_then_sigterm_then_resume(tmp_path):
 
 def test_a_tune_whose_every_trial_failed_exits_1(tmp_path):
     """One trial, out of memory (the limit above): the table shows it, and the tune ends with one
-    error line and exit 1, where it said "nothing measured" and exited 0."""
+    error line and exit 1, where it said "nothing measured" and exited 0; no tuned profile (it
+    would be fitted to nothing) and no plan are written."""
     journal = tmp_path / "tune.jsonl"
-    res = subprocess.run(_tune_args(tmp_path, "--trials", "1", "--journal", str(journal), "--trial-memory-gib", LIMIT_GIB),
+    res = subprocess.run(_tune_args(tmp_path, "--trials", "1", "--journal", str(journal), "--trial-memory-gib", LIMIT_GIB,
+                                    "-o", "tuned.json", "--plan-out", "plan.json"),
                          capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert res.returncode == 1, res.stderr
-    assert res.stderr.strip().splitlines()[-1] == f"error: no trial ran to the end; each one's error is in the journal {journal}"
+    assert res.stderr.strip().splitlines()[-1] == (f"error: no trial ran to the end, so nothing was written; each one's error is in "
+                                                   f"the journal {journal}")
     assert [t["status"] for t in _trial_lines(journal)] == ["oom"]
+    assert "written to" not in res.stderr and not (tmp_path / "tuned.json").exists() and not (tmp_path / "plan.json").exists()
 
 
 def _slurm_up() -> str:

@@ -139,8 +139,9 @@ def check_picture_files(files: dict, read: tuple = (), others: Optional[dict] = 
 
     for k, f in files.items():
         ext = Path(f).suffix.lower().lstrip(".")
-        if ext not in FORMATS and Path(f).name.lower().lstrip(".") in FORMATS:  # '.svg' is a name without an extension
-            raise UsageError(f"--{k} {f}: give the picture a name before its extension, e.g. {k}.{Path(f).name.lower().lstrip('.')}")
+        name = Path(f).name.lower()
+        if name.startswith(".") and name[1:] in FORMATS:  # '.svg' is a name without an extension
+            raise UsageError(f"--{k} {f}: give the picture a name before its extension, e.g. {Path(f).with_name(f'{k}{name}')}")
         if ext not in FORMATS:
             raise UsageError(f"--{k} {f}: the picture's format comes from the extension; use .svg or .png")
     check_outputs({**(others or {}), **{f"--{k}": f for k, f in files.items()}}, read, "output" if others else "picture")

@@ -7,7 +7,7 @@ from typing import Optional
 import click
 
 from planner import api
-from planner.errors import InfeasibleError
+from planner.errors import MemoryMiss
 from planner.cli import render
 from planner.cli.common import require_names, solve_target_options
 from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOP_K
@@ -56,10 +56,10 @@ def solve(
             optimizer=optimizer, flash_attention=not no_flash_attention, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
             moe_dispatcher=moe_dispatcher,
         )
-    except InfeasibleError as exc:  # a cap above the device was planned to the whole device: said here too
+    except MemoryMiss as exc:  # a cap above the device was planned to the whole device: said beside the miss it changed
         device = api.load_cluster(cluster_name).device if max_memory_gib else None
         if device is not None and max_memory_gib > device.memory_gib:
-            raise InfeasibleError(f"{exc} (--max-memory-gib {max_memory_gib:g} is more than the device's {device.memory_gib:g} GiB: "
+            raise MemoryMiss(f"{exc} (--max-memory-gib {max_memory_gib:g} is more than the device's {device.memory_gib:g} GiB: "
                                   "planned to the whole device)") from None
         raise
     if output:

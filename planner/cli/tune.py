@@ -127,18 +127,20 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
                           exc.exit_code - 128) from None
     profile = tuned_profile(result, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     winner = winner_document(result, profile)
-    if output:
+    measured = result.best is not None  # every trial failed: a failure, and no tuned profile fitted to nothing
+    if output and measured:
         write_atomic(output, profile.model_dump_json(indent=2) + "\n")
     if plan_out and winner is not None:
         write_atomic(plan_out, winner.model_dump_json(indent=2) + "\n")
+    written = output if measured else None
     if as_json:
-        click.echo(_json(result, profile, path, output, plan_out if winner is not None else None))
+        click.echo(_json(result, profile, path, written, plan_out if winner is not None else None))
         for line in render.tune_summary(result):
             print(f"plan tune: {line}", file=sys.stderr)
     else:
-        render.tune_report(result, output, plan_out if winner is not None else None)
-    if result.best is None:  # every trial failed: a failure, whatever the outputs say of it
-        raise PlannerError(f"no trial ran to the end; each one's error is in the journal {path}")
+        render.tune_report(result, written, plan_out if winner is not None else None)
+    if not measured:
+        raise PlannerError(f"no trial ran to the end, so nothing was written; each one's error is in the journal {path}")
 
 
 def _json(result, profile, journal_path, output, plan_out) -> str:

@@ -28,7 +28,7 @@ from cost_models.estimate import evaluate
 from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
 from cost_models.terms import MODES
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, MemoryMiss
 from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recompute, StageRecompute
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
@@ -391,7 +391,7 @@ def _infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: 
         return InfeasibleError(_no_valid_layout(model, cluster, space, deadline))
     over = need - limit_gib
     if over <= 0:  # the floor ignores what the target stack cannot express of splits and recompute
-        return InfeasibleError(
+        return MemoryMiss(
             f"no layout fits in {gib(limit_gib)} GiB per GPU under what {stacks or job.target.value} can express (its splits and "
             f"recompute rules; a free split would need {need:.1f} GiB); try --target generic to see the free optimum, "
             "more GPUs, or a larger-memory cluster"
@@ -411,7 +411,7 @@ def _infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: 
     if limit_gib < device_limit and need <= device_limit:  # --max-memory-gib, below what the device holds and would do
         hints.append(f"a higher --max-memory-gib (the device's own limit is {gib(device_limit)} GiB)")
     hints.append("a larger-memory cluster")
-    return InfeasibleError(
+    return MemoryMiss(
         f"no layout fits in {gib(limit_gib)} GiB per GPU: the least any layout needs (full recompute, best ZeRO stage and split) "
         f"is {need:.1f} GiB, {_over(over, limit_gib)}; to fit, try {', or '.join(hints)}"
     )
@@ -447,16 +447,13 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
     # a tp over the scale-up domain, or a mesh order stretching a smaller one across nodes
     cross = (" (or --allow-cross-node-tp: tp may not leave a node)" if rejected.get(TP_ACROSS_NODES) and blamed & {"tp", "mesh_order"}
              and ("mesh_order" in blamed or fixed_tp is None or fixed_tp > cluster.domain_gpus) else "")
-    # only where the stack runs layouts without the fixes: else the fixes are not what rules them out;
-    # a fix that alone rules out every layout is asked about alone (the others may have no layout with it)
-    ask = {k: space.fixed[k] for k in alone} if len(alone) == 1 and len(space.fixed) > 1 else space.fixed
-    try:
-        refused = stack_refusal(model, cluster, replace(space, fixed=ask), deadline) if space.fixed and fewest is not None else None
+    try:  # only where the stack runs layouts without the fixes: else the fixes are not what rules them out
+        refused = stack_refusal(model, cluster, space, deadline) if space.fixed and fewest is not None else None
     except OutOfTime:
         refused = None
     if refused:  # layouts with the fixes exist; the target stack runs none of them
-        names = " and ".join(shown[k] for k in ask)
-        return (f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(ask) == 1 else 'them'}, "
+        names = " and ".join(shown.values())
+        return (f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(shown) == 1 else 'them'}, "
                 "or plan for another --target")
     if len(alone) == 1:
         return (f"no layout of the search space is valid with {shown[next(iter(alone))]} ({model.name} on {space.num_gpus:,} "
