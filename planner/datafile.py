@@ -270,11 +270,12 @@ def validation_message(exc: ValidationError, path: Path | str | None = None, tex
         cls = getattr(specs, err.get("ctx", {}).get("class_name", ""), None)
         names = getattr(cls, "model_fields", None)
         fields = ""
-        required = [k for k, f in names.items() if f.is_required()] if isinstance(names, dict) else []
-        if isinstance(names, dict) and len(names) > 6 and len(required) < len(names):  # a model spec's 34: the required say enough
-            fields = f" ({', '.join(required)} and {len(names) - len(required)} optional)"
-        elif isinstance(names, dict):
-            fields = f" ({', '.join(names)})"
+        if isinstance(names, dict):
+            required = [k for k, f in names.items() if f.is_required()]
+            if len(names) > 6 and len(required) < len(names):  # a model spec's 34 fields: its required ones say enough
+                fields = f" ({', '.join(required)} and {len(names) - len(required)} optional)"
+            else:
+                fields = f" ({', '.join(names)})"
         msg = f"expected a mapping of fields{fields}, got {short_text(repr(err['input']))}"
     more = ""
     if len(errors) > 1:  # name the others (up to four) so that one edit can fix them all

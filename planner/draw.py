@@ -6,6 +6,7 @@ nothing leaks between calls and no display is needed."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import warnings
@@ -95,9 +96,17 @@ def _title(fig, text: str, size: float, left: bool = False) -> None:
 def _layout(fig) -> None:
     """Lay the figure out now (the constrained layout that saving repeats), so that axes'
     pixel sizes are known."""
-    with warnings.catch_warnings():  # a title taller than the figure is drawn as it falls, not warned of on stderr
-        warnings.filterwarnings("ignore", message="constrained_layout not applied", category=UserWarning)
+    with _layout_unwarned():
         fig.get_layout_engine().execute(fig)
+
+
+@contextlib.contextmanager
+def _layout_unwarned():
+    """matplotlib's 'constrained_layout not applied' warning (a title taller than the figure,
+    drawn as it falls) kept off stderr."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="constrained_layout not applied", category=UserWarning)
+        yield
 
 
 def too_many_passes(passes: int, whole: int | None = None) -> None:
@@ -305,8 +314,7 @@ def render(fig, fmt: str) -> bytes:
     import matplotlib
 
     buf = io.BytesIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "plan"}), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="constrained_layout not applied", category=UserWarning)
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "plan"}), _layout_unwarned():
         fig.savefig(buf, format=fmt, dpi=110)
     return buf.getvalue()
 

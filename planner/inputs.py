@@ -20,7 +20,7 @@ from planner.errors import UsageError
 from planner.numerals import whole_number, whole_numbers
 from planner.search.candidates import SearchSpace
 from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem, Target
-from planner.specs.job import ep_problem, tp_problem, world_size_problem
+from planner.specs.job import STACK_FEATURES, ep_problem, tp_problem, world_size_problem
 
 # Bounds on what is physically meaningful (GPUs, sequences per step, tokens), the same for
 # options as for documents (planner/specs/base.py, where each is explained). Beyond them an input is a typo.
@@ -205,12 +205,19 @@ def parse_int_list(text, what: str) -> Optional[list[int]]:
     return numbers
 
 
+def axis_names(items) -> Optional[list[str]]:
+    """Axis names (or Axis members) as dp, tp and pp in some order, in any case; None where they
+    are not (--mesh-order and --fix mesh_order both read with it)."""
+    axes = [str(getattr(a, "value", a)).strip().lower() for a in items]
+    return axes if sorted(axes) == sorted(a.value for a in Axis) else None
+
+
 def mesh_axes(order) -> list[str]:
     """Mesh order as "tp,dp,pp" (the CLI's) or a sequence of axis names (the API's)."""
     items = order.split(",") if isinstance(order, str) else order
-    axes = [str(getattr(a, "value", a)).strip().lower() for a in items]
-    if sorted(axes) != sorted(a.value for a in Axis):
-        shown = order if isinstance(order, str) else ",".join(str(getattr(a, "value", a)) for a in order)
+    axes = axis_names(items)
+    if axes is None:
+        shown = order if isinstance(order, str) else ",".join(str(getattr(a, "value", a)) for a in items)
         raise UsageError(f"--mesh-order {short_text(shown)!r}: give dp, tp and pp in some order, innermost (inside a node) first, "
                          "e.g. tp,dp,pp")
     return axes
@@ -328,7 +335,7 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
     if "target" in given:  # what only some stacks run, the plan's own where the new target has none
         from planner.stacks import STACKS  # imported late, as specs/job.py does
 
-        for field in ("tp_comm_overlap", "recompute_norm_act"):
+        for field in STACK_FEATURES:
             if fields[field] and field not in given and not getattr(STACKS[Target(job.target)], field):
                 changes.append(f"{field} dropped ({Target(job.target).value} has none)")
                 fields[field] = False
@@ -415,10 +422,10 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
                     raise ValueError
                 fixed[field] = value.lower() in ("true", "1", "yes", "on")
             elif kind == "axes":
-                axes = tuple(Axis(a.strip().lower()) for a in value.split(","))
-                if sorted(a.value for a in axes) != ["dp", "pp", "tp"]:
+                axes = axis_names(value.split(","))
+                if axes is None:
                     raise ValueError
-                fixed[field] = axes
+                fixed[field] = tuple(Axis(a) for a in axes)
             elif field == "schedule":
                 fixed[field] = Schedule(value)
             else:

@@ -56,21 +56,27 @@ def solve(
             optimizer=optimizer, flash_attention=not no_flash_attention, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
             moe_dispatcher=moe_dispatcher,
         )
-    except MemoryMiss as exc:  # a cap above the device was planned to the whole device: said beside the miss it changed
-        device = api.load_cluster(cluster_name).device if max_memory_gib else None
-        if device is not None and max_memory_gib > device.memory_gib:
-            raise MemoryMiss(f"{exc} (--max-memory-gib {max_memory_gib:g} is more than the device's {device.memory_gib:g} GiB: "
-                                  "planned to the whole device)") from None
+    except MemoryMiss as exc:  # said beside the miss it changed
+        capped = _capped(max_memory_gib, api.load_cluster(cluster_name).device.memory_gib) if max_memory_gib else None
+        if capped:
+            raise MemoryMiss(f"{exc} ({capped})") from None
         raise
     if output:
         api.write_plan(doc, output)
-    capacity = doc.cluster.device.memory_gib
-    if max_memory_gib and max_memory_gib > capacity:  # planned to the whole device (memory_limit_gib), said
-        render.note(f"note: --max-memory-gib {max_memory_gib:g} is more than the device's {capacity:g} GiB: "
-                    f"planned to the whole device")
+    capped = _capped(max_memory_gib, doc.cluster.device.memory_gib)
+    if capped:
+        render.note(f"note: {capped}")
     if as_json:
         click.echo(doc.model_dump_json(indent=2))
     else:
         render.solve_report(doc, memory_limit_gib(doc.cluster, max_memory_gib))
     if output:  # on stderr, with --json too
         render.note(f"plan written to {output}")
+
+
+def _capped(max_memory_gib: Optional[float], capacity: float) -> Optional[str]:
+    """What a --max-memory-gib above the device's memory became (memory_limit_gib plans to the
+    whole device), or None where it was not above it."""
+    if max_memory_gib and max_memory_gib > capacity:
+        return f"--max-memory-gib {max_memory_gib:g} is more than the device's {capacity:g} GiB: planned to the whole device"
+    return None

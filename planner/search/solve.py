@@ -430,7 +430,7 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
         # the choices a fix keeps although they are dominated (gpipe, a mesh order, a ZeRO stage) are
         # enumerated too: else the fix alone would be blamed for what another fix rules out
         dominated = space.include_dominated or bool({"schedule", "mesh_order", "zero_stage"} & set(space.fixed))
-        free = SearchSpace(**{**space.__dict__, "fixed": {}, "include_dominated": dominated})
+        free = replace(space, fixed={}, include_dominated=dominated)
         layouts, rejected = enumerate_candidates(model, cluster, free, deadline=deadline)
         alone: set = set()
         fewest: Optional[frozenset] = None

@@ -153,6 +153,11 @@ def world_size_problem(dp: int, cp: int, tp: int, pp: int, num_gpus: int) -> Opt
     return (f"{names} = {values} = {dp * cp * tp * pp}, but the cluster has {num_gpus} GPUs; "
             f"change {names.replace(' x ', ', ')} so that their product is {num_gpus}")
 
+# Plan fields (booleans) that only some stacks run: a Plan with one on refuses a target without it
+# (Plan's check below), and a what-if to such a target drops it (planner/inputs.py:what_if_layout).
+STACK_FEATURES = ("tp_comm_overlap", "recompute_norm_act")
+
+
 class Plan(_Spec):
     """A parallel layout of one training job on one cluster."""
 
@@ -317,7 +322,7 @@ class Plan(_Spec):
             raise PlanError(
                 f"the interleaved schedule needs micro-batches ({self.num_micro_batches}) to be a multiple of pp ({self.pp})"
             )
-        for feature in ("tp_comm_overlap", "recompute_norm_act"):  # what only some stacks run
+        for feature in STACK_FEATURES:
             if getattr(self, feature):
                 from planner.stacks import STACKS, having  # imported here: planner.stacks imports this module
 
