@@ -33,6 +33,11 @@ sliding_window / sliding_window_layers. A record whose "parallel" names its reci
 ("dispatcher": "deepep") is costed with it (JobSpec.moe_dispatcher), else with the all-to-all. Where a record states them, "recompute_mode" (how its recompute is costed),
 "layers_per_stage" (the pipeline split) and "tp_comm_overlap" are read as they are; Megatron's recompute
 modules layernorm and moe_act are Plan.recompute_norm_act.
+Megatron runs of NVIDIA's performance recipes are costed with bf16 gradient reduction
+(JobSpec.grad_reduce_bf16, BF16_GRAD_FRAMEWORKS): Megatron-Bridge's performance scripts set
+recipe.ddp.grad_reduce_in_fp32 = False (scripts/performance/utils/helpers.py:
+set_basic_perf_overrides), NeMo 2's the same, and the NeMo launcher's configs sync gradients in
+bf16 (optim.grad_sync_dtype bf16); the other Megatron runs keep Megatron's fp32 main gradients.
 Runs the cost model does not cover are listed by `excluded()` with the reason: FP8, CPU offload,
 context parallelism (issue 12), a 500 W power-capped H100 (no preset for it), missing
 model dimensions or GPU count, and for mixture-of-experts runs expert-TP other than 1, TP
@@ -302,6 +307,11 @@ def _moe_problem(rec: dict) -> Optional[str]:
 DEEPSPEED_GROUPS = ("bloom", "gpt_neox_20b")
 
 
+# The frameworks (a record's "framework") whose performance recipes reduce gradients in bf16 (the
+# module docstring)
+BF16_GRAD_FRAMEWORKS = ("Megatron-Bridge", "NeMo 24.", "NeMo 25.", "NeMo (nemo:24", "NeMo Megatron (nemo:24")
+
+
 def stack_of(rec: dict) -> str:
     """The training stack (JobSpec.target) a record ran on, whose constants it calibrates:
     Megatron-Core / NeMo / Megatron-Bridge -> megatron; DeepSpeed-based -> deepspeed; the
@@ -350,7 +360,8 @@ def case(rec: dict) -> Case:
                   # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
                   loss_kernel="fused" if rec["group"].startswith("llm_foundry") else None,
                   # the dispatcher the record's recipe runs ("deepep": the Megatron-Core MoE model zoo)
-                  moe_dispatcher=p.get("dispatcher") or "alltoall")
+                  moe_dispatcher=p.get("dispatcher") or "alltoall",
+                  grad_reduce_bf16=stack == "megatron" and (rec.get("framework") or "").startswith(BF16_GRAD_FRAMEWORKS))
     per_gpu = res.get("tokens_per_sec_per_gpu")
     if per_gpu is None and res.get("tokens_per_sec"):
         per_gpu = res["tokens_per_sec"] / n

@@ -133,6 +133,8 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, dense: bool = False
     if model.linear_bias:
         sharded += sum(o for _, o, kind in attn if kind == "column") + mlp_in * (f // tp)  # column-parallel biases
         replicated += 2 * h  # row-parallel biases (attention output, fc2)
+    elif model.qkv_bias:  # Qwen2: the query, key and value projections' biases only
+        sharded += sum(o for _, o, kind in attn if kind == "column")
     replicated += norm_weights(model, model.norms_per_layer * h + latent_norm_width(model))
     if model.qk_norm:
         replicated += 2 * d  # one weight of head_dim each for queries and keys, shared by the heads (Qwen3, Gemma 3)

@@ -32,25 +32,139 @@ GIB = float(2**30)
 
 
 def state_bytes_per_param(precision: DType, optimizer: Optimizer) -> tuple[int, int, int]:
-    """(weight, gradient, optimizer-state) bytes per parameter before ZeRO sharding."""
+    """(weight, gradient, optimizer-state) bytes per parameter before ZeRO sharding, as the ZeRO
+    paper counts them (the "zero" recipe)."""
     if precision == DType.fp32:
         return (4, 4, 8 if optimizer == Optimizer.adam else 4)
     # 16-bit compute copy and gradients; fp32 master weights + fp32 moments.
     return (2, 2, 12 if optimizer == Optimizer.adam else 8)
 
 
-def model_state_bytes(
-    params: float, dp: int, zero_stage: int, precision: DType, optimizer: Optimizer
-) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer states) bytes on one GPU holding `params` parameters.
+# How each training stack holds the model states (STATE_RECIPES; a Stack names its recipe,
+# planner/stacks/<name>/__init__.py). Per category, (bytes every rank of the ZeRO group keeps,
+# bytes split over the group), per parameter; `sharded` below adds them up. h is the compute
+# copy (2 at 16 bits, 4 at fp32), m the optimizer moments (Adam's two fp32, SGD's one), w the
+# fp32 master weights a 16-bit run keeps (0 at fp32).
+#
+# zero        Rajbhandari et al. 2020 sec. 5 (plan run's executor, `generic`): weights h,
+#             gradients h, optimizer w + m; stages 1 / 2 / 3 shard the optimizer / + gradients /
+#             + weights: 16, 4 + 12/d, 2 + 14/d, 16/d bytes (bf16, Adam).
+# megatron    Megatron-LM (core_v0.16.1): bf16 runs keep fp32 main gradients in the DDP grad
+#             buffer (arguments.py turns accumulate_allreduce_grads_in_fp32 on for --bf16;
+#             distributed/param_and_grad_buffer.py sizes the buffer in grad_dtype), which the
+#             distributed optimizer (ZeRO-1) leaves whole and reduce-scatters; fp16 runs keep
+#             16-bit gradients and the optimizer an fp32 copy of its shard. Megatron's own table
+#             (docs/source/api-guide/dist_optimizer.md): bf16 param / fp32 grads 18 and 6 + 12/d,
+#             fp16 / fp16 20 and 4 + 16/d, fp32 16 and 8 + 8/d. --grad-reduce-in-bf16 makes the
+#             buffer 16-bit: 4 + 12/d (megatron_bf16_grads). ZeRO-2/3 are Megatron-FSDP
+#             (--use-megatron-fsdp, optim_grads / optim_grads_params), which shards the main
+#             gradients and then the weights too: 2 + 16/d and 18/d (Megatron-MoE-ModelZoo runs).
+# deepspeed   DeepSpeed 0.19.8 with bf16 and its default 16-bit gradient accumulation: ZeRO-0
+#             the fused 16-bit optimizer (fp32 master weights whole) 16; ZeRO-1 the 16-bit
+#             gradients whole plus the fp32 gradient partition the ZeRO optimizer steps on
+#             (runtime/zero/stage_1_and_2.py: single_partition_of_fp32_groups) 4 + 16/d; ZeRO-2
+#             2 + 18/d ("2_grads_16bit + 4_grads_32bit + 4_params_32bit +
+#             8_optimizer_states_32bit", its estimate_zero2_model_states_mem_needs) and ZeRO-3
+#             18/d (16-bit weights and the fp32 partitions: estimate_zero3_model_states_mem_needs,
+#             whose 16-bit gradients live only in its reduce bucket and the current layer).
+# fsdp2       torch FSDP2 with MixedPrecisionPolicy(param_dtype=bf16) as torchtitan 0.3 applies it
+#             to every layout (models/llama3/parallelize.py: apply_fsdp_to_decoder "always", a
+#             shard degree of 1 at ZeRO-0): the sharded parameters stay fp32 (the master weights
+#             are the parameters), the gradients are fp32 shards, no separate master copy: 16/d;
+#             ZeRO-2 (reshard_after_forward False) also keeps every layer's unsharded 16-bit copy
+#             from forward to backward: h + 16/d.
+# accelerate  Accelerate 1.15: ZeRO-2/3 as fsdp2 (utils/fsdp_utils.py upcasts the sharded
+#             parameters to fp32); ZeRO-0 is DistributedDataParallel under bf16 autocast: fp32
+#             parameters, fp32 gradients and DDP's bucket copy of them (gradient_as_bucket_view
+#             off, its default), and the 16-bit weight casts autocast makes in forward, which
+#             autograd keeps for backward: 4 + 2 + 4 + 4 + 8 = 22.
+STATE_RECIPES = ("zero", "megatron", "megatron_bf16_grads", "deepspeed", "fsdp2", "accelerate")
 
-    Mixed-precision Adam: stage 0: 16 Psi; 1: 4 Psi + 12 Psi/N; 2: 2 Psi + 14 Psi/N; 3: 16 Psi/N.
+
+def state_parts(recipe: str, zero_stage: int, precision: DType, optimizer: Optimizer) -> tuple[tuple[float, float], ...]:
+    """((kept, split) bytes per parameter) for weights, gradients and optimizer states, as
+    `recipe` holds them at `zero_stage` (the comment above says where each number comes from)."""
+    half = precision != DType.fp32
+    h = DTYPE_BYTES[precision]
+    m = 8 if optimizer == Optimizer.adam else 4
+    w = 4 if half else 0
+    z = zero_stage
+    if recipe == "zero":
+        return ((0, h) if z >= 3 else (h, 0)), ((0, h) if z >= 2 else (h, 0)), ((0, w + m) if z >= 1 else (w + m, 0))
+    if recipe in ("megatron", "megatron_bf16_grads"):
+        fp32_buffer = precision == DType.bf16 and recipe == "megatron"  # bf16: fp32 main grads in the buffer
+        grads = 4 if (fp32_buffer or not half) else h
+        copy = 4 if precision == DType.fp16 else 0  # fp16: the optimizer's fp32 copy of its gradient shard
+        opt = w + m + copy
+        if z >= 2:  # Megatron-FSDP (optim_grads / optim_grads_params): the main gradients sharded too, then the weights
+            return ((0, h) if z >= 3 else (h, 0)), (0, grads), (0, opt)
+        return (h, 0), (grads, 0), ((0, opt) if z >= 1 else (opt, 0))
+    if recipe == "deepspeed":
+        fp32_grads = 4 if half else 0  # the ZeRO optimizer's fp32 gradient partition
+        if z == 0:
+            return (h, 0), (h, 0), (w + m, 0)
+        # ZeRO-1 keeps the 16-bit gradients whole, ZeRO-2 its partition of them; ZeRO-3 reduces
+        # them out of its bucket into the fp32 partition (the layer's own are live bytes)
+        grads = (h, fp32_grads) if z == 1 else (0, h + fp32_grads) if z == 2 else (0, fp32_grads or h)
+        return ((0, h) if z >= 3 else (h, 0)), grads, (0, w + m)
+    if recipe == "accelerate" and z < 2:  # DDP under autocast: fp32 parameters, gradients and buckets
+        return (4 + (h if half else 0), 0), (8, 0), (m, 0)
+    if recipe in ("fsdp2", "accelerate"):
+        if z < 2:  # a shard degree of 1: everything whole
+            return (4, 0), (4, 0), (m, 0)
+        return (h if z == 2 else 0, 4), (0, 4), (0, m)
+    raise ValueError(f"unknown model-state recipe {recipe!r} (one of {', '.join(STATE_RECIPES)})")
+
+
+def model_state_bytes(
+    params: float, dp: int, zero_stage: int, precision: DType, optimizer: Optimizer, recipe: str = "zero"
+) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) bytes on one GPU holding `params` parameters,
+    sharded over a ZeRO group of `dp` ranks as `recipe` shards them (state_parts).
+
+    The ZeRO paper's mixed-precision Adam: stage 0: 16 Psi; 1: 4 Psi + 12 Psi/N; 2: 2 Psi + 14 Psi/N; 3: 16 Psi/N.
     """
-    wb, gb, ob = state_bytes_per_param(precision, optimizer)
-    weights = params * wb / (dp if zero_stage >= 3 else 1)
-    grads = params * gb / (dp if zero_stage >= 2 else 1)
-    opt = params * ob / (dp if zero_stage >= 1 else 1)
-    return weights, grads, opt
+    d = max(1, dp)
+    return tuple(params * (kept + split / d) for kept, split in state_parts(recipe, zero_stage, precision, optimizer))
+
+
+def live_layer_bytes_per_param(recipe: str, zero_stage: int, precision: DType) -> float:
+    """Bytes per parameter of one layer that a sharding stack materialises beside the shards
+    while it runs (times the layer's parameters on the rank).
+
+    deepspeed ZeRO-3: the gathered 16-bit parameters and their 16-bit gradients of the largest
+    layer, 2 h, what estimate_zero3_model_states_mem_needs adds (4 x largest_layer_params); the
+    export's stage3_max_live_parameters keeps the prefetched layer within that.
+    fsdp2 (torchtitan, Accelerate's ZeRO-2/3): the current and the prefetched layer's unsharded
+    16-bit parameters (2 h, not at ZeRO-2, whose copies are model states already) and the
+    layer's unsharded gradient with its copy in the reduce dtype, fp32 (torchtitan's
+    mixed_precision_reduce), before the reduce-scatter: h + 4.
+    zero (plan run's executor at ZeRO-3): the current and prefetched layers' parameters, 2 h.
+    Stacks that shard nothing (megatron) or not at this stage: 0."""
+    h = DTYPE_BYTES[precision]
+    if recipe == "deepspeed":
+        return 2.0 * h if zero_stage >= 3 else 0.0
+    if recipe == "fsdp2" or (recipe == "accelerate" and zero_stage >= 2):
+        return (0.0 if zero_stage == 2 else 2.0 * h) + h + 4.0
+    if recipe in ("zero", "megatron", "megatron_bf16_grads"):  # Megatron-FSDP gathers a layer ahead as the executor does
+        return 2.0 * h if zero_stage >= 3 else 0.0
+    return 0.0
+
+
+def bucket_bytes(recipe: str, zero_stage: int, precision: DType, bucket_elements: float, reduce_bucket_elements: float) -> float:
+    """Communication buffers of a stack's gradient reduction, bytes per GPU. DeepSpeed's ZeRO-1/2
+    with overlap_comm: 4.5 x (reduce_bucket_size + allgather_bucket_size) elements, its own
+    rule (docs/_pages/config-json.md: "overlap_comm=True uses 4.5x the allgather_bucket_size and
+    reduce_bucket_size values"), at `bucket_elements` each as the export writes them; its ZeRO-3
+    keeps one contiguous reduce bucket of `reduce_bucket_elements` (stage3.py: the ipg buffer).
+    The others reduce in their gradient buffers (Megatron), into the shards (FSDP2) or in DDP's
+    buckets, counted as gradients: 0."""
+    if recipe != "deepspeed" or zero_stage == 0:
+        return 0.0
+    e = DTYPE_BYTES[precision]
+    if zero_stage < 3:
+        return 4.5 * 2 * bucket_elements * e
+    return reduce_bucket_elements * e
 
 
 # --------------------------------------------------------------------------- activations

@@ -27,7 +27,7 @@ from planner.specs import (
 
 from . import compute, memory
 from .communication import GroupLink, mesh_strides, overlapped
-from .terms import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, MODES, LayoutTerms
+from .terms import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, GRADIENT_BUCKET_BYTES, MODES, LayoutTerms
 
 ADAM_UPDATE_BYTES = 30  # per parameter: read fp32 master/m/v + grad, write master/m/v + 16-bit copy
 SGD_UPDATE_BYTES = 18
@@ -469,8 +469,8 @@ class PipelineCosts:
     overlap: float  # fraction of DP communication that hides behind compute
     optimizer_seconds_per_param: float  # update of the local shard, per parameter held
     overhead_bytes: float
-    zero3_gather_bytes: float  # gathered current + prefetched layer (ZeRO-3)
-    comm_buffer_bytes: float  # TP-overlap communication buffers
+    zero3_gather_bytes: float  # one layer's parameters live beside the shards (memory.live_layer_bytes_per_param)
+    comm_buffer_bytes: float  # TP-overlap communication buffers and the stack's gradient-reduction buckets
     tokens_per_step: int
     model_flops_per_step: float
     memory_capacity_gib: float
@@ -536,17 +536,29 @@ def layout_costs(
     edge = edge or edge_costs(model, cluster, per_rank, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer, fp8,
                               norm_act)
     e = DTYPE_BYTES[job.precision]
-    states = memory.model_state_bytes(1, dpw, zero, job.precision, job.optimizer)  # per parameter held
+    stack = stacks.get(job.target)
+    recipe = stack.model_states  # how the target stack holds the states (cost_models/memory.py:STATE_RECIPES)
+    if recipe == "megatron" and job.grad_reduce_bf16:  # --grad-reduce-in-bf16: a 16-bit gradient buffer
+        recipe = "megatron_bf16_grads"
+    states = memory.model_state_bytes(1, dpw, zero, job.precision, job.optimizer, recipe)  # per parameter held
     # Routed experts are replicated on tp x dp x cp / ep ranks (the expert-DP group), ZeRO shards over those.
     edp = max(1, tp * dpw // ep)
-    expert_states = memory.model_state_bytes(1, edp, zero, job.precision, job.optimizer)
+    expert_states = memory.model_state_bytes(1, edp, zero, job.precision, job.optimizer, recipe)
     if fp8:  # each weight's FP8 copy, cast once per step and kept (ZeRO-3: of the shard; transposes made per use)
         states = (states[0] + 1 / (dpw if zero >= 3 else 1), *states[1:])
         expert_states = (expert_states[0] + 1 / (edp if zero >= 3 else 1), *expert_states[1:])
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
     z3 = zero >= 3 and dpw > 1
     batch = dp * micro_batch * num_micro_batches
-    reduce_hidden, reduce = stacks.get(job.target).gradient_reduce(pp, zero)
+    reduce_hidden, reduce = stack.gradient_reduce(pp, zero)
+    # one layer's parameters materialised beside the shards (gathered, prefetched, their gradients
+    # before the reduce-scatter) and the stack's reduction buckets (memory.live_layer_bytes_per_param,
+    # memory.bucket_bytes)
+    live = memory.live_layer_bytes_per_param(recipe, zero, job.precision) if (dpw > 1 or recipe in ("fsdp2", "accelerate")) else 0.0
+    # the largest unit a sharding stack gathers: a layer, or the embedding / LM head table (DeepSpeed's
+    # estimator takes its largest module; FSDP2 wraps the embedding and the head as units of their own)
+    unit = max(layer.params, edge.embedding_params, edge.head_params)
+    buckets = memory.bucket_bytes(recipe, zero, job.precision, GRADIENT_BUCKET_BYTES / e, DEEPSPEED_REDUCE_BUCKET_ELEMENTS) if dpw > 1 else 0.0
     return PipelineCosts(
         pp=pp,
         vpp=vpp,
@@ -564,12 +576,12 @@ def layout_costs(
         overlap=cluster.overlap_efficiency,
         optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dpw if zero >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
-        zero3_gather_bytes=2 * layer.params * e if z3 else 0.0,
+        zero3_gather_bytes=unit * live,
         zero3_reduce_calls_per_layer=zero3_reduce_calls(job, layer.params) if z3 else 1.0,
         step_overhead_s=cluster.step_overhead_s(job.target),
         gradient_reduce_hidden=reduce_hidden,
         gradient_reduce=reduce,
-        comm_buffer_bytes=memory.tp_overlap_buffer_bytes(model, micro_batch, per_rank.seq_len, e) if tp_overlap else 0.0,
+        comm_buffer_bytes=(memory.tp_overlap_buffer_bytes(model, micro_batch, per_rank.seq_len, e) if tp_overlap else 0.0) + buckets,
         tokens_per_step=batch * job.seq_len,
         model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),
         memory_capacity_gib=cluster.device.memory_gib,

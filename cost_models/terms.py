@@ -333,12 +333,14 @@ class LayoutTerms:
         return range(r, self.num_stages, self.pp)
 
     def layer_range(self, r: int) -> tuple[int, int]:
-        """Fewest and most layers rank r can hold: interleaved model chunks are equal
-        (L / (pp v) layers each, Megatron-LM's rule); otherwise every stage holds >= 1."""
+        """Fewest and most layers rank r can hold: interleaved model chunks hold L // P
+        layers or one more (as even as L allows; equal when P divides L), otherwise every
+        stage holds >= 1."""
         L, P = self.num_layers, self.num_stages
         if self.vpp > 1:
-            n = len(self.rank_stages(r)) * (L // P)
-            return n, n
+            k = len(self.rank_stages(r))
+            extra = L % P  # chunks that take one layer more
+            return k * (L // P), k * (L // P) + min(k, extra)
         return 1, L - P + 1
 
     def stage_time_slope(self) -> tuple[float, float, float]:

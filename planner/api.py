@@ -100,6 +100,7 @@ def estimate(
     mesh_order: Union[Sequence[str], str] = "tp,dp,pp", precision: Union[DType, str, None] = None,
     optimizer: Union[Optimizer, str] = "adam", flash_attention: bool = True, target: Union[Target, str] = "generic",
     loss_kernel: Union[LossKernel, str, None] = None, moe_dispatcher: str = "alltoall", attention_kernel: Optional[str] = None,
+    grad_reduce_bf16: bool = False,
 ) -> PlanDocument:
     """`plan estimate`: the predicted step time and per-GPU memory of one layout, as the
     document `plan estimate --json` prints. The GPUs are `gpus` or `nodes` (x the cluster's
@@ -116,7 +117,7 @@ def estimate(
     if global_batch is None:
         raise UsageError("--global-batch is required (sequences per optimizer step)")
     job = make_job(spec, global_batch, seq_len, precision, optimizer, not flash_attention, hardware, target, loss_kernel,
-                   moe_dispatcher, attention_kernel)
+                   moe_dispatcher, attention_kernel, grad_reduce_bf16)
     plan = new_layout(job, n, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size, schedule=schedule,
                       layers_per_stage=layers_per_stage, mesh_order=mesh_order, recompute=recompute, zero_stage=zero,
                       sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap, fp8=fp8,
@@ -137,7 +138,8 @@ def what_if(
     gpus: Optional[int] = None, nodes: Optional[int] = None, global_batch: Optional[int] = None,
     seq_len: Optional[int] = None, precision: Union[DType, str, None] = None, optimizer: Union[Optimizer, str, None] = None,
     target: Union[Target, str, None] = None, loss_kernel: Union[LossKernel, str, None] = None,
-    attention_kernel: Optional[str] = None, moe_dispatcher: Optional[str] = None, tp: Optional[int] = None, pp: Optional[int] = None, dp: Optional[int] = None,
+    attention_kernel: Optional[str] = None, moe_dispatcher: Optional[str] = None, grad_reduce_bf16: Optional[bool] = None,
+    tp: Optional[int] = None, pp: Optional[int] = None, dp: Optional[int] = None,
     cp: Optional[int] = None, ep: Optional[int] = None, vpp: Optional[int] = None, micro_batch_size: Optional[int] = None,
     recompute: Union[Recompute, str, None] = None, zero: Optional[int] = None, sequence_parallel: Optional[bool] = None,
     fp8: Optional[bool] = None, tp_comm_overlap: Optional[bool] = None, recompute_norm_act: Optional[bool] = None,
@@ -183,6 +185,7 @@ def solve(
     allow_cross_node_tp: bool = False, fp8: bool = False, time_limit: Optional[float] = None, solver: Optional[str] = None,
     precision: Union[DType, str, None] = None, optimizer: Union[Optimizer, str] = "adam", flash_attention: bool = True,
     loss_kernel: Union[LossKernel, str, None] = None, moe_dispatcher: str = "alltoall", attention_kernel: Optional[str] = None,
+    grad_reduce_bf16: bool = False,
 ) -> SolveDocument:
     """`plan solve`: the fastest layout that fits, as the document `plan solve --json` prints.
     Give `global_batch`, or `micro_batch_size` (and optionally `micro_batches`). Without
@@ -214,7 +217,7 @@ def solve(
     check_real("--time-limit", time_limit)
     fixed, modes = parse_fixes(fix_items(fixes))
     job = make_job(spec, global_batch or micro_batch_size, seq_len, precision, optimizer, not flash_attention, hardware,
-                   target or Target.generic.value, loss_kernel, moe_dispatcher, attention_kernel)
+                   target or Target.generic.value, loss_kernel, moe_dispatcher, attention_kernel, grad_reduce_bf16)
     space = search_space(hardware, job, n, fixed, modes, global_batch=global_batch, micro_batch_size=micro_batch_size,
                          micro_batches=micro_batches, allow_cross_node_tp=allow_cross_node_tp, fp8=fp8)
     refuse_model_fixes(spec, fixed)

@@ -104,7 +104,7 @@ def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Opt
 def make_job(
     model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool,
     cluster: Optional[ClusterSpec] = None, stack: str = "generic", loss_kernel: Optional[str] = None,
-    moe_dispatcher: str = "alltoall", attention_kernel: Optional[str] = None,
+    moe_dispatcher: str = "alltoall", attention_kernel: Optional[str] = None, grad_reduce_bf16: bool = False,
 ) -> JobSpec:
     check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
     check_count("--seq-len", seq_len, MAX_SEQ_LEN, "tokens")
@@ -136,6 +136,7 @@ def make_job(
             loss_kernel=loss_kernel,
             moe_dispatcher=moe_dispatcher,
             attention_kernel=attention_kernel,
+            grad_reduce_bf16=grad_reduce_bf16,
         )
     except ValidationError as exc:
         raise UsageError(_first_error(exc)) from None
@@ -285,7 +286,7 @@ def new_layout(job: JobSpec, gpus: int, *, tp: int, pp: int, dp: Optional[int], 
 # Keywords of a what-if that change the job, and the JobSpec field each sets.
 JOB_CHANGES = {"global_batch": "global_batch_size", "seq_len": "seq_len", "precision": "precision", "optimizer": "optimizer",
                "target": "target", "loss_kernel": "loss_kernel", "moe_dispatcher": "moe_dispatcher",
-               "attention_kernel": "attention_kernel"}
+               "attention_kernel": "attention_kernel", "grad_reduce_bf16": "grad_reduce_bf16"}
 # ... that change the layout, and the Plan field each sets.
 PLAN_CHANGES = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "fp8": "fp8", "vpp": "vpp",
                 "micro_batch_size": "micro_batch_size", "recompute": "recompute", "zero": "zero_stage",
@@ -303,7 +304,8 @@ def what_if_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dic
                        updates.get("precision", job.precision.value), updates.get("optimizer", job.optimizer.value),
                        not job.flash_attention, cluster, updates.get("target", job.target.value),
                        updates.get("loss_kernel", job.loss_kernel.value if job.loss_kernel else None),
-                       updates.get("moe_dispatcher", job.moe_dispatcher), updates.get("attention_kernel", job.attention_kernel))
+                       updates.get("moe_dispatcher", job.moe_dispatcher), updates.get("attention_kernel", job.attention_kernel),
+                       updates.get("grad_reduce_bf16", job.grad_reduce_bf16))
     def show(value) -> str:  # a job field left unset takes its stack's default (loss_kernel, attention_kernel)
         return "the stack's default" if value is None else _show(value)
 

@@ -112,7 +112,7 @@ def test_a_plan_costed_for_another_stack_exports_with_a_note(solved, tmp_path):
     --target STACK` says) and that command; none for the stack it was costed for."""
     generic = tmp_path / "generic.json"  # plan estimate's default target is generic
     plan_cli("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "32",
-             "--seq-len", "4096", "--tp", "2", "--sequence-parallel", "-o", str(generic))
+             "--seq-len", "4096", "--tp", "2", "--sequence-parallel", "--zero", "1", "-o", str(generic))
     res = plan_cli("export", str(generic), "--to", "megatron")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 0 and len(lines) == 1 and res.stdout.startswith("--tensor-model-parallel-size")

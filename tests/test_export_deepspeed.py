@@ -176,7 +176,8 @@ HF = Path(__file__).resolve().parent / "data" / "hf_configs"  # published Huggin
 def test_a_model_deepspeed_wraps_as_it_is_exports_and_the_planner_block_names_it():
     """DeepSpeed's config holds no architecture (the model is the user's module), so Gemma 2's
     GeGLU, four norms, windows and soft-capped logits export; the planner block says what the
-    model must be. A Llama has nothing to say."""
+    model must be. A Llama's says its rotary base and scaling only (DeepSpeed cannot set them: the
+    user's model must have them); a GPT with learned positions has nothing to say."""
     model = load_model(str(HF / "gemma-2-9b.json"))
     plan = Plan(dp=8, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=3)
     assert ds_rules.model_problems(model) == []
@@ -185,7 +186,10 @@ def test_a_model_deepspeed_wraps_as_it_is_exports_and_the_planner_block_names_it
     for feature in ("GeGLU", "4 norms per layer", "sliding window of 4096 keys", "on 21 of 42 layers", "soft-capped logits"):
         assert feature in said
     _, llama = _export("llama3-8b", Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4), job(32))
-    assert "model" not in llama.data["planner"]
+    assert llama.data["planner"]["model"] == ("llama3-8b, planned with rotary base 500,000, Llama 3.1 rotary scaling (factor 8, "
+                                              "low_freq_factor 1, high_freq_factor 4, original 8192) (your model code builds them)")
+    _, gpt = _export("gpt3-1.3b", Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4), job(32))
+    assert "model" not in gpt.data["planner"]
 
 
 # --------------------------------------------------------------------------- with DeepSpeed 0.19.8

@@ -135,6 +135,9 @@ MATRIX = [
     ("phi3-window-dp4", str(HF / "phi-3-mini-4k.json"), dict(dp=4, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2), {}),
     ("qwen3-8b-qk-norm-tp4-pp2-selective", str(HF / "qwen3-8b.json"),
      dict(dp=1, tp=4, pp=2, micro_batch_size=1, num_micro_batches=4, sequence_parallel=True, recompute="selective"), {}),
+    ("llama8b-tp2-zero1-grad-reduce-bf16", "llama3-8b",
+     dict(dp=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=1, sequence_parallel=True),
+     dict(grad_reduce_bf16=True)),
 ]
 # Megatron runs these, but the Rules' same_per_stage (equal full counts per stage) refuses them:
 # every layer fully recomputed over unequal stages (--recompute-method uniform), and block
@@ -354,6 +357,7 @@ LM_FLAGS = {
     "pipeline_model_parallel_layout": str, "num_virtual_stages_per_pipeline_rank": int,
     "num_layers_per_virtual_pipeline_stage": int,
     "use_distributed_optimizer": bool, "overlap_grad_reduce": bool, "overlap_param_gather": bool,
+    "grad_reduce_in_bf16": bool,  # _add_mixed_precision_args
     "use_tp_pp_dp_mapping": bool, "optimizer": ("adam", "sgd", "muon", "dist_muon"),
     "num_experts": int, "moe_layer_freq": moe_freq_type,  # _add_moe_args
     "cp_comm_type": str,  # _add_distributed_args: nargs='+', default ["p2p"] (one value here: every layer alike)
@@ -361,8 +365,14 @@ LM_FLAGS = {
     # _add_mla_args: MLATransformerConfig's dimensions (core_transformer_config_from_args builds
     # that config under --multi-latent-attention)
     "q_lora_rank": int, "kv_lora_rank": int, "qk_head_dim": int, "qk_pos_emb_head_dim": int, "v_head_dim": int,
+    # _add_network_size_args: the rotary base (an int) and Llama 3.x's scaling, which GPTModel takes
+    "rotary_base": int, "use_rope_scaling": bool, "rope_scaling_factor": float,
+    # --rope-type (choices rope, yarn) and _add_mla_args' YaRN factor and attention scales
+    "rope_type": ("rope", "yarn"), "rotary_scaling_factor": float, "mscale": float, "mscale_all_dim": float,
 }
 MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+# what core_transformer_config_from_args copies by name into MLATransformerConfig's fields
+MLA_ROPE = ("rotary_base", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim")
 # TransformerConfig fields arguments.py:_add_network_size_args gives no flag of their own (set
 # from the flags above or from the precision).
 NOT_FLAGS = {"virtual_pipeline_model_parallel_size", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
@@ -474,7 +484,9 @@ def megatron_lm(argv: list[str], world_size: int):
         kw["num_query_groups"] = None
     if kw.get("multi_latent_attention"):
         from megatron.core.transformer.transformer_config import MLATransformerConfig as TransformerConfig
-        kw.update({k: lm[k] for k in MLA_DIMS if k in lm})
+        kw.update({k: lm[k] for k in MLA_DIMS + MLA_ROPE if k in lm})
+    else:
+        assert lm.get("rope_type", "rope") == "rope", "Common attention only support rope_type=rope"
     config = TransformerConfig(
         **kw, num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
         virtual_pipeline_model_parallel_size=vpp if vpp and vpp > 1 else None, pipeline_model_parallel_layout=layout,
@@ -488,7 +500,9 @@ def megatron_lm(argv: list[str], world_size: int):
     dp = world_size // total_model_size  # args.data_parallel_size
     return SimpleNamespace(
         config=config, lm=lm, dp=dp, world_size=world_size,
-        ddp=DistributedDataParallelConfig(use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
+        # validate_args: bf16 accumulates and all-reduces gradients in fp32 unless --grad-reduce-in-bf16
+        ddp=DistributedDataParallelConfig(grad_reduce_in_fp32=bool(kw.get("bf16")) and not lm.get("grad_reduce_in_bf16", False),
+                                          use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
                                           overlap_grad_reduce=lm.get("overlap_grad_reduce", False),
                                           overlap_param_gather=lm.get("overlap_param_gather", False)),
         optimizer=OptimizerConfig(optimizer=lm.get("optimizer", "adam"), use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
@@ -638,10 +652,11 @@ def check_experts(m, plan: Plan, model) -> None:
     assert (c.moe_token_dispatcher_type, c.moe_grouped_gemm, c.moe_expert_capacity_factor) == ("alltoall", True, None)  # dropless
     kinds = [spec.submodules.mlp.module.__name__ for spec in get_gpt_decoder_layer_specs(c, use_transformer_engine=False)]
     assert kinds == ["MLP"] * model.first_dense_layers + ["MoELayer"] * (model.num_layers - model.first_dense_layers)
-    first = get_gpt_decoder_block_spec(c, use_transformer_engine=False, pp_rank=0, vp_stage=0 if plan.vpp > 1 else None)
-    assert [s.submodules.mlp.module.__name__ for s in first.layer_specs].count("MLP") == model.first_dense_layers
     folded = folded_expert_groups(plan)
     with model_parallel(m) as ps:  # rank 0: the first group of the first stage; its expert-DP peers lead the others
+        # (a --pipeline-model-parallel-layout asks parallel_state for the rank's pipeline rank)
+        first = get_gpt_decoder_block_spec(c, use_transformer_engine=False, pp_rank=0, vp_stage=0 if plan.vpp > 1 else None)
+        assert [s.submodules.mlp.module.__name__ for s in first.layer_specs].count("MLP") == model.first_dense_layers
         assert sorted(dist.get_process_group_ranks(ps.get_expert_model_parallel_group())) == folded[0][0]
         assert sorted(dist.get_process_group_ranks(ps.get_expert_data_parallel_group())) == sorted(g[0] for g in folded[0])
     generated = RankGenerator(tp=1, ep=plan.ep, dp=plan.world_size // (plan.ep * plan.pp), pp=plan.pp, cp=1, order=m.order)
@@ -719,6 +734,8 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     assert [recomputed(c, n) for n in layers] == plan.stage_recompute_counts(L)
     assert m.ddp.use_distributed_optimizer == m.optimizer.use_distributed_optimizer == (plan.zero_stage == 1)
     assert m.ddp.overlap_grad_reduce == (plan.dp > 1)
+    # the gradient buffer's dtype the memory model priced (cost_models/memory.py: megatron's recipes)
+    assert m.ddp.grad_reduce_in_fp32 == (job.precision == "bf16" and not job.grad_reduce_bf16)
     assert (c.sequence_parallel, c.tp_comm_overlap) == (plan.sequence_parallel, plan.tp_comm_overlap)
     assert (c.bf16, c.fp16) == (job.precision == "bf16", job.precision == "fp16") and m.optimizer.optimizer == job.optimizer
     ranks = RankGenerator(tp=plan.tp, ep=1, dp=plan.dp, pp=plan.pp, cp=plan.cp, order=m.order)
@@ -742,10 +759,90 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     modules = set(c.recompute_modules or ()) if c.recompute_granularity == "selective" else set()
     assert modules & set(NORM_ACT) == ((set(NORM_ACT) if model.is_moe else {"layernorm"}) if plan.recompute_norm_act else set())
     check_architecture(c, model, job)
+    check_rope_and_biases(m, model)
     if model.is_moe:
         check_experts(m, plan, model)
     else:
         assert (c.num_moe_experts, c.expert_model_parallel_size) == (None, 1)
+
+
+def check_rope_and_biases(m, model) -> None:
+    """The rotary base and scaling and the q/k/v biases Megatron builds are the model's: GPTModel
+    takes --rotary-base, --use-rope-scaling and --rope-scaling-factor (whose band is Llama 3.x's:
+    rotary_pos_embedding.py:_apply_scaling's defaults), MLATransformerConfig its YaRN fields."""
+    c, lm = m.config, m.lm
+    assert c.add_qkv_bias == model.qkv_bias
+    if model.learned_position_embeddings:
+        return
+    r = model.rope_scaling
+    if model.mla:
+        assert c.rotary_base == model.rope_theta
+        assert c.rope_type == ("rope" if r is None else "yarn")
+        if r is not None:
+            assert (c.rotary_scaling_factor, c.mscale, c.mscale_all_dim) == (r.factor, r.mscale or 1.0, r.mscale_all_dim or 0.0)
+            assert (c.original_max_position_embeddings, c.beta_fast, c.beta_slow) == (
+                r.original_max_position_embeddings or 4096, r.beta_fast or 32, r.beta_slow or 1)
+        return
+    assert lm["rotary_base"] == model.rope_theta
+    assert lm.get("use_rope_scaling", False) == (r is not None)
+    if r is not None:
+        import inspect
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+        band = inspect.signature(RotaryEmbedding._apply_scaling).parameters
+        assert (r.rope_type, lm["rope_scaling_factor"]) == ("llama3", r.factor)
+        assert r.band() == tuple(band[k].default for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
+
+
+# (id, model, what Megatron must build): one per family the exports must train as planned
+ROPE_FAMILIES = [
+    ("llama3.1-8b", str(HF / "llama-3.1-8b.json"), dict(rope_theta=500000.0, rope_scaling=8.0, qkv_bias=False)),
+    ("llama3-8b", str(HF / "llama-3-8b.json"), dict(rope_theta=500000.0, rope_scaling=None, qkv_bias=False)),
+    ("qwen2-7b", str(HF / "qwen2-7b.json"), dict(rope_theta=1000000.0, rope_scaling=None, qkv_bias=True)),
+    ("qwen2.5-7b", str(HF / "qwen2.5-7b.json"), dict(rope_theta=1000000.0, rope_scaling=None, qkv_bias=True)),
+    ("mixtral", str(HF / "mixtral-8x7b.json"), dict(rope_theta=1000000.0, rope_scaling=None, qkv_bias=False)),
+    ("qwen3-8b", str(HF / "qwen3-8b.json"), dict(rope_theta=1000000.0, rope_scaling=None, qkv_bias=False)),
+    ("deepseek-v3", str(HF / "deepseek-v3.json"), dict(rope_theta=10000.0, rope_scaling=40.0, qkv_bias=False)),
+    ("llama2-7b", "llama2-7b", dict(rope_theta=10000.0, rope_scaling=None, qkv_bias=False)),
+]
+
+
+@pytest.mark.parametrize("name,source,want", ROPE_FAMILIES, ids=[f[0] for f in ROPE_FAMILIES])
+def test_export_trains_the_planned_rope_and_biases(name, source, want, mcore):
+    """Megatron-LM's own config objects read back the planned rotary base, scaling and q/k/v
+    biases (Megatron's defaults, 10,000 and none, are not Llama 3's or Qwen2's)."""
+    model = load_model(source)
+    assert (model.rope_theta, model.rope_scaling.factor if model.rope_scaling else None, model.qkv_bias) == tuple(want.values())
+    ep = 8 if model.is_moe else 1
+    plan = Plan(dp=8, tp=1, pp=1, ep=ep, micro_batch_size=1, num_micro_batches=1)
+    data = export("megatron", plan, model, job_for(plan), plan.world_size).data
+    m = megatron_lm(data, plan.world_size)
+    check_rope_and_biases(m, model)
+    back = mlm.read_back(data, plan.world_size)
+    assert (back["rope_theta"], back["qkv_bias"]) == (model.rope_theta, model.qkv_bias)
+    assert (back["rope_scaling"] or {}).get("factor") == want["rope_scaling"]
+
+
+@pytest.mark.parametrize("update,field", [
+    (dict(rope_theta=500000.5), "rope_theta 500000"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 2.0}), "high_freq_factor 2"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_scaling linear"),
+])
+def test_megatron_refuses_a_rope_it_cannot_build(update, field):
+    """A rotary base or scaling Megatron-LM's arguments cannot state: export refuses it in one
+    line naming the field, and the search does not offer the stack."""
+    from planner.specs import ModelSpec
+    model = ModelSpec.model_validate({**load_model("llama3-8b").model_dump(), **update})
+    plan = Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
+    with pytest.raises(UsageError, match=field):
+        export("megatron", plan, model, job_for(plan), 8)
+    assert any(field in p for p in mlm_rules.model_problems(model))
+
+
+def test_megatron_refuses_yarn_on_standard_attention():
+    """GPT-OSS: YaRN on standard attention (Megatron-LM: "Common attention only support rope_type=rope")."""
+    model = load_model(str(HF / "gpt-oss-120b.json"))
+    assert any("rope_scaling yarn on standard attention" in p for p in mlm_rules.model_problems(model))
 
 
 @pytest.mark.parametrize("case", MATRIX, ids=[c[0] for c in MATRIX])

@@ -55,8 +55,10 @@ SAMPLES_PER_SETTING = 60
 
 
 def _random_counts(rng: random.Random, L: int, P: int, interleaved: bool) -> list[tuple[int, int, int]]:
-    if interleaved:
+    if interleaved:  # model chunks of L // P layers, L % P of them (at random) one more: the ILP's domain
         split = [L // P] * P
+        for j in rng.sample(range(P), L % P):
+            split[j] += 1
     else:
         cuts = sorted(rng.sample(range(1, L), P - 1))
         bounds = [0, *cuts, L]

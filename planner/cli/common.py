@@ -64,6 +64,11 @@ def target_options(fn: Callable, target: Callable = ESTIMATE_TARGET) -> Callable
             help="Mixture-of-experts token exchange across nodes: one copy per routed expert (alltoall), or one per "
             "destination node fanned out over NVLink there (deepep).",
         ),
+        click.option(
+            "--grad-reduce-bf16", is_flag=True, default=None,
+            help="Accumulate and reduce gradients in bf16 where the stack keeps fp32 (Megatron: --grad-reduce-in-bf16, "
+            "2 bytes a parameter less; its performance recipes set it). Other stacks keep their own gradient dtype.",
+        ),
     ]
     return functools.reduce(lambda f, opt: opt(f), reversed(options), fn)
 

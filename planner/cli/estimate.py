@@ -54,7 +54,7 @@ from planner.specs import FP8_PARTS, Recompute, Schedule
 @click.pass_context
 def estimate(
     ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, attention_kernel,
-    moe_dispatcher,
+    moe_dispatcher, grad_reduce_bf16,
     global_batch, tp, pp, dp, ep, cp, vpp, micro_batch_size, recompute, zero, sequence_parallel, fp8, tp_comm_overlap,
     recompute_norm_act, schedule,
     layers_per_stage, mesh_order, plan_file: Optional[str], alternative: Optional[int], as_json: bool, output: Optional[str],
@@ -80,7 +80,7 @@ def estimate(
             schedule=schedule,
             layers_per_stage=layers_per_stage, mesh_order=mesh_order, precision=precision, optimizer=optimizer,
             flash_attention=not no_flash_attention, target=stack, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
-            moe_dispatcher=moe_dispatcher,
+            moe_dispatcher=moe_dispatcher, grad_reduce_bf16=bool(grad_reduce_bf16),
         )
     if output:
         api.write_plan(doc, output)

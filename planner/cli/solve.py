@@ -35,7 +35,7 @@ from planner.specs import FP8_PARTS, memory_limit_gib
 @stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: stop within a moment, even inside a MILP; one line, exit 130 / 143 / 129
 def solve(
     model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, attention_kernel,
-    moe_dispatcher,
+    moe_dispatcher, grad_reduce_bf16,
     global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp, fp8,
     time_limit, solver, as_json: bool, output: Optional[str],
 ) -> None:
@@ -54,7 +54,7 @@ def solve(
             micro_batches=micro_batches, seq_len=seq_len, target=stack, top_k=top_k, fixes=fixes, max_memory_gib=max_memory_gib,
             allow_cross_node_tp=allow_cross_node_tp, fp8=fp8, time_limit=time_limit, solver=solver, precision=precision,
             optimizer=optimizer, flash_attention=not no_flash_attention, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
-            moe_dispatcher=moe_dispatcher,
+            moe_dispatcher=moe_dispatcher, grad_reduce_bf16=bool(grad_reduce_bf16),
         )
     except MemoryMiss as exc:  # said beside the miss it changed
         capped = _capped(max_memory_gib, api.load_cluster(cluster_name).device.memory_gib) if max_memory_gib else None

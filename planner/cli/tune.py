@@ -57,7 +57,7 @@ SCALE = Whole(1, 10**7)  # --scale-*: `plan run` checks them against the model a
 @click.option("--plan-out", type=click.Path(dir_okay=False), help="Write the winner as a plan file (`plan export`, `plan run`).")
 @signals_interrupt()  # SIGTERM / SIGHUP: the running trial stopped, the journal whole, one line, exit 143 / 129
 def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
-         attention_kernel, moe_dispatcher, global_batch, micro_batch_size, micro_batches, fixes, max_memory_gib, allow_cross_node_tp, fp8,
+         attention_kernel, moe_dispatcher, grad_reduce_bf16, global_batch, micro_batch_size, micro_batches, fixes, max_memory_gib, allow_cross_node_tp, fp8,
          trials, time_budget, tolerance, journal_path, resume_path, steps, warmup, trial_timeout, trial_memory_gib, launcher,
          scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len, as_json: bool, output: Optional[str],
          plan_out: Optional[str]) -> None:
@@ -99,7 +99,7 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
                         seq_len=seq_len, target=stack, fixes=list(fixes), max_memory_gib=max_memory_gib,
                         allow_cross_node_tp=allow_cross_node_tp, fp8=fp8, precision=precision, optimizer=optimizer,
                         flash_attention=not no_flash_attention, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
-                        moe_dispatcher=moe_dispatcher)
+                        moe_dispatcher=moe_dispatcher, grad_reduce_bf16=bool(grad_reduce_bf16))
         request = TuneRequest(model, cluster, n, {k: v for k, v in keywords.items() if v not in (None, [], False)}
                               | {"flash_attention": not no_flash_attention})
         api.solve(model, cluster, gpus=n, top_k=0, **request.search_keywords())  # a bad request fails here, before any trial

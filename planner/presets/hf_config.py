@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from planner.datafile import short_text
 from planner.errors import UsageError
 from planner.specs import MAX_COUNT, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH
+from planner.specs.model import ROPE_TYPES
 
 # ----- the families read
 
@@ -132,7 +133,7 @@ _WHY = {
         "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
         "suppress_tokens", "begin_suppress_tokens"),
     "rotary frequencies: the rotation costs the same whatever they are (rope_scaling's long-context extension too, "
-    "but for YaRN's attention factor, read from it)": (
+    "but for YaRN's attention factor, read from it); rope_theta and rope_scaling are read for the exports": (
         "rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_freq", "rope_interleave", "original_max_position_embeddings",
         "rotary_emb_base", "initial_context_length", "use_mrope"),
     "rotary on part of each head: costed as on all of it (a few bytes an element)": ("partial_rotary_factor", "rotary_pct"),
@@ -313,12 +314,49 @@ def read_decoder(data: dict, model_type: str, name: str, moe_fields: Callable) -
         spec["glu_limit"] = float(c.fam.defaults["swiglu_limit"] if limit is None else limit)
     if not spec["learned_position_embeddings"]:  # a rotary model's YaRN factor (ModelSpec refuses one with learned positions)
         spec["rope_attention_factor"] = _rope_attention_factor(c)
+        spec["rope_theta"], spec["rope_scaling"] = _rope(c)
+    if c.fam.biases == "qkv" and (c.model_type != "qwen2_moe" or c.get("qkv_bias")):
+        spec["qkv_bias"] = True  # Qwen2Attention's q/k/v biases (_biases)
     if fam.moe:
         experts, approximated = moe_fields(data, name, fam.moe, c.need)
         spec.update(experts)
         notes += approximated
     spec["source"] = "; ".join([spec["source"], *notes, *_checkpoint_notes(c, layers, h)])
     return spec
+
+
+def _rope(c: _Config) -> tuple[float, Optional[dict]]:
+    """The rotary base and scaling the stacks must be told (the exports write them or refuse):
+    rope_theta (transformers 5: rope_parameters' rope_theta; GPT-NeoX: rotary_emb_base),
+    10,000 where the config has none (transformers' default); the scaling's type and factor, with
+    Llama 3.1's frequency band, from rope_parameters or rope_scaling (None for 'default')."""
+    params = c.data.get("rope_parameters") if isinstance(c.data.get("rope_parameters"), dict) else {}
+    key = next((k for k in ("rope_theta", "rotary_emb_base") if c.data.get(k) is not None), None)
+    theta = c.data.get(key) if key else params.get("rope_theta", 10000.0)
+    key = key or "rope_parameters"
+    if _kind_problem(("number", 1, 1e12), theta):
+        c.refuse(key, "the rotary base must be a number from 1 to 1e+12")
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = c.data.get(key)
+        kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+        if kind in (None, "default"):
+            continue
+        if kind not in ROPE_TYPES:
+            c.refuse(key, f"rope_type {kind!r} is none of {', '.join(ROPE_TYPES)}")
+        factor = rope.get("factor")
+        if factor is None and rope.get("original_max_position_embeddings"):
+            factor = (c.get("max_position_embeddings") or 1) / rope["original_max_position_embeddings"]
+        out = {"rope_type": kind, "factor": 1.0 if factor is None else factor}
+        parts = {"llama3": ("low_freq_factor", "high_freq_factor"), "yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")}
+        parts = (*parts.get(kind, ()), "original_max_position_embeddings")
+        out.update({k: rope[k] for k in parts if rope.get(k) is not None})
+        for part, value in out.items():
+            if part != "rope_type" and _kind_problem(("number", 1e-6, 1e6), value):
+                c.refuse(key, f"its {part} {value!r} must be a number from 1e-06 to 1e+06")
+        if out["factor"] < 1:
+            c.refuse(key, f"its factor {out['factor']!r} shrinks the context: it must be at least 1")
+        return float(theta), out
+    return float(theta), None
 
 
 def _rope_attention_factor(c: _Config) -> float:
@@ -381,13 +419,8 @@ def _biases(c: _Config, layers: int) -> tuple[bool, list[str]]:
         if c.data.get("attention_bias"):
             c.refuse("attention_bias", f"the {c.model_type} modelling code builds no biases; remove it, or write a model spec")
         return False, []
-    if kind == "qkv":  # Qwen2: biases on q, k and v only (Qwen2Attention), 2-MoE behind qkv_bias
-        if c.model_type == "qwen2_moe" and not c.get("qkv_bias"):
-            return False, []
-        heads = c.need("num_attention_heads")
-        d = c.get("head_dim") or c.need("hidden_size") // heads
-        n = layers * d * (heads + 2 * (c.get("num_key_value_heads") or heads))
-        return False, [f"q/k/v biases ({n / 1e6:.2f}M parameters) not counted"]
+    if kind == "qkv":  # Qwen2: biases on q, k and v only (Qwen2Attention), 2-MoE behind qkv_bias: ModelSpec.qkv_bias
+        return False, []
     attention = bool(c.get("attention_bias"))
     mlp = bool(c.get("mlp_bias")) if kind == "attention+mlp" else False
     note = [f"attention_bias {attention}, mlp_bias {mlp}: biases counted on every linear layer"] if attention != mlp else []

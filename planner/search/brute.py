@@ -44,6 +44,13 @@ class BruteResult:
     seconds: float
 
 
+def balanced_chunks(layers: int, chunks: int) -> list[tuple]:
+    """Every split of `layers` over interleaved model chunks of layers // chunks or one more
+    (planner/search/ilp.py:_layer_split's domain): which chunks take the extra layers."""
+    n, extra = divmod(layers, chunks)
+    return [tuple(n + (j in more) for j in range(chunks)) for more in map(set, itertools.combinations(range(chunks), extra))]
+
+
 def brute_force(
     model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace,
     memory_limit_gib: Optional[float] = None, deadline_s: Optional[float] = None,
@@ -58,7 +65,7 @@ def brute_force(
     for c in cands:
         pc = tables.pipeline(c)
         P = c.pp * c.vpp
-        splits = compositions(model.num_layers, P) if c.vpp == 1 else [(model.num_layers // P,) * P]
+        splits = compositions(model.num_layers, P) if c.vpp == 1 else balanced_chunks(model.num_layers, P)
         for split in splits:
             if split[0] < model.first_dense_layers:
                 continue  # the first stage must hold the dense layers

@@ -264,9 +264,11 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
                     order_cache[key] = (orders, dropped)
                 orders, dropped_orders = order_cache[key]
                 for b, m in polled(options, deadline, every=1):
-                    # Interleaving: Megatron-LM's rule, every model chunk holds L / (pp v) layers
-                    # (recompute stays free per chunk); the interleaved schedule needs m % pp == 0.
-                    vpps = [1] + [v for v in range(2, space.max_vpp + 1) if pp > 1 and L % (pp * v) == 0 and m % pp == 0]
+                    # Interleaving: any v whose pp x v chunks each hold a layer; the ILP splits the
+                    # layers over the chunks, unevenly where L is no multiple of pp x v (Megatron's
+                    # --pipeline-model-parallel-layout, torchtitan's module lists; a stack that
+                    # splits evenly refuses those: stack_problems). The schedule needs m % pp == 0.
+                    vpps = [1] + [v for v in range(2, space.max_vpp + 1) if pp > 1 and pp * v <= L and m % pp == 0]
                     for v in vpps:
                         schedules = [Schedule.one_f_one_b, Schedule.gpipe] if v == 1 else [Schedule.interleaved_1f1b]
                         for sched in schedules:

@@ -193,13 +193,18 @@ class _Block:
 
 
 def _layer_split(b: _Block) -> None:
-    """All layers placed, each stage non-empty (interleaved: equal model chunks); w_j = 1
+    """All layers placed, each stage non-empty (interleaved: model chunks of L // P layers or one
+    more, the ILP choosing which take the extra ones); w_j = 1
     where stage j has a fully recomputed layer."""
     t, L, P = b.terms, b.pc.num_layers, b.pc.num_stages
     b.add(pulp.lpSum(b.n) == L * b.y, "layers")
     for j in range(P):
-        if b.pc.vpp > 1:
-            b.add(b.n[j] == (L // P) * b.y, f"chunk_{j}_")
+        if b.pc.vpp > 1:  # model chunks as even as L allows: L // P or one more (terms.layer_range)
+            if L % P:
+                b.add(b.n[j] >= (L // P) * b.y, f"chunklo_{j}_")
+                b.add(b.n[j] <= (L // P + 1) * b.y, f"chunkhi_{j}_")
+            else:
+                b.add(b.n[j] == (L // P) * b.y, f"chunk_{j}_")
         else:
             b.add(b.n[j] >= b.y, f"nonempty_{j}_")
     if b.pc.first_stage_min_layers > 1:  # the first stage holds the model's dense layers

@@ -87,12 +87,12 @@ def decode(c: Candidate, counts) -> Plan:
 
 def layouts_represented(stages: int, layers: int, equal_chunks: bool = False) -> int:
     """Number of (layer split, per-stage recompute counts) choices: ways to give each of
-    `stages` stages >= 1 of `layers` layers (equal chunks when interleaved), and split each
+    `stages` stages >= 1 of `layers` layers (interleaved: chunks of L // S layers or one more), and split each
     stage's layers over 3 modes. Exact, with up to 10^5 digits: the search reports
     :func:`layouts_represented_log10`."""
-    if equal_chunks:
-        n = layers // stages
-        return ((n + 2) * (n + 1) // 2) ** stages
+    if equal_chunks:  # chunks of n = L // S layers, L % S of them one more
+        n, extra = divmod(layers, stages)
+        return math.comb(stages, extra) * ((n + 2) * (n + 1) // 2) ** (stages - extra) * ((n + 3) * (n + 2) // 2) ** extra
     return _free_splits(stages, layers)
 
 
@@ -118,8 +118,9 @@ def layouts_represented_log10(stages: int, layers: int, equal_chunks: bool = Fal
     if layers < stages:
         return -math.inf
     if equal_chunks:
-        n = layers // stages
-        return stages * math.log10((n + 2) * (n + 1) // 2)
+        n, extra = divmod(layers, stages)
+        return (math.log10(math.comb(stages, extra)) + (stages - extra) * math.log10((n + 2) * (n + 1) // 2)
+                + extra * math.log10((n + 3) * (n + 2) // 2))
     return _free_splits_log10(stages, layers)
 
 

@@ -22,7 +22,7 @@ from planner.specs.base import (
     MAX_GPUS, MAX_LAYERS, MAX_SECONDS, MAX_SEQ_LEN, MAX_TFLOPS, MAX_US, MAX_VOCAB, MAX_WIDTH, MIN_FRACTION,
     MIN_GBPS, MIN_SECONDS, MIN_TFLOPS, Real, SCHEMA_VERSION, number_problem,
 )
-from planner.specs.model import Activation, DTYPE_BYTES, DType, ModelSpec
+from planner.specs.model import Activation, DTYPE_BYTES, DType, ModelSpec, RopeScaling
 from planner.specs.job import (
     Axis, JobSpec, LossKernel, Optimizer, Plan, PlanError, Recompute, Schedule, StageRecompute, Target,
     cp_problem, ep_problem, even_split, seq_problem, tp_problem,
@@ -46,7 +46,7 @@ __all__ = [  # every name the modules define but their private helpers
     "Fraction", "INT_LIMIT", "Integer", "MAX_BYTES", "MAX_COUNT", "MAX_FLOPS", "MAX_GBPS", "MAX_GIB",
     "MAX_GLOBAL_BATCH", "MAX_GPUS", "MAX_LAYERS", "MAX_SECONDS", "MAX_SEQ_LEN", "MAX_TFLOPS", "MAX_US",
     "MAX_VOCAB", "MAX_WIDTH", "MIN_FRACTION", "MIN_GBPS", "MIN_SECONDS", "MIN_TFLOPS", "Real",
-    "SCHEMA_VERSION", "number_problem", "Activation", "DTYPE_BYTES", "DType", "ModelSpec", "Axis", "JobSpec",
+    "SCHEMA_VERSION", "number_problem", "Activation", "DTYPE_BYTES", "DType", "ModelSpec", "RopeScaling", "Axis", "JobSpec",
     "LossKernel", "Optimizer", "Plan", "PlanError", "Recompute", "Schedule", "StageRecompute", "Target",
     "cp_problem", "ep_problem", "even_split", "seq_problem", "tp_problem", "ATTENTION_KERNELS",
     "AttentionEfficiency", "ClusterSpec", "Collective", "CollectiveFit", "REQUIRED_COLLECTIVES", "CollectiveSweep", "DeviceSpec",

@@ -29,7 +29,9 @@ from pydantic_core import PydanticCustomError
 # backward, Megatron-Core's recompute modules layernorm and moe_act); read without it, kept.
 # 1.12: StackConstants.step_overhead_s (a stack's host time per optimizer step); read without it, 0.
 # 1.13: the collective all_to_all, a link tier's optional measured fit of it (plan profile).
-SCHEMA_VERSION = "1.13"
+# 1.14: ModelSpec.rope_theta, rope_scaling (Llama 3.1's) and qkv_bias (Qwen2's q/k/v biases), which
+# exports write; read without them, theta 10,000, no scaling, no q/k/v biases.
+SCHEMA_VERSION = "1.14"
 
 
 # ----- numbers

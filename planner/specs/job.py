@@ -101,6 +101,13 @@ class JobSpec(_Spec):
         "alltoall dispatcher, torchtitan) or 'deepep' (DeepEP: one copy per destination node, fanned out over NVLink "
         "there) (schema 1.4).",
     )
+    grad_reduce_bf16: bool = Field(
+        default=False,
+        description="Gradients accumulated and reduced in bf16 where the stack's default is fp32: Megatron-LM's "
+        "--grad-reduce-in-bf16 (without it Megatron keeps fp32 main gradients under --bf16, 4 bytes a parameter; "
+        "Megatron-Bridge's and NeMo's performance recipes set it). The other stacks keep their own gradient dtype "
+        "whatever this says (DeepSpeed and Accelerate: 16-bit; torchtitan: fp32 shards). (schema 1.14)",
+    )
     loss_kernel: Optional[LossKernel] = Field(
         default=None,
         description="Cross-entropy implementation (what the loss keeps per logit); None: the target's (megatron: vocab-parallel, others: eager).",

@@ -36,6 +36,57 @@ DTYPE_BYTES = {DType.fp32: 4, DType.bf16: 2, DType.fp16: 2}
 # --------------------------------------------------------------------------- model
 
 
+ROPE_TYPES = ("llama3", "yarn", "linear", "dynamic", "longrope")  # transformers' rope_type values, bar "default"
+
+
+class RopeScaling(_Spec):
+    """A rotary embedding's frequency scaling for a longer context. 'llama3' is Llama 3.1's
+    (transformers' modeling_rope_utils.py:_compute_llama3_parameters; Megatron-Core's
+    RotaryEmbedding._apply_scaling): wavelengths above original / low_freq_factor are divided by
+    `factor`, those below original / high_freq_factor kept, the band between interpolated. The
+    other types are named with their factor (YaRN's attention factor is rope_attention_factor);
+    a stack's export writes a type it has or refuses it."""
+
+    rope_type: str = Field(default="llama3", description=f"One of {', '.join(ROPE_TYPES)}.")
+    factor: Real(1, 1e3) = Field(description="How much longer the context is than the original (Llama 3.1: 8).")
+    low_freq_factor: Optional[Real(0, 1e3, open_lo=True)] = Field(default=None, description="'llama3': 1 where None.")
+    high_freq_factor: Optional[Real(0, 1e3, open_lo=True)] = Field(default=None, description="'llama3': 4 where None.")
+    original_max_position_embeddings: Optional[Integer(1, MAX_SEQ_LEN)] = Field(
+        default=None, description="The context the model was trained with before scaling ('llama3': 8192 where None).")
+    # YaRN's (Peng et al. 2023; DeepSeek-V3: factor 40, beta_fast 32, beta_slow 1, mscale and
+    # mscale_all_dim 1, original 4096): the correction range and the attention scales, None where
+    # the config gives none
+    beta_fast: Optional[Real(0, 1e6)] = Field(default=None, description="'yarn': the fast correction boundary (rotations).")
+    beta_slow: Optional[Real(0, 1e6)] = Field(default=None, description="'yarn': the slow correction boundary (rotations).")
+    mscale: Optional[Real(0, 1e3)] = Field(default=None, description="'yarn': the attention scale's coefficient.")
+    mscale_all_dim: Optional[Real(0, 1e3)] = Field(default=None, description="'yarn': its coefficient over all dimensions.")
+
+    def band(self) -> tuple:
+        """'llama3's (low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
+        return (1.0 if self.low_freq_factor is None else self.low_freq_factor,
+                4.0 if self.high_freq_factor is None else self.high_freq_factor,
+                8192 if self.original_max_position_embeddings is None else self.original_max_position_embeddings)
+
+    @field_validator("rope_type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in ROPE_TYPES:
+            raise ValueError(f"rope_type must be one of {', '.join(ROPE_TYPES)}, not {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _band(self) -> "RopeScaling":
+        low, high, _ = self.band()
+        if self.rope_type == "llama3" and high <= low:
+            raise ValueError(f"rope_scaling: high_freq_factor {high:g} must exceed low_freq_factor {low:g}")
+        if self.rope_type != "llama3" and (self.low_freq_factor is not None or self.high_freq_factor is not None):
+            raise ValueError(f"rope_scaling: low_freq_factor and high_freq_factor belong to rope_type 'llama3', not {self.rope_type!r}")
+        yarn = (self.beta_fast, self.beta_slow, self.mscale, self.mscale_all_dim)
+        if self.rope_type != "yarn" and any(v is not None for v in yarn):
+            raise ValueError(f"rope_scaling: beta_fast, beta_slow, mscale and mscale_all_dim belong to rope_type 'yarn', not {self.rope_type!r}")
+        return self
+
+
 class ModelSpec(_Spec):
     """A decoder-only transformer (GPT / Llama family)."""
 
@@ -96,6 +147,20 @@ class ModelSpec(_Spec):
         description="Scale on the rotary embedding's cos and sin (YaRN's attention factor, 0.1 ln(factor) + 1 by Peng et "
         "al. 2023: GPT-OSS 1.347 for its factor 32); 1 without. Megatron-Core's fused RoPE kernel cannot apply it and "
         "rotates in eager operators instead. (schema 1.10)",
+    )
+    rope_theta: Real(1, 1e12) = Field(
+        default=10000.0,
+        description="Rotary base frequency theta (inverse frequencies theta^(-2i/d)): 10,000 unless the model says (Llama 3: "
+        "500,000; Qwen2 and Mixtral: 1,000,000). It costs nothing; exports write it, so the stack trains this model. (schema 1.14)",
+    )
+    rope_scaling: Optional[RopeScaling] = Field(
+        default=None,
+        description="Llama 3.1's rotary frequency scaling (rope_type 'llama3' of a Hugging Face config); None: none. Costs "
+        "nothing; exports write it or refuse. (schema 1.14)",
+    )
+    qkv_bias: bool = Field(
+        default=False,
+        description="Biases on the query, key and value projections only (Qwen2), with linear_bias false. (schema 1.14)",
     )
     norm: str = Field(default="layernorm", description="'layernorm' (weight+bias) or 'rmsnorm' (weight only).")
     norms_per_layer: Integer(2, 4) = Field(
@@ -182,6 +247,11 @@ class ModelSpec(_Spec):
                                  "set linear_bias false")
         if self.glu_limit is not None and not self.gated:
             raise ValueError("glu_limit clamps a gated MLP's halves: it needs activation 'swiglu' or 'geglu'")
+        if self.learned_position_embeddings and (self.rope_theta != 10000.0 or self.rope_scaling is not None):
+            raise ValueError("rope_theta and rope_scaling describe a rotary embedding: they need learned_position_embeddings false")
+        if self.qkv_bias and self.linear_bias:
+            raise ValueError("qkv_bias is for a model whose other linear layers have no bias: with linear_bias true every "
+                             "layer has one already; drop qkv_bias")
         if self.rope_attention_factor != 1.0 and self.learned_position_embeddings:
             raise ValueError("rope_attention_factor scales a rotary embedding: it needs learned_position_embeddings false")
         if self.sliding_window is None and self.sliding_window_layers:

@@ -59,6 +59,10 @@ class Stack:
     # hides it (True): at ZeRO-0 (`zero0`), and whenever pp > 1 (`pipeline`)
     reduce_after_backward_zero0: bool = False
     reduce_after_pipeline: bool = False
+    # How it holds weights, gradients and optimizer states and what shards them: one of
+    # cost_models/memory.py:STATE_RECIPES, whose comment cites each stack's code (checked by
+    # tests/test_stack_memory.py: cost_models imports this package, not the other way round)
+    model_states: str = "zero"
 
     def __post_init__(self):  # internal invariants of a stack's folder, not user input
         if self.kernels is None:
@@ -330,12 +334,33 @@ def _list(xs) -> str:
     return ", ".join(str(x) for x in xs)
 
 
+def rope_phrase(model: ModelSpec) -> Optional[str]:
+    """The rotary embedding's base and scaling in words (None for learned positions): what a
+    model built outside the export (DeepSpeed's and Accelerate's user code, torchtitan's own
+    config) must have for the stack to train the planned model."""
+    if model.learned_position_embeddings:
+        return None
+    out = f"rotary base {model.rope_theta:,.0f}"
+    r = model.rope_scaling
+    if r is None:
+        return out + ", no rotary scaling"
+    if r.rope_type == "llama3":
+        low, high, original = r.band()
+        return out + f", Llama 3.1 rotary scaling (factor {r.factor:g}, low_freq_factor {low:g}, high_freq_factor {high:g}, original {original})"
+    parts = [f"factor {r.factor:g}"] + [f"{k} {getattr(r, k):g}" for k in ("original_max_position_embeddings", "beta_fast", "beta_slow",
+                                                                          "mscale", "mscale_all_dim") if getattr(r, k) is not None]
+    return out + f", {r.rope_type} rotary scaling ({', '.join(parts)})"
+
+
 def architecture(model: ModelSpec) -> list[str]:
-    """What the model is beyond a plain GPT / Llama decoder, as ModelSpec states it (activation
-    geglu, norms_per_layer, qk_norm, sliding_window, logit_softcapping), one phrase each: what a
+    """What the model is beyond a plain GPT / Llama decoder, as ModelSpec states it (the rotary
+    base and scaling, q/k/v biases, activation geglu, norms_per_layer, qk_norm, sliding_window,
+    logit_softcapping), one phrase each: what a
     stack whose configuration holds no architecture (DeepSpeed, Accelerate: the model is the
     user's code) must be given, and what a model written for torchtitan must have."""
-    out = []
+    out = [rope_phrase(model)] if rope_phrase(model) else []
+    if model.qkv_bias:
+        out.append("biases on the query, key and value projections only")
     if Activation(model.activation) == Activation.geglu:
         out.append("GeGLU MLP (the gate through tanh-approximated GELU)")
     if model.norms_per_layer != 2:

@@ -68,7 +68,7 @@ SOLVE_KEYWORDS = {
     "global_batch": _COUNT, "micro_batch_size": _COUNT, "micro_batches": _COUNT, "seq_len": _COUNT, "nodes": _COUNT,
     "max_memory_gib": _NUMBER, "time_limit": _NUMBER, "target": _TEXT, "precision": _TEXT, "optimizer": _TEXT,
     "loss_kernel": _TEXT, "moe_dispatcher": _TEXT, "attention_kernel": _TEXT, "solver": _TEXT,
-    "allow_cross_node_tp": _FLAG, "fp8": _FLAG, "flash_attention": _FLAG, "fixes": (list,),
+    "allow_cross_node_tp": _FLAG, "fp8": _FLAG, "flash_attention": _FLAG, "grad_reduce_bf16": _FLAG, "fixes": (list,),
 }
 
 

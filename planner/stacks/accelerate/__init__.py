@@ -12,6 +12,7 @@ STACK = Stack(
     loss_kernel=LossKernel.eager,  # the model's torch cross-entropy
     tp_comm_overlap=RULES.tp_comm_overlap,
     zero3="fsdp2",  # ZeRO-2/3 are FSDP2 (fsdp_version 2) over every data-parallel rank
+    model_states="accelerate",  # DDP under autocast at ZeRO-0, FSDP2 with fp32 shards at 2/3 (cost_models/memory.py)
     rules=RULES,
     model_problems=model_problems,
     layout_problems=layout_problems,

@@ -12,6 +12,7 @@ STACK = Stack(
     loss_kernel=LossKernel.eager,  # the model's torch cross-entropy
     tp_comm_overlap=RULES.tp_comm_overlap,  # AutoTP overlaps its all-reduce only, not the SP collectives
     zero3="deepspeed",  # its ZeRO-3 engine: parameters gathered per bucket, as its prefetch limits allow
+    model_states="deepspeed",  # its ZeRO optimizer's fp32 gradient partition (cost_models/memory.py)
     rules=RULES,
     model_problems=model_problems,
     layout_problems=layout_problems,

@@ -15,6 +15,7 @@ STACK = Stack(
     # Megatron-Core's ZeRO-3 is Megatron-FSDP (--data-parallel-sharding-strategy optim_grads_params),
     # which the exporter does not write (RULES.zero_stages): none here
     zero3="none",
+    model_states="megatron",  # fp32 main gradients under --bf16 (cost_models/memory.py)
     rules=RULES,
     model_problems=model_problems,
     layout_problems=layout_problems,

@@ -180,6 +180,10 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
     precision = DType(job.precision)
     if precision != DType.fp32:
         flags.append((f"--{precision.value}", None))
+    if precision == DType.bf16 and job.grad_reduce_bf16:
+        # arguments.py: --bf16 turns accumulate_allreduce_grads_in_fp32 on (fp32 main gradients, the
+        # DDP buffer's grad_reduce_in_fp32) unless --grad-reduce-in-bf16: the memory the plan priced
+        flags.append(("--grad-reduce-in-bf16", None))
     if plan.fp8:  # Transformer Engine's hybrid format, per-tensor delayed scaling (module docstring)
         flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")]
     if plan.zero_stage == 1:
@@ -216,6 +220,7 @@ def _model_flags(model: ModelSpec, job: JobSpec) -> list[tuple]:
     flags += [("--seq-length", job.seq_len), ("--max-position-embeddings", max_positions)]
     if not model.learned_position_embeddings:
         flags.append(("--position-embedding-type", "rope"))
+        flags += _rope_flags(model)
     if Activation(model.activation) == Activation.swiglu:
         flags.append(("--swiglu", None))
     if model.norm == "rmsnorm":
@@ -234,12 +239,35 @@ def _model_flags(model: ModelSpec, job: JobSpec) -> list[tuple]:
         flags.append(("--mtp-num-layers", model.mtp_layers))
     if not model.linear_bias:
         flags.append(("--disable-bias-linear", None))
+        if model.qkv_bias:  # TransformerConfig.add_qkv_bias: biases on the QKV projection only (Qwen2)
+            flags.append(("--add-qkv-bias", None))
     if not model.dropout:
         flags += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
     if not model.tied_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
     if not job.flash_attention:  # the plan stored the s x s scores: Megatron's unfused attention
         flags.append(("--attention-backend", "unfused"))
+    return flags
+
+
+def _rope_flags(model: ModelSpec) -> list[tuple]:
+    """The rotary base, always written (Megatron-LM's default 10,000 is not Llama 3's 500,000),
+    and the scaling as rules.py:_rope_problems allows it: Llama 3.x's (--use-rope-scaling
+    --rope-scaling-factor) on standard attention; on multi-latent attention, YaRN with its factor
+    and attention scales (--rope-type yarn --rotary-scaling-factor --mscale --mscale-all-dim; their
+    defaults 1 and 0 are not DeepSeek's) or no scaling (--rope-type rope: MLA takes YaRN by
+    default)."""
+    flags = [("--rotary-base", int(model.rope_theta))]
+    r = model.rope_scaling
+    if model.mla:
+        if r is None:
+            return flags + [("--rope-type", "rope")]
+        mscale = 1.0 if r.mscale is None else r.mscale
+        mscale_all = 0.0 if r.mscale_all_dim is None else r.mscale_all_dim  # transformers' defaults for a YaRN config
+        return flags + [("--rope-type", "yarn"), ("--rotary-scaling-factor", r.factor), ("--mscale", mscale),
+                        ("--mscale-all-dim", mscale_all)]
+    if r is not None:  # llama3 (the others are refused)
+        flags += [("--use-rope-scaling", None), ("--rope-scaling-factor", r.factor)]
     return flags
 
 
@@ -327,6 +355,7 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
         "stage_layers": layers,
         "stage_recompute": [(c.none, c.selective, c.full) for c in megatron_recompute(setting, layers)],
         "precision": "bf16" if "bf16" in args else "fp16" if "fp16" in args else "fp32",
+        "grad_reduce_bf16": "grad-reduce-in-bf16" in args,
         "optimizer": args.get("optimizer", "adam"),
         "num_layers": L, "hidden_size": int(args["hidden-size"]), "ffn_hidden_size": int(args["ffn-hidden-size"]),
         "num_heads": int(args["num-attention-heads"]),
@@ -334,10 +363,23 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
         "seq_len": int(args["seq-length"]),
         "activation": "swiglu" if "swiglu" in args else "gelu",
         "qk_norm": "qk-layernorm" in args,
+        "qkv_bias": "add-qkv-bias" in args,
+        "rope_theta": float(args.get("rotary-base", 10000)) if args.get("position-embedding-type") == "rope" else None,
+        "rope_scaling": _rope_back(args),
         "sliding_window": int(args["window-size"].split(",")[0]) + 1 if "window-size" in args else None,
         "tied_embeddings": "untie-embeddings-and-output-weights" not in args,
         **_experts_back(args, L),
     }
+
+
+def _rope_back(args: dict) -> Optional[dict]:
+    """The rotary scaling the arguments ask for, as ModelSpec.rope_scaling's fields; None: none."""
+    if "use-rope-scaling" in args:
+        return {"rope_type": "llama3", "factor": float(args.get("rope-scaling-factor", 8.0))}
+    if "multi-latent-attention" in args and args.get("rope-type", "yarn") == "yarn":
+        return {"rope_type": "yarn", "factor": float(args.get("rotary-scaling-factor", 1.0)), "mscale": float(args.get("mscale", 1.0)),
+                "mscale_all_dim": float(args.get("mscale-all-dim", 0.0))}
+    return None
 
 
 def _experts_back(args: dict, num_layers: int) -> dict:

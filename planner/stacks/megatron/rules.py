@@ -150,12 +150,52 @@ def model_problems(model: ModelSpec) -> list[str]:
         # provider sets it); arguments.py has no flag for it.
         out.append(f"glu_limit {model.glu_limit:g} (Megatron-LM's arguments cannot clamp the MLP: Megatron-Core's "
                    "TransformerConfig.activation_func_clamp_value can, as Megatron-Bridge sets it)")
-    if model.rope_attention_factor != 1.0:
+    out += _rope_problems(model)
+    if model.rope_attention_factor != 1.0 and not model.mla:
         # arguments.py: --rope-type yarn for multi-latent attention only ("Common attention only
         # support rope_type=rope"); Megatron-Core's position_embedding_type "yarn" has no flag.
         out.append(f"rope_attention_factor {model.rope_attention_factor:g} (YaRN: Megatron-LM's arguments take it for "
                    "multi-latent attention only, and this exporter writes none; Megatron-Core's TransformerConfig "
                    "position_embedding_type 'yarn' can, as Megatron-Bridge sets it)")
+    return out
+
+
+# MLATransformerConfig's YaRN fields that Megatron-LM has no flag for (transformer_config.py at
+# core_v0.16.1): a model must have these values for Megatron to build it
+MLA_YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def _rope_problems(model: ModelSpec) -> list[str]:
+    """The rotary embedding's base and scaling that Megatron-LM's arguments cannot state (export.py:
+    _rope_flags writes the rest). arguments.py: --rotary-base takes an integer; --use-rope-scaling
+    with --rope-scaling-factor is Llama 3.x's scaling with low_freq_factor 1, high_freq_factor 4
+    and an original context of 8192 fixed (core/models/common/embeddings/rotary_pos_embedding.py:
+    _apply_scaling's defaults), for standard attention; multi-latent attention takes YaRN
+    (--rope-type yarn, --rotary-scaling-factor, --mscale, --mscale-all-dim) with the other YaRN
+    fields at MLATransformerConfig's defaults (MLA_YARN_FIXED); standard attention takes no YaRN
+    ("Common attention only support rope_type=rope")."""
+    if model.learned_position_embeddings:
+        return []
+    out = []
+    if model.rope_theta != int(model.rope_theta):
+        out.append(f"rope_theta {model.rope_theta:g} (Megatron-LM's --rotary-base takes an integer)")
+    r = model.rope_scaling
+    if r is None:
+        return out
+    if r.rope_type == "llama3" and not model.mla:
+        if r.band() != (1.0, 4.0, 8192):
+            low, high, original = r.band()
+            out.append(f"rope_scaling llama3 with low_freq_factor {low:g}, high_freq_factor {high:g}, original_max_position_embeddings "
+                       f"{original} (Megatron-LM's --use-rope-scaling fixes them at 1, 4 and 8192)")
+    elif r.rope_type == "yarn" and model.mla:
+        for name, fixed in MLA_YARN_FIXED.items():
+            if getattr(r, name) not in (None, fixed):
+                out.append(f"rope_scaling yarn with {name} {getattr(r, name):g} (Megatron-LM has no flag for it: "
+                           f"MLATransformerConfig keeps {fixed:g})")
+    else:
+        attention = "multi-latent attention" if model.mla else "standard attention"
+        takes = "YaRN" if model.mla else "Llama 3.x's scaling (--use-rope-scaling)"
+        out.append(f"rope_scaling {r.rope_type} on {attention} (Megatron-LM's arguments scale its rotary frequencies with {takes} only)")
     return out
 
 

@@ -14,6 +14,7 @@ STACK = Stack(
     loss_kernel=LossKernel.eager,  # torch's cross-entropy
     tp_comm_overlap=RULES.tp_comm_overlap,  # async TP: micro-pipelined all-gather / reduce-scatter matmuls, on top of SP
     zero3="fsdp2",  # fully_shard per transformer block (fsdp_reshard_after_forward "always")
+    model_states="fsdp2",  # fp32 sharded parameters and gradients on every layout (cost_models/memory.py)
     rules=RULES,
     model_problems=model_problems,
     layout_problems=layout_problems,

@@ -219,6 +219,18 @@ def _features(model: ModelSpec) -> list[str]:
     """The spec's architecture fields beyond a Llama decoder, each with the torchtitan 0.3.0
     component config that builds it (model_problems refuses the rest)."""
     out = []
+    if not model.learned_position_embeddings:
+        r = model.rope_scaling
+        how = ("scaling 'none'" if r is None else
+               f"scaling 'llama', scaling_factor {r.factor:g}, low_freq_factor {r.band()[0]:g}, high_freq_factor {r.band()[1]:g}, "
+               f"original_max_position_embeddings {r.band()[2]}" if r.rope_type == "llama3" else
+               f"scaling 'yarn', rope_factor {r.factor:g}, beta_fast {r.beta_fast or 32:g}, beta_slow {r.beta_slow or 1:g}, "
+               f"original_seq_len {r.original_max_position_embeddings or 4096}" if r.rope_type == "yarn" else
+               f"a {r.rope_type} scaling of factor {r.factor:g}, which RoPE.Config has not: your own RoPE module")
+        out.append(f"rotary base {model.rope_theta:,.0f} (RoPE.Config theta={model.rope_theta:g}, {how}; models/common/rope.py)")
+    if model.qkv_bias:
+        out.append("biases on the query, key and value projections only (the attention's qkv_linear with bias, as the stock "
+                   "wq/wk/wv biases models/common/attention.py splits)")
     if model.norms_per_layer == 4:
         out.append("norms before and after attention and the MLP (MuseGlimmerTransformerBlock.Config's post_attention_norm "
                    "and post_ffn_norm, models/muse_glimmer/model.py)")

@@ -114,39 +114,64 @@ class Flavor:
     qk_norm: bool = False  # GQAttention.Config.qk_norm set (models/qwen3/__init__.py: an RMSNorm of head_dim)
     # multi-head latent attention (models/deepseek_v3): (kv_lora_rank, q_lora_rank, qk_rope_head_dim, v_head_dim); None: none
     mla: Optional[tuple] = None
+    # the rotary embedding its RoPE config builds (models/common/rope.py: RoPE.Config theta, scaling and its
+    # parameters), as rope_key states it
+    rope: tuple = (10000.0, None)
 
+
+# models/llama3/__init__.py: ComplexRoPE.Config(theta=500000, scaling="llama") with RoPE.Config's
+# llama defaults (scaling_factor 8, low_freq_factor 1, high_freq_factor 4, original 8192)
+_LLAMA31_ROPE = (500000.0, ("llama3", 8.0, 1.0, 4.0, 8192))
+# models/deepseek_v3/__init__.py: theta 10000, scaling "yarn", rope_factor 40, beta_fast 32, beta_slow 1,
+# original_seq_len 4096 (the mscales fold into its softmax scale, as DeepSeek-V3's mscale = mscale_all_dim)
+_DEEPSEEK_V3_ROPE = (10000.0, ("yarn", 40.0, 4096, 32.0, 1.0))
 
 FLAVORS = (
-    Flavor("llama3_8b", "8B", 32, 4096, 32, 8, 14336, 128256),
-    Flavor("llama3_70b", "70B", 80, 8192, 64, 8, 28672, 128256),
-    Flavor("llama3_405b", "405B", 126, 16384, 128, 8, 53248, 128256,
+    Flavor("llama3_8b", "8B", 32, 4096, 32, 8, 14336, 128256, rope=_LLAMA31_ROPE),
+    Flavor("llama3_70b", "70B", 80, 8192, 64, 8, 28672, 128256, rope=_LLAMA31_ROPE),
+    Flavor("llama3_405b", "405B", 126, 16384, 128, 8, 53248, 128256, rope=_LLAMA31_ROPE,
            note="llama3_405b builds float8 linear layers (in its model spec, not an override; building it needs torchao "
                 "and an SM89+ GPU), which the plan's 16-bit estimate does not model"),
     Flavor("deepseek_v3_671b", "671B", 61, 7168, 128, 128, 18432, 129280, module="deepseek_v3", max_seq_len=16384,
-           head_dim=128, experts=(256, 8, 2048, 1, 3), mla=(512, 1536, 64, 128),
+           head_dim=128, experts=(256, 8, 2048, 1, 3), mla=(512, 1536, 64, 128), rope=_DEEPSEEK_V3_ROPE,
            note="deepseek_v3_671b routes as DeepSeek-V3 does (sigmoid scores, 8 groups of which 4 are kept, a "
                 "load-balancing bias); the plan costs balanced top-8 routing"),
     Flavor("qwen3_30b_a3b", "30B-A3B", 48, 2048, 32, 4, 768, 151936, module="qwen3", max_seq_len=40960, head_dim=128,
-           experts=(128, 8, 768, 0, 0), qk_norm=True),
+           experts=(128, 8, 768, 0, 0), qk_norm=True, rope=(1000000.0, None)),  # models/qwen3: theta 1e6, no scaling
 )
+
+
+def rope_key(model: ModelSpec) -> tuple:
+    """(theta, scaling) as Flavor.rope holds it: Llama 3.1's (type, factor, low, high, original),
+    YaRN's (type, factor, original, beta_fast, beta_slow) with equal mscales (which fold into the
+    softmax scale as torchtitan's deepseek_v3 does; unequal ones are no flavor), else the type and
+    factor."""
+    r = model.rope_scaling
+    if r is None:
+        return (model.rope_theta, None)
+    if r.rope_type == "llama3":
+        return (model.rope_theta, ("llama3", r.factor, *r.band()))
+    if r.rope_type == "yarn" and (r.mscale or 1.0) == (r.mscale_all_dim if r.mscale_all_dim is not None else r.mscale or 1.0):
+        return (model.rope_theta, ("yarn", r.factor, r.original_max_position_embeddings or 4096, r.beta_fast or 32.0, r.beta_slow or 1.0))
+    return (model.rope_theta, (r.rope_type, r.factor, "unmatched"))
 
 PRECISIONS = {DType.bf16: "bfloat16", DType.fp32: "float32"}  # TrainingConfig.mixed_precision_param's choices
 
 
 def matching_flavor(model: ModelSpec) -> Optional[Flavor]:
     """The torchtitan config that builds this model, or None (a generic export): a Llama-style
-    decoder (SwiGLU, two RMSNorms a layer, full causal attention, plain logits: the blocks of
-    models/common/decoder.py and feed_forward.py) of the config's shape, with QK-norm exactly
-    where the config has it."""
+    decoder (SwiGLU, two RMSNorms a layer, full causal attention, plain logits, no biases: the
+    blocks of models/common/decoder.py and feed_forward.py) of the config's shape and rotary
+    embedding (rope_key), with QK-norm exactly where the config has it."""
     llama = (model.activation == Activation.swiglu and model.norm == "rmsnorm" and not model.linear_bias
              and not model.learned_position_embeddings and not model.tied_embeddings and model.norms_per_layer == 2
              and model.sliding_window is None and not model.logit_softcapping)
     mla = (model.kv_lora_rank, model.q_lora_rank, model.qk_rope_head_dim, model.v_dim) if model.mla else None
     shape = (model.num_layers, model.hidden_size, model.num_heads, model.kv_heads, model.ffn, model.vocab_size, model.head_dim,
-             _experts(model), model.qk_norm, mla)
+             _experts(model), model.qk_norm, mla, rope_key(model))
     for f in FLAVORS:
-        if llama and shape == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn, f.vocab_size,
-                               f.head_dim or f.hidden_size // f.num_heads, f.experts, f.qk_norm, f.mla):
+        if llama and not model.qkv_bias and shape == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn, f.vocab_size,
+                                                      f.head_dim or f.hidden_size // f.num_heads, f.experts, f.qk_norm, f.mla, f.rope):
             return f
     return None
 
