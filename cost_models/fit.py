@@ -113,6 +113,56 @@ def fit_constants(residuals: Residuals, sweeps: int = 3, prior: Optional[Prior] 
     return tuple(theta)
 
 
+def nelder_mead(f: Callable[[tuple], float], start: Sequence[float], constants: Sequence[Constant] = CONSTANTS,
+                step: float = 0.15, evaluations: int = 200) -> tuple[float, ...]:
+    """A minimiser of f near `start` by the simplex method of Nelder and Mead ("A simplex method
+    for function minimization", Computer Journal 1965; reflection 1, expansion 2, contraction
+    and shrink 1/2), in coordinates scaled to each constant's range and clipped to it. Unlike
+    coordinate-wise sweeps it walks along a narrow valley oblique to the axes (sustained
+    fraction against kernel gap); at most `evaluations` calls of f."""
+    lo, span = [c.lo for c in constants], [c.hi - c.lo for c in constants]
+    n = len(constants)
+
+    def point(u):
+        return tuple(min(max(a + x * w, a), a + w) for a, x, w in zip(lo, u, span))
+
+    def mix(a, b, t):  # a + t (b - a)
+        return [x + t * (y - x) for x, y in zip(a, b)]
+
+    base = [(x - a) / w for x, a, w in zip(start, lo, span)]
+    simplex = [base] + [[x + (step if j == i else 0.0) * (-1 if x + step > 1 else 1) for j, x in enumerate(base)] for i in range(n)]
+    values = [f(point(u)) for u in simplex]
+    used = n + 1
+    while used < evaluations:
+        order = sorted(range(n + 1), key=values.__getitem__)
+        simplex, values = [simplex[k] for k in order], [values[k] for k in order]
+        if values[-1] - values[0] <= 1e-12 * max(1.0, abs(values[0])):
+            break
+        centre = [sum(u[j] for u in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+        reflected = mix(worst, centre, 2.0)
+        fr = f(point(reflected))
+        used += 1
+        if fr < values[0]:
+            expanded = mix(worst, centre, 3.0)
+            fe = f(point(expanded))
+            used += 1
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            inner = mix(worst, centre, 0.5)
+            fi = f(point(inner))
+            used += 1
+            if fi < values[-1]:
+                simplex[-1], values[-1] = inner, fi
+            else:
+                simplex = [simplex[0]] + [mix(simplex[0], u, 0.5) for u in simplex[1:]]
+                values = [values[0]] + [f(point(u)) for u in simplex[1:]]
+                used += n
+    return point(simplex[min(range(n + 1), key=values.__getitem__)])
+
+
 def with_constants(cluster: ClusterSpec, target: Target | str, theta: Sequence[float],
                    provenance: Optional[str] = None, uncertainty=None, step_overhead_s: Optional[float] = None) -> ClusterSpec:
     """`cluster` with `theta` (in CONSTANTS' order) as the constants of stack `target`; its

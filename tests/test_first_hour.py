@@ -268,9 +268,9 @@ def test_megatron_refuses_to_export_tp_over_fewer_kv_heads(tmp_path):
     allows): Megatron-Core's attention divides the query groups by tp and asserts on a remainder."""
     out = tmp_path / "p.json"
     res = plan("solve", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
-               "--seq-len", "4096", "--fix", "tp=8", "--fix", "zero=1", "--target", "generic", "-o", str(out))
+               "--seq-len", "4096", "--fix", "tp=8", "--fix", "zero=1", "--fix", "pp=1", "--target", "generic", "-o", str(out))
     assert res.returncode == 0, res.stderr
-    res = plan("export", str(out), "--to", "megatron")
+    res = plan("export", str(out), "--to", "megatron")  # pp 1: the KV heads are its one problem
     assert res.returncode == 2 and "tp=8 over the 4 KV heads of qwen3-30b-a3b (Megatron divides the query groups" in res.stderr
 
 
@@ -318,12 +318,12 @@ def test_a_plan_document_at_odds_with_itself_names_its_own_fields(tmp_path):
     res = plan("show", str(bad))
     assert res.returncode == 2 and "field 'plan.stage_recompute.0': expected a mapping of fields (none, selective, full), got [32, 0, 0]" \
         in res.stderr, res.stderr
-    # a preset's name where its spec belongs: the spec's required fields, not all of its 34
+    # a preset's name where its spec belongs: the spec's required fields, not all of its 37
     bad = tmp_path / "model.json"
     bad.write_text(json.dumps({**doc, "model": "llama3-8b"}))
     res = plan("show", str(bad))
     assert res.returncode == 2 and "field 'model': expected a mapping of fields (name, num_layers, hidden_size, num_heads, " \
-        "vocab_size, max_seq_len and 28 optional), got 'llama3-8b'" in res.stderr, res.stderr
+        "vocab_size, max_seq_len and 31 optional), got 'llama3-8b'" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("args,start", [

@@ -16,6 +16,13 @@ off an interleaved schedule's critical path), which one a MILP solver returns de
 path; the search now returns one canonical representative (planner/search/solve.py:settle),
 so the pinned plans are mapped through the same tie-break before comparing: the layout, the
 step time and the canonical split must all be equal.
+
+Both files were rewritten by issue 41's change: each stack's model states priced as it
+allocates them (cost_models/memory.py STATE_RECIPES: Megatron's fp32 main gradients, 6 + 12/d
+bytes per parameter with the distributed optimizer, so the default answers moved), and
+interleaved pipelines whose chunks hold L // (pp v) layers or one more (new candidates: the
+free search's megatron-shape and gpt-1t answers are now such layouts, picked by the tie rule,
+planner/search/solve.py:break_ties; the previous plans are still searched, at the same times).
 """
 
 from __future__ import annotations

@@ -136,3 +136,26 @@ def test_ilp_rows_bounds_and_estimate_agree(tables, cand, counts):
     assert rb is not None and rb <= est.step_time_s * (1 + 1e-9)
     assert min_peak_memory(pc) / GIB <= peak * (1 + 1e-9)
 
+
+
+def test_an_interleaved_layout_never_needs_less_memory_than_its_plain_sibling():
+    """planner/search/solve.py:min_memory_needed skips interleaved candidates whose vpp-1 1F1B
+    sibling it also bounds: sound only if the sibling's least peak memory is never above theirs."""
+    from dataclasses import replace
+
+    from planner.specs import Schedule
+
+    checked = 0
+    for model, cluster, gpus, batch in [(load_model("gpt3-13b"), load_cluster("dgx-a100-80gb"), 64, 256),
+                                        (load_model("llama2-7b"), load_cluster("dgx-a100-40gb"), 16, 64),
+                                        (MOE, _small_cluster(0.6), 8, 16)]:
+        job = JobSpec(global_batch_size=batch, seq_len=2048)
+        cands, _ = enumerate_candidates(model, cluster, SearchSpace(num_gpus=gpus, global_batch_size=batch))
+        tables, plain = CostTables(model, cluster, job), set(cands)
+        for c in cands:
+            sibling = replace(c, vpp=1, schedule=Schedule.one_f_one_b)
+            if c.vpp > 1 and sibling in plain:
+                for modes in (MODES, MODES[:2]):
+                    assert min_peak_memory(tables.pipeline(sibling), modes) <= min_peak_memory(tables.pipeline(c), modes) * (1 + 1e-12)
+                checked += 1
+    assert checked > 50, checked

@@ -351,8 +351,9 @@ def _rope(c: _Config) -> tuple[float, Optional[dict]]:
         parts = (*parts.get(kind, ()), "original_max_position_embeddings")
         out.update({k: rope[k] for k in parts if rope.get(k) is not None})
         for part, value in out.items():
-            if part != "rope_type" and _kind_problem(("number", 1e-6, 1e6), value):
-                c.refuse(key, f"its {part} {value!r} must be a number from 1e-06 to 1e+06")
+            lo = 0.0 if part.startswith("mscale") else 1e-6  # a zero mscale scales nothing (GPT-OSS's mscale_all_dim)
+            if part != "rope_type" and _kind_problem(("number", lo, 1e6), value):
+                c.refuse(key, f"its {part} {value!r} must be a number from {lo:g} to 1e+06")
         if out["factor"] < 1:
             c.refuse(key, f"its factor {out['factor']!r} shrinks the context: it must be at least 1")
         return float(theta), out

@@ -210,6 +210,7 @@ def enumerate_candidates(
         raise ValueError("enumerate_candidates: layouts of another search space")  # an internal invariant
     rejected = Counter(layouts.rejected)
     out: list[Candidate] = []
+    seen: dict = {}  # the rules' verdicts, which no micro-batching changes
     for c in polled(layouts.candidates, deadline):
         if c.sequence_parallel and c.tp_comm_overlap not in space.tp_comm_overlap:
             continue  # a choice this target does not have (layouts enumerated for one that has it)
@@ -217,7 +218,7 @@ def enumerate_candidates(
             continue
         if any(getattr(c, k) != val for k, val in space.fixed.items()):
             rejected[FIXED] += 1
-        elif stack_problems(space, c, model.num_layers):
+        elif stack_problems(space, c, model.num_layers, seen):
             rejected[TARGET] += 1
         else:
             out.append(c)
@@ -304,17 +305,24 @@ def _ep_degrees(model: ModelSpec, dp: int, tp: int) -> list[int]:
     return divisors(math.gcd(model.num_experts, tp * dp))
 
 
-def stack_problems(space: SearchSpace, c: Candidate, num_layers: int) -> list[str]:
+def stack_problems(space: SearchSpace, c: Candidate, num_layers: int, seen: Optional[dict] = None) -> list[str]:
     """Why the space's target stack cannot run this layout whatever its split (its Rules, an even
-    split the layers do not divide, and what it refuses beyond them); [] where it can."""
+    split the layers do not divide, and what it refuses beyond them); [] where it can. `seen`: a
+    cache of the rules' verdicts over one space's candidates (they ignore the micro-batching)."""
     rules = space.rules
     if rules is None:
         return []
-    out = rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
-                                sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
-                                mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8, cp=c.cp, recompute_norm_act=c.recompute_norm_act)
-    if rules.split == "even" and num_layers % (c.pp * c.vpp):
-        out.append(f"{num_layers} layers over {c.pp * c.vpp} stages ({rules.stack} splits layers evenly)")
+    key = (c.dp, c.tp, c.pp, c.vpp, c.schedule, c.zero_stage, c.sequence_parallel, c.mesh_order, c.tp_comm_overlap, c.ep, c.fp8,
+           c.cp, c.recompute_norm_act)
+    out = None if seen is None else seen.get(key)
+    if out is None:
+        out = rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
+                                    sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
+                                    mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8, cp=c.cp, recompute_norm_act=c.recompute_norm_act)
+        if rules.split == "even" and num_layers % (c.pp * c.vpp):
+            out.append(f"{num_layers} layers over {c.pp * c.vpp} stages ({rules.stack} splits layers evenly)")
+        if seen is not None:
+            seen[key] = out
     if out or space.target_problems is None:
         return out
     return space.target_problems(c)

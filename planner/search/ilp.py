@@ -465,15 +465,29 @@ def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_g
     answer is fixed here by a second, small MILP: keep the step time, and minimise
     sum_j (Q k_i + j^2) x_ji over recomputed layers (k = 1 selective, 2 full, Q > every j^2
     term): the fewest recomputed layers, full ones counted double, placed in the earliest
-    stages. Returns None when the solver cannot confirm one, or the deadline stops it first
+    stages. Interleaved chunks of L // P layers or one more tie over where the longer chunks
+    go as well: among the splits of that least recompute, a third MILP puts the layers in the
+    earliest stages (least sum_j j n_j), so that the answer is one split, whatever the solver's
+    path. Returns None when the solver cannot confirm one, or the deadline stops it first
     (the caller keeps `counts`)."""
     ts = 100.0 / step_time
     prob, term, x = candidate_problem("canonical", pc, memory_limit_gib, modes, ts, rules, rank_rows_help(pc))
     prob += term <= 100.0 * (1 + 1e-12), "same_step_time"
     P = pc.num_stages
     Q = P * P + 1
-    prob += pulp.lpSum((Q * k + j * j) * x[j][k] for j in range(P) for k in (1, 2))
-    run_solver(prob, make_solver(solver, deadline.left(), exact=True, deadline=deadline), deadline)
-    if pulp.LpStatus[prob.status] != "Optimal" or prob.sol_status != pulp.LpSolutionOptimal:
+    recomputed = pulp.lpSum((Q * k + j * j) * x[j][k] for j in range(P) for k in (1, 2))
+    prob += recomputed
+
+    def solved() -> bool:
+        run_solver(prob, make_solver(solver, deadline.left(), exact=True, deadline=deadline), deadline)
+        return pulp.LpStatus[prob.status] == "Optimal" and prob.sol_status == pulp.LpSolutionOptimal
+
+    if not solved():
         return None
+    if pc.vpp > 1 and pc.num_layers % P:
+        least = round(pulp.value(recomputed))  # a whole number: integer weights times integer counts
+        prob += recomputed <= least + 0.5, "least_recompute"
+        prob.setObjective(pulp.lpSum(j * x[j][k] for j in range(P) for k in range(3)))
+        if not solved():
+            return None
     return _counts(x)

@@ -29,7 +29,7 @@ from cost_models.memory import GIB
 from cost_models.tables import PipelineCosts
 from cost_models.terms import MODES
 from planner.errors import InfeasibleError, MemoryMiss
-from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recompute, StageRecompute
+from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recompute, Schedule, StageRecompute
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
@@ -503,9 +503,16 @@ def min_memory_needed(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, spac
     """A lower bound (GiB) on the peak memory of the most frugal layout: every layer in its most
     frugal recompute mode the candidate may use (full recompute, unless the candidate reruns its
     norms and activation instead), layers spread to equalise rank memory (continuous
-    water-filling). OutOfTime past the deadline."""
+    water-filling). OutOfTime past the deadline.
+
+    An interleaved candidate whose plain 1F1B sibling (vpp 1, all else equal) is searched too
+    is skipped: it holds the same states and extras, at least v layers per rank, and per layer
+    at least as many micro-batches in flight (cost_models/memory.py in_flight_micro_batches:
+    (2 (p - r - 1) + (v - 1) p + 1) / v >= p - r for v >= 2), so it never needs less."""
     cands, _ = enumerate_candidates(model, cluster, space, deadline=deadline)
     tables = CostTables(model, cluster, job)
+    plain = {c for c in cands if c.vpp == 1 and c.schedule == Schedule.one_f_one_b}
+    cands = [c for c in cands if c.vpp == 1 or replace(c, vpp=1, schedule=Schedule.one_f_one_b) not in plain]
     best = None
     for c in polled(cands, deadline, every=64):
         pc = tables.pipeline(c)
