@@ -55,7 +55,7 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
         forward = [ranks[j % pp].stages[j // pp].forward_pass(c) for j, c in enumerate(counts)]
         t_pipe = pipeline.gpipe_time(stage_totals, forward, m)
     else:
-        t_pipe = pipeline.pipeline_time(stage_totals, pp, m, v)
+        t_pipe = pipeline.pipeline_time(stage_totals, pp, m, v, padded=pc.uneven_chunks)
     rank_work = pipeline.rank_times(stage_totals, pp)
     bn = max(range(pp), key=rank_work.__getitem__)
     t_opt = max(rk.optimizer(n) for rk, n in zip(ranks, totals))

@@ -489,6 +489,12 @@ class PipelineCosts:
     def num_stages(self) -> int:
         return self.pp * self.vpp
 
+    @property
+    def uneven_chunks(self) -> bool:
+        """Interleaved model chunks of L // (pp v) layers and one more (cost_models/pipeline.py:
+        priced as if each were as slow as the slowest)."""
+        return self.vpp > 1 and self.num_layers % self.num_stages != 0
+
     @cached_property
     def terms(self) -> LayoutTerms:
         """Every cost of this layout as expressions linear in the layer counts."""

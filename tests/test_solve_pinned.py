@@ -19,10 +19,11 @@ step time and the canonical split must all be equal.
 
 Both files were rewritten by issue 41's change: each stack's model states priced as it
 allocates them (cost_models/memory.py STATE_RECIPES: Megatron's fp32 main gradients, 6 + 12/d
-bytes per parameter with the distributed optimizer, so the default answers moved), and
-interleaved pipelines whose chunks hold L // (pp v) layers or one more (new candidates: the
-free search's megatron-shape and gpt-1t answers are now such layouts, picked by the tie rule,
-planner/search/solve.py:break_ties; the previous plans are still searched, at the same times).
+bytes per parameter with the distributed optimizer, so the default answers moved: the quick
+start's Megatron plan is now dp 32 tp 4 pp 8 vpp 6 at 58.7 GiB), and interleaved pipelines whose
+chunks hold L // (pp v) layers or one more (new candidates, priced as if every chunk were the
+slowest: cost_models/pipeline.py; the free search's recommendations are those of before, some
+alternatives changed).
 """
 
 from __future__ import annotations

@@ -119,9 +119,11 @@ def _fixed_split_ilp(pc, counts, limit_gib: float):
 def test_ilp_rows_bounds_and_estimate_agree(tables, cand, counts):
     pc = tables.pipeline(cand)
     est = evaluate(pc, counts)
-    # Reordering a rank's middle chunks changes nothing (what the ILP's symmetry rows assume).
-    counts = _symmetric_order(counts, cand.pp)
-    assert evaluate(pc, counts).step_time_s == pytest.approx(est.step_time_s, rel=1e-12)
+    # Reordering a rank's middle chunks changes nothing (what the ILP's symmetry rows assume),
+    # unless the chunks are of unequal length (rounds pace them; the ILP has no such rows then).
+    if not pc.uneven_chunks:
+        counts = _symmetric_order(counts, cand.pp)
+        assert evaluate(pc, counts).step_time_s == pytest.approx(est.step_time_s, rel=1e-12)
     peak = est.peak_memory_gib
     # The ILP's objective row with this split is the estimate's step time.
     status, objective = _fixed_split_ilp(pc, counts, peak * (1 + 1e-9))

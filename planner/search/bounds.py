@@ -125,7 +125,21 @@ def cheap_bound(pc: PipelineCosts, memory_limit_gib: float) -> Optional[float]:
     W = L * a + constants + pp * per_mb  # sum of stage times
     end_stage = a + max(first, last) + per_mb / v  # an end stage holds >= 1 layer
     t_pipe = W / v + (m - 1 / v) * max(W / pp, end_stage)  # the slowest rank works at least W / pp
+    if pc.uneven_chunks:
+        t_pipe = max(t_pipe, _padded_pipe(pc, a, W, per_mb / v))
     return t_pipe + step + _mean_optimizer_time(t)
+
+
+def _padded_pipe(pc: PipelineCosts, a: float, total: float, per_stage: float) -> float:
+    """Chunks of unequal length are priced as (m v + p - 1) times the slowest chunk
+    (cost_models/pipeline.py), which takes at least the mean of the stage times `total` and at
+    least what a chunk of L // P + 1 layers takes: a seconds per layer, the least stage
+    constant, `per_stage` exposed traffic."""
+    t, P, L = pc.terms, pc.num_stages, pc.num_layers
+    first, last, constants = t.stage_constants()
+    middle = (constants - first - last) / (P - 2) if P > 2 else min(first, last)
+    longest = a * (L // P + 1) + min(first, last, middle) + per_stage
+    return (pc.num_micro_batches * pc.vpp + pc.pp - 1) * max(total / P, longest)
 
 
 @dataclass(frozen=True)
@@ -199,6 +213,8 @@ def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MOD
     tau = _slowest_rank_time(ranks, a, L, deadline)
     total = L * a + sum(rk.K for rk in ranks)
     t_pipe = total / v + (m - 1 / v) * tau
+    if pc.uneven_chunks:
+        t_pipe = max(t_pipe, _padded_pipe(pc, a, total, 0.0))
     return t_pipe + max(step_floor, _mean_step_floor(pc)[1]) + _mean_optimizer_time(t)
 
 

@@ -216,8 +216,9 @@ def _layer_split(b: _Block) -> None:
     # Symmetry: a rank's middle model chunks (neither first nor last stage) cost the same
     # whichever of them holds which layers, so order them by (layers, full, selective),
     # lexicographically, as one weighted key. Any solution can be permuted into this order.
+    # Not for chunks of unequal length (priced by the slowest chunk: cost_models/pipeline.py).
     base = L + 1
-    for r in range(b.pc.pp):
+    for r in range(b.pc.pp if not b.pc.uneven_chunks else 0):
         middle = [j for j in t.rank_stages(r) if 0 < j < P - 1]
         for j, j2 in zip(middle, middle[1:]):
             key = lambda i: base * base * b.n[i] + base * b.x[i][2] + b.x[i][1]  # noqa: E731
@@ -304,6 +305,10 @@ def _pipeline(b: _Block, S: list, F: list):
             b.add(MB >= (m - 1) * (s - f), f"slowbwd_{j}_")
         return pulp.lpSum(S) + MF + MB
     M = b.var("M", 0)
+    if b.pc.uneven_chunks:  # chunks of unequal length: each as slow as the slowest (pipeline.pipeline_time)
+        for j, s in enumerate(S):
+            b.add(M >= (m * v + pp - 1) * s, f"padded_{j}_")
+        return M
     for r in range(pp):
         b.add(M >= (m - 1 / v) * pulp.lpSum(S[j] for j in t.rank_stages(r)), f"slowest_{r}_")
     if b.slowest_floor is not None:  # whole layers recomputed: bounds.py:integer_slowest_rank_time
