@@ -1106,3 +1106,33 @@ def test_multi_token_prediction_exports_as_mtp_num_layers(mcore):
     assert data[data.index("--mtp-num-layers") + 1] == "1"
     assert megatron_lm(data, plan.world_size).config.mtp_num_layers == 1
     assert "--mtp-num-layers" not in export("megatron", plan, model, job, plan.world_size).data
+
+
+LLAMA405_SOLVE = ["--model", "llama3-405b", "--cluster", "dgx-h100-80gb", "--gpus", "16384", "--global-batch", "2048",
+                  "--seq-len", "8192", "--target", "megatron"]
+
+
+def test_llama3_405b_on_16384_h100_interleaves_unevenly_and_megatron_runs_it(tmp_path):
+    """Llama 3.1 405B (126 layers) on 16,384 H100: interleaving needs chunks of unequal length
+    (126 is no multiple of pp x vpp). The free search interleaves (it used to fall back to a
+    1F1B pipeline of 32 with half the step in the bubble), `--fix pp=16 --fix vpp=2` solves,
+    and both export as a --pipeline-model-parallel-layout that megatron-core builds into the
+    planned chunks."""
+    model = load_model("llama3-405b")
+    for fixes in ([], ["--fix", "pp=16", "--fix", "vpp=2"]):
+        path = tmp_path / "405b.json"
+        solved = plan_cli("solve", *LLAMA405_SOLVE, *fixes, "-o", str(path))
+        assert solved.returncode == 0, solved.stderr
+        doc = json.loads(path.read_text())
+        plan, job = Plan.model_validate(doc["plan"]), JobSpec.model_validate(doc["job"])
+        layers = plan.stage_layers(model.num_layers)
+        assert plan.vpp > 1 and len(set(layers)) == 2 and sum(layers) == 126, (plan.pp, plan.vpp, layers)
+        assert doc["estimate"]["time_breakdown_s"]["pipeline_bubble"] < 0.35 * doc["estimate"]["step_time_s"]
+        if fixes:
+            assert (plan.pp, plan.vpp) == (16, 2)
+        res = plan_cli("export", str(path), "--to", "megatron", "--json")
+        assert res.returncode == 0, res.stderr
+        data = json.loads(res.stdout)["data"]
+        assert "--pipeline-model-parallel-layout" in data
+        if importlib.util.find_spec("megatron") is not None:
+            check_means_the_plan(data, plan, model, job)
