@@ -444,3 +444,47 @@ def test_llama3_8b_128k_solved_for_accelerate_exports_with_context_parallelism(t
         if importlib.util.find_spec("accelerate") is not None and (plan.tp == 1 or importlib.util.find_spec("transformers")):
             run = _launch(_write(tmp_path, text, f"long-{k}.yaml"), monkeypatch)
             assert (run.config.num_processes, run.sizes.cp_size if run.sizes else 1) == (8, plan.cp)
+
+
+# ----- Accelerate trains the user's transformers model, built from its config.json: the planned
+# spec must be that model. transformers reads each shipped config and builds it on the meta device.
+
+ROUND_TRIP = sorted(p.stem for p in HF.glob("*.json") if p.stem != "gemma-3-27b")  # gemma-3-27b: multimodal, refused
+# Parameters ours counts differently, relative: OLMo 2's q/k norms span the whole projection (ours
+# counts them a head wide, 3.5e-5); GPT-OSS (8e-7).
+PARAMS_REL = 1e-4
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP)
+def test_transformers_builds_the_model_the_spec_planned(name):
+    """The rotary base, scaling type and factor, the q/k/v biases and the parameter count of the
+    model transformers builds from the config are the spec's (planner/presets/hf_config.py)."""
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
+        pytest.skip(EXTRA)
+    import warnings
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from cost_models.compute import total_params
+    from planner.presets import from_hf_config
+    from planner.specs import ModelSpec
+
+    data = json.loads((HF / f"{name}.json").read_text())
+    spec = ModelSpec.model_validate(from_hf_config(dict(data), name))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.for_model(**data)
+        with torch.device("meta"):
+            built = AutoModelForCausalLM.from_config(config)
+    rope = config.rope_parameters
+    rope = rope.get("full_attention", rope) if "full_attention" in rope else rope  # Gemma 3: global layers' rope
+    assert float(rope["rope_theta"]) == spec.rope_theta
+    scaled = rope.get("rope_type", "default") != "default"
+    assert scaled == (spec.rope_scaling is not None)
+    if scaled:
+        assert (rope["rope_type"], float(rope["factor"])) == (spec.rope_scaling.rope_type, spec.rope_scaling.factor)
+    names = [k for k, _ in built.named_parameters()]
+    assert any(k.endswith("q_proj.bias") for k in names) == (spec.qkv_bias or spec.linear_bias)
+    count = sum(p.numel() for p in built.parameters())
+    assert abs(total_params(spec) / count - 1) < PARAMS_REL, (total_params(spec), count)
