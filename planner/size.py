@@ -3,7 +3,7 @@ point is solved exactly (planner/api.py:solve: the same search as `plan solve`),
 turned into days and GPU-hours for the tokens asked for, and the points are ranked on the
 Pareto front of time to train against GPU-hours (against cost where every cluster is priced).
 
-Definitions (each stated in the README's `plan size` section):
+Definitions (each stated in docs/size.md):
 - steps = ceil(tokens / (global batch x sequence)); days = steps x step time / 86,400;
   GPU-hours = GPUs x steps x step time / 3,600; cost = GPU-hours x the cluster's price.
 - A point is on the front when no other feasible point is at most as long and at most as dear

@@ -74,13 +74,15 @@ def test_the_missing_torch_message_gives_the_cpu_build(monkeypatch):
 def _readme_commands() -> list[str]:
     """The two commands of the README's quick start, in order."""
     readme = (ROOT / "README.md").read_text()
-    quick = readme[readme.index("## Quick start"):readme.index("## Commands")]
+    start = readme.index("## Quick start")
+    quick = readme[start:readme.index("\n## ", start)]
     return [block.strip() for block in re.findall(r"```bash\n(.*?)```", quick, re.S)]
 
 
 def test_ci_runs_the_readmes_test_command_step_by_step():
     """One set of commands: every step of the README's test command is a line of .ci/run (pip's
-    -q aside), in the same order, and .ci/run installs nothing the README leaves out but the linters."""
+    -q aside), in the same order, and .ci/run installs nothing the README leaves out but the linters
+    and the documentation site's builder."""
     main, tests = _readme_commands()
     assert main.endswith("plan solve --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 --global-batch 1536 --seq-len 2048")
     steps = [step.strip() for step in tests.split("&&")]
@@ -90,4 +92,5 @@ def test_ci_runs_the_readmes_test_command_step_by_step():
     where = [ci.index(step) for step in steps[2:]]  # each step is a line of .ci/run ...
     assert where == sorted(where)  # ... in the README's order
     installs = [line for line in ci if " install " in line and "--upgrade pip" not in line]
-    assert [line for line in installs if line not in steps] == ["pip install -e '.[lint]' -c .ci/constraints.txt"]
+    assert [line for line in installs if line not in steps] == ["pip install -e '.[lint]' -c .ci/constraints.txt",
+                                                                "pip install -e '.[docs]' -c .ci/constraints.txt"]

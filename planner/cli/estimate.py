@@ -89,7 +89,7 @@ def estimate(
     else:
         render.estimate_report(doc)
     if not doc.estimate.fits:  # one line on stderr, the error (the report above shows the layout)
-        if output:  # written all the same (README, "plan estimate"): said before the error
+        if output:  # written all the same (docs/estimate.md): said before the error
             render.note(f"plan written to {output}")
         raise InfeasibleError(does_not_fit(doc))
     if changed:

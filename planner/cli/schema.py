@@ -25,7 +25,7 @@ def document_schema(name: str) -> dict:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"planner/{name}-{SCHEMA_VERSION}.json",
         "description": f"{what}. schema_version {SCHEMA_VERSION}: readers accept every 1.x document; a minor version only "
-        "adds optional fields or values, a major version changes or removes one (README: Plan file format).",
+        "adds optional fields or values, a major version changes or removes one (docs/plan-format.md).",
         **schema,
     }
 

@@ -4,7 +4,7 @@ of range; give a whole number from 0 to 1,000").
 
 click's INT and FLOAT call int() and float(), which take Unicode digits, underscores, signs,
 spaces, 'nan' and 'inf' (planner/numerals.py says why that matters); these types read the
-ASCII text only, then check the bounds the README promises (at most 2^20 GPUs, 10^8 sequences
+ASCII text only, then check the bounds docs/input-safety.md promises (at most 2^20 GPUs, 10^8 sequences
 per step or tokens per sequence: planner/inputs.py's MAX_*). Commands name a type below
 instead of `type=int` / `type=float`, so a new option inherits the check.
 """
@@ -111,7 +111,7 @@ class Span(click.ParamType):
         return a, b
 
 
-# The types the commands use. Degrees and counts of GPUs: at most MAX_GPUS (2^20, README);
+# The types the commands use. Degrees and counts of GPUs: at most MAX_GPUS (2^20, docs/input-safety.md);
 # sequences: MAX_GLOBAL_BATCH (10^8); tokens: MAX_SEQ_LEN (10^8).
 GPUS = Whole(1, MAX_GPUS)  # --gpus, --nodes, --nproc-per-node, --nnodes, --rehearse-dp
 DEGREE = Whole(1, MAX_GPUS)  # --tp, --pp, --dp, --cp, --ep, --vpp

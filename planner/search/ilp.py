@@ -447,7 +447,7 @@ def solve_candidate(
 
 def rank_rows_help(pc: PipelineCosts) -> bool:
     """Whether each rank's floor rows (:func:`_rank_floor_rows`) are worth adding, as measured
-    (README, "Benchmarks"): they close the tie-break MILP's gap and, where the slowest rank
+    (docs/benchmarks.md): they close the tie-break MILP's gap and, where the slowest rank
     weighs at least the sum of the ranks (m - 1/v >= pp), the search MILP's; where a rank's
     exposed ZeRO-2/3 traffic per micro-batch (a binary per rank) enters its time they slowed
     branch-and-bound 5-50x in both."""

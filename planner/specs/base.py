@@ -30,7 +30,8 @@ from pydantic_core import PydanticCustomError
 # 1.12: StackConstants.step_overhead_s (a stack's host time per optimizer step); read without it, 0.
 # 1.13: the collective all_to_all, a link tier's optional measured fit of it (plan profile).
 # 1.14: ModelSpec.rope_theta, rope_scaling (Llama 3.1's) and qkv_bias (Qwen2's q/k/v biases), which
-# exports write; read without them, theta 10,000, no scaling, no q/k/v biases.
+# exports write; read without them, theta 10,000, no scaling, no q/k/v biases. JobSpec.grad_reduce_bf16.
+# (Each version is also in CHANGELOG.md, which is what users read.)
 SCHEMA_VERSION = "1.14"
 
 

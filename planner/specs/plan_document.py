@@ -21,7 +21,7 @@ class PlanDocument(_Spec):
     """The versioned plan file: everything needed to re-estimate or run the plan.
 
     Written by `plan estimate --json` and `plan solve -o`; read back by `plan estimate --plan`
-    and `plan run`. Other training stacks can read `plan` for the layout (see README).
+    and `plan run`. Other training stacks can read `plan` for the layout (docs/plan-format.md).
     """
 
     schema_version: str = Field(default=SCHEMA_VERSION, description="Version of this document format (major.minor).")

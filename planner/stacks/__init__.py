@@ -15,7 +15,7 @@ planner/specs/job.py:Target, holding:
   `layout_problems(layout, model, job)` and `problems(plan, model, job)` for what a Rules cannot
   state. `plan export` refuses a plan that breaks either, in one line naming the feature;
   `plan solve --target STACK` searches only what both allow (planner/search/stacks.py:
-  target_space hands them to candidates.py and RULES to ilp.py); rules_table() is the README's
+  target_space hands them to candidates.py and RULES to ilp.py); rules_table() is docs/export.md's
   table of them. A stack with model_problems is not searched at all (model_refusal).
 - `export.py`: `export(plan, model, job, num_gpus[, gpus_per_node]) -> Export`, the stack's own
   configuration, and `read_back(data)`, the plan's fields read from it again (the tests' round
@@ -147,8 +147,8 @@ def read_constants(path: Path) -> dict[str, StackConstants]:
 
 
 def rules_table() -> str:
-    """The README's table of what each stack can express, from the Rules themselves
-    (tests/test_export_cli.py checks that the README carries exactly this)."""
+    """docs/export.md's table of what each stack can express, from the Rules themselves
+    (tests/test_export_cli.py checks that the page carries exactly this)."""
     split = {"free": "any split", "first_last": "first and last stage may differ", "even": "even only"}
     recompute = {"per_stage": "any mix per stage", "same_per_stage": "same count of full layers in every stage, or all selective",
                  "uniform": "one mode for every layer"}

@@ -4,7 +4,7 @@ with the `Export` an exporter returns. Each stack's folder builds one of each
 (planner/stacks/<name>/); the package docstring (planner/stacks/__init__.py) says who reads
 what. Rules are read by `plan export` (refuse what breaks a rule), by the search (`plan solve
 --target`: candidates.py filters layouts, ilp.py constrains the layer split and recompute) and
-by the README's table."""
+by docs/export.md's table."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ class Rules:
     # (Megatron's --recompute-method block --recompute-num-layers N); "uniform": one mode for all layers
     recompute: str = "per_stage"
     recompute_modes: tuple = ("none", "selective", "full")  # the recompute modes the stack has
-    notes: dict = field(default_factory=dict)  # feature -> one line for the README table
+    notes: dict = field(default_factory=dict)  # feature -> one line for docs/export.md's table
 
     def value_problem(self, field: str, value) -> Optional[str]:
         """Why one layout field (a Plan field's name) cannot take `value` whatever the rest of the

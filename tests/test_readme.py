@@ -1,0 +1,40 @@
+"""The README's quick tour runs as written: each command of its block, in order, in one
+directory, exits 0 (the pictures need the plot extra)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tour() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## A quick tour\n\n```bash\n(.*?)```", text, re.S)
+    assert block, "the README has no quick-tour block"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_the_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+def test_the_quick_tour_runs(tmp_path):
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("plan show's pictures need the plot extra: pip install '.[plot]'")
+    commands = tour()
+    assert [shlex.split(c)[:2] for c in commands] == [["plan", "solve"], ["plan", "show"], ["plan", "export"], ["plan", "estimate"],
+                                                      ["plan", "size"]]
+    for command in commands:
+        argv = shlex.split(command)
+        res = subprocess.run([sys.executable, "-m", "planner.cli.main", *argv[1:]], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, (command, res.stderr)
+    assert (tmp_path / "plan.json").exists() and (tmp_path / "t.png").exists()
