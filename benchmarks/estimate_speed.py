@@ -24,15 +24,41 @@ from planner.presets import load_model
 from planner.specs import JobSpec, Plan
 
 CASES = [
-    ("gpt3-175b", "dgx-a100-80gb", dict(global_batch_size=1536, seq_len=2048),
-     dict(dp=8, tp=8, pp=16, micro_batch_size=1, num_micro_batches=192, recompute="full")),
-    ("llama3-70b", "dgx-h100-80gb", dict(global_batch_size=512, seq_len=8192),
-     dict(dp=64, tp=8, pp=1, micro_batch_size=1, num_micro_batches=8, recompute="full", zero_stage=3)),
-    ("llama3-405b", "dgx-h100-80gb", dict(global_batch_size=2048, seq_len=8192),
-     dict(dp=16, tp=8, pp=16, vpp=2, micro_batch_size=1, num_micro_batches=128, schedule="interleaved-1f1b",
-          recompute="selective", sequence_parallel=True, zero_stage=1)),
-    ("gpt2-124m", "dgx-a100-80gb", dict(global_batch_size=512, seq_len=1024),
-     dict(dp=8, tp=1, pp=1, micro_batch_size=16, num_micro_batches=4)),
+    (
+        "gpt3-175b",
+        "dgx-a100-80gb",
+        dict(global_batch_size=1536, seq_len=2048),
+        dict(dp=8, tp=8, pp=16, micro_batch_size=1, num_micro_batches=192, recompute="full"),
+    ),
+    (
+        "llama3-70b",
+        "dgx-h100-80gb",
+        dict(global_batch_size=512, seq_len=8192),
+        dict(dp=64, tp=8, pp=1, micro_batch_size=1, num_micro_batches=8, recompute="full", zero_stage=3),
+    ),
+    (
+        "llama3-405b",
+        "dgx-h100-80gb",
+        dict(global_batch_size=2048, seq_len=8192),
+        dict(
+            dp=16,
+            tp=8,
+            pp=16,
+            vpp=2,
+            micro_batch_size=1,
+            num_micro_batches=128,
+            schedule="interleaved-1f1b",
+            recompute="selective",
+            sequence_parallel=True,
+            zero_stage=1,
+        ),
+    ),
+    (
+        "gpt2-124m",
+        "dgx-a100-80gb",
+        dict(global_batch_size=512, seq_len=1024),
+        dict(dp=8, tp=1, pp=1, micro_batch_size=16, num_micro_batches=4),
+    ),
 ]
 
 
@@ -58,9 +84,31 @@ def main() -> None:
         layout = f"dp{plan.dp} tp{plan.tp} pp{plan.pp}" + (f" v{plan.vpp}" if plan.vpp > 1 else "")
         print(f"{model_name:12s} {layout:28s} {e * 1e6:12.1f} {b * 1e6:12.1f} {e / b:7.1f}")
 
-    cmd = [sys.executable, "-m", "planner.cli.main", "estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb",
-           "--gpus", "1024", "--global-batch", "1536", "--seq-len", "2048", "--tp", "8", "--pp", "16",
-           "--micro-batch-size", "1", "--recompute", "full", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "planner.cli.main",
+        "estimate",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "1024",
+        "--global-batch",
+        "1536",
+        "--seq-len",
+        "2048",
+        "--tp",
+        "8",
+        "--pp",
+        "16",
+        "--micro-batch-size",
+        "1",
+        "--recompute",
+        "full",
+        "--json",
+    ]
     base = [sys.executable, "-c", "import planner.cli.main"]
 
     def wall(c):
@@ -70,8 +118,10 @@ def main() -> None:
 
     cli_t = statistics.median(wall(cmd) for _ in range(repeat))
     imp_t = statistics.median(wall(base) for _ in range(repeat))
-    print(f"\n`plan estimate --json` process: {cli_t * 1e3:.0f} ms; interpreter + imports alone: {imp_t * 1e3:.0f} ms; "
-          f"ratio {cli_t / imp_t:.2f}")
+    print(
+        f"\n`plan estimate --json` process: {cli_t * 1e3:.0f} ms; interpreter + imports alone: {imp_t * 1e3:.0f} ms; "
+        f"ratio {cli_t / imp_t:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,14 @@ import time
 from pathlib import Path
 
 MODEL = {
-    "name": "fidelity-gpt", "num_layers": 8, "hidden_size": 256, "num_heads": 8, "vocab_size": 2048, "max_seq_len": 128,
-    "dropout": False, "source": "a small GPT for CPU fidelity runs",
+    "name": "fidelity-gpt",
+    "num_layers": 8,
+    "hidden_size": 256,
+    "num_heads": 8,
+    "vocab_size": 2048,
+    "max_seq_len": 128,
+    "dropout": False,
+    "source": "a small GPT for CPU fidelity runs",
 }
 GLOBAL_BATCH = 16
 # Micro-batch sizes profiled: the plans at this batch on 2-4 ranks run 4-8 sequences per
@@ -99,8 +105,26 @@ def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 def solve(model_path: Path, profile: Path, world: int, top_k: int, *fix: str) -> dict:
     """`plan solve --json` on the profile: the best plan and `top_k` alternatives."""
-    return json.loads(run(plan_cmd("solve", "--model", str(model_path), "--cluster", str(profile), "--gpus", str(world),
-                                   "--global-batch", str(GLOBAL_BATCH), "--top-k", str(top_k), "--json", *fix), timeout=600).stdout)
+    return json.loads(
+        run(
+            plan_cmd(
+                "solve",
+                "--model",
+                str(model_path),
+                "--cluster",
+                str(profile),
+                "--gpus",
+                str(world),
+                "--global-batch",
+                str(GLOBAL_BATCH),
+                "--top-k",
+                str(top_k),
+                "--json",
+                *fix,
+            ),
+            timeout=600,
+        ).stdout
+    )
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -174,8 +198,20 @@ def main() -> None:
         t0 = time.perf_counter()
         profile = workdir / f"profile-{world}.json"
         with OtherLoad() as profile_load:
-            run(plan_cmd("profile", "--model", str(model_path), "--nproc-per-node", str(world), "--micro-batch-sizes", MICRO_BATCHES,
-                         "-o", str(profile)), timeout=1800)
+            run(
+                plan_cmd(
+                    "profile",
+                    "--model",
+                    str(model_path),
+                    "--nproc-per-node",
+                    str(world),
+                    "--micro-batch-sizes",
+                    MICRO_BATCHES,
+                    "-o",
+                    str(profile),
+                ),
+                timeout=1800,
+            )
         t_profile = time.perf_counter() - t0
         paths = plan_files(solve(model_path, profile, world, top_k - 1), workdir, f"plan-{world}")
         plans = [json.loads(p.read_text())["plan"] for p in paths]
@@ -183,38 +219,69 @@ def main() -> None:
             key, value = fix.split("=")
             if any(str(p[{"zero": "zero_stage"}.get(key, key)]) == value for p in plans):
                 continue  # the top-k already has one
-            paths += plan_files(solve(model_path, profile, world, 0, "--fix", fix), workdir, f"plan-{world}-{key}{value}")
+            paths += plan_files(
+                solve(model_path, profile, world, 0, "--fix", fix), workdir, f"plan-{world}-{key}{value}"
+            )
         rows = []
         for path in paths:
             report_path = path.with_suffix(".report.json")
-            cmd = plan_cmd("run", str(path), "--nproc-per-node", str(world), "--steps", steps, "--warmup", "2", "-o", str(report_path))
+            cmd = plan_cmd(
+                "run",
+                str(path),
+                "--nproc-per-node",
+                str(world),
+                "--steps",
+                steps,
+                "--warmup",
+                "2",
+                "-o",
+                str(report_path),
+            )
             with OtherLoad() as load:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             doc = json.loads(path.read_text())
             if not report_path.exists():
                 tail = (out.stderr or out.stdout).strip().splitlines()[-1:]
-                rows.append((describe(doc["plan"]), doc["estimate"]["step_time_s"], None, False, load.cores, " ".join(tail)))
+                rows.append(
+                    (describe(doc["plan"]), doc["estimate"]["step_time_s"], None, False, load.cores, " ".join(tail))
+                )
                 continue
             rep = json.loads(report_path.read_text())
-            rows.append((describe(doc["plan"]), rep["time"]["predicted_step_time_s"], measured_step(rep),
-                         rep["verification"]["passed"], load.cores, ""))
-        print(f"\n{world} ranks (profile {t_profile:.0f} s, {profile.name}; other processes used {profile_load.cores:.2f} "
-              f"of {os.cpu_count()} cores meanwhile); global batch {GLOBAL_BATCH} x {MODEL['max_seq_len']} tokens")
+            rows.append(
+                (
+                    describe(doc["plan"]),
+                    rep["time"]["predicted_step_time_s"],
+                    measured_step(rep),
+                    rep["verification"]["passed"],
+                    load.cores,
+                    "",
+                )
+            )
+        print(
+            f"\n{world} ranks (profile {t_profile:.0f} s, {profile.name}; other processes used {profile_load.cores:.2f} "
+            f"of {os.cpu_count()} cores meanwhile); global batch {GLOBAL_BATCH} x {MODEL['max_seq_len']} tokens"
+        )
         print(call_overheads(profile))
-        print(f"{'#':>2} {'plan':44s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s} {'verified':>8s} {'others':>6s}")
+        print(
+            f"{'#':>2} {'plan':44s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s} {'verified':>8s} {'others':>6s}"
+        )
         for i, (name, pred, meas, ok, others, note) in enumerate(rows):
             i = i if i < len(plans) else "+"  # best plan of a pinned family
             err = f"{100 * (pred - meas) / meas:+6.1f}%" if meas else "   -  "
-            print(f"{i:>2} {name:44s} {pred:12.4f} {meas if meas is not None else float('nan'):11.4f} {err:>7s} {str(ok):>8s} "
-                  f"{others:6.2f} {note}")
+            print(
+                f"{i:>2} {name:44s} {pred:12.4f} {meas if meas is not None else float('nan'):11.4f} {err:>7s} {str(ok):>8s} "
+                f"{others:6.2f} {note}"
+            )
         done = [(p, m) for _, p, m, _, _, _ in rows if m]
         if len(done) >= 2:
             mae = sum(abs(p - m) / m for p, m in done) / len(done)
             rho = spearman([p for p, _ in done], [m for _, m in done])
             fastest = min(m for _, m in done)
             regret = rows[0][2] / fastest - 1 if rows[0][2] else float("nan")
-            print(f"mean absolute error {100 * mae:.1f}%; Spearman rank correlation {rho:+.2f}; "
-                  f"regret of the recommended plan {100 * regret:.1f}% (ratio {rows[0][2] / fastest:.2f} to the fastest measured)")
+            print(
+                f"mean absolute error {100 * mae:.1f}%; Spearman rank correlation {rho:+.2f}; "
+                f"regret of the recommended plan {100 * regret:.1f}% (ratio {rows[0][2] / fastest:.2f} to the fastest measured)"
+            )
     print(f"\nfiles in {workdir}")
 
 

@@ -62,7 +62,8 @@ STACK_DIR = Path(__file__).resolve().parent.parent / "planner" / "stacks"
 AMPERE = ("dgx-a100-40gb", "dgx-a100-80gb")  # the calibrated presets of the older generation
 CONSTANTS = fitlib.CONSTANTS + (
     fitlib.Constant("sustained_fraction_ampere", 0.5, 1.0, 0.85, "sustained_fraction on the A100s (Ampere)"),
-    fitlib.Constant("step_overhead_s", 0.0, 0.5, 0.0, "host time per optimizer step, s"),)
+    fitlib.Constant("step_overhead_s", 0.0, 0.5, 0.0, "host time per optimizer step, s"),
+)
 FITTED = tuple(c.name for c in CONSTANTS)
 # The stacks whose runs measured the same software on both generations (see the module's
 # docstring): each has a sustained fraction per generation, and a host time per step; the others
@@ -171,14 +172,17 @@ def per_term_widths(resid, comm_share) -> tuple[float, float]:
     networks: never more certain than compute; exposed communication is what is left of a
     collective once compute hides part of it, so a factor 2 at one sd is a wide but physical
     bound, which the runs, at most ~15% communication, cannot pin down further). Grid search."""
+
     def nll(sc, sm):
         tot = 0.0
         for r, f in zip(resid, comm_share):
             var = ((1 - f) * sc) ** 2 + (f * sm) ** 2
             tot += 0.5 * math.log(var) + r * r / (2 * var)
         return tot
+
     def best(xs, ys):
         return min(((sc, sm) for sc in xs for sm in ys if sm >= sc), key=lambda x: nll(*x))
+
     coarse = best([0.02 * i for i in range(1, 35)], [0.02 * i for i in range(1, 35)] + [LN2])  # up to ln 2
     near = [[v + 0.005 * d for d in range(-4, 5) if 0 < v + 0.005 * d <= LN2] for v in coarse]
     return best(*near)
@@ -221,7 +225,9 @@ def stack_fit(cs, pooled, sweeps: int = 3, start=None):
     if not own:
         return tuple(pooled)
     split = own[0].job.target.value in SPLIT
-    return _fit(residuals(own), split, sweeps, prior=fitlib.Prior(tuple(pooled), PRIOR_WIDTH, PRIOR_WEIGHT), start=start)
+    return _fit(
+        residuals(own), split, sweeps, prior=fitlib.Prior(tuple(pooled), PRIOR_WIDTH, PRIOR_WEIGHT), start=start
+    )
 
 
 def fit_naive_of(cs) -> float:
@@ -313,22 +319,29 @@ def stack_interval(held: list[Held], stack: str, pooled: bool = False) -> tuple[
 
 
 def _print_runs(cs, thetas, frac):
-    print(f"\n{'run':58s} {'stack':10s} {'published':>10s} {'model':>6s} {'naive':>6s}  compute  tp   pp  bubble dp-exp  fits")
+    print(
+        f"\n{'run':58s} {'stack':10s} {'published':>10s} {'model':>6s} {'naive':>6s}  compute  tp   pp  bubble dp-exp  fits"
+    )
     for c in cs:
         p, est = predict(c, thetas[c.job.target.value])
         b, t = est.time_breakdown_s, est.step_time_s
 
         def share(x, t=t):
             return f"{100 * x / t:4.0f}%"
-        print(f"{c.name[:58]:58s} {c.job.target.value:10s} {c.published:10.1f} {p / c.published:6.2f} "
-              f"{naive(c, frac[c.job.target.value], est) / c.published:6.2f}  {share(b.compute + b.recompute)} "
-              f"{share(b.tp_communication)} {share(b.pp_communication)} {share(b.pipeline_bubble)} "
-              f"{share(b.dp_communication_exposed)}  {'yes' if est.fits else 'NO'} {est.peak_memory_gib:.1f}/{est.memory_capacity_gib:.0f}")
+
+        print(
+            f"{c.name[:58]:58s} {c.job.target.value:10s} {c.published:10.1f} {p / c.published:6.2f} "
+            f"{naive(c, frac[c.job.target.value], est) / c.published:6.2f}  {share(b.compute + b.recompute)} "
+            f"{share(b.tp_communication)} {share(b.pp_communication)} {share(b.pipeline_bubble)} "
+            f"{share(b.dp_communication_exposed)}  {'yes' if est.fits else 'NO'} {est.peak_memory_gib:.1f}/{est.memory_capacity_gib:.0f}"
+        )
 
 
 def _print_cv(held: list[Held]):
     print("\nleave-one-group-out cross-validation (constants fitted without the group; ratio = predicted / published)")
-    print(f"{'stack':10s} {'group':28s} {'runs':>4s} {'model MAPE':>10s} {'naive MAPE':>10s} {'pooled MAPE':>11s}  better")
+    print(
+        f"{'stack':10s} {'group':28s} {'runs':>4s} {'model MAPE':>10s} {'naive MAPE':>10s} {'pooled MAPE':>11s}  better"
+    )
     for stack in STACKS:
         for g in dict.fromkeys(h.case.group for h in held if h.stack == stack):
             hs = [h for h in held if h.case.group == g]
@@ -340,7 +353,11 @@ def _print_cv(held: list[Held]):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="write the fitted constants into hardware_profiles/presets (pooled) and planner/stacks/*/constants.json")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="write the fitted constants into hardware_profiles/presets (pooled) and planner/stacks/*/constants.json",
+    )
     args = ap.parse_args()
     every, skipped = cases()
     # Runs on hardware the shipped presets mark uncalibrated (hardware_profiles.UNCALIBRATED:
@@ -351,10 +368,16 @@ def main() -> None:
     pooled = fit(dense(cs))
     thetas = {"generic": pooled}
     frac = {"generic": fit_naive(cs)}
-    print(f"{len(cs)} runs in {len(_groups(cs))} groups; the constants, each a property of the software that runs the plan:")
+    print(
+        f"{len(cs)} runs in {len(_groups(cs))} groups; the constants, each a property of the software that runs the plan:"
+    )
     for c in CONSTANTS:
         print(f"  {c.name}: {c.meaning} (fitted within {c.lo:g}-{c.hi:g})")
-    print(f"{'stack':10s} {'runs':>4s} {'groups':>6s}  " + " ".join(f"{n:>19s}" for n in (*NAMES, "(on Ampere)", "step_overhead_s")) + "  fit (rms log ratio)")
+    print(
+        f"{'stack':10s} {'runs':>4s} {'groups':>6s}  "
+        + " ".join(f"{n:>19s}" for n in (*NAMES, "(on Ampere)", "step_overhead_s"))
+        + "  fit (rms log ratio)"
+    )
     for stack in (*STACKS, "generic"):
         own = cs if stack == "generic" else [c for c in cs if c.job.target.value == stack]
         if stack != "generic":
@@ -362,25 +385,35 @@ def main() -> None:
             frac[stack] = fit_naive_of(own)
         th = thetas[stack]
         rms = math.sqrt(fitlib.loss(residuals(dense(own)), th))
-        print(f"{stack:10s} {len(own):4d} {len(_groups(own)):6d}  " + " ".join(f"{v:19.3f}" for v in th) + f"  {rms:.3f}"
-              + (f"  ({len(dense(own))} dense runs fitted" + (", every stack's)" if stack == "generic" else ")")))
+        print(
+            f"{stack:10s} {len(own):4d} {len(_groups(own)):6d}  "
+            + " ".join(f"{v:19.3f}" for v in th)
+            + f"  {rms:.3f}"
+            + (f"  ({len(dense(own))} dense runs fitted" + (", every stack's)" if stack == "generic" else ")"))
+        )
     _print_runs(cs, thetas, frac)
     held = cross_validate(cs, thetas)
     _print_cv(held)
-    print("\nintervals fitted on the cross-validated residuals; coverage measured out of group (each group's runs "
-          "against the interval fitted without it)")
+    print(
+        "\nintervals fitted on the cross-validated residuals; coverage measured out of group (each group's runs "
+        "against the interval fitted without it)"
+    )
     intervals = {}
     for stack in (*STACKS, "generic"):
         iv, cov, n = stack_interval(held, stack, pooled=stack == "generic")
         intervals[stack] = iv
         fc, fm = iv.factors()
-        print(f"{stack:10s} compute x/ {fc:.3f}, communication x/ {fm:.3f} (log sd {iv.sds[0]:.3f} / {iv.sds[1]:.3f}); "
-              f"stated 80%, out-of-group {100 * cov:.0f}% of {n} runs")
+        print(
+            f"{stack:10s} compute x/ {fc:.3f}, communication x/ {fm:.3f} (log sd {iv.sds[0]:.3f} / {iv.sds[1]:.3f}); "
+            f"stated 80%, out-of-group {100 * cov:.0f}% of {n} runs"
+        )
     if new_hardware:
         _print_new_hardware(new_hardware, thetas, frac, intervals)
     resid = sorted(abs(math.log(h.model / h.case.published)) for h in held)
-    print(f"cross-validated |log ratio| with each run's stack constants: median {resid[len(resid) // 2]:.3f}, "
-          f"80th percentile {resid[int(0.8 * (len(resid) - 1))]:.3f}")
+    print(
+        f"cross-validated |log ratio| with each run's stack constants: median {resid[len(resid) // 2]:.3f}, "
+        f"80th percentile {resid[int(0.8 * (len(resid) - 1))]:.3f}"
+    )
     print(f"\nexcluded {len(skipped)} records:")
     why = defaultdict(int)
     for _, w in skipped:
@@ -398,10 +431,14 @@ def _print_new_hardware(cs, thetas, frac, intervals) -> None:
     the uncalibrated presets widen it (log half-width x UNCALIBRATED_WIDENING)."""
     from hardware_profiles import UNCALIBRATED_WIDENING
 
-    print(f"\nuncalibrated hardware ({', '.join(sorted({c.cluster.name for c in cs}))}): {len(cs)} runs held out of every fit, "
-          f"predicted with the shipped constants; interval = the stack's x{UNCALIBRATED_WIDENING:g} in log")
+    print(
+        f"\nuncalibrated hardware ({', '.join(sorted({c.cluster.name for c in cs}))}): {len(cs)} runs held out of every fit, "
+        f"predicted with the shipped constants; interval = the stack's x{UNCALIBRATED_WIDENING:g} in log"
+    )
     _print_runs(cs, thetas, frac)
-    print(f"{'stack':10s} {'group':28s} {'runs':>4s} {'model MAPE':>10s} {'naive MAPE':>10s}  better  inside widened interval")
+    print(
+        f"{'stack':10s} {'group':28s} {'runs':>4s} {'model MAPE':>10s} {'naive MAPE':>10s}  better  inside widened interval"
+    )
     for g, gcs in _groups(cs).items():
         stack = gcs[0].job.target.value
         pairs, naive_pairs, inside = [], [], 0
@@ -409,15 +446,24 @@ def _print_new_hardware(cs, thetas, frac, intervals) -> None:
             p, est = predict(c, thetas[stack])
             pairs.append((p, c.published))
             naive_pairs.append((naive(c, frac[stack], est), c.published))
-            inside += abs(math.log(p / c.published)) <= UNCALIBRATED_WIDENING * intervals[stack].halfwidth(comm_share(est))
+            inside += abs(math.log(p / c.published)) <= UNCALIBRATED_WIDENING * intervals[stack].halfwidth(
+                comm_share(est)
+            )
         m, n = mape(pairs), mape(naive_pairs)
-        print(f"{stack:10s} {g:28s} {len(gcs):4d} {m:9.1f}% {n:9.1f}%  {'yes' if m < n else 'NO':6s}  {inside} of {len(gcs)}")
+        print(
+            f"{stack:10s} {g:28s} {len(gcs):4d} {m:9.1f}% {n:9.1f}%  {'yes' if m < n else 'NO':6s}  {inside} of {len(gcs)}"
+        )
 
 
 def _uncertainty(iv: Interval) -> dict:
     fc, fm = iv.factors()
     q = max(fc, fm)
-    return {"relative": round(q - 1, 4), "coverage": 0.8, "compute": round(fc - 1, 4), "communication": round(fm - 1, 4)}
+    return {
+        "relative": round(q - 1, 4),
+        "coverage": 0.8,
+        "compute": round(fc - 1, 4),
+        "communication": round(fm - 1, 4),
+    }
 
 
 def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
@@ -435,13 +481,23 @@ def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
         t = thetas[src]
 
         def entry(sf, where, t=t, src=src):
-            host = {"step_overhead_s": round(t[4], 4)} if src in SPLIT else {}  # the others have none (module docstring)
-            return {"sustained_fraction": round(sf, 4), "kernel_overhead_us": round(t[1], 3),
-                    "overlap_efficiency": round(t[2], 4), **host, "uncertainty": _uncertainty(intervals[src]),
-                    "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
-                                  f"benchmarks/data (of {runs}), pulled towards the pooled fit; sustained fraction {where}"}
-        entries[stack] = entry(t[0], "of Hopper (H100 runs), for any device without its own entry" if src in SPLIT
-                              else "one for every device")
+            host = (
+                {"step_overhead_s": round(t[4], 4)} if src in SPLIT else {}
+            )  # the others have none (module docstring)
+            return {
+                "sustained_fraction": round(sf, 4),
+                "kernel_overhead_us": round(t[1], 3),
+                "overlap_efficiency": round(t[2], 4),
+                **host,
+                "uncertainty": _uncertainty(intervals[src]),
+                "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
+                f"benchmarks/data (of {runs}), pulled towards the pooled fit; sustained fraction {where}",
+            }
+
+        entries[stack] = entry(
+            t[0],
+            "of Hopper (H100 runs), for any device without its own entry" if src in SPLIT else "one for every device",
+        )
         own = {name: entry(t[3], "of Ampere (A100 runs)") for name in sorted(ampere)} if src in SPLIT else {}
         (STACK_DIR / stack / "constants.json").write_text(json.dumps({"*": entries[stack], **own}, indent=2) + "\n")
     th = thetas["generic"]

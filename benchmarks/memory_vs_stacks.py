@@ -83,7 +83,10 @@ def ours(model, cluster, target: str, gpus: int, batch: int, seq: int, **layout)
     doc = api.estimate(model, cluster, gpus=gpus, global_batch=batch, seq_len=seq, target=target, **layout)
     m = doc.estimate.memory_gib_per_pipeline_rank[0]
     pc = tables.pipeline_costs(doc.model, doc.cluster, doc.job, doc.plan)
-    out = {k: getattr(m, k) * GIB for k in ("weights", "gradients", "optimizer_states", "activations", "temporary", "overhead")}
+    out = {
+        k: getattr(m, k) * GIB
+        for k in ("weights", "gradients", "optimizer_states", "activations", "temporary", "overhead")
+    }
     out["states"] = out["weights"] + out["gradients"] + out["optimizer_states"]
     return SimpleNamespace(bytes=out, doc=doc, pc=pc, layers=m.layers)
 
@@ -94,21 +97,41 @@ def ours(model, cluster, target: str, gpus: int, batch: int, seq: int, **layout)
 def megatron_args(model: ModelSpec, plan, job, padded_vocab: int) -> SimpleNamespace:
     """The Megatron-LM arguments `plan export --to megatron` writes, as the formulas read them."""
     return SimpleNamespace(
-        num_layers=model.num_layers, hidden_size=model.hidden_size, num_attention_heads=model.num_heads,
-        kv_channels=model.head_dim, num_query_groups=model.kv_heads, group_query_attention=model.kv_heads != model.num_heads,
-        ffn_hidden_size=model.ffn, swiglu=model.gated, normalization="RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
-        num_experts=model.num_experts, moe_ffn_hidden_size=model.moe_ffn if model.is_moe else None,
-        moe_shared_expert_intermediate_size=(model.num_shared_experts * model.moe_ffn) or None if model.is_moe else None,
-        moe_layer_freq=[0] * model.first_dense_layers + [1] * (model.num_layers - model.first_dense_layers) if model.is_moe else 1,
-        mtp_num_layers=model.mtp_layers or None, multi_latent_attention=model.mla,
-        q_lora_rank=model.q_lora_rank, kv_lora_rank=model.kv_lora_rank, qk_head_dim=model.head_dim,
-        qk_pos_emb_head_dim=model.qk_rope_head_dim, v_head_dim=model.v_dim if model.mla else None,
-        untie_embeddings_and_output_weights=not model.tied_embeddings, padded_vocab_size=padded_vocab,
-        tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_heads,
+        kv_channels=model.head_dim,
+        num_query_groups=model.kv_heads,
+        group_query_attention=model.kv_heads != model.num_heads,
+        ffn_hidden_size=model.ffn,
+        swiglu=model.gated,
+        normalization="RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+        num_experts=model.num_experts,
+        moe_ffn_hidden_size=model.moe_ffn if model.is_moe else None,
+        moe_shared_expert_intermediate_size=(model.num_shared_experts * model.moe_ffn) or None
+        if model.is_moe
+        else None,
+        moe_layer_freq=[0] * model.first_dense_layers + [1] * (model.num_layers - model.first_dense_layers)
+        if model.is_moe
+        else 1,
+        mtp_num_layers=model.mtp_layers or None,
+        multi_latent_attention=model.mla,
+        q_lora_rank=model.q_lora_rank,
+        kv_lora_rank=model.kv_lora_rank,
+        qk_head_dim=model.head_dim,
+        qk_pos_emb_head_dim=model.qk_rope_head_dim,
+        v_head_dim=model.v_dim if model.mla else None,
+        untie_embeddings_and_output_weights=not model.tied_embeddings,
+        padded_vocab_size=padded_vocab,
+        tensor_model_parallel_size=plan.tp,
+        pipeline_model_parallel_size=plan.pp,
         virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
-        data_parallel_size=plan.dp, use_distributed_optimizer=plan.zero_stage == 1,
-        seq_length=job.seq_len, micro_batch_size=plan.micro_batch_size,
-        sequence_parallel=plan.sequence_parallel, recompute_granularity="selective" if plan.recompute == "selective" else None,
+        data_parallel_size=plan.dp,
+        use_distributed_optimizer=plan.zero_stage == 1,
+        seq_length=job.seq_len,
+        micro_batch_size=plan.micro_batch_size,
+        sequence_parallel=plan.sequence_parallel,
+        recompute_granularity="selective" if plan.recompute == "selective" else None,
     )
 
 
@@ -117,10 +140,18 @@ def megatron_layer_params(a) -> tuple[float, float, float]:
     gated = 3 / 2 if a.swiglu else 1
     norm = 1 if a.normalization == "RMSNorm" else 2
     if a.multi_latent_attention:
-        q = (a.hidden_size * a.num_attention_heads * (a.qk_head_dim + a.qk_pos_emb_head_dim) if a.q_lora_rank is None else
-             a.q_lora_rank * (a.hidden_size + a.num_attention_heads * (a.qk_head_dim + a.qk_pos_emb_head_dim) + norm))
-        attn = (q + a.kv_lora_rank * (a.hidden_size + a.num_attention_heads * (a.qk_head_dim + a.v_head_dim) + norm)
-                + a.hidden_size * a.qk_pos_emb_head_dim + a.num_attention_heads * a.v_head_dim * a.hidden_size)
+        q = (
+            a.hidden_size * a.num_attention_heads * (a.qk_head_dim + a.qk_pos_emb_head_dim)
+            if a.q_lora_rank is None
+            else a.q_lora_rank
+            * (a.hidden_size + a.num_attention_heads * (a.qk_head_dim + a.qk_pos_emb_head_dim) + norm)
+        )
+        attn = (
+            q
+            + a.kv_lora_rank * (a.hidden_size + a.num_attention_heads * (a.qk_head_dim + a.v_head_dim) + norm)
+            + a.hidden_size * a.qk_pos_emb_head_dim
+            + a.num_attention_heads * a.v_head_dim * a.hidden_size
+        )
     else:
         ratio = a.kv_channels * a.num_attention_heads / a.hidden_size
         attn = 2 * a.hidden_size * a.hidden_size * (1 + a.num_query_groups / a.num_attention_heads) * ratio
@@ -131,8 +162,9 @@ def megatron_layer_params(a) -> tuple[float, float, float]:
     return dense, moe, experts
 
 
-def megatron_theoretical(a, num_microbatches: int, layers_on_first: int | None = None, experts_over: int = 1,
-                         expert_dp: int | None = None) -> dict:
+def megatron_theoretical(
+    a, num_microbatches: int, layers_on_first: int | None = None, experts_over: int = 1, expert_dp: int | None = None
+) -> dict:
     """Megatron-LM's theoretical memory (megatron/training/theoretical_memory_usage.py), bytes:
     'states' (compute_weight_and_optimizer_memory) and 'activations' (compute_activation_memory
     with sequence parallelism and selective recompute, else compute_activation_memory_without_sp).
@@ -158,7 +190,13 @@ def megatron_theoretical(a, num_microbatches: int, layers_on_first: int | None =
     if expert_dp is not None and a.use_distributed_optimizer and n_moe:  # experts' optimizer over the expert-DP group
         expert_params = (experts / experts_over) * first_moe / a.tensor_model_parallel_size
         states += expert_params * (12 / expert_dp - 12 / a.data_parallel_size)
-    s, b, h, t, p = a.seq_length, a.micro_batch_size, a.hidden_size, a.tensor_model_parallel_size, a.pipeline_model_parallel_size
+    s, b, h, t, p = (
+        a.seq_length,
+        a.micro_batch_size,
+        a.hidden_size,
+        a.tensor_model_parallel_size,
+        a.pipeline_model_parallel_size,
+    )
     layer_scale = (first_layers * p / a.num_layers) if layers_on_first is not None else 1.0
     if a.sequence_parallel and a.recompute_granularity == "selective":
         act = s * b * h * (18 + 4 * a.ffn_hidden_size / h) * a.num_layers * layer_scale
@@ -194,30 +232,120 @@ def megatron_padded_vocab(vocab: int, tp: int) -> int:
 
 # Megatron cases: (name, model, cluster, gpus, global batch, seq, layout)
 MEGATRON = [
-    ("llama3-8b dp8 tp1 zero1 selective", "llama3-8b", "dgx-h100-80gb", 8, 64, 8192,
-     dict(tp=1, zero=1, recompute="selective", micro_batch_size=1)),
-    ("llama3-70b tp8 pp4 dp2 zero1 sp selective", "llama3-70b", "dgx-h100-80gb", 64, 128, 8192,
-     dict(tp=8, pp=4, zero=1, sequence_parallel=True, recompute="selective")),
-    ("gpt3-175b tp4 pp8 vpp6 dp32 zero1 (the quick start)", "gpt3-175b", "dgx-a100-80gb", 1024, 1536, 2048,
-     dict(tp=4, pp=8, vpp=6, zero=1, sequence_parallel=True, recompute="selective", micro_batch_size=1)),
-    ("llama3-405b tp8 pp16 vpp2 uneven dp128", "llama3-405b", "dgx-h100-80gb", 16384, 2048, 8192,
-     dict(tp=8, pp=16, vpp=2, zero=1, sequence_parallel=True, recompute="selective")),
-    ("llama3-405b tp8 pp9 uneven (126 over 9: first rank 14)", "llama3-405b", "dgx-h100-80gb", 1152, 288, 8192,
-     dict(tp=8, pp=9, zero=1, sequence_parallel=True, recompute="selective",
-          layers_per_stage=[12, 14, 14, 14, 14, 14, 14, 14, 16])),
-    ("llama3-70b tp8 cp2 pp4 zero1 (context parallel)", "llama3-70b", "dgx-h100-80gb", 128, 128, 16384,
-     dict(tp=8, pp=4, cp=2, zero=1, sequence_parallel=True, recompute="selective")),
-    ("mixtral-8x7b ep8 tp1 pp4 zero1 (MoE, EP)", "mixtral-8x7b", "dgx-h100-80gb", 64, 256, 4096,
-     dict(tp=1, pp=4, ep=8, zero=1, recompute="selective")),
-    ("mixtral-8x7b ep4 tp2 pp2 zero1 sp (MoE, EP with TP: expert-TP folded)", "mixtral-8x7b", "dgx-h100-80gb", 64, 256, 4096,
-     dict(tp=2, pp=2, ep=4, zero=1, sequence_parallel=True, recompute="selective")),
-    ("qwen3-30b-a3b ep8 tp1 zero1 (MoE, 128 experts)", "qwen3-30b-a3b", "dgx-h100-80gb", 64, 256, 4096,
-     dict(tp=1, ep=8, zero=1, recompute="selective")),
-    ("deepseek-v3 tp2 pp8 ep32 zero1 sp (MLA, MoE)", "deepseek-v3", "dgx-h100-80gb", 1024, 4096, 4096,
-     dict(tp=2, pp=8, ep=32, zero=1, sequence_parallel=True, recompute="selective",
-          layers_per_stage=[7, 8, 8, 8, 8, 8, 8, 6])),
-    ("llama3-8b dp8 tp1 zero0 selective (no distributed optimizer)", "llama3-8b", "dgx-h100-80gb", 8, 64, 8192,
-     dict(tp=1, zero=0, recompute="selective", micro_batch_size=1)),
+    (
+        "llama3-8b dp8 tp1 zero1 selective",
+        "llama3-8b",
+        "dgx-h100-80gb",
+        8,
+        64,
+        8192,
+        dict(tp=1, zero=1, recompute="selective", micro_batch_size=1),
+    ),
+    (
+        "llama3-70b tp8 pp4 dp2 zero1 sp selective",
+        "llama3-70b",
+        "dgx-h100-80gb",
+        64,
+        128,
+        8192,
+        dict(tp=8, pp=4, zero=1, sequence_parallel=True, recompute="selective"),
+    ),
+    (
+        "gpt3-175b tp4 pp8 vpp6 dp32 zero1 (the quick start)",
+        "gpt3-175b",
+        "dgx-a100-80gb",
+        1024,
+        1536,
+        2048,
+        dict(tp=4, pp=8, vpp=6, zero=1, sequence_parallel=True, recompute="selective", micro_batch_size=1),
+    ),
+    (
+        "llama3-405b tp8 pp16 vpp2 uneven dp128",
+        "llama3-405b",
+        "dgx-h100-80gb",
+        16384,
+        2048,
+        8192,
+        dict(tp=8, pp=16, vpp=2, zero=1, sequence_parallel=True, recompute="selective"),
+    ),
+    (
+        "llama3-405b tp8 pp9 uneven (126 over 9: first rank 14)",
+        "llama3-405b",
+        "dgx-h100-80gb",
+        1152,
+        288,
+        8192,
+        dict(
+            tp=8,
+            pp=9,
+            zero=1,
+            sequence_parallel=True,
+            recompute="selective",
+            layers_per_stage=[12, 14, 14, 14, 14, 14, 14, 14, 16],
+        ),
+    ),
+    (
+        "llama3-70b tp8 cp2 pp4 zero1 (context parallel)",
+        "llama3-70b",
+        "dgx-h100-80gb",
+        128,
+        128,
+        16384,
+        dict(tp=8, pp=4, cp=2, zero=1, sequence_parallel=True, recompute="selective"),
+    ),
+    (
+        "mixtral-8x7b ep8 tp1 pp4 zero1 (MoE, EP)",
+        "mixtral-8x7b",
+        "dgx-h100-80gb",
+        64,
+        256,
+        4096,
+        dict(tp=1, pp=4, ep=8, zero=1, recompute="selective"),
+    ),
+    (
+        "mixtral-8x7b ep4 tp2 pp2 zero1 sp (MoE, EP with TP: expert-TP folded)",
+        "mixtral-8x7b",
+        "dgx-h100-80gb",
+        64,
+        256,
+        4096,
+        dict(tp=2, pp=2, ep=4, zero=1, sequence_parallel=True, recompute="selective"),
+    ),
+    (
+        "qwen3-30b-a3b ep8 tp1 zero1 (MoE, 128 experts)",
+        "qwen3-30b-a3b",
+        "dgx-h100-80gb",
+        64,
+        256,
+        4096,
+        dict(tp=1, ep=8, zero=1, recompute="selective"),
+    ),
+    (
+        "deepseek-v3 tp2 pp8 ep32 zero1 sp (MLA, MoE)",
+        "deepseek-v3",
+        "dgx-h100-80gb",
+        1024,
+        4096,
+        4096,
+        dict(
+            tp=2,
+            pp=8,
+            ep=32,
+            zero=1,
+            sequence_parallel=True,
+            recompute="selective",
+            layers_per_stage=[7, 8, 8, 8, 8, 8, 8, 6],
+        ),
+    ),
+    (
+        "llama3-8b dp8 tp1 zero0 selective (no distributed optimizer)",
+        "llama3-8b",
+        "dgx-h100-80gb",
+        8,
+        64,
+        8192,
+        dict(tp=1, zero=0, recompute="selective", micro_batch_size=1),
+    ),
 ]
 
 
@@ -227,12 +355,32 @@ def gpt_like(model: ModelSpec, ffn: int) -> ModelSpec:
     sequence-parallel formula, 4 h in the other; a MoE layer as one such MLP), dropout masks;
     no QK-norm, no window."""
     data = model.model_dump()
-    data.update(num_kv_heads=None, activation="gelu", glu_limit=None, dropout=True, qk_norm=False, sliding_window=None,
-                sliding_window_layers=0, num_experts=None, experts_per_token=None, moe_ffn_hidden_size=None,
-                num_shared_experts=0, first_dense_layers=0, mtp_layers=0, kv_lora_rank=None, q_lora_rank=None,
-                qk_rope_head_dim=0, v_head_dim=None, qkv_bias=False)
+    data.update(
+        num_kv_heads=None,
+        activation="gelu",
+        glu_limit=None,
+        dropout=True,
+        qk_norm=False,
+        sliding_window=None,
+        sliding_window_layers=0,
+        num_experts=None,
+        experts_per_token=None,
+        moe_ffn_hidden_size=None,
+        num_shared_experts=0,
+        first_dense_layers=0,
+        mtp_layers=0,
+        kv_lora_rank=None,
+        q_lora_rank=None,
+        qk_rope_head_dim=0,
+        v_head_dim=None,
+        qkv_bias=False,
+    )
     data["ffn_hidden_size"] = ffn
-    if model.mla or model.attention_head_dim is not None and model.attention_head_dim * model.num_heads != model.hidden_size:
+    if (
+        model.mla
+        or model.attention_head_dim is not None
+        and model.attention_head_dim * model.num_heads != model.hidden_size
+    ):
         data["attention_head_dim"] = None
     return ModelSpec.model_validate(data)
 
@@ -246,44 +394,80 @@ def megatron_rows(name, model_name, cluster, gpus, batch, seq, layout) -> list[R
     rows = []
     # ---- model states
     r = Row("megatron", name, "model states", o.bytes["states"], theirs["states"])
-    mine_vocab = megatron_theoretical(megatron_args(model, plan, job, -(-model.vocab_size // plan.tp) * plan.tp),
-                                      plan.num_micro_batches)["states"]
-    r.corrections.append(("vocabulary padded to a multiple of 128 x tp by Megatron (--make-vocab-size-divisible-by 128); "
-                          "ours pads to tp", mine_vocab - theirs["states"]))
+    mine_vocab = megatron_theoretical(
+        megatron_args(model, plan, job, -(-model.vocab_size // plan.tp) * plan.tp), plan.num_micro_batches
+    )["states"]
+    r.corrections.append(
+        (
+            "vocabulary padded to a multiple of 128 x tp by Megatron (--make-vocab-size-divisible-by 128); "
+            "ours pads to tp",
+            mine_vocab - theirs["states"],
+        )
+    )
     base = mine_vocab
-    stage0_layers = plan.stage_layers(model.num_layers)[0::plan.pp]
+    stage0_layers = plan.stage_layers(model.num_layers)[0 :: plan.pp]
     first = sum(stage0_layers)
     a_ours_vocab = megatron_args(model, plan, job, -(-model.vocab_size // plan.tp) * plan.tp)
     if first != model.num_layers / plan.pp:
         fixed = megatron_theoretical(a_ours_vocab, plan.num_micro_batches, layers_on_first=first)["states"]
-        r.corrections.append((f"the first pipeline rank holds {first} layers, not L / pp = {model.num_layers / plan.pp:g} "
-                              "(uneven split)", fixed - base))
+        r.corrections.append(
+            (
+                f"the first pipeline rank holds {first} layers, not L / pp = {model.num_layers / plan.pp:g} "
+                "(uneven split)",
+                fixed - base,
+            )
+        )
         base = fixed
     over = plan.ep / plan.tp  # the formula divides the whole shard by tp: experts over ep only (expert-TP 1)
     if model.is_moe and plan.ep > 1:
-        fixed = megatron_theoretical(a_ours_vocab, plan.num_micro_batches, layers_on_first=first, experts_over=plan.ep)["states"]
-        r.corrections.append((f"routed experts divided over ep {plan.ep} (the formula keeps every expert on every rank; "
-                              "Megatron-LM PR #4687 fixed this upstream)", fixed - base))
+        fixed = megatron_theoretical(a_ours_vocab, plan.num_micro_batches, layers_on_first=first, experts_over=plan.ep)[
+            "states"
+        ]
+        r.corrections.append(
+            (
+                f"routed experts divided over ep {plan.ep} (the formula keeps every expert on every rank; "
+                "Megatron-LM PR #4687 fixed this upstream)",
+                fixed - base,
+            )
+        )
         base = fixed
     if model.is_moe and plan.tp > 1:
-        fixed = megatron_theoretical(a_ours_vocab, plan.num_micro_batches, layers_on_first=first, experts_over=over)["states"]
-        r.corrections.append((f"the experts not split over tp {plan.tp}: the export writes --expert-tensor-parallel-size 1 "
-                              "(expert-TP folded into expert-DP); the formula divides every parameter by tp", fixed - base))
+        fixed = megatron_theoretical(a_ours_vocab, plan.num_micro_batches, layers_on_first=first, experts_over=over)[
+            "states"
+        ]
+        r.corrections.append(
+            (
+                f"the experts not split over tp {plan.tp}: the export writes --expert-tensor-parallel-size 1 "
+                "(expert-TP folded into expert-DP); the formula divides every parameter by tp",
+                fixed - base,
+            )
+        )
         base = fixed
     if model.is_moe and plan.zero_stage == 1:
         edp = max(1, plan.tp * plan.dp * plan.cp // plan.ep)
         if edp != plan.dp:
-            fixed = megatron_theoretical(a_ours_vocab, plan.num_micro_batches, layers_on_first=first, experts_over=over,
-                                         expert_dp=edp)["states"]
-            r.corrections.append((f"the distributed optimizer shards the experts over their expert-DP group ({edp} ranks), "
-                                  f"not dp {plan.dp}", fixed - base))
+            fixed = megatron_theoretical(
+                a_ours_vocab, plan.num_micro_batches, layers_on_first=first, experts_over=over, expert_dp=edp
+            )["states"]
+            r.corrections.append(
+                (
+                    f"the distributed optimizer shards the experts over their expert-DP group ({edp} ranks), "
+                    f"not dp {plan.dp}",
+                    fixed - base,
+                )
+            )
             base = fixed
     if plan.cp > 1 and plan.zero_stage == 1:
         a_cp = megatron_args(model, plan, job, -(-model.vocab_size // plan.tp) * plan.tp)
         a_cp.data_parallel_size = plan.dp * plan.cp
         fixed = megatron_theoretical(a_cp, plan.num_micro_batches, layers_on_first=first)["states"]
-        r.corrections.append((f"the distributed optimizer shards over dp x cp = {plan.dp * plan.cp} (distributed_data_parallel.py: "
-                              f"dp_cp_group); the formula divides by data_parallel_size {plan.dp}", fixed - base))
+        r.corrections.append(
+            (
+                f"the distributed optimizer shards over dp x cp = {plan.dp * plan.cp} (distributed_data_parallel.py: "
+                f"dp_cp_group); the formula divides by data_parallel_size {plan.dp}",
+                fixed - base,
+            )
+        )
         base = fixed
     if model.qkv_bias:
         bias = sum(o_ for _, o_, kind in _attention(model, plan.tp) if kind == "column") * first
@@ -296,41 +480,75 @@ def megatron_rows(name, model_name, cluster, gpus, batch, seq, layout) -> list[R
     if gpt != model:
         layout_gpt = {**layout, "ep": 1}
         g = ours(gpt, cluster, "megatron", gpus, batch, seq, **layout_gpt)
-        r.counterfactual.append(("their formula is Korthikanti's GPT layer: multi-head attention, a 2-matrix MLP of "
-                                 "--ffn-hidden-size (a MoE layer as one such MLP), dropout masks; ours the model's own tensors",
-                                 o.bytes["activations"] - g.bytes["activations"]))
+        r.counterfactual.append(
+            (
+                "their formula is Korthikanti's GPT layer: multi-head attention, a 2-matrix MLP of "
+                "--ffn-hidden-size (a MoE layer as one such MLP), dropout masks; ours the model's own tensors",
+                o.bytes["activations"] - g.bytes["activations"],
+            )
+        )
     if first != model.num_layers / plan.pp:
         fixed = megatron_theoretical(a, plan.num_micro_batches, layers_on_first=first)["activations"]
-        r.corrections.append((f"the first pipeline rank holds {first} layers' activations, not L / pp", fixed - theirs["activations"]))
+        r.corrections.append(
+            (f"the first pipeline rank holds {first} layers' activations, not L / pp", fixed - theirs["activations"])
+        )
     chunks = plan.pp * plan.vpp + plan.pp - 1  # chunk-micro-batches the formula's interleaving penalty counts on rank 0
     if plan.vpp > 1 and plan.num_micro_batches * plan.vpp < chunks:
         cut = r.theirs_corrected * (1 - plan.num_micro_batches * plan.vpp / chunks)
-        r.corrections.append((f"the interleaved warm-up is capped by the step's {plan.num_micro_batches} x {plan.vpp} "
-                              f"chunk-micro-batches (the formula counts {chunks})", -cut))
+        r.corrections.append(
+            (
+                f"the interleaved warm-up is capped by the step's {plan.num_micro_batches} x {plan.vpp} "
+                f"chunk-micro-batches (the formula counts {chunks})",
+                -cut,
+            )
+        )
     s, b, p = job.seq_len // plan.cp, plan.micro_batch_size, plan.pp
     if plan.cp > 1:
         a_cp = megatron_args(model, plan, job, padded)
         a_cp.seq_length = s
-        cp_fixed = megatron_theoretical(a_cp, plan.num_micro_batches, layers_on_first=first if first != model.num_layers / plan.pp
-                                        else None)["activations"]
-        r.corrections.append((f"context parallelism: a rank holds s / cp = {s} tokens of each sequence (the formula reads "
-                              "--seq-length)", cp_fixed - theirs["activations"] - sum(c for _, c in r.corrections)))
-    ids = 8 * s * b * p / plan.tp * (1 + (p - 1) / (p * plan.vpp) if plan.vpp > 1 else min(1, plan.num_micro_batches / p) if p > 1 else 1)
+        cp_fixed = megatron_theoretical(
+            a_cp, plan.num_micro_batches, layers_on_first=first if first != model.num_layers / plan.pp else None
+        )["activations"]
+        r.corrections.append(
+            (
+                f"context parallelism: a rank holds s / cp = {s} tokens of each sequence (the formula reads "
+                "--seq-length)",
+                cp_fixed - theirs["activations"] - sum(c for _, c in r.corrections),
+            )
+        )
+    ids = (
+        8
+        * s
+        * b
+        * p
+        / plan.tp
+        * (1 + (p - 1) / (p * plan.vpp) if plan.vpp > 1 else min(1, plan.num_micro_batches / p) if p > 1 else 1)
+    )
     scale = 1.0 if sp_formula else 1.05
     r.corrections.append(("the input token ids (8 bytes a token) in flight, which ours does not count", -ids * scale))
     if p == 1 and scale > 1:
         logits = s * b * padded / plan.tp
-        r.corrections.append(("the no-SP formula keeps 2-byte logits; Megatron's fused vocab-parallel cross-entropy keeps "
-                              "the fp32 softmax (4 bytes a logit) and the LM head's input", (2 * logits) * scale))
+        r.corrections.append(
+            (
+                "the no-SP formula keeps 2-byte logits; Megatron's fused vocab-parallel cross-entropy keeps "
+                "the fp32 softmax (4 bytes a logit) and the LM head's input",
+                (2 * logits) * scale,
+            )
+        )
     if scale > 1:
-        r.corrections.append(("the no-SP formula's 5 % for temporaries, which ours counts as 'temporary'",
-                              -r.theirs_corrected * (1 - 1 / scale)))
+        r.corrections.append(
+            (
+                "the no-SP formula's 5 % for temporaries, which ours counts as 'temporary'",
+                -r.theirs_corrected * (1 - 1 / scale),
+            )
+        )
     rows.append(r)
     return rows
 
 
 def _attention(model, tp):
     from cost_models.compute import attention_linears
+
     return attention_linears(model, tp)
 
 
@@ -361,8 +579,9 @@ def deepspeed_rows(name, model_name, cluster, gpus, zero, seq) -> list[Row]:
         # DeepSpeed's largest layer is its largest module: the embedding or LM head table, V x h
         lp = layer_params(model, 1, 1)
         largest = max(model.vocab_size * model.hidden_size, lp.total)
-        _, theirs, _ = estimate_zero3_model_states_mem_needs(total, largest, per_node, gpus // per_node, cpu_offload=False,
-                                                             cpu_offload_params=False)
+        _, theirs, _ = estimate_zero3_model_states_mem_needs(
+            total, largest, per_node, gpus // per_node, cpu_offload=False, cpu_offload_params=False
+        )
         mine = o.bytes["states"] + pc.zero3_gather_bytes
     r = Row("deepspeed", name, "model states" + (" + largest layer" if zero == 3 else ""), mine, theirs)
     return [r]
@@ -384,12 +603,22 @@ def accelerate_rows(name, model_name, cluster, gpus, seq) -> list[Row]:
     theirs = estimate_training_usage(int(total * 4), "bfloat16")  # fp32 model bytes, as gather_data passes them
     rows = []
     r = Row("accelerate", name, "weights", o.bytes["weights"], theirs["model"])
-    r.counterfactual.append(("autocast's bf16 weight copies, kept for backward: their estimator puts them under gradients "
-                             "('1.5 from weight gradient + computation')", 2 * total))
+    r.counterfactual.append(
+        (
+            "autocast's bf16 weight copies, kept for backward: their estimator puts them under gradients "
+            "('1.5 from weight gradient + computation')",
+            2 * total,
+        )
+    )
     rows.append(r)
     r = Row("accelerate", name, "gradients", o.bytes["gradients"], theirs["gradients"])
-    r.counterfactual.append(("DDP's bucket copy of the fp32 gradients (gradient_as_bucket_view off): their estimator is one "
-                             "process without DDP", 4 * total))
+    r.counterfactual.append(
+        (
+            "DDP's bucket copy of the fp32 gradients (gradient_as_bucket_view off): their estimator is one "
+            "process without DDP",
+            4 * total,
+        )
+    )
     r.corrections.append(("the bf16 weight copies, ours under weights", -2 * total))
     rows.append(r)
     rows.append(Row("accelerate", name, "optimizer", o.bytes["optimizer_states"], theirs["optimizer"]))
@@ -404,17 +633,41 @@ def accelerate_rows(name, model_name, cluster, gpus, seq) -> list[Row]:
 # 12/8), sequence 4096; (tp, micro-batch, measured model GiB, measured activation GiB, measured total)
 MBRIDGE = [(2, 1, 5.3, 1.3, 6.6), (2, 2, 5.3, 2.7, 8.0), (1, 1, 8.8, 2.4, 11.2), (1, 2, 8.8, 5.0, 13.8)]
 MIXTRAL_8X2B_4L = ModelSpec(
-    name="mixtral-8x2b-4l", num_layers=4, hidden_size=2048, num_heads=16, num_kv_heads=8, ffn_hidden_size=5440,
-    vocab_size=32000, max_seq_len=4096, activation="swiglu", learned_position_embeddings=False, linear_bias=False,
-    norm="rmsnorm", dropout=True, num_experts=8, experts_per_token=2, moe_ffn_hidden_size=5440,
-    source="mbridge memory_estimator/README.md (Megatron-LM's default dropout 0.1 assumed on)")
+    name="mixtral-8x2b-4l",
+    num_layers=4,
+    hidden_size=2048,
+    num_heads=16,
+    num_kv_heads=8,
+    ffn_hidden_size=5440,
+    vocab_size=32000,
+    max_seq_len=4096,
+    activation="swiglu",
+    learned_position_embeddings=False,
+    linear_bias=False,
+    norm="rmsnorm",
+    dropout=True,
+    num_experts=8,
+    experts_per_token=2,
+    moe_ffn_hidden_size=5440,
+    source="mbridge memory_estimator/README.md (Megatron-LM's default dropout 0.1 assumed on)",
+)
 
 
 def measured_rows() -> list[dict]:
     out = []
     for tp, mbs, model_gib, act_gib, total_gib in MBRIDGE:
-        o = ours(MIXTRAL_8X2B_4L, "dgx-h100-80gb", "megatron", 8, 8 * mbs // tp, 4096, tp=tp, zero=1, micro_batch_size=mbs,
-                 sequence_parallel=tp > 1)
+        o = ours(
+            MIXTRAL_8X2B_4L,
+            "dgx-h100-80gb",
+            "megatron",
+            8,
+            8 * mbs // tp,
+            4096,
+            tp=tp,
+            zero=1,
+            micro_batch_size=mbs,
+            sequence_parallel=tp > 1,
+        )
         b = o.bytes
         if tp > 1:
             # their run split the experts over tp (Megatron-Core's default expert-TP = TP); ours exports expert-TP 1:
@@ -425,9 +678,17 @@ def measured_rows() -> list[dict]:
             etp = sum(memory.model_state_bytes(1, edp, 1, o.doc.job.precision, o.doc.job.optimizer, "megatron"))
             b = dict(b, states=b["states"] - experts * sum(pc.expert_state_bytes_per_param) + experts / tp * etp)
         mine_act = b["activations"] + b["temporary"] - o.pc.comm_buffer_bytes
-        out.append({"case": f"tp {tp} micro-batch {mbs}" + (" (expert-TP 2)" if tp > 1 else ""), "measured_states_gib": model_gib, "ours_states_gib": b["states"] / GIB,
-                    "measured_activations_gib": act_gib, "ours_activations_gib": mine_act / GIB,
-                    "measured_total_gib": total_gib, "ours_total_gib": (b["states"] + mine_act) / GIB})
+        out.append(
+            {
+                "case": f"tp {tp} micro-batch {mbs}" + (" (expert-TP 2)" if tp > 1 else ""),
+                "measured_states_gib": model_gib,
+                "ours_states_gib": b["states"] / GIB,
+                "measured_activations_gib": act_gib,
+                "ours_activations_gib": mine_act / GIB,
+                "measured_total_gib": total_gib,
+                "ours_total_gib": (b["states"] + mine_act) / GIB,
+            }
+        )
     return out
 
 
@@ -450,8 +711,10 @@ def main(argv=None) -> int:
         print(f"skipped DeepSpeed / Accelerate: {e} (pip install '.[export]')")
     print(f"{'stack':<11} {'case':<62} {'category':<30} {'ours GiB':>9} {'theirs':>9} {'raw':>8} {'unexplained':>11}")
     for r in rows:
-        print(f"{r.stack:<11} {r.case[:62]:<62} {r.category:<30} {r.ours / GIB:9.3f} {r.theirs / GIB:9.3f} {r.raw:+8.1%} "
-              f"{r.unexplained:11.2%}")
+        print(
+            f"{r.stack:<11} {r.case[:62]:<62} {r.category:<30} {r.ours / GIB:9.3f} {r.theirs / GIB:9.3f} {r.raw:+8.1%} "
+            f"{r.unexplained:11.2%}"
+        )
         for cause, size in r.corrections:
             print(f"{'':<11} {'':<62}   theirs {size / GIB:+8.3f} GiB: {cause}")
         for cause, size in r.counterfactual:
@@ -463,7 +726,9 @@ def main(argv=None) -> int:
         sel = [r for r in rows if (r.stack, r.category) == (stack, cat)]
         raw = max(sel, key=lambda r: abs(r.raw))
         un = max(sel, key=lambda r: r.unexplained)
-        print(f"  {stack:<11} {cat:<30} raw {raw.raw:+7.1%} ({raw.case[:40]}), unexplained {un.unexplained:6.2%} ({un.case[:40]})")
+        print(
+            f"  {stack:<11} {cat:<30} raw {raw.raw:+7.1%} ({raw.case[:40]}), unexplained {un.unexplained:6.2%} ({un.case[:40]})"
+        )
     measured = measured_rows()
     print()
     print("measured peaks (mbridge's README; reported, not fitted): ours against measured, GiB")
@@ -471,14 +736,23 @@ def main(argv=None) -> int:
     for m in measured:
         rel = m["ours_total_gib"] / m["measured_total_gib"] - 1
         res.append(rel)
-        print(f"  {m['case']:<22} states {m['ours_states_gib']:6.2f} vs {m['measured_states_gib']:5.1f}   activations "
-              f"{m['ours_activations_gib']:6.2f} vs {m['measured_activations_gib']:5.1f}   total {m['ours_total_gib']:6.2f} vs "
-              f"{m['measured_total_gib']:5.1f} ({rel:+.1%})")
-    print(f"  residual of the total: mean {sum(res) / len(res):+.1%}, largest |residual| {max(abs(x) for x in res):.1%} "
-          f"over {len(res)} runs")
+        print(
+            f"  {m['case']:<22} states {m['ours_states_gib']:6.2f} vs {m['measured_states_gib']:5.1f}   activations "
+            f"{m['ours_activations_gib']:6.2f} vs {m['measured_activations_gib']:5.1f}   total {m['ours_total_gib']:6.2f} vs "
+            f"{m['measured_total_gib']:5.1f} ({rel:+.1%})"
+        )
+    print(
+        f"  residual of the total: mean {sum(res) / len(res):+.1%}, largest |residual| {max(abs(x) for x in res):.1%} "
+        f"over {len(res)} runs"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"rows": [r.__dict__ | {"unexplained": r.unexplained} for r in rows],
-                                         "measured": measured}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {"rows": [r.__dict__ | {"unexplained": r.unexplained} for r in rows], "measured": measured},
+                indent=1,
+                default=str,
+            )
+        )
     cases = len({(r.stack, r.case) for r in rows})
     worst = max(r.unexplained for r in rows)
     print(f"memory vs stacks: {cases} cases, largest unexplained difference {100 * worst:.1f} %")

@@ -30,13 +30,27 @@ STAGES, LAYERS, BATCH = 4, 12, 12
 
 
 def cases(hidden: int, seq_len: int, steps: int):
-    model = ModelSpec(name=f"gpt-{LAYERS}L-{hidden}h", num_layers=LAYERS, hidden_size=hidden, num_heads=max(1, hidden // 64),
-                      vocab_size=1024, max_seq_len=seq_len, dropout=False, param_dtype="fp32")
+    model = ModelSpec(
+        name=f"gpt-{LAYERS}L-{hidden}h",
+        num_layers=LAYERS,
+        hidden_size=hidden,
+        num_heads=max(1, hidden // 64),
+        vocab_size=1024,
+        max_seq_len=seq_len,
+        dropout=False,
+        param_dtype="fp32",
+    )
     job = JobSpec(global_batch_size=BATCH, seq_len=seq_len, precision="fp32")
     out = []
     for micro_batches in (1, BATCH):
-        plan = Plan(dp=1, tp=1, pp=STAGES, micro_batch_size=BATCH // micro_batches, num_micro_batches=micro_batches,
-                    schedule="gpipe")
+        plan = Plan(
+            dp=1,
+            tp=1,
+            pp=STAGES,
+            micro_batch_size=BATCH // micro_batches,
+            num_micro_batches=micro_batches,
+            schedule="gpipe",
+        )
         out.append(prepare_case(model, job, plan, steps=steps, warmup=1))
     return out
 
@@ -52,24 +66,34 @@ def main() -> None:
     runs = cases(args.hidden, args.seq_len, args.steps)
     reports = run_plans(runs, [cluster] * len(runs), LaunchSpec(nproc_per_node=STAGES), RunOptions(timeout_s=300))
     model = runs[0].model
-    print(f"{model.name}: {LAYERS} layers over {STAGES} pipeline stages on {STAGES} ranks ({os.cpu_count()} CPU cores), "
-          f"global batch {BATCH} x {args.seq_len} tokens, GPipe; predicted on {cluster.name}")
-    print(f"{'micro-batches':>13} {'verified':>8} {'measured step':>14} {'measured tok/s':>15} {'predicted step':>15} "
-          f"{'predicted tok/s':>16} {'predicted bubble':>17}")
+    print(
+        f"{model.name}: {LAYERS} layers over {STAGES} pipeline stages on {STAGES} ranks ({os.cpu_count()} CPU cores), "
+        f"global batch {BATCH} x {args.seq_len} tokens, GPipe; predicted on {cluster.name}"
+    )
+    print(
+        f"{'micro-batches':>13} {'verified':>8} {'measured step':>14} {'measured tok/s':>15} {'predicted step':>15} "
+        f"{'predicted tok/s':>16} {'predicted bubble':>17}"
+    )
     for r in reports:
         est = r.estimate
-        print(f"{r.plan.num_micro_batches:>13} {r.verdict:>8} {r.time.measured_step_time_s:>13.3f}s "
-              f"{r.time.measured_tokens_per_s:>15,.0f} {est.step_time_s:>14.4f}s {est.tokens_per_s:>16,.0f} "
-              f"{est.time_breakdown_s.pipeline_bubble / est.step_time_s:>16.0%}")
+        print(
+            f"{r.plan.num_micro_batches:>13} {r.verdict:>8} {r.time.measured_step_time_s:>13.3f}s "
+            f"{r.time.measured_tokens_per_s:>15,.0f} {est.step_time_s:>14.4f}s {est.tokens_per_s:>16,.0f} "
+            f"{est.time_breakdown_s.pipeline_bubble / est.step_time_s:>16.0%}"
+        )
     base, pipe = reports
     measured = pipe.time.measured_tokens_per_s / base.time.measured_tokens_per_s
     predicted = pipe.estimate.tokens_per_s / base.estimate.tokens_per_s
     ideal = STAGES * BATCH / (BATCH + STAGES - 1)
     cap = min(STAGES, os.cpu_count() or 1)
-    print(f"speed-up of {BATCH} micro-batches over 1: measured {measured:.2f}x, predicted {predicted:.2f}x "
-          f"(GPipe ideal {ideal:.2f}x; {cap} cores can run at most {cap} stages at once)")
-    print(f"measured / predicted throughput: 1 micro-batch {base.time.measured_tokens_per_s / base.estimate.tokens_per_s:.3g}, "
-          f"{BATCH} micro-batches {pipe.time.measured_tokens_per_s / pipe.estimate.tokens_per_s:.3g}")
+    print(
+        f"speed-up of {BATCH} micro-batches over 1: measured {measured:.2f}x, predicted {predicted:.2f}x "
+        f"(GPipe ideal {ideal:.2f}x; {cap} cores can run at most {cap} stages at once)"
+    )
+    print(
+        f"measured / predicted throughput: 1 micro-batch {base.time.measured_tokens_per_s / base.estimate.tokens_per_s:.3g}, "
+        f"{BATCH} micro-batches {pipe.time.measured_tokens_per_s / pipe.estimate.tokens_per_s:.3g}"
+    )
 
 
 if __name__ == "__main__":

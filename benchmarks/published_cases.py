@@ -83,17 +83,28 @@ FLOPS_PER_TOKEN_OF_SOURCE = {
 }
 
 # Model families by record: architecture flags the records do not carry.
-LLAMA = dict(activation=Activation.swiglu, learned_position_embeddings=False, linear_bias=False, norm="rmsnorm", dropout=False)
-MPT = dict(activation=Activation.gelu, learned_position_embeddings=True, linear_bias=False, norm="layernorm", dropout=False,
-           tied_embeddings=True)  # llm-foundry benchmark configs: no bias, learned positions (the record's notes), tied head
-GPT = dict(activation=Activation.gelu, learned_position_embeddings=True, linear_bias=True, norm="layernorm", dropout=False)
+LLAMA = dict(
+    activation=Activation.swiglu, learned_position_embeddings=False, linear_bias=False, norm="rmsnorm", dropout=False
+)
+MPT = dict(
+    activation=Activation.gelu,
+    learned_position_embeddings=True,
+    linear_bias=False,
+    norm="layernorm",
+    dropout=False,
+    tied_embeddings=True,
+)  # llm-foundry benchmark configs: no bias, learned positions (the record's notes), tied head
+GPT = dict(
+    activation=Activation.gelu, learned_position_embeddings=True, linear_bias=True, norm="layernorm", dropout=False
+)
 # Nemotron-4 (Parmar et al. 2024, tables 1-2): squared-ReLU MLP (two matrices), rotary, GQA with 8 KV heads, no bias.
 NEMOTRON = {
     6144: dict(num_heads=48, num_kv_heads=8, ffn_hidden_size=24576),
     18432: dict(num_heads=96, num_kv_heads=8, ffn_hidden_size=73728),
 }
-NEMOTRON_FLAGS = dict(activation=Activation.gelu, learned_position_embeddings=False, linear_bias=False, norm="layernorm",
-                      dropout=False)
+NEMOTRON_FLAGS = dict(
+    activation=Activation.gelu, learned_position_embeddings=False, linear_bias=False, norm="layernorm", dropout=False
+)
 # Mixture-of-experts families: Llama-style blocks (SwiGLU experts, RMSNorm, rotary, no bias, untied head; Hugging Face
 # configs of DeepSeek-V3, Kimi K2, Qwen3-MoE). GPT-OSS: the same with biases on the attention and expert projections
 # (openai/gpt-oss-120b config.json attention_bias true; GptOssExperts gate_up_proj_bias / down_proj_bias), its
@@ -102,16 +113,28 @@ NEMOTRON_FLAGS = dict(activation=Activation.gelu, learned_position_embeddings=Fa
 # DeepSeek-V3 and Kimi K2 (moonshotai/Kimi-K2-Base config.json: the same attention) attend with
 # multi-head latent attention of the Hugging Face deepseek-ai/DeepSeek-V3 config.json's widths.
 MLA = dict(attention_head_dim=128, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128)
-MOE_FAMILIES = {"deepseek": dict(LLAMA, **MLA), "kimi": dict(LLAMA, **MLA), "qwen3": LLAMA, "gpt-oss": dict(LLAMA, linear_bias=True, glu_limit=7.0, rope_attention_factor=0.1 * math.log(32) + 1)}
+MOE_FAMILIES = {
+    "deepseek": dict(LLAMA, **MLA),
+    "kimi": dict(LLAMA, **MLA),
+    "qwen3": LLAMA,
+    "gpt-oss": dict(LLAMA, linear_bias=True, glu_limit=7.0, rope_attention_factor=0.1 * math.log(32) + 1),
+}
 # Groups whose runs are Megatron-Core / NeMo / Megatron-Bridge (ZeRO-1 distributed optimizer, target megatron).
 MEGATRON_MOE_GROUPS = ("dgxc_moe_h100_2505", "bridge_moe_h100", "modelzoo_qwen3_h100")
 # Megatron-Bridge performance tables on Blackwell (dense FP8 and BF16 GPT-OSS rows), one group per system.
 BLACKWELL_GROUPS = ("bridge_gb200", "bridge_b200", "bridge_gb300", "bridge_b300")
 # NeMo (Megatron-Core underneath) and Megatron-Bridge performance tables: Megatron's distributed
 # optimizer (ZeRO-1) unless the record names another data-parallel implementation.
-MEGATRON_GROUPS = MEGATRON_MOE_GROUPS + ("nemo_h100_fp8_2407", "nemo_h100_fp8_longseq_2403", "megatron_bridge_h100_fp8",
-                                         "nemo_a100_gpt5b_2206", "nemo_a100_gpt175b_2206", "nemo_a100_gpt5b_2208",
-                                         "nemo_a100_gpt175b_2208", *BLACKWELL_GROUPS)
+MEGATRON_GROUPS = MEGATRON_MOE_GROUPS + (
+    "nemo_h100_fp8_2407",
+    "nemo_h100_fp8_longseq_2403",
+    "megatron_bridge_h100_fp8",
+    "nemo_a100_gpt5b_2206",
+    "nemo_a100_gpt175b_2206",
+    "nemo_a100_gpt5b_2208",
+    "nemo_a100_gpt175b_2208",
+    *BLACKWELL_GROUPS,
+)
 
 
 @dataclass(frozen=True)
@@ -159,8 +182,12 @@ def _family(rec: dict) -> Optional[dict]:
 def _model(rec: dict) -> ModelSpec:
     m, fam = rec["model"], _family(rec)
     fields = dict(
-        name=rec["name"][:40], num_layers=m["layers"], hidden_size=m["hidden"], vocab_size=m["vocab"],
-        max_seq_len=m["seq_len"], **{k: v for k, v in fam.items()},
+        name=rec["name"][:40],
+        num_layers=m["layers"],
+        hidden_size=m["hidden"],
+        vocab_size=m["vocab"],
+        max_seq_len=m["seq_len"],
+        **{k: v for k, v in fam.items()},
     )
     # GPT-3 175B: 96 heads of 128 (Brown et al. 2020, table 2.1), where a record omits them.
     fields.setdefault("num_heads", m["heads"] or (96 if m["hidden"] == 12288 else None))
@@ -184,18 +211,32 @@ def _experts(m: dict) -> dict:
         return {}
     heads = m.get("head_dim")
     own_heads = {"attention_head_dim": heads} if heads and m.get("heads") and heads * m["heads"] != m["hidden"] else {}
-    return dict(num_experts=m["num_experts"], experts_per_token=m["experts_per_token"], moe_ffn_hidden_size=m["moe_ffn_hidden"],
-                num_shared_experts=m.get("shared_experts") or 0, first_dense_layers=m.get("first_dense_layers") or 0,
-                **({} if m.get("ffn_hidden") else {"ffn_hidden_size": m["moe_ffn_hidden"]}), **own_heads)
+    return dict(
+        num_experts=m["num_experts"],
+        experts_per_token=m["experts_per_token"],
+        moe_ffn_hidden_size=m["moe_ffn_hidden"],
+        num_shared_experts=m.get("shared_experts") or 0,
+        first_dense_layers=m.get("first_dense_layers") or 0,
+        **({} if m.get("ffn_hidden") else {"ffn_hidden_size": m["moe_ffn_hidden"]}),
+        **own_heads,
+    )
 
 
 # The cluster preset of a record's GPU, first match by name (an H100 or H200 record, and any
 # other, takes dgx-h100-80gb). GB300 before B300 and GB200 before B200: "GB200" contains "B200".
 # The Blackwell and AMD presets are UNCALIBRATED (hardware_profiles): their records are the runs
 # that check them.
-PRESET_OF_GPU = (("GB300", "gb300-nvl72"), ("B300", "dgx-b300"), ("GB200", "gb200-nvl72"), ("B200", "dgx-b200"),
-                 ("MI355X", "mi355x"), ("MI325X", "mi325x"), ("MI300X", "mi300x"), ("40GB", "dgx-a100-40gb"),
-                 ("A100", "dgx-a100-80gb"))
+PRESET_OF_GPU = (
+    ("GB300", "gb300-nvl72"),
+    ("B300", "dgx-b300"),
+    ("GB200", "gb200-nvl72"),
+    ("B200", "dgx-b200"),
+    ("MI355X", "mi355x"),
+    ("MI325X", "mi325x"),
+    ("MI300X", "mi300x"),
+    ("40GB", "dgx-a100-40gb"),
+    ("A100", "dgx-a100-80gb"),
+)
 # GPUs with FP8 tensor-core GEMMs (the planner's FP8: per-tensor scales).
 FP8_GPUS = ("H100", "H200", "B200", "GB200", "B300", "GB300", "MI300X", "MI325X", "MI355X")
 
@@ -215,7 +256,9 @@ def _cluster(rec: dict) -> ClusterSpec:
     per_gpu = 0.9 * gbps / 8 / 8  # GB/s per GPU as bus bandwidth
     tier = cluster.inter_node
     fits = [f.model_copy(update={"bandwidth_gbps": per_gpu}) for f in tier.collectives]
-    return cluster.model_copy(update={"inter_node": tier.model_copy(update={"collectives": fits, "name": f"{gbps} Gb/s per node"})})
+    return cluster.model_copy(
+        update={"inter_node": tier.model_copy(update={"collectives": fits, "name": f"{gbps} Gb/s per node"})}
+    )
 
 
 def _norm_act(rec: dict, stack: str) -> bool:
@@ -229,7 +272,12 @@ def _recompute(rec: dict, layers: int) -> dict:
     if rec["parallel"].get("recompute_mode"):  # the record says how its recompute is costed (its notes say why)
         return {"recompute": rec["parallel"]["recompute_mode"]}
     r = (rec["parallel"].get("recompute") or "none").lower()
-    if r.startswith("full") or "checkpointing after every" in r or r.startswith("activation checkpointing") or "ac true" in r:
+    if (
+        r.startswith("full")
+        or "checkpointing after every" in r
+        or r.startswith("activation checkpointing")
+        or "ac true" in r
+    ):
         return {"recompute": "full"}
     if r.startswith("selective"):
         return {"stage_recompute": [StageRecompute(none=layers // 2, full=layers - layers // 2)]}
@@ -295,7 +343,9 @@ def _moe_problem(rec: dict) -> Optional[str]:
     if p.get("ep_a2a_overlap"):
         return "EP all-to-all overlapped with another micro-batch (1F1B merge): not modelled"
     if p.get("routing") == "consecutive":  # NeMo AutoModel's benchmark gate (public_runs.md)
-        return "a benchmark gate sending each token to k consecutive experts (1-2 GPUs, not balanced top-k): not modelled"
+        return (
+            "a benchmark gate sending each token to k consecutive experts (1-2 GPUs, not balanced top-k): not modelled"
+        )
     if (p.get("pp") or 1) * (p.get("virtual_pp") or 1) > layers:
         return "more pipeline stages than layers (embedding and loss counted as layers): a stage without layers is not modelled"
     return None
@@ -336,7 +386,17 @@ def case(rec: dict) -> Case:
     stack = stack_of(rec)
     megatron = stack == "megatron" or rec["group"] in DEEPSPEED_GROUPS
     impl = (p.get("data_parallel_impl") or "").upper()
-    zero = 3 if "MEGATRON-FSDP" in impl else 0 if "ZERO-0" in impl else 1 if megatron else 2 if "SHARD_GRAD_OP" in impl or "SHARD_GRAD_OP" in rec["name"] else 3
+    zero = (
+        3
+        if "MEGATRON-FSDP" in impl
+        else 0
+        if "ZERO-0" in impl
+        else 1
+        if megatron
+        else 2
+        if "SHARD_GRAD_OP" in impl or "SHARD_GRAD_OP" in rec["name"]
+        else 3
+    )
     vpp = p.get("virtual_pp") or 1
     sp = megatron and tp > 1 and p.get("sequence_parallel") is not False and rec["group"] not in DEEPSPEED_GROUPS
     # NeMo's performance recipes turn TP comm overlap on (NVIDIA/dgxc-benchmarking
@@ -346,22 +406,37 @@ def case(rec: dict) -> Case:
     # dense rows with TP > 1, whose recipes turn it on (benchmarks/data/public_runs.md, Caveats).
     overlap = p.get("tp_comm_overlap")
     plan = Plan(
-        dp=dp, tp=tp, pp=pp, vpp=vpp, ep=p.get("ep") or 1, cp=cp, fp8=_fp8(rec), micro_batch_size=mbs, num_micro_batches=m,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        ep=p.get("ep") or 1,
+        cp=cp,
+        fp8=_fp8(rec),
+        micro_batch_size=mbs,
+        num_micro_batches=m,
         zero_stage=zero,
-        sequence_parallel=sp, tp_comm_overlap=sp and ("DGXC" in rec["name"] if overlap is None else overlap),
-        schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=p.get("layers_per_stage"),
-        recompute_norm_act=_norm_act(rec, stack), **_recompute(rec, model.num_layers),
+        sequence_parallel=sp,
+        tp_comm_overlap=sp and ("DGXC" in rec["name"] if overlap is None else overlap),
+        schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+        layers_per_stage=p.get("layers_per_stage"),
+        recompute_norm_act=_norm_act(rec, stack),
+        **_recompute(rec, model.num_layers),
     )
     flash = rec.get("flash_attention", rec["group"] not in DEEPSPEED_GROUPS)  # a record may say it ran without
-    job = JobSpec(global_batch_size=gbs, seq_len=rec["model"]["seq_len"], flash_attention=flash,
-                  precision="fp16" if rec.get("precision") == "fp16" or rec["group"] == "gpt_neox_20b" else "bf16",
-                  target=stack,
-                  # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
-                  # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
-                  loss_kernel="fused" if rec["group"].startswith("llm_foundry") else None,
-                  # the dispatcher the record's recipe runs ("deepep": the Megatron-Core MoE model zoo)
-                  moe_dispatcher=p.get("dispatcher") or "alltoall",
-                  grad_reduce_bf16=stack == "megatron" and (rec.get("framework") or "").startswith(BF16_GRAD_FRAMEWORKS))
+    job = JobSpec(
+        global_batch_size=gbs,
+        seq_len=rec["model"]["seq_len"],
+        flash_attention=flash,
+        precision="fp16" if rec.get("precision") == "fp16" or rec["group"] == "gpt_neox_20b" else "bf16",
+        target=stack,
+        # llm-foundry's MPT takes flash-attn's fused cross-entropy unless told otherwise
+        # (llmfoundry/models/mpt/modeling_mpt.py: loss_fn defaults to 'fused_crossentropy').
+        loss_kernel="fused" if rec["group"].startswith("llm_foundry") else None,
+        # the dispatcher the record's recipe runs ("deepep": the Megatron-Core MoE model zoo)
+        moe_dispatcher=p.get("dispatcher") or "alltoall",
+        grad_reduce_bf16=stack == "megatron" and (rec.get("framework") or "").startswith(BF16_GRAD_FRAMEWORKS),
+    )
     per_gpu = res.get("tokens_per_sec_per_gpu")
     if per_gpu is None and res.get("tokens_per_sec"):
         per_gpu = res["tokens_per_sec"] / n
@@ -373,7 +448,9 @@ def case(rec: dict) -> Case:
         metric, published = "tokens_per_s_per_gpu", float(per_gpu)
     else:
         metric, published = "hardware_tflops_per_gpu", float(res["tflops_per_gpu"])
-    return Case(rec["name"], rec["group"], model, _cluster(rec), job, plan, metric, published, res.get("peak_memory_gib"))
+    return Case(
+        rec["name"], rec["group"], model, _cluster(rec), job, plan, metric, published, res.get("peak_memory_gib")
+    )
 
 
 def cases() -> tuple[list[Case], list[tuple[str, str]]]:

@@ -30,20 +30,84 @@ from planner.search.solve import solve  # noqa: E402
 from planner.specs import Axis, JobSpec, ModelSpec, Plan, Schedule  # noqa: E402
 from benchmarks.stack_recommendations import largest_saving  # noqa: E402
 
-MT_NLG = ModelSpec(name="530b", num_layers=105, hidden_size=20480, num_heads=128, vocab_size=51200, max_seq_len=2048,
-                   dropout=False, source="Smith et al. 2022 (MT-NLG), model dimensions")
+MT_NLG = ModelSpec(
+    name="530b",
+    num_layers=105,
+    hidden_size=20480,
+    num_heads=128,
+    vocab_size=51200,
+    max_seq_len=2048,
+    dropout=False,
+    source="Smith et al. 2022 (MT-NLG), model dimensions",
+)
 SETTINGS = [
-    ("GPT-3 175B, 1,024 A100", "gpt3-175b", "dgx-a100-80gb", 1024, 1536, 2048,
-     dict(dp=8, tp=8, pp=16, vpp=1, micro_batch_size=1, num_micro_batches=192, sequence_parallel=True, zero_stage=1,
-          recompute="selective")),
-    ("530B, 2,240 A100", MT_NLG, "dgx-a100-80gb", 2240, 1920, 2048,
-     dict(dp=8, tp=8, pp=35, vpp=1, micro_batch_size=1, num_micro_batches=240, sequence_parallel=True, zero_stage=1,
-          recompute="selective")),
-    ("Llama 3 70B, 512 H100", "llama3-70b", "dgx-h100-80gb", 512, 1024, 8192,
-     dict(dp=32, tp=4, pp=4, vpp=5, micro_batch_size=1, num_micro_batches=32, sequence_parallel=True, zero_stage=1,
-          schedule="interleaved-1f1b", tp_comm_overlap=True)),
-    ("Llama 3 405B, 1,024 H100", "llama3-405b", "dgx-h100-80gb", 1024, 512, 8192,
-     dict(tp=8, pp=16, vpp=1, micro_batch_size=1, sequence_parallel=True, zero_stage=1, tp_comm_overlap=True)),
+    (
+        "GPT-3 175B, 1,024 A100",
+        "gpt3-175b",
+        "dgx-a100-80gb",
+        1024,
+        1536,
+        2048,
+        dict(
+            dp=8,
+            tp=8,
+            pp=16,
+            vpp=1,
+            micro_batch_size=1,
+            num_micro_batches=192,
+            sequence_parallel=True,
+            zero_stage=1,
+            recompute="selective",
+        ),
+    ),
+    (
+        "530B, 2,240 A100",
+        MT_NLG,
+        "dgx-a100-80gb",
+        2240,
+        1920,
+        2048,
+        dict(
+            dp=8,
+            tp=8,
+            pp=35,
+            vpp=1,
+            micro_batch_size=1,
+            num_micro_batches=240,
+            sequence_parallel=True,
+            zero_stage=1,
+            recompute="selective",
+        ),
+    ),
+    (
+        "Llama 3 70B, 512 H100",
+        "llama3-70b",
+        "dgx-h100-80gb",
+        512,
+        1024,
+        8192,
+        dict(
+            dp=32,
+            tp=4,
+            pp=4,
+            vpp=5,
+            micro_batch_size=1,
+            num_micro_batches=32,
+            sequence_parallel=True,
+            zero_stage=1,
+            schedule="interleaved-1f1b",
+            tp_comm_overlap=True,
+        ),
+    ),
+    (
+        "Llama 3 405B, 1,024 H100",
+        "llama3-405b",
+        "dgx-h100-80gb",
+        1024,
+        512,
+        8192,
+        dict(tp=8, pp=16, vpp=1, micro_batch_size=1, sequence_parallel=True, zero_stage=1, tp_comm_overlap=True),
+    ),
 ]
 
 
@@ -53,7 +117,13 @@ def main() -> None:
         model = load_model(model) if isinstance(model, str) else model
         cluster = load_cluster(cluster_name)
         job = JobSpec(global_batch_size=batch, seq_len=seq, target="megatron")
-        res = solve(model, cluster, job, SearchSpace(num_gpus=gpus, global_batch_size=batch, tp_comm_overlap=(False, True)), top_k=1)
+        res = solve(
+            model,
+            cluster,
+            job,
+            SearchSpace(num_gpus=gpus, global_batch_size=batch, tp_comm_overlap=(False, True)),
+            top_k=1,
+        )
         if "dp" in practice:
             practice_plan = Plan(**practice)
         else:  # a published shape: its best split and recompute under the cost model
@@ -65,13 +135,17 @@ def main() -> None:
         for name, plan, est in (("planner", res.best.plan, best), ("practice", practice_plan, ref)):
             lo, hi = est.step_time_interval_s
             fits = "" if est.fits else " (does not fit)"
-            print(f"{title if name == 'planner' else '':26s} {est.step_time_s:8.2f} {lo:7.2f}-{hi:7.2f} "
-                  f"{100 * est.mfu:5.1f}%  {name}: {plan_summary(plan)}{fits}")
+            print(
+                f"{title if name == 'planner' else '':26s} {est.step_time_s:8.2f} {lo:7.2f}-{hi:7.2f} "
+                f"{100 * est.mfu:5.1f}%  {name}: {plan_summary(plan)}{fits}"
+            )
         overlap = best.step_time_interval_s[1] >= ref.step_time_interval_s[0]
         term, saved = largest_saving(best, ref)
-        print(f"{'':26s} speed-up {ref.step_time_s / best.step_time_s:.2f}x; intervals "
-              f"{'overlap: not a proven win' if overlap else 'apart'}; largest saving: {term.replace('_', ' ')} "
-              f"({saved:.2f} s)\n")
+        print(
+            f"{'':26s} speed-up {ref.step_time_s / best.step_time_s:.2f}x; intervals "
+            f"{'overlap: not a proven win' if overlap else 'apart'}; largest saving: {term.replace('_', ' ')} "
+            f"({saved:.2f} s)\n"
+        )
 
 
 if __name__ == "__main__":

@@ -75,8 +75,17 @@ def random_model(rng: random.Random, i: int) -> dict:
     moe = rng.random() < 0.35
     params = 10 ** rng.uniform(9, 12)
     layers = rng.choice(LAYERS)
-    spec = dict(name=f"random-{i}", num_layers=layers, vocab_size=rng.choice([32000, 50257, 128256]), max_seq_len=32768,
-                activation="swiglu", norm="rmsnorm", tied_embeddings=False, learned_position_embeddings=False, linear_bias=False)
+    spec = dict(
+        name=f"random-{i}",
+        num_layers=layers,
+        vocab_size=rng.choice([32000, 50257, 128256]),
+        max_seq_len=32768,
+        activation="swiglu",
+        norm="rmsnorm",
+        tied_embeddings=False,
+        learned_position_embeddings=False,
+        linear_bias=False,
+    )
     if moe:
         experts = rng.choice([8, 16, 32, 64, 128, 256])
         top = min(experts, rng.choice([1, 2, 4, 8]))
@@ -88,8 +97,12 @@ def random_model(rng: random.Random, i: int) -> dict:
         h = math.sqrt(params / (12 * layers))
     heads = max(8, round(h / 128))
     hidden = heads * 128
-    spec.update(hidden_size=hidden, num_heads=heads, num_kv_heads=8 if heads % 8 == 0 else heads,
-                ffn_hidden_size=128 * round(hidden * 3.5 / 128))
+    spec.update(
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=8 if heads % 8 == 0 else heads,
+        ffn_hidden_size=128 * round(hidden * 3.5 / 128),
+    )
     if moe:
         spec["moe_ffn_hidden_size"] = max(128, 128 * round(hidden * share / 128))
     return spec
@@ -102,16 +115,32 @@ def draw(rng: random.Random, i: int, presets: list[str], clusters: list[str], gp
     seq = rng.choice([2048, 2048, 4096, 4096, 8192, 8192, 16384, 32768])
     if isinstance(model, str) and load_model(model).learned_position_embeddings:
         seq = min(seq, load_model(model).max_seq_len)  # no more tokens than its learned positions
-    return dict(model=model, cluster=clusters[i % len(clusters)], gpus=n, batch=max(batch, n // 64 or 1), seq=seq,
-                tight=i % 3 == 0, why="")
+    return dict(
+        model=model,
+        cluster=clusters[i % len(clusters)],
+        gpus=n,
+        batch=max(batch, n // 64 or 1),
+        seq=seq,
+        tight=i % 3 == 0,
+        why="",
+    )
 
 
 # The clusters the population draws from, in draw order: the presets shipped when the population
 # was fixed (issue 22). A named list, not every preset, so that adding a preset (dgx-b300 and
 # gb300-nvl72 came later) leaves every instance as it was and a run stays comparable with the
 # README's; tests/test_solve_population.py checks each still loads.
-POPULATION_CLUSTERS = ("dgx-a100-40gb", "dgx-a100-80gb", "dgx-b200", "dgx-h100-80gb", "dgx-h200", "gb200-nvl72", "mi300x",
-                       "mi325x", "mi355x")
+POPULATION_CLUSTERS = (
+    "dgx-a100-40gb",
+    "dgx-a100-80gb",
+    "dgx-b200",
+    "dgx-h100-80gb",
+    "dgx-h200",
+    "gb200-nvl72",
+    "mi300x",
+    "mi325x",
+    "mi355x",
+)
 
 
 def population(seed: int, size: int) -> list[dict]:
@@ -135,8 +164,12 @@ def finish(case: dict) -> dict:
         model = ModelSpec(**case["model"]) if isinstance(case["model"], dict) else load_model(case["model"])
         cluster = load_cluster(case["cluster"])
         extra = {"cp_degrees": tuple(cps), "seq_len": case["seq"]} if len(cps) > 1 else {}
-        need = frugal_peak_gib(model, cluster, JobSpec(global_batch_size=case["batch"], seq_len=case["seq"]),
-                               SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"], **extra))
+        need = frugal_peak_gib(
+            model,
+            cluster,
+            JobSpec(global_batch_size=case["batch"], seq_len=case["seq"]),
+            SearchSpace(num_gpus=case["gpus"], global_batch_size=case["batch"], **extra),
+        )
         if need is not None and need <= memory_limit_gib(cluster):
             u = random.Random(json.dumps(out, sort_keys=True)).uniform(1.0, 1.1)
             out["limit"] = min(memory_limit_gib(cluster), need * u)
@@ -175,7 +208,9 @@ def frugal_split(pc) -> list[tuple[int, int, int]]:
 
     def after(j: int, k: int) -> float:
         mem = ranks[j].memory
-        return mem.linear(tuple(k if i == mode else 0 for i in range(3))) + max(mem.temporary) + mem.full_recompute_buffer
+        return (
+            mem.linear(tuple(k if i == mode else 0 for i in range(3))) + max(mem.temporary) + mem.full_recompute_buffer
+        )
 
     heap = [(after(j, n[j] + 1), j) for j in range(P)]
     heapq.heapify(heap)
@@ -190,8 +225,14 @@ def run(case: dict, root: Path, timeout: float) -> dict | None:
     """DRIVER under `root`; None past `timeout`, {"error": line} when it failed."""
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
     try:
-        out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(case)], cwd=root, env=env, capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            [sys.executable, "-c", DRIVER, json.dumps(case)],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return None
     if out.returncode:
@@ -208,17 +249,20 @@ def coverage(cases: list[dict]) -> str:
     odd = [g for g in gpus if g & (g - 1)]  # not a power of two
     clusters = Counter(c["cluster"] for c in cases)
     tight = [c for c in cases if c.get("tight")]
-    return "\n".join([
-        f"population: {len(cases)} instances; models: {len(cases) - len(random_)} preset ({len({m.name for m in models} - {m.name for m in random_})} "
-        f"distinct), {sum(not m.is_moe for m in random_)} random dense, {sum(m.is_moe for m in random_)} random MoE; "
-        f"{min(params) / 1e9:.1f}B-{max(params) / 1e9:,.0f}B parameters",
-        f"GPUs: {len(gpus)} counts from {gpus[0]} to {gpus[-1]:,}, {len(odd)} not a power of two ({', '.join(f'{g:,}' for g in odd[:12])} ...)",
-        "clusters: " + ", ".join(f"{k} {v}" for k, v in sorted(clusters.items()))
-        + f"; global batch {min(c['batch'] for c in cases)}-{max(c['batch'] for c in cases):,}"
-        + f"; sequence {min(c['seq'] for c in cases):,}-{max(c['seq'] for c in cases):,}",
-        f"memory-tight: {len(tight)}, of which {sum('limit' in c for c in tight)} with a limit 1.00-1.10 x the peak of a layout "
-        "that fits (the rest: even that layout exceeds the device)",
-    ])
+    return "\n".join(
+        [
+            f"population: {len(cases)} instances; models: {len(cases) - len(random_)} preset ({len({m.name for m in models} - {m.name for m in random_})} "
+            f"distinct), {sum(not m.is_moe for m in random_)} random dense, {sum(m.is_moe for m in random_)} random MoE; "
+            f"{min(params) / 1e9:.1f}B-{max(params) / 1e9:,.0f}B parameters",
+            f"GPUs: {len(gpus)} counts from {gpus[0]} to {gpus[-1]:,}, {len(odd)} not a power of two ({', '.join(f'{g:,}' for g in odd[:12])} ...)",
+            "clusters: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(clusters.items()))
+            + f"; global batch {min(c['batch'] for c in cases)}-{max(c['batch'] for c in cases):,}"
+            + f"; sequence {min(c['seq'] for c in cases):,}-{max(c['seq'] for c in cases):,}",
+            f"memory-tight: {len(tight)}, of which {sum('limit' in c for c in tight)} with a limit 1.00-1.10 x the peak of a layout "
+            "that fits (the rest: even that layout exceeds the device)",
+        ]
+    )
 
 
 def describe(case: dict) -> str:
@@ -241,8 +285,10 @@ def arg(name: str, default):
     return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
-LINE = re.compile(r"^ *(\d+) (.{96}) +(\S+(?: \S+)?) s \(cpu +(\S+(?: \S+)?)\)(?: +(\d+) ILPs +(\S+(?: plan)?))?"
-                  r"(?:  baseline +(\S+(?: \S+)?) s)?(  DIFFERENT STEP.*)?$")
+LINE = re.compile(
+    r"^ *(\d+) (.{96}) +(\S+(?: \S+)?) s \(cpu +(\S+(?: \S+)?)\)(?: +(\d+) ILPs +(\S+(?: plan)?))?"
+    r"(?:  baseline +(\S+(?: \S+)?) s)?(  DIFFERENT STEP.*)?$"
+)
 
 
 def summarise(paths: list[str]) -> None:
@@ -257,20 +303,26 @@ def summarise(paths: list[str]) -> None:
     finished = [r for r in rows.values() if r[2] != "error" and not r[2].startswith(">")]
     for name, k in (("wall", 2), ("cpu", 3)):
         times = [float(r[k]) for r in finished]
-        print(f"{len(rows)} instances ({len(finished)} finished), {name} seconds: median {statistics.median(times):.2f}, "
-              f"p95 {quantile(times, 0.95):.2f}, p99 {quantile(times, 0.99):.2f}, max {max(times):.2f}")
+        print(
+            f"{len(rows)} instances ({len(finished)} finished), {name} seconds: median {statistics.median(times):.2f}, "
+            f"p95 {quantile(times, 0.95):.2f}, p99 {quantile(times, 0.99):.2f}, max {max(times):.2f}"
+        )
     slow = [r for r in rows.values() if r not in finished or float(r[2]) > TARGET_S]
     differ = [r for r in rows.values() if r[7]]
-    print(f"over {TARGET_S:g} s or unfinished: {len(slow)}; steps differing from the baseline's: {len(differ)}; "
-          f"baseline unfinished: {sum(1 for r in rows.values() if r[6] and r[6].startswith('>'))}")
+    print(
+        f"over {TARGET_S:g} s or unfinished: {len(slow)}; steps differing from the baseline's: {len(differ)}; "
+        f"baseline unfinished: {sum(1 for r in rows.values() if r[6] and r[6].startswith('>'))}"
+    )
     print("slowest ten (wall):")
-    for r in sorted(rows.values(), key=lambda r: float(r[2].lstrip("> ")) if r[2] != "error" else 1e9, reverse=True)[:10]:
+    for r in sorted(rows.values(), key=lambda r: float(r[2].lstrip("> ")) if r[2] != "error" else 1e9, reverse=True)[
+        :10
+    ]:
         print(f"  {r[2]:>7s} s (cpu {r[3]}) #{r[0]} {r[1].strip()}: {r[4]} ILPs; baseline {r[6]} s")
 
 
 def main() -> None:
     if "--summarise" in sys.argv:
-        summarise(sys.argv[sys.argv.index("--summarise") + 1:])
+        summarise(sys.argv[sys.argv.index("--summarise") + 1 :])
         return
     seed, size, timeout = arg("--seed", 22), arg("--size", 240), arg("--timeout", 60.0)
     quick, baseline, base_timeout = arg("--quick", 0), arg("--baseline", ""), arg("--baseline-timeout", 60.0)
@@ -282,8 +334,11 @@ def main() -> None:
     base_root = None
     if baseline:
         base_root = Path(tempfile.mkdtemp(prefix="population-baseline-"))
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(base_root), baseline], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(base_root), baseline],
+            check=True,
+            capture_output=True,
+        )
     rows, mismatches = [], 0
     try:
         for i, case in enumerate(cases, start=first):
@@ -296,10 +351,15 @@ def main() -> None:
             rows.append((seconds(got, timeout), i, case, got, old))
     finally:
         if base_root is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_root)], capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_root)], capture_output=True
+            )
     print("load average (1, 5, 15 min) at the end: %.1f %.1f %.1f" % os.getloadavg())
     report(rows, timeout, base_root is not None, base_timeout)
-    ok = all(got is not None and "error" not in got and got["optimal"] and got["seconds"] <= TARGET_S for _, _, _, got, _ in rows)
+    ok = all(
+        got is not None and "error" not in got and got["optimal"] and got["seconds"] <= TARGET_S
+        for _, _, _, got, _ in rows
+    )
     if mismatches:
         print(f"FAIL: {mismatches} answers differ from the baseline's")
     if not ok or mismatches:
@@ -317,7 +377,9 @@ def outcome(got: dict | None, timeout: float, cpu: bool = False) -> str:
     return "error" if "error" in got else f"{got['cpu_seconds' if cpu else 'seconds']:.2f}"
 
 
-def instance_line(i: int, case: dict, got, old, with_baseline: bool, timeout: float, base_timeout: float) -> tuple[str, bool]:
+def instance_line(
+    i: int, case: dict, got, old, with_baseline: bool, timeout: float, base_timeout: float
+) -> tuple[str, bool]:
     """One instance's line (wall and CPU seconds, ILPs, the optimum's step) and whether its step
     differs from the baseline's (compared where both finished)."""
     line = f"{i:4d} {describe(case)[:96]:96s} {outcome(got, timeout):>7s} s (cpu {outcome(got, timeout, True):>6s})"
@@ -337,17 +399,28 @@ def report(rows: list, timeout: float, with_baseline: bool, base_timeout: float)
     done = [r for r in rows if r[3] is None or "error" not in r[3]]  # a failed solve has no time
     for name, key in (("wall", "seconds"), ("cpu", "cpu_seconds")):
         times = [timeout if got is None else got[key] for _, _, _, got, _ in done]
-        print(f"\n{len(rows)} instances, {name} seconds: median {statistics.median(times):.2f}, p95 {quantile(times, 0.95):.2f}, "
-              f"p99 {quantile(times, 0.99):.2f}, max {max(times):.2f}", end="")
+        print(
+            f"\n{len(rows)} instances, {name} seconds: median {statistics.median(times):.2f}, p95 {quantile(times, 0.95):.2f}, "
+            f"p99 {quantile(times, 0.99):.2f}, max {max(times):.2f}",
+            end="",
+        )
     plans = sum(got is not None and "error" not in got and got["fastest_step"] is not None for _, _, _, got, _ in rows)
     tight = [got for _, _, case, got, _ in rows if "limit" in case]
-    print(f"\n{plans} with a plan; memory-tight with a fitting limit: {len(tight)}, "
-          f"{sum(g is not None and 'error' not in g and g['fastest_step'] is not None for g in tight)} with a plan")
+    print(
+        f"\n{plans} with a plan; memory-tight with a fitting limit: {len(tight)}, "
+        f"{sum(g is not None and 'error' not in g and g['fastest_step'] is not None for g in tight)} with a plan"
+    )
     print("slowest ten (wall):")
     for _, i, case, got, old in sorted(rows, key=lambda r: r[:2], reverse=True)[:10]:
-        why = ("timed out" if got is None else got["error"] if "error" in got else
-               f"cpu {got['cpu_seconds']:.2f} s, {got['candidates']:,} candidates, {got['ilps']} ILPs"
-               + ("" if got["fastest_step"] else ", no plan") + ("" if got["optimal"] else ", not proven optimal"))
+        why = (
+            "timed out"
+            if got is None
+            else got["error"]
+            if "error" in got
+            else f"cpu {got['cpu_seconds']:.2f} s, {got['candidates']:,} candidates, {got['ilps']} ILPs"
+            + ("" if got["fastest_step"] else ", no plan")
+            + ("" if got["optimal"] else ", not proven optimal")
+        )
         base = f"; baseline {outcome(old, base_timeout)} s" if with_baseline else ""
         print(f"  {outcome(got, timeout):>7s} s  #{i} {describe(case)}: {why}{base}")
 

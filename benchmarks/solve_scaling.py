@@ -43,12 +43,24 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 10.0
 
 GPT_1T = dict(
-    name="gpt-1t", num_layers=128, hidden_size=25600, num_heads=160, vocab_size=51200, max_seq_len=2048,
-    tied_embeddings=True, source="Narayanan et al. 2021, Table 1 (1T row: 128 layers, h 25,600, 160 heads)",
+    name="gpt-1t",
+    num_layers=128,
+    hidden_size=25600,
+    num_heads=160,
+    vocab_size=51200,
+    max_seq_len=2048,
+    tied_embeddings=True,
+    source="Narayanan et al. 2021, Table 1 (1T row: 128 layers, h 25,600, 160 heads)",
 )
 MT_NLG = dict(
-    name="mt-nlg-530b", num_layers=105, hidden_size=20480, num_heads=128, vocab_size=51200, max_seq_len=2048,
-    tied_embeddings=True, source="Smith et al. 2022 (MT-NLG), sec. 2: 105 layers, hidden 20,480, 128 heads, sequence 2,048",
+    name="mt-nlg-530b",
+    num_layers=105,
+    hidden_size=20480,
+    num_heads=128,
+    vocab_size=51200,
+    max_seq_len=2048,
+    tied_embeddings=True,
+    source="Smith et al. 2022 (MT-NLG), sec. 2: 105 layers, hidden 20,480, 128 heads, sequence 2,048",
 )
 SMALL = ModelSpec(name="small-4l", num_layers=4, hidden_size=1024, num_heads=8, vocab_size=32000, max_seq_len=2048)
 
@@ -134,8 +146,14 @@ def solve_in_process(case: dict, root: Path, timeout: float) -> dict | None:
     """Run DRIVER against the code under `root`; None when it ran past `timeout`."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     try:
-        out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(case)], cwd=root, env=env,
-                             capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(
+            [sys.executable, "-c", DRIVER, json.dumps(case)],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return None
     if out.returncode:
@@ -151,9 +169,22 @@ def small_cluster(memory_gib: float):
 
 def eval_seconds(model, cluster, job, plan) -> float:
     """Measured cost of one brute-force evaluation on this machine, now."""
-    cand = Candidate(plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches, plan.schedule,
-                     plan.zero_stage, plan.sequence_parallel, tuple(plan.mesh_order), plan.tp_comm_overlap, plan.ep, plan.fp8,
-                     plan.cp)
+    cand = Candidate(
+        plan.dp,
+        plan.tp,
+        plan.pp,
+        plan.vpp,
+        plan.micro_batch_size,
+        plan.num_micro_batches,
+        plan.schedule,
+        plan.zero_stage,
+        plan.sequence_parallel,
+        tuple(plan.mesh_order),
+        plan.tp_comm_overlap,
+        plan.ep,
+        plan.fp8,
+        plan.cp,
+    )
     pc = CostTables(model, cluster, job).pipeline(cand)
     P = cand.pp * cand.vpp
     counts = [(model.num_layers // P, 0, 0)] * P
@@ -168,7 +199,7 @@ def eval_seconds(model, cluster, job, plan) -> float:
 def small_instances(quick: bool) -> None:
     print("Small instances: brute force runs to the end (same optimum required)")
     print(f"{'instance':34s} {'layouts':>9s} {'brute s':>8s} {'solve s':>8s} {'ratio':>7s} {'same optimum':>13s}")
-    for gpus, batch, mem in ([(4, 2, 1.0)] if quick else [(4, 2, 1.0), (4, 2, 0.7), (4, 4, 1.0), (2, 4, 0.9)]):
+    for gpus, batch, mem in [(4, 2, 1.0)] if quick else [(4, 2, 1.0), (4, 2, 0.7), (4, 4, 1.0), (2, 4, 0.9)]:
         job = JobSpec(global_batch_size=batch, seq_len=2048)
         space = SearchSpace(num_gpus=gpus, global_batch_size=batch)
         cluster = small_cluster(mem)
@@ -177,7 +208,9 @@ def small_instances(quick: bool) -> None:
         ts = time.perf_counter() - t
         ref = brute_force(SMALL, cluster, job, space)
         same = (res.best is None and ref.value is None) or (
-            res.fastest is not None and ref.value is not None and math.isclose(1 / res.fastest.estimate.tokens_per_s, ref.value, rel_tol=1e-7)
+            res.fastest is not None
+            and ref.value is not None
+            and math.isclose(1 / res.fastest.estimate.tokens_per_s, ref.value, rel_tol=1e-7)
         )
         name = f"4-layer 1k-wide, {gpus} GPUs, B={batch}, {mem} GiB"
         print(f"{name:34s} {ref.evaluated:9,d} {ref.seconds:8.2f} {ts:8.3f} {ref.seconds / ts:7.0f}x {str(same):>13s}")
@@ -185,7 +218,9 @@ def small_instances(quick: bool) -> None:
 
 def baseline_worktree(rev: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix="solve-baseline-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev], check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev], check=True, capture_output=True
+    )
     return path
 
 
@@ -193,14 +228,18 @@ def large_instances(quick: bool, baseline: str | None, baseline_timeout: float, 
     base_root = baseline_worktree(baseline) if baseline else None
     ok = True
     try:
-        print("\nLarge instances: brute force extrapolated (layouts x measured seconds per evaluation)"
-              + (f"; baseline: revision {baseline} in the same run" if baseline else ""))
-        head = (f"{'model':12s} {'GPUs':>5s} {'candidates':>10s} {'layouts':>8s} {'ILPs':>4s} {'solve s':>8s} {'brute (est.)':>12s} "
-                f"{'optimal':>7s}")
+        print(
+            "\nLarge instances: brute force extrapolated (layouts x measured seconds per evaluation)"
+            + (f"; baseline: revision {baseline} in the same run" if baseline else "")
+        )
+        head = (
+            f"{'model':12s} {'GPUs':>5s} {'candidates':>10s} {'layouts':>8s} {'ILPs':>4s} {'solve s':>8s} {'brute (est.)':>12s} "
+            f"{'optimal':>7s}"
+        )
         if baseline:
             head += f" {'baseline s':>10s} {'ratio':>6s}"
         print(head + "  recommended (predicted step, MFU)")
-        for model, cluster_name, gpus, batch, seq, _why in (LARGE[:2] if quick else LARGE):
+        for model, cluster_name, gpus, batch, seq, _why in LARGE[:2] if quick else LARGE:
             case = dict(model=model, cluster=cluster_name, gpus=gpus, batch=batch, seq=seq)
             cps = cp_degrees(seq, gpus, None)
             new = (isinstance(model, str) and model in NEW_DIMENSIONS) or len(cps) > 1
@@ -217,8 +256,10 @@ def large_instances(quick: bool, baseline: str | None, baseline_timeout: float, 
             plan = Plan.model_validate(got["plan"])
             per_eval = eval_seconds(spec, load_cluster(cluster_name), job, plan)
             brute_log10 = got["layouts_log10"] + math.log10(per_eval)
-            line = (f"{got['model_name'][:12]:12s} {gpus:5d} {got['candidates']:10,d} {'1e%d' % round(got['layouts_log10']):>8s} "
-                    f"{got['ilps']:4d} {got['seconds']:8.2f} {'1e%d s' % round(brute_log10):>12s} {str(got['optimal']):>7s}")
+            line = (
+                f"{got['model_name'][:12]:12s} {gpus:5d} {got['candidates']:10,d} {'1e%d' % round(got['layouts_log10']):>8s} "
+                f"{got['ilps']:4d} {got['seconds']:8.2f} {'1e%d s' % round(brute_log10):>12s} {str(got['optimal']):>7s}"
+            )
             if base_root is not None and new:
                 line += f" {'(new)':>10s} {'':>6s}"
             elif base_root is not None:
@@ -233,7 +274,9 @@ def large_instances(quick: bool, baseline: str | None, baseline_timeout: float, 
             ok = ok and got["optimal"] and got["seconds"] <= TARGET_S
     finally:
         if base_root is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_root)], capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_root)], capture_output=True
+            )
     return ok
 
 

@@ -60,29 +60,41 @@ def main() -> None:
             est = b.estimate
             lo, hi = est.step_time_interval_s
             k = cluster.for_target(target).stack_constants.get(job.target)
-            print(f"  --target {target:10s} {est.step_time_s:7.2f} s ({lo:.2f}-{hi:.2f}) MFU {100 * est.mfu:4.1f}%  "
-                  f"{plan_summary(b.plan)}")
+            print(
+                f"  --target {target:10s} {est.step_time_s:7.2f} s ({lo:.2f}-{hi:.2f}) MFU {100 * est.mfu:4.1f}%  "
+                f"{plan_summary(b.plan)}"
+            )
             if k is not None:
                 host = f", host {1000 * k.step_overhead_s:.0f} ms a step" if k.step_overhead_s else ""
-                print(f"  {'':21s} constants: sustained {k.sustained_fraction:.3f}, gap {k.kernel_overhead_us:.2f} us, "
-                      f"overlap {k.overlap_efficiency:.3f}{host}")
+                print(
+                    f"  {'':21s} constants: sustained {k.sustained_fraction:.3f}, gap {k.kernel_overhead_us:.2f} us, "
+                    f"overlap {k.overlap_efficiency:.3f}{host}"
+                )
             others = [a for a in res.alternatives if shape(a.plan) != shape(b.plan)]
             if others:
                 o = others[0]
                 term, saved = deciding_term(b, o)
-                if o.estimate.step_time_s < est.step_time_s:  # the recommendation rule's best worst case (planner/search/solve.py)
-                    print(f"  {'':21s} recommended over a faster-predicted shape for its lower worst case ({hi:.2f} s against "
-                          f"{o.estimate.step_time_interval_s[1]:.2f} s), and by {term.replace('_', ' ')} ({saved:.2f} s saved) "
-                          f"against it ({o.estimate.step_time_s:.2f} s: {plan_summary(o.plan)})")
+                if (
+                    o.estimate.step_time_s < est.step_time_s
+                ):  # the recommendation rule's best worst case (planner/search/solve.py)
+                    print(
+                        f"  {'':21s} recommended over a faster-predicted shape for its lower worst case ({hi:.2f} s against "
+                        f"{o.estimate.step_time_interval_s[1]:.2f} s), and by {term.replace('_', ' ')} ({saved:.2f} s saved) "
+                        f"against it ({o.estimate.step_time_s:.2f} s: {plan_summary(o.plan)})"
+                    )
                 else:
-                    print(f"  {'':21s} decided by {term.replace('_', ' ')}: {saved:.2f} s saved against the best other shape "
-                          f"({o.estimate.step_time_s:.2f} s: {plan_summary(o.plan)})")
+                    print(
+                        f"  {'':21s} decided by {term.replace('_', ' ')}: {saved:.2f} s saved against the best other shape "
+                        f"({o.estimate.step_time_s:.2f} s: {plan_summary(o.plan)})"
+                    )
             else:
                 print(f"  {'':21s} every alternative among the 12 next has the same tp, pp, ZeRO and recompute")
         m, t = best["megatron"], best["torchtitan"]
         term, saved = deciding_term(m, t) if m.estimate.step_time_s <= t.estimate.step_time_s else deciding_term(t, m)
-        print(f"  megatron / torchtitan step {m.estimate.step_time_s / t.estimate.step_time_s:.3f}; the stacks differ most in "
-              f"{term.replace('_', ' ')} ({saved:.2f} s)")
+        print(
+            f"  megatron / torchtitan step {m.estimate.step_time_s / t.estimate.step_time_s:.3f}; the stacks differ most in "
+            f"{term.replace('_', ' ')} ({saved:.2f} s)"
+        )
 
 
 if __name__ == "__main__":

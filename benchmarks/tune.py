@@ -44,10 +44,26 @@ from planner.tune.refit import Observation, refit  # noqa: E402
 from planner.tune.loop import Budget, TuneRequest, header, layout_key, layout_label, search, tune  # noqa: E402
 from planner.tune.run_executor import RunExecutor  # noqa: E402
 
-MODEL = ModelSpec(name="tune-gpt", num_layers=4, hidden_size=256, num_heads=8, vocab_size=2048, max_seq_len=128,
-                  dropout=False, source="a small GPT for the tune benchmark")
-PROFILED = {"name": "profile-gpt", "num_layers": 4, "hidden_size": 384, "num_heads": 6, "vocab_size": 2048, "max_seq_len": 128,
-            "dropout": False, "source": "the model whose layers the profile times (not the tuned one: compute is then analytic)"}
+MODEL = ModelSpec(
+    name="tune-gpt",
+    num_layers=4,
+    hidden_size=256,
+    num_heads=8,
+    vocab_size=2048,
+    max_seq_len=128,
+    dropout=False,
+    source="a small GPT for the tune benchmark",
+)
+PROFILED = {
+    "name": "profile-gpt",
+    "num_layers": 4,
+    "hidden_size": 384,
+    "num_heads": 6,
+    "vocab_size": 2048,
+    "max_seq_len": 128,
+    "dropout": False,
+    "source": "the model whose layers the profile times (not the tuned one: compute is then analytic)",
+}
 SOLVE = {"global_batch": 16, "seq_len": 128, "precision": "fp32", "fixes": ["recompute=none", "sp=false", "mbs=2"]}
 
 
@@ -58,17 +74,40 @@ def _profile(ranks: int, directory: Path) -> Path:
 
     spec, out = directory / "profiled.json", directory / "profile.json"
     spec.write_text(json.dumps(PROFILED))
-    subprocess.run([sys.executable, "-m", "planner.cli.main", "profile", "--model", str(spec), "--nproc-per-node", str(ranks),
-                    "--micro-batch-sizes", "2,4,8", "--seq-len", "128", "--quick", "-o", str(out)], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "profile",
+            "--model",
+            str(spec),
+            "--nproc-per-node",
+            str(ranks),
+            "--micro-batch-sizes",
+            "2,4,8",
+            "--seq-len",
+            "128",
+            "--quick",
+            "-o",
+            str(out),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return out
 
 
 def _wrong_prior(profile: Path):
     """The profile with the DGX A100 preset's constants (and interval) for PyTorch eager."""
     cluster, dgx = api.load_cluster(str(profile)), api.load_cluster("dgx-a100-80gb")
-    return with_constants(cluster, "generic", constants_of(dgx, "generic"), provenance="the dgx-a100-80gb preset's (wrong on purpose)",
-                          uncertainty=dgx.for_target("generic").uncertainty)
+    return with_constants(
+        cluster,
+        "generic",
+        constants_of(dgx, "generic"),
+        provenance="the dgx-a100-80gb preset's (wrong on purpose)",
+        uncertainty=dgx.for_target("generic").uncertainty,
+    )
 
 
 def _error(cluster, rows) -> float:
@@ -91,20 +130,50 @@ def _sweep(space, prior, ranks: int, steps: int, directory: Path) -> dict:
     from planner.tune.journal import Ran
 
     cases, reports = directory / "cases.json", directory / "reports.json"
-    cases.write_text(json.dumps([{"model": MODEL.model_dump(mode="json"), "job": c.job.model_dump(mode="json"),
-                                  "plan": c.plan.model_dump(mode="json"), "cluster": prior.model_dump(mode="json"),
-                                  "steps": steps, "warmup": 2} for c in space]))
-    subprocess.run([sys.executable, "-m", "planner.executor.batch", str(cases), str(reports), "--nproc-per-node", str(ranks),
-                    "--timeout", "600"], check=True)
+    cases.write_text(
+        json.dumps(
+            [
+                {
+                    "model": MODEL.model_dump(mode="json"),
+                    "job": c.job.model_dump(mode="json"),
+                    "plan": c.plan.model_dump(mode="json"),
+                    "cluster": prior.model_dump(mode="json"),
+                    "steps": steps,
+                    "warmup": 2,
+                }
+                for c in space
+            ]
+        )
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.executor.batch",
+            str(cases),
+            str(reports),
+            "--nproc-per-node",
+            str(ranks),
+            "--timeout",
+            "600",
+        ],
+        check=True,
+    )
     out = {}
     for i, (c, r) in enumerate(zip(space, json.loads(reports.read_text()))):
         report = RunReport.model_validate(r)
         ok = report.verification.passed
-        m = Measurement("ok" if ok else "failed", step_time_s=report.time.measured_step_time_s,
-                        ran=Ran(model=report.model, job=report.job, plan=report.plan, num_gpus=ranks))
+        m = Measurement(
+            "ok" if ok else "failed",
+            step_time_s=report.time.measured_step_time_s,
+            ran=Ran(model=report.model, job=report.job, plan=report.plan, num_gpus=ranks),
+        )
         out[c.key] = (c, m)
-        print(f"  sweep {i + 1}/{len(space)} {layout_label(c.plan):40} {m.status:6} {m.step_time_s:.4f} s "
-              f"(prior predicted {c.estimate.step_time_s:.4f} s)", flush=True)
+        print(
+            f"  sweep {i + 1}/{len(space)} {layout_label(c.plan):40} {m.status:6} {m.step_time_s:.4f} s "
+            f"(prior predicted {c.estimate.step_time_s:.4f} s)",
+            flush=True,
+        )
     return out
 
 
@@ -118,7 +187,9 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="tune-bench-"))
     t0 = time.monotonic()
     profile = Path(args.profile) if args.profile else _profile(args.ranks, directory)
-    print(f"profile: {profile}{' (made now, %.0f s)' % (time.monotonic() - t0) if not args.profile else ''}", flush=True)
+    print(
+        f"profile: {profile}{' (made now, %.0f s)' % (time.monotonic() - t0) if not args.profile else ''}", flush=True
+    )
     prior = _wrong_prior(profile)
     request = TuneRequest(MODEL, prior, args.ranks, dict(SOLVE))
     space, complete = search(request, prior, 1000)
@@ -126,18 +197,30 @@ def main() -> None:
     n = len(space)
     budget = Budget(trials=args.trials or n // 3)
     executor = RunExecutor(steps=args.steps, warmup=2, timeout_s=600)
-    print(f"space: {n} layouts; tune budget {budget.trials} trials; prior constants {constants_of(prior, 'generic')}", flush=True)
+    print(
+        f"space: {n} layouts; tune budget {budget.trials} trials; prior constants {constants_of(prior, 'generic')}",
+        flush=True,
+    )
 
     t0 = time.monotonic()
     journal_path = directory / "tune.jsonl"  # `plan tune --resume` it to see the tune's table, write its profile
     journal.start(journal_path, header(request, executor))
     print(f"journal: {journal_path}", flush=True)
-    result = tune(request, executor, budget, journal_path, say=lambda line: print(f"  tune {line}", flush=True),
-                  trial_hook=lambda r, f: print(f"    -> {r.status} {r.step_time_s or 0:.4f} s", flush=True))
+    result = tune(
+        request,
+        executor,
+        budget,
+        journal_path,
+        say=lambda line: print(f"  tune {line}", flush=True),
+        trial_hook=lambda r, f: print(f"    -> {r.status} {r.step_time_s or 0:.4f} s", flush=True),
+    )
     tune_s = time.monotonic() - t0
     winner = result.best
-    print(f"tuned: {winner.label if winner else None}; stop: {result.stop}; refit constants "
-          f"{tuple(round(x, 4) for x in result.refit.constants)}; {tune_s:.0f} s", flush=True)
+    print(
+        f"tuned: {winner.label if winner else None}; stop: {result.stop}; refit constants "
+        f"{tuple(round(x, 4) for x in result.refit.constants)}; {tune_s:.0f} s",
+        flush=True,
+    )
 
     t0 = time.monotonic()
     measured = _sweep(space, prior, args.ranks, args.steps, directory)
@@ -145,28 +228,40 @@ def main() -> None:
     ok = {k: (c, m) for k, (c, m) in measured.items() if m.status == "ok"}
     best_key = min(ok, key=lambda k: ok[k][1].step_time_s)
     best = ok[best_key][1].step_time_s
-    tuned_time = ok[layout_key(winner.plan)][1].step_time_s if winner and layout_key(winner.plan) in ok else float("inf")
+    tuned_time = (
+        ok[layout_key(winner.plan)][1].step_time_s if winner and layout_key(winner.plan) in ok else float("inf")
+    )
     regret = 100 * (tuned_time / best - 1)
     tried = {r.key for r in result.records}
     held_out = [(m.ran.model, m.ran.job, m.ran.plan, m.step_time_s) for k, (c, m) in ok.items() if k not in tried]
     before, after = _error(prior, held_out), _error(result.refit.cluster, held_out)
-    print(f"sweep best: {layout_label(ok[best_key][0].plan)} {best:.4f} s; tuned answer in the sweep: {tuned_time:.4f} s")
-    print(f"prediction error on the {len(held_out)} layouts the tune did not measure: {before:.1f} % with the prior, "
-          f"{after:.1f} % refit")
+    print(
+        f"sweep best: {layout_label(ok[best_key][0].plan)} {best:.4f} s; tuned answer in the sweep: {tuned_time:.4f} s"
+    )
+    print(
+        f"prediction error on the {len(held_out)} layouts the tune did not measure: {before:.1f} % with the prior, "
+        f"{after:.1f} % refit"
+    )
     every = [Observation(m.ran.model, m.ran.job, m.ran.plan, m.step_time_s, 0.0) for _, m in ok.values()]
     floor = refit(prior, "generic", every, [], prior.device.memory_gib, start=result.refit.constants).cluster
-    print(f"the model's own floor: its constants refit to all {len(every)} layouts of the sweep (in sample, what no "
-          f"choice of trials could beat) miss them by {_error(floor, [(o.model, o.job, o.plan, o.step_time_s) for o in every]):.1f} %")
+    print(
+        f"the model's own floor: its constants refit to all {len(every)} layouts of the sweep (in sample, what no "
+        f"choice of trials could beat) miss them by {_error(floor, [(o.model, o.job, o.plan, o.step_time_s) for o in every]):.1f} %"
+    )
     twice = [(r.step_time_s, ok[r.key][1].step_time_s) for r in result.records if r.status == "ok" and r.key in ok]
     if twice:
         repeat = _repeat(twice)
-        print(f"repeatability: the {len(twice)} layouts measured twice (in the tune and again in the sweep) differ by "
-              f"{repeat:.1f} % on average (mean |tune / sweep - 1|); a model that knew each layout's mean exactly "
-              f"would be about {repeat / math.sqrt(2):.1f} % off single measurements (1/sqrt 2 of it, for "
-              f"independent errors of equal spread)")
+        print(
+            f"repeatability: the {len(twice)} layouts measured twice (in the tune and again in the sweep) differ by "
+            f"{repeat:.1f} % on average (mean |tune / sweep - 1|); a model that knew each layout's mean exactly "
+            f"would be about {repeat / math.sqrt(2):.1f} % off single measurements (1/sqrt 2 of it, for "
+            f"independent errors of equal spread)"
+        )
     per_trial = statistics.mean(r.wall_s for r in result.records)
-    print(f"wall time: tune {tune_s:.0f} s ({len(result.records)} launches, {per_trial:.0f} s a trial); sweep {sweep_s:.0f} s in one "
-          f"launch; as {n} trials like the tune's it would take about {n * per_trial:.0f} s ({tune_s / (n * per_trial):.2f}x)")
+    print(
+        f"wall time: tune {tune_s:.0f} s ({len(result.records)} launches, {per_trial:.0f} s a trial); sweep {sweep_s:.0f} s in one "
+        f"launch; as {n} trials like the tune's it would take about {n * per_trial:.0f} s ({tune_s / (n * per_trial):.2f}x)"
+    )
     print(f"tune: regret {regret:.1f} % with {len(result.records)} of {n} trials, refit error {after:.1f} %")
 
 

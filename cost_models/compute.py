@@ -67,8 +67,10 @@ def attention_linears(model: ModelSpec, tp: int = 1, fused_qkv: bool = False) ->
             qs = [(h, model.q_lora_rank, "duplicated"), (model.q_lora_rank, q, "column")]
         else:
             qs = [(h, q, "column")]
-        kvs = [(h, model.kv_lora_rank + model.qk_rope_head_dim, "duplicated"),
-               (model.kv_lora_rank, heads * (model.head_dim + model.v_dim), "column")]
+        kvs = [
+            (h, model.kv_lora_rank + model.qk_rope_head_dim, "duplicated"),
+            (model.kv_lora_rank, heads * (model.head_dim + model.v_dim), "column"),
+        ]
         return qs + kvs + out
     kv = model.head_dim * kv_shard(model, tp)
     qkv = [(h, q + 2 * kv, "column")] if fused_qkv else [(h, q, "column"), (h, kv, "column"), (h, kv, "column")]
@@ -86,7 +88,9 @@ def attention_input_width(model: ModelSpec, target: Target = Target.megatron) ->
     return (model.q_lora_rank or model.hidden_size) + model.kv_lora_rank + model.qk_rope_head_dim
 
 
-def selective_recompute_flops(model: ModelSpec, micro_batch: int, seq_len: int, flash_attention: bool = True, cp: int = 1) -> float:
+def selective_recompute_flops(
+    model: ModelSpec, micro_batch: int, seq_len: int, flash_attention: bool = True, cp: int = 1
+) -> float:
     """FLOPs selective recompute reruns, whole layer: the core attention (as model FLOPs count
     it; a rank's seq_len tokens meet cp times as many keys under context parallelism); under
     MLA the up-projections, and the core attention only where it is unfused (layer_compute)."""
@@ -198,7 +202,11 @@ def total_params(model: ModelSpec) -> int:
     """Parameter count of the whole model (each tensor once), its multi-token-prediction
     modules included (DeepSeek-V3's published 671B is its main model: total_params less
     mtp_module_params)."""
-    main = over_layers(model, lambda dense: layer_params(model, dense=dense).total) + embedding_params(model) + head_params(model)
+    main = (
+        over_layers(model, lambda dense: layer_params(model, dense=dense).total)
+        + embedding_params(model)
+        + head_params(model)
+    )
     return main + mtp_module_params(model)
 
 
@@ -213,8 +221,12 @@ def active_layer_params(model: ModelSpec, dense: bool = False) -> int:
 
 def active_params(model: ModelSpec) -> int:
     """Parameters one token passes through (equal to total_params for a dense model)."""
-    return (over_layers(model, lambda dense: active_layer_params(model, dense)) + embedding_params(model) + head_params(model)
-            + mtp_module_params(model, active=True))
+    return (
+        over_layers(model, lambda dense: active_layer_params(model, dense))
+        + embedding_params(model)
+        + head_params(model)
+        + mtp_module_params(model, active=True)
+    )
 
 
 # --------------------------------------------------------------------------- FLOPs
@@ -272,11 +284,16 @@ def head_flops_forward(model: ModelSpec, micro_batch: int, seq_len: int) -> floa
 def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> float:
     """Model FLOPs of one step, no recompute: 3 x forward (Korthikanti et al.:
     72 B L s h^2 (1 + s/(6h) + V/(12 h L)) for GPT layers)."""
-    fwd = over_layers(model, lambda dense: layer_flops_forward(model, 1, seq_len, dense)) + head_flops_forward(model, 1, seq_len)
+    fwd = over_layers(model, lambda dense: layer_flops_forward(model, 1, seq_len, dense)) + head_flops_forward(
+        model, 1, seq_len
+    )
     # each multi-token-prediction module: its 2h -> h projection, its layer, the LM head again
     h = model.hidden_size
-    fwd += model.mtp_layers * (2.0 * seq_len * 2 * h * h + layer_flops_forward(model, 1, seq_len, not model.is_moe)
-                               + head_flops_forward(model, 1, seq_len))
+    fwd += model.mtp_layers * (
+        2.0 * seq_len * 2 * h * h
+        + layer_flops_forward(model, 1, seq_len, not model.is_moe)
+        + head_flops_forward(model, 1, seq_len)
+    )
     return 3.0 * global_batch * fwd
 
 
@@ -306,7 +323,9 @@ def gemm_time(device: DeviceSpec, dtype: DType, flops: float) -> float:
     return flops / (peak * matmul_efficiency(device, flops))
 
 
-def gemm_shape_time(device: DeviceSpec, dtype: DType, m: float, n: float, k: float, batch: int = 1, fp8: bool = False) -> float:
+def gemm_shape_time(
+    device: DeviceSpec, dtype: DType, m: float, n: float, k: float, batch: int = 1, fp8: bool = False
+) -> float:
     """Seconds for `batch` GEMMs of an (m x k) by (k x n) matrix.
 
     With a shape model (DeviceSpec.gemm): the output is cut in tiles spread over the SMs in
@@ -335,8 +354,9 @@ def gemm_shape_time(device: DeviceSpec, dtype: DType, m: float, n: float, k: flo
     return max(waves * wave_s, memory_bound_time(device, operands))
 
 
-def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n_out: float, batch: int = 1,
-                 fp8: bool = False) -> tuple[float, float]:
+def linear_times(
+    device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n_out: float, batch: int = 1, fp8: bool = False
+) -> tuple[float, float]:
     """(forward, backward) of a linear layer on `tokens` rows: Y = X W is one GEMM
     (tokens, n_out, n_in); backward is the input gradient (tokens, n_in, n_out) and the weight
     gradient (n_in, n_out, tokens). `batch` such layers side by side (grouped experts).
@@ -347,7 +367,9 @@ def linear_times(device: DeviceSpec, dtype: DType, tokens: float, n_in: float, n
     epilogue), with a transposed FP8 copy for the weight gradient: 2 bytes written per
     element; the weights' FP8 copies are cast once per step and kept (not per micro-batch)."""
     fwd = gemm_shape_time(device, dtype, tokens, n_out, n_in, batch, fp8)
-    bwd = gemm_shape_time(device, dtype, tokens, n_in, n_out, batch, fp8) + gemm_shape_time(device, dtype, n_in, n_out, tokens, batch, fp8)
+    bwd = gemm_shape_time(device, dtype, tokens, n_in, n_out, batch, fp8) + gemm_shape_time(
+        device, dtype, n_in, n_out, tokens, batch, fp8
+    )
     if fp8:
         fwd += memory_bound_time(device, batch * tokens * n_in * 2)  # FP8 copy + transposed copy
         bwd += memory_bound_time(device, batch * tokens * n_out * 2)
@@ -382,8 +404,12 @@ def rotary_scaled_by_stack(model: ModelSpec, k) -> bool:
     (ModelSpec.rope_attention_factor; Kernels.scaled_rotary): it rotates in eager operators.
     Not under MLA: Megatron-Core's YaRN embedding for it folds the factor into its cos and sin
     cache and its fused MLA RoPE kernels apply them (yarn_rotary_pos_embedding.py)."""
-    return (model.rope_attention_factor != 1.0 and not model.learned_position_embeddings and not model.mla
-            and k.scaled_rotary > 0)
+    return (
+        model.rope_attention_factor != 1.0
+        and not model.learned_position_embeddings
+        and not model.mla
+        and k.scaled_rotary > 0
+    )
 
 
 def separate_norms(model: ModelSpec, k, dense: bool = False) -> int:
@@ -398,8 +424,18 @@ def separate_norms(model: ModelSpec, k, dense: bool = False) -> int:
     return int(model.mla) + int(model.is_moe and not dense)
 
 
-def norm_act_recompute_time(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int,
-                            sequence_parallel: bool, k, ep: int = 1, dense: bool = False) -> float:
+def norm_act_recompute_time(
+    model: ModelSpec,
+    device: DeviceSpec,
+    dtype: DType,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    k,
+    ep: int = 1,
+    dense: bool = False,
+) -> float:
     """Seconds Plan.recompute_norm_act adds to one layer's backward per micro-batch: the forward
     of its separate norms (separate_norms: read and write this rank's rows) and, in a MoE layer,
     of the routed experts' activation (read the fc1 output, write the activation's: as
@@ -429,8 +465,17 @@ def moe_kernels(model: ModelSpec, k, local: int) -> int:
     return k.moe_dispatch + experts + local * (k.expert_extra + (k.expert_bias if model.linear_bias else 0))
 
 
-def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int, ep: int,
-                 kernels, fp8: bool = False) -> tuple:
+def expert_times(
+    model: ModelSpec,
+    device: DeviceSpec,
+    dtype: DType,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    ep: int,
+    kernels,
+    fp8: bool = False,
+) -> tuple:
     """(forward, backward, executed forward FLOPs) of one MoE layer's router and routed
     experts on one GPU: the router GEMM over its tokens, then E / ep experts as grouped GEMMs
     of (assignments / local experts) rows each, the activation, the token permutations
@@ -447,7 +492,9 @@ def expert_times(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch
     fc2 = linear_times(device, dtype, rows, f, h, local, fp8)
     act_bytes = (mlp_in + 1) * assigned * f * e + glu_clamp_bytes(model, kernels, assigned, f, e)
     permute_bytes = 2 * (2 * assigned * h * e)  # dispatch and combine: read + write each
-    t_mem = memory_bound_time(device, act_bytes + permute_bytes + 4 * tokens * model.num_experts)  # + fp32 router softmax
+    t_mem = memory_bound_time(
+        device, act_bytes + permute_bytes + 4 * tokens * model.num_experts
+    )  # + fp32 router softmax
     # a biased expert's output bias added outside its GEMM: as many passes backward as forward
     t_bias = memory_bound_time(device, kernels.expert_bias_passes * assigned * h * e) if model.linear_bias else 0.0
     gap = kernels_time(device, moe_kernels(model, kernels, local))
@@ -467,8 +514,17 @@ def attention_kernel(job) -> str:
     return job.attention_kernel or stacks.get(job.target).attention_kernel
 
 
-def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int, d: int, fused: bool,
-                    kernel: str = "flash2", dv: int | None = None) -> tuple[float, float]:
+def attention_times(
+    device: DeviceSpec,
+    dtype: DType,
+    b: int,
+    heads: int,
+    s: int,
+    d: int,
+    fused: bool,
+    kernel: str = "flash2",
+    dv: int | None = None,
+) -> tuple[float, float]:
     """(forward, backward) of the core attention (QK^T, softmax, AV) of `heads` heads of
     query/key width d and value width dv (d when None), the softmax excluded when unfused
     (memory-bound, costed with the other element-wise kernels).
@@ -486,7 +542,10 @@ def attention_times(device: DeviceSpec, dtype: DType, b: int, heads: int, s: int
             if device.matmul_efficiency is not None:  # on the measured curve (profiles)
                 fwd = gemm_time(device, dtype, flops)
             else:  # the shape model: the unfused path's two batched GEMMs, half of them (causal)
-                fwd = 0.5 * (gemm_shape_time(device, dtype, s, s, d, b * heads) + gemm_shape_time(device, dtype, s, dv, s, b * heads))
+                fwd = 0.5 * (
+                    gemm_shape_time(device, dtype, s, s, d, b * heads)
+                    + gemm_shape_time(device, dtype, s, dv, s, b * heads)
+                )
             return fwd, 2.0 * fwd
         peak = device.peak_tflops[dtype] * 1e12 * device.sustained_fraction
         return flops / (peak * att.forward), 2.5 * flops / (peak * att.backward)
@@ -516,7 +575,9 @@ def layer_kernels(model: ModelSpec, k, flash_attention: bool, mlp: bool = True) 
     norm = k.rmsnorm if model.norm == "rmsnorm" else k.layernorm
     gemms = len(attention_linears(model, fused_qkv=not k.separate_qkv))
     rest = model.norms_per_layer * norm + (2 * k.rmsnorm if model.qk_norm else 0)
-    rest += 0 if model.learned_position_embeddings else k.scaled_rotary if rotary_scaled_by_stack(model, k) else k.rotary
+    rest += (
+        0 if model.learned_position_embeddings else k.scaled_rotary if rotary_scaled_by_stack(model, k) else k.rotary
+    )
     if model.mla:  # the latents' norms; queries and keys concatenated from their rotary and other parts
         rest += (2 if model.q_lora_rank else 1) * norm + 2 * k.attention_out
     rest += 2 * (k.residual + (k.dropout if model.dropout else 0))
@@ -601,7 +662,9 @@ def layer_compute(
     act_bytes = (mlp_in + 1) * T * (f // tp) * e  # GELU: read+write; SwiGLU: read 2, write 1
     act_bytes += glu_clamp_bytes(model, kernels, T, f // tp, e)
     rope_passes = kernels.scaled_rotary_passes if rotary_scaled_by_stack(model, kernels) else 2  # fused: read, write
-    rope_bytes = 0.0 if model.learned_position_embeddings else rope_passes * T * (q + kv_cols // 2) * e  # queries and keys
+    rope_bytes = (
+        0.0 if model.learned_position_embeddings else rope_passes * T * (q + kv_cols // 2) * e
+    )  # queries and keys
     if model.mla:
         # the latents' norms; rotary on the queries' and the shared key's rope features, then
         # the queries and keys written whole from their parts (the shared key once per head)
@@ -611,7 +674,9 @@ def layer_compute(
     if not flash_attention:
         scores = b * heads * s * s
         softmax_bytes = 2 * scores * e + (2 * scores * e + scores if model.dropout else 0.0)
-    t_mem = memory_bound_time(device, norm_bytes + qk_norm_bytes + residual_bytes + dropout_bytes + act_bytes + rope_bytes)
+    t_mem = memory_bound_time(
+        device, norm_bytes + qk_norm_bytes + residual_bytes + dropout_bytes + act_bytes + rope_bytes
+    )
     t_softmax = memory_bound_time(device, softmax_bytes)
 
     # Kernels launched in forward, as the stack's code launches them; backward about twice.
@@ -626,7 +691,9 @@ def layer_compute(
         # linears), their rotary and concatenation (Megatron-Core's recompute_modules
         # mla_up_proj), keeping the latents instead of Q, K and V; and the core attention only
         # where it is unfused (a fused kernel keeps no scores: Megatron-Core's own advice).
-        up = sum(x[0] for x, (_, _, kind) in zip(lin, kinds) if kind == "column") + memory_bound_time(device, rope_bytes)
+        up = sum(x[0] for x, (_, _, kind) in zip(lin, kinds) if kind == "column") + memory_bound_time(
+            device, rope_bytes
+        )
         core = up + (0.0 if flash_attention else core)
     backward = sum(x[1] for x in lin) + attn_bwd + 2.0 * (t_mem + t_softmax) + 2.0 * (core_gap + other_gap)
     flops = sum(linear_flops) + attn_exec
@@ -649,7 +716,9 @@ def embedding_forward_time(model: ModelSpec, device: DeviceSpec, dtype: DType, m
     return memory_bound_time(device, nbytes)
 
 
-def head_forward_time(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int) -> float:
+def head_forward_time(
+    model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int, tp: int
+) -> float:
     """Final norm, LM-head GEMM and cross-entropy (softmax over V/tp logits in fp32); with logit
     soft-capping, c tanh(logits / c) as three elementwise kernels (divide, tanh, multiply: the
     Hugging Face Gemma2ForCausalLM), each reading and writing the 16-bit logits."""

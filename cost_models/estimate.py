@@ -48,9 +48,7 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
     pp, v, m, terms = pc.pp, pc.vpp, pc.num_micro_batches, pc.terms
     ranks, totals = terms.ranks(), rank_counts(counts, pp)
     exposed = [rk.exposure.values(n) for rk, n in zip(ranks, totals)]  # (per micro-batch, per step)
-    stage_totals = [
-        ranks[j % pp].stages[j // pp].total(c) + exposed[j % pp][0] / v for j, c in enumerate(counts)
-    ]
+    stage_totals = [ranks[j % pp].stages[j // pp].total(c) + exposed[j % pp][0] / v for j, c in enumerate(counts)]
     if pc.gpipe:
         forward = [ranks[j % pp].stages[j // pp].forward_pass(c) for j, c in enumerate(counts)]
         t_pipe = pipeline.gpipe_time(stage_totals, forward, m)
@@ -75,7 +73,7 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
         dp_communication_exposed=m * exposed[bn][0] + t_dp,
         optimizer=t_opt,
     )
-    stage_mem = [_rank_memory(rk, n, counts[rk.rank::pp]) for rk, n in zip(ranks, totals)]
+    stage_mem = [_rank_memory(rk, n, counts[rk.rank :: pp]) for rk, n in zip(ranks, totals)]
     peak = max(sm.total for sm in stage_mem)
 
     gpus = pc.dp * pc.tp * pp
@@ -128,6 +126,13 @@ def _rank_memory(rk, n, stage_counts) -> PipelineRankMemory:
     t = (mem.transient(stage_counts) + mem.fixed - mem.overhead) / GIB
     overhead = mem.overhead / GIB
     return PipelineRankMemory(
-        pipeline_rank=rk.rank, layers=sum(n), weights=w, gradients=g, optimizer_states=o,
-        activations=a, temporary=t, overhead=overhead, total=w + g + o + a + t + overhead,
+        pipeline_rank=rk.rank,
+        layers=sum(n),
+        weights=w,
+        gradients=g,
+        optimizer_states=o,
+        activations=a,
+        temporary=t,
+        overhead=overhead,
+        total=w + g + o + a + t + overhead,
     )

@@ -91,9 +91,15 @@ def golden(f: Callable[[float], float], lo: float, hi: float, tol: float) -> flo
     return (a + b) / 2
 
 
-def fit_constants(residuals: Residuals, sweeps: int = 3, prior: Optional[Prior] = None,
-                  free: Sequence[str] = NAMES, start: Optional[Sequence[float]] = None,
-                  constants: Sequence[Constant] = CONSTANTS, within: Optional[Sequence[float]] = None) -> tuple[float, ...]:
+def fit_constants(
+    residuals: Residuals,
+    sweeps: int = 3,
+    prior: Optional[Prior] = None,
+    free: Sequence[str] = NAMES,
+    start: Optional[Sequence[float]] = None,
+    constants: Sequence[Constant] = CONSTANTS,
+    within: Optional[Sequence[float]] = None,
+) -> tuple[float, ...]:
     """The constants (in `constants`' order) minimising `loss`; those not in `free` stay at
     their start (`start`, else the prior's centre, else each constant's own start). `within`:
     half-widths around the start to search in (a warm start near a known fit), else each
@@ -108,13 +114,21 @@ def fit_constants(residuals: Residuals, sweeps: int = 3, prior: Optional[Prior] 
                 t = list(theta)
                 t[i] = x
                 return loss(residuals, t, prior)
-            lo, hi = (c.lo, c.hi) if within is None else (max(c.lo, theta[i] - within[i]), min(c.hi, theta[i] + within[i]))
+
+            lo, hi = (
+                (c.lo, c.hi) if within is None else (max(c.lo, theta[i] - within[i]), min(c.hi, theta[i] + within[i]))
+            )
             theta[i] = golden(f, lo, hi, (c.hi - c.lo) / 200)
     return tuple(theta)
 
 
-def nelder_mead(f: Callable[[tuple], float], start: Sequence[float], constants: Sequence[Constant] = CONSTANTS,
-                step: float = 0.15, evaluations: int = 200) -> tuple[float, ...]:
+def nelder_mead(
+    f: Callable[[tuple], float],
+    start: Sequence[float],
+    constants: Sequence[Constant] = CONSTANTS,
+    step: float = 0.15,
+    evaluations: int = 200,
+) -> tuple[float, ...]:
     """A minimiser of f near `start` by the simplex method of Nelder and Mead ("A simplex method
     for function minimization", Computer Journal 1965; reflection 1, expansion 2, contraction
     and shrink 1/2), in coordinates scaled to each constant's range and clipped to it. Unlike
@@ -130,7 +144,9 @@ def nelder_mead(f: Callable[[tuple], float], start: Sequence[float], constants: 
         return [x + t * (y - x) for x, y in zip(a, b)]
 
     base = [(x - a) / w for x, a, w in zip(start, lo, span)]
-    simplex = [base] + [[x + (step if j == i else 0.0) * (-1 if x + step > 1 else 1) for j, x in enumerate(base)] for i in range(n)]
+    simplex = [base] + [
+        [x + (step if j == i else 0.0) * (-1 if x + step > 1 else 1) for j, x in enumerate(base)] for i in range(n)
+    ]
     values = [f(point(u)) for u in simplex]
     used = n + 1
     while used < evaluations:
@@ -163,16 +179,25 @@ def nelder_mead(f: Callable[[tuple], float], start: Sequence[float], constants: 
     return point(simplex[min(range(n + 1), key=values.__getitem__)])
 
 
-def with_constants(cluster: ClusterSpec, target: Target | str, theta: Sequence[float],
-                   provenance: Optional[str] = None, uncertainty=None, step_overhead_s: Optional[float] = None) -> ClusterSpec:
+def with_constants(
+    cluster: ClusterSpec,
+    target: Target | str,
+    theta: Sequence[float],
+    provenance: Optional[str] = None,
+    uncertainty=None,
+    step_overhead_s: Optional[float] = None,
+) -> ClusterSpec:
     """`cluster` with `theta` (in CONSTANTS' order) as the constants of stack `target`; its
     host time per step (StackConstants.step_overhead_s) `step_overhead_s`, else the entry's."""
     values = dict(zip(NAMES, theta))
     old = cluster.stack_constants.get(Target(target))
     step = step_overhead_s if step_overhead_s is not None else cluster.step_overhead_s(target)
-    entry = StackConstants(**values, step_overhead_s=step,
-                           uncertainty=uncertainty if uncertainty is not None else (old.uncertainty if old else None),
-                           provenance=provenance)
+    entry = StackConstants(
+        **values,
+        step_overhead_s=step,
+        uncertainty=uncertainty if uncertainty is not None else (old.uncertainty if old else None),
+        provenance=provenance,
+    )
     return cluster.model_copy(update={"stack_constants": {**cluster.stack_constants, Target(target): entry}})
 
 
@@ -182,8 +207,13 @@ def constants_of(cluster: ClusterSpec, target: Target | str) -> tuple[float, ...
     return (c.device.sustained_fraction, c.device.kernel_overhead_us, c.overlap_efficiency)
 
 
-def fit_memory_overhead(overhead_gib: float, capacity_gib: float, fitted: Iterable[tuple[float, float]],
-                        out_of_memory: Iterable[float], margin_gib: float = 0.0) -> float:
+def fit_memory_overhead(
+    overhead_gib: float,
+    capacity_gib: float,
+    fitted: Iterable[tuple[float, float]],
+    out_of_memory: Iterable[float],
+    margin_gib: float = 0.0,
+) -> float:
     """The per-device memory the model does not see (DeviceSpec.framework_overhead_gib) that
     agrees with what trials showed, never below `overhead_gib` (the prior's). `fitted`:
     (predicted peak, measured peak) of trials that ran, GiB; `out_of_memory`: the predicted

@@ -81,7 +81,9 @@ def state_bytes_per_param(precision: DType, optimizer: Optimizer) -> tuple[int, 
 STATE_RECIPES = ("zero", "megatron", "megatron_bf16_grads", "deepspeed", "fsdp2", "accelerate")
 
 
-def state_parts(recipe: str, zero_stage: int, precision: DType, optimizer: Optimizer) -> tuple[tuple[float, float], ...]:
+def state_parts(
+    recipe: str, zero_stage: int, precision: DType, optimizer: Optimizer
+) -> tuple[tuple[float, float], ...]:
     """((kept, split) bytes per parameter) for weights, gradients and optimizer states, as
     `recipe` holds them at `zero_stage` (the comment above says where each number comes from)."""
     half = precision != DType.fp32
@@ -146,12 +148,18 @@ def live_layer_bytes_per_param(recipe: str, zero_stage: int, precision: DType) -
         return 2.0 * h if zero_stage >= 3 else 0.0
     if recipe == "fsdp2" or (recipe == "accelerate" and zero_stage >= 2):
         return (0.0 if zero_stage == 2 else 2.0 * h) + h + 4.0
-    if recipe in ("zero", "megatron", "megatron_bf16_grads"):  # Megatron-FSDP gathers a layer ahead as the executor does
+    if recipe in (
+        "zero",
+        "megatron",
+        "megatron_bf16_grads",
+    ):  # Megatron-FSDP gathers a layer ahead as the executor does
         return 2.0 * h if zero_stage >= 3 else 0.0
     return 0.0
 
 
-def bucket_bytes(recipe: str, zero_stage: int, precision: DType, bucket_elements: float, reduce_bucket_elements: float) -> float:
+def bucket_bytes(
+    recipe: str, zero_stage: int, precision: DType, bucket_elements: float, reduce_bucket_elements: float
+) -> float:
     """Communication buffers of a stack's gradient reduction, bytes per GPU. DeepSpeed's ZeRO-1/2
     with overlap_comm: 4.5 x (reduce_bucket_size + allgather_bucket_size) elements, its own
     rule (docs/_pages/config-json.md: "overlap_comm=True uses 4.5x the allgather_bucket_size and
@@ -240,8 +248,17 @@ def layer_activation_bytes(
     return total
 
 
-def norm_act_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, sequence_parallel: bool, kernels,
-                   dtype: DType = DType.bf16, dense: bool = False, fp8: bool = False) -> float:
+def norm_act_bytes(
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    kernels,
+    dtype: DType = DType.bf16,
+    dense: bool = False,
+    fp8: bool = False,
+) -> float:
     """Bytes of layer_activation_bytes one layer (not fully recomputed) no longer keeps per
     micro-batch under Plan.recompute_norm_act: the output of each separate norm
     (compute.separate_norms, as the linear layer after it keeps it: this rank's rows, FP8 under
@@ -257,7 +274,9 @@ def norm_act_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, se
     return out
 
 
-def attention_score_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, flash_attention: bool, e: int = 2) -> float:
+def attention_score_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, flash_attention: bool, e: int = 2
+) -> float:
     """What core attention keeps beyond Q, K, V: softmax output (2 a s^2 b), dropout mask
     (a s^2 b) and dropout output (2 a s^2 b), i.e. 5 a s^2 b / t; a fused kernel keeps only the
     fp32 log-sum-exp per row."""
@@ -268,7 +287,9 @@ def attention_score_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: 
     return e * scores + ((1 + e) * scores if model.dropout else 0)
 
 
-def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, sequence_parallel: bool) -> float:
+def embedding_activation_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, sequence_parallel: bool
+) -> float:
     """First stage: the embedding's dropout mask (Korthikanti: s b h p / t with SP)."""
     if not model.dropout:
         return 0.0
@@ -296,7 +317,12 @@ def loss_bytes_per_logit(kernel: LossKernel, e: int) -> tuple[float, float]:
 
 
 def head_activation_bytes(
-    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, sequence_parallel: bool, dtype: DType = DType.bf16,
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype: DType = DType.bf16,
     loss: LossKernel = LossKernel.eager,
 ) -> float:
     """Last stage: final-norm input and LM-head input (2 x e s b h) and what the loss keeps
@@ -310,7 +336,12 @@ def head_activation_bytes(
 
 
 def logits_temporary_bytes(
-    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, dtype: DType = DType.bf16, loss: LossKernel = LossKernel.eager
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    dtype: DType = DType.bf16,
+    loss: LossKernel = LossKernel.eager,
 ) -> float:
     """Transient buffers of the loss on the last stage at the start of backward."""
     _, transient = loss_bytes_per_logit(loss, DTYPE_BYTES[dtype])

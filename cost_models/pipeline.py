@@ -33,7 +33,9 @@ by that much (Llama 3.1 405B's 126 layers over 32 chunks: 4 layers each, 2 of th
 from __future__ import annotations
 
 
-def pipeline_time(stage_times: list[float], pp: int, num_micro_batches: int, vpp: int = 1, padded: bool = False) -> float:
+def pipeline_time(
+    stage_times: list[float], pp: int, num_micro_batches: int, vpp: int = 1, padded: bool = False
+) -> float:
     """Time for `num_micro_batches` micro-batches through the pipeline.
 
     stage_times: forward+backward time of one micro-batch in each virtual stage (pp x vpp,

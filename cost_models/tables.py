@@ -127,7 +127,9 @@ class EdgeCosts:
                     expert = self.head_expert_params
                     acts += self.head_activation_bytes
                     temp = self.logits_temporary_bytes
-                out[(first, last)] = StageExtras(comp, fwd, self.p2p * ((not last) + (not first)), params, acts, temp, expert)
+                out[(first, last)] = StageExtras(
+                    comp, fwd, self.p2p * ((not last) + (not first)), params, acts, temp, expert
+                )
         return out
 
 
@@ -169,7 +171,9 @@ def spine_factor(cluster: ClusterSpec, link: GroupLink) -> float:
     return max(1.0, spine.oversubscription * (n - per_leaf) / (n - 1))
 
 
-def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k: int = 1, deepep: bool = False) -> float:
+def all_to_all_time(
+    link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k: int = 1, deepep: bool = False
+) -> float:
     """One all-to-all of `nbytes` per rank over `link`: each rank sends (n-1)/n of its buffer,
     a different piece to every other rank (the presets carry no all-to-all fit; NCCL runs it
     as n-1 concurrent point-to-point exchanges). Inside a node the all-gather fit of NVLink
@@ -199,7 +203,9 @@ def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k:
     if n <= 1:
         return 0.0
     # NCCL's all-to-all inside a node: measured, else the all-gather fit
-    node = Collective.all_to_all if not deepep and cluster.intra_node.has(Collective.all_to_all) else Collective.all_gather
+    node = (
+        Collective.all_to_all if not deepep and cluster.intra_node.has(Collective.all_to_all) else Collective.all_gather
+    )
     if not link.inter_node:
         if deepep:  # one copy per destination rank (priced as the all-gather fit's (n - 1)/n of a buffer)
             return link.time(Collective.all_gather, nbytes / top_k * n * (1 - (1 - 1 / n) ** top_k))
@@ -217,24 +223,53 @@ def all_to_all_time(link: GroupLink, nbytes: float, cluster: ClusterSpec, top_k:
 
 
 def layer_costs(
-    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, tp_link: GroupLink,
-    tp_overlap: bool = False, ep: int = 1, ep_link: GroupLink | None = None, dense: bool = False, fp8: bool = False,
-    cp: int = 1, cp_link: GroupLink | None = None, norm_act: bool = False,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    micro_batch: int,
+    tp: int,
+    sp: bool,
+    tp_link: GroupLink,
+    tp_overlap: bool = False,
+    ep: int = 1,
+    ep_link: GroupLink | None = None,
+    dense: bool = False,
+    fp8: bool = False,
+    cp: int = 1,
+    cp_link: GroupLink | None = None,
+    norm_act: bool = False,
 ) -> LayerCosts:
     """One layer of the model (`dense`: one of a MoE model's first dense layers; `fp8`: its
     GEMMs in FP8; `cp`: context parallelism, with `job.seq_len` a rank's s / cp tokens;
     `norm_act`: Plan.recompute_norm_act, in the modes that keep activations)."""
     dtype, b, s = job.precision, micro_batch, job.seq_len
     moe = model.is_moe and not dense
-    lc = compute.layer_compute(model, cluster.device, dtype, b, s, tp, sp, job.flash_attention, job.target, ep, dense, fp8, cp,
-                               compute.attention_kernel(job))
+    lc = compute.layer_compute(
+        model,
+        cluster.device,
+        dtype,
+        b,
+        s,
+        tp,
+        sp,
+        job.flash_attention,
+        job.target,
+        ep,
+        dense,
+        fp8,
+        cp,
+        compute.attention_kernel(job),
+    )
     measured = measured_layer(cluster, model, job, "block", b, tp)
     if measured is not None:
         # A measured profile of this model: its times replace the analytic ones; the core
         # attention keeps its analytic share of the forward (what selective recompute reruns).
         share = lc.attention_core_forward / lc.forward if lc.forward else 0.0
         lc = compute.LayerCompute(
-            forward=measured[0], backward=measured[1], attention_core_forward=share * measured[0], flops_forward=lc.flops_forward,
+            forward=measured[0],
+            backward=measured[1],
+            attention_core_forward=share * measured[0],
+            flops_forward=lc.flops_forward,
         )
     # Four all-reduces of b s h per layer per micro-batch, two forward and two backward
     # (Narayanan et al. 2021, sec. 3.2); with sequence parallelism each becomes an
@@ -245,14 +280,23 @@ def layer_costs(
     width = compute.attention_input_width(model, job.target)
     attn_in = buf * width / model.hidden_size
     if width == model.hidden_size:
-        one = tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, buf) if sp else \
-            tp_link.time(Collective.all_reduce, buf)
+        one = (
+            tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, buf)
+            if sp
+            else tp_link.time(Collective.all_reduce, buf)
+        )
         tp_fwd = tp_bwd = 2 * one
     elif sp:  # backward: each forward gather's reduce-scatter and each reduce-scatter's gather
-        tp_fwd = (tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.all_gather, attn_in)
-                  + 2 * tp_link.time(Collective.reduce_scatter, buf))
-        tp_bwd = (2 * tp_link.time(Collective.all_gather, buf) + tp_link.time(Collective.reduce_scatter, attn_in)
-                  + tp_link.time(Collective.reduce_scatter, buf))
+        tp_fwd = (
+            tp_link.time(Collective.all_gather, buf)
+            + tp_link.time(Collective.all_gather, attn_in)
+            + 2 * tp_link.time(Collective.reduce_scatter, buf)
+        )
+        tp_bwd = (
+            2 * tp_link.time(Collective.all_gather, buf)
+            + tp_link.time(Collective.reduce_scatter, attn_in)
+            + tp_link.time(Collective.reduce_scatter, buf)
+        )
     else:  # forward: after the row-parallel projections; backward: the column-parallel inputs' gradients
         tp_fwd = 2 * tp_link.time(Collective.all_reduce, buf)
         tp_bwd = tp_link.time(Collective.all_reduce, buf) + tp_link.time(Collective.all_reduce, attn_in)
@@ -268,16 +312,30 @@ def layer_costs(
     # overlapped: Megatron-Core overlaps them only with its optional shared-expert overlap).
     ep_fwd = ep_bwd = 0.0
     if moe and ep > 1 and ep_link is not None:
-        one = all_to_all_time(ep_link, DTYPE_BYTES[dtype] * compute.routed_tokens(model, b, s, tp) * model.hidden_size, cluster,
-                              model.experts_per_token, job.moe_dispatcher == "deepep")
+        one = all_to_all_time(
+            ep_link,
+            DTYPE_BYTES[dtype] * compute.routed_tokens(model, b, s, tp) * model.hidden_size,
+            cluster,
+            model.experts_per_token,
+            job.moe_dispatcher == "deepep",
+        )
         ep_fwd = ep_bwd = 2 * one
         tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
     if cp > 1 and cp_link is not None:
         # Ring attention: cp - 1 steps, each passing a rank's K and V chunk (its KV heads: GQA
         # shrinks it) to the next rank while the current block is computed; backward passes K,
         # V and their gradients. What the attention of the steps does not hide is exposed.
-        attn_f, attn_b = compute.attention_times(cluster.device, dtype, b, model.num_heads // tp, s, model.qk_head_dim,
-                                                 job.flash_attention, compute.attention_kernel(job), model.v_dim)
+        attn_f, attn_b = compute.attention_times(
+            cluster.device,
+            dtype,
+            b,
+            model.num_heads // tp,
+            s,
+            model.qk_head_dim,
+            job.flash_attention,
+            compute.attention_kernel(job),
+            model.v_dim,
+        )
         kv = DTYPE_BYTES[dtype] * b * s * (model.qk_head_dim + model.v_dim) * compute.kv_shard(model, tp)
         step = cp_link.time(Collective.p2p, kv)
         eta = cluster.overlap_efficiency
@@ -290,7 +348,9 @@ def layer_costs(
     # parallel; the gathered rotary key is kept)
     latents = buf * compute.latent_norm_width(model) / model.hidden_size
     mla_regather = tp_link.time(Collective.all_gather, latents) if width != model.hidden_size and sp else 0.0
-    acts = tuple(memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense, fp8) for r in MODES)
+    acts = tuple(
+        memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense, fp8) for r in MODES
+    )
     if measured is not None and not sp:
         # measured bytes saved with nothing recomputed; selective frees the analytic core
         # attention share of them; full recompute keeps the layer input only (exact).
@@ -318,9 +378,20 @@ def layer_costs(
 
 
 def edge_costs(
-    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, micro_batch: int, tp: int, sp: bool, pp: int,
-    tp_link: GroupLink, pp_link: GroupLink, ep: int = 1, ep_link: GroupLink | None = None, layer: LayerCosts | None = None,
-    fp8: bool = False, norm_act: bool = False,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    micro_batch: int,
+    tp: int,
+    sp: bool,
+    pp: int,
+    tp_link: GroupLink,
+    pp_link: GroupLink,
+    ep: int = 1,
+    ep_link: GroupLink | None = None,
+    layer: LayerCosts | None = None,
+    fp8: bool = False,
+    norm_act: bool = False,
 ) -> EdgeCosts:
     """The first stage's embedding, the last stage's head and loss, the pipeline sends; a MoE
     model's first dense layers (first_dense_layers, which the first stage must hold: Plan's
@@ -365,22 +436,57 @@ def edge_costs(
         # kept whole for backward (whatever the stage's recompute; under Plan.recompute_norm_act
         # its norm and activation outputs rerun, as the layer's config says), a final norm, and
         # the LM head and loss again.
-        k, L = model.mtp_layers, layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link,
-                                                         dense=not model.is_moe, fp8=fp8, norm_act=norm_act)
+        k, L = (
+            model.mtp_layers,
+            layer
+            or layer_costs(
+                model,
+                cluster,
+                job,
+                b,
+                tp,
+                sp,
+                tp_link,
+                False,
+                ep,
+                ep_link,
+                dense=not model.is_moe,
+                fp8=fp8,
+                norm_act=norm_act,
+            ),
+        )
         e, rows = DTYPE_BYTES[dtype], b * s / (tp if sp else 1)
         proj = compute.linear_times(dev, dtype, b * s, 2 * model.hidden_size, model.hidden_size // tp, fp8=fp8)
         norms = compute.memory_bound_time(dev, 3 * 2 * rows * model.hidden_size * e)
         if sp:
-            comm = (tp_link.time(Collective.all_gather, 2 * buf) + tp_link.time(Collective.all_gather, buf),
-                    tp_link.time(Collective.reduce_scatter, 2 * buf))
+            comm = (
+                tp_link.time(Collective.all_gather, 2 * buf) + tp_link.time(Collective.all_gather, buf),
+                tp_link.time(Collective.reduce_scatter, 2 * buf),
+            )
         else:
             comm = (tp_link.time(Collective.all_gather, buf), tp_link.time(Collective.all_reduce, 2 * buf))
         table = compute.vocab_shard(model, tp) * model.hidden_size if pp > 1 and not model.tied_embeddings else 0
-        mtp = (k * (emb + emb_tp + norms + proj[0] + comm[0] + L.forward + L.tp_forward + head + loss_tp),
-               k * (emb_bwd + 2 * norms + proj[1] + comm[1] + L.backward + L.tp_backward + L.recompute[0] + head_bwd + head_tp),
-               k * (compute.mtp_params(model, tp) + L.params) + table,
-               k * (L.activation_bytes[0] + e * rows * 3 * model.hidden_size + e * b * s * 2 * model.hidden_size + head_acts),
-               k * L.expert_params)
+        mtp = (
+            k * (emb + emb_tp + norms + proj[0] + comm[0] + L.forward + L.tp_forward + head + loss_tp),
+            k
+            * (
+                emb_bwd
+                + 2 * norms
+                + proj[1]
+                + comm[1]
+                + L.backward
+                + L.tp_backward
+                + L.recompute[0]
+                + head_bwd
+                + head_tp
+            ),
+            k * (compute.mtp_params(model, tp) + L.params) + table,
+            k
+            * (
+                L.activation_bytes[0] + e * rows * 3 * model.hidden_size + e * b * s * 2 * model.hidden_size + head_acts
+            ),
+            k * L.expert_params,
+        )
     return EdgeCosts(
         embedding_forward=emb + emb_tp + extra[0],
         embedding_backward=emb_bwd + extra[1],
@@ -403,11 +509,14 @@ def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, lay
     if not model.is_moe or not k:
         return (0.0, 0.0, 0, 0.0)
     moe = layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, fp8=fp8, norm_act=norm_act)
-    dense = layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, dense=True, fp8=fp8, norm_act=norm_act)
+    dense = layer_costs(
+        model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, dense=True, fp8=fp8, norm_act=norm_act
+    )
     return (
         k * (dense.forward + dense.tp_forward - moe.forward - moe.tp_forward),
         # (and, under Plan.recompute_norm_act, the dense layer's rerun in place of the MoE layer's)
-        k * (dense.backward + dense.tp_backward + dense.recompute[0] - moe.backward - moe.tp_backward - moe.recompute[0]),
+        k
+        * (dense.backward + dense.tp_backward + dense.recompute[0] - moe.backward - moe.tp_backward - moe.recompute[0]),
         k * (dense.params - moe.params),
         # the stage's recompute mode is not known here: the largest difference over the modes
         # (never lets a dense layer that keeps less than a MoE layer lower the estimate)
@@ -479,7 +588,9 @@ class PipelineCosts:
     gpipe: bool = False  # all forwards, then all backwards (cost_models/pipeline.py:gpipe_time)
     expert_state_bytes_per_param: tuple = ()  # (weights, gradients, optimizer) of routed experts after ZeRO over expert-DP
     first_stage_min_layers: int = 1  # a MoE model's first dense layers live on the first stage
-    zero3_reduce_calls_per_layer: float = 1.0  # reduce-scatter calls per layer per micro-batch (ZeRO-3; terms.dp_exposure)
+    zero3_reduce_calls_per_layer: float = (
+        1.0  # reduce-scatter calls per layer per micro-batch (ZeRO-3; terms.dp_exposure)
+    )
     step_overhead_s: float = 0.0  # the stack's host time per optimizer step (StackConstants.step_overhead_s)
     # ZeRO 0-1 gradient reduction as the stack runs it (Stack.gradient_reduce; terms.dp_exposure)
     gradient_reduce_hidden: bool = True
@@ -505,23 +616,64 @@ class PipelineCosts:
 
 
 def pipeline_costs(
-    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, links: dict | None = None,
-    layer: LayerCosts | None = None, edge: EdgeCosts | None = None,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    plan: Plan,
+    links: dict | None = None,
+    layer: LayerCosts | None = None,
+    edge: EdgeCosts | None = None,
 ) -> PipelineCosts:
     """Cost tables of `plan`'s layout; `links`, `layer`, `edge` may come from a cache. The
     cluster is read as job.target's software runs on it (ClusterSpec.for_target)."""
     return layout_costs(
-        model, cluster.for_target(job.target), job, plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches,
-        plan.schedule, plan.zero_stage, plan.sequence_parallel, plan.mesh_order, links, layer, edge,
-        tp_overlap=plan.tp_comm_overlap, ep=plan.ep, fp8=plan.fp8, cp=plan.cp, norm_act=plan.recompute_norm_act,
+        model,
+        cluster.for_target(job.target),
+        job,
+        plan.dp,
+        plan.tp,
+        plan.pp,
+        plan.vpp,
+        plan.micro_batch_size,
+        plan.num_micro_batches,
+        plan.schedule,
+        plan.zero_stage,
+        plan.sequence_parallel,
+        plan.mesh_order,
+        links,
+        layer,
+        edge,
+        tp_overlap=plan.tp_comm_overlap,
+        ep=plan.ep,
+        fp8=plan.fp8,
+        cp=plan.cp,
+        norm_act=plan.recompute_norm_act,
     )
 
 
 def layout_costs(
-    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, dp: int, tp: int, pp: int, vpp: int, micro_batch: int,
-    num_micro_batches: int, schedule: Schedule, zero: int, sp: bool, mesh_order, links: dict | None = None,
-    layer: LayerCosts | None = None, edge: EdgeCosts | None = None, model_flops: float | None = None,
-    tp_overlap: bool = False, ep: int = 1, fp8: bool = False, cp: int = 1, norm_act: bool = False,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    dp: int,
+    tp: int,
+    pp: int,
+    vpp: int,
+    micro_batch: int,
+    num_micro_batches: int,
+    schedule: Schedule,
+    zero: int,
+    sp: bool,
+    mesh_order,
+    links: dict | None = None,
+    layer: LayerCosts | None = None,
+    edge: EdgeCosts | None = None,
+    model_flops: float | None = None,
+    tp_overlap: bool = False,
+    ep: int = 1,
+    fp8: bool = False,
+    cp: int = 1,
+    norm_act: bool = False,
 ) -> PipelineCosts:
     """Cost tables of one layout; `links`, `layer`, `edge` and `model_flops` (per step) may
     come from a cache.
@@ -535,12 +687,42 @@ def layout_costs(
     links = links or mesh_links(cluster, dpw, tp, pp, mesh_order)
     ep_link = ep_link_of(cluster, dpw, tp, pp, ep, mesh_order) if ep > 1 else None
     if fp8 and cluster.device.fp8_peak_tflops is None:
-        raise PlanError(f"{cluster.device.name} has no FP8 tensor cores; drop fp8 (or plan on a cluster with FP8: {FP8_PARTS})")
+        raise PlanError(
+            f"{cluster.device.name} has no FP8 tensor cores; drop fp8 (or plan on a cluster with FP8: {FP8_PARTS})"
+        )
     per_rank = rank_job(job, cp)
-    layer = layer or layer_costs(model, cluster, per_rank, micro_batch, tp, sp, links[Axis.tp], tp_overlap, ep, ep_link, fp8=fp8,
-                                 cp=cp, cp_link=cp_link_of(cluster, dpw, tp, pp, cp, mesh_order), norm_act=norm_act)
-    edge = edge or edge_costs(model, cluster, per_rank, micro_batch, tp, sp, pp, links[Axis.tp], links[Axis.pp], ep, ep_link, layer, fp8,
-                              norm_act)
+    layer = layer or layer_costs(
+        model,
+        cluster,
+        per_rank,
+        micro_batch,
+        tp,
+        sp,
+        links[Axis.tp],
+        tp_overlap,
+        ep,
+        ep_link,
+        fp8=fp8,
+        cp=cp,
+        cp_link=cp_link_of(cluster, dpw, tp, pp, cp, mesh_order),
+        norm_act=norm_act,
+    )
+    edge = edge or edge_costs(
+        model,
+        cluster,
+        per_rank,
+        micro_batch,
+        tp,
+        sp,
+        pp,
+        links[Axis.tp],
+        links[Axis.pp],
+        ep,
+        ep_link,
+        layer,
+        fp8,
+        norm_act,
+    )
     e = DTYPE_BYTES[job.precision]
     stack = stacks.get(job.target)
     recipe = stack.model_states  # how the target stack holds the states (cost_models/memory.py:STATE_RECIPES)
@@ -560,11 +742,19 @@ def layout_costs(
     # one layer's parameters materialised beside the shards (gathered, prefetched, their gradients
     # before the reduce-scatter) and the stack's reduction buckets (memory.live_layer_bytes_per_param,
     # memory.bucket_bytes)
-    live = memory.live_layer_bytes_per_param(recipe, zero, job.precision) if (dpw > 1 or recipe in ("fsdp2", "accelerate")) else 0.0
+    live = (
+        memory.live_layer_bytes_per_param(recipe, zero, job.precision)
+        if (dpw > 1 or recipe in ("fsdp2", "accelerate"))
+        else 0.0
+    )
     # the largest unit a sharding stack gathers: a layer, or the embedding / LM head table (DeepSpeed's
     # estimator takes its largest module; FSDP2 wraps the embedding and the head as units of their own)
     unit = max(layer.params, edge.embedding_params, edge.head_params)
-    buckets = memory.bucket_bytes(recipe, zero, job.precision, GRADIENT_BUCKET_BYTES / e, DEEPSPEED_REDUCE_BUCKET_ELEMENTS) if dpw > 1 else 0.0
+    buckets = (
+        memory.bucket_bytes(recipe, zero, job.precision, GRADIENT_BUCKET_BYTES / e, DEEPSPEED_REDUCE_BUCKET_ELEMENTS)
+        if dpw > 1
+        else 0.0
+    )
     return PipelineCosts(
         pp=pp,
         vpp=vpp,
@@ -587,9 +777,14 @@ def layout_costs(
         step_overhead_s=cluster.step_overhead_s(job.target),
         gradient_reduce_hidden=reduce_hidden,
         gradient_reduce=reduce,
-        comm_buffer_bytes=(memory.tp_overlap_buffer_bytes(model, micro_batch, per_rank.seq_len, e) if tp_overlap else 0.0) + buckets,
+        comm_buffer_bytes=(
+            memory.tp_overlap_buffer_bytes(model, micro_batch, per_rank.seq_len, e) if tp_overlap else 0.0
+        )
+        + buckets,
         tokens_per_step=batch * job.seq_len,
-        model_flops_per_step=model_flops if model_flops is not None else compute.model_flops_per_step(model, batch, job.seq_len),
+        model_flops_per_step=model_flops
+        if model_flops is not None
+        else compute.model_flops_per_step(model, batch, job.seq_len),
         memory_capacity_gib=cluster.device.memory_gib,
         peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
         uncertainty=cluster.uncertainty,
@@ -616,5 +811,3 @@ def zero3_reduce_calls(job: JobSpec, layer_params: float) -> float:
 def _in_flight_table(schedule: Schedule, pp: int, num_micro_batches: int, vpp: int) -> tuple:
     """Per rank: micro-batches per model chunk held at the peak."""
     return tuple(memory.in_flight_micro_batches(schedule, pp, num_micro_batches, r, vpp) / vpp for r in range(pp))
-
-

@@ -212,9 +212,17 @@ class DataParallel:
 
     @staticmethod
     def of(pc: "PipelineCosts") -> "DataParallel":
-        return _data_parallel(pc.dp_link if pc.dp > 1 else None, pc.dp, pc.zero_stage, pc.overlap, pc.comm_bytes_per_param,
-                              pc.layer.params * pc.comm_bytes_per_param, pc.zero3_reduce_calls_per_layer,
-                              pc.gradient_reduce_hidden, pc.gradient_reduce)
+        return _data_parallel(
+            pc.dp_link if pc.dp > 1 else None,
+            pc.dp,
+            pc.zero_stage,
+            pc.overlap,
+            pc.comm_bytes_per_param,
+            pc.layer.params * pc.comm_bytes_per_param,
+            pc.zero3_reduce_calls_per_layer,
+            pc.gradient_reduce_hidden,
+            pc.gradient_reduce,
+        )
 
     def collective(self, c: Collective, nbytes: Linear) -> Linear:
         """One call moving `nbytes` (a bucketed stream pays the latency once)."""
@@ -232,12 +240,26 @@ class DataParallel:
 
 
 @lru_cache(maxsize=1 << 14)
-def _data_parallel(link, size: int, zero_stage: int, efficiency: float, bytes_per_param: int, layer_bytes: float,
-                   reduce_calls: float = 1.0, reduce_hidden: bool = True,
-                   reduce: Collective = Collective.reduce_scatter) -> DataParallel:
+def _data_parallel(
+    link,
+    size: int,
+    zero_stage: int,
+    efficiency: float,
+    bytes_per_param: int,
+    layer_bytes: float,
+    reduce_calls: float = 1.0,
+    reduce_hidden: bool = True,
+    reduce: Collective = Collective.reduce_scatter,
+) -> DataParallel:
     """One DataParallel per setting (links are shared between layouts of one search)."""
-    costs = tuple(link.coefficients(c) for c in _DP_COLLECTIVES) if link is not None else ((0.0, 0.0),) * len(_DP_COLLECTIVES)
-    return DataParallel(size, zero_stage, efficiency, bytes_per_param, layer_bytes, costs, reduce_calls, reduce_hidden, reduce)
+    costs = (
+        tuple(link.coefficients(c) for c in _DP_COLLECTIVES)
+        if link is not None
+        else ((0.0, 0.0),) * len(_DP_COLLECTIVES)
+    )
+    return DataParallel(
+        size, zero_stage, efficiency, bytes_per_param, layer_bytes, costs, reduce_calls, reduce_hidden, reduce
+    )
 
 
 def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear) -> Exposure:
@@ -400,14 +422,22 @@ class LayoutTerms:
         w, g, o = (params.scaled(k) for k in pc.state_bytes_per_param)
         if pc.layer.expert_params:  # routed experts: ZeRO over the expert-DP group, not dp
             extra = sum(x.expert_params for x in xs)  # the stages' own (multi-token prediction's layers)
-            w, g, o = (x + Linear(extra * (ke - k), (pc.layer.expert_params * (ke - k),) * 3)
-                       for x, k, ke in zip((w, g, o), pc.state_bytes_per_param, pc.expert_state_bytes_per_param))
+            w, g, o = (
+                x + Linear(extra * (ke - k), (pc.layer.expert_params * (ke - k),) * 3)
+                for x, k, ke in zip((w, g, o), pc.state_bytes_per_param, pc.expert_state_bytes_per_param)
+            )
         f = pc.in_flight[r]
         acts = Linear(f * sum(x.activation_bytes for x in xs), tuple(f * a for a in pc.layer.activation_bytes))
         fixed = self.fixed_bytes
         return RankMemory(
-            weights=w, gradients=g, optimizer=o, activations=acts, fixed=fixed, overhead=pc.overhead_bytes,
-            temporary=tuple(x.temporary_bytes for x in xs), full_recompute_buffer=pc.layer.activation_bytes[0],
+            weights=w,
+            gradients=g,
+            optimizer=o,
+            activations=acts,
+            fixed=fixed,
+            overhead=pc.overhead_bytes,
+            temporary=tuple(x.temporary_bytes for x in xs),
+            full_recompute_buffer=pc.layer.activation_bytes[0],
             linear=(w + g + o + acts).plus(fixed),
         )
 
@@ -425,16 +455,33 @@ class LayoutTerms:
         time = Linear(sum(x.constant for x in xs), self.stage_time_slope())
         forward = Linear.per_layer(sum(x.forward for x in xs), self.layer_forward)
         params = self.rank_params(r, xs)
-        return RankTerms(self, r, time, forward, params, self.exposure(params, forward, time), self.optimizer_time(params),
-                         self.rank_memory(r, xs, params))
+        return RankTerms(
+            self,
+            r,
+            time,
+            forward,
+            params,
+            self.exposure(params, forward, time),
+            self.optimizer_time(params),
+            self.rank_memory(r, xs, params),
+        )
 
 
 class RankTerms:
     """Every cost expression of one pipeline rank (counts: the rank's summed counts, except
     `stages`, which take each stage's own)."""
 
-    def __init__(self, layout: LayoutTerms, rank: int, time: Linear, forward: Linear, params: Linear,
-                 exposure: Exposure, optimizer: Linear, memory: RankMemory):
+    def __init__(
+        self,
+        layout: LayoutTerms,
+        rank: int,
+        time: Linear,
+        forward: Linear,
+        params: Linear,
+        exposure: Exposure,
+        optimizer: Linear,
+        memory: RankMemory,
+    ):
         self._layout = layout
         self.rank = rank
         self.time = time  # one micro-batch through all its stages (the sum of the stage totals)

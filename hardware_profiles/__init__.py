@@ -26,8 +26,9 @@ _HALF_WIDTHS = ("relative", "compute", "communication")
 
 def widened(uncertainty: dict, factor: float = UNCALIBRATED_WIDENING) -> dict:
     """An Uncertainty (as its JSON dict) with each half-width r turned into (1 + r)^factor - 1."""
-    return {k: round((1 + v) ** factor - 1, 4) if k in _HALF_WIDTHS and v is not None else v
-            for k, v in uncertainty.items()}
+    return {
+        k: round((1 + v) ** factor - 1, 4) if k in _HALF_WIDTHS and v is not None else v for k, v in uncertainty.items()
+    }
 
 
 def uncalibrated_entry(entry: dict, device_name: str) -> dict:
@@ -36,9 +37,11 @@ def uncalibrated_entry(entry: dict, device_name: str) -> dict:
     out = dict(entry)
     if entry.get("uncertainty") is not None:
         out["uncertainty"] = widened(entry["uncertainty"])
-    out["provenance"] = (f"uncalibrated on {device_name}: the constants fitted for any device (\"*\") on A100/H100 runs, "
-                         f"taken as they are; interval widened (log half-width x{UNCALIBRATED_WIDENING:g}). "
-                         f"Fitted: {entry.get('provenance') or 'unknown'}")
+    out["provenance"] = (
+        f'uncalibrated on {device_name}: the constants fitted for any device ("*") on A100/H100 runs, '
+        f"taken as they are; interval widened (log half-width x{UNCALIBRATED_WIDENING:g}). "
+        f"Fitted: {entry.get('provenance') or 'unknown'}"
+    )
     return out
 
 

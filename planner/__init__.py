@@ -17,7 +17,17 @@ if in_a_worker():  # a worker of `plan run` / `plan profile`: die with the launc
 from planner.errors import InfeasibleError, PlannerError, UsageError  # noqa: E402
 
 __version__ = "0.1.0"
-_API = ("WhatIf", "estimate", "export_plan", "load_cluster", "load_model", "read_plan", "solve", "what_if", "write_plan")
+_API = (
+    "WhatIf",
+    "estimate",
+    "export_plan",
+    "load_cluster",
+    "load_model",
+    "read_plan",
+    "solve",
+    "what_if",
+    "write_plan",
+)
 __all__ = ["SCHEMA_VERSION", "InfeasibleError", "PlannerError", "UsageError", "__version__", *_API]
 del die_with_parent, in_a_worker
 _interrupt.release()

@@ -90,8 +90,11 @@ def die_with_parent() -> None:
         return
     if found is not None and os.getppid() != found[0]:  # its launcher is not its parent any more: gone
         try:  # a worker's stderr is its log file; anywhere else this is the one line a command ends with
-            os.write(2, f"error: the plan launcher that started this process (pid {found[0]}, {LAUNCHER} in the "
-                        "environment) has exited\n".encode())
+            os.write(
+                2,
+                f"error: the plan launcher that started this process (pid {found[0]}, {LAUNCHER} in the "
+                "environment) has exited\n".encode(),
+            )
         except OSError:
             pass
         os._exit(1)

@@ -56,11 +56,32 @@ from planner.search.solve import infeasibility, solve as search_one
 from planner.search.stacks import solve_stacks, stacks_infeasibility, target_space
 from planner.stacks import Export
 from planner.specs import (
-    ClusterSpec, DType, JobSpec, LossKernel, ModelSpec, Optimizer, Plan, PlanDocument, Recompute, Schedule, SolveDocument,
-    Target, memory_limit_gib,
+    ClusterSpec,
+    DType,
+    JobSpec,
+    LossKernel,
+    ModelSpec,
+    Optimizer,
+    Plan,
+    PlanDocument,
+    Recompute,
+    Schedule,
+    SolveDocument,
+    Target,
+    memory_limit_gib,
 )
 
-__all__ = ["WhatIf", "estimate", "export_plan", "load_cluster", "load_model", "read_plan", "solve", "what_if", "write_plan"]
+__all__ = [
+    "WhatIf",
+    "estimate",
+    "export_plan",
+    "load_cluster",
+    "load_model",
+    "read_plan",
+    "solve",
+    "what_if",
+    "write_plan",
+]
 
 PathLike = Union[str, os.PathLike]
 ModelLike = Union[ModelSpec, PathLike]  # a ModelSpec, or a preset name or file as --model takes
@@ -92,14 +113,36 @@ def load_cluster(cluster: ClusterLike) -> ClusterSpec:
 
 
 def estimate(
-    model: ModelLike, cluster: ClusterLike, *, gpus: Optional[int] = None, nodes: Optional[int] = None,
-    global_batch: int, seq_len: Optional[int] = None, tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1,
-    ep: int = 1, vpp: int = 1, micro_batch_size: int = 1, recompute: Union[Recompute, str] = "none", zero: int = 0,
-    sequence_parallel: bool = False, fp8: bool = False, tp_comm_overlap: bool = False, recompute_norm_act: bool = False,
-    schedule: Union[Schedule, str, None] = None, layers_per_stage: Union[Sequence[int], str, None] = None,
-    mesh_order: Union[Sequence[str], str] = "tp,dp,pp", precision: Union[DType, str, None] = None,
-    optimizer: Union[Optimizer, str] = "adam", flash_attention: bool = True, target: Union[Target, str] = "generic",
-    loss_kernel: Union[LossKernel, str, None] = None, moe_dispatcher: str = "alltoall", attention_kernel: Optional[str] = None,
+    model: ModelLike,
+    cluster: ClusterLike,
+    *,
+    gpus: Optional[int] = None,
+    nodes: Optional[int] = None,
+    global_batch: int,
+    seq_len: Optional[int] = None,
+    tp: int = 1,
+    pp: int = 1,
+    dp: Optional[int] = None,
+    cp: int = 1,
+    ep: int = 1,
+    vpp: int = 1,
+    micro_batch_size: int = 1,
+    recompute: Union[Recompute, str] = "none",
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    fp8: bool = False,
+    tp_comm_overlap: bool = False,
+    recompute_norm_act: bool = False,
+    schedule: Union[Schedule, str, None] = None,
+    layers_per_stage: Union[Sequence[int], str, None] = None,
+    mesh_order: Union[Sequence[str], str] = "tp,dp,pp",
+    precision: Union[DType, str, None] = None,
+    optimizer: Union[Optimizer, str] = "adam",
+    flash_attention: bool = True,
+    target: Union[Target, str] = "generic",
+    loss_kernel: Union[LossKernel, str, None] = None,
+    moe_dispatcher: str = "alltoall",
+    attention_kernel: Optional[str] = None,
     grad_reduce_bf16: bool = False,
 ) -> PlanDocument:
     """`plan estimate`: the predicted step time and per-GPU memory of one layout, as the
@@ -116,12 +159,40 @@ def estimate(
     n = cluster_size(hardware, gpus, nodes, _named(cluster, hardware))
     if global_batch is None:
         raise UsageError("--global-batch is required (sequences per optimizer step)")
-    job = make_job(spec, global_batch, seq_len, precision, optimizer, not flash_attention, hardware, target, loss_kernel,
-                   moe_dispatcher, attention_kernel, grad_reduce_bf16)
-    plan = new_layout(job, n, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size, schedule=schedule,
-                      layers_per_stage=layers_per_stage, mesh_order=mesh_order, recompute=recompute, zero_stage=zero,
-                      sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap, fp8=fp8,
-                      recompute_norm_act=recompute_norm_act)
+    job = make_job(
+        spec,
+        global_batch,
+        seq_len,
+        precision,
+        optimizer,
+        not flash_attention,
+        hardware,
+        target,
+        loss_kernel,
+        moe_dispatcher,
+        attention_kernel,
+        grad_reduce_bf16,
+    )
+    plan = new_layout(
+        job,
+        n,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        vpp=vpp,
+        micro_batch_size=micro_batch_size,
+        schedule=schedule,
+        layers_per_stage=layers_per_stage,
+        mesh_order=mesh_order,
+        recompute=recompute,
+        zero_stage=zero,
+        sequence_parallel=sequence_parallel,
+        tp_comm_overlap=tp_comm_overlap,
+        fp8=fp8,
+        recompute_norm_act=recompute_norm_act,
+    )
     return _estimated(spec, hardware, n, job, plan)
 
 
@@ -130,21 +201,43 @@ class WhatIf:
     """A plan estimated again with changes (what_if()), and what changed."""
 
     document: PlanDocument  # as `plan estimate --plan FILE [changes] --json` prints it
-    changes: tuple[str, ...]  # one phrase each, in order, e.g. "tp 2 -> 4", "dp 4 -> 2": also what followed from a change
+    changes: tuple[
+        str, ...
+    ]  # one phrase each, in order, e.g. "tp 2 -> 4", "dp 4 -> 2": also what followed from a change
 
 
 def what_if(
-    plan: PlanSource, *, alternative: Optional[int] = None, cluster: Optional[ClusterLike] = None,
-    gpus: Optional[int] = None, nodes: Optional[int] = None, global_batch: Optional[int] = None,
-    seq_len: Optional[int] = None, precision: Union[DType, str, None] = None, optimizer: Union[Optimizer, str, None] = None,
-    target: Union[Target, str, None] = None, loss_kernel: Union[LossKernel, str, None] = None,
-    attention_kernel: Optional[str] = None, moe_dispatcher: Optional[str] = None, grad_reduce_bf16: Optional[bool] = None,
-    tp: Optional[int] = None, pp: Optional[int] = None, dp: Optional[int] = None,
-    cp: Optional[int] = None, ep: Optional[int] = None, vpp: Optional[int] = None, micro_batch_size: Optional[int] = None,
-    recompute: Union[Recompute, str, None] = None, zero: Optional[int] = None, sequence_parallel: Optional[bool] = None,
-    fp8: Optional[bool] = None, tp_comm_overlap: Optional[bool] = None, recompute_norm_act: Optional[bool] = None,
+    plan: PlanSource,
+    *,
+    alternative: Optional[int] = None,
+    cluster: Optional[ClusterLike] = None,
+    gpus: Optional[int] = None,
+    nodes: Optional[int] = None,
+    global_batch: Optional[int] = None,
+    seq_len: Optional[int] = None,
+    precision: Union[DType, str, None] = None,
+    optimizer: Union[Optimizer, str, None] = None,
+    target: Union[Target, str, None] = None,
+    loss_kernel: Union[LossKernel, str, None] = None,
+    attention_kernel: Optional[str] = None,
+    moe_dispatcher: Optional[str] = None,
+    grad_reduce_bf16: Optional[bool] = None,
+    tp: Optional[int] = None,
+    pp: Optional[int] = None,
+    dp: Optional[int] = None,
+    cp: Optional[int] = None,
+    ep: Optional[int] = None,
+    vpp: Optional[int] = None,
+    micro_batch_size: Optional[int] = None,
+    recompute: Union[Recompute, str, None] = None,
+    zero: Optional[int] = None,
+    sequence_parallel: Optional[bool] = None,
+    fp8: Optional[bool] = None,
+    tp_comm_overlap: Optional[bool] = None,
+    recompute_norm_act: Optional[bool] = None,
     schedule: Union[Schedule, str, None] = None,
-    layers_per_stage: Union[Sequence[int], str, None] = None, mesh_order: Union[Sequence[str], str, None] = None,
+    layers_per_stage: Union[Sequence[int], str, None] = None,
+    mesh_order: Union[Sequence[str], str, None] = None,
 ) -> WhatIf:
     """`plan estimate --plan`: a plan (a document, or a plan file's path; `alternative` K >= 1:
     the K-th alternative of a `plan solve` document) estimated again with the keywords given
@@ -178,13 +271,29 @@ def what_if(
 
 
 def solve(
-    model: ModelLike, cluster: ClusterLike, *, gpus: Optional[int] = None, nodes: Optional[int] = None,
-    global_batch: Optional[int] = None, micro_batch_size: Optional[int] = None, micro_batches: Optional[int] = None,
-    seq_len: Optional[int] = None, target: Union[Target, str, None] = None, top_k: int = 3,
-    fixes: Union[Mapping[str, FixValue], Sequence[str]] = (), max_memory_gib: Optional[float] = None,
-    allow_cross_node_tp: bool = False, fp8: bool = False, time_limit: Optional[float] = None, solver: Optional[str] = None,
-    precision: Union[DType, str, None] = None, optimizer: Union[Optimizer, str] = "adam", flash_attention: bool = True,
-    loss_kernel: Union[LossKernel, str, None] = None, moe_dispatcher: str = "alltoall", attention_kernel: Optional[str] = None,
+    model: ModelLike,
+    cluster: ClusterLike,
+    *,
+    gpus: Optional[int] = None,
+    nodes: Optional[int] = None,
+    global_batch: Optional[int] = None,
+    micro_batch_size: Optional[int] = None,
+    micro_batches: Optional[int] = None,
+    seq_len: Optional[int] = None,
+    target: Union[Target, str, None] = None,
+    top_k: int = 3,
+    fixes: Union[Mapping[str, FixValue], Sequence[str]] = (),
+    max_memory_gib: Optional[float] = None,
+    allow_cross_node_tp: bool = False,
+    fp8: bool = False,
+    time_limit: Optional[float] = None,
+    solver: Optional[str] = None,
+    precision: Union[DType, str, None] = None,
+    optimizer: Union[Optimizer, str] = "adam",
+    flash_attention: bool = True,
+    loss_kernel: Union[LossKernel, str, None] = None,
+    moe_dispatcher: str = "alltoall",
+    attention_kernel: Optional[str] = None,
     grad_reduce_bf16: bool = False,
 ) -> SolveDocument:
     """`plan solve`: the fastest layout that fits, as the document `plan solve --json` prints.
@@ -207,7 +316,9 @@ def solve(
     if (global_batch is None) == (micro_batch_size is None):
         raise UsageError("give either --global-batch B or --micro-batch-size b (with optional --micro-batches N)")
     if micro_batches is not None and micro_batch_size is None:
-        raise UsageError("--micro-batches goes with --micro-batch-size (with --global-batch the count follows from the batch)")
+        raise UsageError(
+            "--micro-batches goes with --micro-batch-size (with --global-batch the count follows from the batch)"
+        )
     check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
     check_count("--micro-batch-size", micro_batch_size, MAX_GLOBAL_BATCH, "sequences")
     check_count("--micro-batches", micro_batches, MAX_GLOBAL_BATCH, "micro-batches")
@@ -216,21 +327,49 @@ def solve(
     check_real("--max-memory-gib", max_memory_gib)
     check_real("--time-limit", time_limit)
     fixed, modes = parse_fixes(fix_items(fixes))
-    job = make_job(spec, global_batch or micro_batch_size, seq_len, precision, optimizer, not flash_attention, hardware,
-                   target or Target.generic.value, loss_kernel, moe_dispatcher, attention_kernel, grad_reduce_bf16)
-    space = search_space(hardware, job, n, fixed, modes, global_batch=global_batch, micro_batch_size=micro_batch_size,
-                         micro_batches=micro_batches, allow_cross_node_tp=allow_cross_node_tp, fp8=fp8)
+    job = make_job(
+        spec,
+        global_batch or micro_batch_size,
+        seq_len,
+        precision,
+        optimizer,
+        not flash_attention,
+        hardware,
+        target or Target.generic.value,
+        loss_kernel,
+        moe_dispatcher,
+        attention_kernel,
+        grad_reduce_bf16,
+    )
+    space = search_space(
+        hardware,
+        job,
+        n,
+        fixed,
+        modes,
+        global_batch=global_batch,
+        micro_batch_size=micro_batch_size,
+        micro_batches=micro_batches,
+        allow_cross_node_tp=allow_cross_node_tp,
+        fp8=fp8,
+    )
     refuse_model_fixes(spec, fixed)
     limit = memory_limit_gib(hardware, max_memory_gib)
     if target is None:  # every stack, each with its own job and rules
-        result = solve_stacks(spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline)
+        result = solve_stacks(
+            spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline
+        )
     else:  # a named stack searches only what it can express (planner/stacks); generic everything
         space = target_space(space, spec, job)
-        result = search_one(spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline)
+        result = search_one(
+            spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline
+        )
     if result.best is None:
         if not result.stats.optimal:
-            raise InfeasibleError(f"no plan found within --time-limit {time_limit:g} s; allow more time, or narrow the search "
-                                  "(--target STACK, --fix)")
+            raise InfeasibleError(
+                f"no plan found within --time-limit {time_limit:g} s; allow more time, or narrow the search "
+                "(--target STACK, --fix)"
+            )
         if target is None:
             raise stacks_infeasibility(spec, hardware, result.stacks, limit, deadline)
         raise infeasibility(spec, hardware, job, space, limit, deadline=deadline)
@@ -289,8 +428,14 @@ def export_plan(plan: PlanSource, stack: str, *, alternative: Optional[int] = No
 def _estimated(model: ModelSpec, cluster: ClusterSpec, gpus: int, job: JobSpec, plan: Plan) -> PlanDocument:
     """The plan checked against its model and GPUs, and costed."""
     check_plan(plan, model, job, gpus, cluster)
-    return PlanDocument(model=model, cluster=cluster, num_gpus=gpus, job=job, plan=plan,
-                        estimate=cost_estimate(model, cluster, job, plan))
+    return PlanDocument(
+        model=model,
+        cluster=cluster,
+        num_gpus=gpus,
+        job=job,
+        plan=plan,
+        estimate=cost_estimate(model, cluster, job, plan),
+    )
 
 
 def _named(given: ClusterLike, cluster: ClusterSpec) -> str:
@@ -312,7 +457,9 @@ def _plan_input(source: PlanSource, alternative: Optional[int]) -> PlanInput:
             raise UsageError(f"alternative {alternative}: the document has alternatives 1 to {len(alternatives)}")
         chosen = alternatives[alternative - 1]
         plan = chosen.plan
-        job = job.model_copy(update={"global_batch_size": chosen.global_batch_size, "target": chosen.target or job.target})
+        job = job.model_copy(
+            update={"global_batch_size": chosen.global_batch_size, "target": chosen.target or job.target}
+        )
     doc = PlanInput(model=source.model, cluster=source.cluster, num_gpus=source.num_gpus, job=job, plan=plan)
     check_document(doc)  # the check read_plan_file makes of a file
     return doc

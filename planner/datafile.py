@@ -118,8 +118,17 @@ def _refuse_special(name: str, mode: int, what: str) -> None:
 
 
 def _special(mode: int) -> str:
-    return ("pipe (FIFO)" if stat.S_ISFIFO(mode) else "character device" if stat.S_ISCHR(mode) else
-            "block device" if stat.S_ISBLK(mode) else "socket" if stat.S_ISSOCK(mode) else "special file")
+    return (
+        "pipe (FIFO)"
+        if stat.S_ISFIFO(mode)
+        else "character device"
+        if stat.S_ISCHR(mode)
+        else "block device"
+        if stat.S_ISBLK(mode)
+        else "socket"
+        if stat.S_ISSOCK(mode)
+        else "special file"
+    )
 
 
 def os_message(verb: str, name: str, exc: OSError) -> str:
@@ -151,21 +160,29 @@ def missing(path: Path | str) -> bool:
 
 # ----- parsing
 
+
 def read_mapping(path: Path) -> tuple[dict, str]:
     """Parse a JSON or YAML file into a dict; errors name the file and line."""
     raw = read_input(path)
     if path.suffix == ".json" and sum(raw.count(c) for c in (b",", b"[", b"{")) > MAX_JSON_NODES:  # before parsing them
-        raise UsageError(f"{path}: more than {MAX_JSON_NODES:,} values (counting commas and brackets); not a spec or plan file")
+        raise UsageError(
+            f"{path}: more than {MAX_JSON_NODES:,} values (counting commas and brackets); not a spec or plan file"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not a UTF-8 text file (byte {exc.start}); give a JSON or YAML spec") from None
     try:
-        data = (json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys) if path.suffix == ".json"
-                else _load_yaml(path, text))
+        data = (
+            json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+            if path.suffix == ".json"
+            else _load_yaml(path, text)
+        )
     except _DuplicateKey as exc:  # JSON would keep the last silently: which one the author meant is not ours to guess
         line = _second_line(text, exc.key)
-        raise UsageError(f"{path}{f':{line}' if line else ''}: the key {exc.key!r} appears twice in one mapping; keep one") from None
+        raise UsageError(
+            f"{path}{f':{line}' if line else ''}: the key {exc.key!r} appears twice in one mapping; keep one"
+        ) from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
     except yaml.YAMLError as exc:
@@ -186,8 +203,10 @@ def read_mapping(path: Path) -> tuple[dict, str]:
     if depth > MAX_DEPTH:
         raise UsageError(f"{path}: nested more than {MAX_DEPTH} levels deep; not a spec or plan file")
     if data is None:  # an empty YAML document (only comments or document markers), or null
-        blank = all(not ln.strip() or ln.lstrip().startswith(("#", "%")) or re.fullmatch(r"(---|\.\.\.)(\s+#.*)?", ln.strip())
-                    for ln in text.splitlines())  # comments, directives and document markers
+        blank = all(
+            not ln.strip() or ln.lstrip().startswith(("#", "%")) or re.fullmatch(r"(---|\.\.\.)(\s+#.*)?", ln.strip())
+            for ln in text.splitlines()
+        )  # comments, directives and document markers
         raise UsageError(f"{path}: {'empty' if blank else 'null'}; expected a mapping of fields")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
@@ -206,8 +225,9 @@ def _refuse_lone_surrogates(path: Path, data: dict) -> None:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
         code = ord(exc.object[exc.start])
-        raise UsageError(f"{path}: \\u{code:04x} is half of a UTF-16 surrogate pair, alone, which is not a character; "
-                         "fix the escape") from None
+        raise UsageError(
+            f"{path}: \\u{code:04x} is half of a UTF-16 surrogate pair, alone, which is not a character; fix the escape"
+        ) from None
 
 
 def _no_constant(name: str):
@@ -279,11 +299,17 @@ def validation_message(exc: ValidationError, path: Path | str | None = None, tex
         msg = f"expected a mapping of fields{fields}, got {short_text(repr(err['input']))}"
     more = ""
     if len(errors) > 1:  # name the others (up to four) so that one edit can fix them all
+
         def what(e) -> str:
             kind = {"missing": " missing", "extra_forbidden": " unknown"}.get(e["type"], "")
             return f"'{short_text('.'.join(str(p) for p in e['loc']))}'{kind}" if e["loc"] else "a check across fields"
+
         rest = errors[1:]
-        more = f" (also {', '.join(what(e) for e in rest[:4])}" + (f" and {len(rest) - 4} more" if len(rest) > 4 else "") + ")"
+        more = (
+            f" (also {', '.join(what(e) for e in rest[:4])}"
+            + (f" and {len(rest) - 4} more" if len(rest) > 4 else "")
+            + ")"
+        )
     prefix = f"{where}: " if where else ""
     field_ = f"field '{loc}': " if err["loc"] else ""  # a check across fields names them itself
     return f"{prefix}{field_}{msg}{more}"
@@ -307,18 +333,31 @@ def load_named(
         data, text = read_mapping(presets[name_or_path])
         return parse(data, presets[name_or_path], text)
     path = Path(name_or_path)
-    if path.suffix in (".json", ".yaml", ".yml") or os.sep in name_or_path or os.path.lexists(name_or_path):  # a path, even without a suffix
+    if (
+        path.suffix in (".json", ".yaml", ".yml") or os.sep in name_or_path or os.path.lexists(name_or_path)
+    ):  # a path, even without a suffix
         if missing(path):
-            preset = path.stem if path.stem in presets and path.parent == Path(".") else None  # llama3-8b.yaml for llama3-8b
-            raise UsageError(f"{kind} file {name_or_path} does not exist"
-                             + (f"; there is a {kind} preset named {preset} (give the name, not a file)" if preset else ""))
+            preset = (
+                path.stem if path.stem in presets and path.parent == Path(".") else None
+            )  # llama3-8b.yaml for llama3-8b
+            raise UsageError(
+                f"{kind} file {name_or_path} does not exist"
+                + (f"; there is a {kind} preset named {preset} (give the name, not a file)" if preset else "")
+            )
         data, text = read_mapping(path)
         return parse(data, path, text)
-    close = [p for p in presets if name_or_path.lower() in p.lower()][:4] or difflib.get_close_matches(name_or_path, list(presets), n=4, cutoff=0.5)
+    close = [p for p in presets if name_or_path.lower() in p.lower()][:4] or difflib.get_close_matches(
+        name_or_path, list(presets), n=4, cutoff=0.5
+    )
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    where = ("a path to a .json/.yaml spec, a Hugging Face config.json or model directory, or a hub id in the local cache"
-             if kind == "model" else "a path to a .json/.yaml file")
-    raise UsageError(f"unknown {kind} preset {short_text(name_or_path)!r}{hint} (`plan presets` lists them; or give {where})")
+    where = (
+        "a path to a .json/.yaml spec, a Hugging Face config.json or model directory, or a hub id in the local cache"
+        if kind == "model"
+        else "a path to a .json/.yaml file"
+    )
+    raise UsageError(
+        f"unknown {kind} preset {short_text(name_or_path)!r}{hint} (`plan presets` lists them; or give {where})"
+    )
 
 
 # Longest file name most file systems take (NAME_MAX); the temporary name adds to the output's.
@@ -341,7 +380,9 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
     name = os.fspath(output)
     longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.split(os.sep)), default=0)
     if longest > NAME_MAX:
-        raise UsageError(f"cannot write {short_text(name)}: a name in the path is {longest} bytes, more than {NAME_MAX}; shorten it")
+        raise UsageError(
+            f"cannot write {short_text(name)}: a name in the path is {longest} bytes, more than {NAME_MAX}; shorten it"
+        )
     try:
         info = os.stat(name)
     except FileNotFoundError:
@@ -351,7 +392,9 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
     except ValueError:
         raise UsageError(f"cannot write {name!r}: {_UNNAMEABLE}") from None
     if _through_proc(name):
-        raise UsageError(f"cannot write {name}: it is a process's stream (/proc, /dev/stdout, /dev/fd); give a file name")
+        raise UsageError(
+            f"cannot write {name}: it is a process's stream (/proc, /dev/stdout, /dev/fd); give a file name"
+        )
     if name.endswith((os.sep, os.sep + ".", os.sep + "..")) or name in (".", ".."):
         # a directory's name (POSIX: a trailing slash names a directory); realpath would drop it and write NAME
         raise UsageError(f"cannot write {name}: a name ending in '{os.sep}' is a directory's; give a file name")
@@ -360,14 +403,22 @@ def check_output(output: Path | str, inputs: tuple = ()) -> Path:
         if stat.S_ISDIR(info.st_mode):
             raise UsageError(f"cannot write {name}: it is a directory; give a file name")
         if not stat.S_ISREG(info.st_mode):
-            raise UsageError(f"cannot write {name}: it is not a regular file (a {_special(info.st_mode)}); give a file name")
+            raise UsageError(
+                f"cannot write {name}: it is not a regular file (a {_special(info.st_mode)}); give a file name"
+            )
         read = {**_stat_keys(inputs), **inputs_read()}
         if (info.st_dev, info.st_ino) in read:
             source = read[(info.st_dev, info.st_ino)]
-            which = "of this command" if os.path.abspath(source) == os.path.abspath(name) else f"{source} (the same file)"
+            which = (
+                "of this command" if os.path.abspath(source) == os.path.abspath(name) else f"{source} (the same file)"
+            )
             raise UsageError(f"cannot write {name}: it is the input {which}; give another output file")
-        if not os.access(name, os.W_OK):  # the rename would replace it: honour its read-only mode as an in-place write would
-            raise UsageError(f"cannot write {name}: the file is read-only; make it writable or give another output file")
+        if not os.access(
+            name, os.W_OK
+        ):  # the rename would replace it: honour its read-only mode as an in-place write would
+            raise UsageError(
+                f"cannot write {name}: the file is read-only; make it writable or give another output file"
+            )
     directory = target.parent
     if not directory.is_dir():
         raise UsageError(f"cannot write {name}: directory {directory} does not exist")
@@ -453,6 +504,7 @@ def _umask() -> int:
 
 # ----- the depth and size of what was parsed
 
+
 def _shape(data) -> tuple[int, int]:
     """Nesting depth of lists and mappings and the number of values, each counted up to just
     past its limit (iteratively: no recursion; YAML's aliases bounded already by _load_yaml)."""
@@ -468,6 +520,7 @@ def _shape(data) -> tuple[int, int]:
 
 
 # ----- YAML, bounded before anything walks the expanded document
+
 
 class _YAMLTooLarge(yaml.YAMLError):
     """A document past MAX_YAML_NODES or MAX_YAML_ALIASES (its message says which)."""
@@ -494,6 +547,7 @@ class _CountingComposer(yaml.composer.Composer):
 
 
 if getattr(yaml, "__with_libyaml__", False):
+
     class _YAMLLoader(_CountingComposer, yaml.CSafeLoader):
         """libyaml's parser (C), our composer (counting), PyYAML's safe constructor."""
 
@@ -501,6 +555,7 @@ if getattr(yaml, "__with_libyaml__", False):
             yaml.CSafeLoader.__init__(self, stream)
             _CountingComposer.__init__(self)
 else:  # PyYAML built without libyaml: the pure-Python parser, the same bounds
+
     class _YAMLLoader(_CountingComposer, yaml.SafeLoader):  # type: ignore[no-redef]
         def __init__(self, stream) -> None:
             yaml.SafeLoader.__init__(self, stream)
@@ -520,8 +575,9 @@ def _construct_unique_mapping(loader, node, deep=False):
         except TypeError:  # an unhashable key: PyYAML's own check refuses it
             continue
         if repeated:
-            raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} appears twice in one mapping; keep one",
-                                                    key_node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the key {key!r} appears twice in one mapping; keep one", key_node.start_mark
+            )
         seen.add(key)
     return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
@@ -538,8 +594,11 @@ _YAMLLoader.yaml_implicit_resolvers = {}
 for _tag, _pattern, _first in (
     ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
     ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),  # before float: "10" is both
-    ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
-     "-+0123456789."),
+    (
+        "float",
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        "-+0123456789.",
+    ),
     ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
     ("merge", r"^<<$", "<"),
 ):
@@ -552,10 +611,13 @@ def _construct_int(loader, node) -> int:
     text = loader.construct_scalar(node)
     m = _YAML_INT.fullmatch(text)
     if m is None:
-        raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not an integer (decimal, 0o octal or 0x hex)",
-                                                node.start_mark)
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{text!r} is not an integer (decimal, 0o octal or 0x hex)", node.start_mark
+        )
     sign, octal, hexadecimal, decimal = m.groups()
-    value = int(octal, 8) if octal else int(hexadecimal, 16) if hexadecimal else int(decimal)  # ValueError past 4,300 digits
+    value = (
+        int(octal, 8) if octal else int(hexadecimal, 16) if hexadecimal else int(decimal)
+    )  # ValueError past 4,300 digits
     return -value if sign == "-" else value
 
 
@@ -592,8 +654,10 @@ def _expanded_size(path: Path, root: yaml.Node) -> int:
             open_.discard(key)
             sizes[key] = 1 + sum(sizes.get(id(k), 1) for k in _children(node))
             if sizes[key] > MAX_YAML_NODES:
-                raise UsageError(f"{path}: more than {MAX_YAML_NODES:,} values once its aliases are expanded; "
-                                 "not a spec or plan file")
+                raise UsageError(
+                    f"{path}: more than {MAX_YAML_NODES:,} values once its aliases are expanded; "
+                    "not a spec or plan file"
+                )
         elif key in open_:
             raise UsageError(f"{path}: an alias refers to the collection it is in; a spec or plan is not recursive")
         elif key not in sizes:

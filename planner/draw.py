@@ -19,16 +19,30 @@ FORMATS = ("svg", "png")
 
 # One colour per cause, the same in the timeline and its legend.
 KIND_COLOURS = {
-    "forward": "#4C72B0", "backward": "#55A868", "recompute": "#DD8452", "tp_comm": "#8172B3",
-    "pp_comm": "#937860", "dp_comm": "#C44E52", "optimizer": "#DA8BC3",
+    "forward": "#4C72B0",
+    "backward": "#55A868",
+    "recompute": "#DD8452",
+    "tp_comm": "#8172B3",
+    "pp_comm": "#937860",
+    "dp_comm": "#C44E52",
+    "optimizer": "#DA8BC3",
 }
 KIND_LABELS = {
-    "forward": "forward", "backward": "backward", "recompute": "recompute", "tp_comm": "TP collectives",
-    "pp_comm": "pipeline sends", "dp_comm": "exposed DP / ZeRO", "optimizer": "optimizer step",
+    "forward": "forward",
+    "backward": "backward",
+    "recompute": "recompute",
+    "tp_comm": "TP collectives",
+    "pp_comm": "pipeline sends",
+    "dp_comm": "exposed DP / ZeRO",
+    "optimizer": "optimizer step",
 }
 MEMORY_COLOURS = {
-    "weights": "#4C72B0", "gradients": "#55A868", "optimizer_states": "#DD8452", "activations": "#C44E52",
-    "temporary": "#8172B3", "overhead": "#937860",
+    "weights": "#4C72B0",
+    "gradients": "#55A868",
+    "optimizer_states": "#DD8452",
+    "activations": "#C44E52",
+    "temporary": "#8172B3",
+    "overhead": "#937860",
 }
 # Above this many ranks a placement picture is unreadable (and slow to draw).
 MAX_PLACEMENT_RANKS = 8192
@@ -48,8 +62,10 @@ def require_matplotlib() -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise PlannerError("pictures need matplotlib, which is not installed: pip install 'matplotlib>=3.8' "
-                           "(the plot extra: pip install '.[plot]' in a clone of this repository)")
+        raise PlannerError(
+            "pictures need matplotlib, which is not installed: pip install 'matplotlib>=3.8' "
+            "(the plot extra: pip install '.[plot]' in a clone of this repository)"
+        )
 
 
 def _figure(width: float, height: float):
@@ -114,13 +130,19 @@ def too_many_passes(passes: int, whole: int | None = None) -> None:
     whose whole timeline (`whole` passes, default `passes`) is more than MAX_OPS (PlannerError)."""
     whole = passes if whole is None else whole
     if whole > MAX_OPS:  # the timeline is simulated whole before any zoom: a zoom cannot help
-        raise PlannerError(f"the timeline would have {whole:,} passes (more than {MAX_OPS:,}); show a plan with fewer micro-batches")
+        raise PlannerError(
+            f"the timeline would have {whole:,} passes (more than {MAX_OPS:,}); show a plan with fewer micro-batches"
+        )
     if passes > MAX_TIMELINE_PASSES:
-        raise PlannerError(f"a timeline picture of {passes:,} passes is unreadable (at most {MAX_TIMELINE_PASSES:,}); "
-                           "zoom with --micro-batches A-B or --ranks A-B")
+        raise PlannerError(
+            f"a timeline picture of {passes:,} passes is unreadable (at most {MAX_TIMELINE_PASSES:,}); "
+            "zoom with --micro-batches A-B or --ranks A-B"
+        )
 
 
-def timeline_figure(tl: Timeline, title: str, estimate_step: float, estimate_bubble: float, window: Window | None = None):
+def timeline_figure(
+    tl: Timeline, title: str, estimate_step: float, estimate_bubble: float, window: Window | None = None
+):
     """One row per pipeline rank (rank 0 on top); every op a box split by cause, outlined so
     that each micro-batch is visible, with its micro-batch number where it fits. `window`
     (planner/pictures.py:window) crops the step to some ranks and micro-batches; passes of
@@ -144,8 +166,9 @@ def timeline_figure(tl: Timeline, title: str, estimate_step: float, estimate_bub
             if win.overlaps(start, seconds):
                 spans.setdefault((r, kind, True), []).append((start, seconds))
     for (r, kind, chosen), xs in spans.items():
-        ax.broken_barh(xs, (r - 0.4, 0.8), facecolors=KIND_COLOURS[kind], alpha=1.0 if chosen else PALE,
-                       gid=f"{kind}-rank{r}")
+        ax.broken_barh(
+            xs, (r - 0.4, 0.8), facecolors=KIND_COLOURS[kind], alpha=1.0 if chosen else PALE, gid=f"{kind}-rank{r}"
+        )
     # op outlines: one rectangle per pass, so adjacent micro-batches stay apart
     for r in ranks:
         mine = [(op.start, op.duration) for op in ops if op.rank == r]
@@ -155,12 +178,21 @@ def timeline_figure(tl: Timeline, title: str, estimate_step: float, estimate_bub
     ax.set_yticks(ranks, [f"pp {r}" for r in ranks], fontsize=10 if len(ranks) <= 32 else 8)
     ax.set_xlabel("seconds into the step")
     used = [k for k in KIND_COLOURS if any(key[1] == k for key in spans)]
-    ax.legend(handles=[Patch(color=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in used],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.legend(
+        handles=[Patch(color=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in used],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+        frameon=False,
+    )
     zoom = "" if win.is_whole(tl) else f"\n{win.describe(tl)}; other micro-batches' passes pale"
-    _title(fig, f"{title}\nstep {tl.step_time:.3g} s (estimate {estimate_step:.3g} s); pipeline bubble on rank "
-                f"{tl.bottleneck_rank}: {tl.bubble_share:.1%} of the step (estimate {estimate_bubble:.1%}); white = idle"
-                + zoom, 9)
+    _title(
+        fig,
+        f"{title}\nstep {tl.step_time:.3g} s (estimate {estimate_step:.3g} s); pipeline bubble on rank "
+        f"{tl.bottleneck_rank}: {tl.bubble_share:.1%} of the step (estimate {estimate_bubble:.1%}); white = idle"
+        + zoom,
+        9,
+    )
     _label_ops(fig, ax, [op for op in ops if win.start <= op.start and op.end <= win.end], win)
     return fig
 
@@ -178,9 +210,18 @@ def _label_ops(fig, ax, ops, win: Window) -> None:
     shortest = (width + 2) / abs(x1 - x0)  # seconds a box must last to hold the number
     for op in ops:
         if op.duration >= shortest:
-            ax.text(op.start + op.duration / 2, op.rank, str(op.micro_batch), ha="center", va="center", fontsize=6,
-                    color="white" if op.kind == "F" and win.chosen(op) else "black", clip_on=True, in_layout=False,
-                    gid=f"label-{op.kind}{op.stage}-{op.micro_batch}")
+            ax.text(
+                op.start + op.duration / 2,
+                op.rank,
+                str(op.micro_batch),
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white" if op.kind == "F" and win.chosen(op) else "black",
+                clip_on=True,
+                in_layout=False,
+                gid=f"label-{op.kind}{op.stage}-{op.micro_batch}",
+            )
 
 
 def memory_figure(bars: list[dict[str, float]], capacity_gib: float, title: str):
@@ -197,14 +238,28 @@ def memory_figure(bars: list[dict[str, float]], capacity_gib: float, title: str)
         ax.bar(x, heights, bottom=bottom, color=MEMORY_COLOURS[kind], width=0.8, gid=f"memory-{kind}")
         bottom = [a + h for a, h in zip(bottom, heights)]
     ax.axhline(capacity_gib, color="black", linestyle="--", linewidth=1)
-    ax.annotate(f"device\n{capacity_gib:g} GiB", xy=(1.0, capacity_gib), xycoords=("axes fraction", "data"),
-                xytext=(4, 0), textcoords="offset points", ha="left", va="center", fontsize=8, annotation_clip=False)
+    ax.annotate(
+        f"device\n{capacity_gib:g} GiB",
+        xy=(1.0, capacity_gib),
+        xycoords=("axes fraction", "data"),
+        xytext=(4, 0),
+        textcoords="offset points",
+        ha="left",
+        va="center",
+        fontsize=8,
+        annotation_clip=False,
+    )
     ax.set_xticks(x, [str(i) for i in x] if len(bars) <= 32 else [str(i) if i % 8 == 0 else "" for i in x])
     ax.set_xlabel("pipeline rank")
     ax.set_ylabel("GiB per GPU")
     ax.set_ylim(0, max(capacity_gib, max(bottom)) * 1.08)
-    fig.legend(handles=[Patch(color=MEMORY_COLOURS[k], label=k.replace("_", " ")) for k in MEMORY_KINDS],
-               loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    fig.legend(
+        handles=[Patch(color=MEMORY_COLOURS[k], label=k.replace("_", " ")) for k in MEMORY_KINDS],
+        loc="outside lower center",
+        ncols=3,
+        fontsize=8,
+        frameon=False,
+    )
     _title(fig, f"{title}\npeak {max(bottom):.1f} GiB of {capacity_gib:g} GiB", 9)
     return fig
 
@@ -239,8 +294,12 @@ def placement_figure(pl: Placement, title: str):
     ax.set_xlim(-1.5, cols * (g + 1.5))  # 1.5 cells left of each node for its name
     ax.set_ylim(rows + 0.2, -0.3)
     ax.set_axis_off()
-    _title(fig, f"{title}\ncolour = pipeline rank; outlined = a tensor-parallel group on one node\n" + "\n".join(lines),
-           8, left=True)
+    _title(
+        fig,
+        f"{title}\ncolour = pipeline rank; outlined = a tensor-parallel group on one node\n" + "\n".join(lines),
+        8,
+        left=True,
+    )
     _placement_labels(fig, ax, pl, nodes, origin)
     return fig
 
@@ -254,8 +313,9 @@ def _placement_cells(ax, pl: Placement, origin) -> None:
     cmap = colormaps["tab20"]
     for rk in pl.ranks:
         x0, y0 = origin(rk["node"])
-        ax.add_patch(Rectangle((x0 + rk["gpu"], y0), 0.95, 0.9, facecolor=cmap(rk["pp"] % 20), edgecolor="white",
-                               linewidth=0.5))
+        ax.add_patch(
+            Rectangle((x0 + rk["gpu"], y0), 0.95, 0.9, facecolor=cmap(rk["pp"] % 20), edgecolor="white", linewidth=0.5)
+        )
     groups: dict[tuple[int, int, int], list[dict]] = {}  # a TP group: one (dp, cp, pp) coordinate
     for rk in pl.ranks:
         groups.setdefault((rk["dp"], rk["cp"], rk["pp"]), []).append(rk)
@@ -264,8 +324,16 @@ def _placement_cells(ax, pl: Placement, origin) -> None:
         gpus = sorted(m["gpu"] for m in members)
         if len(members) > 1 and len(nodes_of) == 1 and gpus[-1] - gpus[0] == len(gpus) - 1:
             x0, y0 = origin(members[0]["node"])
-            ax.add_patch(Rectangle((x0 + gpus[0] - 0.03, y0 - 0.03), len(gpus) + 0.01, 0.96,
-                                   fill=False, edgecolor="black", linewidth=1.2))
+            ax.add_patch(
+                Rectangle(
+                    (x0 + gpus[0] - 0.03, y0 - 0.03),
+                    len(gpus) + 0.01,
+                    0.96,
+                    fill=False,
+                    edgecolor="black",
+                    linewidth=1.2,
+                )
+            )
 
 
 def _rank_label(rk: dict, cp: bool, ep: bool) -> str:
@@ -273,7 +341,7 @@ def _rank_label(rk: dict, cp: bool, ep: bool) -> str:
 
 
 def node_name(pl: Placement, node: int) -> str:
-    """"node 3", or "node 3 leaf 1" under an oversubscribed spine."""
+    """ "node 3", or "node 3 leaf 1" under an oversubscribed spine."""
     return f"node {node}" + (f" leaf {node // pl.nodes_per_leaf}" if pl.nodes_per_leaf else "")
 
 
@@ -295,8 +363,16 @@ def _placement_labels(fig, ax, pl: Placement, nodes: int, origin) -> None:
     if size is not None:
         for rk, label in zip(pl.ranks, labels):
             x, y = origin(rk["node"])
-            ax.text(x + rk["gpu"] + 0.475, y + 0.45, label, ha="center", va="center", fontsize=size,
-                    gid=f"rank-{rk['rank']}", in_layout=False)
+            ax.text(
+                x + rk["gpu"] + 0.475,
+                y + 0.45,
+                label,
+                ha="center",
+                va="center",
+                fontsize=size,
+                gid=f"rank-{rk['rank']}",
+                in_layout=False,
+            )
     size = size_for(node_name(pl, nodes - 1), 1.2 * unit_w, 0.9 * unit_h, 7)
     if size is not None:
         for node in range(nodes):
@@ -320,7 +396,18 @@ def render(fig, fmt: str) -> bytes:
 
 
 # One colour per cluster of a `plan size` picture, in the order given.
-CLUSTER_COLOURS = ("#4C72B0", "#55A868", "#C44E52", "#8172B3", "#DD8452", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
+CLUSTER_COLOURS = (
+    "#4C72B0",
+    "#55A868",
+    "#C44E52",
+    "#8172B3",
+    "#DD8452",
+    "#937860",
+    "#DA8BC3",
+    "#8C8C8C",
+    "#CCB974",
+    "#64B5CD",
+)
 
 
 def size_figure(doc):
@@ -338,15 +425,34 @@ def size_figure(doc):
         if not ps:
             continue
         colour = CLUSTER_COLOURS[i % len(CLUSTER_COLOURS)]
-        ax.plot([p.days for p in ps], [value(p) for p in ps], marker="o", linestyle=":", color=colour, label=name, gid=f"size-{i}")
+        ax.plot(
+            [p.days for p in ps],
+            [value(p) for p in ps],
+            marker="o",
+            linestyle=":",
+            color=colour,
+            label=name,
+            gid=f"size-{i}",
+        )
         for p in ps:
             ax.hlines(value(p), p.days_interval[0], p.days_interval[1], color=colour, alpha=0.4, linewidth=3)
-            ax.annotate(f"{p.gpus:,}", (p.days, value(p)), xytext=(3, 4), textcoords="offset points", fontsize=7, color=colour)
+            ax.annotate(
+                f"{p.gpus:,}", (p.days, value(p)), xytext=(3, 4), textcoords="offset points", fontsize=7, color=colour
+            )
             if p.stops_paying:
-                ax.plot([p.days], [value(p)], marker="o", markersize=13, markerfacecolor="none", color="black", linewidth=0)
+                ax.plot(
+                    [p.days], [value(p)], marker="o", markersize=13, markerfacecolor="none", color="black", linewidth=0
+                )
     front = sorted((p for p in doc.points if p.on_front and value(p) is not None), key=lambda p: p.days)
     if front:
-        ax.plot([p.days for p in front], [value(p) for p in front], color="black", linewidth=1.2, label="front", gid="size-front")
+        ax.plot(
+            [p.days for p in front],
+            [value(p) for p in front],
+            color="black",
+            linewidth=1.2,
+            label="front",
+            gid="size-front",
+        )
     if doc.deadline_days is not None:
         ax.axvline(doc.deadline_days, color="black", linestyle="--", linewidth=1)
     ax.set_xscale("log")
@@ -358,5 +464,9 @@ def size_figure(doc):
     else:  # no point has a plan: an empty chart says so rather than nothing
         ax.text(0.5, 0.5, "no point has a plan (the table says why)", transform=ax.transAxes, ha="center", va="center")
     ringed = " (ringed: adding GPUs stops paying)" if any(p.stops_paying for p in doc.points) else ""
-    _title(fig, f"{short_text(doc.model.name)}: {doc.tokens / 1e12:,.3g}T tokens, batch {doc.global_batch_size:,} x {doc.seq_len:,}{ringed}", 9)
+    _title(
+        fig,
+        f"{short_text(doc.model.name)}: {doc.tokens / 1e12:,.3g}T tokens, batch {doc.global_batch_size:,} x {doc.seq_len:,}{ringed}",
+        9,
+    )
     return fig

@@ -19,7 +19,18 @@ from planner.datafile import short_text
 from planner.errors import UsageError
 from planner.numerals import whole_number, whole_numbers
 from planner.search.candidates import SearchSpace
-from planner.specs import Axis, ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, Recompute, Schedule, seq_problem, Target
+from planner.specs import (
+    Axis,
+    ClusterSpec,
+    JobSpec,
+    ModelSpec,
+    Plan,
+    PlanError,
+    Recompute,
+    Schedule,
+    seq_problem,
+    Target,
+)
 from planner.specs.job import STACK_FEATURES, ep_problem, tp_problem, world_size_problem
 
 # Bounds on what is physically meaningful (GPUs, sequences per step, tokens), the same for
@@ -66,7 +77,9 @@ def cluster_size(cluster: ClusterSpec, gpus: Optional[int], nodes: Optional[int]
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
     if gpus > MAX_GPUS:
-        raise UsageError(f"--gpus {gpus:,} is beyond any cluster ({MAX_GPUS:,} GPUs at most); give the GPUs you will train on")
+        raise UsageError(
+            f"--gpus {gpus:,} is beyond any cluster ({MAX_GPUS:,} GPUs at most); give the GPUs you will train on"
+        )
     check_profile_size(cluster, gpus, cluster_name)
     check_cluster_holds(cluster, gpus, "--gpus")
     return gpus
@@ -82,7 +95,11 @@ def check_cluster_holds(cluster: ClusterSpec, gpus: int, what: str) -> None:
     if cluster.num_nodes is not None and gpus > cluster.num_nodes * cluster.gpus_per_node:
         raise UsageError(
             f"{cluster.name} has {cluster.num_nodes} nodes x {cluster.gpus_per_node} = {cluster.num_nodes * cluster.gpus_per_node} GPUs, "
-            + (f"fewer than the {gpus} asked for" if what == "--gpus" else f"fewer than its {what} {gpus}; fix one of them")
+            + (
+                f"fewer than the {gpus} asked for"
+                if what == "--gpus"
+                else f"fewer than its {what} {gpus}; fix one of them"
+            )
         )
 
 
@@ -98,13 +115,24 @@ def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Opt
             f"plan for --gpus {env.world_size}, or profile again with the world size you want"
         )
     if backend is not None and backend != env.backend:
-        raise UsageError(f"{where} was measured with the {env.backend} backend, not {backend}: profile again with --backend {backend}")
+        raise UsageError(
+            f"{where} was measured with the {env.backend} backend, not {backend}: profile again with --backend {backend}"
+        )
 
 
 def make_job(
-    model: ModelSpec, global_batch: int, seq_len: Optional[int], precision: Optional[str], optimizer: str, no_flash: bool,
-    cluster: Optional[ClusterSpec] = None, stack: str = "generic", loss_kernel: Optional[str] = None,
-    moe_dispatcher: str = "alltoall", attention_kernel: Optional[str] = None, grad_reduce_bf16: bool = False,
+    model: ModelSpec,
+    global_batch: int,
+    seq_len: Optional[int],
+    precision: Optional[str],
+    optimizer: str,
+    no_flash: bool,
+    cluster: Optional[ClusterSpec] = None,
+    stack: str = "generic",
+    loss_kernel: Optional[str] = None,
+    moe_dispatcher: str = "alltoall",
+    attention_kernel: Optional[str] = None,
+    grad_reduce_bf16: bool = False,
 ) -> JobSpec:
     check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
     check_count("--seq-len", seq_len, MAX_SEQ_LEN, "tokens")
@@ -123,7 +151,9 @@ def make_job(
         name = dtype.value if hasattr(dtype, "value") else dtype
         if name not in peaks:
             if precision:
-                raise UsageError(f"{cluster.name} has no {name} throughput (it has {', '.join(sorted(peaks))}); pass --precision accordingly")
+                raise UsageError(
+                    f"{cluster.name} has no {name} throughput (it has {', '.join(sorted(peaks))}); pass --precision accordingly"
+                )
             dtype = sorted(peaks)[0]  # e.g. a CPU profile measured in fp32
     try:
         return JobSpec(
@@ -170,9 +200,13 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, gpus: int, cluster: O
     device = cluster.device
     if job.precision not in device.peak_tflops:
         have = ", ".join(sorted(getattr(k, "value", k) for k in device.peak_tflops))
-        raise UsageError(f"{cluster.name} has no {job.precision.value} throughput (it has {have}); change the job's precision")
+        raise UsageError(
+            f"{cluster.name} has no {job.precision.value} throughput (it has {have}); change the job's precision"
+        )
     if plan.fp8 and device.fp8_peak_tflops is None:
-        raise UsageError(f"fp8: {device.name} has no FP8 tensor cores ({specs.FP8_PARTS} do); drop fp8 or plan on a cluster with them")
+        raise UsageError(
+            f"fp8: {device.name} has no FP8 tensor cores ({specs.FP8_PARTS} do); drop fp8 or plan on a cluster with them"
+        )
 
 
 def check_document(doc, where: str = "") -> None:
@@ -184,11 +218,16 @@ def check_document(doc, where: str = "") -> None:
     try:
         check_cluster_holds(doc.cluster, doc.num_gpus, "num_gpus")
         plan = doc.plan
-        if world_size_problem(plan.dp, plan.cp, plan.tp, plan.pp, doc.num_gpus):  # the document's count, not a cluster's
+        if world_size_problem(
+            plan.dp, plan.cp, plan.tp, plan.pp, doc.num_gpus
+        ):  # the document's count, not a cluster's
             product = plan.dp * plan.cp * plan.tp * plan.pp
-            raise UsageError(f"num_gpus is {doc.num_gpus:,}, but the plan's layout (dp {plan.dp} x tp {plan.tp} x pp {plan.pp}"
-                             + (f" x cp {plan.cp}" if plan.cp > 1 else "") + f") runs on {product:,}; make them agree "
-                             "(re-create the plan with `plan solve -o`)")
+            raise UsageError(
+                f"num_gpus is {doc.num_gpus:,}, but the plan's layout (dp {plan.dp} x tp {plan.tp} x pp {plan.pp}"
+                + (f" x cp {plan.cp}" if plan.cp > 1 else "")
+                + f") runs on {product:,}; make them agree "
+                "(re-create the plan with `plan solve -o`)"
+            )
         check_plan(doc.plan, doc.model, doc.job, doc.num_gpus, doc.cluster)
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}" if where else str(exc)) from None
@@ -219,8 +258,10 @@ def mesh_axes(order) -> list[str]:
     axes = axis_names(items)
     if axes is None:
         shown = order if isinstance(order, str) else ",".join(str(getattr(a, "value", a)) for a in items)
-        raise UsageError(f"--mesh-order {short_text(shown)!r}: give dp, tp and pp in some order, innermost (inside a node) first, "
-                         "e.g. tp,dp,pp")
+        raise UsageError(
+            f"--mesh-order {short_text(shown)!r}: give dp, tp and pp in some order, innermost (inside a node) first, "
+            "e.g. tp,dp,pp"
+        )
     return axes
 
 
@@ -258,15 +299,32 @@ def micro_batch_count(job: JobSpec, gpus: int, dp: int, tp: int, pp: int, cp: in
     if job.global_batch_size % per:
         share = job.global_batch_size // dp if job.global_batch_size % dp == 0 else 0  # each replica's sequences
         smaller = max((m for m in range(1, min(micro_batch_size, share) + 1) if share % m == 0), default=None)
-        ways = ([f"--micro-batch-size {smaller}"] if smaller else []) + ([f"a global batch that is a multiple of {per}"]
-                                                                         if per <= MAX_GLOBAL_BATCH else [])
-        raise UsageError(f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {per}"
-                         + (f"; use {' or '.join(ways)}" if ways else ""))
+        ways = ([f"--micro-batch-size {smaller}"] if smaller else []) + (
+            [f"a global batch that is a multiple of {per}"] if per <= MAX_GLOBAL_BATCH else []
+        )
+        raise UsageError(
+            f"global batch {job.global_batch_size} is not divisible by dp x micro_batch_size = {dp} x {micro_batch_size} = {per}"
+            + (f"; use {' or '.join(ways)}" if ways else "")
+        )
     return job.global_batch_size // per
 
 
-def new_layout(job: JobSpec, gpus: int, *, tp: int, pp: int, dp: Optional[int], cp: int, ep: int, vpp: int,
-               micro_batch_size: int, schedule, layers_per_stage, mesh_order, **fields) -> Plan:
+def new_layout(
+    job: JobSpec,
+    gpus: int,
+    *,
+    tp: int,
+    pp: int,
+    dp: Optional[int],
+    cp: int,
+    ep: int,
+    vpp: int,
+    micro_batch_size: int,
+    schedule,
+    layers_per_stage,
+    mesh_order,
+    **fields,
+) -> Plan:
     """The Plan of `plan estimate`'s layout options: dp from the GPUs left by tp x pp x cp
     unless given, the micro-batch count from the batch, the interleaved schedule with vpp > 1.
     `fields`: the Plan fields taken as they are (recompute, zero_stage, sequence_parallel, ...)."""
@@ -274,25 +332,54 @@ def new_layout(job: JobSpec, gpus: int, *, tp: int, pp: int, dp: Optional[int], 
     if dp is None:
         dp = data_parallel(gpus, tp, pp, cp)
     return make_plan(
-        dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, cp=cp, micro_batch_size=micro_batch_size,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        ep=ep,
+        cp=cp,
+        micro_batch_size=micro_batch_size,
         num_micro_batches=micro_batch_count(job, gpus, dp, tp, pp, cp, micro_batch_size),
         schedule=schedule or (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b),
-        layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"), mesh_order=mesh_axes(mesh_order), **fields,
+        layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"),
+        mesh_order=mesh_axes(mesh_order),
+        **fields,
     )
 
 
 # --------------------------------------------------------------------------- a what-if (plan estimate --plan)
 
 # Keywords of a what-if that change the job, and the JobSpec field each sets.
-JOB_CHANGES = {"global_batch": "global_batch_size", "seq_len": "seq_len", "precision": "precision", "optimizer": "optimizer",
-               "target": "target", "loss_kernel": "loss_kernel", "moe_dispatcher": "moe_dispatcher",
-               "attention_kernel": "attention_kernel", "grad_reduce_bf16": "grad_reduce_bf16"}
+JOB_CHANGES = {
+    "global_batch": "global_batch_size",
+    "seq_len": "seq_len",
+    "precision": "precision",
+    "optimizer": "optimizer",
+    "target": "target",
+    "loss_kernel": "loss_kernel",
+    "moe_dispatcher": "moe_dispatcher",
+    "attention_kernel": "attention_kernel",
+    "grad_reduce_bf16": "grad_reduce_bf16",
+}
 # ... that change the layout, and the Plan field each sets.
-PLAN_CHANGES = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "fp8": "fp8", "vpp": "vpp",
-                "micro_batch_size": "micro_batch_size", "recompute": "recompute", "zero": "zero_stage",
-                "sequence_parallel": "sequence_parallel", "tp_comm_overlap": "tp_comm_overlap", "schedule": "schedule",
-                "recompute_norm_act": "recompute_norm_act",
-                "mesh_order": "mesh_order", "layers_per_stage": "layers_per_stage"}
+PLAN_CHANGES = {
+    "tp": "tp",
+    "pp": "pp",
+    "dp": "dp",
+    "ep": "ep",
+    "cp": "cp",
+    "fp8": "fp8",
+    "vpp": "vpp",
+    "micro_batch_size": "micro_batch_size",
+    "recompute": "recompute",
+    "zero": "zero_stage",
+    "sequence_parallel": "sequence_parallel",
+    "tp_comm_overlap": "tp_comm_overlap",
+    "schedule": "schedule",
+    "recompute_norm_act": "recompute_norm_act",
+    "mesh_order": "mesh_order",
+    "layers_per_stage": "layers_per_stage",
+}
 
 
 def what_if_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dict) -> tuple[JobSpec, list[str]]:
@@ -300,16 +387,29 @@ def what_if_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dic
     updates = {field: given[key] for key, field in JOB_CHANGES.items() if key in given}
     if not updates:
         return job, []
-    new_job = make_job(model, updates.get("global_batch_size", job.global_batch_size), updates.get("seq_len", job.seq_len),
-                       updates.get("precision", job.precision.value), updates.get("optimizer", job.optimizer.value),
-                       not job.flash_attention, cluster, updates.get("target", job.target.value),
-                       updates.get("loss_kernel", job.loss_kernel.value if job.loss_kernel else None),
-                       updates.get("moe_dispatcher", job.moe_dispatcher), updates.get("attention_kernel", job.attention_kernel),
-                       updates.get("grad_reduce_bf16", job.grad_reduce_bf16))
+    new_job = make_job(
+        model,
+        updates.get("global_batch_size", job.global_batch_size),
+        updates.get("seq_len", job.seq_len),
+        updates.get("precision", job.precision.value),
+        updates.get("optimizer", job.optimizer.value),
+        not job.flash_attention,
+        cluster,
+        updates.get("target", job.target.value),
+        updates.get("loss_kernel", job.loss_kernel.value if job.loss_kernel else None),
+        updates.get("moe_dispatcher", job.moe_dispatcher),
+        updates.get("attention_kernel", job.attention_kernel),
+        updates.get("grad_reduce_bf16", job.grad_reduce_bf16),
+    )
+
     def show(value) -> str:  # a job field left unset takes its stack's default (loss_kernel, attention_kernel)
         return "the stack's default" if value is None else _show(value)
 
-    changes = [f"{k} {show(getattr(job, k))} -> {show(getattr(new_job, k))}" for k in updates if getattr(job, k) != getattr(new_job, k)]
+    changes = [
+        f"{k} {show(getattr(job, k))} -> {show(getattr(new_job, k))}"
+        for k in updates
+        if getattr(job, k) != getattr(new_job, k)
+    ]
     return new_job, changes
 
 
@@ -343,8 +443,9 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
                 fields[field] = False
     if (world_given or given.keys() & {"tp", "pp", "cp"}) and "dp" not in given:
         fields["dp"] = data_parallel(gpus, fields["tp"], fields["pp"], fields["cp"])
-    fields["num_micro_batches"] = micro_batch_count(job, gpus, fields["dp"], fields["tp"], fields["pp"], fields["cp"],
-                                                    fields["micro_batch_size"])
+    fields["num_micro_batches"] = micro_batch_count(
+        job, gpus, fields["dp"], fields["tp"], fields["pp"], fields["cp"], fields["micro_batch_size"]
+    )
     if "vpp" in given and "schedule" not in given:
         schedule = Schedule.interleaved_1f1b if fields["vpp"] > 1 else Schedule.one_f_one_b
         if Schedule(fields["schedule"]) != schedule:
@@ -352,7 +453,11 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
         fields["schedule"] = schedule
     stages = fields["pp"] * fields["vpp"]
     for key in ("layers_per_stage", "stage_recompute"):
-        if fields.get(key) is not None and len(fields[key]) != stages and not (key == "layers_per_stage" and "layers_per_stage" in given):
+        if (
+            fields.get(key) is not None
+            and len(fields[key]) != stages
+            and not (key == "layers_per_stage" and "layers_per_stage" in given)
+        ):
             changes.append(f"{key} dropped ({len(fields[key])} stages -> {stages})")
             fields[key] = None
     if "recompute" in given:
@@ -360,7 +465,9 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
     elif fields.get("stage_recompute") is None and fields["recompute"] == "mixed":
         changes.append("recompute mixed -> none (the per-stage recompute was dropped; give --recompute to choose)")
         fields["recompute"] = "none"
-    changes += [f"{k} {getattr(plan, k)} -> {fields[k]}" for k in ("dp", "num_micro_batches") if fields[k] != getattr(plan, k)]
+    changes += [
+        f"{k} {getattr(plan, k)} -> {fields[k]}" for k in ("dp", "num_micro_batches") if fields[k] != getattr(plan, k)
+    ]
     return make_plan(**fields), changes
 
 
@@ -373,12 +480,23 @@ def _show(value) -> str:
 # --------------------------------------------------------------------------- a search space (plan solve)
 
 _FIX_KEYS = {
-    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "vpp": ("vpp", int), "ep": ("ep", int), "cp": ("cp", int),
-    "mbs": ("micro_batch_size", int), "micro_batch_size": ("micro_batch_size", int),
-    "zero": ("zero_stage", int), "zero_stage": ("zero_stage", int),
-    "sp": ("sequence_parallel", "bool"), "sequence_parallel": ("sequence_parallel", "bool"),
-    "schedule": ("schedule", str), "mesh_order": ("mesh_order", "axes"), "recompute": ("recompute", str),
-    "tp_comm_overlap": ("tp_comm_overlap", "bool"), "fp8": ("fp8", "bool"),
+    "dp": ("dp", int),
+    "tp": ("tp", int),
+    "pp": ("pp", int),
+    "vpp": ("vpp", int),
+    "ep": ("ep", int),
+    "cp": ("cp", int),
+    "mbs": ("micro_batch_size", int),
+    "micro_batch_size": ("micro_batch_size", int),
+    "zero": ("zero_stage", int),
+    "zero_stage": ("zero_stage", int),
+    "sp": ("sequence_parallel", "bool"),
+    "sequence_parallel": ("sequence_parallel", "bool"),
+    "schedule": ("schedule", str),
+    "mesh_order": ("mesh_order", "axes"),
+    "recompute": ("recompute", str),
+    "tp_comm_overlap": ("tp_comm_overlap", "bool"),
+    "fp8": ("fp8", "bool"),
     "recompute_norm_act": ("recompute_norm_act", "bool"),
 }
 
@@ -409,7 +527,9 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
     for item in fixes:
         key, sep, value = item.partition("=")
         if not sep or key not in _FIX_KEYS:
-            raise UsageError(f"--fix {short_text(item)!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(_FIX_KEYS))}")
+            raise UsageError(
+                f"--fix {short_text(item)!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(_FIX_KEYS))}"
+            )
         field, kind = _FIX_KEYS[key]
         before = fixed.get(field, modes if field == "recompute" and modes != MODES else None)
         try:
@@ -435,10 +555,19 @@ def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
                     raise ValueError  # a mix is what the search decides; fix one mode
                 modes = (Recompute(value),)
         except ValueError:
-            allowed = (" (0 to 3)" if field == "zero_stage" else " (a whole number from 1 to 1,048,576)" if kind is int
-                       else " (true or false)" if kind == "bool" else " (dp, tp and pp in some order, e.g. tp,dp,pp)"
-                       if kind == "axes" else f" ({', '.join(x.value for x in Schedule)})" if field == "schedule"
-                       else f" ({', '.join(x.value for x in Recompute if x != Recompute.mixed)})")
+            allowed = (
+                " (0 to 3)"
+                if field == "zero_stage"
+                else " (a whole number from 1 to 1,048,576)"
+                if kind is int
+                else " (true or false)"
+                if kind == "bool"
+                else " (dp, tp and pp in some order, e.g. tp,dp,pp)"
+                if kind == "axes"
+                else f" ({', '.join(x.value for x in Schedule)})"
+                if field == "schedule"
+                else f" ({', '.join(x.value for x in Recompute if x != Recompute.mixed)})"
+            )
             raise UsageError(f"--fix {short_text(item)!r}: not a valid value for {key}{allowed}") from None
         after = fixed.get(field, modes if field == "recompute" else None)
         if before is not None and before != after:
@@ -458,9 +587,19 @@ def refuse_model_fixes(model: ModelSpec, fixed: dict) -> None:
         raise UsageError(f"--fix ep={fixed['ep']}: {why}; fix another ep or drop the fix")
 
 
-def search_space(cluster: ClusterSpec, job: JobSpec, gpus: int, fixed: dict, modes: tuple, *, global_batch: Optional[int],
-                 micro_batch_size: Optional[int], micro_batches: Optional[int], allow_cross_node_tp: bool,
-                 fp8: bool) -> SearchSpace:
+def search_space(
+    cluster: ClusterSpec,
+    job: JobSpec,
+    gpus: int,
+    fixed: dict,
+    modes: tuple,
+    *,
+    global_batch: Optional[int],
+    micro_batch_size: Optional[int],
+    micro_batches: Optional[int],
+    allow_cross_node_tp: bool,
+    fp8: bool,
+) -> SearchSpace:
     """What `plan solve` searches: every layout of `gpus` GPUs less what --fix pins (`fixed`
     and the recompute `modes`, from parse_fixes)."""
     fixed_degrees = {k: fixed[k] for k in ("dp", "tp", "pp", "cp") if k in fixed}
@@ -468,16 +607,27 @@ def search_space(cluster: ClusterSpec, job: JobSpec, gpus: int, fixed: dict, mod
     if gpus % product:  # refused here, as `plan estimate` refuses it, not as "no layout" after the search
         named = " x ".join(f"{k} {v}" for k, v in fixed_degrees.items())
         what = f"{named} = {product:,}" if len(fixed_degrees) > 1 else f"{product:,}"
-        raise UsageError(f"--fix {', '.join(f'{k}={v}' for k, v in fixed_degrees.items())}: {what} does not divide the "
-                         f"{gpus:,} GPUs; fix degrees whose product divides {gpus:,}")
+        raise UsageError(
+            f"--fix {', '.join(f'{k}={v}' for k, v in fixed_degrees.items())}: {what} does not divide the "
+            f"{gpus:,} GPUs; fix degrees whose product divides {gpus:,}"
+        )
     if micro_batch_size is not None and micro_batch_size * (micro_batches or 1) > MAX_GLOBAL_BATCH:
-        raise UsageError(f"--micro-batch-size {micro_batch_size} x --micro-batches {micro_batches} is "
-                         f"{micro_batch_size * micro_batches:,} sequences a replica, over the {MAX_GLOBAL_BATCH:,} a step may "
-                         "hold; give fewer micro-batches or a smaller micro-batch")
+        raise UsageError(
+            f"--micro-batch-size {micro_batch_size} x --micro-batches {micro_batches} is "
+            f"{micro_batch_size * micro_batches:,} sequences a replica, over the {MAX_GLOBAL_BATCH:,} a step may "
+            "hold; give fewer micro-batches or a smaller micro-batch"
+        )
     return SearchSpace(
-        num_gpus=gpus, global_batch_size=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
-        max_tp=gpus if allow_cross_node_tp else None, fixed=fixed, recompute_modes=modes,
-        fp8=fp8_choices(fp8, fixed, cluster), cp_degrees=cp_degrees(job.seq_len, gpus, fixed.get("cp")), seq_len=job.seq_len,
+        num_gpus=gpus,
+        global_batch_size=global_batch,
+        micro_batch_size=micro_batch_size,
+        micro_batches=micro_batches,
+        max_tp=gpus if allow_cross_node_tp else None,
+        fixed=fixed,
+        recompute_modes=modes,
+        fp8=fp8_choices(fp8, fixed, cluster),
+        cp_degrees=cp_degrees(job.seq_len, gpus, fixed.get("cp")),
+        seq_len=job.seq_len,
     )
 
 
@@ -487,7 +637,9 @@ def fp8_choices(allowed: bool, fixed: dict, cluster: ClusterSpec) -> tuple:
     want = allowed or fixed.get("fp8") is True
     if want and cluster.device.fp8_peak_tflops is None:
         flag = "--fp8" if allowed else "--fix fp8=true"
-        raise UsageError(f"{flag}: {cluster.device.name} has no FP8 tensor cores ({specs.FP8_PARTS} do); drop it or plan on one of those")
+        raise UsageError(
+            f"{flag}: {cluster.device.name} has no FP8 tensor cores ({specs.FP8_PARTS} do); drop it or plan on one of those"
+        )
     return (False, True) if want else (False,)
 
 
@@ -506,7 +658,9 @@ def cp_degrees(seq_len: int, gpus: int, fixed: Optional[int]) -> tuple:
     if fixed is not None:
         return (fixed,)
     out, cp = [1], 2
-    while seq_len > CP_FROM_SEQ_LEN and cp <= gpus and seq_len // cp >= CP_MIN_TOKENS_PER_RANK and seq_len % (2 * cp) == 0:
+    while (
+        seq_len > CP_FROM_SEQ_LEN and cp <= gpus and seq_len // cp >= CP_MIN_TOKENS_PER_RANK and seq_len % (2 * cp) == 0
+    ):
         out.append(cp)
         cp *= 2
     return tuple(out)

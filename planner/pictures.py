@@ -108,7 +108,7 @@ def _orders(schedule: Schedule, pp: int, vpp: int, m: int) -> list[list[tuple[st
         order = fwd[:warm]
         for i in range(len(fwd) - warm):
             order += [fwd[warm + i], bwd[i]]
-        order += bwd[len(fwd) - warm:]
+        order += bwd[len(fwd) - warm :]
         orders.append(order)
     return orders
 
@@ -120,7 +120,9 @@ def replay(schedule: Schedule, pp: int, vpp: int, m: int, segments: dict) -> lis
     last = pp * vpp - 1
     end: dict[tuple[str, int, int], float] = {}
     orders = _orders(schedule, pp, vpp, m)
-    pieces = {key: tuple(s for s in parts if s[1] > 0) for key, parts in segments.items()}  # shared by the ops of a stage
+    pieces = {
+        key: tuple(s for s in parts if s[1] > 0) for key, parts in segments.items()
+    }  # shared by the ops of a stage
     pos, free = [0] * pp, [0.0] * pp
     ops: list[Op] = []
     remaining = sum(len(o) for o in orders)
@@ -174,7 +176,10 @@ def timeline(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, e
         f_comp, f_tp = fwd * share, fwd * (1 - share)
         segments["F", j] = [("forward", f_comp), ("tp_comm", f_tp), ("pp_comm", p2p / 2)]
         segments["B", j] = [
-            ("recompute", rec), ("backward", comp - f_comp), ("tp_comm", tp - f_tp), ("pp_comm", p2p / 2),
+            ("recompute", rec),
+            ("backward", comp - f_comp),
+            ("tp_comm", tp - f_tp),
+            ("pp_comm", p2p / 2),
             ("dp_comm", exposed[r][0] / v),
         ]
 
@@ -228,16 +233,23 @@ class Window:
 
     def is_whole(self, tl: Timeline) -> bool:
         return (self.first_rank, self.last_rank, self.first_micro_batch, self.last_micro_batch) == (
-            0, tl.pp - 1, 0, tl.num_micro_batches - 1)
+            0,
+            tl.pp - 1,
+            0,
+            tl.num_micro_batches - 1,
+        )
 
     def describe(self, tl: Timeline) -> str:
         """The window in words, for a picture's title."""
+
         def span(a: int, b: int) -> str:
             return str(a) if a == b else f"{a}-{b}"
 
-        return (f"zoom: pipeline ranks {span(self.first_rank, self.last_rank)} of 0-{tl.pp - 1}, micro-batches "
-                f"{span(self.first_micro_batch, self.last_micro_batch)} of 0-{tl.num_micro_batches - 1}: "
-                f"{self.start:.3g}-{self.end:.3g} s of the {tl.step_time:.3g} s step")
+        return (
+            f"zoom: pipeline ranks {span(self.first_rank, self.last_rank)} of 0-{tl.pp - 1}, micro-batches "
+            f"{span(self.first_micro_batch, self.last_micro_batch)} of 0-{tl.num_micro_batches - 1}: "
+            f"{self.start:.3g}-{self.end:.3g} s of the {tl.step_time:.3g} s step"
+        )
 
 
 def window(tl: Timeline, micro_batches: tuple[int, int] | None = None, ranks: tuple[int, int] | None = None) -> Window:
@@ -282,8 +294,9 @@ class _Ranks(Sequence):
     to list them all, where `plan show` counts them, lists a node's and draws at most
     draw.MAX_PLACEMENT_RANKS."""
 
-    def __init__(self, plan: Plan, strides: dict, degrees: dict, gpus_per_node: int, leaf_gpus: int | None,
-                 tp_inner: bool) -> None:
+    def __init__(
+        self, plan: Plan, strides: dict, degrees: dict, gpus_per_node: int, leaf_gpus: int | None, tp_inner: bool
+    ) -> None:
         self._axes = [(a.value, strides[a], degrees[a]) for a in Axis]
         self._cp, self._g, self._n = plan.cp, gpus_per_node, plan.world_size
         self._tp, self._ep, self._leaf, self._replicas = plan.tp, plan.ep, leaf_gpus, plan.dp * plan.cp
@@ -320,29 +333,55 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
     g = cluster.gpus_per_node
     spine = cluster.spine
     expert_stride = ep_stride(plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order)
-    ranks = _Ranks(plan, strides, degrees, g, spine.nodes_per_leaf * g if spine else None,
-                   plan.tp > 1 and expert_stride == strides[Axis.tp])
+    ranks = _Ranks(
+        plan,
+        strides,
+        degrees,
+        g,
+        spine.nodes_per_leaf * g if spine else None,
+        plan.tp > 1 and expert_stride == strides[Axis.tp],
+    )
     links = mesh_links(cluster, plan.dp * plan.cp, plan.tp, plan.pp, plan.mesh_order)
     # the fast link's reach: a node, or a scale-up domain of several (ClusterSpec.domain_gpus)
-    unit, across = ("a node", "nodes") if cluster.domain_gpus == g else (f"a scale-up domain of {cluster.domain_gpus} GPUs",
-                                                                         "scale-up domains")
+    unit, across = (
+        ("a node", "nodes")
+        if cluster.domain_gpus == g
+        else (f"a scale-up domain of {cluster.domain_gpus} GPUs", "scale-up domains")
+    )
 
     def row(axis: str, degree: int, stride: int, link: GroupLink) -> dict:
         tier = cluster.inter_node if link.inter_node else cluster.intra_node
         name = tier.name if degree > 1 else "none (degree 1)"
-        where = (f"across {across} ({link.rails} rail(s)): {name}" if link.inter_node
-                 else name if degree == 1 else f"inside {unit}: {name}")
-        return {"axis": axis, "degree": degree, "stride": stride, "inter_node": link.inter_node,
-                "rails": link.rails if link.inter_node else None, "link": name, "where": where}
+        where = (
+            f"across {across} ({link.rails} rail(s)): {name}"
+            if link.inter_node
+            else name
+            if degree == 1
+            else f"inside {unit}: {name}"
+        )
+        return {
+            "axis": axis,
+            "degree": degree,
+            "stride": stride,
+            "inter_node": link.inter_node,
+            "rails": link.rails if link.inter_node else None,
+            "link": name,
+            "where": where,
+        }
 
-    axes = [row(a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", degrees[a], strides[a], links[a]) for a in plan.mesh_order]
+    axes = [
+        row(a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", degrees[a], strides[a], links[a])
+        for a in plan.mesh_order
+    ]
     if plan.ep > 1:
         link = GroupLink(cluster, plan.ep, expert_stride)  # the group cost_models/tables.py:ep_link_of prices
         ep = row("ep", plan.ep, expert_stride, link)
         slowed = spine_factor(cluster, link)
         if slowed > 1:
-            ep["where"] += (f"; its all-to-all crosses the spine ({spine.nodes_per_leaf} nodes a leaf, "
-                            f"{spine.oversubscription:g}:1), network part x{slowed:.2f}")
+            ep["where"] += (
+                f"; its all-to-all crosses the spine ({spine.nodes_per_leaf} nodes a leaf, "
+                f"{spine.oversubscription:g}:1), network part x{slowed:.2f}"
+            )
         axes.append(ep)
     return Placement(g, ranks, axes, spine.nodes_per_leaf if spine else None)
 
@@ -353,5 +392,16 @@ def rank_coordinates(rk: dict, cp: bool, ep: bool) -> str:
     return f"d{rk['dp']} t{rk['tp']} p{rk['pp']}" + (f" c{rk['cp']}" if cp else "") + (f" e{rk['ep']}" if ep else "")
 
 
-__all__ = ["KINDS", "MEMORY_KINDS", "Op", "Placement", "Timeline", "Window", "memory_bars", "placement", "rank_coordinates", "timeline",
-           "window"]
+__all__ = [
+    "KINDS",
+    "MEMORY_KINDS",
+    "Op",
+    "Placement",
+    "Timeline",
+    "Window",
+    "memory_bars",
+    "placement",
+    "rank_coordinates",
+    "timeline",
+    "window",
+]

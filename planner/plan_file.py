@@ -31,8 +31,10 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
     data, text = read_mapping(path)
     raw = data.get("schema_version")
     if raw is not None and not isinstance(raw, str):  # 1.10 as a number reads 1.1
-        raise UsageError(f"{path}: schema_version is {raw!r}, not a string; write it quoted, as \"{SCHEMA_VERSION}\" "
-                         "(a number cannot tell 1.1 from 1.10)")
+        raise UsageError(
+            f'{path}: schema_version is {raw!r}, not a string; write it quoted, as "{SCHEMA_VERSION}" '
+            "(a number cannot tell 1.1 from 1.10)"
+        )
     version = raw or ""
     parts = ("model", "cluster", "num_gpus", "job", "plan")
     if not raw and any(data.get(k) is None for k in parts):  # a model, profile, export, size document...
@@ -71,8 +73,10 @@ def read_plan_file(path: Path, alternative: int | None = None) -> PlanInput:
 
 
 def _not_a_plan(path: Path, missing: list[str]) -> None:
-    raise UsageError(f"{path}: not a plan file, missing {', '.join(missing)} (plan files are what `plan solve -o` and "
-                     "`plan estimate -o` write)")
+    raise UsageError(
+        f"{path}: not a plan file, missing {', '.join(missing)} (plan files are what `plan solve -o` and "
+        "`plan estimate -o` write)"
+    )
 
 
 def _older(version: str, than: tuple) -> bool:

@@ -46,7 +46,9 @@ def parse_gpu_counts(text: str) -> list[int]:
         if ".." in t:
             lo, hi = (int(x) for x in t.split("..", 1))
             if 1 <= hi < lo <= MAX_GPUS and re.fullmatch(r"[0-9]+\.\.[0-9]+", t):
-                raise UsageError(f"--gpus {text!r}: the range runs backwards; give FIRST..LAST with FIRST <= LAST, e.g. {hi}..{lo}")
+                raise UsageError(
+                    f"--gpus {text!r}: the range runs backwards; give FIRST..LAST with FIRST <= LAST, e.g. {hi}..{lo}"
+                )
             if not 1 <= lo <= hi:
                 raise ValueError
             counts = []
@@ -59,8 +61,10 @@ def parse_gpu_counts(text: str) -> list[int]:
     except ValueError:
         counts = []
     if not counts or min(counts) < 1 or max(counts) > MAX_GPUS or not re.fullmatch(r"[0-9., ]+", t):
-        raise UsageError(f"--gpus {text!r}: give GPU counts as FIRST..LAST (doubling), e.g. 256..8192, or a list 256,1024,4096 "
-                         f"(1 to {MAX_GPUS:,})")
+        raise UsageError(
+            f"--gpus {text!r}: give GPU counts as FIRST..LAST (doubling), e.g. 256..8192, or a list 256,1024,4096 "
+            f"(1 to {MAX_GPUS:,})"
+        )
     return counts
 
 
@@ -74,7 +78,9 @@ def parse_prices(items: Sequence[str], clusters: Sequence[str]) -> dict[str, flo
         except ValueError:
             price = -1.0
         if not name or not math.isfinite(price) or not 0 < price <= 1000:
-            raise UsageError(f"--price {item!r}: give CLUSTER=PRICE, a price per GPU-hour above 0 and at most 1,000, e.g. dgx-h100-80gb=2.5")
+            raise UsageError(
+                f"--price {item!r}: give CLUSTER=PRICE, a price per GPU-hour above 0 and at most 1,000, e.g. dgx-h100-80gb=2.5"
+            )
         if name not in clusters:
             raise UsageError(f"--price {item!r}: {name} is not one of --clusters ({', '.join(clusters)})")
         if name in prices:
@@ -103,18 +109,37 @@ def reason_of(exc: PlannerError) -> str:
     return "layout"
 
 
-def sweep(model, clusters: Sequence[tuple[str, object]], counts: Sequence[int], tokens: float, global_batch: int, seq_len: int,
-          *, target: Optional[str] = None, prices: Optional[dict[str, float]] = None, deadline_days: Optional[float] = None,
-          budget: Optional[float] = None, min_scaling: float = 0.7, time_limit: Optional[float] = None,
-          progress: Callable[[str], None] = lambda _: None) -> SizeDocument:
+def sweep(
+    model,
+    clusters: Sequence[tuple[str, object]],
+    counts: Sequence[int],
+    tokens: float,
+    global_batch: int,
+    seq_len: int,
+    *,
+    target: Optional[str] = None,
+    prices: Optional[dict[str, float]] = None,
+    deadline_days: Optional[float] = None,
+    budget: Optional[float] = None,
+    min_scaling: float = 0.7,
+    time_limit: Optional[float] = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> SizeDocument:
     """Solve every (cluster, GPU count) point and mark the front (the module docstring)."""
     from planner import api
 
     prices = prices or {}
     if len(clusters) * len(counts) > MAX_POINTS:
-        raise UsageError(f"{len(clusters)} clusters x {len(counts)} GPU counts = {len(clusters) * len(counts)} solves; "
-                         f"give at most {MAX_POINTS} (fewer --clusters or --gpus)")
-    for _, cluster in clusters:  # what is wrong at every count (a sequence past the model's, a dtype the device lacks) is one error now
+        raise UsageError(
+            f"{len(clusters)} clusters x {len(counts)} GPU counts = {len(clusters) * len(counts)} solves; "
+            f"give at most {MAX_POINTS} (fewer --clusters or --gpus)"
+        )
+    for (
+        _,
+        cluster,
+    ) in (
+        clusters
+    ):  # what is wrong at every count (a sequence past the model's, a dtype the device lacks) is one error now
         make_job(model, global_batch, seq_len, None, "adam", False, cluster, target or "generic")
     steps = math.ceil(tokens / (global_batch * seq_len))
     started = time.monotonic()
@@ -127,39 +152,80 @@ def sweep(model, clusters: Sequence[tuple[str, object]], counts: Sequence[int], 
                 continue
             seen.add(gpus)
             progress(f"{name}: {gpus:,} GPUs")
-            base = dict(cluster=name, device=cluster.device.name, gpus=gpus, gpus_asked=asked, price_per_gpu_hour=prices.get(name))
+            base = dict(
+                cluster=name,
+                device=cluster.device.name,
+                gpus=gpus,
+                gpus_asked=asked,
+                price_per_gpu_hour=prices.get(name),
+            )
             try:
-                doc = api.solve(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len, target=target,
-                                top_k=0, time_limit=time_limit)
+                doc = api.solve(
+                    model,
+                    cluster,
+                    gpus=gpus,
+                    global_batch=global_batch,
+                    seq_len=seq_len,
+                    target=target,
+                    top_k=0,
+                    time_limit=time_limit,
+                )
             except (InfeasibleError, UsageError) as exc:  # no layout fits, or this count cannot hold the batch
                 points.append({**base, "feasible": False, "reason": reason_of(exc), "detail": str(exc)})
                 continue
             est = doc.estimate
             step, (lo, hi) = est.step_time_s, est.step_time_interval_s
             gpu_hours = gpus * steps * step / 3600
-            points.append(dict(
-                **base, feasible=True, target=doc.job.target.value, plan=doc.plan, step_time_s=step,
-                step_time_interval_s=(lo, hi), mfu=est.mfu, peak_memory_gib=est.peak_memory_gib,
-                days=steps * step / 86400, days_interval=(steps * lo / 86400, steps * hi / 86400), gpu_hours=gpu_hours,
-                cost=gpu_hours * prices[name] if name in prices else None, optimal=doc.search.optimal,
-            ))
+            points.append(
+                dict(
+                    **base,
+                    feasible=True,
+                    target=doc.job.target.value,
+                    plan=doc.plan,
+                    step_time_s=step,
+                    step_time_interval_s=(lo, hi),
+                    mfu=est.mfu,
+                    peak_memory_gib=est.peak_memory_gib,
+                    days=steps * step / 86400,
+                    days_interval=(steps * lo / 86400, steps * hi / 86400),
+                    gpu_hours=gpu_hours,
+                    cost=gpu_hours * prices[name] if name in prices else None,
+                    optimal=doc.search.optimal,
+                )
+            )
     priced = bool(prices) and all(n in prices for n, _ in clusters)
     _mark(points, min_scaling, deadline_days, budget, priced)
     return SizeDocument(
-        model=model, tokens=tokens, global_batch_size=global_batch, seq_len=seq_len, steps=steps, target=target,
-        prices=prices, deadline_days=deadline_days, budget=budget, min_scaling=min_scaling,
-        front_axis="cost" if priced else "gpu_hours", points=[SizePoint(**p) for p in points],
+        model=model,
+        tokens=tokens,
+        global_batch_size=global_batch,
+        seq_len=seq_len,
+        steps=steps,
+        target=target,
+        prices=prices,
+        deadline_days=deadline_days,
+        budget=budget,
+        min_scaling=min_scaling,
+        front_axis="cost" if priced else "gpu_hours",
+        points=[SizePoint(**p) for p in points],
         wall_time_s=time.monotonic() - started,
     )
 
 
-def _mark(points: list[dict], min_scaling: float, deadline_days: Optional[float], budget: Optional[float], priced: bool) -> None:
+def _mark(
+    points: list[dict], min_scaling: float, deadline_days: Optional[float], budget: Optional[float], priced: bool
+) -> None:
     """Front, scaling efficiency and the deadline / budget verdicts, on the points' fields."""
     ok = [p for p in points if p["feasible"]]
     axis = "cost" if priced else "gpu_hours"
     for p in ok:
-        p["on_front"] = not any(q is not p and q["days"] <= p["days"] and q[axis] <= p[axis]
-                                and (q["days"] < p["days"] or q[axis] < p[axis]) for q in ok)
+        p["on_front"] = not any(
+            q is not p
+            and q["days"] <= p["days"]
+            and q[axis] <= p[axis]
+            and (q["days"] < p["days"] or q[axis] < p[axis])
+            for q in ok
+        )
         p["within_deadline"] = None if deadline_days is None else p["days"] <= deadline_days
         p["within_budget"] = None if budget is None or p["cost"] is None else p["cost"] <= budget
     by_cluster: dict[str, list[dict]] = {}

@@ -32,8 +32,13 @@ def snapshot(d: Path) -> dict:
     return out
 
 
-def assert_refused(directory: Path, args: list[str], code: int | tuple[int, ...] = (1, 2), name: str = "",
-                   seconds: float = TIME_ALLOWED_S) -> str:
+def assert_refused(
+    directory: Path,
+    args: list[str],
+    code: int | tuple[int, ...] = (1, 2),
+    name: str = "",
+    seconds: float = TIME_ALLOWED_S,
+) -> str:
     """Run `plan ARGS` in-process from `directory`; check the promise; return the error line."""
     codes = (code,) if isinstance(code, int) else code
     before = snapshot(directory)
@@ -55,14 +60,27 @@ def assert_refused(directory: Path, args: list[str], code: int | tuple[int, ...]
     return err[0]
 
 
-def assert_refused_subprocess(directory: Path, args: list[str], code: int | tuple[int, ...] = (1, 2), seconds: float = TIME_ALLOWED_S,
-                              env: dict | None = None, **kw) -> str:
+def assert_refused_subprocess(
+    directory: Path,
+    args: list[str],
+    code: int | tuple[int, ...] = (1, 2),
+    seconds: float = TIME_ALLOWED_S,
+    env: dict | None = None,
+    **kw,
+) -> str:
     """The same through a real process (signals, file descriptors, the environment)."""
     codes = (code,) if isinstance(code, int) else code
     before = snapshot(directory)
     start = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], cwd=directory, capture_output=True, text=True,
-                       timeout=seconds + 30, env={**os.environ, "COLUMNS": "100", **(env or {})}, **kw)
+    r = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *args],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 30,
+        env={**os.environ, "COLUMNS": "100", **(env or {})},
+        **kw,
+    )
     took = time.monotonic() - start
     assert r.returncode in codes, (args, r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()

@@ -14,8 +14,9 @@ PG_TIMEOUT = "30"  # process-group timeout inside the workers
 
 
 def cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, **kw
+    )
 
 
 def write_specs(root: Path, specs: dict) -> dict:
@@ -27,11 +28,27 @@ def write_specs(root: Path, specs: dict) -> dict:
     return files
 
 
-def plan_doc(model_file: Path, gpus: int, global_batch: int, seq_len: int, options: list[str],
-             cluster: str = "dgx-a100-80gb") -> dict:
+def plan_doc(
+    model_file: Path, gpus: int, global_batch: int, seq_len: int, options: list[str], cluster: str = "dgx-a100-80gb"
+) -> dict:
     """A plan document of `plan estimate --json` in fp32 (what the CPU run computes)."""
-    res = cli("estimate", "--model", str(model_file), "--cluster", cluster, "--gpus", str(gpus), "--global-batch",
-              str(global_batch), "--seq-len", str(seq_len), "--precision", "fp32", *options, "--json")
+    res = cli(
+        "estimate",
+        "--model",
+        str(model_file),
+        "--cluster",
+        cluster,
+        "--gpus",
+        str(gpus),
+        "--global-batch",
+        str(global_batch),
+        "--seq-len",
+        str(seq_len),
+        "--precision",
+        "fp32",
+        *options,
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -40,13 +57,29 @@ def run_batch(tmp_path: Path, docs: list[dict], nproc: int, steps: int = 3) -> l
     """Run every plan document on `nproc` processes (`steps` steps, 1 warm-up); their reports.
     A document's `seed`, `learning_rate` and `fault` (planner/executor/batch.py) go along."""
     extra = ("seed", "learning_rate", "fault")
-    items = [{k: doc[k] for k in ("model", "job", "plan")} | {k: doc[k] for k in extra if k in doc} | {"steps": steps, "warmup": 1}
-             for doc in docs]
+    items = [
+        {k: doc[k] for k in ("model", "job", "plan")}
+        | {k: doc[k] for k in extra if k in doc}
+        | {"steps": steps, "warmup": 1}
+        for doc in docs
+    ]
     src, out = tmp_path / "cases.json", tmp_path / "reports.json"
     src.write_text(json.dumps(items))
     proc = subprocess.run(
-        [sys.executable, "-m", "planner.executor.batch", str(src), str(out), "--nproc-per-node", str(nproc), "--timeout", PG_TIMEOUT],
-        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
+        [
+            sys.executable,
+            "-m",
+            "planner.executor.batch",
+            str(src),
+            str(out),
+            "--nproc-per-node",
+            str(nproc),
+            "--timeout",
+            PG_TIMEOUT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())

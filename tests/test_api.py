@@ -67,13 +67,26 @@ def without_times(doc: dict) -> dict:
 # --------------------------------------------------------------------------- against the CLI
 
 
-@pytest.mark.parametrize("layout", [
-    dict(tp=2, zero=1),
-    dict(tp=2, pp=2, vpp=2, sequence_parallel=True, recompute="selective", layers_per_stage="8,8,8,8", mesh_order="tp,pp,dp",
-         target="megatron", tp_comm_overlap=True),
-    dict(pp=2, micro_batch_size=2, schedule="gpipe", recompute="full", precision="fp16", optimizer="sgd"),
-    dict(gpus=2, pp=2),  # over its memory: the CLI prints the document and exits 1, the API returns it
-], ids=["tp-zero", "megatron-interleaved", "gpipe-fp16", "does-not-fit"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(tp=2, zero=1),
+        dict(
+            tp=2,
+            pp=2,
+            vpp=2,
+            sequence_parallel=True,
+            recompute="selective",
+            layers_per_stage="8,8,8,8",
+            mesh_order="tp,pp,dp",
+            target="megatron",
+            tp_comm_overlap=True,
+        ),
+        dict(pp=2, micro_batch_size=2, schedule="gpipe", recompute="full", precision="fp16", optimizer="sgd"),
+        dict(gpus=2, pp=2),  # over its memory: the CLI prints the document and exits 1, the API returns it
+    ],
+    ids=["tp-zero", "megatron-interleaved", "gpipe-fp16", "does-not-fit"],
+)
 def test_estimate_is_the_cli_json(layout):
     fits = "gpus" not in layout
     inputs = {**H100_8, **({} if fits else {"cluster": "dgx-a100-40gb"}), **layout}
@@ -84,10 +97,26 @@ def test_estimate_is_the_cli_json(layout):
 
 def test_estimate_takes_lists_objects_and_nodes_as_the_cli_takes_strings():
     model, cluster = api.load_model("llama3-8b"), api.load_cluster("dgx-h100-80gb")
-    by_text = api.estimate("llama3-8b", "dgx-h100-80gb", gpus=16, global_batch=32, seq_len=4096, pp=4,
-                           layers_per_stage="7,9,9,7", mesh_order="tp,pp,dp")
-    by_objects = api.estimate(model, cluster, nodes=2, global_batch=32, seq_len=4096, pp=4, layers_per_stage=[7, 9, 9, 7],
-                              mesh_order=["tp", "pp", "dp"])
+    by_text = api.estimate(
+        "llama3-8b",
+        "dgx-h100-80gb",
+        gpus=16,
+        global_batch=32,
+        seq_len=4096,
+        pp=4,
+        layers_per_stage="7,9,9,7",
+        mesh_order="tp,pp,dp",
+    )
+    by_objects = api.estimate(
+        model,
+        cluster,
+        nodes=2,
+        global_batch=32,
+        seq_len=4096,
+        pp=4,
+        layers_per_stage=[7, 9, 9, 7],
+        mesh_order=["tp", "pp", "dp"],
+    )
     assert by_objects == by_text
     assert by_objects.plan.layers_per_stage == [7, 9, 9, 7]
 
@@ -142,13 +171,22 @@ def test_solve_is_the_cli_json():
     doc = api.solve("gpt3-1.3b", "dgx-a100-80gb", **inputs)
     assert isinstance(doc, SolveDocument) and doc.stacks
     assert without_times(doc.model_dump(mode="json")) == without_times(
-        cli_json("solve", *options(model="gpt3-1.3b", cluster="dgx-a100-80gb", **inputs)))
+        cli_json("solve", *options(model="gpt3-1.3b", cluster="dgx-a100-80gb", **inputs))
+    )
     pinned = api.solve("gpt3-1.3b", "dgx-a100-80gb", **inputs, target="megatron", fixes={"tp": 2, "sp": True}, top_k=1)
     assert pinned.plan.tp == 2 and pinned.plan.sequence_parallel and pinned.job.target == Target.megatron
-    by_strings = api.solve("gpt3-1.3b", "dgx-a100-80gb", **inputs, target="megatron", fixes=["tp=2", "sp=true"], top_k=1)
+    by_strings = api.solve(
+        "gpt3-1.3b", "dgx-a100-80gb", **inputs, target="megatron", fixes=["tp=2", "sp=true"], top_k=1
+    )
     assert by_strings.model_copy(update={"search": pinned.search}) == pinned
-    want = cli_json("solve", *options(model="gpt3-1.3b", cluster="dgx-a100-80gb", **inputs, target="megatron", top_k=1),
-                    "--fix", "tp=2", "--fix", "sp=true")
+    want = cli_json(
+        "solve",
+        *options(model="gpt3-1.3b", cluster="dgx-a100-80gb", **inputs, target="megatron", top_k=1),
+        "--fix",
+        "tp=2",
+        "--fix",
+        "sp=true",
+    )
     assert without_times(pinned.model_dump(mode="json")) == without_times(want)
 
 
@@ -156,12 +194,14 @@ def test_read_plan_and_export_plan_are_the_cli_on_an_alternative(tmp_path):
     doc = api.solve("gpt3-1.3b", "dgx-a100-80gb", gpus=16, global_batch=64, seq_len=2048)
     path = tmp_path / "solve.json"
     api.write_plan(doc, path)
-    assert api.read_plan(path, alternative=1).model_dump(mode="json") == cli_json("estimate", "--plan", str(path),
-                                                                                  "--alternative", "1")
+    assert api.read_plan(path, alternative=1).model_dump(mode="json") == cli_json(
+        "estimate", "--plan", str(path), "--alternative", "1"
+    )
     stack = doc.alternatives[0].target.value
     out = api.export_plan(path, stack, alternative=1)
     assert {"stack": out.stack, "kind": out.kind, "data": out.data, "text": out.text} == cli_json(
-        "export", str(path), "--to", stack, "--alternative", "1")
+        "export", str(path), "--to", stack, "--alternative", "1"
+    )
     assert api.export_plan(doc, stack, alternative=1) == out  # the document in memory
     assert api.export_plan(doc, doc.job.target.value) == api.export_plan(path, doc.job.target.value)
 
@@ -169,15 +209,34 @@ def test_read_plan_and_export_plan_are_the_cli_on_an_alternative(tmp_path):
 # --------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("call, cli_args, kind", [
-    (lambda: api.load_model("gpt-5"), ["estimate", "--model", "gpt-5", "--cluster", "dgx-h100-80gb", "--gpus", "8"], UsageError),
-    (lambda: api.estimate(**H100_8, tp=3), ["estimate", *options(**H100_8, tp=3)], UsageError),
-    (lambda: api.solve("gpt3-1.3b", "dgx-a100-80gb", gpus=16, global_batch=64, fixes={"zero": 7}),
-     ["solve", *options(model="gpt3-1.3b", cluster="dgx-a100-80gb", gpus=16, global_batch=64), "--fix", "zero=7"], UsageError),
-    (lambda: api.solve("gpt3-175b", "dgx-a100-80gb", gpus=8, global_batch=16, seq_len=2048),
-     ["solve", *options(model="gpt3-175b", cluster="dgx-a100-80gb", gpus=8, global_batch=16, seq_len=2048)], InfeasibleError),
-    (lambda: api.export_plan(api.estimate(**H100_8, pp=2, schedule="gpipe"), "megatron"), None, UsageError),
-], ids=["unknown-preset", "tp-not-dividing", "bad-fix", "nothing-fits", "stack-cannot-run"])
+@pytest.mark.parametrize(
+    "call, cli_args, kind",
+    [
+        (
+            lambda: api.load_model("gpt-5"),
+            ["estimate", "--model", "gpt-5", "--cluster", "dgx-h100-80gb", "--gpus", "8"],
+            UsageError,
+        ),
+        (lambda: api.estimate(**H100_8, tp=3), ["estimate", *options(**H100_8, tp=3)], UsageError),
+        (
+            lambda: api.solve("gpt3-1.3b", "dgx-a100-80gb", gpus=16, global_batch=64, fixes={"zero": 7}),
+            [
+                "solve",
+                *options(model="gpt3-1.3b", cluster="dgx-a100-80gb", gpus=16, global_batch=64),
+                "--fix",
+                "zero=7",
+            ],
+            UsageError,
+        ),
+        (
+            lambda: api.solve("gpt3-175b", "dgx-a100-80gb", gpus=8, global_batch=16, seq_len=2048),
+            ["solve", *options(model="gpt3-175b", cluster="dgx-a100-80gb", gpus=8, global_batch=16, seq_len=2048)],
+            InfeasibleError,
+        ),
+        (lambda: api.export_plan(api.estimate(**H100_8, pp=2, schedule="gpipe"), "megatron"), None, UsageError),
+    ],
+    ids=["unknown-preset", "tp-not-dividing", "bad-fix", "nothing-fits", "stack-cannot-run"],
+)
 def test_errors_are_the_clis_named_errors_and_messages(call, cli_args, kind, capsys):
     with pytest.raises(kind) as err:
         call()
@@ -222,14 +281,20 @@ def test_write_plan_writes_what_minus_o_writes_and_read_plan_reads_it_back(tmp_p
     doc = api.estimate(**H100_8, tp=2, pp=2, sequence_parallel=True, recompute="selective")
     ours, theirs = tmp_path / "api.json", tmp_path / "cli.json"
     api.write_plan(doc, ours)
-    res = cli_run("estimate", *options(**H100_8, tp=2, pp=2, sequence_parallel=True, recompute="selective"), "-o", str(theirs))
+    res = cli_run(
+        "estimate", *options(**H100_8, tp=2, pp=2, sequence_parallel=True, recompute="selective"), "-o", str(theirs)
+    )
     assert res.code == 0, res.stderr
     assert ours.read_bytes() == theirs.read_bytes()
     assert api.read_plan(ours) == doc
     solved = api.solve("gpt3-1.3b", "dgx-a100-80gb", gpus=16, global_batch=64, seq_len=2048)
     api.write_plan(solved, ours)  # replaces the file
     again = api.read_plan(ours)
-    assert type(again) is PlanDocument and (again.plan, again.job, again.estimate) == (solved.plan, solved.job, solved.estimate)
+    assert type(again) is PlanDocument and (again.plan, again.job, again.estimate) == (
+        solved.plan,
+        solved.job,
+        solved.estimate,
+    )
     assert SolveDocument.model_validate_json(ours.read_text()) == solved
     with pytest.raises(UsageError, match="it is a directory"):
         api.write_plan(doc, tmp_path)
@@ -239,8 +304,11 @@ def test_load_model_and_cluster_take_objects_names_and_paths(tmp_path):
     model = api.load_model("gpt2-124m")
     assert api.load_model(model) is model
     spec = tmp_path / "tiny.json"
-    spec.write_text(ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_heads=2, vocab_size=100, max_seq_len=64)
-                    .model_dump_json())
+    spec.write_text(
+        ModelSpec(
+            name="tiny", num_layers=2, hidden_size=64, num_heads=2, vocab_size=100, max_seq_len=64
+        ).model_dump_json()
+    )
     assert api.load_model(spec).name == "tiny" and api.load_model(str(spec)) == api.load_model(spec)
     cluster = api.load_cluster("dgx-a100-80gb")
     assert api.load_cluster(cluster) is cluster and api.load_cluster(cluster.name) == cluster
@@ -323,7 +391,9 @@ def test_a_stack_that_outlasts_the_time_limit_leaves_the_others_plans(monkeypatc
     search, clock, offset = stacks.solve, time.perf_counter, [0.0]
     monkeypatch.setattr(stacks, "time", SimpleNamespace(perf_counter=lambda: clock() + offset[0]))
 
-    def megatron_outlasts_the_limit(model, cluster, job, space, limit, top_k, time_limit, solver, layouts=None, deadline=None):
+    def megatron_outlasts_the_limit(
+        model, cluster, job, space, limit, top_k, time_limit, solver, layouts=None, deadline=None
+    ):
         if job.target == Target.megatron:
             offset[0] += 60.0  # the whole limit and more, before its first ILP
             deadline = Deadline.after(0.0)
@@ -345,8 +415,13 @@ def test_the_gap_line_says_when_nothing_bounds_it():
 
 def test_the_issues_short_time_limit_returns_a_plan():
     """Issue 18's case: exit 1 "no plan found within --time-limit 0.5 s" before."""
-    res = cli_run("solve", *options(model="gpt3-175b", cluster="dgx-a100-80gb", gpus=1024, global_batch=1536, seq_len=2048,
-                                    time_limit=0.5), "--json")
+    res = cli_run(
+        "solve",
+        *options(
+            model="gpt3-175b", cluster="dgx-a100-80gb", gpus=1024, global_batch=1536, seq_len=2048, time_limit=0.5
+        ),
+        "--json",
+    )
     assert res.code == 0, res.stderr
     doc = SolveDocument.model_validate_json(res.stdout)
     assert doc.plan.world_size == 1024 and doc.estimate.fits
@@ -373,11 +448,14 @@ def test_the_stacks_are_searched_narrowest_first():
     assert list(count.values()) == sorted(count.values())
 
 
-@pytest.mark.parametrize("fix, check", [
-    ("schedule=gpipe", lambda p: p.schedule.value == "gpipe"),
-    ("mesh_order=tp,pp,dp", lambda p: [a.value for a in p.mesh_order] == ["tp", "pp", "dp"]),
-    ("zero=1", lambda p: p.zero_stage == 1 and p.dp == 1),
-])
+@pytest.mark.parametrize(
+    "fix, check",
+    [
+        ("schedule=gpipe", lambda p: p.schedule.value == "gpipe"),
+        ("mesh_order=tp,pp,dp", lambda p: [a.value for a in p.mesh_order] == ["tp", "pp", "dp"]),
+        ("zero=1", lambda p: p.zero_stage == 1 and p.dp == 1),
+    ],
+)
 def test_a_fixed_choice_is_searched_even_where_another_dominates_it(fix, check):
     """GPipe (1F1B is as fast with fewer activations), ZeRO on dp 1 and a dominated mesh order
     never win, so the search skips them, but not when --fix asks for them (found by fuzzing:
@@ -389,6 +467,7 @@ def test_a_fixed_choice_is_searched_even_where_another_dominates_it(fix, check):
 
 def test_a_limit_far_below_any_layout_says_how_many_times_over():
     from planner.errors import InfeasibleError
+
     with pytest.raises(InfeasibleError, match=r"\de\+30 times the limit") as exc:
         api.solve("gpt2-124m", "dgx-h100-80gb", gpus=8, global_batch=16, max_memory_gib=1e-30, top_k=0)
     assert "%" not in str(exc.value)

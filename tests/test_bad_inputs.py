@@ -22,13 +22,47 @@ from click.testing import CliRunner
 from planner.cli.main import cli
 from tests.hostile import assert_refused, snapshot
 
-SOLVE = ["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "16", "--seq-len", "512"]
-EST = ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "16", "--seq-len", "512"]
+SOLVE = [
+    "solve",
+    "--model",
+    "gpt2-124m",
+    "--cluster",
+    "dgx-a100-80gb",
+    "--gpus",
+    "8",
+    "--global-batch",
+    "16",
+    "--seq-len",
+    "512",
+]
+EST = [
+    "estimate",
+    "--model",
+    "gpt2-124m",
+    "--cluster",
+    "dgx-a100-80gb",
+    "--gpus",
+    "8",
+    "--global-batch",
+    "16",
+    "--seq-len",
+    "512",
+]
 
 GOOD_MODEL = {"name": "m", "num_layers": 4, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000, "max_seq_len": 512}
-LLAMA_HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
-            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
-            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+LLAMA_HF = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+}
 
 
 def _files() -> dict[str, bytes]:
@@ -45,23 +79,48 @@ def _files() -> dict[str, bytes]:
         "truncated.json": b'{"name": "m", "num_layers": 4,',
         "bad.yaml": b"name: [unclosed\n",
         "bomb.yaml": b"a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
-                     b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
+        b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
         "good_model.json": j(GOOD_MODEL),
-        "qwen_moe/config.json": j({**LLAMA_HF, "model_type": "qwen2_moe", "num_experts": 60, "moe_intermediate_size": 1408}),
+        "qwen_moe/config.json": j(
+            {**LLAMA_HF, "model_type": "qwen2_moe", "num_experts": 60, "moe_intermediate_size": 1408}
+        ),
         "deepseek/config.json": j({**LLAMA_HF, "model_type": "deepseek_v3", "n_routed_experts": 256}),
-        "bert/config.json": j({"model_type": "bert", "architectures": ["BertForMaskedLM"], "num_hidden_layers": 12, "hidden_size": 768,
-                               "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522,
-                               "max_position_embeddings": 512}),
+        "bert/config.json": j(
+            {
+                "model_type": "bert",
+                "architectures": ["BertForMaskedLM"],
+                "num_hidden_layers": 12,
+                "hidden_size": 768,
+                "num_attention_heads": 12,
+                "intermediate_size": 3072,
+                "vocab_size": 30522,
+                "max_position_embeddings": 512,
+            }
+        ),
         "t5/config.json": j({**LLAMA_HF, "model_type": "t5", "is_encoder_decoder": True}),
         "llava/config.json": j({**LLAMA_HF, "model_type": "llava", "vision_config": {}}),
         "classifier/config.json": j({**LLAMA_HF, "architectures": ["LlamaForSequenceClassification"]}),
         "longctx/config.json": j({**LLAMA_HF, "max_position_embeddings": 131072}),
     }
-    for field, value in [("num_layers", True), ("num_layers", "12"), ("num_layers", 0), ("num_layers", -3), ("num_layers", 10**12),
-                         ("num_layers", 2.5), ("hidden_size", 10**9), ("num_heads", 3), ("vocab_size", 0), ("max_seq_len", -1),
-                         ("num_heads", None), ("bogus_field", 1), ("dropout", "maybe")]:
+    for field, value in [
+        ("num_layers", True),
+        ("num_layers", "12"),
+        ("num_layers", 0),
+        ("num_layers", -3),
+        ("num_layers", 10**12),
+        ("num_layers", 2.5),
+        ("hidden_size", 10**9),
+        ("num_heads", 3),
+        ("vocab_size", 0),
+        ("max_seq_len", -1),
+        ("num_heads", None),
+        ("bogus_field", 1),
+        ("dropout", "maybe"),
+    ]:
         files[f"model_{field}_{value}.json"] = j({**GOOD_MODEL, field: value})
-    cluster = json.loads(Path(__file__).resolve().parent.parent.joinpath("hardware_profiles/presets/dgx-a100-80gb.json").read_text())
+    cluster = json.loads(
+        Path(__file__).resolve().parent.parent.joinpath("hardware_profiles/presets/dgx-a100-80gb.json").read_text()
+    )
 
     def with_device(**kw):
         return j({**cluster, "device": {**cluster["device"], **kw}})
@@ -74,7 +133,9 @@ def _files() -> dict[str, bytes]:
     files["cl_eff_2.json"] = with_device(memory_bandwidth_efficiency=2.0)
     files["cl_sustained_0.json"] = with_device(sustained_fraction=0)
     no_coll = json.loads(json.dumps(cluster))
-    no_coll["intra_node"]["collectives"] = [c for c in no_coll["intra_node"]["collectives"] if c["collective"] != "all_gather"]
+    no_coll["intra_node"]["collectives"] = [
+        c for c in no_coll["intra_node"]["collectives"] if c["collective"] != "all_gather"
+    ]
     files["cl_no_allgather.json"] = j(no_coll)
     neg_bw = json.loads(json.dumps(cluster))
     neg_bw["inter_node"]["collectives"][0]["bandwidth_gbps"] = -5
@@ -95,13 +156,28 @@ def _files() -> dict[str, bytes]:
     files["cl_attention_empty.json"] = with_device(attention={})
     files["cl_fp8_no_efficiency.json"] = with_device(fp8_peak_tflops=624.0)
     files["model_ffn_10e309.json"] = j({**GOOD_MODEL, "ffn_hidden_size": 10**309})
-    for name, change in [("arch_5", {"architectures": 5}), ("arch_true", {"architectures": True}),
-                         ("dims_dict", {"hidden_size": {"value": 256}}), ("tie_false_str", {"tie_word_embeddings": "false"}),
-                         ("kv_0", {"num_key_value_heads": 0}), ("float64", {"torch_dtype": "float64"}), ("int8", {"torch_dtype": "int8"}),
-                         ("act_dict", {"hidden_act": {}}), ("hidden_10e200", {"hidden_size": 10**200})]:
+    for name, change in [
+        ("arch_5", {"architectures": 5}),
+        ("arch_true", {"architectures": True}),
+        ("dims_dict", {"hidden_size": {"value": 256}}),
+        ("tie_false_str", {"tie_word_embeddings": "false"}),
+        ("kv_0", {"num_key_value_heads": 0}),
+        ("float64", {"torch_dtype": "float64"}),
+        ("int8", {"torch_dtype": "int8"}),
+        ("act_dict", {"hidden_act": {}}),
+        ("hidden_10e200", {"hidden_size": 10**200}),
+    ]:
         files[f"hf_{name}/config.json"] = j({**LLAMA_HF, **change})
-    files["qwen_moe_width0/config.json"] = j({**LLAMA_HF, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2,
-                                              "moe_intermediate_size": 0, "shared_expert_intermediate_size": 0})
+    files["qwen_moe_width0/config.json"] = j(
+        {
+            **LLAMA_HF,
+            "model_type": "qwen2_moe",
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 0,
+            "shared_expert_intermediate_size": 0,
+        }
+    )
     return files
 
 
@@ -196,8 +272,16 @@ def _cases() -> list[tuple[str, list[str], int]]:
         ("no size", ["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--global-batch", "8"], 2),
         ("both batch modes", SOLVE + ["--micro-batch-size", "2"], 2),
         ("micro-batches without mbs", SOLVE + ["--micro-batches", "4"], 2),
-        ("unknown model preset", ["solve", "--model", "gpt5", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "8"], 2),
-        ("unknown cluster preset", ["solve", "--model", "gpt2-124m", "--cluster", "h100", "--gpus", "8", "--global-batch", "8"], 2),
+        (
+            "unknown model preset",
+            ["solve", "--model", "gpt5", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "8"],
+            2,
+        ),
+        (
+            "unknown cluster preset",
+            ["solve", "--model", "gpt2-124m", "--cluster", "h100", "--gpus", "8", "--global-batch", "8"],
+            2,
+        ),
         ("seq longer than positions", _without(SOLVE, "--seq-len") + ["--seq-len", "4096"], 2),
         ("unknown option", SOLVE + ["--modle", "x"], 2),
         ("unknown command", ["bogus"], 2),
@@ -218,21 +302,50 @@ def _cases() -> list[tuple[str, list[str], int]]:
         ("plan alternative of estimate doc", ["estimate", "--plan", "plan_ok.json", "--alternative", "1"], 2),
         ("plan what-if tp not dividing", ["estimate", "--plan", "plan_ok.json", "--tp", "3"], 2),
     ]
-    for fix in ["tp=0", "zero=9", "tp=abc", "sp=maybe", "schedule=zigzag", "mesh_order=tp,dp", "recompute=most", "nokey", "foo=1",
-                "mbs=-1", "vpp=0", "tp_comm_overlap=perhaps"]:
+    for fix in [
+        "tp=0",
+        "zero=9",
+        "tp=abc",
+        "sp=maybe",
+        "schedule=zigzag",
+        "mesh_order=tp,dp",
+        "recompute=most",
+        "nokey",
+        "foo=1",
+        "mbs=-1",
+        "vpp=0",
+        "tp_comm_overlap=perhaps",
+    ]:
         cases.append((f"--fix {fix}", SOLVE + ["--fix", fix], 2))
     cases.append(("--fix conflicting", SOLVE + ["--fix", "tp=2", "--fix", "tp=4"], 2))
     cases.append(("--fix recompute conflicting", SOLVE + ["--fix", "recompute=full", "--fix", "recompute=none"], 2))
     cases.append(("--fix impossible", SOLVE + ["--fix", "tp=16"], 2))  # 16 does not divide 8: refused before the search
-    model_files = [n for n in _files() if n.endswith((".json", ".yaml")) and not n.startswith(("cl_", "good_", "longctx"))]
+    model_files = [
+        n for n in _files() if n.endswith((".json", ".yaml")) and not n.startswith(("cl_", "good_", "longctx"))
+    ]
     for name in model_files:
         cases.append((f"model file {name}", ["estimate", "--model", name] + EST[3:], 2))
     for name in [n for n in _files() if n.startswith("cl_")]:
         cases.append((f"cluster file {name}", ["estimate", "--model", "gpt2-124m", "--cluster", name] + EST[5:], 2))
     cases.append(("model file missing", ["estimate", "--model", "nothere.json"] + EST[3:], 2))
     cases.append(("model is a directory", ["estimate", "--model", "qwen_moe/"] + EST[3:], 2))
-    cases.append(("long context without --seq-len", ["estimate", "--model", "longctx/config.json", "--cluster", "dgx-a100-80gb",
-                                                      "--gpus", "8", "--global-batch", "16"], 2))
+    cases.append(
+        (
+            "long context without --seq-len",
+            [
+                "estimate",
+                "--model",
+                "longctx/config.json",
+                "--cluster",
+                "dgx-a100-80gb",
+                "--gpus",
+                "8",
+                "--global-batch",
+                "16",
+            ],
+            2,
+        )
+    )
     for name in _tampered():
         if name != "plan_ok.json":
             cases.append((f"estimate --plan {name}", ["estimate", "--plan", name], 2))
@@ -268,13 +381,24 @@ def _cases() -> list[tuple[str, list[str], int]]:
         ("estimate --gpus ' 8'", _without(EST, "--gpus") + ["--gpus", " 8"], 2),
         ("solve --time-limit 1_0", SOLVE + ["--time-limit", "1_0"], 2),
         ("show --ranks arabic digits", ["show", "plan_ok.json", "--ranks", "\u0660-\u0661"], 2),
-        ("what-if that stops fitting", ["estimate", "--plan", "plan_ok.json", "--global-batch", "8192", "--micro-batch-size", "4096"], 1),
+        (
+            "what-if that stops fitting",
+            ["estimate", "--plan", "plan_ok.json", "--global-batch", "8192", "--micro-batch-size", "4096"],
+            1,
+        ),
         ("export without --to", ["export", "plan_ok.json"], 2),
     ]
     # issue 19, items 8 and 9: device tables refused by `plan solve` too; a plan document every command
     # refuses alike (estimate --plan and run cases come with every plan_* file above)
-    for name in ["cl_attention_cudnn_only.json", "cl_attention_empty.json", "cl_fp8_no_efficiency.json", "cl_overhead_1e308.json"]:
-        cases.append((f"solve cluster file {name}", ["solve", "--model", "gpt2-124m", "--cluster", name] + SOLVE[5:], 2))
+    for name in [
+        "cl_attention_cudnn_only.json",
+        "cl_attention_empty.json",
+        "cl_fp8_no_efficiency.json",
+        "cl_overhead_1e308.json",
+    ]:
+        cases.append(
+            (f"solve cluster file {name}", ["solve", "--model", "gpt2-124m", "--cluster", name] + SOLVE[5:], 2)
+        )
     for name in ["plan_fp8_a100.json", "plan_micro_batches.json", "plan_split_str.json", "plan_gpus_str.json"]:
         cases.append((f"show {name}", ["show", name], 2))
         cases.append((f"export {name}", ["export", name, "--to", "megatron"], 2))
@@ -299,23 +423,84 @@ def _red_team_cases() -> list[tuple[str, list[str], int]]:
         ("red show --placement of 2^20 ranks", ["show", "plan_2e20_gpus.json", "--placement", "p.svg"], (1, 2)),
         # pp 126 x 1,584 micro-batches: the timeline picture drew 399,168 passes for 148 s before exiting 0
         ("red show --timeline of 399,168 passes", ["show", "plan_pp126.json", "--timeline", "t.png"], (1, 2)),
-        ("red show --timeline zoomed to 300 micro-batches", ["show", "plan_pp126.json", "--timeline", "t.svg", "--micro-batches", "0-300"], (1, 2)),
+        (
+            "red show --timeline zoomed to 300 micro-batches",
+            ["show", "plan_pp126.json", "--timeline", "t.svg", "--micro-batches", "0-300"],
+            (1, 2),
+        ),
         # DeepSeek-V3's config.json on 16 H100: nothing fits, and the least-memory bound never ended (--time-limit or not)
-        ("red solve of a model that fits nowhere", ["solve", "--model", "deepseek_hf", "--cluster", "dgx-h100-80gb", "--gpus", "16",
-                                                    "--global-batch", "32", "--seq-len", "1024", "--top-k", "0", "--time-limit", "5"], 1),
+        (
+            "red solve of a model that fits nowhere",
+            [
+                "solve",
+                "--model",
+                "deepseek_hf",
+                "--cluster",
+                "dgx-h100-80gb",
+                "--gpus",
+                "16",
+                "--global-batch",
+                "32",
+                "--seq-len",
+                "1024",
+                "--top-k",
+                "0",
+                "--time-limit",
+                "5",
+            ],
+            1,
+        ),
     ]
     return cases
 
 
 def _red_team_files(d: Path) -> None:
-    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", str(2**20),
-                                 "--global-batch", str(2**20), "--seq-len", "512", "-o", str(d / "plan_2e20_gpus.json")])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "estimate",
+            "--model",
+            "gpt2-124m",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            str(2**20),
+            "--global-batch",
+            str(2**20),
+            "--seq-len",
+            "512",
+            "-o",
+            str(d / "plan_2e20_gpus.json"),
+        ],
+    )
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-405b", "--cluster", "dgx-h100-80gb", "--gpus", "1008", "--tp", "8",
-                                 "--pp", "126", "--global-batch", "1584", "--seq-len", "2048", "-o", str(d / "plan_pp126.json")])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "estimate",
+            "--model",
+            "llama3-405b",
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "1008",
+            "--tp",
+            "8",
+            "--pp",
+            "126",
+            "--global-batch",
+            "1584",
+            "--seq-len",
+            "2048",
+            "-o",
+            str(d / "plan_pp126.json"),
+        ],
+    )
     assert r.exit_code in (0, 1), r.output  # written over memory too
     (d / "deepseek_hf").mkdir()
-    (d / "deepseek_hf" / "config.json").write_bytes((Path(__file__).resolve().parent / "data/hf_configs/deepseek-v3.json").read_bytes())
+    (d / "deepseek_hf" / "config.json").write_bytes(
+        (Path(__file__).resolve().parent / "data/hf_configs/deepseek-v3.json").read_bytes()
+    )
 
 
 # ----- issue 19, items 5 and 10-12 for `plan run` and `plan profile` (planner/executor/prepare.py,
@@ -325,8 +510,28 @@ def _red_team_files(d: Path) -> None:
 def _run_profile_files(d: Path) -> None:
     """A plan whose single-process reference (4,096 x 1,024 tokens in float64) fits no machine,
     made as a user makes one, and --model-factory modules that fail at import."""
-    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--dp", "2",
-                                 "--global-batch", "4096", "--seq-len", "1024", "--precision", "fp32", "-o", str(d / "plan_bigref.json")])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "estimate",
+            "--model",
+            "gpt2-124m",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "2",
+            "--dp",
+            "2",
+            "--global-batch",
+            "4096",
+            "--seq-len",
+            "1024",
+            "--precision",
+            "fp32",
+            "-o",
+            str(d / "plan_bigref.json"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     (d / "factory_raises.py").write_text("raise RuntimeError('boom at import')\n")
     (d / "factory_exits.py").write_text("import sys\nsys.exit(3)\n")
@@ -342,13 +547,35 @@ def _run_profile_cases() -> list[tuple[str, list[str], int]]:
         ("19.10 run --seed 10**23", run + ["--seed", str(10**23)], 2),
         ("19.10 run --timeout 1e300", run + ["--timeout", "1e300"], 2),
         ("19.10 run --timeout 1e-9", run + ["--timeout", "1e-9"], 2),
-        ("19.10 run --nproc-per-node beyond the cores", run + ["--backend", "gloo", "--rehearse-dp", str(too_many // 4 + 1),
-                                                              "--nproc-per-node", str(4 * (too_many // 4 + 1))], 2),
-        ("19.10 profile --nproc-per-node beyond the cores", profile + ["--backend", "gloo", "--nproc-per-node", str(too_many)], 2),
-        ("19.10 profile huge --micro-batch-sizes", profile + ["--backend", "gloo", "--micro-batch-sizes", "1,100000000"], 2),
+        (
+            "19.10 run --nproc-per-node beyond the cores",
+            run
+            + [
+                "--backend",
+                "gloo",
+                "--rehearse-dp",
+                str(too_many // 4 + 1),
+                "--nproc-per-node",
+                str(4 * (too_many // 4 + 1)),
+            ],
+            2,
+        ),
+        (
+            "19.10 profile --nproc-per-node beyond the cores",
+            profile + ["--backend", "gloo", "--nproc-per-node", str(too_many)],
+            2,
+        ),
+        (
+            "19.10 profile huge --micro-batch-sizes",
+            profile + ["--backend", "gloo", "--micro-batch-sizes", "1,100000000"],
+            2,
+        ),
         ("19.10 profile --micro-batch-sizes past the bound", profile + ["--micro-batch-sizes", str(10**12)], 2),
-        ("19.10 profile huge --seq-len", ["profile", "--model", "llama3-8b", "--backend", "gloo", "--seq-len", "100000000",
-                                          "-o", "p.json"], 2),
+        (
+            "19.10 profile huge --seq-len",
+            ["profile", "--model", "llama3-8b", "--backend", "gloo", "--seq-len", "100000000", "-o", "p.json"],
+            2,
+        ),
         ("19.11 profile --model-factory raising at import", profile + ["--model-factory", "factory_raises:make"], 2),
         ("19.11 profile --model-factory calling sys.exit(3)", profile + ["--model-factory", "factory_exits:make"], 2),
     ]
@@ -382,7 +609,18 @@ def _file_layer_files(d: Path) -> None:
 
 
 def _file_layer_cases() -> list[tuple[str, list[str], int]]:
-    on_llama = ["--model", "llama", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "512"]
+    on_llama = [
+        "--model",
+        "llama",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "512",
+    ]
     cases = [
         ("19.1 estimate --model DIR -o DIR/config.json", ["estimate", *on_llama, "-o", "llama/config.json"], 2),
         ("19.1 solve --model DIR -o DIR/config.json", ["solve", *on_llama, "-o", "llama/config.json"], 2),
@@ -390,13 +628,24 @@ def _file_layer_cases() -> list[tuple[str, list[str], int]]:
         ("19.2 YAML of 2 MB", ["estimate", "--model", "big.yaml"] + EST[3:], 2),
     ]
     for where, f in [("bomb", "bomb.yaml"), ("long name", LONG_NAME), ("long directory", "y" * 300 + "/p.json")]:
-        for command, args in [("--model", ["estimate", "--model", f] + EST[3:]), ("--cluster", ["solve", "--model", "gpt2-124m", "--cluster", f] + SOLVE[5:]),
-                              ("--plan", ["estimate", "--plan", f]), ("show", ["show", f]), ("export", ["export", f, "--to", "megatron"]),
-                              ("run", ["run", f]), ("profile --show", ["profile", "--show", f])]:
+        for command, args in [
+            ("--model", ["estimate", "--model", f] + EST[3:]),
+            ("--cluster", ["solve", "--model", "gpt2-124m", "--cluster", f] + SOLVE[5:]),
+            ("--plan", ["estimate", "--plan", f]),
+            ("show", ["show", f]),
+            ("export", ["export", f, "--to", "megatron"]),
+            ("run", ["run", f]),
+            ("profile --show", ["profile", "--show", f]),
+        ]:
             cases.append((f"19.{2 if where == 'bomb' else 11} {where} as {command}", args, 2))
     for out in ["/dev/stdout", "/proc/self/fd/1", LONG_NAME, "y" * 300 + "/p.json", "loop.json"]:
-        for command, args in [("solve", SOLVE), ("estimate --plan", ["estimate", "--plan", "plan_ok.json"]), ("run", ["run", "plan_ok.json"]),
-                              ("export", ["export", "plan_ok.json", "--to", "megatron"]), ("profile", ["profile", "--model", "gpt2-124m"])]:
+        for command, args in [
+            ("solve", SOLVE),
+            ("estimate --plan", ["estimate", "--plan", "plan_ok.json"]),
+            ("run", ["run", "plan_ok.json"]),
+            ("export", ["export", "plan_ok.json", "--to", "megatron"]),
+            ("profile", ["profile", "--model", "gpt2-124m"]),
+        ]:
             item = 12 if out == "loop.json" else 11 if len(out) > 255 else 10
             cases.append((f"19.{item} {command} -o {out[:20]}", args + ["-o", out], 2))
     cases.append(("19.11 show --timeline long name", ["show", "plan_ok.json", "--timeline", "x" * 300 + ".svg"], 2))
@@ -404,11 +653,22 @@ def _file_layer_cases() -> list[tuple[str, list[str], int]]:
 
 
 # A FIFO as every reader (issue 19, item 3), and devices and a pipe as --model.
-STREAM_CASES = [(f"19.3 FIFO as {c}", a) for c, a in [
-    ("--model", ["estimate", "--model", "fifo.json"] + EST[3:]), ("--cluster", ["solve", "--model", "gpt2-124m", "--cluster", "fifo.json"] + SOLVE[5:]),
-    ("--plan", ["estimate", "--plan", "fifo.json"]), ("show", ["show", "fifo.json"]), ("export", ["export", "fifo.json", "--to", "megatron"]),
-    ("run", ["run", "fifo.json"]), ("profile --show", ["profile", "--show", "fifo.json"])]]
-STREAM_CASES += [(f"19.3 --model {dev}", ["estimate", "--model", dev] + EST[3:]) for dev in ["/dev/zero", "/dev/urandom", "/dev/stdin"]]
+STREAM_CASES = [
+    (f"19.3 FIFO as {c}", a)
+    for c, a in [
+        ("--model", ["estimate", "--model", "fifo.json"] + EST[3:]),
+        ("--cluster", ["solve", "--model", "gpt2-124m", "--cluster", "fifo.json"] + SOLVE[5:]),
+        ("--plan", ["estimate", "--plan", "fifo.json"]),
+        ("show", ["show", "fifo.json"]),
+        ("export", ["export", "fifo.json", "--to", "megatron"]),
+        ("run", ["run", "fifo.json"]),
+        ("profile --show", ["profile", "--show", "fifo.json"]),
+    ]
+]
+STREAM_CASES += [
+    (f"19.3 --model {dev}", ["estimate", "--model", dev] + EST[3:])
+    for dev in ["/dev/zero", "/dev/urandom", "/dev/stdin"]
+]
 
 
 CASES = _cases()
@@ -443,16 +703,35 @@ def test_bad_input_is_one_line_and_touches_nothing(inputs, name, args, code):
     assert_refused(inputs, args, code, name)
 
 
-SUBPROCESS = [c for c in CASES if c[0] in (
-    "unknown option", "gpus 2^40", "model file deep.json", "model file binary.json", "cluster file cl_no_allgather.json",
-    "estimate --plan plan_split.json", "run plan_gpus.json", "-o missing/p.json", "--fix tp=0", "solve --time-limit='nan'",
-)]
+SUBPROCESS = [
+    c
+    for c in CASES
+    if c[0]
+    in (
+        "unknown option",
+        "gpus 2^40",
+        "model file deep.json",
+        "model file binary.json",
+        "cluster file cl_no_allgather.json",
+        "estimate --plan plan_split.json",
+        "run plan_gpus.json",
+        "-o missing/p.json",
+        "--fix tp=0",
+        "solve --time-limit='nan'",
+    )
+]
 
 
 @pytest.mark.parametrize("name,args,code", SUBPROCESS, ids=[c[0] for c in SUBPROCESS])
 def test_bad_input_through_the_installed_entry_point(inputs, name, args, code):
-    r = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], cwd=inputs, capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "COLUMNS": "100"})
+    r = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *args],
+        cwd=inputs,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "100"},
+    )
     assert r.returncode == code, (name, r.stderr)
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
 
@@ -462,7 +741,9 @@ def test_without_torch_one_line_says_what_to_install(inputs, monkeypatch, args):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None if name == "torch" else real(name, *a, **k))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **k: None if name == "torch" else real(name, *a, **k)
+    )
     monkeypatch.chdir(inputs)
     before = snapshot(inputs)
     r = CliRunner().invoke(cli, args)
@@ -471,7 +752,9 @@ def test_without_torch_one_line_says_what_to_install(inputs, monkeypatch, args):
 
 
 def test_a_partial_preset_name_is_suggested():
-    r = CliRunner().invoke(cli, ["solve", "--model", "gpt2-124m", "--cluster", "h100", "--gpus", "8", "--global-batch", "8"])
+    r = CliRunner().invoke(
+        cli, ["solve", "--model", "gpt2-124m", "--cluster", "h100", "--gpus", "8", "--global-batch", "8"]
+    )
     assert r.exit_code == 2 and "did you mean dgx-h100-80gb?" in r.stderr
 
 
@@ -480,7 +763,11 @@ def test_a_torch_older_than_the_floor_is_refused_in_one_line(monkeypatch):
 
     from planner.cli.common import _version_tuple, require_torch
 
-    assert _version_tuple("2.13.0+cpu") == (2, 13) and _version_tuple("2.9.1") == (2, 9) and _version_tuple("2.14.0a0") == (2, 14)
+    assert (
+        _version_tuple("2.13.0+cpu") == (2, 13)
+        and _version_tuple("2.9.1") == (2, 9)
+        and _version_tuple("2.14.0a0") == (2, 14)
+    )
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.4.1" if name == "torch" else real(name))
     with pytest.raises(Exception, match=r"needs torch >= 2.13 .* found 2.4.1"):

@@ -84,7 +84,9 @@ def test_published_run_fits_its_gpus(case):
     the loss's buffers per cross-entropy kernel, communication buffers, framework overhead)."""
     est = estimate(case.model, case.cluster, case.job, case.plan)
     over = est.peak_memory_gib / est.memory_capacity_gib
-    assert over <= KNOWN_MISSES.get(case.name, 1.0), f"{case.name}: {est.peak_memory_gib:.1f} of {est.memory_capacity_gib} GiB"
+    assert over <= KNOWN_MISSES.get(case.name, 1.0), (
+        f"{case.name}: {est.peak_memory_gib:.1f} of {est.memory_capacity_gib} GiB"
+    )
 
 
 def _recipe_overlaps_tp(rec: dict) -> bool:
@@ -131,7 +133,9 @@ def test_bigscience_benchmark_rows_reproduce_their_printed_tflops():
         m, p, res = r["model"], r["parallel"], r["result"]
         n, t, s, L, h = r["hardware"]["count"], res["seconds_per_iter"], m["seq_len"], m["layers"], m["hidden"]
         assert n == p["tp"] * p["pp"] * p["dp"] == 384
-        tflops = 96 * p["global_batch_size"] * s * L * h * h * (1 + s / (6 * h) + 250880 / (16 * L * h)) / (t * n) / 1e12
+        tflops = (
+            96 * p["global_batch_size"] * s * L * h * h * (1 + s / (6 * h) + 250880 / (16 * L * h)) / (t * n) / 1e12
+        )
         assert tflops == pytest.approx(res["tflops_per_gpu"], abs=0.05), r["name"]
         c = case_of(r)
         assert c.metric == "tokens_per_s_per_gpu" and c.job.target.value == "deepspeed" and c.plan.zero_stage == 1
@@ -151,8 +155,14 @@ def test_each_megatron_bridge_case_names_the_recipe_it_was_checked_against():
     cases_ = [rec for rec in rows if excluded(rec) is None]
     assert len(cases_) >= 30
     for rec in cases_:
-        assert re.search(r"recipe", rec["notes"], re.I) and re.search(r"\b[0-9a-f]{9}\b|at that commit", rec["notes"]), rec["name"]
+        assert re.search(r"recipe", rec["notes"], re.I) and re.search(
+            r"\b[0-9a-f]{9}\b|at that commit", rec["notes"]
+        ), rec["name"]
     why = {rec["name"]: excluded(rec) for rec in rows}
-    assert why["Megatron-Bridge 26.04.01 Qwen3_235B_a22B FP8, 256 H100, TP2 PP8 EP32"].startswith("EP all-to-all overlapped")
-    assert why["Megatron-Bridge 26.02.01 Qwen3_30B_a3B FP8, 16 H100, TP1 PP2 EP8"].startswith("the source's layout contradicts itself")
+    assert why["Megatron-Bridge 26.04.01 Qwen3_235B_a22B FP8, 256 H100, TP2 PP8 EP32"].startswith(
+        "EP all-to-all overlapped"
+    )
+    assert why["Megatron-Bridge 26.02.01 Qwen3_30B_a3B FP8, 16 H100, TP1 PP2 EP8"].startswith(
+        "the source's layout contradicts itself"
+    )
     assert why["Megatron-Bridge 26.06 Qwen3_30B_a3B FP8, 16 H100, TP1 PP1 EP16"] is None

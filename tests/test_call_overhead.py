@@ -8,7 +8,13 @@ import pytest
 from cost_models.communication import GroupLink
 from cost_models.estimate import estimate
 from hardware_profiles import cluster_presets, load_cluster
-from planner.profiler.calls import StackTiming, fit_call_overhead, fit_call_overheads, modeled_communication, with_call_overhead
+from planner.profiler.calls import (
+    StackTiming,
+    fit_call_overhead,
+    fit_call_overheads,
+    modeled_communication,
+    with_call_overhead,
+)
 from planner.specs import ClusterSpec, Collective, CollectiveFit, JobSpec, LinkTier, ModelSpec, Plan
 
 GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=128, num_heads=4, vocab_size=512, max_seq_len=128)
@@ -21,14 +27,23 @@ def gloo_like(overlap: float = 0.5) -> ClusterSpec:
     fits = [CollectiveFit(collective=c, latency_us=600.0, bandwidth_gbps=1.5) for c in Collective]
     tier = LinkTier(name="gloo-like", collectives=fits)
     base = load_cluster("dgx-a100-80gb")
-    return base.model_copy(update={"intra_node": tier, "inter_node": tier, "gpus_per_node": 4, "num_nodes": 1,
-                                   "overlap_efficiency": overlap})
+    return base.model_copy(
+        update={
+            "intra_node": tier,
+            "inter_node": tier,
+            "gpus_per_node": 4,
+            "num_nodes": 1,
+            "overlap_efficiency": overlap,
+        }
+    )
 
 
-TP_STACK = StackTiming(dp=1, tp=2, layers=4, micro_batch_size=4, seq_len=128, plain_forward_s=0.02, plain_backward_s=0.04,
-                       run_s=0.0)
-ZERO3_STACK = StackTiming(dp=4, tp=1, layers=4, micro_batch_size=4, seq_len=128, plain_forward_s=0.04, plain_backward_s=0.08,
-                          run_s=0.0)
+TP_STACK = StackTiming(
+    dp=1, tp=2, layers=4, micro_batch_size=4, seq_len=128, plain_forward_s=0.02, plain_backward_s=0.04, run_s=0.0
+)
+ZERO3_STACK = StackTiming(
+    dp=4, tp=1, layers=4, micro_batch_size=4, seq_len=128, plain_forward_s=0.04, plain_backward_s=0.08, run_s=0.0
+)
 
 
 def timed(stack: StackTiming, cluster: ClusterSpec, overhead_us: float, noise: float = 1.0) -> StackTiming:
@@ -55,7 +70,9 @@ def test_faster_than_the_fits_gives_no_overhead(stack):
 
 def test_each_stack_sets_its_own_collectives():
     cluster = gloo_like()
-    fitted = fit_call_overheads(cluster, GPT, JOB, [timed(TP_STACK, cluster, 3000.0), timed(ZERO3_STACK, cluster, 7000.0)])
+    fitted = fit_call_overheads(
+        cluster, GPT, JOB, [timed(TP_STACK, cluster, 3000.0), timed(ZERO3_STACK, cluster, 7000.0)]
+    )
     got = fitted.intra_node.call_overhead_us
     assert set(got) == {AR, AG, RS}
     assert got[AR] == pytest.approx(3000.0, abs=1e-3)
@@ -74,11 +91,15 @@ def test_zero3_pays_the_overhead_on_every_layer_call():
     cluster, x = gloo_like(overlap=0.0), 0.004
     plan = Plan(dp=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=3)
     base = estimate(GPT, cluster, JOB, plan).time_breakdown_s.dp_communication_exposed
-    charged = estimate(GPT, with_overheads(cluster, {AG: x * 1e6, RS: x * 1e6}), JOB, plan).time_breakdown_s.dp_communication_exposed
+    charged = estimate(
+        GPT, with_overheads(cluster, {AG: x * 1e6, RS: x * 1e6}), JOB, plan
+    ).time_breakdown_s.dp_communication_exposed
     assert charged - base == pytest.approx(2 * GPT.num_layers * 3 * x, rel=1e-9)
     # data parallelism without ZeRO-3 makes no gather / reduce-scatter call: unchanged
     ddp = plan.model_copy(update={"zero_stage": 0})
-    assert estimate(GPT, with_overheads(cluster, {AG: x * 1e6, RS: x * 1e6}), JOB, ddp) == estimate(GPT, cluster, JOB, ddp)
+    assert estimate(GPT, with_overheads(cluster, {AG: x * 1e6, RS: x * 1e6}), JOB, ddp) == estimate(
+        GPT, cluster, JOB, ddp
+    )
 
 
 def test_tp_pays_the_overhead_on_every_all_reduce():

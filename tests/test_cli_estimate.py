@@ -10,9 +10,25 @@ from click.testing import CliRunner
 from planner.cli.main import cli
 
 GPT3 = [
-    "estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024",
-    "--global-batch", "1536", "--seq-len", "2048", "--tp", "8", "--pp", "16",
-    "--micro-batch-size", "1", "--recompute", "full",
+    "estimate",
+    "--model",
+    "gpt3-175b",
+    "--cluster",
+    "dgx-a100-80gb",
+    "--gpus",
+    "1024",
+    "--global-batch",
+    "1536",
+    "--seq-len",
+    "2048",
+    "--tp",
+    "8",
+    "--pp",
+    "16",
+    "--micro-batch-size",
+    "1",
+    "--recompute",
+    "full",
 ]
 
 
@@ -26,8 +42,16 @@ def test_gpt3_json_has_documented_keys():
     doc = json.loads(res.output)
     assert set(doc) >= {"schema_version", "plan", "estimate"}
     est = doc["estimate"]
-    for key in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu",
-                "peak_memory_gib", "memory_gib_per_pipeline_rank", "time_breakdown_s"):
+    for key in (
+        "step_time_s",
+        "tokens_per_s",
+        "model_tflops_per_gpu",
+        "hardware_tflops_per_gpu",
+        "mfu",
+        "peak_memory_gib",
+        "memory_gib_per_pipeline_rank",
+        "time_breakdown_s",
+    ):
         assert key in est
     assert doc["plan"]["dp"] == 8 and doc["plan"]["num_micro_batches"] == 192
     assert len(est["memory_gib_per_pipeline_rank"]) == 16
@@ -100,5 +124,16 @@ def test_presets_lists_models_and_clusters():
     res = run(["presets", "--json"])
     data = json.loads(res.output)
     assert {m["name"] for m in data["models"]} >= {"gpt3-175b", "llama3-405b", "bloom-176b"}
-    assert {c["name"] for c in data["clusters"]} == {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200", "dgx-b200",
-                                                    "gb200-nvl72", "dgx-b300", "gb300-nvl72", "mi300x", "mi325x", "mi355x"}
+    assert {c["name"] for c in data["clusters"]} == {
+        "dgx-a100-40gb",
+        "dgx-a100-80gb",
+        "dgx-h100-80gb",
+        "dgx-h200",
+        "dgx-b200",
+        "gb200-nvl72",
+        "dgx-b300",
+        "gb300-nvl72",
+        "mi300x",
+        "mi325x",
+        "mi355x",
+    }

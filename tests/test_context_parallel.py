@@ -25,8 +25,16 @@ LLAMA = load_model("llama3-8b")
 
 def _pc(cp: int, seq: int = 65536, tp: int = 1, sp: bool = False, zero: int = 0):
     job = JobSpec(global_batch_size=8, seq_len=seq)
-    plan = Plan(dp=8 // (cp * tp), cp=cp, tp=tp, pp=1, micro_batch_size=1, num_micro_batches=8 * cp * tp // 8,
-                sequence_parallel=sp, zero_stage=zero)
+    plan = Plan(
+        dp=8 // (cp * tp),
+        cp=cp,
+        tp=tp,
+        pp=1,
+        micro_batch_size=1,
+        num_micro_batches=8 * cp * tp // 8,
+        sequence_parallel=sp,
+        zero_stage=zero,
+    )
     return pipeline_costs(LLAMA, H100, job, plan), plan, job
 
 
@@ -79,8 +87,19 @@ def test_batch_counts_data_replicas_only():
     assert est.tokens_per_s == pytest.approx(8 * 65536 / est.step_time_s)
 
 
-SMALL = ModelSpec(name="small", num_layers=4, hidden_size=1024, num_heads=8, vocab_size=32000, max_seq_len=32768,
-                  activation="swiglu", learned_position_embeddings=False, linear_bias=False, norm="rmsnorm", dropout=False)
+SMALL = ModelSpec(
+    name="small",
+    num_layers=4,
+    hidden_size=1024,
+    num_heads=8,
+    vocab_size=32000,
+    max_seq_len=32768,
+    activation="swiglu",
+    learned_position_embeddings=False,
+    linear_bias=False,
+    norm="rmsnorm",
+    dropout=False,
+)
 
 
 @pytest.mark.parametrize("memory_gib", [80, 6, 3])
@@ -88,33 +107,104 @@ def test_cp_choice_matches_brute_force(memory_gib):
     """4 GPUs, 16k tokens: cp 1, 2, 4 against dp, tp, pp, splits and recompute; tight memory
     makes sharding the sequence pay."""
     job = JobSpec(global_batch_size=4, seq_len=16384)
-    space = SearchSpace(num_gpus=4, global_batch_size=4, cp_degrees=(1, 2, 4), seq_len=16384,
-                        fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1})
-    assert_same_optimum(SMALL, tiny_cluster(memory_gib, overlap=H100.overlap_efficiency, preset="dgx-h100-80gb"), job, space)
+    space = SearchSpace(
+        num_gpus=4,
+        global_batch_size=4,
+        cp_degrees=(1, 2, 4),
+        seq_len=16384,
+        fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1},
+    )
+    assert_same_optimum(
+        SMALL, tiny_cluster(memory_gib, overlap=H100.overlap_efficiency, preset="dgx-h100-80gb"), job, space
+    )
 
 
 def test_llama3_8b_at_128k_on_8_h100_uses_cp_and_bad_cp_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "planner.cli.main", "solve", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb",
-                          "--gpus", "8", "--global-batch", "8", "--seq-len", "131072", "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "solve",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "131072",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     import json
 
     plan = json.loads(out.stdout)["plan"]
     assert plan["cp"] > 1
-    bad = subprocess.run([sys.executable, "-m", "planner.cli.main", "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb",
-                          "--gpus", "8", "--global-batch", "8", "--seq-len", "4100", "--cp", "8"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "4100",
+            "--cp",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "2 x cp" in bad.stderr
 
 
 def test_what_if_on_a_cp_plan_keeps_cp_in_the_world(tmp_path):
     """`plan estimate --plan` recomputes dp from GPUs / (tp x pp x cp) when a degree changes."""
     path = tmp_path / "cp.json"
-    subprocess.run([sys.executable, "-m", "planner.cli.main", "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb",
-                    "--gpus", "8", "--global-batch", "8", "--seq-len", "65536", "--cp", "4", "-o", str(path)], capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "65536",
+            "--cp",
+            "4",
+            "-o",
+            str(path),
+        ],
+        capture_output=True,
+    )
     import json
 
     for change, want in ((["--tp", "2", "--sequence-parallel"], (1, 4, 2)), (["--cp", "2"], (4, 2, 1))):
-        res = subprocess.run([sys.executable, "-m", "planner.cli.main", "estimate", "--plan", str(path), *change, "--json"],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "-m", "planner.cli.main", "estimate", "--plan", str(path), *change, "--json"],
+            capture_output=True,
+            text=True,
+        )
         doc = json.loads(res.stdout)
         assert res.returncode == (0 if doc["estimate"]["fits"] else 1), res.stderr  # a plan over its memory exits 1
         plan = doc["plan"]

@@ -111,7 +111,11 @@ def test_gpt3_175b_preset_param_count():
     ([N21] Table 1 lists 174.6B); the library adds the final LayerNorm's 2h = 24,576."""
     model = load_model("gpt3-175b")
     assert (model.num_layers, model.hidden_size, model.num_heads, model.vocab_size, model.max_seq_len) == (
-        96, 12288, 96, 51200, 2048,
+        96,
+        12288,
+        96,
+        51200,
+        2048,
     )
     eq2 = narayanan_eq2_params(96, 12288, 51200, 2048)
     assert eq2 == 174_615_822_336
@@ -197,9 +201,19 @@ def test_layer_forward_flops_gpt_is_24bsh2_plus_4bs2h():
 
 # (model shape, plan) pairs for the estimate-level FLOP checks.
 FLOP_CASES = [
-    pytest.param(GPT3_175B, dict(dp=2, tp=8, pp=8, micro_batch_size=1, num_micro_batches=16), id="gpt3-175b-tp8-pp8-dp2"),
-    pytest.param(dict(L=7, h=120, a=8, V=1009, s=129), dict(dp=3, tp=2, pp=1, micro_batch_size=2, num_micro_batches=5), id="odd-7x120"),
-    pytest.param(dict(L=4, h=64, a=4, V=500, s=32), dict(dp=1, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4), id="small-pp2"),
+    pytest.param(
+        GPT3_175B, dict(dp=2, tp=8, pp=8, micro_batch_size=1, num_micro_batches=16), id="gpt3-175b-tp8-pp8-dp2"
+    ),
+    pytest.param(
+        dict(L=7, h=120, a=8, V=1009, s=129),
+        dict(dp=3, tp=2, pp=1, micro_batch_size=2, num_micro_batches=5),
+        id="odd-7x120",
+    ),
+    pytest.param(
+        dict(L=4, h=64, a=4, V=500, s=32),
+        dict(dp=1, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4),
+        id="small-pp2",
+    ),
 ]
 
 
@@ -386,7 +400,9 @@ def test_loss_bytes_per_logit(kernel, kept, transient, t, sp):
     shard = -(-V // t)
     head = memory.head_activation_bytes(model, b, s, t, sp, DType.bf16, kernel)
     assert head == pytest.approx(2 * 2 * s * b * model.hidden_size / (t if sp else 1) + kept * s * b * shard, rel=1e-3)
-    assert memory.logits_temporary_bytes(model, b, s, t, DType.bf16, kernel) == pytest.approx(transient * s * b * shard, rel=1e-3)
+    assert memory.logits_temporary_bytes(model, b, s, t, DType.bf16, kernel) == pytest.approx(
+        transient * s * b * shard, rel=1e-3
+    )
 
 
 def test_loss_kernel_defaults_to_the_targets():
@@ -394,7 +410,10 @@ def test_loss_kernel_defaults_to_the_targets():
     job = JobSpec(global_batch_size=8, seq_len=1024)
     assert compute.loss_kernel(job) == LossKernel.eager
     assert compute.loss_kernel(job.model_copy(update={"target": "megatron"})) == LossKernel.vocab_parallel
-    assert compute.loss_kernel(JobSpec(global_batch_size=8, seq_len=1024, target="megatron", loss_kernel="fused")) == LossKernel.fused
+    assert (
+        compute.loss_kernel(JobSpec(global_batch_size=8, seq_len=1024, target="megatron", loss_kernel="fused"))
+        == LossKernel.fused
+    )
 
 
 # =========================================================================== 4. in-flight micro-batches
@@ -419,7 +438,9 @@ def test_in_flight_interleaved_first_rank(p, v):
     layers' worth: [K22] sec. 4.2.3 (there "m" denotes the interleaving chunks)."""
     m = 16 * p  # large
     for r in range(p):
-        assert memory.in_flight_micro_batches(Schedule.interleaved_1f1b, p, m, r, v) == 2 * (p - r - 1) + (v - 1) * p + 1
+        assert (
+            memory.in_flight_micro_batches(Schedule.interleaved_1f1b, p, m, r, v) == 2 * (p - r - 1) + (v - 1) * p + 1
+        )
     first = memory.in_flight_micro_batches(Schedule.interleaved_1f1b, p, m, 0, v)
     assert Fr(first, p * v) == 1 + Fr(p - 1, p * v)
 
@@ -443,8 +464,14 @@ def test_estimate_first_rank_activations_interleaved_vs_1f1b(shape, p, v, t, m, 
     L, h, a, s = shape["L"], shape["h"], shape["a"], shape["s"]
     assert L % (p * v) == 0
     model = ModelSpec(
-        name="gpt-nodrop", num_layers=L, hidden_size=h, num_heads=a, vocab_size=1000, max_seq_len=s,
-        tied_embeddings=True, dropout=False,
+        name="gpt-nodrop",
+        num_layers=L,
+        hidden_size=h,
+        num_heads=a,
+        vocab_size=1000,
+        max_seq_len=s,
+        tied_embeddings=True,
+        dropout=False,
     )
     b = 1
     job = JobSpec(global_batch_size=b * m, seq_len=s, flash_attention=False)
@@ -465,12 +492,16 @@ def test_estimate_1f1b_rank_activations(p, m, a100):
     """[N21] sec. 2.2: rank i (not the last, which also holds the LM head's activations) holds
     min(p - i, m) micro-batches of its L/p layers."""
     L, h, a, s, t = 32, 256, 8, 128, 2
-    model = ModelSpec(name="gpt-nodrop", num_layers=L, hidden_size=h, num_heads=a, vocab_size=1000, max_seq_len=s, dropout=False)
+    model = ModelSpec(
+        name="gpt-nodrop", num_layers=L, hidden_size=h, num_heads=a, vocab_size=1000, max_seq_len=s, dropout=False
+    )
     job = JobSpec(global_batch_size=m, seq_len=s, flash_attention=False)
     est = estimate(model, a100, job, Plan(dp=1, tp=t, pp=p, micro_batch_size=1, num_micro_batches=m))
     per_layer = memory.layer_activation_bytes(model, 1, s, t, False, Recompute.none, flash_attention=False)
     for i in range(p - 1):
-        assert est.memory_gib_per_pipeline_rank[i].activations * GIB == pytest.approx((L // p) * per_layer * min(p - i, m), rel=1e-9)
+        assert est.memory_gib_per_pipeline_rank[i].activations * GIB == pytest.approx(
+            (L // p) * per_layer * min(p - i, m), rel=1e-9
+        )
 
 
 # =========================================================================== 5. ZeRO
@@ -542,10 +573,20 @@ def test_pipeline_time_unequal_stages(stages, m):
 # =========================================================================== 7. communication
 
 
-ALPHA_US = {Collective.all_reduce: 20.0, Collective.all_gather: 11.0, Collective.reduce_scatter: 13.0, Collective.p2p: 7.0,
-            Collective.all_to_all: 9.0}
-BW_GBPS = {Collective.all_reduce: 150.0, Collective.all_gather: 170.0, Collective.reduce_scatter: 160.0, Collective.p2p: 50.0,
-           Collective.all_to_all: 40.0}
+ALPHA_US = {
+    Collective.all_reduce: 20.0,
+    Collective.all_gather: 11.0,
+    Collective.reduce_scatter: 13.0,
+    Collective.p2p: 7.0,
+    Collective.all_to_all: 9.0,
+}
+BW_GBPS = {
+    Collective.all_reduce: 150.0,
+    Collective.all_gather: 170.0,
+    Collective.reduce_scatter: 160.0,
+    Collective.p2p: 50.0,
+    Collective.all_to_all: 40.0,
+}
 VOLUME = {
     Collective.all_reduce: lambda n: Fr(2 * (n - 1), n),
     Collective.all_gather: lambda n: Fr(n - 1, n),
@@ -559,7 +600,9 @@ VOLUME = {
 def tier():
     return LinkTier(
         name="test link",
-        collectives=[CollectiveFit(collective=c, latency_us=ALPHA_US[c], bandwidth_gbps=BW_GBPS[c]) for c in Collective],
+        collectives=[
+            CollectiveFit(collective=c, latency_us=ALPHA_US[c], bandwidth_gbps=BW_GBPS[c]) for c in Collective
+        ],
     )
 
 
@@ -630,7 +673,12 @@ def test_tp_communication_sequence_parallel_same_volume(t, a100):
 
 def test_tp_communication_none_without_tp(a100):
     model = gpt(4, 64, 4, 500, 32)
-    lc = pipeline_costs(model, a100, JobSpec(global_batch_size=2, seq_len=32), Plan(dp=2, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)).layer
+    lc = pipeline_costs(
+        model,
+        a100,
+        JobSpec(global_batch_size=2, seq_len=32),
+        Plan(dp=2, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1),
+    ).layer
     assert lc.tp_forward == lc.tp_backward == 0.0
 
 
@@ -659,20 +707,41 @@ def test_pp_p2p_sends_sbh_values(sp, t, a100):
     "kw,expected",
     [
         # tp=8 innermost fills the 8-GPU node; dp and pp groups span nodes.
-        (dict(dp=4, tp=8, pp=2, mesh_order=[Axis.tp, Axis.dp, Axis.pp]), {Axis.tp: False, Axis.dp: True, Axis.pp: True}),
+        (
+            dict(dp=4, tp=8, pp=2, mesh_order=[Axis.tp, Axis.dp, Axis.pp]),
+            {Axis.tp: False, Axis.dp: True, Axis.pp: True},
+        ),
         # tp=4, dp=2 inside the node; pp across nodes.
-        (dict(dp=2, tp=4, pp=4, mesh_order=[Axis.tp, Axis.dp, Axis.pp]), {Axis.tp: False, Axis.dp: False, Axis.pp: True}),
+        (
+            dict(dp=2, tp=4, pp=4, mesh_order=[Axis.tp, Axis.dp, Axis.pp]),
+            {Axis.tp: False, Axis.dp: False, Axis.pp: True},
+        ),
         # dp innermost: dp=4 in the node, tp=8 at stride 4 spans 4 nodes.
-        (dict(dp=4, tp=8, pp=1, mesh_order=[Axis.dp, Axis.tp, Axis.pp]), {Axis.tp: True, Axis.dp: False, Axis.pp: False}),
+        (
+            dict(dp=4, tp=8, pp=1, mesh_order=[Axis.dp, Axis.tp, Axis.pp]),
+            {Axis.tp: True, Axis.dp: False, Axis.pp: False},
+        ),
         # pp innermost: pp=2 and tp=4 share a node (stride 2, extent 8); dp spans nodes.
-        (dict(dp=2, tp=4, pp=2, mesh_order=[Axis.pp, Axis.tp, Axis.dp]), {Axis.tp: False, Axis.dp: True, Axis.pp: False}),
+        (
+            dict(dp=2, tp=4, pp=2, mesh_order=[Axis.pp, Axis.tp, Axis.dp]),
+            {Axis.tp: False, Axis.dp: True, Axis.pp: False},
+        ),
         # tp=16 cannot fit in one 8-GPU node.
-        (dict(dp=1, tp=16, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]), {Axis.tp: True, Axis.dp: False, Axis.pp: False}),
+        (
+            dict(dp=1, tp=16, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]),
+            {Axis.tp: True, Axis.dp: False, Axis.pp: False},
+        ),
         # tp=2, dp=3: a dp group covers 6 consecutive ranks, and 8 % 6 != 0, so some dp
         # groups straddle two nodes (ranks 6..11); tp pairs never do.
-        (dict(dp=3, tp=2, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]), {Axis.tp: False, Axis.dp: True, Axis.pp: False}),
+        (
+            dict(dp=3, tp=2, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]),
+            {Axis.tp: False, Axis.dp: True, Axis.pp: False},
+        ),
         # tp=3 on 8-GPU nodes: ranks 6, 7, 8 form a group across two nodes.
-        (dict(dp=8, tp=3, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]), {Axis.tp: True, Axis.dp: True, Axis.pp: False}),
+        (
+            dict(dp=8, tp=3, pp=1, mesh_order=[Axis.tp, Axis.dp, Axis.pp]),
+            {Axis.tp: True, Axis.dp: True, Axis.pp: False},
+        ),
     ],
 )
 def test_axis_spans_nodes(kw, expected, a100):

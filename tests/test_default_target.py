@@ -16,7 +16,18 @@ from planner.specs import JobSpec, SolveDocument
 
 from tests.test_solver import SMALL, tiny_cluster
 
-LLAMA_70B = ["--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "256", "--seq-len", "4096"]
+LLAMA_70B = [
+    "--model",
+    "llama3-70b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "64",
+    "--global-batch",
+    "256",
+    "--seq-len",
+    "4096",
+]
 GPT_1_3B = ["--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch", "64"]
 
 
@@ -50,7 +61,8 @@ def llama(tmp_path_factory):
 def _plans(doc: SolveDocument) -> list:
     """(plan, estimate, global batch, target) of the document's plan and each alternative."""
     return [(doc.plan, doc.estimate, doc.job.global_batch_size, doc.job.target)] + [
-        (a.plan, a.estimate, a.global_batch_size, a.target) for a in doc.alternatives]
+        (a.plan, a.estimate, a.global_batch_size, a.target) for a in doc.alternatives
+    ]
 
 
 # --------------------------------------------------------------------------- item 2
@@ -98,7 +110,13 @@ def test_the_document_lists_each_stacks_own_recommendation(llama):
         assert s.alternative is not None and s.reason is None and s.search.optimal
         p, e, _, _ = plans[s.alternative]
         assert p == own.plan and e.step_time_s == pytest.approx(own.estimate.step_time_s, rel=1e-12), s.target
-        code, out = plan("export", str(path), "--to", s.target.value, *(["--alternative", str(s.alternative)] if s.alternative else []))
+        code, out = plan(
+            "export",
+            str(path),
+            "--to",
+            s.target.value,
+            *(["--alternative", str(s.alternative)] if s.alternative else []),
+        )
         assert code == 0, out
     assert doc.stacks[0].alternative == 0 and doc.stacks[0].target == doc.job.target  # the recommendation's stack first
 
@@ -182,8 +200,13 @@ def test_the_default_is_exact_against_brute_force_over_every_stack():
             if ref.value is None:
                 assert s.result.best is None and s.reason
             else:
-                assert 1 / s.result.fastest.estimate.tokens_per_s == pytest.approx(ref.value, rel=1e-7), (memory_gib, s.target)
-        assert 1 / res.fastest.estimate.tokens_per_s == pytest.approx(min(v for v in values.values() if v is not None), rel=1e-7)
+                assert 1 / s.result.fastest.estimate.tokens_per_s == pytest.approx(ref.value, rel=1e-7), (
+                    memory_gib,
+                    s.target,
+                )
+        assert 1 / res.fastest.estimate.tokens_per_s == pytest.approx(
+            min(v for v in values.values() if v is not None), rel=1e-7
+        )
 
 
 def test_a_time_limit_is_shared_out_among_the_stacks(monkeypatch):
@@ -201,8 +224,13 @@ def test_a_time_limit_is_shared_out_among_the_stacks(monkeypatch):
 
     monkeypatch.setattr(stacks, "solve", fake_solve)
     monkeypatch.setattr(stacks.time, "perf_counter", lambda: clock[0])
-    stacks.solve_stacks(SMALL, tiny_cluster(1.5), JobSpec(global_batch_size=2, seq_len=2048),
-                        SearchSpace(num_gpus=4, global_batch_size=2), time_limit=8.0)
+    stacks.solve_stacks(
+        SMALL,
+        tiny_cluster(1.5),
+        JobSpec(global_batch_size=2, seq_len=2048),
+        SearchSpace(num_gpus=4, global_batch_size=2),
+        time_limit=8.0,
+    )
     # 8 s over 4 stacks; the first used 1 s of its 2, so 7 s are left for 3
     assert budgets == pytest.approx([2.0, 7.0 / 3, 7.0 / 3, 7.0 / 3])
     assert clock[0] == pytest.approx(8.0)  # each stack within its budget: the search within the limit
@@ -213,8 +241,20 @@ def test_a_time_limit_is_shared_out_among_the_stacks(monkeypatch):
 
 # A job where the tie rule applies under the shipped constants (found by trying a few Llama jobs;
 # a change of the constants may move it: pick another then). The README's DeepSpeed export example.
-TIE_CASE = ["--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--gpus", "128", "--global-batch", "512", "--seq-len", "4096",
-            "--target", "deepspeed"]
+TIE_CASE = [
+    "--model",
+    "llama3-70b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "128",
+    "--global-batch",
+    "512",
+    "--seq-len",
+    "4096",
+    "--target",
+    "deepspeed",
+]
 
 
 def test_the_tie_rule_is_said_where_the_recommendation_is_printed():
@@ -225,8 +265,17 @@ def test_the_tie_rule_is_said_where_the_recommendation_is_printed():
     doc = solve_doc(*TIE_CASE)
     seq = doc.job.seq_len
     mine = per_token(doc.estimate.step_time_s, doc.job.global_batch_size, seq)
-    faster = [k for k, a in enumerate(doc.alternatives, start=1) if per_token(a.estimate.step_time_s, a.global_batch_size, seq) < mine]
-    assert faster and doc.tie_rule is not None and doc.tie_rule.faster_alternatives == faster and doc.tie_rule.rule == TIE_RULE
+    faster = [
+        k
+        for k, a in enumerate(doc.alternatives, start=1)
+        if per_token(a.estimate.step_time_s, a.global_batch_size, seq) < mine
+    ]
+    assert (
+        faster
+        and doc.tie_rule is not None
+        and doc.tie_rule.faster_alternatives == faster
+        and doc.tie_rule.rule == TIE_RULE
+    )
     top = per_token(doc.estimate.step_time_interval_s[1], doc.job.global_batch_size, seq)
     for k in faster:
         a = doc.alternatives[k - 1]
@@ -249,8 +298,10 @@ def test_no_tie_rule_when_the_recommendation_is_the_fastest(llama):
     assert doc.tie_rule is None
 
 
-@pytest.mark.parametrize("numbers,words", [([2], "alternative 2 is"), ([1, 2], "alternatives 1 and 2 are"),
-                                           ([1, 3, 4], "alternatives 1, 3 and 4 are")])
+@pytest.mark.parametrize(
+    "numbers,words",
+    [([2], "alternative 2 is"), ([1, 2], "alternatives 1 and 2 are"), ([1, 3, 4], "alternatives 1, 3 and 4 are")],
+)
 def test_alternatives_are_counted_in_english(numbers, words):
     from planner.cli.render import _numbered
 

@@ -21,9 +21,19 @@ from planner.errors import UsageError
 from planner.presets import load_model
 from planner.specs import SolveDocument, StageRecompute
 
-LLAMA_HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
-            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
-            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+LLAMA_HF = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+}
 EST = ["estimate", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "512"]
 REV_A, REV_B = "a" * 40, "b" * 40
 
@@ -97,7 +107,9 @@ def test_a_hub_id_is_read_from_the_cache_at_refs_main(hub):
     assert (m.name, m.num_layers) == ("meta-llama/Tiny", 6)
     assert f"revision {REV_A} (refs/main)" in m.source and "Hugging Face config.json (llama style)" in m.source
     snapshot_config = hub / "models--meta-llama--Tiny" / "snapshots" / REV_A / "config.json"
-    assert load_model(str(snapshot_config)).name == "meta-llama/Tiny"  # a symlink into blobs/, named after its repository
+    assert (
+        load_model(str(snapshot_config)).name == "meta-llama/Tiny"
+    )  # a symlink into blobs/, named after its repository
     r = CliRunner().invoke(cli, EST + ["--model", "meta-llama/Tiny"])
     assert r.exit_code == 0 and f"revision {REV_A} (refs/main)" in r.output
 
@@ -113,12 +125,15 @@ def test_without_refs_main_the_newest_snapshot_is_taken_and_named(hub):
     assert "(the only snapshot)" in load_model("org/Tiny").source
 
 
-@pytest.mark.parametrize("env, where", [
-    ({"HF_HUB_CACHE": "{tmp}/a"}, "a"),
-    ({"HF_HOME": "{tmp}/b"}, "b/hub"),
-    ({"XDG_CACHE_HOME": "{tmp}/c"}, "c/huggingface/hub"),
-    ({"HOME": "{tmp}/d"}, "d/.cache/huggingface/hub"),
-])
+@pytest.mark.parametrize(
+    "env, where",
+    [
+        ({"HF_HUB_CACHE": "{tmp}/a"}, "a"),
+        ({"HF_HOME": "{tmp}/b"}, "b/hub"),
+        ({"XDG_CACHE_HOME": "{tmp}/c"}, "c/huggingface/hub"),
+        ({"HOME": "{tmp}/d"}, "d/.cache/huggingface/hub"),
+    ],
+)
 def test_the_cache_is_found_where_huggingface_hub_puts_it(tmp_path, monkeypatch, env, where):
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
@@ -160,7 +175,13 @@ def test_a_preset_and_an_existing_path_win_over_the_cache(hub):
 
 
 def test_a_cached_config_gets_the_same_checks_as_a_file(hub):
-    _snapshot(hub, "org/Mixtral", REV_A, {**LLAMA_HF, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}, main=True)
+    _snapshot(
+        hub,
+        "org/Mixtral",
+        REV_A,
+        {**LLAMA_HF, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2},
+        main=True,
+    )
     mixtral = load_model("org/Mixtral")  # planned as a mixture of experts, as the same config.json in a file is
     assert (mixtral.num_experts, mixtral.experts_per_token) == (8, 2) and "mixtral style" in mixtral.source
     _snapshot(hub, "org/Bad", REV_A, LLAMA_HF)
@@ -185,21 +206,63 @@ def test_odd_model_names_stay_one_line(hub):
 def _plan_at_80_columns(args: list[str]) -> str:
     """The installed CLI in a subprocess, as a terminal of 80 columns runs it."""
     env = {**os.environ, "COLUMNS": "80"}
-    r = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ["solve", "--model", "llama3-70b", "--cluster", "dgx-a100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"],
-    ["estimate", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096",
-     "--tp", "8", "--pp", "4", "--vpp", "5", "--recompute", "selective"],
-    ["presets"],
-], ids=["solve", "estimate", "presets"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "solve",
+            "--model",
+            "llama3-70b",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "64",
+            "--global-batch",
+            "512",
+            "--seq-len",
+            "4096",
+        ],
+        [
+            "estimate",
+            "--model",
+            "llama3-70b",
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "64",
+            "--global-batch",
+            "512",
+            "--seq-len",
+            "4096",
+            "--tp",
+            "8",
+            "--pp",
+            "4",
+            "--vpp",
+            "5",
+            "--recompute",
+            "selective",
+        ],
+        ["presets"],
+    ],
+    ids=["solve", "estimate", "presets"],
+)
 def test_80_columns_keep_names_whole_and_cut_nothing(args):
     out = _plan_at_80_columns(args)
-    names = [args[i + 1] for i, a in enumerate(args) if a in ("--model", "--cluster")] or ["gpt-neox-20b", "llama3-405b", "dgx-a100-80gb",
-                                                                                         "dgx-h100-80gb", "H100-SXM5-80GB"]
+    names = [args[i + 1] for i, a in enumerate(args) if a in ("--model", "--cluster")] or [
+        "gpt-neox-20b",
+        "llama3-405b",
+        "dgx-a100-80gb",
+        "dgx-h100-80gb",
+        "H100-SXM5-80GB",
+    ]
     for name in names:
         assert name in out
     assert max(len(line) for line in out.splitlines()) <= 80
@@ -217,7 +280,7 @@ def _render(doc: SolveDocument, monkeypatch) -> str:
 
 def _layout_cells(text: str) -> list[str]:
     """The layout column of the Alternatives table (one line per row at this width)."""
-    table = text[text.index("Alternatives"):].splitlines()
+    table = text[text.index("Alternatives") :].splitlines()
     rows = [line.split("│") for line in table if line.startswith("│") and line.split("│")[1].strip().isdigit()]
     return [row[2].strip() for row in rows]
 
@@ -225,8 +288,23 @@ def _layout_cells(text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def mesh_twins() -> SolveDocument:
     """A real solve whose one alternative differs from the recommended plan only in mesh order."""
-    args = ["solve", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch", "64", "--top-k", "3",
-            "--target", "generic", "--json", *[x for fix in ("tp=2", "pp=2", "mbs=1", "zero=1", "vpp=1", "sp=true") for x in ("--fix", fix)]]
+    args = [
+        "solve",
+        "--model",
+        "gpt3-1.3b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "64",
+        "--top-k",
+        "3",
+        "--target",
+        "generic",
+        "--json",
+        *[x for fix in ("tp=2", "pp=2", "mbs=1", "zero=1", "vpp=1", "sp=true") for x in ("--fix", fix)],
+    ]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
     return SolveDocument.model_validate_json(r.stdout)
@@ -245,10 +323,26 @@ def test_alternatives_differing_in_split_or_recompute_render_distinct_rows(mesh_
     twins = [
         base,
         base.model_copy(update={"plan": base.plan.model_copy(update={"layers_per_stage": [12, 12]})}),
-        base.model_copy(update={"plan": base.plan.model_copy(update={
-            "layers_per_stage": [12, 12], "stage_recompute": [StageRecompute(none=10, full=2), StageRecompute(none=12)]})}),
-        base.model_copy(update={"plan": base.plan.model_copy(update={
-            "layers_per_stage": [12, 12], "stage_recompute": [StageRecompute(none=12), StageRecompute(none=10, full=2)]})}),
+        base.model_copy(
+            update={
+                "plan": base.plan.model_copy(
+                    update={
+                        "layers_per_stage": [12, 12],
+                        "stage_recompute": [StageRecompute(none=10, full=2), StageRecompute(none=12)],
+                    }
+                )
+            }
+        ),
+        base.model_copy(
+            update={
+                "plan": base.plan.model_copy(
+                    update={
+                        "layers_per_stage": [12, 12],
+                        "stage_recompute": [StageRecompute(none=12), StageRecompute(none=10, full=2)],
+                    }
+                )
+            }
+        ),
     ]
     doc = mesh_twins.model_copy(update={"alternatives": twins})
     cells = _layout_cells(_render(doc, monkeypatch))
@@ -259,8 +353,23 @@ def test_alternatives_differing_in_split_or_recompute_render_distinct_rows(mesh_
 
 
 def test_alternatives_that_differ_visibly_get_no_details(monkeypatch):
-    r = CliRunner().invoke(cli, ["solve", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--gpus", "16", "--global-batch", "64",
-                                 "--target", "generic", "--json"])  # one stack: without --target two stacks may share a layout
+    r = CliRunner().invoke(
+        cli,
+        [
+            "solve",
+            "--model",
+            "gpt3-1.3b",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "--target",
+            "generic",
+            "--json",
+        ],
+    )  # one stack: without --target two stacks may share a layout
     doc = SolveDocument.model_validate_json(r.stdout)
     summaries = [render.plan_summary(p) for p in [doc.plan] + [a.plan for a in doc.alternatives]]
     assert len(set(summaries)) == len(summaries)

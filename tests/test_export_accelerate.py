@@ -26,14 +26,38 @@ from planner.specs import Axis, JobSpec, Plan, StageRecompute
 
 EXTRA = "the export extra is not installed: pip install '.[export]'"
 HF = Path(__file__).resolve().parent / "data" / "hf_configs"  # published Hugging Face configs (SOURCES.md)
-TP_EXTRA = "Accelerate's tensor parallelism needs transformers (TorchTensorParallelConfig checks it): pip install '.[export]'"
+TP_EXTRA = (
+    "Accelerate's tensor parallelism needs transformers (TorchTensorParallelConfig checks it): pip install '.[export]'"
+)
 
 
-def case(model: str, gpus: int, dp: int, tp: int, zero: int, mbs: int, m: int, *, recompute="none", precision="bf16",
-         seq=4096, per_node=None, **plan_fields):
+def case(
+    model: str,
+    gpus: int,
+    dp: int,
+    tp: int,
+    zero: int,
+    mbs: int,
+    m: int,
+    *,
+    recompute="none",
+    precision="bf16",
+    seq=4096,
+    per_node=None,
+    **plan_fields,
+):
     """A valid (model, plan, job, gpus, gpus_per_node) for one data-parallel x TP layout."""
     spec = load_model(model)
-    plan = Plan(dp=dp, tp=tp, pp=1, micro_batch_size=mbs, num_micro_batches=m, recompute=recompute, zero_stage=zero, **plan_fields)
+    plan = Plan(
+        dp=dp,
+        tp=tp,
+        pp=1,
+        micro_batch_size=mbs,
+        num_micro_batches=m,
+        recompute=recompute,
+        zero_stage=zero,
+        **plan_fields,
+    )
     job = JobSpec(global_batch_size=dp * mbs * m, seq_len=min(seq, spec.max_seq_len), precision=precision)
     plan.validate_for(spec, job, gpus)
     return SimpleNamespace(model=spec, plan=plan, job=job, gpus=gpus, per_node=per_node)
@@ -47,8 +71,9 @@ MATRIX = {
     "8b-fsdp2-tp4": case("llama3-8b", 16, 4, 4, 2, 1, 8),
     "8b-fsdp3-tp8-one-node": case("llama3-8b", 16, 2, 8, 3, 1, 4, per_node=16),
     "70b-fsdp3-tp8-full": case("llama3-70b", 64, 8, 8, 3, 1, 16, recompute="full", per_node=8),
-    "70b-fsdp2-tp8-full-per-stage": case("llama3-70b", 32, 4, 8, 2, 1, 8, per_node=8, recompute="full",
-                                         stage_recompute=[StageRecompute(full=80)]),
+    "70b-fsdp2-tp8-full-per-stage": case(
+        "llama3-70b", 32, 4, 8, 2, 1, 8, per_node=8, recompute="full", stage_recompute=[StageRecompute(full=80)]
+    ),
     "1.3b-ddp-fp16": case("gpt3-1.3b", 8, 8, 1, 0, 4, 2, precision="fp16", per_node=8),
     "1.3b-ddp-full": case("gpt3-1.3b", 8, 8, 1, 0, 4, 2, recompute="full"),
     "1.3b-fsdp2-fp32": case("gpt3-1.3b", 4, 4, 1, 2, 2, 1, precision="fp32"),
@@ -78,11 +103,24 @@ def _export(c):
 
 def _expected(c) -> dict:
     full = c.plan.recompute.value == "full"
-    return {"num_gpus": c.gpus, "dp": c.plan.dp, "cp": c.plan.cp, "fp8": c.plan.fp8, "tp": c.plan.tp, "pp": 1, "vpp": 1,
-            "zero_stage": c.plan.zero_stage,
-            "sequence_parallel": False, "recompute": "full" if full else "none", "precision": c.job.precision.value,
-            "mesh_order": ["tp", "dp", "pp"], "micro_batch_size": c.plan.micro_batch_size,
-            "num_micro_batches": c.plan.num_micro_batches, "global_batch_size": c.job.global_batch_size, "seq_len": c.job.seq_len}
+    return {
+        "num_gpus": c.gpus,
+        "dp": c.plan.dp,
+        "cp": c.plan.cp,
+        "fp8": c.plan.fp8,
+        "tp": c.plan.tp,
+        "pp": 1,
+        "vpp": 1,
+        "zero_stage": c.plan.zero_stage,
+        "sequence_parallel": False,
+        "recompute": "full" if full else "none",
+        "precision": c.job.precision.value,
+        "mesh_order": ["tp", "dp", "pp"],
+        "micro_batch_size": c.plan.micro_batch_size,
+        "num_micro_batches": c.plan.num_micro_batches,
+        "global_batch_size": c.job.global_batch_size,
+        "seq_len": c.job.seq_len,
+    }
 
 
 # --------------------------------------------------------------------------- without the package
@@ -97,8 +135,9 @@ def test_export_text_is_the_data_and_reads_back_to_the_plan(name):
     assert read_back(out.text) == _expected(c)
     degrees = read_back(out.data)  # the structured data alone: no batch (it is not in Accelerate's config)
     assert {k: degrees[k] for k in ("dp", "tp", "zero_stage", "precision")} == {
-        k: _expected(c)[k] for k in ("dp", "tp", "zero_stage", "precision")}
-    assert ("tp_plan=\"auto\"" in out.text) == (c.plan.tp > 1)
+        k: _expected(c)[k] for k in ("dp", "tp", "zero_stage", "precision")
+    }
+    assert ('tp_plan="auto"' in out.text) == (c.plan.tp > 1)
 
 
 def test_read_back_refuses_a_batch_comment_that_does_not_multiply():
@@ -110,7 +149,9 @@ def test_read_back_refuses_a_batch_comment_that_does_not_multiply():
 def test_nodes_from_gpus_per_node():
     c = MATRIX["70b-fsdp3-tp8-full"]
     assert _export(c).data["num_machines"] == 8
-    one = exporters.export("accelerate", c.plan, c.model, c.job, c.gpus)  # no cluster: one node, and the comment says so
+    one = exporters.export(
+        "accelerate", c.plan, c.model, c.job, c.gpus
+    )  # no cluster: one node, and the comment says so
     assert one.data["num_machines"] == 1 and "set num_machines to the node count" in one.text
     with pytest.raises(UsageError, match="do not fill whole nodes of 24"):
         exporters.get("accelerate").export(c.plan, c.model, c.job, c.gpus, gpus_per_node=24)
@@ -121,8 +162,12 @@ def _refused(model: str, gpus: int, target="generic", precision="bf16", **fields
     spec = load_model(model)
     fields = {"pp": 1, "micro_batch_size": 1, "num_micro_batches": 8, **fields}
     plan = Plan(**fields)
-    job = JobSpec(global_batch_size=plan.dp * plan.micro_batch_size * plan.num_micro_batches, seq_len=2048, target=target,
-                  precision=precision)
+    job = JobSpec(
+        global_batch_size=plan.dp * plan.micro_batch_size * plan.num_micro_batches,
+        seq_len=2048,
+        target=target,
+        precision=precision,
+    )
     plan.validate_for(spec, job, gpus)
     return plan, spec, job
 
@@ -130,22 +175,28 @@ def _refused(model: str, gpus: int, target="generic", precision="bf16", **fields
 REFUSED = {
     "ZeRO stage 1": _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=1),
     "pipeline parallelism pp=2": _refused("llama3-8b", 16, dp=8, tp=1, pp=2, zero_stage=3),
-    "interleaved virtual stages vpp=2": _refused("llama3-8b", 16, dp=8, tp=1, pp=2, vpp=2, schedule="interleaved-1f1b", zero_stage=0),
+    "interleaved virtual stages vpp=2": _refused(
+        "llama3-8b", 16, dp=8, tp=1, pp=2, vpp=2, schedule="interleaved-1f1b", zero_stage=0
+    ),
     "sequence parallelism": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, sequence_parallel=True),
-    "TP communication overlap": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, sequence_parallel=True, tp_comm_overlap=True,
-                                         target="megatron"),
+    "TP communication overlap": _refused(
+        "llama3-8b", 16, dp=8, tp=2, zero_stage=3, sequence_parallel=True, tp_comm_overlap=True, target="megatron"
+    ),
     "ZeRO stage 0 with tensor parallelism": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=0),
     "tensor parallelism tp=8 without data parallelism": _refused("llama3-8b", 8, dp=1, tp=8, zero_stage=3),
     "selective recompute": _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=3, recompute="selective"),
-    "recompute mixing modes": _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=3,
-                                       stage_recompute=[StageRecompute(none=16, full=16)]),
+    "recompute mixing modes": _refused(
+        "llama3-8b", 16, dp=16, tp=1, zero_stage=3, stage_recompute=[StageRecompute(none=16, full=16)]
+    ),
     "mesh order dp,tp,pp": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, mesh_order=["dp", "tp", "pp"]),
     "tp=16 over 8 KV heads": _refused("llama3-8b", 32, dp=2, tp=16, zero_stage=3),
     "expert parallelism ep=8 (accelerate has none)": _refused("mixtral-8x7b", 16, dp=16, tp=1, ep=8, zero_stage=3),
     "context parallelism cp=2 with ZeRO-0": _refused("llama3-8b", 16, dp=8, tp=1, cp=2, zero_stage=0),
     "FP8 with fp16 precision": _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=3, fp8=True, precision="fp16"),
     "FP8 with tensor parallelism tp=2": _refused("llama3-8b", 16, dp=8, tp=2, zero_stage=3, fp8=True),
-    "context parallelism cp=2 with a sliding window": _refused(str(HF / "mistral-7b-v0.1.json"), 16, dp=8, tp=1, cp=2, zero_stage=3),
+    "context parallelism cp=2 with a sliding window": _refused(
+        str(HF / "mistral-7b-v0.1.json"), 16, dp=8, tp=1, cp=2, zero_stage=3
+    ),
 }
 
 
@@ -166,8 +217,10 @@ def test_the_header_names_an_architecture_beyond_llamas():
         assert feature in line
     # a Llama's says its rotary embedding only, which Accelerate takes from the model's config.json
     line = next(x for x in _export(MATRIX["8b-fsdp3-dp16"]).text.splitlines() if x.startswith("# Model:"))
-    assert line == ("# Model: planned with rotary base 500,000, Llama 3.1 rotary scaling (factor 8, low_freq_factor 1, "
-                    "high_freq_factor 4, original 8192) (transformers builds them from the model's config.json)")
+    assert line == (
+        "# Model: planned with rotary base 500,000, Llama 3.1 rotary scaling (factor 8, low_freq_factor 1, "
+        "high_freq_factor 4, original 8192) (transformers builds them from the model's config.json)"
+    )
 
 
 def test_accelerate_refuses_context_parallelism_over_a_window():
@@ -252,8 +305,13 @@ def _launch(path, monkeypatch):
     fsdp = FullyShardedDataParallelPlugin() if args.use_fsdp else None
     sizes = ParallelismConfig() if env.get("ACCELERATE_USE_PARALLELISM_CONFIG") == "true" else None
     if sizes is not None:
-        world = SimpleNamespace(num_processes=config.num_processes, multi_device=config.num_processes > 1, is_main_process=True,
-                                is_fsdp2=fsdp is not None and fsdp.fsdp_version == 2, distributed_type=config.distributed_type)
+        world = SimpleNamespace(
+            num_processes=config.num_processes,
+            multi_device=config.num_processes > 1,
+            is_main_process=True,
+            is_fsdp2=fsdp is not None and fsdp.fsdp_version == 2,
+            distributed_type=config.distributed_type,
+        )
         sizes._validate_accelerator(world)
     return SimpleNamespace(config=config, args=args, env=env, fsdp=fsdp, sizes=sizes, fp8=_fp8_recipe(env, monkeypatch))
 
@@ -277,9 +335,15 @@ def test_accelerate_launch_accepts_the_export_and_means_the_plan(name, tmp_path,
         pytest.importorskip("transformers", reason=TP_EXTRA)
     run = _launch(_write(tmp_path, _export(c).text), monkeypatch)
     assert run.config.num_processes == c.gpus
-    assert run.args.mixed_precision == ("fp8" if c.plan.fp8 else {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[c.job.precision.value])
+    assert run.args.mixed_precision == (
+        "fp8" if c.plan.fp8 else {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[c.job.precision.value]
+    )
     if c.plan.fp8:  # Transformer Engine, E4M3 forward / E5M2 gradients, every GEMM of each linear in FP8
-        assert (run.fp8.backend, run.fp8.recipe.fp8_format, run.fp8.recipe.override_linear_precision) == ("TE", "HYBRID", (False,) * 3)
+        assert (run.fp8.backend, run.fp8.recipe.fp8_format, run.fp8.recipe.override_linear_precision) == (
+            "TE",
+            "HYBRID",
+            (False,) * 3,
+        )
         assert not run.fp8.recipe.use_mxfp8_block_scaling  # per-tensor scales
     else:
         assert run.fp8 is None
@@ -293,14 +357,23 @@ def test_accelerate_launch_accepts_the_export_and_means_the_plan(name, tmp_path,
         return
     assert run.config.distributed_type.value == "FSDP" and run.fsdp.fsdp_version == 2
     assert run.args.nproc_per_node == str(per_node)
-    assert run.fsdp.reshard_after_forward is (c.plan.zero_stage == 3)  # ZeRO-3 full shard, ZeRO-2 keeps params through backward
+    assert run.fsdp.reshard_after_forward is (
+        c.plan.zero_stage == 3
+    )  # ZeRO-3 full shard, ZeRO-2 keeps params through backward
     assert run.fsdp.activation_checkpointing is (_expected(c)["recompute"] == "full")
-    assert (run.sizes.total_size, run.sizes.dp_shard_size, run.sizes.dp_replicate_size, run.sizes.tp_size, run.sizes.cp_size) == (
-        c.gpus, c.plan.dp, 1, c.plan.tp, c.plan.cp)
+    assert (
+        run.sizes.total_size,
+        run.sizes.dp_shard_size,
+        run.sizes.dp_replicate_size,
+        run.sizes.tp_size,
+        run.sizes.cp_size,
+    ) == (c.gpus, c.plan.dp, 1, c.plan.tp, c.plan.cp)
     names, shape = run.sizes._get_mesh()  # outermost first
     innermost_first = [{"dp_shard": "dp", "tp": "tp", "cp": "cp"}[n] for n in reversed(names)]
     degree = {"dp": c.plan.dp, "cp": c.plan.cp, "tp": c.plan.tp, "pp": 1}
-    planned = [b for a in c.plan.mesh_order for b in (("cp", "dp") if a.value == "dp" else (a.value,))]  # cp innermost in dp
+    planned = [
+        b for a in c.plan.mesh_order for b in (("cp", "dp") if a.value == "dp" else (a.value,))
+    ]  # cp innermost in dp
     assert innermost_first == [a for a in planned if degree[a] > 1]
     if c.plan.cp > 1:  # torch's ring rotation; FSDP over dp_shard x cp (the plan's weights over dp x cp)
         assert (run.sizes.cp_backend, run.sizes.cp_handler.cp_comm_strategy) == ("torch", "alltoall")
@@ -318,7 +391,19 @@ def test_round_trip_through_accelerates_loader(name, tmp_path):
     back = read_back(parsed)  # degrees from what Accelerate parsed
     script = read_back(text)  # the batch from the comment block
     expected = _expected(c)
-    layout_keys = ("num_gpus", "dp", "cp", "fp8", "tp", "pp", "vpp", "zero_stage", "sequence_parallel", "precision", "mesh_order")
+    layout_keys = (
+        "num_gpus",
+        "dp",
+        "cp",
+        "fp8",
+        "tp",
+        "pp",
+        "vpp",
+        "zero_stage",
+        "sequence_parallel",
+        "precision",
+        "mesh_order",
+    )
     assert {k: back[k] for k in layout_keys} == {k: expected[k] for k in layout_keys}
     assert script == expected
     assert script["dp"] * script["micro_batch_size"] * script["num_micro_batches"] == c.job.global_batch_size
@@ -331,7 +416,9 @@ def _broken(tmp_path, name: str, edit):
 
 
 def test_sizes_that_do_not_multiply_to_the_world_are_rejected(tmp_path, monkeypatch):
-    path = _broken(tmp_path, "8b-fsdp3-dp16", lambda d: d["parallelism_config"].update(parallelism_config_dp_shard_size=8))
+    path = _broken(
+        tmp_path, "8b-fsdp3-dp16", lambda d: d["parallelism_config"].update(parallelism_config_dp_shard_size=8)
+    )
     with pytest.raises(ValueError, match=r"total_size \(8\) does not match num_processes \(16\)"):
         _launch(path, monkeypatch)
 
@@ -342,12 +429,23 @@ def test_broken_context_parallel_configs_are_rejected(tmp_path, monkeypatch):
     path = _broken(tmp_path, "8b-fsdp3-cp2-dp8", lambda d: d["parallelism_config"].update(parallelism_config_cp_size=3))
     with pytest.raises(ValueError, match=r"total_size \(24\) does not match num_processes \(16\)"):
         _launch(path, monkeypatch)
-    path = _broken(tmp_path, "8b-fsdp3-cp2-dp8", lambda d: d["parallelism_config"].update(parallelism_config_cp_comm_strategy="ring"))
+    path = _broken(
+        tmp_path,
+        "8b-fsdp3-cp2-dp8",
+        lambda d: d["parallelism_config"].update(parallelism_config_cp_comm_strategy="ring"),
+    )
     with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
         _launch(path, monkeypatch)
-    path = _broken(tmp_path, "1.3b-ddp-full", lambda d: d.update(parallelism_config={
-        "parallelism_config_dp_replicate_size": 4, "parallelism_config_cp_size": 2}))
-    with pytest.raises(ValueError, match=r"Tensor/Context parallelism \(tp/cp_size > 1\) cannot be used with pure data parallelism"):
+    path = _broken(
+        tmp_path,
+        "1.3b-ddp-full",
+        lambda d: d.update(
+            parallelism_config={"parallelism_config_dp_replicate_size": 4, "parallelism_config_cp_size": 2}
+        ),
+    )
+    with pytest.raises(
+        ValueError, match=r"Tensor/Context parallelism \(tp/cp_size > 1\) cannot be used with pure data parallelism"
+    ):
         _launch(path, monkeypatch)
 
 
@@ -362,13 +460,19 @@ def test_batch_keys_in_the_config_are_rejected(tmp_path):
     pytest.importorskip("accelerate", reason=EXTRA)
     from accelerate.commands.config.config_args import ClusterConfig
 
-    path = _broken(tmp_path, "8b-fsdp3-dp16", lambda d: d.update(gradient_accumulation_steps=2, per_device_train_batch_size=2))
-    with pytest.raises(ValueError, match=r"unknown keys \(\['gradient_accumulation_steps', 'per_device_train_batch_size'\]\)"):
+    path = _broken(
+        tmp_path, "8b-fsdp3-dp16", lambda d: d.update(gradient_accumulation_steps=2, per_device_train_batch_size=2)
+    )
+    with pytest.raises(
+        ValueError, match=r"unknown keys \(\['gradient_accumulation_steps', 'per_device_train_batch_size'\]\)"
+    ):
         ClusterConfig.from_yaml_file(str(path))
 
 
 def test_fsdp1_sharding_strategy_under_fsdp2_is_rejected(tmp_path, monkeypatch):
-    path = _broken(tmp_path, "8b-fsdp3-dp16", lambda d: d["fsdp_config"].update(fsdp_reshard_after_forward="FULL_SHARD"))
+    path = _broken(
+        tmp_path, "8b-fsdp3-dp16", lambda d: d["fsdp_config"].update(fsdp_reshard_after_forward="FULL_SHARD")
+    )
     with pytest.raises(ValueError, match="invalid truth value full_shard"):
         _launch(path, monkeypatch)
 
@@ -376,8 +480,13 @@ def test_fsdp1_sharding_strategy_under_fsdp2_is_rejected(tmp_path, monkeypatch):
 def test_ddp_beside_tp_is_rejected(tmp_path, monkeypatch):
     """Why RULES allows TP only with ZeRO-2/3: replicas without sharding next to TP are refused."""
     pytest.importorskip("transformers", reason=TP_EXTRA)
-    path = _broken(tmp_path, "8b-fsdp3-tp2-full", lambda d: d["parallelism_config"].update(
-        parallelism_config_dp_replicate_size=8, parallelism_config_dp_shard_size=1))
+    path = _broken(
+        tmp_path,
+        "8b-fsdp3-tp2-full",
+        lambda d: d["parallelism_config"].update(
+            parallelism_config_dp_replicate_size=8, parallelism_config_dp_shard_size=1
+        ),
+    )
     with pytest.raises(ValueError, match="cannot be used with pure data parallelism"):
         _launch(path, monkeypatch)
 
@@ -385,13 +494,30 @@ def test_ddp_beside_tp_is_rejected(tmp_path, monkeypatch):
 def test_fsdp_without_a_shard_dimension_beside_tp_is_rejected(tmp_path, monkeypatch):
     """Why problems() refuses tp > 1 with dp = 1 under FSDP2."""
     pytest.importorskip("transformers", reason=TP_EXTRA)
-    path = _broken(tmp_path, "8b-fsdp3-tp2-full", lambda d: d.update(num_processes=2, num_machines=1) or d["parallelism_config"].update(
-        parallelism_config_dp_shard_size=1, parallelism_config_tp_size=2))
+    path = _broken(
+        tmp_path,
+        "8b-fsdp3-tp2-full",
+        lambda d: (
+            d.update(num_processes=2, num_machines=1)
+            or d["parallelism_config"].update(parallelism_config_dp_shard_size=1, parallelism_config_tp_size=2)
+        ),
+    )
     with pytest.raises(ValueError, match="no dimension for FSDP to shard across"):
         _launch(path, monkeypatch)
 
 
-MIXTRAL_SOLVE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"]
+MIXTRAL_SOLVE = [
+    "--model",
+    "mixtral-8x7b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "64",
+    "--global-batch",
+    "512",
+    "--seq-len",
+    "4096",
+]
 
 
 def test_mixtral_solved_for_accelerate_exports_at_ep_1(tmp_path, monkeypatch):
@@ -399,26 +525,49 @@ def test_mixtral_solved_for_accelerate_exports_at_ep_1(tmp_path, monkeypatch):
     export` of the plan and every alternative reads back to it and, with Accelerate, launches."""
     path = tmp_path / "mixtral.json"
     cli = [sys.executable, "-m", "planner.cli.main"]
-    solved = subprocess.run([*cli, "solve", *MIXTRAL_SOLVE, "--target", "accelerate", "--top-k", "4", "-o", str(path)],
-                            capture_output=True, text=True)
+    solved = subprocess.run(
+        [*cli, "solve", *MIXTRAL_SOLVE, "--target", "accelerate", "--top-k", "4", "-o", str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert solved.returncode == 0, solved.stderr
     doc = json.loads(path.read_text())
     for k, entry in enumerate([doc] + doc["alternatives"]):
         plan = Plan.model_validate(entry["plan"])
         assert plan.ep == 1
-        res = subprocess.run([*cli, "export", str(path), "--to", "accelerate", "--json", *(["--alternative", str(k)] if k else [])],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [*cli, "export", str(path), "--to", "accelerate", "--json", *(["--alternative", str(k)] if k else [])],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
         text = json.loads(res.stdout)["text"]
         back = read_back(text)
         assert (back["dp"], back["tp"], back["zero_stage"], back["num_micro_batches"]) == (
-            plan.dp, plan.tp, plan.zero_stage, plan.num_micro_batches)
-        if importlib.util.find_spec("accelerate") is not None and (plan.tp == 1 or importlib.util.find_spec("transformers")):
+            plan.dp,
+            plan.tp,
+            plan.zero_stage,
+            plan.num_micro_batches,
+        )
+        if importlib.util.find_spec("accelerate") is not None and (
+            plan.tp == 1 or importlib.util.find_spec("transformers")
+        ):
             run = _launch(_write(tmp_path, text, f"mixtral-{k}.yaml"), monkeypatch)
             assert run.config.num_processes == 64
 
 
-LONG_SOLVE = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "131072"]
+LONG_SOLVE = [
+    "--model",
+    "llama3-8b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "8",
+    "--global-batch",
+    "8",
+    "--seq-len",
+    "131072",
+]
 
 
 def test_llama3_8b_128k_solved_for_accelerate_exports_with_context_parallelism(tmp_path, monkeypatch):
@@ -427,21 +576,29 @@ def test_llama3_8b_128k_solved_for_accelerate_exports_with_context_parallelism(t
     the plan's cp and, with Accelerate, launches with that cp size."""
     path = tmp_path / "long.json"
     cli = [sys.executable, "-m", "planner.cli.main"]
-    solved = subprocess.run([*cli, "solve", *LONG_SOLVE, "--target", "accelerate", "--top-k", "4", "-o", str(path)],
-                            capture_output=True, text=True)
+    solved = subprocess.run(
+        [*cli, "solve", *LONG_SOLVE, "--target", "accelerate", "--top-k", "4", "-o", str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert solved.returncode == 0, solved.stderr
     doc = json.loads(path.read_text())
     entries = [doc] + doc["alternatives"]
     assert any(Plan.model_validate(e["plan"]).cp > 1 for e in entries)
     for k, entry in enumerate(entries):
         plan = Plan.model_validate(entry["plan"])
-        res = subprocess.run([*cli, "export", str(path), "--to", "accelerate", "--json", *(["--alternative", str(k)] if k else [])],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [*cli, "export", str(path), "--to", "accelerate", "--json", *(["--alternative", str(k)] if k else [])],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
         text = json.loads(res.stdout)["text"]
         back = read_back(text)
         assert (back["dp"], back["cp"], back["tp"], back["zero_stage"]) == (plan.dp, plan.cp, plan.tp, plan.zero_stage)
-        if importlib.util.find_spec("accelerate") is not None and (plan.tp == 1 or importlib.util.find_spec("transformers")):
+        if importlib.util.find_spec("accelerate") is not None and (
+            plan.tp == 1 or importlib.util.find_spec("transformers")
+        ):
             run = _launch(_write(tmp_path, text, f"long-{k}.yaml"), monkeypatch)
             assert (run.config.num_processes, run.sizes.cp_size if run.sizes else 1) == (8, plan.cp)
 

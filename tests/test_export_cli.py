@@ -21,12 +21,36 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def plan_cli(*args, check=True, env_columns=None):
     env = {**os.environ, "COLUMNS": str(env_columns)} if env_columns else None
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, check=check, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True, check=check, env=env
+    )
 
 
 SOLVES = {
-    "llama3-8b-16-h100": ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096"],
-    "llama3-70b-64-h100": ["--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "256", "--seq-len", "4096"],
+    "llama3-8b-16-h100": [
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100-80gb",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "4096",
+    ],
+    "llama3-70b-64-h100": [
+        "--model",
+        "llama3-70b",
+        "--cluster",
+        "dgx-h100-80gb",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "256",
+        "--seq-len",
+        "4096",
+    ],
 }
 
 
@@ -63,6 +87,7 @@ def test_free_optimum_refused_and_targeted_one_slower(solved):
     res = plan_cli("export", str(free), "--to", "deepspeed", check=False)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "deepspeed cannot run this plan" in res.stderr and "--target deepspeed" in res.stderr
+
     def fastest(path):
         doc = json.loads(path.read_text())
         return min([doc["estimate"]["step_time_s"]] + [a["estimate"]["step_time_s"] for a in doc["alternatives"]])
@@ -85,8 +110,9 @@ def test_a_refusal_points_to_the_stacks_own_alternative(tmp_path):
         refused += 1
         k = own[stack]  # the plan `plan solve --target STACK` would recommend (the document's `stacks`)
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-        assert res.stderr.rstrip().endswith(f"holds for {stack}, alternative {k}: `plan export {path} --to {stack} "
-                                            f"--alternative {k}`"), res.stderr
+        assert res.stderr.rstrip().endswith(
+            f"holds for {stack}, alternative {k}: `plan export {path} --to {stack} --alternative {k}`"
+        ), res.stderr
         assert plan_cli("export", str(path), "--to", stack, "--alternative", str(k), check=False).returncode == 0
     assert refused >= 2  # megatron's plan is the recommendation here: the others refuse it
 
@@ -111,8 +137,26 @@ def test_a_plan_costed_for_another_stack_exports_with_a_note(solved, tmp_path):
     the alternative's), the exporting stack's own prediction (what `plan estimate --plan P
     --target STACK` says) and that command; none for the stack it was costed for."""
     generic = tmp_path / "generic.json"  # plan estimate's default target is generic
-    plan_cli("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "32",
-             "--seq-len", "4096", "--tp", "2", "--sequence-parallel", "--zero", "1", "-o", str(generic))
+    plan_cli(
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "32",
+        "--seq-len",
+        "4096",
+        "--tp",
+        "2",
+        "--sequence-parallel",
+        "--zero",
+        "1",
+        "-o",
+        str(generic),
+    )
     res = plan_cli("export", str(generic), "--to", "megatron")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 0 and len(lines) == 1 and res.stdout.startswith("--tensor-model-parallel-size")
@@ -120,13 +164,34 @@ def test_a_plan_costed_for_another_stack_exports_with_a_note(solved, tmp_path):
     assert lines[0].endswith(f"(re-estimate with `plan estimate --plan {generic} --target megatron`)")
     again = json.loads(plan_cli("estimate", "--plan", str(generic), "--target", "megatron", "--json").stdout)
     assert f"{again['estimate']['step_time_s']:.3f} s a step predicted" in lines[0]
-    titan = tmp_path / "torchtitan.json"  # accelerate: torchtitan's constants, a Hugging Face model's kernels (planner/stacks)
-    plan_cli("estimate", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "32",
-             "--seq-len", "4096", "--zero", "3", "--target", "torchtitan", "-o", str(titan))
+    titan = (
+        tmp_path / "torchtitan.json"
+    )  # accelerate: torchtitan's constants, a Hugging Face model's kernels (planner/stacks)
+    plan_cli(
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "32",
+        "--seq-len",
+        "4096",
+        "--zero",
+        "3",
+        "--target",
+        "torchtitan",
+        "-o",
+        str(titan),
+    )
     other = plan_cli("export", str(titan), "--to", "accelerate").stderr
     again = json.loads(plan_cli("estimate", "--plan", str(titan), "--target", "accelerate", "--json").stdout)
-    assert other.startswith("note: this plan was costed for torchtitan; accelerate runs it with its own kernels: "
-                            f"{again['estimate']['step_time_s']:.3f} s a step predicted"), other
+    assert other.startswith(
+        "note: this plan was costed for torchtitan; accelerate runs it with its own kernels: "
+        f"{again['estimate']['step_time_s']:.3f} s a step predicted"
+    ), other
     own = plan_cli("export", str(solved["llama3-8b-16-h100", "megatron"]), "--to", "megatron")
     assert own.returncode == 0 and own.stderr == ""
     doc = json.loads(solved["llama3-8b-16-h100", "megatron"].read_text())
@@ -134,11 +199,24 @@ def test_a_plan_costed_for_another_stack_exports_with_a_note(solved, tmp_path):
     mixed = tmp_path / "mixed.json"
     mixed.write_text(json.dumps(doc))
     res = plan_cli("export", str(mixed), "--to", "megatron", "--alternative", "1", check=False)
-    assert res.stderr.startswith("note: this plan was costed for torchtitan; megatron") and "--alternative 1 --target megatron" in res.stderr
+    assert (
+        res.stderr.startswith("note: this plan was costed for torchtitan; megatron")
+        and "--alternative 1 --target megatron" in res.stderr
+    )
 
 
-GEMMA_2 = ["--model", str(ROOT / "tests" / "data" / "hf_configs" / "gemma-2-9b.json"), "--cluster", "dgx-h100-80gb", "--gpus", "64",
-           "--global-batch", "256", "--seq-len", "4096"]
+GEMMA_2 = [
+    "--model",
+    str(ROOT / "tests" / "data" / "hf_configs" / "gemma-2-9b.json"),
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "64",
+    "--global-batch",
+    "256",
+    "--seq-len",
+    "4096",
+]
 
 
 def test_a_model_a_stack_cannot_build_leaves_its_search_empty(tmp_path):
@@ -158,7 +236,9 @@ def test_a_model_a_stack_cannot_build_leaves_its_search_empty(tmp_path):
     for args in (["solve", *GEMMA_2, "--target", "megatron"], ["export", str(path), "--to", "megatron"]):
         refused = plan_cli(*args, check=False)
         assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-        assert "megatron cannot build gemma-2-9b: activation geglu" in refused.stderr and "Traceback" not in refused.stderr
+        assert (
+            "megatron cannot build gemma-2-9b: activation geglu" in refused.stderr and "Traceback" not in refused.stderr
+        )
 
 
 def test_no_pointer_where_the_file_holds_no_runnable_plan_for_the_stack(tmp_path):

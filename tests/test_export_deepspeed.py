@@ -34,32 +34,79 @@ def full_counts(layers: list[int]) -> list[StageRecompute]:
 # (model, plan, job): every feature DeepSpeed has. Each plan passes Plan.validate_for.
 MATRIX = [
     ("llama3-8b", Plan(dp=16, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2, zero_stage=0), job(64)),
-    ("llama3-8b", Plan(dp=16, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2, zero_stage=1, recompute="full"), job(64)),
+    (
+        "llama3-8b",
+        Plan(dp=16, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2, zero_stage=1, recompute="full"),
+        job(64),
+    ),
     ("llama3-8b", Plan(dp=16, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=2), job(64)),
     ("llama3-8b", Plan(dp=16, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2, zero_stage=3), job(64)),
     # AutoTP, every ZeRO stage, tp = KV heads (8) and below
     ("llama3-8b", Plan(dp=4, tp=4, pp=1, micro_batch_size=4, num_micro_batches=4, zero_stage=0), job(64)),
-    ("llama3-8b", Plan(dp=2, tp=8, pp=1, micro_batch_size=4, num_micro_batches=8, zero_stage=1, recompute="full"), job(64)),
+    (
+        "llama3-8b",
+        Plan(dp=2, tp=8, pp=1, micro_batch_size=4, num_micro_batches=8, zero_stage=1, recompute="full"),
+        job(64),
+    ),
     ("llama3-8b", Plan(dp=4, tp=2, pp=1, micro_batch_size=2, num_micro_batches=8, zero_stage=2), job(64, "fp16")),
-    ("llama3-70b", Plan(dp=8, tp=8, pp=1, micro_batch_size=1, num_micro_batches=16, zero_stage=3, recompute="full"), job(128)),
+    (
+        "llama3-70b",
+        Plan(dp=8, tp=8, pp=1, micro_batch_size=1, num_micro_batches=16, zero_stage=3, recompute="full"),
+        job(128),
+    ),
     # pipelines: 1F1B, ZeRO 0 and 1, even splits (default and explicit), fewer micro-batches than stages
-    ("llama3-70b", Plan(dp=2, tp=1, pp=8, micro_batch_size=1, num_micro_batches=32, zero_stage=1, recompute="full"), job(64)),
-    ("llama3-70b", Plan(dp=4, tp=1, pp=4, micro_batch_size=1, num_micro_batches=16, zero_stage=0,
-                        layers_per_stage=[20] * 4, stage_recompute=full_counts([20] * 4)), job(64)),
+    (
+        "llama3-70b",
+        Plan(dp=2, tp=1, pp=8, micro_batch_size=1, num_micro_batches=32, zero_stage=1, recompute="full"),
+        job(64),
+    ),
+    (
+        "llama3-70b",
+        Plan(
+            dp=4,
+            tp=1,
+            pp=4,
+            micro_batch_size=1,
+            num_micro_batches=16,
+            zero_stage=0,
+            layers_per_stage=[20] * 4,
+            stage_recompute=full_counts([20] * 4),
+        ),
+        job(64),
+    ),
     ("gpt3-1.3b", Plan(dp=4, tp=1, pp=4, micro_batch_size=2, num_micro_batches=8, zero_stage=1), job(64, "fp16")),
     ("gpt3-1.3b", Plan(dp=4, tp=1, pp=2, micro_batch_size=4, num_micro_batches=1, zero_stage=0), job(16)),
     # fp32 and SGD under ZeRO
-    ("gpt3-1.3b", Plan(dp=8, tp=1, pp=1, micro_batch_size=4, num_micro_batches=2, zero_stage=2), job(64, "fp32", "sgd")),
+    (
+        "gpt3-1.3b",
+        Plan(dp=8, tp=1, pp=1, micro_batch_size=4, num_micro_batches=2, zero_stage=2),
+        job(64, "fp32", "sgd"),
+    ),
     # Mixture of experts (AutoEP): ep 1, 2, 4, 8 under every ZeRO stage, with a pipeline, shared
     # experts and dense first layers (DeepSeek-V3), 128 experts (Qwen3)
     ("mixtral-8x7b", Plan(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1), job(32)),
-    ("mixtral-8x7b", Plan(dp=16, ep=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=3, recompute="full"), job(32)),
+    (
+        "mixtral-8x7b",
+        Plan(dp=16, ep=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=3, recompute="full"),
+        job(32),
+    ),
     ("mixtral-8x7b", Plan(dp=16, ep=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=2), job(32)),
-    ("mixtral-8x7b", Plan(dp=8, ep=2, tp=1, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, recompute="full"), job(64)),
+    (
+        "mixtral-8x7b",
+        Plan(dp=8, ep=2, tp=1, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, recompute="full"),
+        job(64),
+    ),
     ("qwen3-30b-a3b", Plan(dp=8, ep=8, tp=1, pp=2, micro_batch_size=1, num_micro_batches=8, zero_stage=0), job(64)),
-    ("deepseek-v3", Plan(dp=64, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, zero_stage=3, recompute="full"), job(64)),
+    (
+        "deepseek-v3",
+        Plan(dp=64, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, zero_stage=3, recompute="full"),
+        job(64),
+    ),
 ]
-IDS = [f"{m}-dp{p.dp}-ep{p.ep}-tp{p.tp}-pp{p.pp}-z{p.zero_stage}-{j.precision.value}-{p.recompute.value}" for m, p, j in MATRIX]
+IDS = [
+    f"{m}-dp{p.dp}-ep{p.ep}-tp{p.tp}-pp{p.pp}-z{p.zero_stage}-{j.precision.value}-{p.recompute.value}"
+    for m, p, j in MATRIX
+]
 
 
 def _export(model_name, plan, job_spec):
@@ -88,7 +135,11 @@ def test_export_is_pure_json_with_our_numbers(model_name, plan, job_spec):
     model, e = _export(model_name, plan, job_spec)
     assert (e.stack, e.kind) == ("deepspeed", "json") and json.loads(e.text) == e.data
     d = e.data
-    assert d["train_batch_size"] == job_spec.global_batch_size == d["train_micro_batch_size_per_gpu"] * d["gradient_accumulation_steps"] * plan.dp
+    assert (
+        d["train_batch_size"]
+        == job_spec.global_batch_size
+        == d["train_micro_batch_size_per_gpu"] * d["gradient_accumulation_steps"] * plan.dp
+    )
     zero = d["zero_optimization"]
     if plan.zero_stage in (1, 2):  # the cost model's 25 MiB gradient bucket, in gradient elements
         assert zero["reduce_bucket_size"] * DTYPE_BYTES[job_spec.precision] == GRADIENT_BUCKET_BYTES == 25 * 2**20
@@ -102,10 +153,19 @@ def test_export_is_pure_json_with_our_numbers(model_name, plan, job_spec):
     assert ("tensor_parallel" in d) == (plan.tp > 1) and ("pipeline" in d) == (plan.pp > 1)
     assert ("activation_checkpointing" in d) == (plan.recompute == "full" or plan.stage_recompute is not None)
     layout = d["planner"]["layout"]
-    assert (layout["dp"], layout["tp"], layout["pp"], layout["ep"], layout["world_size"]) == (plan.dp, plan.tp, plan.pp, plan.ep, plan.world_size)
+    assert (layout["dp"], layout["tp"], layout["pp"], layout["ep"], layout["world_size"]) == (
+        plan.dp,
+        plan.tp,
+        plan.pp,
+        plan.ep,
+        plan.world_size,
+    )
     assert ("expert_parallel" in d) == model.is_moe == ("experts" in d["planner"])
     if model.is_moe:
-        assert d["expert_parallel"]["autoep_size"] == plan.ep and d["planner"]["experts"]["num_experts"] == model.num_experts
+        assert (
+            d["expert_parallel"]["autoep_size"] == plan.ep
+            and d["planner"]["experts"]["num_experts"] == model.num_experts
+        )
 
 
 @pytest.mark.parametrize("model_name, plan, job_spec", MATRIX, ids=IDS)
@@ -136,7 +196,11 @@ REFUSED = [
     ("llama3-8b", _p(layers_per_stage=[7, 9, 8, 8]), "uneven layers per stage"),
     ("llama3-8b", _p(pp=3, dp=2), "uneven layers per stage 11, 11, 10"),  # 32 layers on 3 stages
     ("llama3-8b", _p(recompute="selective"), "selective recompute"),
-    ("llama3-8b", _p(stage_recompute=[StageRecompute(full=8)] * 2 + [StageRecompute(none=8)] * 2), "recompute mixing modes"),
+    (
+        "llama3-8b",
+        _p(stage_recompute=[StageRecompute(full=8)] * 2 + [StageRecompute(none=8)] * 2),
+        "recompute mixing modes",
+    ),
     ("llama3-8b", _p(tp=2, pp=1, mesh_order=["dp", "tp", "pp"]), "mesh order dp,tp,pp"),
     ("llama3-8b", _p(cp=2, dp=1), "context parallelism cp=2 (deepspeed has none)"),
     ("llama3-8b", _p(fp8=True), "FP8 GEMMs (this export of deepspeed has no FP8 recipe)"),
@@ -183,11 +247,19 @@ def test_a_model_deepspeed_wraps_as_it_is_exports_and_the_planner_block_names_it
     assert ds_rules.model_problems(model) == []
     e = export("deepspeed", plan, model, job(32), plan.world_size)
     said = e.data["planner"]["model"]
-    for feature in ("GeGLU", "4 norms per layer", "sliding window of 4096 keys", "on 21 of 42 layers", "soft-capped logits"):
+    for feature in (
+        "GeGLU",
+        "4 norms per layer",
+        "sliding window of 4096 keys",
+        "on 21 of 42 layers",
+        "soft-capped logits",
+    ):
         assert feature in said
     _, llama = _export("llama3-8b", Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4), job(32))
-    assert llama.data["planner"]["model"] == ("llama3-8b, planned with rotary base 500,000, Llama 3.1 rotary scaling (factor 8, "
-                                              "low_freq_factor 1, high_freq_factor 4, original 8192) (your model code builds them)")
+    assert llama.data["planner"]["model"] == (
+        "llama3-8b, planned with rotary base 500,000, Llama 3.1 rotary scaling (factor 8, "
+        "low_freq_factor 1, high_freq_factor 4, original 8192) (your model code builds them)"
+    )
     _, gpt = _export("gpt3-1.3b", Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4), job(32))
     assert "model" not in gpt.data["planner"]
 
@@ -235,9 +307,15 @@ def test_deepspeed_accepts_every_export_and_reads_our_values(ds_config, model_na
     model, e = _export(model_name, plan, job_spec)
     cfg = ds_config(e.data, plan.dp)
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (
-        job_spec.global_batch_size, plan.micro_batch_size, plan.num_micro_batches)
+        job_spec.global_batch_size,
+        plan.micro_batch_size,
+        plan.num_micro_batches,
+    )
     assert int(cfg.zero_optimization_stage) == plan.zero_stage
-    assert (cfg.bfloat16_config.enabled, cfg.float16_config.enabled) == (job_spec.precision == "bf16", job_spec.precision == "fp16")
+    assert (cfg.bfloat16_config.enabled, cfg.float16_config.enabled) == (
+        job_spec.precision == "bf16",
+        job_spec.precision == "fp16",
+    )
     assert cfg.tensor_parallel_config.autotp_size == (plan.tp if plan.tp > 1 else 0)
     z = cfg.zero_config
     if plan.zero_stage in (1, 2):
@@ -293,7 +371,11 @@ def test_autotp_without_an_mpu_counts_tp_ranks_as_replicas(monkeypatch):
     assert "mpu" in e.data["planner"]["autotp_batch"]
 
 
-@pytest.mark.parametrize("model_name, plan, job_spec", [c for c in MATRIX if c[1].pp > 1], ids=[i for i, c in zip(IDS, MATRIX) if c[1].pp > 1])
+@pytest.mark.parametrize(
+    "model_name, plan, job_spec",
+    [c for c in MATRIX if c[1].pp > 1],
+    ids=[i for i, c in zip(IDS, MATRIX) if c[1].pp > 1],
+)
 def test_deepspeeds_partitioner_splits_the_layers_as_planned(model_name, plan, job_spec):
     """PipelineModule._partition_layers, run with the exported partition method on a model of
     embedding, the transformer blocks, final norm and LM head, gives the plan's split."""
@@ -304,16 +386,27 @@ def test_deepspeeds_partitioner_splits_the_layers_as_planned(model_name, plan, j
 
     model, e = _export(model_name, plan, job_spec)
     # layer classes of a Llama-like PipelineModule, named as Hugging Face names them
-    kinds = {name: type(name, (torch.nn.Module,), {}) for name in ("Embedding", "LlamaDecoderLayer", "RMSNorm", "LMHead")}
-    specs = [LayerSpec(kinds["Embedding"])] + [LayerSpec(kinds["LlamaDecoderLayer"])] * model.num_layers + [
-        LayerSpec(kinds["RMSNorm"]), LayerSpec(kinds["LMHead"])]
+    kinds = {
+        name: type(name, (torch.nn.Module,), {}) for name in ("Embedding", "LlamaDecoderLayer", "RMSNorm", "LMHead")
+    }
+    specs = (
+        [LayerSpec(kinds["Embedding"])]
+        + [LayerSpec(kinds["LlamaDecoderLayer"])] * model.num_layers
+        + [LayerSpec(kinds["RMSNorm"]), LayerSpec(kinds["LMHead"])]
+    )
     module = PipelineModule.__new__(PipelineModule)  # the partitioner alone: no process group, no layers built
     torch.nn.Module.__init__(module)
     module._layer_specs, module.num_stages = specs, plan.pp
-    module._topo, module.global_rank = PipeDataParallelTopology(num_pp=plan.pp, num_dp=2), 1  # rank 1: stage 0, prints nothing
+    module._topo, module.global_rank = (
+        PipeDataParallelTopology(num_pp=plan.pp, num_dp=2),
+        1,
+    )  # rank 1: stage 0, prints nothing
     module._partition_layers(method=e.data["planner"]["pipeline_module"]["partition_method"])
     assert e.data["pipeline"]["partition"] == e.data["planner"]["pipeline_module"]["partition_method"]
-    blocks = [sum(specs[i].typename is kinds["LlamaDecoderLayer"] for i in range(module.parts[s], module.parts[s + 1])) for s in range(plan.pp)]
+    blocks = [
+        sum(specs[i].typename is kinds["LlamaDecoderLayer"] for i in range(module.parts[s], module.parts[s + 1]))
+        for s in range(plan.pp)
+    ]
     assert blocks == plan.stage_layers(model.num_layers) == e.data["planner"]["pipeline_module"]["layers_per_stage"]
 
 
@@ -350,7 +443,10 @@ def test_deepspeeds_topology_is_the_mesh_order_we_allow(dp, tp, pp):
         return out
 
     placed = [coords(r, ds_rules.MESH_ORDER) for r in range(dp * tp * pp)]
-    assert all((c.pipe, c.data, c.model) == (p[Axis.pp], p[Axis.dp], p[Axis.tp]) for c, p in zip(map(topo.get_coord, range(len(placed))), placed))
+    assert all(
+        (c.pipe, c.data, c.model) == (p[Axis.pp], p[Axis.dp], p[Axis.tp])
+        for c, p in zip(map(topo.get_coord, range(len(placed))), placed)
+    )
     swapped = [coords(r, (Axis.dp, Axis.tp, Axis.pp)) for r in range(dp * tp * pp)]
     assert (swapped != placed) == (dp > 1 and tp > 1)
 
@@ -362,11 +458,22 @@ def ours(plan: Plan, model, job_spec: JobSpec) -> dict:
     """The plan's fields as read_back names them."""
     full = plan.recompute == "full" or plan.stage_recompute is not None
     return {
-        "dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "micro_batch_size": plan.micro_batch_size,
-        "num_micro_batches": plan.num_micro_batches, "global_batch_size": job_spec.global_batch_size,
-        "zero_stage": plan.zero_stage, "sequence_parallel": plan.sequence_parallel, "schedule": plan.schedule.value,
-        "recompute": "full" if full else "none", "precision": job_spec.precision.value,
-        "mesh_order": [a.value for a in plan.mesh_order], "ep": plan.ep, "cp": plan.cp, "fp8": plan.fp8,
+        "dp": plan.dp,
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "vpp": plan.vpp,
+        "micro_batch_size": plan.micro_batch_size,
+        "num_micro_batches": plan.num_micro_batches,
+        "global_batch_size": job_spec.global_batch_size,
+        "zero_stage": plan.zero_stage,
+        "sequence_parallel": plan.sequence_parallel,
+        "schedule": plan.schedule.value,
+        "recompute": "full" if full else "none",
+        "precision": job_spec.precision.value,
+        "mesh_order": [a.value for a in plan.mesh_order],
+        "ep": plan.ep,
+        "cp": plan.cp,
+        "fp8": plan.fp8,
     }
 
 
@@ -382,7 +489,10 @@ def parsed(cfg) -> dict:
         "tensor_parallel": {"autotp_size": cfg.tensor_parallel_config.autotp_size},
         "pipeline": dict(cfg.pipeline),
         "planner": cfg._param_dict.get("planner", {}),  # DeepSpeed keeps keys it does not know only here
-        "expert_parallel": {"enabled": cfg.expert_parallel_config.enabled, "autoep_size": cfg.expert_parallel_config.autoep_size},
+        "expert_parallel": {
+            "enabled": cfg.expert_parallel_config.enabled,
+            "autoep_size": cfg.expert_parallel_config.autoep_size,
+        },
     }
 
 
@@ -399,9 +509,18 @@ def tiny_hf_moe(model, pipeline: bool):
     import torch
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    hf = MixtralForCausalLM(MixtralConfig(hidden_size=16, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2,
-                                          num_key_value_heads=1, num_local_experts=model.num_experts,
-                                          num_experts_per_tok=model.experts_per_token, vocab_size=32))
+    hf = MixtralForCausalLM(
+        MixtralConfig(
+            hidden_size=16,
+            intermediate_size=8,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            num_local_experts=model.num_experts,
+            num_experts_per_tok=model.experts_per_token,
+            vocab_size=32,
+        )
+    )
     if not pipeline:
         return hf
     stages = torch.nn.Module()
@@ -414,7 +533,9 @@ def folded_expert_groups(plan: Plan) -> list[tuple]:
     """The cost model's expert-parallel groups (cost_models/tables.py:ep_link_of): each pipeline
     stage's tp x dp ranks, tp fastest, in runs of ep (pp outermost: DeepSpeed's fixed order)."""
     stage = plan.dp * plan.tp
-    return [tuple(range(s + k, s + k + plan.ep)) for s in range(0, plan.world_size, stage) for k in range(0, stage, plan.ep)]
+    return [
+        tuple(range(s + k, s + k + plan.ep)) for s in range(0, plan.world_size, stage) for k in range(0, stage, plan.ep)
+    ]
 
 
 @pytest.mark.parametrize("model_name, plan, job_spec", MOE, ids=MOE_IDS)
@@ -431,12 +552,20 @@ def test_autoep_takes_the_export_and_folds_the_planned_groups(ds_config, model_n
     model, e = _export(model_name, plan, job_spec)
     ep = ds_config(e.data, plan.dp).expert_parallel_config
     validate_autoep_config(ep, plan.world_size, plan.pp, plan.tp, 1, zero_stage=plan.zero_stage)
-    spec = build_folding_spec(world_size=plan.world_size, pp_size=plan.pp, tp_size=plan.tp, ep_size=ep.autoep_size,
-                              etp_size=ep.expert_tensor_parallel_size, mp_mode="sp")
+    spec = build_folding_spec(
+        world_size=plan.world_size,
+        pp_size=plan.pp,
+        tp_size=plan.tp,
+        ep_size=ep.autoep_size,
+        etp_size=ep.expert_tensor_parallel_size,
+        mp_mode="sp",
+    )
     assert list(expected_folding_group_tables(spec).ep_groups) == folded_expert_groups(plan)
     assert spec.edp_size == e.data["planner"]["experts"]["expert_data_parallel"]
     found = AutoEP(tiny_hf_moe(model, plan.pp > 1), ep).ep_parser()
-    assert len(found) == 2 and {(s.num_experts, s.top_k) for s in found} == {(model.num_experts, model.experts_per_token)}
+    assert len(found) == 2 and {(s.num_experts, s.top_k) for s in found} == {
+        (model.num_experts, model.experts_per_token)
+    }
     validate_autoep_post_detection(ep, found)
 
 
@@ -449,18 +578,35 @@ def test_autoep_rejects_a_broken_export(ds_config):
 
     model_name, plan, job_spec = MOE[0]  # mixtral, dp 8, ep 8
     model, e = _export(model_name, plan, job_spec)
-    three = ds_config({**e.data, "expert_parallel": {**e.data["expert_parallel"], "autoep_size": 3}}, plan.dp).expert_parallel_config
+    three = ds_config(
+        {**e.data, "expert_parallel": {**e.data["expert_parallel"], "autoep_size": 3}}, plan.dp
+    ).expert_parallel_config
     found = AutoEP(tiny_hf_moe(model, False), three).ep_parser()
-    with pytest.raises(ValueError, match="num_experts=8 in layer 'model.layers.0.mlp' is not divisible by autoep_size=3"):
+    with pytest.raises(
+        ValueError, match="num_experts=8 in layer 'model.layers.0.mlp' is not divisible by autoep_size=3"
+    ):
         validate_autoep_post_detection(three, found)
     with pytest.raises(ValueError, match=r"\(3 \* 1 = 3\) must divide the stage size"):
         validate_autoep_config(three, plan.world_size, plan.pp, plan.tp, 1, zero_stage=plan.zero_stage)
-    sixteen = ds_config({**e.data, "expert_parallel": {**e.data["expert_parallel"], "autoep_size": 16}}, plan.dp).expert_parallel_config
+    sixteen = ds_config(
+        {**e.data, "expert_parallel": {**e.data["expert_parallel"], "autoep_size": 16}}, plan.dp
+    ).expert_parallel_config
     with pytest.raises(ValueError, match="autoep_size=16 exceeds num_experts=8"):
         validate_autoep_post_detection(sixteen, found)
 
 
-MIXTRAL_SOLVE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"]
+MIXTRAL_SOLVE = [
+    "--model",
+    "mixtral-8x7b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "64",
+    "--global-batch",
+    "512",
+    "--seq-len",
+    "4096",
+]
 
 
 def test_mixtral_solved_for_deepspeed_exports_and_deepspeed_takes_it(tmp_path, monkeypatch):
@@ -469,14 +615,20 @@ def test_mixtral_solved_for_deepspeed_exports_and_deepspeed_takes_it(tmp_path, m
     AutoEP's checks."""
     path = tmp_path / "mixtral.json"
     cli = [sys.executable, "-m", "planner.cli.main"]
-    solved = subprocess.run([*cli, "solve", *MIXTRAL_SOLVE, "--target", "deepspeed", "--top-k", "4", "-o", str(path)],
-                            capture_output=True, text=True)
+    solved = subprocess.run(
+        [*cli, "solve", *MIXTRAL_SOLVE, "--target", "deepspeed", "--top-k", "4", "-o", str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert solved.returncode == 0, solved.stderr
     doc = json.loads(path.read_text())
     model, job_spec = load_model("mixtral-8x7b"), JobSpec.model_validate(doc["job"])
     for k, entry in enumerate([doc] + doc["alternatives"]):
-        res = subprocess.run([*cli, "export", str(path), "--to", "deepspeed", "--json", *(["--alternative", str(k)] if k else [])],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [*cli, "export", str(path), "--to", "deepspeed", "--json", *(["--alternative", str(k)] if k else [])],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
         plan, data = Plan.model_validate(entry["plan"]), json.loads(res.stdout)["data"]
         assert ds_export.read_back(data) == ours(plan, model, job_spec)
@@ -488,4 +640,6 @@ def test_mixtral_solved_for_deepspeed_exports_and_deepspeed_takes_it(tmp_path, m
         monkeypatch.setattr(ds_config_module.dist, "get_rank", lambda *a, **k: 0)
         mpu = type("DataParallelSize", (), {"get_data_parallel_world_size": lambda self, dp=plan.dp: dp})()
         cfg = ds_config_module.DeepSpeedConfig(data, mpu=mpu)
-        validate_autoep_config(cfg.expert_parallel_config, plan.world_size, plan.pp, plan.tp, 1, zero_stage=plan.zero_stage)
+        validate_autoep_config(
+            cfg.expert_parallel_config, plan.world_size, plan.pp, plan.tp, 1, zero_stage=plan.zero_stage
+        )

@@ -33,8 +33,14 @@ SEARCHES = {  # (model, cluster, GPUs, global batch, sequence)
 def _search(name: str):
     model_name, cluster_name, gpus, batch, seq = SEARCHES[name]
     model, cluster = load_model(model_name), load_cluster(cluster_name)
-    base = SearchSpace(num_gpus=gpus, global_batch_size=batch, seq_len=seq, cp_degrees=cp_degrees(seq, gpus, None),
-                       tp_comm_overlap=(False, True), recompute_norm_act=(False, True))
+    base = SearchSpace(
+        num_gpus=gpus,
+        global_batch_size=batch,
+        seq_len=seq,
+        cp_degrees=cp_degrees(seq, gpus, None),
+        tp_comm_overlap=(False, True),
+        recompute_norm_act=(False, True),
+    )
     return model, cluster, base, enumerate_layouts(model, cluster, base)
 
 
@@ -48,6 +54,7 @@ def test_the_search_filter_is_what_the_export_refuses(name):
             assert mod.layout_problems(c, model, job) == mod.problems(c.plan(), model, job), (stack, c)
         space = target_space(base, model, job)
         kept, _ = enumerate_candidates(model, cluster, space, layouts)
+
         def by_plan_problems(c, mod=mod, job=job):  # what the filter was: problems() of a Plan built per candidate
             return mod.problems(c.plan(), model, job)
 
@@ -73,7 +80,9 @@ def test_a_model_the_stack_cannot_build_is_not_searched():
     for stack in ("megatron", "torchtitan"):
         with pytest.raises(UsageError) as err:
             target_space(base, model, JobSpec(global_batch_size=256, seq_len=4096, target=stack))
-        assert str(err.value) == model_refusal(stack, model) and str(err.value).startswith(f"{stack} cannot build gemma-2-9b:")
+        assert str(err.value) == model_refusal(stack, model) and str(err.value).startswith(
+            f"{stack} cannot build gemma-2-9b:"
+        )
     for stack in ("deepspeed", "accelerate"):
         assert model_refusal(stack, model) is None
         target_space(base, model, JobSpec(global_batch_size=256, seq_len=4096, target=stack))

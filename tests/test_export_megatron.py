@@ -45,109 +45,422 @@ def R(none=0, selective=0, full=0):
 
 
 def job_for(plan: Plan, seq_len=4096, **kw) -> JobSpec:
-    return JobSpec(global_batch_size=plan.dp * plan.micro_batch_size * plan.num_micro_batches, seq_len=seq_len, target="megatron", **kw)
+    return JobSpec(
+        global_batch_size=plan.dp * plan.micro_batch_size * plan.num_micro_batches,
+        seq_len=seq_len,
+        target="megatron",
+        **kw,
+    )
 
 
 # (id, model, plan, job options): every ZeRO stage, schedule, split and recompute form Megatron has.
 MATRIX = [
-    ("gpt-dp8-fp16", "gpt3-1.3b", dict(dp=8, tp=1, pp=1, micro_batch_size=4, num_micro_batches=2), dict(seq_len=2048, precision="fp16")),
-    ("gpt-tp2-pp2-zero1-selective-tppdp", "gpt3-1.3b",
-     dict(dp=2, tp=2, pp=2, micro_batch_size=2, num_micro_batches=4, zero_stage=1, sequence_parallel=True,
-          recompute="selective", mesh_order=["tp", "pp", "dp"]), dict(seq_len=2048)),
-    ("gpt-fp32-sgd-unfused-tp2", "gpt3-1.3b", dict(dp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=3),
-     dict(seq_len=1024, precision="fp32", optimizer="sgd", flash_attention=False)),
-    ("gpt-pp2-vpp3-layout-block", "gpt3-1.3b",
-     dict(dp=1, tp=1, pp=2, vpp=3, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=4,
-          layers_per_stage=[4, 4, 4, 4, 5, 3], stage_recompute=[R(3, 0, 1), R(3, 0, 1), R(3, 0, 1), R(3, 0, 1), R(4, 0, 1), R(2, 0, 1)]),
-     dict(seq_len=2048)),
-    ("gpt-interleaved-vpp1-is-1f1b", "gpt3-1.3b",
-     dict(dp=2, tp=1, pp=2, schedule="interleaved-1f1b", micro_batch_size=2, num_micro_batches=4), dict(seq_len=2048)),
-    ("llama8b-pp4-vpp2-sp-overlap-full", "llama3-8b",
-     dict(dp=2, tp=2, pp=4, vpp=2, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=8, zero_stage=1,
-          sequence_parallel=True, tp_comm_overlap=True, recompute="full"), {}),
-    ("llama8b-pp4-first-last-block2", "llama3-8b",
-     dict(dp=4, tp=1, pp=4, micro_batch_size=1, num_micro_batches=8, layers_per_stage=[7, 9, 9, 7],
-          stage_recompute=[R(5, 0, 2), R(7, 0, 2), R(7, 0, 2), R(5, 0, 2)]), {}),
-    ("llama8b-pp4-vpp2-first-last", "llama3-8b",
-     dict(dp=1, tp=4, pp=4, vpp=2, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=4,
-          layers_per_stage=[3, 5, 5, 3, 3, 5, 5, 3], sequence_parallel=True), {}),
-    ("llama70b-pp4-layout-block3", "llama3-70b",
-     dict(dp=2, tp=8, pp=4, micro_batch_size=1, num_micro_batches=16, zero_stage=1, sequence_parallel=True, tp_comm_overlap=True,
-          layers_per_stage=[19, 21, 20, 20], stage_recompute=[R(16, 0, 3), R(18, 0, 3), R(17, 0, 3), R(17, 0, 3)]), {}),
-    ("llama70b-pp8-vpp5-selective", "llama3-70b",
-     dict(dp=1, tp=8, pp=8, vpp=5, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=16,
-          sequence_parallel=True, recompute="selective"), {}),
-    ("llama70b-pp3-default-uneven", "llama3-70b",
-     dict(dp=2, tp=4, pp=3, micro_batch_size=2, num_micro_batches=6, zero_stage=1, sequence_parallel=True), {}),
+    (
+        "gpt-dp8-fp16",
+        "gpt3-1.3b",
+        dict(dp=8, tp=1, pp=1, micro_batch_size=4, num_micro_batches=2),
+        dict(seq_len=2048, precision="fp16"),
+    ),
+    (
+        "gpt-tp2-pp2-zero1-selective-tppdp",
+        "gpt3-1.3b",
+        dict(
+            dp=2,
+            tp=2,
+            pp=2,
+            micro_batch_size=2,
+            num_micro_batches=4,
+            zero_stage=1,
+            sequence_parallel=True,
+            recompute="selective",
+            mesh_order=["tp", "pp", "dp"],
+        ),
+        dict(seq_len=2048),
+    ),
+    (
+        "gpt-fp32-sgd-unfused-tp2",
+        "gpt3-1.3b",
+        dict(dp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=3),
+        dict(seq_len=1024, precision="fp32", optimizer="sgd", flash_attention=False),
+    ),
+    (
+        "gpt-pp2-vpp3-layout-block",
+        "gpt3-1.3b",
+        dict(
+            dp=1,
+            tp=1,
+            pp=2,
+            vpp=3,
+            schedule="interleaved-1f1b",
+            micro_batch_size=1,
+            num_micro_batches=4,
+            layers_per_stage=[4, 4, 4, 4, 5, 3],
+            stage_recompute=[R(3, 0, 1), R(3, 0, 1), R(3, 0, 1), R(3, 0, 1), R(4, 0, 1), R(2, 0, 1)],
+        ),
+        dict(seq_len=2048),
+    ),
+    (
+        "gpt-interleaved-vpp1-is-1f1b",
+        "gpt3-1.3b",
+        dict(dp=2, tp=1, pp=2, schedule="interleaved-1f1b", micro_batch_size=2, num_micro_batches=4),
+        dict(seq_len=2048),
+    ),
+    (
+        "llama8b-pp4-vpp2-sp-overlap-full",
+        "llama3-8b",
+        dict(
+            dp=2,
+            tp=2,
+            pp=4,
+            vpp=2,
+            schedule="interleaved-1f1b",
+            micro_batch_size=1,
+            num_micro_batches=8,
+            zero_stage=1,
+            sequence_parallel=True,
+            tp_comm_overlap=True,
+            recompute="full",
+        ),
+        {},
+    ),
+    (
+        "llama8b-pp4-first-last-block2",
+        "llama3-8b",
+        dict(
+            dp=4,
+            tp=1,
+            pp=4,
+            micro_batch_size=1,
+            num_micro_batches=8,
+            layers_per_stage=[7, 9, 9, 7],
+            stage_recompute=[R(5, 0, 2), R(7, 0, 2), R(7, 0, 2), R(5, 0, 2)],
+        ),
+        {},
+    ),
+    (
+        "llama8b-pp4-vpp2-first-last",
+        "llama3-8b",
+        dict(
+            dp=1,
+            tp=4,
+            pp=4,
+            vpp=2,
+            schedule="interleaved-1f1b",
+            micro_batch_size=1,
+            num_micro_batches=4,
+            layers_per_stage=[3, 5, 5, 3, 3, 5, 5, 3],
+            sequence_parallel=True,
+        ),
+        {},
+    ),
+    (
+        "llama70b-pp4-layout-block3",
+        "llama3-70b",
+        dict(
+            dp=2,
+            tp=8,
+            pp=4,
+            micro_batch_size=1,
+            num_micro_batches=16,
+            zero_stage=1,
+            sequence_parallel=True,
+            tp_comm_overlap=True,
+            layers_per_stage=[19, 21, 20, 20],
+            stage_recompute=[R(16, 0, 3), R(18, 0, 3), R(17, 0, 3), R(17, 0, 3)],
+        ),
+        {},
+    ),
+    (
+        "llama70b-pp8-vpp5-selective",
+        "llama3-70b",
+        dict(
+            dp=1,
+            tp=8,
+            pp=8,
+            vpp=5,
+            schedule="interleaved-1f1b",
+            micro_batch_size=1,
+            num_micro_batches=16,
+            sequence_parallel=True,
+            recompute="selective",
+        ),
+        {},
+    ),
+    (
+        "llama70b-pp3-default-uneven",
+        "llama3-70b",
+        dict(dp=2, tp=4, pp=3, micro_batch_size=2, num_micro_batches=6, zero_stage=1, sequence_parallel=True),
+        {},
+    ),
     # Mixture of experts: ep 1, 2, 4, 8, with pipelines (1F1B, interleaved) and TP + SP; experts
     # folded from tp x dp across TP groups (ep > tp); shared experts and dense first layers
     # (DeepSeek-V3, its dense layers on the first stage) under --use-tp-pp-dp-mapping (ep = tp);
     # heads of their own width (Qwen3: --kv-channels).
-    ("mixtral-ep8-dp8-zero1", "mixtral-8x7b", dict(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1), {}),
-    ("mixtral-ep4-tp2-sp-pp2", "mixtral-8x7b",
-     dict(dp=4, ep=4, tp=2, pp=2, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True, recompute="selective"), {}),
-    ("mixtral-ep2-pp4-vpp2-full", "mixtral-8x7b",
-     dict(dp=2, ep=2, tp=1, pp=4, vpp=2, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=8, recompute="full"), {}),
-    ("mixtral-ep1-tp4-sp-overlap", "mixtral-8x7b",
-     dict(dp=2, tp=4, pp=1, micro_batch_size=2, num_micro_batches=2, sequence_parallel=True, tp_comm_overlap=True), {}),
-    ("deepseek-ep8-tp8-pp4-tppdp-first13", "deepseek-v3",
-     dict(dp=2, ep=8, tp=8, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True,
-          mesh_order=["tp", "pp", "dp"], layers_per_stage=[13, 16, 16, 16]), {}),
+    (
+        "mixtral-ep8-dp8-zero1",
+        "mixtral-8x7b",
+        dict(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1),
+        {},
+    ),
+    (
+        "mixtral-ep4-tp2-sp-pp2",
+        "mixtral-8x7b",
+        dict(
+            dp=4,
+            ep=4,
+            tp=2,
+            pp=2,
+            micro_batch_size=1,
+            num_micro_batches=8,
+            zero_stage=1,
+            sequence_parallel=True,
+            recompute="selective",
+        ),
+        {},
+    ),
+    (
+        "mixtral-ep2-pp4-vpp2-full",
+        "mixtral-8x7b",
+        dict(
+            dp=2,
+            ep=2,
+            tp=1,
+            pp=4,
+            vpp=2,
+            schedule="interleaved-1f1b",
+            micro_batch_size=1,
+            num_micro_batches=8,
+            recompute="full",
+        ),
+        {},
+    ),
+    (
+        "mixtral-ep1-tp4-sp-overlap",
+        "mixtral-8x7b",
+        dict(dp=2, tp=4, pp=1, micro_batch_size=2, num_micro_batches=2, sequence_parallel=True, tp_comm_overlap=True),
+        {},
+    ),
+    (
+        "deepseek-ep8-tp8-pp4-tppdp-first13",
+        "deepseek-v3",
+        dict(
+            dp=2,
+            ep=8,
+            tp=8,
+            pp=4,
+            micro_batch_size=1,
+            num_micro_batches=8,
+            zero_stage=1,
+            sequence_parallel=True,
+            mesh_order=["tp", "pp", "dp"],
+            layers_per_stage=[13, 16, 16, 16],
+        ),
+        {},
+    ),
     # MLA's selective recompute: its up-projections (--recompute-modules mla_up_proj)
-    ("deepseek-ep16-tp2-pp4-selective", "deepseek-v3",
-     dict(dp=8, ep=16, tp=2, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True,
-          recompute="selective", layers_per_stage=[13, 16, 16, 16]), {}),
-    ("qwen3-ep4-tp2-dp4", "qwen3-30b-a3b",
-     dict(dp=4, ep=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True), {}),
+    (
+        "deepseek-ep16-tp2-pp4-selective",
+        "deepseek-v3",
+        dict(
+            dp=8,
+            ep=16,
+            tp=2,
+            pp=4,
+            micro_batch_size=1,
+            num_micro_batches=8,
+            zero_stage=1,
+            sequence_parallel=True,
+            recompute="selective",
+            layers_per_stage=[13, 16, 16, 16],
+        ),
+        {},
+    ),
+    (
+        "qwen3-ep4-tp2-dp4",
+        "qwen3-30b-a3b",
+        dict(dp=4, ep=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True),
+        {},
+    ),
     # The norms' and the experts' activation recomputed (Plan.recompute_norm_act: --recompute-modules
     # layernorm moe_act), alone, beside selective recompute, beside MLA's, and on a dense model
-    ("qwen3-ep8-norm-act", "qwen3-30b-a3b",
-     dict(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, recompute_norm_act=True), {}),
-    ("mixtral-ep4-tp2-sp-pp2-selective-norm-act", "mixtral-8x7b",
-     dict(dp=4, ep=4, tp=2, pp=2, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True, recompute="selective",
-          recompute_norm_act=True), {}),
-    ("deepseek-ep16-tp2-pp4-selective-norm-act", "deepseek-v3",
-     dict(dp=8, ep=16, tp=2, pp=4, micro_batch_size=1, num_micro_batches=8, zero_stage=1, sequence_parallel=True,
-          recompute="selective", layers_per_stage=[13, 16, 16, 16], recompute_norm_act=True), {}),
-    ("llama8b-tp2-sp-norm-act", "llama3-8b",
-     dict(dp=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True, recompute_norm_act=True), {}),
+    (
+        "qwen3-ep8-norm-act",
+        "qwen3-30b-a3b",
+        dict(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, recompute_norm_act=True),
+        {},
+    ),
+    (
+        "mixtral-ep4-tp2-sp-pp2-selective-norm-act",
+        "mixtral-8x7b",
+        dict(
+            dp=4,
+            ep=4,
+            tp=2,
+            pp=2,
+            micro_batch_size=1,
+            num_micro_batches=8,
+            zero_stage=1,
+            sequence_parallel=True,
+            recompute="selective",
+            recompute_norm_act=True,
+        ),
+        {},
+    ),
+    (
+        "deepseek-ep16-tp2-pp4-selective-norm-act",
+        "deepseek-v3",
+        dict(
+            dp=8,
+            ep=16,
+            tp=2,
+            pp=4,
+            micro_batch_size=1,
+            num_micro_batches=8,
+            zero_stage=1,
+            sequence_parallel=True,
+            recompute="selective",
+            layers_per_stage=[13, 16, 16, 16],
+            recompute_norm_act=True,
+        ),
+        {},
+    ),
+    (
+        "llama8b-tp2-sp-norm-act",
+        "llama3-8b",
+        dict(
+            dp=4,
+            tp=2,
+            pp=1,
+            micro_batch_size=1,
+            num_micro_batches=4,
+            zero_stage=1,
+            sequence_parallel=True,
+            recompute_norm_act=True,
+        ),
+        {},
+    ),
     # Context parallelism (cp 2, 4; with dp, TP + SP, pipelines, interleaving, experts folded
     # from tp x cp x dp) and FP8 (on with bf16 and fp16, with and without CP; off everywhere above).
-    ("llama8b-cp2-dp2-tp2-sp-fp8-block12", "llama3-8b",
-     dict(dp=2, cp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True, fp8=True,
-          stage_recompute=[R(20, 0, 12)]), dict(seq_len=8192)),
-    ("llama8b-cp4-dp2-pp2-full", "llama3-8b",
-     dict(dp=2, cp=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4, recompute="full"), dict(seq_len=16384)),
-    ("llama70b-cp2-tp8-pp4-vpp2-fp8", "llama3-70b",
-     dict(dp=1, cp=2, tp=8, pp=4, vpp=2, schedule="interleaved-1f1b", micro_batch_size=1, num_micro_batches=8, zero_stage=1,
-          sequence_parallel=True, tp_comm_overlap=True, fp8=True), dict(seq_len=32768)),
-    ("llama8b-cp4-tp2-tppdp-at-pp1", "llama3-8b",  # at pp = 1 the order tp,pp,dp is Megatron's default: no mapping flag
-     dict(dp=1, cp=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2, sequence_parallel=True, mesh_order=["tp", "pp", "dp"]),
-     dict(seq_len=16384)),
-    ("mixtral-cp2-ep4-dp2-zero1", "mixtral-8x7b",
-     dict(dp=2, cp=2, ep=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1), dict(seq_len=8192)),
-    ("gpt-dp4-fp8-fp16", "gpt3-1.3b", dict(dp=4, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2, fp8=True),
-     dict(seq_len=2048, precision="fp16")),
+    (
+        "llama8b-cp2-dp2-tp2-sp-fp8-block12",
+        "llama3-8b",
+        dict(
+            dp=2,
+            cp=2,
+            tp=2,
+            pp=1,
+            micro_batch_size=1,
+            num_micro_batches=4,
+            zero_stage=1,
+            sequence_parallel=True,
+            fp8=True,
+            stage_recompute=[R(20, 0, 12)],
+        ),
+        dict(seq_len=8192),
+    ),
+    (
+        "llama8b-cp4-dp2-pp2-full",
+        "llama3-8b",
+        dict(dp=2, cp=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4, recompute="full"),
+        dict(seq_len=16384),
+    ),
+    (
+        "llama70b-cp2-tp8-pp4-vpp2-fp8",
+        "llama3-70b",
+        dict(
+            dp=1,
+            cp=2,
+            tp=8,
+            pp=4,
+            vpp=2,
+            schedule="interleaved-1f1b",
+            micro_batch_size=1,
+            num_micro_batches=8,
+            zero_stage=1,
+            sequence_parallel=True,
+            tp_comm_overlap=True,
+            fp8=True,
+        ),
+        dict(seq_len=32768),
+    ),
+    (
+        "llama8b-cp4-tp2-tppdp-at-pp1",
+        "llama3-8b",  # at pp = 1 the order tp,pp,dp is Megatron's default: no mapping flag
+        dict(
+            dp=1,
+            cp=4,
+            tp=2,
+            pp=1,
+            micro_batch_size=1,
+            num_micro_batches=2,
+            sequence_parallel=True,
+            mesh_order=["tp", "pp", "dp"],
+        ),
+        dict(seq_len=16384),
+    ),
+    (
+        "mixtral-cp2-ep4-dp2-zero1",
+        "mixtral-8x7b",
+        dict(dp=2, cp=2, ep=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1),
+        dict(seq_len=8192),
+    ),
+    (
+        "gpt-dp4-fp8-fp16",
+        "gpt3-1.3b",
+        dict(dp=4, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2, fp8=True),
+        dict(seq_len=2048, precision="fp16"),
+    ),
     # Architecture read from Hugging Face configs: a window on every layer (Mistral v0.1: 4096
     # keys at 8,192 tokens; Phi-3: 2,047), QK-norm (Qwen3).
-    ("mistral-v0.1-window-tp2-sp-pp2", str(HF / "mistral-7b-v0.1.json"),
-     dict(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True), dict(seq_len=8192)),
-    ("phi3-window-dp4", str(HF / "phi-3-mini-4k.json"), dict(dp=4, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2), {}),
-    ("qwen3-8b-qk-norm-tp4-pp2-selective", str(HF / "qwen3-8b.json"),
-     dict(dp=1, tp=4, pp=2, micro_batch_size=1, num_micro_batches=4, sequence_parallel=True, recompute="selective"), {}),
-    ("llama8b-tp2-zero1-grad-reduce-bf16", "llama3-8b",
-     dict(dp=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=1, sequence_parallel=True),
-     dict(grad_reduce_bf16=True)),
+    (
+        "mistral-v0.1-window-tp2-sp-pp2",
+        str(HF / "mistral-7b-v0.1.json"),
+        dict(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, zero_stage=1, sequence_parallel=True),
+        dict(seq_len=8192),
+    ),
+    (
+        "phi3-window-dp4",
+        str(HF / "phi-3-mini-4k.json"),
+        dict(dp=4, tp=1, pp=1, micro_batch_size=2, num_micro_batches=2),
+        {},
+    ),
+    (
+        "qwen3-8b-qk-norm-tp4-pp2-selective",
+        str(HF / "qwen3-8b.json"),
+        dict(dp=1, tp=4, pp=2, micro_batch_size=1, num_micro_batches=4, sequence_parallel=True, recompute="selective"),
+        {},
+    ),
+    (
+        "llama8b-tp2-zero1-grad-reduce-bf16",
+        "llama3-8b",
+        dict(dp=4, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=1, sequence_parallel=True),
+        dict(grad_reduce_bf16=True),
+    ),
 ]
 # Megatron runs these, but the Rules' same_per_stage (equal full counts per stage) refuses them:
 # every layer fully recomputed over unequal stages (--recompute-method uniform), and block
 # recompute of more layers than a short stage holds.
 BEYOND_RULES = [
-    ("llama70b-pp3-uneven-all-full", "llama3-70b",
-     dict(dp=2, tp=4, pp=3, micro_batch_size=2, num_micro_batches=6, sequence_parallel=True, recompute="full"), {}),
-    ("llama8b-pp4-block-beyond-short-stage", "llama3-8b",
-     dict(dp=1, tp=1, pp=4, micro_batch_size=1, num_micro_batches=4, layers_per_stage=[2, 10, 10, 10],
-          stage_recompute=[R(0, 0, 2), R(7, 0, 3), R(7, 0, 3), R(7, 0, 3)]), {}),
+    (
+        "llama70b-pp3-uneven-all-full",
+        "llama3-70b",
+        dict(dp=2, tp=4, pp=3, micro_batch_size=2, num_micro_batches=6, sequence_parallel=True, recompute="full"),
+        {},
+    ),
+    (
+        "llama8b-pp4-block-beyond-short-stage",
+        "llama3-8b",
+        dict(
+            dp=1,
+            tp=1,
+            pp=4,
+            micro_batch_size=1,
+            num_micro_batches=4,
+            layers_per_stage=[2, 10, 10, 10],
+            stage_recompute=[R(0, 0, 2), R(7, 0, 3), R(7, 0, 3), R(7, 0, 3)],
+        ),
+        {},
+    ),
 ]
 
 
@@ -179,17 +492,23 @@ def test_rules_state_what_megatron_expresses():
 BASE = dict(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4)
 
 
-@pytest.mark.parametrize("change, feature", [
-    (dict(zero_stage=2), "ZeRO stage 2"),
-    (dict(zero_stage=3), "ZeRO stage 3"),
-    (dict(schedule="gpipe"), "schedule gpipe"),
-    (dict(mesh_order=["dp", "tp", "pp"]), "mesh order dp,tp,pp"),
-    (dict(stage_recompute=[R(14, 0, 2), R(15, 0, 1)]), "a different number of fully recomputed layers per stage"),
-    (dict(stage_recompute=[R(8, 8, 0), R(8, 8, 0)]), "selective recompute on some layers only"),
-    # megatron.py:problems, beyond the Rules
-    (dict(pp=2, vpp=2, schedule="interleaved-1f1b", num_micro_batches=3), "interleaved schedule with 3 micro-batches"),
-    (dict(sequence_parallel=True), "sequence parallelism with seq_len 4095"),
-])
+@pytest.mark.parametrize(
+    "change, feature",
+    [
+        (dict(zero_stage=2), "ZeRO stage 2"),
+        (dict(zero_stage=3), "ZeRO stage 3"),
+        (dict(schedule="gpipe"), "schedule gpipe"),
+        (dict(mesh_order=["dp", "tp", "pp"]), "mesh order dp,tp,pp"),
+        (dict(stage_recompute=[R(14, 0, 2), R(15, 0, 1)]), "a different number of fully recomputed layers per stage"),
+        (dict(stage_recompute=[R(8, 8, 0), R(8, 8, 0)]), "selective recompute on some layers only"),
+        # megatron.py:problems, beyond the Rules
+        (
+            dict(pp=2, vpp=2, schedule="interleaved-1f1b", num_micro_batches=3),
+            "interleaved schedule with 3 micro-batches",
+        ),
+        (dict(sequence_parallel=True), "sequence parallelism with seq_len 4095"),
+    ],
+)
 def test_export_refuses_what_megatron_cannot_run(change, feature):
     plan = Plan(**{**BASE, **change})
     with pytest.raises(UsageError, match=f"megatron cannot run this plan: {feature}"):
@@ -200,15 +519,27 @@ def _hf(name: str, **update):
     return load_model(str(HF / f"{name}.json")).model_copy(update=update)
 
 
-@pytest.mark.parametrize("model, feature", [
-    (_hf("gemma-2-9b"), "megatron cannot build gemma-2-9b: activation geglu"),
-    (load_model("llama3-8b").model_copy(update={"norms_per_layer": 4}), "megatron cannot build llama3-8b: norms_per_layer 4"),
-    (load_model("llama3-8b").model_copy(update={"logit_softcapping": True}), "megatron cannot build llama3-8b: logit_softcapping"),
-    (_hf("gpt-oss-120b"), "megatron cannot build gpt-oss-120b: sliding_window on 18 of 36 layers"),
-    (load_model("llama3-8b").model_copy(update={"glu_limit": 7.0}), "megatron cannot build llama3-8b: glu_limit 7"),
-    (load_model("llama3-8b").model_copy(update={"rope_attention_factor": 1.2}),
-     "megatron cannot build llama3-8b: rope_attention_factor 1.2"),
-], ids=["geglu", "four-norms", "softcapping", "window-on-some-layers", "glu-clamp", "yarn"])
+@pytest.mark.parametrize(
+    "model, feature",
+    [
+        (_hf("gemma-2-9b"), "megatron cannot build gemma-2-9b: activation geglu"),
+        (
+            load_model("llama3-8b").model_copy(update={"norms_per_layer": 4}),
+            "megatron cannot build llama3-8b: norms_per_layer 4",
+        ),
+        (
+            load_model("llama3-8b").model_copy(update={"logit_softcapping": True}),
+            "megatron cannot build llama3-8b: logit_softcapping",
+        ),
+        (_hf("gpt-oss-120b"), "megatron cannot build gpt-oss-120b: sliding_window on 18 of 36 layers"),
+        (load_model("llama3-8b").model_copy(update={"glu_limit": 7.0}), "megatron cannot build llama3-8b: glu_limit 7"),
+        (
+            load_model("llama3-8b").model_copy(update={"rope_attention_factor": 1.2}),
+            "megatron cannot build llama3-8b: rope_attention_factor 1.2",
+        ),
+    ],
+    ids=["geglu", "four-norms", "softcapping", "window-on-some-layers", "glu-clamp", "yarn"],
+)
 def test_an_architecture_megatron_cannot_build_is_refused_in_one_line(model, feature):
     """Gemma's GeGLU, four norms a layer, soft-capped logits, and windows on layers the spec
     does not name (GPT-OSS: 18 of 36): refused whatever the plan, naming the field."""
@@ -223,7 +554,9 @@ def test_context_parallelism_with_a_window_is_refused():
     """Transformer Engine's p2p ring (the plan's context parallelism) asserts no sliding window."""
     model = _hf("mistral-7b-v0.1")
     plan = Plan(dp=2, cp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2)
-    with pytest.raises(UsageError, match="megatron cannot run this plan: context parallelism cp=2 with a sliding window"):
+    with pytest.raises(
+        UsageError, match="megatron cannot run this plan: context parallelism cp=2 with a sliding window"
+    ):
         export("megatron", plan, model, job_for(plan, seq_len=16384), plan.world_size)
     assert mlm_rules.problems(plan, load_model("llama3-8b"), job_for(plan, seq_len=16384)) == []
 
@@ -231,8 +564,13 @@ def test_context_parallelism_with_a_window_is_refused():
 def test_expert_parallelism_across_a_tp_pp_dp_mapping_is_refused():
     """parallel_state.initialize_model_parallel: without pp outermost, the expert and dense
     data-parallel sizes must agree (ep x expert-TP = tp); test_megatron_core_refuses_... runs it."""
-    model, plan = load_model("mixtral-8x7b"), Plan(dp=4, ep=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["tp", "pp", "dp"])
-    with pytest.raises(UsageError, match="megatron cannot run this plan: expert parallelism ep=4 with mesh order tp,pp,dp"):
+    model, plan = (
+        load_model("mixtral-8x7b"),
+        Plan(dp=4, ep=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["tp", "pp", "dp"]),
+    )
+    with pytest.raises(
+        UsageError, match="megatron cannot run this plan: expert parallelism ep=4 with mesh order tp,pp,dp"
+    ):
         export("megatron", plan, model, job_for(plan), plan.world_size)
     assert mlm_rules.problems(plan.model_copy(update={"mesh_order": ["tp", "dp", "pp"]}), model, job_for(plan)) == []
 
@@ -242,7 +580,9 @@ def test_context_parallelism_megatron_cannot_lay_out_is_refused():
     shows it); sequence parallelism needs a CP rank's s / cp tokens to split over tp."""
     model = load_model("llama3-8b")
     plan = Plan(dp=2, cp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["tp", "pp", "dp"])
-    with pytest.raises(UsageError, match="megatron cannot run this plan: context parallelism cp=2 with mesh order tp,pp,dp"):
+    with pytest.raises(
+        UsageError, match="megatron cannot run this plan: context parallelism cp=2 with mesh order tp,pp,dp"
+    ):
         export("megatron", plan, model, job_for(plan, seq_len=8192), plan.world_size)
     one_replica = plan.model_copy(update={"dp": 1})  # dp 1, but the dp axis still holds cp: the same refusal
     assert mlm_rules.problems(one_replica, model, job_for(one_replica, seq_len=8192))
@@ -281,13 +621,24 @@ def test_export_needs_the_plans_world_size():
 
 def test_split_flags_pick_the_plainest_form():
     def split(layers, pp, vpp=1):
-        plan = Plan(dp=1, tp=1, pp=pp, vpp=vpp, micro_batch_size=1, num_micro_batches=pp,
-                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b", layers_per_stage=layers)
+        plan = Plan(
+            dp=1,
+            tp=1,
+            pp=pp,
+            vpp=vpp,
+            micro_batch_size=1,
+            num_micro_batches=pp,
+            schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+            layers_per_stage=layers,
+        )
         return mlm._split_flags(plan, sum(layers))
 
     assert split([8, 8, 8, 8], 4) == []
     assert split([4] * 8, 4, 2) == [("--num-virtual-stages-per-pipeline-rank", 2)]
-    assert split([7, 9, 9, 7], 4) == [("--decoder-first-pipeline-num-layers", 7), ("--decoder-last-pipeline-num-layers", 7)]
+    assert split([7, 9, 9, 7], 4) == [
+        ("--decoder-first-pipeline-num-layers", 7),
+        ("--decoder-last-pipeline-num-layers", 7),
+    ]
     assert split([9, 7, 8, 8], 4) == [("--pipeline-model-parallel-layout", "E,t*9|t*7|t*8|t*8,L")]
     assert mlm.layout_layers(mlm.layout_string([9, 7, 1, 8])) == [9, 7, 1, 8]
     assert mlm.megatron_stage_layers(32, 4, 2, 6, 6) == [3, 5, 5, 3, 3, 5, 5, 3]
@@ -318,7 +669,9 @@ def test_text_is_the_argument_list_for_a_shell(case):
     assert out.kind == "args" and out.stack == "megatron"
     if shutil.which("bash") is None:
         pytest.skip("no bash to read the text")
-    printed = subprocess.run(["bash", "-c", "printf '%s\\0' " + out.text], capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run(
+        ["bash", "-c", "printf '%s\\0' " + out.text], capture_output=True, text=True, check=True
+    ).stdout
     assert printed.split("\0")[:-1] == out.data
 
 
@@ -329,6 +682,7 @@ def test_read_back_needs_the_world_size_for_dp():
 
 
 # --------------------------------------------------------------------------- with megatron-core
+
 
 def tuple_type(text: str) -> tuple:
     """Megatron-LM's --window-size type (arguments.py:tuple_type at core_v0.16.1): "1,2" or
@@ -350,34 +704,68 @@ def moe_freq_type(text: str):
 # Megatron-LM flags not generated from TransformerConfig (arguments.py / training_config.py at
 # core_v0.16.1): dest -> type (bool: store_true), and the allowed values where it lists them.
 LM_FLAGS = {
-    "micro_batch_size": int, "global_batch_size": int, "seq_length": int, "max_position_embeddings": int,
+    "micro_batch_size": int,
+    "global_batch_size": int,
+    "seq_length": int,
+    "max_position_embeddings": int,
     "position_embedding_type": ("learned_absolute", "rope", "mrope", "relative", "none"),
-    "swiglu": bool, "untie_embeddings_and_output_weights": bool, "group_query_attention": bool,
-    "decoder_first_pipeline_num_layers": int, "decoder_last_pipeline_num_layers": int,
-    "pipeline_model_parallel_layout": str, "num_virtual_stages_per_pipeline_rank": int,
+    "swiglu": bool,
+    "untie_embeddings_and_output_weights": bool,
+    "group_query_attention": bool,
+    "decoder_first_pipeline_num_layers": int,
+    "decoder_last_pipeline_num_layers": int,
+    "pipeline_model_parallel_layout": str,
+    "num_virtual_stages_per_pipeline_rank": int,
     "num_layers_per_virtual_pipeline_stage": int,
-    "use_distributed_optimizer": bool, "overlap_grad_reduce": bool, "overlap_param_gather": bool,
+    "use_distributed_optimizer": bool,
+    "overlap_grad_reduce": bool,
+    "overlap_param_gather": bool,
     "grad_reduce_in_bf16": bool,  # _add_mixed_precision_args
-    "use_tp_pp_dp_mapping": bool, "optimizer": ("adam", "sgd", "muon", "dist_muon"),
-    "num_experts": int, "moe_layer_freq": moe_freq_type,  # _add_moe_args
+    "use_tp_pp_dp_mapping": bool,
+    "optimizer": ("adam", "sgd", "muon", "dist_muon"),
+    "num_experts": int,
+    "moe_layer_freq": moe_freq_type,  # _add_moe_args
     "cp_comm_type": str,  # _add_distributed_args: nargs='+', default ["p2p"] (one value here: every layer alike)
-    "window_size": tuple_type, "window_attn_skip_freq": moe_freq_type,  # _add_network_size_args, by hand
+    "window_size": tuple_type,
+    "window_attn_skip_freq": moe_freq_type,  # _add_network_size_args, by hand
     # _add_mla_args: MLATransformerConfig's dimensions (core_transformer_config_from_args builds
     # that config under --multi-latent-attention)
-    "q_lora_rank": int, "kv_lora_rank": int, "qk_head_dim": int, "qk_pos_emb_head_dim": int, "v_head_dim": int,
+    "q_lora_rank": int,
+    "kv_lora_rank": int,
+    "qk_head_dim": int,
+    "qk_pos_emb_head_dim": int,
+    "v_head_dim": int,
     # _add_network_size_args: the rotary base (an int) and Llama 3.x's scaling, which GPTModel takes
-    "rotary_base": int, "use_rope_scaling": bool, "rope_scaling_factor": float,
+    "rotary_base": int,
+    "use_rope_scaling": bool,
+    "rope_scaling_factor": float,
     # --rope-type (choices rope, yarn) and _add_mla_args' YaRN factor and attention scales
-    "rope_type": ("rope", "yarn"), "rotary_scaling_factor": float, "mscale": float, "mscale_all_dim": float,
+    "rope_type": ("rope", "yarn"),
+    "rotary_scaling_factor": float,
+    "mscale": float,
+    "mscale_all_dim": float,
 }
 MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 # what core_transformer_config_from_args copies by name into MLATransformerConfig's fields
 MLA_ROPE = ("rotary_base", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim")
 # TransformerConfig fields arguments.py:_add_network_size_args gives no flag of their own (set
 # from the flags above or from the precision).
-NOT_FLAGS = {"virtual_pipeline_model_parallel_size", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-             "pipeline_model_parallel_layout", "params_dtype", "pipeline_dtype", "gated_linear_unit", "activation_func",
-             "bias_activation_fusion", "num_moe_experts", "moe_layer_freq", "cp_comm_type", "window_size", "window_attn_skip_freq"}
+NOT_FLAGS = {
+    "virtual_pipeline_model_parallel_size",
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "pipeline_model_parallel_layout",
+    "params_dtype",
+    "pipeline_dtype",
+    "gated_linear_unit",
+    "activation_func",
+    "bias_activation_fusion",
+    "num_moe_experts",
+    "moe_layer_freq",
+    "cp_comm_type",
+    "window_size",
+    "window_attn_skip_freq",
+}
 
 
 @pytest.fixture(scope="module")
@@ -446,7 +834,7 @@ def megatron_lm(argv: list[str], world_size: int):
             kw[flags[flag][0]], i = flags[flag][1], i + 1
         elif flag in flags and _is_list(hints[flags[flag][0]]):  # nargs: the values up to the next flag
             j = next((k for k in range(i + 1, len(argv)) if argv[k].startswith("--")), len(argv))
-            kw[flags[flag][0]], i = list(argv[i + 1:j]), j
+            kw[flags[flag][0]], i = list(argv[i + 1 : j]), j
         elif flag in flags:
             kw[flags[flag][0]], i = _convert(hints[flags[flag][0]], argv[i + 1]), i + 2
         else:
@@ -455,14 +843,29 @@ def megatron_lm(argv: list[str], world_size: int):
     cp = kw.get("context_parallel_size", 1)
     # arguments.py:validate_args, the checks that concern these flags.
     total_model_size = tp * pp * cp
-    assert world_size % total_model_size == 0, f"world size ({world_size}) is not divisible by total_model_size ({total_model_size=})"
+    assert world_size % total_model_size == 0, (
+        f"world size ({world_size}) is not divisible by total_model_size ({total_model_size=})"
+    )
     if cp > 1:
-        assert lm["seq_length"] % (cp * 2) == 0, "seq-length should be a multiple of 2 * context-parallel-size if context-parallel-size > 1."
-    assert "a2a+p2p" not in lm.get("cp_comm_type", "p2p"), "--hierarchical-context-parallel-sizes must be set when a2a+p2p is used in cp comm"
+        assert lm["seq_length"] % (cp * 2) == 0, (
+            "seq-length should be a multiple of 2 * context-parallel-size if context-parallel-size > 1."
+        )
+    assert "a2a+p2p" not in lm.get("cp_comm_type", "p2p"), (
+        "--hierarchical-context-parallel-sizes must be set when a2a+p2p is used in cp comm"
+    )
     first, last = lm.get("decoder_first_pipeline_num_layers"), lm.get("decoder_last_pipeline_num_layers")
     layout, vpp = lm.get("pipeline_model_parallel_layout"), lm.get("num_virtual_stages_per_pipeline_rank")
-    assert sum(k in lm for k in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
-                                 "pipeline_model_parallel_layout")) <= 1
+    assert (
+        sum(
+            k in lm
+            for k in (
+                "num_layers_per_virtual_pipeline_stage",
+                "num_virtual_stages_per_pipeline_rank",
+                "pipeline_model_parallel_layout",
+            )
+        )
+        <= 1
+    )
     if layout is not None:
         vpp = PipelineParallelLayerLayout.get_num_stages_from_str(layout) // pp
     elif first is None and last is None:
@@ -484,31 +887,51 @@ def megatron_lm(argv: list[str], world_size: int):
         kw["num_query_groups"] = None
     if kw.get("multi_latent_attention"):
         from megatron.core.transformer.transformer_config import MLATransformerConfig as TransformerConfig
+
         kw.update({k: lm[k] for k in MLA_DIMS + MLA_ROPE if k in lm})
     else:
         assert lm.get("rope_type", "rope") == "rope", "Common attention only support rope_type=rope"
     config = TransformerConfig(
-        **kw, num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
-        virtual_pipeline_model_parallel_size=vpp if vpp and vpp > 1 else None, pipeline_model_parallel_layout=layout,
-        params_dtype=dtype, pipeline_dtype=dtype, gated_linear_unit=swiglu, activation_func=F.silu if swiglu else F.gelu,
+        **kw,
+        num_layers_in_first_pipeline_stage=first,
+        num_layers_in_last_pipeline_stage=last,
+        virtual_pipeline_model_parallel_size=vpp if vpp and vpp > 1 else None,
+        pipeline_model_parallel_layout=layout,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else F.gelu,
         # bias_swiglu_fusion / bias_gelu_fusion default on; validate_args turns the gelu one off without biases
         bias_activation_fusion=swiglu or kw.get("add_bias_linear", True),
-        num_moe_experts=lm.get("num_experts"), moe_layer_freq=lm.get("moe_layer_freq", 1),
+        num_moe_experts=lm.get("num_experts"),
+        moe_layer_freq=lm.get("moe_layer_freq", 1),
         cp_comm_type=lm.get("cp_comm_type", "p2p"),  # one value: kw_args['cp_comm_type'] = args.cp_comm_type[0]
-        window_size=lm.get("window_size"), window_attn_skip_freq=lm.get("window_attn_skip_freq"),
+        window_size=lm.get("window_size"),
+        window_attn_skip_freq=lm.get("window_attn_skip_freq"),
     )
     dp = world_size // total_model_size  # args.data_parallel_size
     return SimpleNamespace(
-        config=config, lm=lm, dp=dp, world_size=world_size,
+        config=config,
+        lm=lm,
+        dp=dp,
+        world_size=world_size,
         # validate_args: bf16 accumulates and all-reduces gradients in fp32 unless --grad-reduce-in-bf16
-        ddp=DistributedDataParallelConfig(grad_reduce_in_fp32=bool(kw.get("bf16")) and not lm.get("grad_reduce_in_bf16", False),
-                                          use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
-                                          overlap_grad_reduce=lm.get("overlap_grad_reduce", False),
-                                          overlap_param_gather=lm.get("overlap_param_gather", False)),
-        optimizer=OptimizerConfig(optimizer=lm.get("optimizer", "adam"), use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
-                                  bf16=config.bf16, fp16=config.fp16, params_dtype=dtype),
-        batches=ConstantNumMicroBatchesCalculator(lm["global_batch_size"], lm["micro_batch_size"], dp,
-                                                  decrease_batch_size_if_needed=False, rank=0),
+        ddp=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=bool(kw.get("bf16")) and not lm.get("grad_reduce_in_bf16", False),
+            use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
+            overlap_grad_reduce=lm.get("overlap_grad_reduce", False),
+            overlap_param_gather=lm.get("overlap_param_gather", False),
+        ),
+        optimizer=OptimizerConfig(
+            optimizer=lm.get("optimizer", "adam"),
+            use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
+            bf16=config.bf16,
+            fp16=config.fp16,
+            params_dtype=dtype,
+        ),
+        batches=ConstantNumMicroBatchesCalculator(
+            lm["global_batch_size"], lm["micro_batch_size"], dp, decrease_batch_size_if_needed=False, rank=0
+        ),
         order="tp-cp-ep-pp-dp" if lm.get("use_tp_pp_dp_mapping") else "tp-cp-ep-dp-pp",
     )
 
@@ -522,7 +945,11 @@ def built_layers(config) -> list[int]:
     if config.pipeline_model_parallel_layout is not None:
         grid = config.pipeline_model_parallel_layout.layout  # [pp rank][chunk] -> layer kinds
         return [grid[r][c].count(LayerType.decoder) for c in range(vpp) for r in range(pp)]
-    return [get_num_layers_to_build(config, vp_stage=c if vpp > 1 else None, pp_rank=r) for c in range(vpp) for r in range(pp)]
+    return [
+        get_num_layers_to_build(config, vp_stage=c if vpp > 1 else None, pp_rank=r)
+        for c in range(vpp)
+        for r in range(pp)
+    ]
 
 
 def recomputed(config, n: int) -> StageRecompute:
@@ -539,7 +966,9 @@ def recomputed(config, n: int) -> StageRecompute:
 
     # selective: the core attention, or MLA's up-projections (multi_latent_attention.py: recompute_up_proj)
     if config.recompute_granularity == "selective" and (
-            "core_attn" in config.recompute_modules or (config.multi_latent_attention and "mla_up_proj" in config.recompute_modules)):
+        "core_attn" in config.recompute_modules
+        or (config.multi_latent_attention and "mla_up_proj" in config.recompute_modules)
+    ):
         return R(selective=n)
     if config.recompute_granularity != "full":  # TransformerBlock.forward checkpoints only under 'full'
         return R(none=n)
@@ -559,13 +988,28 @@ def recomputed(config, n: int) -> StageRecompute:
         ran.append(bool(inside))
         return hidden_states, context
 
-    block = SimpleNamespace(config=config, num_layers_per_pipeline_rank=n, layers=[layer] * n, _get_layer=lambda i: layer,
-                            pg_collection=SimpleNamespace(tp=None))
-    with mock.patch.object(tensor_parallel, "checkpoint", checkpoint), mock.patch.object(transformer_block, "te_checkpoint", te_checkpoint):
-        TransformerBlock._checkpointed_forward(block, hidden_states=torch.zeros(1, requires_grad=True), attention_mask=None, context=None,
-                                               context_mask=None,
-                                               rotary_pos_emb=None, attention_bias=None, packed_seq_params=None,
-                                               use_inner_quantization_context=False)
+    block = SimpleNamespace(
+        config=config,
+        num_layers_per_pipeline_rank=n,
+        layers=[layer] * n,
+        _get_layer=lambda i: layer,
+        pg_collection=SimpleNamespace(tp=None),
+    )
+    with (
+        mock.patch.object(tensor_parallel, "checkpoint", checkpoint),
+        mock.patch.object(transformer_block, "te_checkpoint", te_checkpoint),
+    ):
+        TransformerBlock._checkpointed_forward(
+            block,
+            hidden_states=torch.zeros(1, requires_grad=True),
+            attention_mask=None,
+            context=None,
+            context_mask=None,
+            rotary_pos_emb=None,
+            attention_bias=None,
+            packed_seq_params=None,
+            use_inner_quantization_context=False,
+        )
     assert len(ran) == n
     return R(none=ran.count(False), full=ran.count(True))
 
@@ -607,8 +1051,10 @@ def folded_expert_groups(plan: Plan) -> list[list[list[int]]]:
         stride[axis], step = step, step * degree[axis]
     out = []
     for p in range(plan.pp):
-        block = [p * stride["pp"] + d * stride["dp"] + t * stride["tp"] for d in range(degree["dp"]) for t in range(plan.tp)]
-        out.append([sorted(block[k:k + plan.ep]) for k in range(0, len(block), plan.ep)])
+        block = [
+            p * stride["pp"] + d * stride["dp"] + t * stride["tp"] for d in range(degree["dp"]) for t in range(plan.tp)
+        ]
+        out.append([sorted(block[k : k + plan.ep]) for k in range(0, len(block), plan.ep)])
     return out
 
 
@@ -626,10 +1072,15 @@ def model_parallel(m):
     dist.init_process_group("fake", rank=0, world_size=m.world_size, store=FakeStore())
     try:
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=c.tensor_model_parallel_size, pipeline_model_parallel_size=c.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=c.virtual_pipeline_model_parallel_size, context_parallel_size=c.context_parallel_size,
-            expert_model_parallel_size=c.expert_model_parallel_size, expert_tensor_parallel_size=c.expert_tensor_parallel_size,
-            order=m.order, create_gloo_process_groups=False)
+            tensor_model_parallel_size=c.tensor_model_parallel_size,
+            pipeline_model_parallel_size=c.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=c.virtual_pipeline_model_parallel_size,
+            context_parallel_size=c.context_parallel_size,
+            expert_model_parallel_size=c.expert_model_parallel_size,
+            expert_tensor_parallel_size=c.expert_tensor_parallel_size,
+            order=m.order,
+            create_gloo_process_groups=False,
+        )
         yield parallel_state
     finally:
         parallel_state.destroy_model_parallel()
@@ -646,20 +1097,36 @@ def check_experts(m, plan: Plan, model) -> None:
     from megatron.core.parallel_state import RankGenerator
 
     c = m.config
-    assert (c.num_moe_experts, c.moe_router_topk, c.moe_ffn_hidden_size) == (model.num_experts, model.experts_per_token, model.moe_ffn)
+    assert (c.num_moe_experts, c.moe_router_topk, c.moe_ffn_hidden_size) == (
+        model.num_experts,
+        model.experts_per_token,
+        model.moe_ffn,
+    )
     assert c.moe_shared_expert_intermediate_size == ((model.num_shared_experts * model.moe_ffn) or None)
     assert (c.expert_model_parallel_size, c.expert_tensor_parallel_size) == (plan.ep, 1)
-    assert (c.moe_token_dispatcher_type, c.moe_grouped_gemm, c.moe_expert_capacity_factor) == ("alltoall", True, None)  # dropless
-    kinds = [spec.submodules.mlp.module.__name__ for spec in get_gpt_decoder_layer_specs(c, use_transformer_engine=False)]
+    assert (c.moe_token_dispatcher_type, c.moe_grouped_gemm, c.moe_expert_capacity_factor) == (
+        "alltoall",
+        True,
+        None,
+    )  # dropless
+    kinds = [
+        spec.submodules.mlp.module.__name__ for spec in get_gpt_decoder_layer_specs(c, use_transformer_engine=False)
+    ]
     assert kinds == ["MLP"] * model.first_dense_layers + ["MoELayer"] * (model.num_layers - model.first_dense_layers)
     folded = folded_expert_groups(plan)
     with model_parallel(m) as ps:  # rank 0: the first group of the first stage; its expert-DP peers lead the others
         # (a --pipeline-model-parallel-layout asks parallel_state for the rank's pipeline rank)
-        first = get_gpt_decoder_block_spec(c, use_transformer_engine=False, pp_rank=0, vp_stage=0 if plan.vpp > 1 else None)
+        first = get_gpt_decoder_block_spec(
+            c, use_transformer_engine=False, pp_rank=0, vp_stage=0 if plan.vpp > 1 else None
+        )
         assert [s.submodules.mlp.module.__name__ for s in first.layer_specs].count("MLP") == model.first_dense_layers
         assert sorted(dist.get_process_group_ranks(ps.get_expert_model_parallel_group())) == folded[0][0]
-        assert sorted(dist.get_process_group_ranks(ps.get_expert_data_parallel_group())) == sorted(g[0] for g in folded[0])
-    generated = RankGenerator(tp=1, ep=plan.ep, dp=plan.world_size // (plan.ep * plan.pp), pp=plan.pp, cp=1, order=m.order)
+        assert sorted(dist.get_process_group_ranks(ps.get_expert_data_parallel_group())) == sorted(
+            g[0] for g in folded[0]
+        )
+    generated = RankGenerator(
+        tp=1, ep=plan.ep, dp=plan.world_size // (plan.ep * plan.pp), pp=plan.pp, cp=1, order=m.order
+    )
     assert sorted(sorted(g) for g in generated.get_ranks("ep")) == sorted(g for stage in folded for g in stage)
 
 
@@ -675,19 +1142,28 @@ def check_architecture(c, model, job: JobSpec) -> None:
     from megatron.core.transformer.utils import get_sliding_window_causal_mask, is_layer_window_attention
 
     attention = get_gpt_layer_local_spec(qk_layernorm=c.qk_layernorm).submodules.self_attention.submodules
-    assert (attention.q_layernorm is not IdentityOp, attention.k_layernorm is not IdentityOp) == (model.qk_norm, model.qk_norm)
-    windowed = [is_layer_window_attention(c.window_size, c.window_attn_skip_freq, n) for n in range(1, model.num_layers + 1)]
+    assert (attention.q_layernorm is not IdentityOp, attention.k_layernorm is not IdentityOp) == (
+        model.qk_norm,
+        model.qk_norm,
+    )
+    windowed = [
+        is_layer_window_attention(c.window_size, c.window_attn_skip_freq, n) for n in range(1, model.num_layers + 1)
+    ]
     assert sum(windowed) == model.sliding_window_layers
     if model.sliding_window is not None:
         ones = torch.ones
-        with mock.patch.object(torch, "ones", lambda *a, device=None, **k: ones(*a, **k)):  # it builds the mask on "cuda"
+        with mock.patch.object(
+            torch, "ones", lambda *a, device=None, **k: ones(*a, **k)
+        ):  # it builds the mask on "cuda"
             masked = get_sliding_window_causal_mask(job.seq_len, job.seq_len, c.window_size)
         keys = (~masked).sum(dim=1)
         expected = torch.tensor([min(i + 1, model.sliding_window) for i in range(job.seq_len)])
         # the first query that sees the wrong number of keys, not two lists of seq_len numbers:
         # pytest's diff of those (in full when CI is set) took tens of minutes
         wrong = (keys != expected).nonzero().flatten()
-        assert len(wrong) == 0, f"query {int(wrong[0])} sees {int(keys[wrong[0]])} keys, the spec's window {int(expected[wrong[0]])}"
+        assert len(wrong) == 0, (
+            f"query {int(wrong[0])} sees {int(keys[wrong[0]])} keys, the spec's window {int(expected[wrong[0]])}"
+        )
 
 
 NORM_ACT = ("layernorm", "moe_act")  # Megatron-Core's recompute modules Plan.recompute_norm_act writes
@@ -716,16 +1192,29 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     m = megatron_lm(data, plan.world_size)
     c, L = m.config, model.num_layers
     vpp = c.virtual_pipeline_model_parallel_size
-    assert (m.dp, c.context_parallel_size, c.tensor_model_parallel_size, c.pipeline_model_parallel_size) == (plan.dp, plan.cp, plan.tp, plan.pp)
+    assert (m.dp, c.context_parallel_size, c.tensor_model_parallel_size, c.pipeline_model_parallel_size) == (
+        plan.dp,
+        plan.cp,
+        plan.tp,
+        plan.pp,
+    )
     assert plan.cp == 1 or c.cp_comm_type == "p2p"  # the ring of K/V chunks the cost model prices
     if plan.fp8:  # Transformer Engine's hybrid format, per-tensor delayed scaling; attention and weights stay 16-bit
-        assert (c.fp8, c.fp8_recipe, c.fp8_param, c.fp8_dot_product_attention, c.fp8_wgrad) == ("hybrid", "delayed", False, False, True)
+        assert (c.fp8, c.fp8_recipe, c.fp8_param, c.fp8_dot_product_attention, c.fp8_wgrad) == (
+            "hybrid",
+            "delayed",
+            False,
+            False,
+            True,
+        )
     else:
         assert c.fp8 is None
     assert (m.batches.micro_batch_size, m.batches.num_micro_batches) == (plan.micro_batch_size, plan.num_micro_batches)
     # the interleaved schedule with one chunk per rank is 1F1B: Megatron runs it without interleaving
     assert (vpp or 1) == plan.vpp
-    want = {1: "forward_backward_no_pipelining"}.get(plan.pp, "forward_backward_pipelining_" + ("with_interleaving" if plan.vpp > 1 else "without_interleaving"))
+    want = {1: "forward_backward_no_pipelining"}.get(
+        plan.pp, "forward_backward_pipelining_" + ("with_interleaving" if plan.vpp > 1 else "without_interleaving")
+    )
     assert get_forward_backward_func(plan.pp, vpp).__name__ == want
     if vpp:  # schedules.py: micro-batches run in groups of microbatch_group_size_per_vp_stage
         assert plan.num_micro_batches % c.microbatch_group_size_per_vp_stage == 0
@@ -737,27 +1226,51 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     # the gradient buffer's dtype the memory model priced (cost_models/memory.py: megatron's recipes)
     assert m.ddp.grad_reduce_in_fp32 == (job.precision == "bf16" and not job.grad_reduce_bf16)
     assert (c.sequence_parallel, c.tp_comm_overlap) == (plan.sequence_parallel, plan.tp_comm_overlap)
-    assert (c.bf16, c.fp16) == (job.precision == "bf16", job.precision == "fp16") and m.optimizer.optimizer == job.optimizer
+    assert (c.bf16, c.fp16) == (
+        job.precision == "bf16",
+        job.precision == "fp16",
+    ) and m.optimizer.optimizer == job.optimizer
     ranks = RankGenerator(tp=plan.tp, ep=1, dp=plan.dp, pp=plan.pp, cp=plan.cp, order=m.order)
     assert {a: sorted(sorted(g) for g in ranks.get_ranks(a)) for a in GROUPS} == mesh_groups(plan)
     assert (c.num_layers, c.hidden_size, c.ffn_hidden_size, c.num_attention_heads, c.num_query_groups) == (
-        L, model.hidden_size, model.ffn, model.num_heads, model.kv_heads)
+        L,
+        model.hidden_size,
+        model.ffn,
+        model.num_heads,
+        model.kv_heads,
+    )
     assert c.gated_linear_unit == (model.activation == "swiglu") and c.add_bias_linear == model.linear_bias
     assert c.normalization == {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[model.norm]
-    assert (c.hidden_dropout > 0) == model.dropout and (c.attention_backend.name == "unfused") == (not job.flash_attention)
-    assert m.lm["seq_length"] == job.seq_len and m.lm.get("untie_embeddings_and_output_weights", False) == (not model.tied_embeddings)
-    assert (m.lm.get("position_embedding_type", "learned_absolute") == "learned_absolute") == model.learned_position_embeddings
+    assert (c.hidden_dropout > 0) == model.dropout and (c.attention_backend.name == "unfused") == (
+        not job.flash_attention
+    )
+    assert m.lm["seq_length"] == job.seq_len and m.lm.get("untie_embeddings_and_output_weights", False) == (
+        not model.tied_embeddings
+    )
+    assert (
+        m.lm.get("position_embedding_type", "learned_absolute") == "learned_absolute"
+    ) == model.learned_position_embeddings
     if model.mla:  # MLA's dimensions are its own (kv_channels unused)
         assert c.multi_latent_attention and tuple(getattr(c, k) for k in MLA_DIMS) == (
-            model.q_lora_rank, model.kv_lora_rank, model.head_dim, model.qk_rope_head_dim, model.v_dim)
-        if c.recompute_granularity == "selective" and plan.recompute != "none":  # what the cost model reruns: the up-projections (fused attention)
+            model.q_lora_rank,
+            model.kv_lora_rank,
+            model.head_dim,
+            model.qk_rope_head_dim,
+            model.v_dim,
+        )
+        if (
+            c.recompute_granularity == "selective" and plan.recompute != "none"
+        ):  # what the cost model reruns: the up-projections (fused attention)
             assert [m for m in c.recompute_modules if m not in NORM_ACT] == (
-                ["mla_up_proj"] if job.flash_attention else ["core_attn", "mla_up_proj"])
+                ["mla_up_proj"] if job.flash_attention else ["core_attn", "mla_up_proj"]
+            )
     else:
         assert c.kv_channels == model.head_dim and not c.multi_latent_attention
     # Plan.recompute_norm_act: the norms' outputs (the experts' activation too in a MoE model) discarded and rerun
     modules = set(c.recompute_modules or ()) if c.recompute_granularity == "selective" else set()
-    assert modules & set(NORM_ACT) == ((set(NORM_ACT) if model.is_moe else {"layernorm"}) if plan.recompute_norm_act else set())
+    assert modules & set(NORM_ACT) == (
+        (set(NORM_ACT) if model.is_moe else {"layernorm"}) if plan.recompute_norm_act else set()
+    )
     check_architecture(c, model, job)
     check_rope_and_biases(m, model)
     if model.is_moe:
@@ -779,9 +1292,16 @@ def check_rope_and_biases(m, model) -> None:
         assert c.rotary_base == model.rope_theta
         assert c.rope_type == ("rope" if r is None else "yarn")
         if r is not None:
-            assert (c.rotary_scaling_factor, c.mscale, c.mscale_all_dim) == (r.factor, r.mscale or 1.0, r.mscale_all_dim or 0.0)
+            assert (c.rotary_scaling_factor, c.mscale, c.mscale_all_dim) == (
+                r.factor,
+                r.mscale or 1.0,
+                r.mscale_all_dim or 0.0,
+            )
             assert (c.original_max_position_embeddings, c.beta_fast, c.beta_slow) == (
-                r.original_max_position_embeddings or 4096, r.beta_fast or 32, r.beta_slow or 1)
+                r.original_max_position_embeddings or 4096,
+                r.beta_fast or 32,
+                r.beta_slow or 1,
+            )
         return
     assert lm["rotary_base"] == model.rope_theta
     assert lm.get("use_rope_scaling", False) == (r is not None)
@@ -791,7 +1311,9 @@ def check_rope_and_biases(m, model) -> None:
 
         band = inspect.signature(RotaryEmbedding._apply_scaling).parameters
         assert (r.rope_type, lm["rope_scaling_factor"]) == ("llama3", r.factor)
-        assert r.band() == tuple(band[k].default for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
+        assert r.band() == tuple(
+            band[k].default for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        )
 
 
 # (id, model, what Megatron must build): one per family the exports must train as planned
@@ -812,7 +1334,9 @@ def test_export_trains_the_planned_rope_and_biases(name, source, want, mcore):
     """Megatron-LM's own config objects read back the planned rotary base, scaling and q/k/v
     biases (Megatron's defaults, 10,000 and none, are not Llama 3's or Qwen2's)."""
     model = load_model(source)
-    assert (model.rope_theta, model.rope_scaling.factor if model.rope_scaling else None, model.qkv_bias) == tuple(want.values())
+    assert (model.rope_theta, model.rope_scaling.factor if model.rope_scaling else None, model.qkv_bias) == tuple(
+        want.values()
+    )
     ep = 8 if model.is_moe else 1
     plan = Plan(dp=8, tp=1, pp=1, ep=ep, micro_batch_size=1, num_micro_batches=1)
     data = export("megatron", plan, model, job_for(plan), plan.world_size).data
@@ -823,15 +1347,19 @@ def test_export_trains_the_planned_rope_and_biases(name, source, want, mcore):
     assert (back["rope_scaling"] or {}).get("factor") == want["rope_scaling"]
 
 
-@pytest.mark.parametrize("update,field", [
-    (dict(rope_theta=500000.5), "rope_theta 500000"),
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 2.0}), "high_freq_factor 2"),
-    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_scaling linear"),
-])
+@pytest.mark.parametrize(
+    "update,field",
+    [
+        (dict(rope_theta=500000.5), "rope_theta 500000"),
+        (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 2.0}), "high_freq_factor 2"),
+        (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_scaling linear"),
+    ],
+)
 def test_megatron_refuses_a_rope_it_cannot_build(update, field):
     """A rotary base or scaling Megatron-LM's arguments cannot state: export refuses it in one
     line naming the field, and the search does not offer the stack."""
     from planner.specs import ModelSpec
+
     model = ModelSpec.model_validate({**load_model("llama3-8b").model_dump(), **update})
     plan = Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
     with pytest.raises(UsageError, match=field):
@@ -853,28 +1381,75 @@ def test_round_trip_through_megatron(case, mcore):
     back = mlm.read_back(data, plan.world_size)
     assert back["stage_layers"] == built_layers(m.config)
     assert (back["dp"], back["num_micro_batches"]) == (m.dp, m.batches.num_micro_batches)
-    mine = {k: back[k] for k in ("dp", "cp", "tp", "pp", "vpp", "micro_batch_size", "num_micro_batches", "zero_stage",
-                                 "sequence_parallel", "tp_comm_overlap", "precision", "optimizer", "fp8", "recompute_norm_act")}
-    assert mine == dict(dp=plan.dp, cp=plan.cp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, fp8=plan.fp8, micro_batch_size=plan.micro_batch_size,
-                        num_micro_batches=plan.num_micro_batches, zero_stage=plan.zero_stage, sequence_parallel=plan.sequence_parallel,
-                        tp_comm_overlap=plan.tp_comm_overlap, precision=job.precision.value, optimizer=job.optimizer.value,
-                        recompute_norm_act=plan.recompute_norm_act)
+    mine = {
+        k: back[k]
+        for k in (
+            "dp",
+            "cp",
+            "tp",
+            "pp",
+            "vpp",
+            "micro_batch_size",
+            "num_micro_batches",
+            "zero_stage",
+            "sequence_parallel",
+            "tp_comm_overlap",
+            "precision",
+            "optimizer",
+            "fp8",
+            "recompute_norm_act",
+        )
+    }
+    assert mine == dict(
+        dp=plan.dp,
+        cp=plan.cp,
+        tp=plan.tp,
+        pp=plan.pp,
+        vpp=plan.vpp,
+        fp8=plan.fp8,
+        micro_batch_size=plan.micro_batch_size,
+        num_micro_batches=plan.num_micro_batches,
+        zero_stage=plan.zero_stage,
+        sequence_parallel=plan.sequence_parallel,
+        tp_comm_overlap=plan.tp_comm_overlap,
+        precision=job.precision.value,
+        optimizer=job.optimizer.value,
+        recompute_norm_act=plan.recompute_norm_act,
+    )
     assert back["global_batch_size"] == job.global_batch_size
     assert back["stage_layers"] == plan.stage_layers(model.num_layers)
-    assert back["stage_recompute"] == [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
+    assert back["stage_recompute"] == [
+        (r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)
+    ]
     if plan.pp > 1:
         assert back["schedule"] == ("interleaved-1f1b" if plan.vpp > 1 else "1f1b")
     degree = {"dp": plan.dp * plan.cp, "tp": plan.tp, "pp": plan.pp}
     assert [a for a in back["mesh_order"] if degree[a] > 1] == [a.value for a in plan.mesh_order if degree[a.value] > 1]
     assert (back["num_layers"], back["num_kv_heads"], back["activation"], back["tied_embeddings"]) == (
-        model.num_layers, model.kv_heads, model.activation.value, model.tied_embeddings)
-    assert (back["qk_norm"], back["sliding_window"]) == (model.qk_norm, model.sliding_window) == (
-        m.config.qk_layernorm, m.config.window_size[0] + 1 if m.config.window_size else None)
-    assert (back["ep"], back["num_experts"]) == (plan.ep, model.num_experts) == (m.config.expert_model_parallel_size, m.config.num_moe_experts)
+        model.num_layers,
+        model.kv_heads,
+        model.activation.value,
+        model.tied_embeddings,
+    )
+    assert (
+        (back["qk_norm"], back["sliding_window"])
+        == (model.qk_norm, model.sliding_window)
+        == (m.config.qk_layernorm, m.config.window_size[0] + 1 if m.config.window_size else None)
+    )
+    assert (
+        (back["ep"], back["num_experts"])
+        == (plan.ep, model.num_experts)
+        == (m.config.expert_model_parallel_size, m.config.num_moe_experts)
+    )
     if model.is_moe:
-        assert {k: back[k] for k in ("experts_per_token", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers")} == {
-            "experts_per_token": model.experts_per_token, "moe_ffn_hidden_size": model.moe_ffn,
-            "num_shared_experts": model.num_shared_experts, "first_dense_layers": model.first_dense_layers}
+        assert {
+            k: back[k] for k in ("experts_per_token", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers")
+        } == {
+            "experts_per_token": model.experts_per_token,
+            "moe_ffn_hidden_size": model.moe_ffn,
+            "num_shared_experts": model.num_shared_experts,
+            "first_dense_layers": model.first_dense_layers,
+        }
 
 
 def _replace(argv, flag, value):
@@ -920,8 +1495,12 @@ def test_megatron_rejects_a_broken_moe_export(mcore):
     with pytest.raises(AssertionError, match="Number of experts should be a multiple of expert model parallel_size"):
         megatron_lm(_replace(data, "--expert-model-parallel-size", 3), plan.world_size)
     m = megatron_lm(data, plan.world_size)
-    three = SimpleNamespace(config=dataclasses.replace(m.config, expert_model_parallel_size=3), world_size=m.world_size, order=m.order)
-    with pytest.raises(RuntimeError, match=r"world_size \(8\) is not divisible by expert_tensor_model_pipeline_parallel size \(3\)"):
+    three = SimpleNamespace(
+        config=dataclasses.replace(m.config, expert_model_parallel_size=3), world_size=m.world_size, order=m.order
+    )
+    with pytest.raises(
+        RuntimeError, match=r"world_size \(8\) is not divisible by expert_tensor_model_pipeline_parallel size \(3\)"
+    ):
         with model_parallel(three):
             pass
     plan, model, job = _case("deepseek-ep8-tp8-pp4-tppdp-first13")
@@ -948,7 +1527,10 @@ def test_megatron_core_builds_the_context_parallel_groups(case, mcore):
     with model_parallel(m) as ps:
         assert sorted(dist.get_process_group_ranks(ps.get_context_parallel_group())) == want["cp"]
         assert sorted(dist.get_process_group_ranks(ps.get_data_parallel_group())) == want["dp"]
-        assert sorted(dist.get_process_group_ranks(ps.get_data_parallel_group(with_context_parallel=True))) == want["dp-cp"]
+        assert (
+            sorted(dist.get_process_group_ranks(ps.get_data_parallel_group(with_context_parallel=True)))
+            == want["dp-cp"]
+        )
         assert sorted(dist.get_process_group_ranks(ps.get_tensor_model_parallel_group())) == want["tp"]
         assert ps.get_data_parallel_world_size() == plan.dp
 
@@ -973,12 +1555,16 @@ def test_megatron_rejects_a_broken_cp_or_fp8_export(mcore):
     m = megatron_lm(data, plan.world_size)
     with pytest.raises(AssertionError, match=r"world size \(16\) is not divisible by total_model_size"):
         megatron_lm(_replace(data, "--context-parallel-size", 3), plan.world_size)
-    three = SimpleNamespace(config=dataclasses.replace(m.config, context_parallel_size=3), world_size=m.world_size, order=m.order)
+    three = SimpleNamespace(
+        config=dataclasses.replace(m.config, context_parallel_size=3), world_size=m.world_size, order=m.order
+    )
     with pytest.raises(RuntimeError, match=r"world_size \(16\) is not divisible by 6"):
         with model_parallel(three):
             pass
     with pytest.raises(AssertionError, match="seq-length should be a multiple of 2 \\* context-parallel-size"):
-        megatron_lm(_replace(_replace(data, "--seq-length", 16380), "--max-position-embeddings", 16380), plan.world_size)
+        megatron_lm(
+            _replace(_replace(data, "--seq-length", 16380), "--max-position-embeddings", 16380), plan.world_size
+        )
     with pytest.raises(AssertionError, match="hierarchical-context-parallel-sizes must be set"):
         megatron_lm(_replace(data, "--cp-comm-type", "a2a+p2p"), plan.world_size)
     plan, model, job = _case("llama8b-cp2-dp2-tp2-sp-fp8-block12")
@@ -1051,7 +1637,18 @@ def plan_cli(*args):
     return subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True, text=True)
 
 
-MIXTRAL_SOLVE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"]
+MIXTRAL_SOLVE = [
+    "--model",
+    "mixtral-8x7b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "64",
+    "--global-batch",
+    "512",
+    "--seq-len",
+    "4096",
+]
 
 
 def test_mixtral_solved_for_megatron_exports_and_megatron_runs_it(tmp_path):
@@ -1072,7 +1669,18 @@ def test_mixtral_solved_for_megatron_exports_and_megatron_runs_it(tmp_path):
             check_means_the_plan(data, plan, model, job)
 
 
-LONG_SOLVE = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "131072"]
+LONG_SOLVE = [
+    "--model",
+    "llama3-8b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "8",
+    "--global-batch",
+    "8",
+    "--seq-len",
+    "131072",
+]
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
@@ -1082,7 +1690,9 @@ def test_llama3_8b_128k_solved_for_megatron_exports_with_context_parallelism(tmp
     every export reads back to its plan's cp and fp8 and, with megatron-core, is what it accepts
     and means the plan."""
     path = tmp_path / "long.json"
-    solved = plan_cli("solve", *LONG_SOLVE, "--target", "megatron", "--top-k", "4", *(["--fp8"] if fp8 else []), "-o", str(path))
+    solved = plan_cli(
+        "solve", *LONG_SOLVE, "--target", "megatron", "--top-k", "4", *(["--fp8"] if fp8 else []), "-o", str(path)
+    )
     assert solved.returncode == 0, solved.stderr
     doc = json.loads(path.read_text())
     model, entries = load_model("llama3-8b"), [doc] + doc["alternatives"]
@@ -1093,7 +1703,13 @@ def test_llama3_8b_128k_solved_for_megatron_exports_with_context_parallelism(tmp
         plan, job = Plan.model_validate(entry["plan"]), JobSpec.model_validate(doc["job"])
         data = json.loads(res.stdout)["data"]
         back = mlm.read_back(data, 8)
-        assert (back["dp"], back["cp"], back["tp"], back["pp"], back["fp8"]) == (plan.dp, plan.cp, plan.tp, plan.pp, plan.fp8)
+        assert (back["dp"], back["cp"], back["tp"], back["pp"], back["fp8"]) == (
+            plan.dp,
+            plan.cp,
+            plan.tp,
+            plan.pp,
+            plan.fp8,
+        )
         if importlib.util.find_spec("megatron") is not None:
             check_means_the_plan(data, plan, model, job)
 
@@ -1108,8 +1724,20 @@ def test_multi_token_prediction_exports_as_mtp_num_layers(mcore):
     assert "--mtp-num-layers" not in export("megatron", plan, model, job, plan.world_size).data
 
 
-LLAMA405_SOLVE = ["--model", "llama3-405b", "--cluster", "dgx-h100-80gb", "--gpus", "16384", "--global-batch", "2048",
-                  "--seq-len", "8192", "--target", "megatron"]
+LLAMA405_SOLVE = [
+    "--model",
+    "llama3-405b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "16384",
+    "--global-batch",
+    "2048",
+    "--seq-len",
+    "8192",
+    "--target",
+    "megatron",
+]
 
 
 def test_llama3_405b_on_16384_h100_interleaves_unevenly_and_megatron_runs_it(tmp_path):

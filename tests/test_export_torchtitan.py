@@ -25,17 +25,58 @@ from planner.specs import Axis, JobSpec, Plan, StageRecompute
 
 EXTRA = "the export extra is not installed: pip install '.[export]'"
 HF = Path(__file__).resolve().parent / "data" / "hf_configs"  # published Hugging Face configs (SOURCES.md)
-BASE = ["--module", "llama3", "--config", "llama3_8b"]  # a base config for generic exports (their overrides are model-free)
-MOE_BASE = ["--module", "qwen3", "--config", "qwen3_30b_a3b"]  # ... for generic mixture-of-experts exports (128 experts)
+BASE = [
+    "--module",
+    "llama3",
+    "--config",
+    "llama3_8b",
+]  # a base config for generic exports (their overrides are model-free)
+MOE_BASE = [
+    "--module",
+    "qwen3",
+    "--config",
+    "qwen3_30b_a3b",
+]  # ... for generic mixture-of-experts exports (128 experts)
 
 
-def case(model: str, gpus: int, dp: int, tp: int, pp: int, mbs: int, m: int, *, zero=3, vpp=1, schedule="1f1b", sp=None,
-         overlap=False, recompute="none", precision="bf16", seq=4096, **plan_fields):
+def case(
+    model: str,
+    gpus: int,
+    dp: int,
+    tp: int,
+    pp: int,
+    mbs: int,
+    m: int,
+    *,
+    zero=3,
+    vpp=1,
+    schedule="1f1b",
+    sp=None,
+    overlap=False,
+    recompute="none",
+    precision="bf16",
+    seq=4096,
+    **plan_fields,
+):
     """A valid (model, plan, job, gpus) for one layout; SP on with TP unless told otherwise."""
     spec = load_model(model)
-    plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch_size=mbs, num_micro_batches=m, schedule=schedule, zero_stage=zero,
-                sequence_parallel=tp > 1 if sp is None else sp, tp_comm_overlap=overlap, recompute=recompute, **plan_fields)
-    job = JobSpec(global_batch_size=dp * mbs * m, seq_len=min(seq, spec.max_seq_len), precision=precision, target="torchtitan")
+    plan = Plan(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        micro_batch_size=mbs,
+        num_micro_batches=m,
+        schedule=schedule,
+        zero_stage=zero,
+        sequence_parallel=tp > 1 if sp is None else sp,
+        tp_comm_overlap=overlap,
+        recompute=recompute,
+        **plan_fields,
+    )
+    job = JobSpec(
+        global_batch_size=dp * mbs * m, seq_len=min(seq, spec.max_seq_len), precision=precision, target="torchtitan"
+    )
     plan.validate_for(spec, job, gpus)
     return SimpleNamespace(model=spec, plan=plan, job=job, gpus=gpus)
 
@@ -49,15 +90,30 @@ MATRIX = {
     "8b-zero2-tp4-overlap-full": case("llama3-8b", 16, 4, 4, 1, 1, 4, zero=2, overlap=True, recompute="full"),
     "8b-zero0-tp2-no-sp-fp32": case("llama3-8b", 16, 8, 2, 1, 1, 2, zero=0, sp=False, precision="fp32"),
     "8b-fsdp3-tp4-pp2-1f1b": case("llama3-8b", 16, 2, 4, 2, 1, 32, recompute="full"),
-    "8b-zero2-tp2-pp4-gpipe-uneven": case("llama3-8b", 16, 2, 2, 4, 2, 3, zero=2, schedule="gpipe", layers_per_stage=[5, 9, 9, 9]),
+    "8b-zero2-tp2-pp4-gpipe-uneven": case(
+        "llama3-8b", 16, 2, 2, 4, 2, 3, zero=2, schedule="gpipe", layers_per_stage=[5, 9, 9, 9]
+    ),
     "8b-zero0-pp4-interleaved-vpp1": case("llama3-8b", 8, 2, 1, 4, 1, 8, zero=0, schedule="interleaved-1f1b"),
     "8b-one-rank-dp-tp8-fsdp3": case("llama3-8b", 8, 1, 8, 1, 4, 2),
-    "70b-fsdp3-tp8-pp4-vpp2-uneven-full": case("llama3-70b", 64, 2, 8, 4, 1, 8, vpp=2, schedule="interleaved-1f1b",
-                                                layers_per_stage=[9, 10, 10, 11, 10, 10, 10, 10], recompute="full"),
-    "70b-zero0-tp8-pp4-full-per-stage": case("llama3-70b", 32, 1, 8, 4, 1, 4, zero=0, recompute="full",
-                                              stage_recompute=[StageRecompute(full=20)] * 4),
-    "405b-fsdp3-tp8-pp8-vpp2-overlap": case("llama3-405b", 128, 2, 8, 8, 1, 16, vpp=2, schedule="interleaved-1f1b",
-                                             overlap=True, recompute="full"),
+    "70b-fsdp3-tp8-pp4-vpp2-uneven-full": case(
+        "llama3-70b",
+        64,
+        2,
+        8,
+        4,
+        1,
+        8,
+        vpp=2,
+        schedule="interleaved-1f1b",
+        layers_per_stage=[9, 10, 10, 11, 10, 10, 10, 10],
+        recompute="full",
+    ),
+    "70b-zero0-tp8-pp4-full-per-stage": case(
+        "llama3-70b", 32, 1, 8, 4, 1, 4, zero=0, recompute="full", stage_recompute=[StageRecompute(full=20)] * 4
+    ),
+    "405b-fsdp3-tp8-pp8-vpp2-overlap": case(
+        "llama3-405b", 128, 2, 8, 8, 1, 16, vpp=2, schedule="interleaved-1f1b", overlap=True, recompute="full"
+    ),
     "llama2-7b-generic-zero2-tp2-pp2": case("llama2-7b", 8, 2, 2, 2, 2, 4, zero=2),
     "gpt3-1.3b-generic-zero0-fp32": case("gpt3-1.3b", 8, 8, 1, 1, 4, 2, zero=0, precision="fp32", seq=2048),
     # Mixture of experts: ep 1, 2, 4, 8; EP folded from dp_shard x tp (ep > tp) with a pipeline;
@@ -67,19 +123,22 @@ MATRIX = {
     "mixtral-generic-fsdp3-ep1": case("mixtral-8x7b", 8, 8, 1, 1, 1, 2),
     "mixtral-generic-zero2-ep4-tp2-pp2": case("mixtral-8x7b", 16, 4, 2, 2, 1, 8, zero=2, ep=4, recompute="full"),
     "mixtral-generic-zero0-ep2-tp2": case("mixtral-8x7b", 8, 4, 2, 1, 1, 2, zero=0, ep=2),
-    "deepseek-v3-fsdp3-ep8-pp4-uneven": case("deepseek-v3", 64, 16, 1, 4, 1, 8, ep=8, layers_per_stage=[13, 16, 16, 16],
-                                             recompute="full"),
+    "deepseek-v3-fsdp3-ep8-pp4-uneven": case(
+        "deepseek-v3", 64, 16, 1, 4, 1, 8, ep=8, layers_per_stage=[13, 16, 16, 16], recompute="full"
+    ),
     # Qwen3-30B-A3B as its Hugging Face config reads (QK-norm: torchtitan's qwen3 config); the
     # preset, which leaves QK-norm out, is generic.
-    "qwen3-30b-a3b-fsdp3-ep8-tp2-pp2-vpp2": case(str(HF / "qwen3-30b-a3b.json"), 32, 8, 2, 2, 1, 8, ep=8, vpp=2,
-                                                 schedule="interleaved-1f1b"),
+    "qwen3-30b-a3b-fsdp3-ep8-tp2-pp2-vpp2": case(
+        str(HF / "qwen3-30b-a3b.json"), 32, 8, 2, 2, 1, 8, ep=8, vpp=2, schedule="interleaved-1f1b"
+    ),
     "qwen3-30b-a3b-preset-generic-fsdp3-ep8": case("qwen3-30b-a3b", 8, 8, 1, 1, 1, 2, ep=8),
     # Context parallelism: cp 2 and 4, with dp, TP + SP, pipelines (1F1B, interleaved), ZeRO-2
     # and 3, and experts borrowed from dp_shard x cp x tp. (FP8: refused, see RULES.)
     "8b-cp2-fsdp3-dp4-tp2": case("llama3-8b", 16, 4, 2, 1, 1, 2, cp=2, seq=8192),
     "8b-cp4-zero2-dp2-pp2-full": case("llama3-8b", 16, 2, 1, 2, 1, 4, zero=2, cp=4, seq=16384, recompute="full"),
-    "70b-cp2-fsdp3-tp8-pp2-vpp2-full": case("llama3-70b", 64, 2, 8, 2, 1, 8, vpp=2, schedule="interleaved-1f1b", cp=2, seq=32768,
-                                            recompute="full"),
+    "70b-cp2-fsdp3-tp8-pp2-vpp2-full": case(
+        "llama3-70b", 64, 2, 8, 2, 1, 8, vpp=2, schedule="interleaved-1f1b", cp=2, seq=32768, recompute="full"
+    ),
     "mixtral-generic-cp2-ep8-fsdp3": case("mixtral-8x7b", 8, 4, 1, 1, 1, 2, ep=8, cp=2, seq=8192),
 }
 
@@ -92,12 +151,23 @@ def _expected(c) -> dict:
     """What read_back must return: the plan's own fields."""
     p, pipeline = c.plan, c.plan.pp > 1
     return {
-        "dp": p.dp, "tp": p.tp, "pp": p.pp, "vpp": p.vpp, "micro_batch_size": p.micro_batch_size,
-        "num_micro_batches": p.num_micro_batches, "global_batch_size": c.job.global_batch_size, "seq_len": c.job.seq_len,
-        "zero_stage": p.zero_stage, "sequence_parallel": p.sequence_parallel, "tp_comm_overlap": p.tp_comm_overlap,
+        "dp": p.dp,
+        "tp": p.tp,
+        "pp": p.pp,
+        "vpp": p.vpp,
+        "micro_batch_size": p.micro_batch_size,
+        "num_micro_batches": p.num_micro_batches,
+        "global_batch_size": c.job.global_batch_size,
+        "seq_len": c.job.seq_len,
+        "zero_stage": p.zero_stage,
+        "sequence_parallel": p.sequence_parallel,
+        "tp_comm_overlap": p.tp_comm_overlap,
         "layers_per_stage": p.stage_layers(c.model.num_layers) if pipeline else None,
-        "recompute": tt.recompute_mode(p, c.model).value, "precision": c.job.precision.value,
-        "mesh_order": [a.value for a in p.mesh_order], "ep": p.ep, "cp": p.cp,
+        "recompute": tt.recompute_mode(p, c.model).value,
+        "precision": c.job.precision.value,
+        "mesh_order": [a.value for a in p.mesh_order],
+        "ep": p.ep,
+        "cp": p.cp,
     }
 
 
@@ -134,8 +204,10 @@ def test_llama3_presets_get_their_config_and_others_are_generic():
     assert tt_rules.matching_flavor(load_model("llama3-405b")).config == "llama3_405b"
     assert tt_rules.matching_flavor(load_model("llama2-7b")) is None  # other shape
     assert tt_rules.matching_flavor(load_model("gpt3-1.3b")) is None  # GELU, LayerNorm, learned positions
-    assert (tt_rules.matching_flavor(load_model("deepseek-v3")).module, tt_rules.matching_flavor(load_model("deepseek-v3")).config) == (
-        "deepseek_v3", "deepseek_v3_671b")
+    assert (
+        tt_rules.matching_flavor(load_model("deepseek-v3")).module,
+        tt_rules.matching_flavor(load_model("deepseek-v3")).config,
+    ) == ("deepseek_v3", "deepseek_v3_671b")
     qwen3 = load_model(str(HF / "qwen3-30b-a3b.json"))
     assert tt_rules.matching_flavor(qwen3).config == "qwen3_30b_a3b"
     assert tt_rules.matching_flavor(load_model("qwen3-30b-a3b")) is not None  # the preset has Qwen3's QK-norm too
@@ -166,8 +238,15 @@ def test_argv_reads_back_to_the_plan(name):
 def test_zero_stages_map_to_replicate_and_reshard():
     def settings(c):
         d = _export(c).data
-        return tuple(d[d.index(k) + 1] for k in ("--parallelism.data_parallel_replicate_degree",
-                                                  "--parallelism.data_parallel_shard_degree", "--parallelism.fsdp_reshard_after_forward"))
+        return tuple(
+            d[d.index(k) + 1]
+            for k in (
+                "--parallelism.data_parallel_replicate_degree",
+                "--parallelism.data_parallel_shard_degree",
+                "--parallelism.fsdp_reshard_after_forward",
+            )
+        )
+
     assert settings(MATRIX["8b-zero0-tp2-no-sp-fp32"]) == ("8", "1", "default")
     assert settings(MATRIX["8b-zero2-tp4-overlap-full"]) == ("1", "4", "never")
     assert settings(MATRIX["8b-fsdp3-dp16"]) == ("1", "16", "always")
@@ -203,27 +282,46 @@ def _refusal(c, **changes) -> str:
     return str(err.value)
 
 
-@pytest.mark.parametrize("update", [{"qk_norm": True}, {"norms_per_layer": 4}, {"sliding_window": 4096, "sliding_window_layers": 32},
-                                    {"logit_softcapping": True}], ids=["qk-norm", "four-norms", "window", "softcapping"])
+@pytest.mark.parametrize(
+    "update",
+    [
+        {"qk_norm": True},
+        {"norms_per_layer": 4},
+        {"sliding_window": 4096, "sliding_window_layers": 32},
+        {"logit_softcapping": True},
+    ],
+    ids=["qk-norm", "four-norms", "window", "softcapping"],
+)
 def test_a_llama_shape_with_more_is_no_llama3_config(update):
     """torchtitan's llama3_8b builds no QK-norm, two norms a layer, full attention and plain
     logits: Llama 3 8B's shape with any of those is generic, its text naming what to build."""
     model = load_model("llama3-8b").model_copy(update=update)
-    assert tt_rules.matching_flavor(load_model("llama3-8b")).config == "llama3_8b" and tt_rules.matching_flavor(model) is None
+    assert (
+        tt_rules.matching_flavor(load_model("llama3-8b")).config == "llama3_8b"
+        and tt_rules.matching_flavor(model) is None
+    )
     c = MATRIX["8b-fsdp3-dp16"]
     text = exporters.export("torchtitan", c.plan, model, c.job, c.gpus).text
-    component = {"qk_norm": "GQAttention.Config.qk_norm", "norms_per_layer": "post_attention_norm",
-                 "sliding_window": "a 4096-key sliding window on every layer (32)", "logit_softcapping": "SoftCappedLinear"}
+    component = {
+        "qk_norm": "GQAttention.Config.qk_norm",
+        "norms_per_layer": "post_attention_norm",
+        "sliding_window": "a 4096-key sliding window on every layer (32)",
+        "logit_softcapping": "SoftCappedLinear",
+    }
     assert "--module YOUR_MODULE" in text and component[next(iter(update))] in text
 
 
 def test_geglu_is_refused_in_one_line():
     """No torchtitan 0.3.0 feed-forward gates through GELU (Gemma 2, 3): refused whatever the plan."""
     c = MATRIX["8b-fsdp3-dp16"]
-    with pytest.raises(UsageError, match=r"^torchtitan cannot build gemma-2-9b: activation geglu .*; deepspeed, accelerate can") as err:
+    with pytest.raises(
+        UsageError, match=r"^torchtitan cannot build gemma-2-9b: activation geglu .*; deepspeed, accelerate can"
+    ) as err:
         exporters.export("torchtitan", c.plan, load_model(str(HF / "gemma-2-9b.json")), c.job, c.gpus)
     assert "\n" not in str(err.value)
-    assert tt_rules.model_problems(load_model(str(HF / "gpt-oss-120b.json"))) == []  # windows on half the layers: its own config says which
+    assert (
+        tt_rules.model_problems(load_model(str(HF / "gpt-oss-120b.json"))) == []
+    )  # windows on half the layers: its own config says which
 
 
 def test_plans_torchtitan_cannot_run_are_refused_naming_the_feature():
@@ -237,7 +335,8 @@ def test_plans_torchtitan_cannot_run_are_refused_naming_the_feature():
     assert "optimizer sgd" in _refusal(dp16, job={"optimizer": "sgd"})
     assert "seq_len 4090 with sequence parallelism over tp=4" in _refusal(tp4, job={"seq_len": 4090})
     assert "1F1B with 2 micro-batches on 4 pipeline ranks" in _refusal(
-        MATRIX["8b-zero2-tp2-pp4-gpipe-uneven"], plan={"schedule": "1f1b", "num_micro_batches": 2})
+        MATRIX["8b-zero2-tp2-pp4-gpipe-uneven"], plan={"schedule": "1f1b", "num_micro_batches": 2}
+    )
     gpt = MATRIX["gpt3-1.3b-generic-zero0-fp32"]
     assert "tied embeddings with pipeline parallelism" in _refusal(gpt, plan={"dp": 4, "pp": 2})
     moe = MATRIX["mixtral-generic-zero0-ep2-tp2"]
@@ -245,14 +344,18 @@ def test_plans_torchtitan_cannot_run_are_refused_naming_the_feature():
     assert "expert parallelism ep=4 with ZeRO-0" in _refusal(moe, plan={"ep": 4})
     cp = MATRIX["8b-cp2-fsdp3-dp4-tp2"]
     assert "context parallelism cp=2 with ZeRO-0 (torchtitan always FSDP-shards" in _refusal(cp, plan={"zero_stage": 0})
-    assert ("seq_len 8196 with context parallelism cp=2 and sequence parallelism over tp=2 (torchtitan needs seq_len divisible by 8)"
-            in _refusal(cp, job={"seq_len": 8196}))
+    assert (
+        "seq_len 8196 with context parallelism cp=2 and sequence parallelism over tp=2 (torchtitan needs seq_len divisible by 8)"
+        in _refusal(cp, job={"seq_len": 8196})
+    )
     assert "seq_len 8194 with context parallelism cp=2 (torchtitan needs seq_len divisible by 4)" in _refusal(
-        cp, plan={"sequence_parallel": False}, job={"seq_len": 8194})
+        cp, plan={"sequence_parallel": False}, job={"seq_len": 8194}
+    )
     assert "FP8 GEMMs (this export of torchtitan has no FP8 recipe)" in _refusal(dp16, plan={"fp8": True})
     deepseek = MATRIX["deepseek-v3-fsdp3-ep8-pp4-uneven"]  # the 671B config's RoPE covers 16,384 positions
     assert "seq_len 32768 beyond the 16384 RoPE positions of torchtitan's deepseek_v3_671b" in _refusal(
-        deepseek, model=deepseek.model.model_copy(update={"max_seq_len": 32768}), job={"seq_len": 32768})
+        deepseek, model=deepseek.model.model_copy(update={"max_seq_len": 32768}), job={"seq_len": 32768}
+    )
     seventy = MATRIX["70b-zero0-tp8-pp4-full-per-stage"]  # tp=16 x 8 KV heads: our tp_problem allows it, torchtitan not
     assert "tp=16 over the 8 KV heads" in _refusal(seventy, plan={"tp": 16, "pp": 2, "stage_recompute": None})
 
@@ -272,7 +375,9 @@ def titan():
     # llama3_405b's config converts its linears to float8 while it is built (its model_registry
     # call runs Float8LinearConverter), which needs torchao and an SM89+ GPU.
     float8 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
-    return SimpleNamespace(parse=lambda argv: ConfigManager().parse_args(list(argv)), ParallelDims=ParallelDims, float8=float8)
+    return SimpleNamespace(
+        parse=lambda argv: ConfigManager().parse_args(list(argv)), ParallelDims=ParallelDims, float8=float8
+    )
 
 
 def _parsed(titan, c, argv=None):
@@ -298,8 +403,13 @@ def test_torchtitan_parses_the_overrides_and_they_mean_the_plan(titan, name):
     c = MATRIX[name]
     config = _parsed(titan, c)
     p, t, plan = config.parallelism, config.training, c.plan
-    assert (p.data_parallel_replicate_degree * p.data_parallel_shard_degree, p.tensor_parallel_degree,
-            p.pipeline_parallel_degree, p.context_parallel_degree, p.expert_parallel_degree) == (plan.dp, plan.tp, plan.pp, plan.cp, plan.ep)
+    assert (
+        p.data_parallel_replicate_degree * p.data_parallel_shard_degree,
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.context_parallel_degree,
+        p.expert_parallel_degree,
+    ) == (plan.dp, plan.tp, plan.pp, plan.cp, plan.ep)
     assert plan.cp == 1 or p.context_parallel_load_balancer == "headtail"  # 2 x cp chunks, the plan's causal balancing
     assert (t.global_batch_size, t.seq_len, t.dtype) == (c.job.global_batch_size, c.job.seq_len, "float32")
     policy = type(config.activation_checkpoint).__qualname__
@@ -318,13 +428,25 @@ def test_torchtitan_parses_the_overrides_and_they_mean_the_plan(titan, name):
         if c.model.is_moe:
             layers = config.model_spec.model.layers
             assert [getattr(layer, "moe", None) is None for layer in layers] == [
-                i < c.model.first_dense_layers for i in range(c.model.num_layers)]
+                i < c.model.first_dense_layers for i in range(c.model.num_layers)
+            ]
             moe = layers[-1].moe
             assert (moe.num_experts, moe.router.top_k, moe.routed_experts.inner_experts.hidden_dim) == (
-                c.model.num_experts, c.model.experts_per_token, c.model.moe_ffn)
+                c.model.num_experts,
+                c.model.experts_per_token,
+                c.model.moe_ffn,
+            )
     dims = titan.ParallelDims.from_config(p, world_size=c.gpus)
-    assert (dims.dp_replicate * dims.dp_shard, dims.cp, dims.tp, dims.pp, dims.ep) == (plan.dp, plan.cp, plan.tp, plan.pp, plan.ep)
-    assert dims.fsdp_enabled == (plan.zero_stage > 0 and plan.dp > 1 or plan.cp > 1)  # why problems() refuses ZeRO-0 with cp > 1
+    assert (dims.dp_replicate * dims.dp_shard, dims.cp, dims.tp, dims.pp, dims.ep) == (
+        plan.dp,
+        plan.cp,
+        plan.tp,
+        plan.pp,
+        plan.ep,
+    )
+    assert dims.fsdp_enabled == (
+        plan.zero_stage > 0 and plan.dp > 1 or plan.cp > 1
+    )  # why problems() refuses ZeRO-0 with cp > 1
 
 
 def test_torchtitan_has_the_components_a_generic_text_names(titan):
@@ -347,6 +469,7 @@ def test_torchtitan_has_the_components_a_generic_text_names(titan):
     assert "output_soft_cap_temp" in fields(SoftCappedLinear)
     from torchtitan.models.common.rope import CosSinRoPE
     from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
+
     assert "swiglu_limit" in fields(GptOssGroupedExperts) and {"scaling", "rope_factor"} <= fields(CosSinRoPE)
     q, kv = torch.arange(12)[:, None], torch.arange(12)[None, :]
     allowed = get_sliding_window_mask_mod(4)(0, 0, q, kv)
@@ -354,7 +477,9 @@ def test_torchtitan_has_the_components_a_generic_text_names(titan):
     assert "silu" in FeedForward.forward.__code__.co_names and "gelu" not in FeedForward.forward.__code__.co_names
 
 
-@pytest.mark.parametrize("name", [n for n in MATRIX if MATRIX[n].plan.cp > 1 and tt_rules.matching_flavor(MATRIX[n].model)])
+@pytest.mark.parametrize(
+    "name", [n for n in MATRIX if MATRIX[n].plan.cp > 1 and tt_rules.matching_flavor(MATRIX[n].model)]
+)
 def test_context_parallel_attention_is_an_all_gather_of_kv(titan, name):
     """What the module docstring says torchtitan's CP is, read off the model it builds: the
     llama3 configs' attention is FlexAttention, whose sharding keeps the queries split over cp
@@ -364,8 +489,13 @@ def test_context_parallel_attention_is_an_all_gather_of_kv(titan, name):
     config.model_spec.model.update_from_config(config=config)
     inner = config.model_spec.model.layers[0].attention.inner_attention
     assert type(inner).__qualname__ == "FlexAttention.Config"
+
     def on_cp(name: str) -> str:
-        return next(repr(t) for a, t in inner.sharding_config.in_dst_shardings[name].axis_types.items() if getattr(a, "value", a) == "cp")
+        return next(
+            repr(t)
+            for a, t in inner.sharding_config.in_dst_shardings[name].axis_types.items()
+            if getattr(a, "value", a) == "cp"
+        )
 
     assert (on_cp("q_BLNH"), on_cp("k_BLNH"), on_cp("v_BLNH")) == ("S(1)", "R", "R")
 
@@ -374,7 +504,9 @@ def test_a_mesh_order_that_puts_cp_outside_tp_is_refused():
     """dp 1, cp 2, tp 2 laid out dp,tp,pp: the cp ranks (in the dp axis) innermost, where
     ParallelDims puts tp innermost and cp outside it."""
     c = MATRIX["8b-cp2-fsdp3-dp4-tp2"]
-    assert "mesh order dp,tp,pp" in _refusal(c, plan={"dp": 1, "mesh_order": ["dp", "tp", "pp"]}, job={"global_batch_size": 2})
+    assert "mesh order dp,tp,pp" in _refusal(
+        c, plan={"dp": 1, "mesh_order": ["dp", "tp", "pp"]}, job={"global_batch_size": 2}
+    )
 
 
 def test_cp_text_states_the_gathered_kv_memory():
@@ -409,21 +541,44 @@ def test_flavors_are_torchtitans_models(titan):
     for f in tt_rules.FLAVORS:
         model = importlib.import_module(f"torchtitan.models.{f.module}").model_registry(f.flavor).model
         attention, dense = model.layers[0].attention, model.layers[0].feed_forward
-        assert (len(model.layers), model.dim, attention.n_heads, getattr(attention, "n_kv_heads", None) or attention.n_heads, model.vocab_size,
-                model.enable_weight_tying, model.max_seq_len) == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads,
-                                                                  f.vocab_size, False, f.max_seq_len)
+        assert (
+            len(model.layers),
+            model.dim,
+            attention.n_heads,
+            getattr(attention, "n_kv_heads", None) or attention.n_heads,
+            model.vocab_size,
+            model.enable_weight_tying,
+            model.max_seq_len,
+        ) == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.vocab_size, False, f.max_seq_len)
         if f.mla:  # models/deepseek_v3: multi-head latent attention (q_lora_rank 0: none)
-            assert (attention.kv_lora_rank, attention.q_lora_rank or None, attention.qk_rope_head_dim, attention.v_head_dim,
-                    attention.qk_nope_head_dim) == (*f.mla, f.head_dim)
+            assert (
+                attention.kv_lora_rank,
+                attention.q_lora_rank or None,
+                attention.qk_rope_head_dim,
+                attention.v_head_dim,
+                attention.qk_nope_head_dim,
+            ) == (*f.mla, f.head_dim)
         else:
-            assert getattr(attention, "head_dim", None) == f.head_dim  # set only where heads are not hidden / n_heads wide
+            assert (
+                getattr(attention, "head_dim", None) == f.head_dim
+            )  # set only where heads are not hidden / n_heads wide
         if f.experts is None:
             assert dense.w1.out_features == f.ffn and f.max_seq_len == tt_rules.ROPE_MAX_SEQ
             continue
         moe = model.layers[-1].moe
-        shared = moe.shared_experts.w1.out_features // moe.routed_experts.inner_experts.hidden_dim if moe.shared_experts else 0
+        shared = (
+            moe.shared_experts.w1.out_features // moe.routed_experts.inner_experts.hidden_dim
+            if moe.shared_experts
+            else 0
+        )
         first_dense = sum(getattr(layer, "moe", None) is None for layer in model.layers)
-        assert (moe.num_experts, moe.router.top_k, moe.routed_experts.inner_experts.hidden_dim, shared, first_dense) == f.experts
+        assert (
+            moe.num_experts,
+            moe.router.top_k,
+            moe.routed_experts.inner_experts.hidden_dim,
+            shared,
+            first_dense,
+        ) == f.experts
         assert first_dense == 0 or dense.w1.out_features == f.ffn
 
 
@@ -458,7 +613,11 @@ def test_the_mesh_puts_tp_innermost_then_dp_then_pp(titan, fake_world, name):
         return dims.get_mesh(axis).mesh.tolist() if degree > 1 else [0]  # degree-1 axes are not available
 
     assert (ranks("tp", tp), ranks("cp", cp), ranks("batch", dp), ranks("pp", pp)) == (
-        list(range(tp)), [i * tp for i in range(cp)], [i * tp * cp for i in range(dp)], [i * tp * cp * dp for i in range(pp)])
+        list(range(tp)),
+        [i * tp for i in range(cp)],
+        [i * tp * cp for i in range(dp)],
+        [i * tp * cp * dp for i in range(pp)],
+    )
     if dp * cp > 1:  # the loss (gradient) mesh: the plan's dp x cp ranks of the same weights
         assert ranks("loss", dp * cp) == [i * tp for i in range(dp * cp)]
     if cp > 1:  # FSDP shards over dp_shard x cp: the plan's ZeRO over dp x cp
@@ -493,9 +652,15 @@ def test_the_pipeline_split_and_schedule_are_the_plans(titan, fake_world, name):
     fake_world(plan.pp)
     import torch.distributed as dist
 
-    modules = [PipelineStage(nn.Linear(2, 2), j, len(parts), torch.device("cpu"), group=dist.group.WORLD) for j in stages]
-    schedule = _build_pipeline_schedule(parallelism=p, local_batch_size=config.training.local_batch_size, stages=modules,
-                                        loss_fn=lambda out, target: (out.sum(), None))
+    modules = [
+        PipelineStage(nn.Linear(2, 2), j, len(parts), torch.device("cpu"), group=dist.group.WORLD) for j in stages
+    ]
+    schedule = _build_pipeline_schedule(
+        parallelism=p,
+        local_batch_size=config.training.local_batch_size,
+        stages=modules,
+        loss_fn=lambda out, target: (out.sum(), None),
+    )
     assert schedule._n_microbatches == plan.num_micro_batches
 
 
@@ -511,7 +676,10 @@ def test_the_part_names_are_torchtitans_modules(titan):
     for names, count in zip(config.parallelism.module_fqns_per_model_part, c.plan.layers_per_stage):
         part = _split_module(model, names)
         assert len(part.layers) == count
-        assert (part.tok_embeddings is not None, part.lm_head is not None) == ("tok_embeddings" in names, "lm_head" in names)
+        assert (part.tok_embeddings is not None, part.lm_head is not None) == (
+            "tok_embeddings" in names,
+            "lm_head" in names,
+        )
 
 
 # --------------------------------------------------------------------------- broken overrides are rejected
@@ -570,13 +738,27 @@ def test_1f1b_with_fewer_micro_batches_than_ranks_is_rejected(titan, fake_world)
     from torch.distributed.pipelining import PipelineStage
     from torchtitan.distributed.pipeline_parallel import _build_pipeline_schedule
 
-    config = _parsed(titan, None, BASE + ["--parallelism.pipeline_parallel_degree", "4", "--training.disable_cuda_graphs",
-                                          "--training.local_batch_size", "2"])
+    config = _parsed(
+        titan,
+        None,
+        BASE
+        + [
+            "--parallelism.pipeline_parallel_degree",
+            "4",
+            "--training.disable_cuda_graphs",
+            "--training.local_batch_size",
+            "2",
+        ],
+    )
     fake_world(4)
     stage = PipelineStage(nn.Linear(2, 2), 0, 4, torch.device("cpu"), group=dist.group.WORLD)
     with pytest.raises(ValueError, match="must be greater than or equal to the number of stages"):
-        _build_pipeline_schedule(parallelism=config.parallelism, local_batch_size=2, stages=[stage],
-                                 loss_fn=lambda out, target: (out.sum(), None))
+        _build_pipeline_schedule(
+            parallelism=config.parallelism,
+            local_batch_size=2,
+            stages=[stage],
+            loss_fn=lambda out, target: (out.sum(), None),
+        )
 
 
 def test_expert_degrees_that_do_not_tile_the_sharded_ranks_are_rejected(titan, fake_world):
@@ -587,7 +769,9 @@ def test_expert_degrees_that_do_not_tile_the_sharded_ranks_are_rejected(titan, f
     fake_world(c.gpus)
     titan.ParallelDims.from_config(_parsed(titan, c).parallelism, world_size=c.gpus).build_mesh()  # the export itself
     broken = _parsed(titan, c, _with(_export(c).data, "--parallelism.expert_parallel_degree", "3"))
-    with pytest.raises(ValueError, match=r"mesh_sizes=\(2, 1, 2, 3\) is 12, but the original dimension at dim=0 has size 16"):
+    with pytest.raises(
+        ValueError, match=r"mesh_sizes=\(2, 1, 2, 3\) is 12, but the original dimension at dim=0 has size 16"
+    ):
         titan.ParallelDims.from_config(broken.parallelism, world_size=c.gpus).build_mesh()
     c = MATRIX["mixtral-generic-zero0-ep2-tp2"]
     fake_world(c.gpus)
@@ -605,7 +789,18 @@ def test_expert_parallelism_with_cuda_graphs_is_rejected(titan):
         _parsed(titan, c, [a for a in _export(c).data if a != "--training.disable_cuda_graphs"])
 
 
-MIXTRAL_SOLVE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--gpus", "64", "--global-batch", "512", "--seq-len", "4096"]
+MIXTRAL_SOLVE = [
+    "--model",
+    "mixtral-8x7b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "64",
+    "--global-batch",
+    "512",
+    "--seq-len",
+    "4096",
+]
 
 
 def test_mixtral_solved_for_torchtitan_exports_and_torchtitan_takes_it(tmp_path):
@@ -614,17 +809,29 @@ def test_mixtral_solved_for_torchtitan_exports_and_torchtitan_takes_it(tmp_path)
     parse (on a MoE base config) into ParallelDims of the plan's degrees."""
     path = tmp_path / "mixtral.json"
     cli = [sys.executable, "-m", "planner.cli.main"]
-    solved = subprocess.run([*cli, "solve", *MIXTRAL_SOLVE, "--target", "torchtitan", "--top-k", "4", "-o", str(path)],
-                            capture_output=True, text=True)
+    solved = subprocess.run(
+        [*cli, "solve", *MIXTRAL_SOLVE, "--target", "torchtitan", "--top-k", "4", "-o", str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert solved.returncode == 0, solved.stderr
     doc = json.loads(path.read_text())
     for k, entry in enumerate([doc] + doc["alternatives"]):
-        res = subprocess.run([*cli, "export", str(path), "--to", "torchtitan", "--json", *(["--alternative", str(k)] if k else [])],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [*cli, "export", str(path), "--to", "torchtitan", "--json", *(["--alternative", str(k)] if k else [])],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
         plan, data = Plan.model_validate(entry["plan"]), json.loads(res.stdout)["data"]
         back = tt.read_back(data)
-        assert (back["dp"], back["tp"], back["pp"], back["ep"], back["zero_stage"]) == (plan.dp, plan.tp, plan.pp, plan.ep, plan.zero_stage)
+        assert (back["dp"], back["tp"], back["pp"], back["ep"], back["zero_stage"]) == (
+            plan.dp,
+            plan.tp,
+            plan.pp,
+            plan.ep,
+            plan.zero_stage,
+        )
         try:
             from torchtitan.config import ConfigManager
             from torchtitan.distributed.parallel_dims import ParallelDims
@@ -634,7 +841,18 @@ def test_mixtral_solved_for_torchtitan_exports_and_torchtitan_takes_it(tmp_path)
         assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp, dims.ep) == (plan.dp, plan.tp, plan.pp, plan.ep)
 
 
-LONG_SOLVE = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8", "--seq-len", "131072"]
+LONG_SOLVE = [
+    "--model",
+    "llama3-8b",
+    "--cluster",
+    "dgx-h100-80gb",
+    "--gpus",
+    "8",
+    "--global-batch",
+    "8",
+    "--seq-len",
+    "131072",
+]
 
 
 def test_llama3_8b_128k_solved_for_torchtitan_exports_with_context_parallelism(tmp_path):
@@ -643,19 +861,31 @@ def test_llama3_8b_128k_solved_for_torchtitan_exports_with_context_parallelism(t
     to the plan's cp and, with torchtitan, parse into ParallelDims of the plan's degrees."""
     path = tmp_path / "long.json"
     cli = [sys.executable, "-m", "planner.cli.main"]
-    solved = subprocess.run([*cli, "solve", *LONG_SOLVE, "--target", "torchtitan", "--top-k", "4", "-o", str(path)],
-                            capture_output=True, text=True)
+    solved = subprocess.run(
+        [*cli, "solve", *LONG_SOLVE, "--target", "torchtitan", "--top-k", "4", "-o", str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert solved.returncode == 0, solved.stderr
     doc = json.loads(path.read_text())
     entries = [doc] + doc["alternatives"]
     assert any(Plan.model_validate(e["plan"]).cp > 1 for e in entries)
     for k, entry in enumerate(entries):
-        res = subprocess.run([*cli, "export", str(path), "--to", "torchtitan", "--json", *(["--alternative", str(k)] if k else [])],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [*cli, "export", str(path), "--to", "torchtitan", "--json", *(["--alternative", str(k)] if k else [])],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 0, res.stderr
         plan, data = Plan.model_validate(entry["plan"]), json.loads(res.stdout)["data"]
         back = tt.read_back(data)
-        assert (back["dp"], back["cp"], back["tp"], back["pp"], back["zero_stage"]) == (plan.dp, plan.cp, plan.tp, plan.pp, plan.zero_stage)
+        assert (back["dp"], back["cp"], back["tp"], back["pp"], back["zero_stage"]) == (
+            plan.dp,
+            plan.cp,
+            plan.tp,
+            plan.pp,
+            plan.zero_stage,
+        )
         try:
             from torchtitan.config import ConfigManager
             from torchtitan.distributed.parallel_dims import ParallelDims

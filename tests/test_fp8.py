@@ -63,8 +63,19 @@ def test_weights_keep_an_fp8_copy():
     assert b.activations < a.activations
 
 
-SMALL = ModelSpec(name="small", num_layers=4, hidden_size=2048, num_heads=16, vocab_size=32000, max_seq_len=4096,
-                  activation="swiglu", learned_position_embeddings=False, linear_bias=False, norm="rmsnorm", dropout=False)
+SMALL = ModelSpec(
+    name="small",
+    num_layers=4,
+    hidden_size=2048,
+    num_heads=16,
+    vocab_size=32000,
+    max_seq_len=4096,
+    activation="swiglu",
+    learned_position_embeddings=False,
+    linear_bias=False,
+    norm="rmsnorm",
+    dropout=False,
+)
 
 
 @pytest.mark.parametrize("memory_gib", [80, 1.2])
@@ -72,14 +83,34 @@ def test_fp8_choice_matches_brute_force(memory_gib):
     """The search over FP8 or not (with every split and recompute) finds the brute-force optimum;
     with room, FP8's faster GEMMs win; tight, its weight copies may not fit."""
     job = JobSpec(global_batch_size=4, seq_len=4096)
-    space = SearchSpace(num_gpus=2, global_batch_size=4, fp8=(False, True), fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp)})
-    res = assert_same_optimum(SMALL, tiny_cluster(memory_gib, overlap=H100.overlap_efficiency, preset="dgx-h100-80gb"), job, space)
+    space = SearchSpace(
+        num_gpus=2, global_batch_size=4, fp8=(False, True), fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp)}
+    )
+    res = assert_same_optimum(
+        SMALL, tiny_cluster(memory_gib, overlap=H100.overlap_efficiency, preset="dgx-h100-80gb"), job, space
+    )
     if memory_gib == 80:
         assert res.fastest.plan.fp8
 
 
 def test_fp8_on_a_device_without_it_is_one_line():
     for cmd in (["estimate", "--tp", "1", "--fp8"], ["solve", "--fp8"]):
-        res = subprocess.run([sys.executable, "-m", "planner.cli.main", *cmd, "--model", "llama3-8b", "--cluster", "dgx-a100-80gb",
-                              "--gpus", "8", "--global-batch", "64"], capture_output=True, text=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "planner.cli.main",
+                *cmd,
+                "--model",
+                "llama3-8b",
+                "--cluster",
+                "dgx-a100-80gb",
+                "--gpus",
+                "8",
+                "--global-batch",
+                "64",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "FP8" in res.stderr

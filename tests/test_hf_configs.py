@@ -88,7 +88,13 @@ def test_total_parameters_are_the_published_count(name):
 def test_each_family_reads_as_its_architecture_in_bf16(name):
     m = read(name)
     activation, tied, head_dim, norms, qk_norm, window, softcap = SHAPES[name]
-    assert (m.activation.value, m.tied_embeddings, m.head_dim, m.norms_per_layer, m.qk_norm) == (activation, tied, head_dim, norms, qk_norm)
+    assert (m.activation.value, m.tied_embeddings, m.head_dim, m.norms_per_layer, m.qk_norm) == (
+        activation,
+        tied,
+        head_dim,
+        norms,
+        qk_norm,
+    )
     assert ((m.sliding_window, m.sliding_window_layers), m.logit_softcapping) == (window, softcap)
     assert m.param_dtype.value == "bf16"  # whatever the checkpoint's torch_dtype: training is bf16 mixed precision
 
@@ -96,7 +102,9 @@ def test_each_family_reads_as_its_architecture_in_bf16(name):
 def test_window_layers_follow_each_familys_rule_or_layer_types():
     """Qwen2: the window only with use_sliding_window, on the layers from max_window_layers on
     (Qwen2Config); an explicit layer_types list wins over a family's pattern."""
-    assert (read("qwen2-7b", use_sliding_window=True, max_window_layers=20, sliding_window=4096).sliding_window_layers) == 8
+    assert (
+        read("qwen2-7b", use_sliding_window=True, max_window_layers=20, sliding_window=4096).sliding_window_layers
+    ) == 8
     types = ["full_attention"] * 40 + ["sliding_attention"] * 2
     assert read("gemma-2-9b", layer_types=types).sliding_window_layers == 2
 
@@ -124,8 +132,10 @@ def test_gemma_3_1b_splits_as_the_report():
     assert round(embedding / 1e6) == 302 and round((total_params(m) - embedding) / 1e6) == 698
 
 
-@pytest.mark.parametrize("name,non_embedding", [("qwen2.5-7b", 6.53e9), ("qwen2.5-0.5b", 0.36e9), ("qwen3-8b", 6.95e9),
-                                                ("qwen3-0.6b", 0.44e9)])
+@pytest.mark.parametrize(
+    "name,non_embedding",
+    [("qwen2.5-7b", 6.53e9), ("qwen2.5-0.5b", 0.36e9), ("qwen3-8b", 6.95e9), ("qwen3-0.6b", 0.44e9)],
+)
 def test_qwen_non_embedding_counts_are_the_model_cards(name, non_embedding):
     """Qwen's cards state non-embedding parameters too, to two decimals (the q/k/v biases they
     include, 0.13M and 0.03M for Qwen2.5, are below the rounding)."""
@@ -151,17 +161,23 @@ def test_gpt_oss_120b_is_116_83b_with_5_13b_active():
 def _mla(h: int, heads: int, q_rank: int, kv_rank: int = 512, nope: int = 128, rope: int = 64, v: int = 128) -> int:
     """Multi-head latent attention per layer (DeepSeek-V2 paper, sec. 2.1): W_DQ, q norm, W_UQ;
     W_DKV with W_KR, kv norm, W_UK with W_UV; W_O."""
-    return (h * q_rank + q_rank + q_rank * heads * (nope + rope)) + (h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)) \
+    return (
+        (h * q_rank + q_rank + q_rank * heads * (nope + rope))
+        + (h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v))
         + heads * v * h
+    )
 
 
-@pytest.mark.parametrize("name,h,layers,total,active", [("deepseek-v2", 5120, 60, 236e9, 21e9), ("deepseek-v3", 7168, 61, 671e9, 37e9)])
+@pytest.mark.parametrize(
+    "name,h,layers,total,active", [("deepseek-v2", 5120, 60, 236e9, 21e9), ("deepseek-v3", 7168, 61, 671e9, 37e9)]
+)
 def test_deepseek_counts_are_published(name, h, layers, total, active):
     """The papers' 236B / 21B (DeepSeek-V2) and 671B / 37B (DeepSeek-V3), with each layer's
     attention exactly the DeepSeek-V2 paper's MLA (149.2M and 187.1M weights)."""
     m = read(name)
-    assert compute.layer_params(m, dense=True).replicated + compute.layer_params(m, dense=True).sharded \
-        - 2 * h - 3 * h * m.ffn == _mla(h, 128, 1536)
+    assert compute.layer_params(m, dense=True).replicated + compute.layer_params(
+        m, dense=True
+    ).sharded - 2 * h - 3 * h * m.ffn == _mla(h, 128, 1536)
     assert total_params(m) == pytest.approx(total, rel=0.002)
     assert active_params(m) == pytest.approx(active, rel=0.05)  # 21.4B (V2), 37.6B with the embedding (V3)
 
@@ -169,18 +185,53 @@ def test_deepseek_counts_are_published(name, h, layers, total, active):
 def test_llama_3_1_long_context_needs_a_training_length():
     """rope_scaling (rope_type llama3) costs nothing; its 131,072 positions are a long-context
     extension: without --seq-len the estimate asks for one."""
-    r = CliRunner().invoke(cli, ["estimate", "--model", str(DATA / "llama-3.1-8b.json"), "--cluster", "dgx-h100-80gb", "--gpus", "8",
-                                 "--global-batch", "8"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "estimate",
+            "--model",
+            str(DATA / "llama-3.1-8b.json"),
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+        ],
+    )
     assert r.exit_code == 2 and "--seq-len" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_a_gemma_2_config_is_planned_gated_tied_and_in_bf16():
-    r = CliRunner().invoke(cli, ["estimate", "--model", str(DATA / "gemma-2-9b.json"), "--cluster", "dgx-h100-80gb", "--gpus", "8",
-                                 "--global-batch", "16", "--seq-len", "8192", "--tp", "2", "--sequence-parallel", "--zero", "1",
-                                 "--recompute", "selective", "--json"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "estimate",
+            "--model",
+            str(DATA / "gemma-2-9b.json"),
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "16",
+            "--seq-len",
+            "8192",
+            "--tp",
+            "2",
+            "--sequence-parallel",
+            "--zero",
+            "1",
+            "--recompute",
+            "selective",
+            "--json",
+        ],
+    )
     assert r.exit_code in (0, 1), r.output  # 1: the layout does not fit, still estimated
     doc = json.loads(r.stdout)
-    assert doc["job"]["precision"] == "bf16" and doc["model"]["activation"] == "geglu" and doc["model"]["tied_embeddings"]
+    assert (
+        doc["job"]["precision"] == "bf16" and doc["model"]["activation"] == "geglu" and doc["model"]["tied_embeddings"]
+    )
     assert doc["model"]["norms_per_layer"] == 4 and doc["model"]["sliding_window_layers"] == 21
 
 
@@ -191,30 +242,69 @@ def _refused(cfg: dict, tmp_path: Path) -> str:
     """`plan estimate`'s refusal of this config.json: exit 2, one line."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    r = CliRunner().invoke(cli, ["estimate", "--model", str(path), "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "8",
-                                 "--seq-len", "1024"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "estimate",
+            "--model",
+            str(path),
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "1024",
+        ],
+    )
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     return lines[0]
 
 
-@pytest.mark.parametrize("base,changes,field", [
-    ("llama-3-8b", {"model_type": "falcon", "architectures": ["FalconForCausalLM"]}, "model_type"),  # an unknown family
-    ("llama-3-8b", {"model_type": None}, "model_type"),
-    ("llama-3-8b", {"sliding_window": 4096}, "sliding_window"),  # a field Llama's code has not: perhaps another architecture
-    ("llama-3-8b", {"per_layer_config": {"0": {"intermediate_size": 4096}}}, "per_layer_config"),
-    ("llama-3-8b", {"hidden_act": "relu"}, "hidden_act"),  # ReGLU: not an activation the spec holds
-    ("llama-3-8b", {"pruned_heads": {"0": [1, 2]}}, "pruned_heads"),
-    ("gemma-2-9b", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
-    ("gemma-2-9b", {"layer_types": ["chunked_attention"] * 42}, "layer_types"),
-    ("gemma-2-9b", {"hidden_activation": "relu"}, "hidden_activation"),
-    ("mistral-7b-v0.1", {"attention_bias": True}, "attention_bias"),  # Mistral's code builds no biases
-    ("qwen3-30b-a3b", {"mlp_only_layers": [0, 47]}, "mlp_only_layers"),
-    ("gemma-3-27b", {}, "vision_config"),  # multimodal: the text_config, as a file of its own, is read
-    ("llama-3-8b", {"rope_scaling": "yarn"}, "rope_scaling"),  # not a mapping: no factor to read (was ignored)
-], ids=["unknown_type", "no_type", "unread_field", "per_layer", "relu", "pruned", "bidirectional", "layer_types", "gemma_act", "bias",
-        "moe_layers", "multimodal", "rope_not_mapping"])
+@pytest.mark.parametrize(
+    "base,changes,field",
+    [
+        (
+            "llama-3-8b",
+            {"model_type": "falcon", "architectures": ["FalconForCausalLM"]},
+            "model_type",
+        ),  # an unknown family
+        ("llama-3-8b", {"model_type": None}, "model_type"),
+        (
+            "llama-3-8b",
+            {"sliding_window": 4096},
+            "sliding_window",
+        ),  # a field Llama's code has not: perhaps another architecture
+        ("llama-3-8b", {"per_layer_config": {"0": {"intermediate_size": 4096}}}, "per_layer_config"),
+        ("llama-3-8b", {"hidden_act": "relu"}, "hidden_act"),  # ReGLU: not an activation the spec holds
+        ("llama-3-8b", {"pruned_heads": {"0": [1, 2]}}, "pruned_heads"),
+        ("gemma-2-9b", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma-2-9b", {"layer_types": ["chunked_attention"] * 42}, "layer_types"),
+        ("gemma-2-9b", {"hidden_activation": "relu"}, "hidden_activation"),
+        ("mistral-7b-v0.1", {"attention_bias": True}, "attention_bias"),  # Mistral's code builds no biases
+        ("qwen3-30b-a3b", {"mlp_only_layers": [0, 47]}, "mlp_only_layers"),
+        ("gemma-3-27b", {}, "vision_config"),  # multimodal: the text_config, as a file of its own, is read
+        ("llama-3-8b", {"rope_scaling": "yarn"}, "rope_scaling"),  # not a mapping: no factor to read (was ignored)
+    ],
+    ids=[
+        "unknown_type",
+        "no_type",
+        "unread_field",
+        "per_layer",
+        "relu",
+        "pruned",
+        "bidirectional",
+        "layer_types",
+        "gemma_act",
+        "bias",
+        "moe_layers",
+        "multimodal",
+        "rope_not_mapping",
+    ],
+)
 def test_what_is_not_read_is_refused_naming_the_field(tmp_path, base, changes, field):
     cfg = {k: v for k, v in {**config(base), **changes}.items() if v is not None}
     assert f"'{field}'" in _refused(cfg, tmp_path)
@@ -255,7 +345,9 @@ def test_sliding_windows_cut_attention_work_not_the_rest():
     full = m.model_copy(update={"sliding_window": None, "sliding_window_layers": 0})
     s = 8192
     share = _pairs(s, 4096) / _pairs(s, None)
-    assert compute.attention_flops_forward(m, 1, s) == pytest.approx(share * compute.attention_flops_forward(full, 1, s))
+    assert compute.attention_flops_forward(m, 1, s) == pytest.approx(
+        share * compute.attention_flops_forward(full, 1, s)
+    )
     gemms = compute.layer_flops_forward(full, 1, s) - compute.attention_flops_forward(full, 1, s)
     assert compute.layer_flops_forward(m, 1, s) - compute.attention_flops_forward(m, 1, s) == pytest.approx(gemms)
     dev = load_cluster("dgx-h100-80gb").device
@@ -296,7 +388,9 @@ def test_logit_soft_capping_keeps_tanhs_output():
 
 
 def test_a_gated_family_with_silu_is_swiglu():
-    assert read("gemma-2-9b", hidden_activation="silu").activation.value == "swiglu"  # Gemma2MLP gates whatever the activation
+    assert (
+        read("gemma-2-9b", hidden_activation="silu").activation.value == "swiglu"
+    )  # Gemma2MLP gates whatever the activation
 
 
 def test_geglu_costs_what_swiglu_does():
@@ -313,8 +407,20 @@ def test_the_reference_model_builds_geglu_as_costed():
     torch = pytest.importorskip("torch")
     from planner.distributed.reference_model import MLP, ReferenceModel
 
-    spec = ModelSpec(name="tiny-gemma", num_layers=2, hidden_size=32, num_heads=4, vocab_size=64, max_seq_len=16, activation="geglu",
-                     learned_position_embeddings=False, linear_bias=False, norm="rmsnorm", dropout=False, tied_embeddings=True)
+    spec = ModelSpec(
+        name="tiny-gemma",
+        num_layers=2,
+        hidden_size=32,
+        num_heads=4,
+        vocab_size=64,
+        max_seq_len=16,
+        activation="geglu",
+        learned_position_embeddings=False,
+        linear_bias=False,
+        norm="rmsnorm",
+        dropout=False,
+        tied_embeddings=True,
+    )
     mlp = MLP(spec)
     x = torch.randn(3, 32)
     expected = mlp.down(torch.nn.functional.gelu(mlp.gate(x), approximate="tanh") * mlp.up(x))

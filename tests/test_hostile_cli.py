@@ -86,10 +86,41 @@ def _expected(kind, text: str):
 
 OTHER_DIGITS = "٠١٦۶६൬௬໖０"  # Arabic-Indic, Extended Arabic-Indic, Devanagari, Malayalam, Tamil, Lao, fullwidth
 _piece = st.one_of(
-    st.integers(-10**12, 10**12).map(str),
+    st.integers(-(10**12), 10**12).map(str),
     st.integers(10**8, 10**40).map(str),
-    st.sampled_from(["0", "1", "2", "6", "-0", "+6", "0_6", " 6", "6 ", "٦", "6.0", "1e3", "nan", "inf", "-inf", "1e999", "",
-                     "0x10", "1_000", "\t6", "6\n", "\x1b[2J", "٦,٦", "0_6,6", "+6,+6", "6,,6", "3-1", "0-3", "1 - 2"]),
+    st.sampled_from(
+        [
+            "0",
+            "1",
+            "2",
+            "6",
+            "-0",
+            "+6",
+            "0_6",
+            " 6",
+            "6 ",
+            "٦",
+            "6.0",
+            "1e3",
+            "nan",
+            "inf",
+            "-inf",
+            "1e999",
+            "",
+            "0x10",
+            "1_000",
+            "\t6",
+            "6\n",
+            "\x1b[2J",
+            "٦,٦",
+            "0_6,6",
+            "+6,+6",
+            "6,,6",
+            "3-1",
+            "0-3",
+            "1 - 2",
+        ]
+    ),
     st.text(alphabet="0123456789+-_ .,eE\t" + OTHER_DIGITS, max_size=12),
 )
 OPTION_TEXT = st.one_of(_piece, st.lists(_piece, min_size=1, max_size=4).map(",".join))
@@ -122,12 +153,28 @@ def test_an_option_takes_its_numbers_and_refuses_the_rest(workdir, command, opti
     assert f"'{option}'" in line or option in line, line
 
 
-@pytest.mark.parametrize("args", [
-    ["estimate", "--model", "gpt2-124m", *SIZE, "--pp", "2", "--layers-per-stage", "6,6"],
-    ["estimate", "--model", "gpt2-124m", *SIZE, "--pp", "2", "--layers-per-stage", "5, 7"],
-    ["estimate", "--model", "gpt2-124m", *SIZE, "--tp", "0004"],
-    ["solve", "--model", "gpt2-124m", *SIZE, "--top-k", "0", "--fix", "tp=2", "--time-limit", "30", "--max-memory-gib", "70.5"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["estimate", "--model", "gpt2-124m", *SIZE, "--pp", "2", "--layers-per-stage", "6,6"],
+        ["estimate", "--model", "gpt2-124m", *SIZE, "--pp", "2", "--layers-per-stage", "5, 7"],
+        ["estimate", "--model", "gpt2-124m", *SIZE, "--tp", "0004"],
+        [
+            "solve",
+            "--model",
+            "gpt2-124m",
+            *SIZE,
+            "--top-k",
+            "0",
+            "--fix",
+            "tp=2",
+            "--time-limit",
+            "30",
+            "--max-memory-gib",
+            "70.5",
+        ],
+    ],
+)
 def test_valid_values_still_plan(args):
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0 and r.stderr == "", (args, r.output)
@@ -137,7 +184,9 @@ def test_a_refused_number_says_what_was_given_and_what_is_allowed(workdir):
     solve = ["solve", "--model", "gpt2-124m", *SIZE]
     line = assert_refused(workdir, [*solve, "--top-k", "-5"], 2)
     assert "-5 is out of range; give a whole number from 0 to 1,000" in line, line
-    line = assert_refused(workdir, ["estimate", "--model", "gpt2-124m", *SIZE, "--pp", "2", "--layers-per-stage", "٦,٦"], 2)
+    line = assert_refused(
+        workdir, ["estimate", "--model", "gpt2-124m", *SIZE, "--pp", "2", "--layers-per-stage", "٦,٦"], 2
+    )
     assert "'٦,٦' is not a list of whole numbers" in line, line
     for fix in ["tp=+2", "tp= 2", "tp=٢", "tp=0_2", "zero=-0"]:
         line = assert_refused(workdir, [*solve, "--fix", fix], 2)
@@ -149,7 +198,9 @@ def test_a_refused_number_says_what_was_given_and_what_is_allowed(workdir):
 
 @pytest.fixture(scope="module")
 def plan_file(workdir) -> Path:
-    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", *SIZE, "--tp", "2", "--pp", "2", "-o", str(workdir / "p.json")])
+    r = CliRunner().invoke(
+        cli, ["estimate", "--model", "gpt2-124m", *SIZE, "--tp", "2", "--pp", "2", "-o", str(workdir / "p.json")]
+    )
     assert r.exit_code == 0, r.output
     return workdir / "p.json"
 
@@ -162,7 +213,9 @@ def test_a_what_if_of_zero_is_one_usage_line(workdir, plan_file, option):
 
 def test_a_what_if_that_fails_prints_only_the_error(workdir, plan_file):
     """Before: "changed from p.json: ..." and then the error (two lines)."""
-    line = assert_refused(workdir, ["estimate", "--plan", plan_file.name, "--global-batch", "8192", "--micro-batch-size", "4096"], 1)
+    line = assert_refused(
+        workdir, ["estimate", "--plan", plan_file.name, "--global-batch", "8192", "--micro-batch-size", "4096"], 1
+    )
     assert line.startswith("error: the plan does not fit"), line
     r = CliRunner().invoke(cli, ["estimate", "--plan", str(plan_file), "--global-batch", "32"])
     assert r.exit_code == 0 and r.stderr.startswith("changed from ") and r.stderr.count("\n") == 1, r.stderr
@@ -176,12 +229,17 @@ def test_export_without_to_is_one_line(workdir, plan_file):
 # ----- names: no control character reaches the terminal raw
 
 _HOSTILE_CHARS = "\x1b[31m\n\r\t\x00\x07\x08\x7f\x85\x9b\u2028\u2029\u202e\u2066\udc80é模"
-NAME = st.lists(st.sampled_from(list(_HOSTILE_CHARS) + ["a", "b", " ", "[", "]", "[bold]", "[/bold]", "[/]", "error: "]),
-                min_size=1, max_size=12).map("".join)
+NAME = st.lists(
+    st.sampled_from(list(_HOSTILE_CHARS) + ["a", "b", " ", "[", "]", "[bold]", "[/bold]", "[/]", "error: "]),
+    min_size=1,
+    max_size=12,
+).map("".join)
 _RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202e\u2066\ud800-\udfff]")
 
 
-CLUSTER = json.loads((Path(__file__).resolve().parent.parent / "hardware_profiles/presets/dgx-a100-80gb.json").read_text())
+CLUSTER = json.loads(
+    (Path(__file__).resolve().parent.parent / "hardware_profiles/presets/dgx-a100-80gb.json").read_text()
+)
 
 
 @HYPOTHESIS
@@ -191,12 +249,18 @@ def test_names_with_control_characters_or_markup_are_shown_escaped(tmp_path_fact
     report and show's pictures in text: no raw control character, never a rich MarkupError."""
     d = tmp_path_factory.mktemp("name")
     (d / "m.json").write_text(json.dumps({**GOOD_MODEL, "name": name}))
-    (d / "c.json").write_text(json.dumps({**CLUSTER, "name": cluster_name, "device": {**CLUSTER["device"], "name": cluster_name}}))
+    (d / "c.json").write_text(
+        json.dumps({**CLUSTER, "name": cluster_name, "device": {**CLUSTER["device"], "name": cluster_name}})
+    )
     files = ["--model", "m.json", "--cluster", "c.json", *SIZE[2:]]
     cwd = os.getcwd()
     os.chdir(d)
     try:
-        for args in (["estimate", *files, "-o", "p.json"], ["show", "p.json"], ["solve", *files, "--target", "megatron"]):
+        for args in (
+            ["estimate", *files, "-o", "p.json"],
+            ["show", "p.json"],
+            ["solve", *files, "--target", "megatron"],
+        ):
             r = CliRunner().invoke(cli, args)
             if r.exit_code != 0:  # an input layer that refuses such names: then one escaped line
                 lines = r.stderr.strip().splitlines()
@@ -221,9 +285,18 @@ def test_a_model_directory_whose_name_is_not_utf8_is_named_readably(tmp_path):
     """An undecodable byte of a directory name is a lone surrogate in Python (surrogateescape),
     which no output can write, and a name holds no control character: the model's name carries
     U+FFFD for each, and --json works."""
-    hf = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
-          "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
-          "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
+    hf = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "bfloat16",
+    }
     directory = os.path.join(os.fsencode(tmp_path), b"llama\xff\x1b[31m")
     os.mkdir(directory)
     with open(os.path.join(directory, b"config.json"), "w") as f:
@@ -235,7 +308,11 @@ def test_a_model_directory_whose_name_is_not_utf8_is_named_readably(tmp_path):
 
 def test_plan_alone_is_one_line():
     r = CliRunner().invoke(cli, [])
-    assert r.exit_code == 2 and r.stderr.startswith("error: give a command: estimate, export, ") and r.stderr.count("\n") == 1
+    assert (
+        r.exit_code == 2
+        and r.stderr.startswith("error: give a command: estimate, export, ")
+        and r.stderr.count("\n") == 1
+    )
 
 
 # ----- streams and signals, through a real process
@@ -251,7 +328,12 @@ def _run(args, **kw) -> subprocess.CompletedProcess:
 def _one_line(stderr: bytes) -> str:
     text = stderr.decode()
     lines = text.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in text and "Exception ignored" not in text, text
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("error: ")
+        and "Traceback" not in text
+        and "Exception ignored" not in text
+    ), text
     return lines[0]
 
 
@@ -285,18 +367,29 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
 
 def test_an_ascii_terminal_shows_a_non_ascii_name_escaped(tmp_path):
     (tmp_path / "m.json").write_text(json.dumps({**GOOD_MODEL, "name": "modèle-模型"}))
-    r = _run(["estimate", "--model", "m.json", *SIZE], cwd=tmp_path, stdout=subprocess.PIPE, env={"PYTHONIOENCODING": "ascii"})
+    r = _run(
+        ["estimate", "--model", "m.json", *SIZE],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        env={"PYTHONIOENCODING": "ascii"},
+    )
     assert r.returncode == 0 and r.stderr == b"", r.stderr
     assert r.stdout.isascii() and b"mod\\xe8le-\\u6a21\\u578b" in r.stdout
-    js = _run(["estimate", "--model", "m.json", *SIZE, "--json"], cwd=tmp_path, stdout=subprocess.PIPE,
-              env={"PYTHONIOENCODING": "ascii"})
+    js = _run(
+        ["estimate", "--model", "m.json", *SIZE, "--json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        env={"PYTHONIOENCODING": "ascii"},
+    )
     assert js.returncode == 0 and json.loads(js.stdout)["model"]["name"] == "modèle-模型", js.stderr
 
 
 def test_a_lone_surrogate_in_a_name_never_gives_a_traceback(tmp_path):
     (tmp_path / "m.json").write_text(json.dumps({**GOOD_MODEL, "name": "bad\udc80name"}))
     r = _run(["estimate", "--model", "m.json", *SIZE], cwd=tmp_path, stdout=subprocess.PIPE)
-    assert (r.returncode == 0 and b"bad\\udc80name" in r.stdout) or (r.returncode in (1, 2) and _one_line(r.stderr)), r.stderr
+    assert (r.returncode == 0 and b"bad\\udc80name" in r.stdout) or (r.returncode in (1, 2) and _one_line(r.stderr)), (
+        r.stderr
+    )
     assert b"Traceback" not in r.stderr
 
 
@@ -324,8 +417,9 @@ def test_ctrl_c_while_the_command_loads_is_one_line(delay):
         # signal found nothing to interrupt, and the output must be the whole listing
         assert text == "" and out.decode().endswith("\n") and "gpt3-175b" in out.decode(), (out, text)
         return
-    assert (p.returncode == 130 and text.strip() == "error: interrupted") or (p.returncode == -signal.SIGINT and text == ""), \
-        (p.returncode, text)
+    assert (p.returncode == 130 and text.strip() == "error: interrupted") or (
+        p.returncode == -signal.SIGINT and text == ""
+    ), (p.returncode, text)
 
 
 def test_ctrl_c_in_the_middle_of_the_imports_is_one_line():
@@ -343,31 +437,88 @@ def test_ctrl_c_in_the_middle_of_the_imports_is_one_line():
 
 def test_a_plan_refuses_a_new_model_naming_the_option_given(tmp_path):
     plan = tmp_path / "e.json"
-    assert _run(["estimate", "--model", "gpt2-124m", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16",
-                 "-o", str(plan)], stdout=subprocess.DEVNULL).returncode == 0
+    assert (
+        _run(
+            [
+                "estimate",
+                "--model",
+                "gpt2-124m",
+                "--cluster",
+                "dgx-h100-80gb",
+                "--gpus",
+                "8",
+                "--global-batch",
+                "16",
+                "-o",
+                str(plan),
+            ],
+            stdout=subprocess.DEVNULL,
+        ).returncode
+        == 0
+    )
     r = _run(["estimate", "--plan", str(plan), "--model", "llama3-8b"], stdout=subprocess.DEVNULL)
-    assert r.returncode == 2 and "--model cannot change it" in _one_line(r.stderr)  # not "--model-name", which is no option
+    assert r.returncode == 2 and "--model cannot change it" in _one_line(
+        r.stderr
+    )  # not "--model-name", which is no option
 
 
 def test_dash_as_the_output_is_refused_not_a_file_named_dash(tmp_path):
-    r = _run(["estimate", "--model", "gpt2-124m", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16", "-o", "-"],
-             stdout=subprocess.DEVNULL, cwd=tmp_path)
+    r = _run(
+        [
+            "estimate",
+            "--model",
+            "gpt2-124m",
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "16",
+            "-o",
+            "-",
+        ],
+        stdout=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
     assert r.returncode == 2 and "-o -" in _one_line(r.stderr)
     assert not list(tmp_path.iterdir())
 
 
 def test_a_read_only_output_file_is_refused_not_replaced(tmp_path):
     import shutil
+
     prefix = []
     if os.geteuid() == 0:  # root writes anything: drop the capabilities that override file modes
         if shutil.which("setpriv") is None:
             pytest.skip("running as root without setpriv to drop CAP_DAC_OVERRIDE")
-        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+        prefix = [
+            "setpriv",
+            "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search",
+        ]
     out = tmp_path / "e.json"
     out.write_text("{}\n")
     out.chmod(0o444)
-    r = subprocess.run([*prefix, *PLAN, "estimate", "--model", "gpt2-124m", "--cluster", "dgx-h100-80gb", "--gpus", "8",
-                        "--global-batch", "16", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+    r = subprocess.run(
+        [
+            *prefix,
+            *PLAN,
+            "estimate",
+            "--model",
+            "gpt2-124m",
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "16",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=60,
+    )
     assert r.returncode == 2 and "read-only" in _one_line(r.stderr)
     assert out.read_text() == "{}\n"
 
@@ -376,8 +527,10 @@ def test_a_ctrl_c_inside_pydantics_core_is_the_interrupt_line():
     """A Ctrl-C that lands while pydantic-core builds a model's validators comes out as a
     SchemaError naming the KeyboardInterrupt (seen once in 5 delays of the test above): it is
     the interrupt's line and exit code too; any other SchemaError keeps its traceback."""
-    code = ("import planner._interrupt as I; I.hold(); from pydantic_core import SchemaError; "
-            "raise SchemaError('Error building \"enum\" validator:\\n  KeyboardInterrupt: ' if {} else 'a bug')")
+    code = (
+        "import planner._interrupt as I; I.hold(); from pydantic_core import SchemaError; "
+        "raise SchemaError('Error building \"enum\" validator:\\n  KeyboardInterrupt: ' if {} else 'a bug')"
+    )
     hit = subprocess.run([sys.executable, "-c", code.format(True)], capture_output=True, text=True, timeout=60)
     assert hit.returncode == 130 and hit.stderr.strip() == "error: interrupted", hit.stderr
     other = subprocess.run([sys.executable, "-c", code.format(False)], capture_output=True, text=True, timeout=60)

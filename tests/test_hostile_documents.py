@@ -33,12 +33,46 @@ from tests.hostile import assert_refused
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = ["--gpus", "8", "--global-batch", "16", "--seq-len", "512"]
 MODEL = {"name": "m", "num_layers": 4, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000, "max_seq_len": 512}
-HOSTILE = [1e308, -1e308, 1e-300, 5e-324, 10**309, 10**400, -(10**309), 2**63, 2**64, 10**19, -1, 0, 6.0, 0.5, True, False,
-           "8", "80", "1e3", "false", "nan", "NaN", "inf", "-Infinity", ["6", "6"], [True, 11], [6.0, 6.0], [], {}, {"a": 1}, None, ""]
+HOSTILE = [
+    1e308,
+    -1e308,
+    1e-300,
+    5e-324,
+    10**309,
+    10**400,
+    -(10**309),
+    2**63,
+    2**64,
+    10**19,
+    -1,
+    0,
+    6.0,
+    0.5,
+    True,
+    False,
+    "8",
+    "80",
+    "1e3",
+    "false",
+    "nan",
+    "NaN",
+    "inf",
+    "-Infinity",
+    ["6", "6"],
+    [True, 11],
+    [6.0, 6.0],
+    [],
+    {},
+    {"a": 1},
+    None,
+    "",
+]
 values = st.sampled_from(HOSTILE) | st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**70), 2**70)
 # 25 examples a document kind, the same every run; HOSTILE_EXAMPLES=N for N new ones (a longer hunt).
 _HUNT = int(os.environ.get("HOSTILE_EXAMPLES", "0"))
-FAST = settings(max_examples=_HUNT or 25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=not _HUNT)
+FAST = settings(
+    max_examples=_HUNT or 25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=not _HUNT
+)
 
 
 def _kind(value) -> str:
@@ -89,6 +123,7 @@ def never_valid(old, new) -> bool:
 
 def _finite(text: str) -> None:
     """Every number of a JSON output is finite (read without NaN / Infinity literals)."""
+
     def no_constant(name):
         raise AssertionError(f"output holds {name}")
 
@@ -138,7 +173,9 @@ def _cluster_doc() -> dict:
 
 
 def _plan_doc() -> dict:
-    doc = api.estimate("gpt2-124m", "dgx-a100-80gb", gpus=8, global_batch=16, seq_len=512, pp=2, tp=2).model_dump(mode="json")
+    doc = api.estimate("gpt2-124m", "dgx-a100-80gb", gpus=8, global_batch=16, seq_len=512, pp=2, tp=2).model_dump(
+        mode="json"
+    )
     return {k: doc[k] for k in ("schema_version", "model", "cluster", "num_gpus", "job", "plan")}
 
 
@@ -147,7 +184,10 @@ def _solve_doc() -> dict:
     doc = api.solve("gpt2-124m", "dgx-a100-80gb", gpus=8, global_batch=16, seq_len=512, target="generic", top_k=2)
     doc = doc.model_dump(mode="json")
     alternatives = [{k: a[k] for k in ("plan", "global_batch_size", "target")} for a in doc["alternatives"]]
-    return {**{k: doc[k] for k in ("schema_version", "model", "cluster", "num_gpus", "job", "plan")}, "alternatives": alternatives}
+    return {
+        **{k: doc[k] for k in ("schema_version", "model", "cluster", "num_gpus", "job", "plan")},
+        "alternatives": alternatives,
+    }
 
 
 def _hf_doc() -> dict:
@@ -161,36 +201,56 @@ MODEL_DOC, CLUSTER_DOC, PLAN_DOC, SOLVE_DOC, HF_DOC = _model_doc(), _cluster_doc
 @given(path=st.sampled_from(list(_paths(MODEL_DOC))), value=values)
 def test_a_model_spec_with_one_hostile_field(path, value):
     doc = _replaced(MODEL_DOC, path, value)
-    check_document("m.json", doc, ["estimate", "--model", "m.json", "--cluster", "dgx-a100-80gb", *WORLD, "--json"],
-                   never_valid(_get(MODEL_DOC, path), value))
+    check_document(
+        "m.json",
+        doc,
+        ["estimate", "--model", "m.json", "--cluster", "dgx-a100-80gb", *WORLD, "--json"],
+        never_valid(_get(MODEL_DOC, path), value),
+    )
 
 
 @FAST
 @given(path=st.sampled_from(list(_paths(CLUSTER_DOC))), value=values)
 def test_a_cluster_profile_with_one_hostile_field(path, value):
     doc = _replaced(CLUSTER_DOC, path, value)
-    check_document("c.json", doc, ["estimate", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--json"],
-                   never_valid(_get(CLUSTER_DOC, path), value))
+    check_document(
+        "c.json",
+        doc,
+        ["estimate", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--json"],
+        never_valid(_get(CLUSTER_DOC, path), value),
+    )
 
 
-PLAN_COMMANDS = [["estimate", "--plan", "p.json", "--json"], ["show", "p.json", "--json"], ["export", "p.json", "--to", "megatron"]]
+PLAN_COMMANDS = [
+    ["estimate", "--plan", "p.json", "--json"],
+    ["show", "p.json", "--json"],
+    ["export", "p.json", "--to", "megatron"],
+]
 
 
 @FAST
-@given(path=st.sampled_from([p for p in _paths(PLAN_DOC) if p[0] != "schema_version"]), value=values,
-       command=st.sampled_from(PLAN_COMMANDS))
+@given(
+    path=st.sampled_from([p for p in _paths(PLAN_DOC) if p[0] != "schema_version"]),
+    value=values,
+    command=st.sampled_from(PLAN_COMMANDS),
+)
 def test_a_plan_document_with_one_hostile_field(path, value, command):
     doc = _replaced(PLAN_DOC, path, value)
     check_document("p.json", doc, command, never_valid(_get(PLAN_DOC, path), value))
 
 
-ALTERNATIVE_COMMANDS = [["estimate", "--plan", "p.json", "--alternative", "1", "--json"],
-                        ["export", "p.json", "--alternative", "1", "--to", "deepspeed"]]
+ALTERNATIVE_COMMANDS = [
+    ["estimate", "--plan", "p.json", "--alternative", "1", "--json"],
+    ["export", "p.json", "--alternative", "1", "--to", "deepspeed"],
+]
 
 
 @FAST
-@given(path=st.sampled_from([p for p in _paths(SOLVE_DOC) if p[:2] == ("alternatives", 0)]), value=values,
-       command=st.sampled_from(ALTERNATIVE_COMMANDS))
+@given(
+    path=st.sampled_from([p for p in _paths(SOLVE_DOC) if p[:2] == ("alternatives", 0)]),
+    value=values,
+    command=st.sampled_from(ALTERNATIVE_COMMANDS),
+)
 def test_a_solve_documents_alternative_with_one_hostile_field(path, value, command):
     doc = _replaced(SOLVE_DOC, path, value)
     check_document("p.json", doc, command, never_valid(_get(SOLVE_DOC, path), value))
@@ -200,7 +260,11 @@ def hf_never_valid(path, old, new) -> bool:
     """A field the config reader reads (planner/presets/hf_config.py:FIELD_KINDS) of another
     kind, or a number beyond any model; one name for `architectures` is read as a list of it, and
     what a mapping (quantization_config) holds is not read."""
-    if path[0] not in FIELD_KINDS or FIELD_KINDS[path[0]][0] == "mapping" or (path == ("architectures",) and isinstance(new, str)):
+    if (
+        path[0] not in FIELD_KINDS
+        or FIELD_KINDS[path[0]][0] == "mapping"
+        or (path == ("architectures",) and isinstance(new, str))
+    ):
         return False
     return never_valid(old, new)
 
@@ -232,8 +296,12 @@ def hf_field(draw):
 def test_a_hugging_face_config_with_one_hostile_field(where, value):
     config, path = where
     doc = _replaced(config, path, value)
-    check_document("hf/config.json", doc, ["estimate", "--model", "hf", "--cluster", "dgx-h100-80gb", *WORLD, "--json"],
-                   hf_never_valid(path, _get(config, path), value))
+    check_document(
+        "hf/config.json",
+        doc,
+        ["estimate", "--model", "hf", "--cluster", "dgx-h100-80gb", *WORLD, "--json"],
+        hf_never_valid(path, _get(config, path), value),
+    )
 
 
 def test_every_field_a_family_reads_has_a_kind():
@@ -247,10 +315,16 @@ def test_the_properties_can_fail():
     """What the generated tests count as never valid is what they claim."""
     assert never_valid(6, "6") and never_valid(6, 6.0) and never_valid(True, 1) and never_valid(80.0, "80")
     assert never_valid(80.0, 1e308) and never_valid(4, 10**309) and never_valid(4, -1) and never_valid({"a": 1}, 5)
-    assert not never_valid(80.0, 80) and not never_valid(4, 5) and not never_valid(None, "x") and not never_valid(4, None)
-    assert hf_never_valid(("tie_word_embeddings",), False, "false") and not hf_never_valid(("architectures",), ["X"], "X")
+    assert (
+        not never_valid(80.0, 80) and not never_valid(4, 5) and not never_valid(None, "x") and not never_valid(4, None)
+    )
+    assert hf_never_valid(("tie_word_embeddings",), False, "false") and not hf_never_valid(
+        ("architectures",), ["X"], "X"
+    )
     assert not hf_never_valid(("rope_theta",), 500000.0, "abc")  # cost-free: not read
-    assert not hf_never_valid(("quantization_config", "quant_method"), "fp8", 5) and hf_never_valid(("architectures", 0), "X", 5)
+    assert not hf_never_valid(("quantization_config", "quant_method"), "fp8", 5) and hf_never_valid(
+        ("architectures", 0), "X", 5
+    )
 
 
 # --------------------------------------------------------------------------- item 6 and 7: the issue's examples
@@ -277,14 +351,26 @@ EXAMPLES = [  # (what, file name, document, the words the error line has)
     ("bandwidth 1e-300", "c.json", _device(memory_bandwidth_gbps=1e-300), "memory_bandwidth_gbps"),
     ("sm_count 10**400", "c.json", _gemm(sm_count=10**400), "sm_count"),
     ("ffn 10**309", "m.json", {**MODEL, "ffn_hidden_size": 10**309}, "ffn_hidden_size"),
-    ("global batch 2e12", "p.json", {**PLAN_DOC, "job": {**PLAN_DOC["job"], "global_batch_size": 2 * 10**12}}, "global_batch_size"),
+    (
+        "global batch 2e12",
+        "p.json",
+        {**PLAN_DOC, "job": {**PLAN_DOC["job"], "global_batch_size": 2 * 10**12}},
+        "global_batch_size",
+    ),
     ("seq 1e12", "p.json", {**PLAN_DOC, "job": {**PLAN_DOC["job"], "seq_len": 10**12}}, "seq_len"),
     ("split as strings", "p.json", _plan(layers_per_stage=["1", "1", "1", "9"]), "layers_per_stage"),
     ("split with a bool", "p.json", _plan(layers_per_stage=[True, 11]), "layers_per_stage"),
     ("split as floats", "p.json", _plan(layers_per_stage=[6.0, 6.0]), "layers_per_stage"),
     ("num_gpus as a string", "p.json", {**PLAN_DOC, "num_gpus": "8"}, "num_gpus"),
-    ("memory as a string", "p.json", {**PLAN_DOC, "cluster": {**PLAN_DOC["cluster"], "device": {
-        **PLAN_DOC["cluster"]["device"], "memory_gib": "80"}}}, "memory_gib"),
+    (
+        "memory as a string",
+        "p.json",
+        {
+            **PLAN_DOC,
+            "cluster": {**PLAN_DOC["cluster"], "device": {**PLAN_DOC["cluster"]["device"], "memory_gib": "80"}},
+        },
+        "memory_gib",
+    ),
     ("sequence_parallel 1", "p.json", _plan(sequence_parallel=1), "sequence_parallel"),
     ("hf architectures 5", "llama/config.json", _llama(architectures=5), "architectures"),
     ("hf architectures true", "llama/config.json", _llama(architectures=True), "architectures"),
@@ -295,9 +381,18 @@ EXAMPLES = [  # (what, file name, document, the words the error line has)
     ("hf int8", "llama/config.json", _llama(torch_dtype="int8"), "int8"),
     ("hf activation a mapping", "llama/config.json", _llama(hidden_act={}), "hidden_act"),
     ("hf hidden 10**200", "llama/config.json", _llama(hidden_size=10**200), "hidden_size"),
-    ("hf qwen2_moe expert width 0", "llama/config.json", {
-        **_llama(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"]), "num_experts": 8, "num_experts_per_tok": 2,
-        "moe_intermediate_size": 0, "shared_expert_intermediate_size": 0}, "moe_intermediate_size"),
+    (
+        "hf qwen2_moe expert width 0",
+        "llama/config.json",
+        {
+            **_llama(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"]),
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 0,
+            "shared_expert_intermediate_size": 0,
+        },
+        "moe_intermediate_size",
+    ),
 ]
 
 
@@ -325,8 +420,9 @@ def test_a_number_out_of_range_states_the_range(tmp_path):
 def test_one_architecture_name_is_read_as_one_name(tmp_path):
     (tmp_path / "llama").mkdir()
     (tmp_path / "llama/config.json").write_text(json.dumps(_llama(architectures="LlamaForCausalLM")))
-    assert api.load_model(tmp_path / "llama") == api.load_model(ROOT / "tests/data/hf_configs/llama-3-8b.json").model_copy(
-        update={"name": "llama"})
+    assert api.load_model(tmp_path / "llama") == api.load_model(
+        ROOT / "tests/data/hf_configs/llama-3-8b.json"
+    ).model_copy(update={"name": "llama"})
     (tmp_path / "llama/config.json").write_text(json.dumps(_llama(architectures="BertModel")))
     with pytest.raises(UsageError, match=r"\['BertModel'\]"):
         api.load_model(tmp_path / "llama")
@@ -344,9 +440,14 @@ def _h100(**device) -> dict:
 TABLES = {
     "attention cudnn only": (_h100(attention={"cudnn": H100["device"]["attention"]["cudnn"]}), "flash2"),
     "attention empty": (_h100(attention={}), "flash2"),
-    "attention unknown kernel": (_h100(attention={**H100["device"]["attention"], "flash3": {"forward": 0.7, "backward": 0.6}}), "flash3"),
-    "fp8 without its efficiency": (_h100(gemm={k: v for k, v in H100["device"]["gemm"].items() if k != "fp8_max_efficiency"}),
-                                   "fp8_max_efficiency"),
+    "attention unknown kernel": (
+        _h100(attention={**H100["device"]["attention"], "flash3": {"forward": 0.7, "backward": 0.6}}),
+        "flash3",
+    ),
+    "fp8 without its efficiency": (
+        _h100(gemm={k: v for k, v in H100["device"]["gemm"].items() if k != "fp8_max_efficiency"}),
+        "fp8_max_efficiency",
+    ),
 }
 
 
@@ -360,9 +461,11 @@ def test_a_device_table_the_cost_model_needs_is_required(tmp_path, what, command
     cluster, words = TABLES[what]
     (tmp_path / "c.json").write_text(json.dumps(cluster))
     (tmp_path / "p.json").write_text(json.dumps(_plan_on(cluster)))
-    args = {"estimate": ["estimate", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--fp8"],
-            "solve": ["solve", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--fp8"],
-            "show": ["show", "p.json"]}[command]
+    args = {
+        "estimate": ["estimate", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--fp8"],
+        "solve": ["solve", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--fp8"],
+        "show": ["show", "p.json"],
+    }[command]
     line = assert_refused(tmp_path, args, code=2, name=what)
     assert words in line, line
 
@@ -374,9 +477,11 @@ def test_without_an_attention_table_attention_is_costed_as_gemms(tmp_path, monke
     cluster = _h100(attention=None)
     (tmp_path / "c.json").write_text(json.dumps(cluster))
     (tmp_path / "p.json").write_text(json.dumps(_plan_on(cluster)))
-    args = {"estimate": ["estimate", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--json"],
-            "solve": ["solve", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--time-limit", "20", "--json"],
-            "show": ["show", "p.json", "--json"]}[command]
+    args = {
+        "estimate": ["estimate", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--json"],
+        "solve": ["solve", "--model", "gpt2-124m", "--cluster", "c.json", *WORLD, "--time-limit", "20", "--json"],
+        "show": ["show", "p.json", "--json"],
+    }[command]
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0 and r.exception is None, (r.output, r.exception)
@@ -390,14 +495,30 @@ def test_without_an_attention_table_attention_is_costed_as_gemms(tmp_path, monke
 
 INCONSISTENT = {
     "fp8 on an A100": (_plan(fp8=True), "no FP8 tensor cores"),
-    "micro-batches that do not make the batch": (_plan(num_micro_batches=PLAN_DOC["plan"]["num_micro_batches"] + 1), "global batch"),
-    "precision the device has no peak for": ({**PLAN_DOC, "job": {**PLAN_DOC["job"], "precision": "fp16"}, "cluster": {
-        **PLAN_DOC["cluster"], "device": {**PLAN_DOC["cluster"]["device"], "peak_tflops": {"bf16": 312.0}}}}, "no fp16 throughput"),
+    "micro-batches that do not make the batch": (
+        _plan(num_micro_batches=PLAN_DOC["plan"]["num_micro_batches"] + 1),
+        "global batch",
+    ),
+    "precision the device has no peak for": (
+        {
+            **PLAN_DOC,
+            "job": {**PLAN_DOC["job"], "precision": "fp16"},
+            "cluster": {
+                **PLAN_DOC["cluster"],
+                "device": {**PLAN_DOC["cluster"]["device"], "peak_tflops": {"bf16": 312.0}},
+            },
+        },
+        "no fp16 throughput",
+    ),
     # the checks --gpus gets against --cluster (planner/inputs.py:check_cluster_holds), on the document's own pair
-    "a cluster of fewer GPUs than the plan's": ({**PLAN_DOC, "cluster": {**PLAN_DOC["cluster"], "gpus_per_node": 4, "num_nodes": 1}},
-                                                "fewer than its num_gpus 8"),
-    "GPUs that are no whole number of nodes": ({**PLAN_DOC, "cluster": {**PLAN_DOC["cluster"], "gpus_per_node": 3}},
-                                               "not a whole number of"),
+    "a cluster of fewer GPUs than the plan's": (
+        {**PLAN_DOC, "cluster": {**PLAN_DOC["cluster"], "gpus_per_node": 4, "num_nodes": 1}},
+        "fewer than its num_gpus 8",
+    ),
+    "GPUs that are no whole number of nodes": (
+        {**PLAN_DOC, "cluster": {**PLAN_DOC["cluster"], "gpus_per_node": 3}},
+        "not a whole number of",
+    ),
     # a version as a number: 1.10 would read 1.1 (was accepted)
     "a schema_version that is a number": ({**PLAN_DOC, "schema_version": 1.1}, "schema_version is 1.1, not a string"),
 }
@@ -407,12 +528,23 @@ INCONSISTENT = {
 def test_every_command_refuses_the_same_plan_document_with_the_same_line(tmp_path, what):
     doc, words = INCONSISTENT[what]
     (tmp_path / "p.json").write_text(json.dumps(doc))
-    lines = {assert_refused(tmp_path, args, code=2, name=what) for args in (
-        ["estimate", "--plan", "p.json"], ["estimate", "--plan", "p.json", "--tp", "1"], ["show", "p.json"],
-        ["export", "p.json", "--to", "megatron"], ["export", "p.json", "--to", "deepspeed"], ["run", "p.json"])}
+    lines = {
+        assert_refused(tmp_path, args, code=2, name=what)
+        for args in (
+            ["estimate", "--plan", "p.json"],
+            ["estimate", "--plan", "p.json", "--tp", "1"],
+            ["show", "p.json"],
+            ["export", "p.json", "--to", "megatron"],
+            ["export", "p.json", "--to", "deepspeed"],
+            ["run", "p.json"],
+        )
+    }
     assert len(lines) == 1 and words in lines.pop(), lines
-    for call in (lambda: api.read_plan(tmp_path / "p.json"), lambda: api.export_plan(tmp_path / "p.json", "megatron"),
-                 lambda: api.what_if(tmp_path / "p.json", tp=1)):
+    for call in (
+        lambda: api.read_plan(tmp_path / "p.json"),
+        lambda: api.export_plan(tmp_path / "p.json", "megatron"),
+        lambda: api.what_if(tmp_path / "p.json", tp=1),
+    ):
         with pytest.raises(UsageError, match=words):
             call()
 
@@ -431,11 +563,14 @@ def test_every_preset_cluster_still_reads():
         ClusterSpec.model_validate_json(path.read_text())
 
 
-@pytest.mark.parametrize("suffix,text,line", [
-    (".yaml", "name: m\nnum_layers: 4\nhidden_size: 256\nnum_layers: 8\n", 4),
-    (".json", '{"name": "m",\n "num_layers": 4,\n "hidden_size": 256,\n "num_layers": 8}', 4),
-    (".yaml", "name: m\nparallel:\n  tp: 2\n  tp: 4\n", 4),  # inside a nested mapping too
-])
+@pytest.mark.parametrize(
+    "suffix,text,line",
+    [
+        (".yaml", "name: m\nnum_layers: 4\nhidden_size: 256\nnum_layers: 8\n", 4),
+        (".json", '{"name": "m",\n "num_layers": 4,\n "hidden_size": 256,\n "num_layers": 8}', 4),
+        (".yaml", "name: m\nparallel:\n  tp: 2\n  tp: 4\n", 4),  # inside a nested mapping too
+    ],
+)
 def test_a_key_given_twice_is_refused_at_its_second_line(tmp_path, suffix, text, line):
     """JSON and YAML parsers keep the last of two equal keys silently; which the author meant is
     not ours to guess, so the document is refused at the second, naming the key."""
@@ -444,7 +579,9 @@ def test_a_key_given_twice_is_refused_at_its_second_line(tmp_path, suffix, text,
 
     path = tmp_path / f"dup{suffix}"
     path.write_text(text)
-    with pytest.raises(UsageError, match=rf"{path.name}:{line}: .*the key '(num_layers|tp)' appears twice in one mapping; keep one"):
+    with pytest.raises(
+        UsageError, match=rf"{path.name}:{line}: .*the key '(num_layers|tp)' appears twice in one mapping; keep one"
+    ):
         read_mapping(path)
 
 

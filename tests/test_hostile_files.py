@@ -22,13 +22,23 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.datafile import (MAX_YAML_NODES, check_output, inputs_scope, read_input, read_mapping, write_atomic)
+from planner.datafile import MAX_YAML_NODES, check_output, inputs_scope, read_input, read_mapping, write_atomic
 from planner.errors import UsageError
 from tests.hostile import assert_refused, assert_refused_subprocess, snapshot
 
-LLAMA_HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
-            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
-            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+LLAMA_HF = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+}
 SIZE = ["--gpus", "8", "--global-batch", "8", "--seq-len", "512"]
 LONG = "x" * 300 + ".json"  # one path component over NAME_MAX (255 bytes)
 REV = "a" * 40
@@ -69,7 +79,12 @@ SAFE_KINDS = {  # name in the directory -> how it is made; none of these can blo
     "sparse 60 MB JSON": "{BIG}/huge.json",
     "/dev/null": "/dev/null",
 }
-HANGING_KINDS = {"FIFO": "fifo.json", "/dev/zero": "/dev/zero", "/dev/urandom": "/dev/urandom", "/dev/stdin (a pipe)": "/dev/stdin"}
+HANGING_KINDS = {
+    "FIFO": "fifo.json",
+    "/dev/zero": "/dev/zero",
+    "/dev/urandom": "/dev/urandom",
+    "/dev/stdin (a pipe)": "/dev/stdin",
+}
 
 
 def _args(template: list[str], f: str) -> list[str]:
@@ -100,13 +115,18 @@ def hostile(tmp_path_factory) -> Path:
     os.mkfifo(d / "fifo.json")
     (d / "llama").mkdir()
     (d / "llama" / "config.json").write_text(json.dumps(LLAMA_HF))
-    (d / "model.json").write_text(json.dumps({"name": "m", "num_layers": 4, "hidden_size": 256, "num_heads": 4,
-                                              "vocab_size": 1000, "max_seq_len": 512}))
+    (d / "model.json").write_text(
+        json.dumps(
+            {"name": "m", "num_layers": 4, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000, "max_seq_len": 512}
+        )
+    )
     from click.testing import CliRunner
 
     from planner.cli.main import cli
 
-    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", *SIZE, "--tp", "2", "--json"])
+    r = CliRunner().invoke(
+        cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", *SIZE, "--tp", "2", "--json"]
+    )
     assert r.exit_code == 0, r.output
     (d / "plan.json").write_text(r.stdout)
     return d
@@ -121,7 +141,9 @@ def hub(hostile, monkeypatch) -> Path:
         (repo / "blobs").mkdir(parents=True)
         (repo / "blobs" / "cafe").write_text(json.dumps(LLAMA_HF))
         (repo / "snapshots" / REV).mkdir(parents=True)
-        (repo / "snapshots" / REV / "config.json").symlink_to(os.path.relpath(repo / "blobs" / "cafe", repo / "snapshots" / REV))
+        (repo / "snapshots" / REV / "config.json").symlink_to(
+            os.path.relpath(repo / "blobs" / "cafe", repo / "snapshots" / REV)
+        )
         (repo / "refs").mkdir()
         (repo / "refs" / "main").write_text(REV)
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
@@ -197,15 +219,22 @@ def refused_without_blocking(directory: Path, cases: list[tuple[str, list[str]]]
     """assert_refused (exit 2) for each (name, args), in one guarded child process (_CHILD);
     also used by tests/test_bad_inputs.py for the corpus's FIFOs and devices."""
     start = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", _CHILD, str(directory), json.dumps(cases)], capture_output=True, text=True,
-                       timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(directory), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [], r.stdout
     assert time.monotonic() - start < 20 + 2 * len(cases)
 
 
 def test_every_reader_refuses_fifos_devices_and_streams_without_blocking(hostile):
-    refused_without_blocking(hostile, [(f"{cmd} <- {kind}", _args(t, f)) for cmd, t in READERS.items() for kind, f in HANGING_KINDS.items()])
+    refused_without_blocking(
+        hostile, [(f"{cmd} <- {kind}", _args(t, f)) for cmd, t in READERS.items() for kind, f in HANGING_KINDS.items()]
+    )
 
 
 def test_a_fifo_model_and_a_pipe_on_stdin_through_a_real_process(hostile):
@@ -220,6 +249,7 @@ def test_a_fifo_model_and_a_pipe_on_stdin_through_a_real_process(hostile):
 
 
 # ----- YAML: the bounds, generated
+
 
 @settings(max_examples=30, deadline=None)
 @given(levels=st.integers(1, 14), width=st.integers(1, 12))
@@ -241,7 +271,12 @@ def test_yaml_aliases_are_bounded_before_anything_expands_them(tmp_path_factory,
 
 
 def test_big_files_are_refused_within_seconds(big):
-    for name, why in [("big.yaml", "values"), ("huge.yaml", "too large"), ("big.json", "values"), ("huge.json", "too large")]:
+    for name, why in [
+        ("big.yaml", "values"),
+        ("huge.yaml", "too large"),
+        ("big.json", "values"),
+        ("huge.json", "too large"),
+    ]:
         start = time.monotonic()
         with pytest.raises(UsageError, match=why):
             read_mapping(big / name)
@@ -251,9 +286,18 @@ def test_big_files_are_refused_within_seconds(big):
 # ----- -o: never over an input, never into a stream, a FIFO, a loop or a long name
 
 WRITERS = {  # {O}: the output; each reads model.json, the llama directory or plan.json
-    "estimate --model FILE": (["estimate", "--model", "model.json", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "{O}"], "model.json"),
-    "estimate --model DIR": (["estimate", "--model", "llama", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "{O}"], "llama/config.json"),
-    "solve --model DIR": (["solve", "--model", "llama", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "{O}"], "llama/config.json"),
+    "estimate --model FILE": (
+        ["estimate", "--model", "model.json", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "{O}"],
+        "model.json",
+    ),
+    "estimate --model DIR": (
+        ["estimate", "--model", "llama", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "{O}"],
+        "llama/config.json",
+    ),
+    "solve --model DIR": (
+        ["solve", "--model", "llama", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "{O}"],
+        "llama/config.json",
+    ),
     "estimate --plan": (["estimate", "--plan", "plan.json", "--tp", "4", "-o", "{O}"], "plan.json"),
     "export": (["export", "plan.json", "--to", "megatron", "-o", "{O}"], "plan.json"),
     "run": (["run", "plan.json", "-o", "{O}"], "plan.json"),
@@ -303,7 +347,9 @@ def test_a_hub_id_never_overwrites_its_cached_blob(hostile, hub):
     link = hub / "snapshots" / REV / "config.json"
     for cmd in (["estimate"], ["solve"]):
         for out in (link, hub / "blobs" / "cafe"):
-            line = assert_refused(hostile, [*cmd, "--model", "org/Tiny", "--cluster", "dgx-a100-80gb", *SIZE, "-o", str(out)], 2)
+            line = assert_refused(
+                hostile, [*cmd, "--model", "org/Tiny", "--cluster", "dgx-a100-80gb", *SIZE, "-o", str(out)], 2
+            )
             assert "is the input" in line
     assert link.is_symlink() and json.loads((hub / "blobs" / "cafe").read_text()) == LLAMA_HF
 
@@ -339,7 +385,9 @@ def test_unrelated_outputs_still_work(hostile):
     cwd = os.getcwd()
     os.chdir(hostile)
     try:
-        r = CliRunner().invoke(cli, ["estimate", "--model", "llama", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "llama/plan.json"])
+        r = CliRunner().invoke(
+            cli, ["estimate", "--model", "llama", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "llama/plan.json"]
+        )
     finally:
         os.chdir(cwd)
     assert r.exit_code == 0, r.output

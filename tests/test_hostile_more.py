@@ -20,17 +20,42 @@ from planner.cli.main import cli
 from tests.hostile import assert_refused
 
 SIZE = ["--gpus", "8", "--global-batch", "16", "--seq-len", "512"]
-LLAMA_HF = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 256,
-            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
-            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+LLAMA_HF = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+}
 PRESET = str(Path(__file__).resolve().parent.parent / "hardware_profiles/presets/dgx-a100-80gb.json")
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("more")
-    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", *SIZE, "--tp", "2", "--pp", "2",
-                                 "-o", str(d / "plan.json")])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "estimate",
+            "--model",
+            "gpt2-124m",
+            "--cluster",
+            "dgx-a100-80gb",
+            *SIZE,
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "-o",
+            str(d / "plan.json"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     (d / "llama").mkdir()
     (d / "llama" / "config.json").write_text(json.dumps(LLAMA_HF))
@@ -59,7 +84,9 @@ def test_an_output_named_as_a_directory_writes_nothing(work, command, name):
 
 
 def test_the_output_check_refuses_a_trailing_slash_in_one_line(work):
-    line = assert_refused(work, ["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "new.json/"], 2)
+    line = assert_refused(
+        work, ["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", *SIZE, "-o", "new.json/"], 2
+    )
     assert "ending in '/'" in line, line
 
 
@@ -73,10 +100,27 @@ def test_profile_show_with_an_output_is_refused(work, show, out):
 # ----- `plan show` of a plan on 2^20 GPUs listed every rank's place before it refused --placement
 # (8 s of CPU, 25 s on a busy machine): planner/pictures.py:_Ranks makes each when it is read.
 
+
 @pytest.fixture(scope="module")
 def huge_plan(work) -> str:
-    r = CliRunner().invoke(cli, ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", str(2**20),
-                                 "--global-batch", str(2**20), "--seq-len", "512", "-o", str(work / "huge.json")])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "estimate",
+            "--model",
+            "gpt2-124m",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            str(2**20),
+            "--global-batch",
+            str(2**20),
+            "--seq-len",
+            "512",
+            "-o",
+            str(work / "huge.json"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     return "huge.json"
 
@@ -100,12 +144,22 @@ def test_the_ranks_are_the_same_made_when_read(work):
         ranks = placement(plan, doc.cluster).ranks
         degrees = {Axis.dp: plan.dp * plan.cp, Axis.tp: plan.tp, Axis.pp: plan.pp}
         strides = mesh_strides(degrees, plan.mesh_order)
-        assert len(ranks) == plan.world_size and ranks[-1] == ranks[plan.world_size - 1] and ranks[:2] == [ranks[0], ranks[1]]
+        assert (
+            len(ranks) == plan.world_size
+            and ranks[-1] == ranks[plan.world_size - 1]
+            and ranks[:2] == [ranks[0], ranks[1]]
+        )
         for r, place in enumerate(ranks):  # the listing as it was made before, rank by rank
             coord = {a.value: (r // strides[a]) % degrees[a] for a in Axis}
             coord["cp"], coord["dp"] = coord["dp"] % plan.cp, coord["dp"] // plan.cp
-            assert place == {"rank": r, "node": r // doc.cluster.gpus_per_node, "gpu": r % doc.cluster.gpus_per_node, **coord,
-                             "ep": 0, "leaf": None}  # ep 1: every rank at place 0 of its own group; no spine
+            assert place == {
+                "rank": r,
+                "node": r // doc.cluster.gpus_per_node,
+                "gpu": r % doc.cluster.gpus_per_node,
+                **coord,
+                "ep": 0,
+                "leaf": None,
+            }  # ep 1: every rank at place 0 of its own group; no spine
         assert len({(p["dp"], p["tp"], p["pp"]) for p in ranks}) == plan.world_size  # every coordinate once
 
 
@@ -113,19 +167,46 @@ def test_the_ranks_are_the_same_made_when_read(work):
 # replay of them took 7 s of CPU. Now the passes drawn are bounded before the replay
 # (draw.MAX_TIMELINE_PASSES) and the replay at pictures.MAX_OPS takes about 2 s.
 
+
 @pytest.fixture(scope="module")
 def deep_plans(work) -> dict:
     out = {}
     for name, batch in (("deep.json", 1584), ("deep_replayable.json", 396)):  # 399,168 and 99,792 passes over pp 126
-        r = CliRunner().invoke(cli, ["estimate", "--model", "llama3-405b", "--cluster", "dgx-h100-80gb", "--gpus", "1008", "--tp", "8",
-                                     "--pp", "126", "--global-batch", str(batch), "--seq-len", "2048", "-o", str(work / name)])
+        r = CliRunner().invoke(
+            cli,
+            [
+                "estimate",
+                "--model",
+                "llama3-405b",
+                "--cluster",
+                "dgx-h100-80gb",
+                "--gpus",
+                "1008",
+                "--tp",
+                "8",
+                "--pp",
+                "126",
+                "--global-batch",
+                str(batch),
+                "--seq-len",
+                "2048",
+                "-o",
+                str(work / name),
+            ],
+        )
         assert r.exit_code in (0, 1), r.output
         out[name] = name
     return out
 
 
-@pytest.mark.parametrize("extra", [["--timeline", "t.png"], ["--timeline", "t.svg", "--ranks", "0-125"],
-                                   ["--timeline", "t.svg", "--micro-batches", "0-300"]])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--timeline", "t.png"],
+        ["--timeline", "t.svg", "--ranks", "0-125"],
+        ["--timeline", "t.svg", "--micro-batches", "0-300"],
+    ],
+)
 def test_a_timeline_picture_of_too_many_passes_is_refused_within_seconds(work, deep_plans, extra):
     pytest.importorskip("matplotlib")
     for plan in deep_plans:
@@ -139,11 +220,31 @@ def test_a_timeline_picture_of_too_many_passes_is_refused_within_seconds(work, d
 # or not: the bound on the least memory any layout needs (search/bounds.py:min_peak_memory) doubled
 # its upper end for ever when a rank's memory did not grow with its layers.
 
+
 @pytest.mark.parametrize("limit", [[], ["--time-limit", "5"]])
 def test_solve_of_a_model_that_fits_nowhere_ends(work, limit):
     config = Path(__file__).resolve().parent / "data" / "hf_configs" / "deepseek-v3.json"
     (work / "deepseek").mkdir(exist_ok=True)
     (work / "deepseek" / "config.json").write_bytes(config.read_bytes())
-    line = assert_refused(work, ["solve", "--model", "deepseek", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "32",
-                                 "--seq-len", "1024", "--top-k", "0", *limit], 1, seconds=10.0 if not limit else 6.0)
+    line = assert_refused(
+        work,
+        [
+            "solve",
+            "--model",
+            "deepseek",
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "32",
+            "--seq-len",
+            "1024",
+            "--top-k",
+            "0",
+            *limit,
+        ],
+        1,
+        seconds=10.0 if not limit else 6.0,
+    )
     assert "no layout fits" in line, line

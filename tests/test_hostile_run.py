@@ -32,8 +32,12 @@ CORES = os.cpu_count() or 1
 def _estimate(directory: Path, name: str, *args: str) -> Path:
     """A plan file written by `plan estimate ... -o` (as a user makes one)."""
     out = directory / name
-    r = subprocess.run([sys.executable, "-m", "planner.cli.main", "estimate", *args, "--precision", "fp32", "-o", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "estimate", *args, "--precision", "fp32", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return out
 
@@ -69,16 +73,26 @@ def test_seeds_out_of_range(plans, seed):
 
 
 @FAST
-@given(timeout=st.one_of(st.floats(min_value=-1e308, max_value=TIMEOUT_RANGE_S[0], exclude_max=True),
-                         st.floats(min_value=TIMEOUT_RANGE_S[1], exclude_min=True, allow_infinity=True),
-                         st.just(float("nan"))))
+@given(
+    timeout=st.one_of(
+        st.floats(min_value=-1e308, max_value=TIMEOUT_RANGE_S[0], exclude_max=True),
+        st.floats(min_value=TIMEOUT_RANGE_S[1], exclude_min=True, allow_infinity=True),
+        st.just(float("nan")),
+    )
+)
 def test_timeouts_out_of_range(plans, timeout):
     assert "--timeout" in _refused(plans, ["run", "small.json", "--timeout", repr(timeout)])
 
 
-_HOSTS = st.sampled_from(["host", "127.0.0.1", "[::1]", "node-0.cluster", "", "a b", "[zz]", "h\x00", "ħost", "x" * 300])
-_PORTS = st.one_of(st.integers(-10, 0).map(str), st.integers(65536, 10**30).map(str), st.text(max_size=6),
-                   st.sampled_from(["", "٦٦", "+80", "8_0", " 80", "0x50", "1e3"]))
+_HOSTS = st.sampled_from(
+    ["host", "127.0.0.1", "[::1]", "node-0.cluster", "", "a b", "[zz]", "h\x00", "ħost", "x" * 300]
+)
+_PORTS = st.one_of(
+    st.integers(-10, 0).map(str),
+    st.integers(65536, 10**30).map(str),
+    st.text(max_size=6),
+    st.sampled_from(["", "٦٦", "+80", "8_0", " 80", "0x50", "1e3"]),
+)
 
 
 @FAST
@@ -128,12 +142,15 @@ def test_profile_nccl_without_a_gpu(plans):
     assert "nccl" in _refused(plans, ["profile", "--backend", "nccl", "-o", "p.json"])
 
 
-@pytest.mark.parametrize("body, words", [
-    ("raise RuntimeError('boom at import')", "raised RuntimeError: boom at import"),
-    ("import sys\nprint('chatter')\nsys.exit(3)", "called sys.exit(3)"),
-    ("1 / 0", "ZeroDivisionError"),
-    ("def make(:\n", "SyntaxError"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("raise RuntimeError('boom at import')", "raised RuntimeError: boom at import"),
+        ("import sys\nprint('chatter')\nsys.exit(3)", "called sys.exit(3)"),
+        ("1 / 0", "ZeroDivisionError"),
+        ("def make(:\n", "SyntaxError"),
+    ],
+)
 def test_a_model_factory_that_fails_at_import(tmp_path, body, words):
     module = f"factory_{abs(hash(body)) % 10**8}"
     (tmp_path / f"{module}.py").write_text(body + "\n")
@@ -158,7 +175,9 @@ def test_reference_bytes_against_a_measured_peak(plans):
     from planner.plan_file import read_plan_file
 
     doc = read_plan_file(plans / "big_reference.json")
-    case = prepare_case(doc.model, doc.job, doc.plan, Rehearsal(layers=2, hidden=256, heads=4, vocab=1024), steps=2, warmup=1)
+    case = prepare_case(
+        doc.model, doc.job, doc.plan, Rehearsal(layers=2, hidden=256, heads=4, vocab=1024), steps=2, warmup=1
+    )
     assert reference_bytes(case.model, case.job) / 2**30 == pytest.approx(11.7, rel=0.1)
 
 
@@ -177,23 +196,28 @@ def test_each_hint_fits(plans, gib):
     with pytest.raises(UsageError) as refusal:
         check_reference_memory(case, Rehearsal(), gib * 2**30)
     if gib == 4:
-        assert str(refusal.value).endswith("rehearse a smaller model with --scale-layers/--scale-hidden/--scale-vocab and a "
-                                           "shorter --scale-seq-len")
+        assert str(refusal.value).endswith(
+            "rehearse a smaller model with --scale-layers/--scale-hidden/--scale-vocab and a shorter --scale-seq-len"
+        )
         return
     hints = str(refusal.value).split("rehearse with ")[1].split(" or ")
     assert hints and all(h.startswith("--") for h in hints), str(refusal.value)
     fields = {"--scale-layers": "layers", "--scale-seq-len": "seq_len", "--scale-vocab": "vocab", "--rehearse-dp": "dp"}
     for hint in hints:
         option, value = hint.split()
-        smaller = prepare_case(doc.model, doc.job, doc.plan, replace(Rehearsal(), **{fields[option]: int(value)}), steps=2, warmup=1)
+        smaller = prepare_case(
+            doc.model, doc.job, doc.plan, replace(Rehearsal(), **{fields[option]: int(value)}), steps=2, warmup=1
+        )
         assert reference_bytes(smaller.model, smaller.job) <= USABLE_MEMORY * gib * 2**30, hint
 
 
 # --------------------------------------------------------------------------- the environment
 
 
-_JUNK = st.one_of(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8),
-                  st.integers(-10**30, 10**30).map(str))
+_JUNK = st.one_of(
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8),
+    st.integers(-(10**30), 10**30).map(str),
+)
 
 
 @FAST
@@ -226,11 +250,18 @@ def test_a_worker_is_what_its_launcher_started(monkeypatch):
     assert not _pdeath.in_a_worker() or parent == 1  # alive, not the parent: started below a worker
 
 
-@pytest.mark.parametrize("env", [{"PLAN_LAUNCHER_PID": "12345"}, {"PLAN_LAUNCHER_PID": "abc"}, {"PLAN_LAUNCHER": "12345"},
-                                 {"SLURM_NTASKS": "two"}])
+@pytest.mark.parametrize(
+    "env",
+    [{"PLAN_LAUNCHER_PID": "12345"}, {"PLAN_LAUNCHER_PID": "abc"}, {"PLAN_LAUNCHER": "12345"}, {"SLURM_NTASKS": "two"}],
+)
 def test_stray_launcher_variables_leave_commands_alone(tmp_path, env):
-    r = subprocess.run([sys.executable, "-m", "planner.cli.main", "--version"], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, **env})
+    r = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
     assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
@@ -239,8 +270,12 @@ _TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "
 
 
 @FAST
-@given(name=st.sampled_from(["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "SLURM_NTASKS"]),
-       value=_JUNK)
+@given(
+    name=st.sampled_from(
+        ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "SLURM_NTASKS"]
+    ),
+    value=_JUNK,
+)
 def test_an_enclosing_launchers_variables_are_checked_first(plans, name, value):
     env = dict(_SLURM, SLURM_NTASKS="2") if name == "SLURM_NTASKS" else dict(_TORCHRUN)
     env[name] = value
@@ -267,8 +302,9 @@ def test_a_peer_that_never_joins_is_named(plans):
     from planner.distributed.launch import free_port
 
     env = dict(_TORCHRUN, MASTER_PORT=str(free_port()))
-    line = assert_refused_subprocess(plans, ["run", "small.json", "--timeout", "5", "--steps", "2", "--warmup", "1"], 1,
-                                     seconds=60, env=env)
+    line = assert_refused_subprocess(
+        plans, ["run", "small.json", "--timeout", "5", "--steps", "2", "--warmup", "1"], 1, seconds=60, env=env
+    )
     assert "rank 1 of WORLD_SIZE=2 never joined" in line and "5 s (--timeout)" in line
 
 
@@ -277,8 +313,13 @@ def test_a_peer_that_never_joins_is_named(plans):
 
 def test_sigterm_while_loading_is_one_line_and_143(plans):
     for wait_s in (0.3, 0.8):
-        p = subprocess.Popen([sys.executable, "-m", "planner.cli.main", "run", "small.json"], cwd=plans, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "planner.cli.main", "run", "small.json"],
+            cwd=plans,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(wait_s)
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=30)
@@ -287,8 +328,10 @@ def test_sigterm_while_loading_is_one_line_and_143(plans):
 
 def test_sigterm_after_the_work_keeps_the_output_and_says_so():
     """After a command's own handlers are gone (its report printed, the interpreter exiting)."""
-    code = ("from planner._pdeath import end_in_one_line; end_in_one_line(); import os, signal, time; print('report'); "
-            "os.kill(os.getpid(), signal.SIGTERM); time.sleep(10)")
+    code = (
+        "from planner._pdeath import end_in_one_line; end_in_one_line(); import os, signal, time; print('report'); "
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(10)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert (r.returncode, r.stdout, r.stderr) == (143, "report\n", "error: interrupted by SIGTERM\n")
 
@@ -298,7 +341,10 @@ def test_a_worker_keeps_the_default_sigterm():
     launcher stops it with SIGTERM, which must end it silently (no "error:" line of its own)."""
     from planner import _pdeath
 
-    env = {**os.environ, _pdeath.LAUNCHER: f"{os.getpid()}:{_pdeath.start_time(os.getpid())}"}  # this process: its parent
+    env = {
+        **os.environ,
+        _pdeath.LAUNCHER: f"{os.getpid()}:{_pdeath.start_time(os.getpid())}",
+    }  # this process: its parent
     code = "import signal, planner.cli.main; print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert r.stdout == "True\n", r.stderr
@@ -312,8 +358,10 @@ def test_the_reaper_removes_a_killed_launchers_files(tmp_path):
         d.mkdir()
         (d / "rank0.log").write_text("log")
         f.write_text("1/2")
-        code = (f"import os, signal; from planner.distributed.launch import Reaper; r = Reaper(({str(d)!r}, {str(f)!r})); "
-                + ("os.kill(os.getpid(), signal.SIGKILL)" if kill else "r.close()"))
+        code = (
+            f"import os, signal; from planner.distributed.launch import Reaper; r = Reaper(({str(d)!r}, {str(f)!r})); "
+            + ("os.kill(os.getpid(), signal.SIGKILL)" if kill else "r.close()")
+        )
         subprocess.run([sys.executable, "-c", code], timeout=30)
         deadline = time.time() + 5
         while kill and (d.exists() or f.exists()) and time.time() < deadline:
@@ -329,8 +377,14 @@ def test_sigkill_of_the_launcher_leaves_no_directory_and_no_warning(plans, tmp_p
     env.pop("RANK", None)
     err = tmp_path / "stderr"
     with err.open("w") as sink:
-        p = subprocess.Popen([sys.executable, "-m", "planner.cli.main", "run", "small.json", "--timeout", "30"], cwd=plans,
-                             stdout=subprocess.DEVNULL, stderr=sink, env=env, start_new_session=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "planner.cli.main", "run", "small.json", "--timeout", "30"],
+            cwd=plans,
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+            env=env,
+            start_new_session=True,
+        )
         deadline = time.time() + 120
         while not list(tmp_path.glob("plan-launch-*/*/*/*")) and time.time() < deadline:  # the workers' log files
             time.sleep(0.2)

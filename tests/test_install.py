@@ -26,8 +26,14 @@ WITH_EXTRAS = re.compile(r"""pip\s+install\s+(?:-e\s+)?['"]([^'"\[\s]+)\[([a-z,]
 
 
 def _texts() -> dict[str, str]:
-    files = [*ROOT.glob("planner/**/*.py"), *ROOT.glob("cost_models/*.py"), *ROOT.glob("hardware_profiles/*.py"),
-             ROOT / "README.md", *ROOT.glob("docs/*.md"), ROOT / ".ci" / "run"]
+    files = [
+        *ROOT.glob("planner/**/*.py"),
+        *ROOT.glob("cost_models/*.py"),
+        *ROOT.glob("hardware_profiles/*.py"),
+        ROOT / "README.md",
+        *ROOT.glob("docs/*.md"),
+        ROOT / ".ci" / "run",
+    ]
     return {str(f.relative_to(ROOT)): f.read_text() for f in files}
 
 
@@ -75,7 +81,7 @@ def _readme_commands() -> list[str]:
     """The two commands of the README's quick start, in order."""
     readme = (ROOT / "README.md").read_text()
     start = readme.index("## Quick start")
-    quick = readme[start:readme.index("\n## ", start)]
+    quick = readme[start : readme.index("\n## ", start)]
     return [block.strip() for block in re.findall(r"```bash\n(.*?)```", quick, re.S)]
 
 
@@ -84,13 +90,20 @@ def test_ci_runs_the_readmes_test_command_step_by_step():
     -q aside), in the same order, and .ci/run installs nothing the README leaves out but the linters
     and the documentation site's builder."""
     main, tests = _readme_commands()
-    assert main.endswith("plan solve --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 --global-batch 1536 --seq-len 2048")
+    assert main.endswith(
+        "plan solve --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 --global-batch 1536 --seq-len 2048"
+    )
     steps = [step.strip() for step in tests.split("&&")]
     assert steps[:2] == ["python3 -m venv .venv", ". .venv/bin/activate"] and steps[-1] == "python -m pytest -q"
-    ci = [line.replace(" -q ", " ").strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
-          if line.strip() and not line.lstrip().startswith("#")]
+    ci = [
+        line.replace(" -q ", " ").strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     where = [ci.index(step) for step in steps[2:]]  # each step is a line of .ci/run ...
     assert where == sorted(where)  # ... in the README's order
     installs = [line for line in ci if " install " in line and "--upgrade pip" not in line]
-    assert [line for line in installs if line not in steps] == ["pip install -e '.[lint]' -c .ci/constraints.txt",
-                                                                "pip install -e '.[docs]' -c .ci/constraints.txt"]
+    assert [line for line in installs if line not in steps] == [
+        "pip install -e '.[lint]' -c .ci/constraints.txt",
+        "pip install -e '.[docs]' -c .ci/constraints.txt",
+    ]

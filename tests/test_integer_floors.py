@@ -17,7 +17,13 @@ from cost_models.terms import MODES
 from hardware_profiles import load_cluster
 from planner.presets import load_model
 from planner.search import ilp
-from planner.search.bounds import MEMORY_SLACK_GIB, convex_minorant, integer_slowest_rank_time, least_recompute, rank_time_floors
+from planner.search.bounds import (
+    MEMORY_SLACK_GIB,
+    convex_minorant,
+    integer_slowest_rank_time,
+    least_recompute,
+    rank_time_floors,
+)
 from planner.search.candidates import CostTables, SearchSpace, enumerate_candidates
 from planner.specs import JobSpec, ModelSpec
 
@@ -168,8 +174,18 @@ def test_ordering_identical_ranks_keeps_the_optimum(monkeypatch, m, zero, limit_
     from planner.specs import Axis, Schedule, memory_limit_gib
 
     model, cluster = load_model("llama2-7b"), load_cluster("dgx-a100-80gb")
-    cand = Candidate(dp=8, tp=1, pp=8, vpp=1, micro_batch_size=1, num_micro_batches=m, schedule=Schedule.one_f_one_b,
-                     zero_stage=zero, sequence_parallel=False, mesh_order=(Axis.tp, Axis.dp, Axis.pp))
+    cand = Candidate(
+        dp=8,
+        tp=1,
+        pp=8,
+        vpp=1,
+        micro_batch_size=1,
+        num_micro_batches=m,
+        schedule=Schedule.one_f_one_b,
+        zero_stage=zero,
+        sequence_parallel=False,
+        mesh_order=(Axis.tp, Axis.dp, Axis.pp),
+    )
     pc = CostTables(model, cluster, JobSpec(global_batch_size=8 * m, seq_len=4096)).pipeline(cand)
     limit = memory_limit_gib(cluster) * limit_scale
     with_rows, status = ilp.solve_candidate(cand, pc, limit, "highs")

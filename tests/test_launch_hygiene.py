@@ -34,12 +34,20 @@ LAUNCH_TIMEOUT = 240  # seconds for one subprocess (start-up ~10 s on two busy c
 PG_TIMEOUT = "30"  # process-group timeout inside the workers
 STOP_WITHIN_S = 5.0  # from SIGTERM to the launcher's exit
 
-MODEL = ModelSpec(name="tiny-gpt", num_layers=2, hidden_size=32, num_heads=2, vocab_size=128, max_seq_len=16,
-                  param_dtype="fp32", dropout=False)
+MODEL = ModelSpec(
+    name="tiny-gpt",
+    num_layers=2,
+    hidden_size=32,
+    num_heads=2,
+    vocab_size=128,
+    max_seq_len=16,
+    param_dtype="fp32",
+    dropout=False,
+)
 JOB = JobSpec(global_batch_size=4, seq_len=16, precision="fp32")
 PLAN = Plan(dp=2, tp=1, pp=1, micro_batch_size=2, num_micro_batches=1)
 SHADOWED = ("multiprocessing", "torch", "planner")
-USER_MODEL = '''
+USER_MODEL = """
 import os
 import torch.nn as nn
 
@@ -51,7 +59,7 @@ def build():
     model = nn.Module()
     model.layers = nn.ModuleList([nn.Linear(768, 768)])
     return model
-'''
+"""
 
 
 @pytest.fixture
@@ -59,17 +67,25 @@ def place(tmp_path):
     """(launcher script, working directory full of shadows, empty TMPDIR)."""
     script = tmp_path / "bin" / "plan"
     script.parent.mkdir()
-    script.write_text("import sys\nfrom planner.cli.main import main\n\nif __name__ == '__main__':\n    sys.exit(main())\n")
+    script.write_text(
+        "import sys\nfrom planner.cli.main import main\n\nif __name__ == '__main__':\n    sys.exit(main())\n"
+    )
     cwd = tmp_path / "cwd"
     for name in SHADOWED:
         (cwd / name).mkdir(parents=True)
         (cwd / name / "__init__.py").write_text(
             "import os\n"
             f"open(os.path.join({str(cwd)!r}, 'SHADOW-{name}-IMPORTED'), 'w').close()\n"
-            f"raise ImportError('the {name} of the current directory was imported')\n")
-    doc = {"schema_version": "1.0", "model": json.loads(MODEL.model_dump_json()),
-           "cluster": json.loads(load_cluster("dgx-a100-80gb").model_dump_json()), "num_gpus": PLAN.world_size,
-           "job": json.loads(JOB.model_dump_json()), "plan": json.loads(PLAN.model_dump_json())}
+            f"raise ImportError('the {name} of the current directory was imported')\n"
+        )
+    doc = {
+        "schema_version": "1.0",
+        "model": json.loads(MODEL.model_dump_json()),
+        "cluster": json.loads(load_cluster("dgx-a100-80gb").model_dump_json()),
+        "num_gpus": PLAN.world_size,
+        "job": json.loads(JOB.model_dump_json()),
+        "plan": json.loads(PLAN.model_dump_json()),
+    }
     (cwd / "plan.json").write_text(json.dumps(doc))
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -129,7 +145,7 @@ def _listening(pids: list[int]) -> dict[int, list[str]]:
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
         except OSError:
             continue
-        inodes = [link[len("socket:["):-1] for link in links if link.startswith("socket:[")]
+        inodes = [link[len("socket:[") : -1] for link in links if link.startswith("socket:[")]
         out[pid] = [listen[i] for i in inodes if i in listen]
     return out
 
@@ -139,7 +155,11 @@ def _loopback(address: str) -> bool:
     host = address.split(":")[0]
     if len(host) == 8:
         return host.endswith("7F")  # little-endian IPv4: 127 is the last byte
-    return host == "00000000000000000000000001000000" or host.startswith("0000000000000000FFFF0000") and host.endswith("7F")
+    return (
+        host == "00000000000000000000000001000000"
+        or host.startswith("0000000000000000FFFF0000")
+        and host.endswith("7F")
+    )
 
 
 def test_workers_import_nothing_from_the_current_directory(place):
@@ -149,9 +169,26 @@ def test_workers_import_nothing_from_the_current_directory(place):
     the workers' own imports."""
     script, cwd, tmp = place
     marker = uuid.uuid4().hex
-    res = subprocess.run([sys.executable, str(script), "run", "plan.json", "--steps", "2", "--warmup", "1", "--json",
-                          "--timeout", PG_TIMEOUT], cwd=cwd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-                         env=_env(marker, tmp))
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "run",
+            "plan.json",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            "--timeout",
+            PG_TIMEOUT,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT,
+        env=_env(marker, tmp),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout)["verdict"] == "pass"
     _nothing_left(marker, cwd, tmp)
@@ -165,8 +202,15 @@ def test_one_machine_listens_on_loopback_only_and_sigterm_stops_the_run(place):
     script, cwd, tmp = place
     marker = uuid.uuid4().hex
     env = _env(marker, tmp, PLAN_RUN_FAIL_RANK="1", PLAN_RUN_FAIL_MODE="hang")  # rank 1 hangs in step 1
-    proc = subprocess.Popen([sys.executable, str(script), "run", "plan.json", "--timeout", PG_TIMEOUT], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "run", "plan.json", "--timeout", PG_TIMEOUT],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         # the launcher's two stores, then each worker's gloo listener
         _wait_for(lambda: sum(len(a) > 0 for a in _listening(_processes_with(marker)).values()) >= 3, proc)
@@ -198,10 +242,29 @@ def test_sigterm_stops_plan_profile_and_leaves_nothing(place):
     (cwd / "usermodel.py").write_text(USER_MODEL)
     marker = uuid.uuid4().hex
     out_path = cwd / "profile.json"
-    proc = subprocess.Popen([sys.executable, str(script), "profile", "--model", "gpt2-124m", "--model-factory",
-                             "usermodel:build", "--nproc-per-node", "2", "--seq-len", "128", "-o", str(out_path)],
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(marker, tmp),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            "profile",
+            "--model",
+            "gpt2-124m",
+            "--model-factory",
+            "usermodel:build",
+            "--nproc-per-node",
+            "2",
+            "--seq-len",
+            "128",
+            "-o",
+            str(out_path),
+        ],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(marker, tmp),
+        start_new_session=True,
+    )
     try:
         _wait_for(lambda: len(list(cwd.glob("imported-by-worker-*"))) == 2, proc)
         time.sleep(1.0)  # measuring
@@ -229,9 +292,26 @@ def test_plan_run_progress_goes_to_a_terminal_stderr_and_json_stdout_stays_clean
     leader, follower = pty.openpty()
     stdout = script.parent.parent / "stdout.txt"  # a file: the terminal is read until the end, a pipe could fill
     with open(stdout, "w") as sink:
-        proc = subprocess.Popen([sys.executable, str(script), "run", "plan.json", "--steps", "3", "--warmup", "1",
-                                 "--json", "--timeout", PG_TIMEOUT], cwd=cwd, stdout=sink, stderr=follower,
-                                env=_env(marker, tmp, TERM="xterm", COLUMNS="200"), start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                "run",
+                "plan.json",
+                "--steps",
+                "3",
+                "--warmup",
+                "1",
+                "--json",
+                "--timeout",
+                PG_TIMEOUT,
+            ],
+            cwd=cwd,
+            stdout=sink,
+            stderr=follower,
+            env=_env(marker, tmp, TERM="xterm", COLUMNS="200"),
+            start_new_session=True,
+        )
     os.close(follower)
     terminal = b""
     deadline = time.time() + LAUNCH_TIMEOUT

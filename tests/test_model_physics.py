@@ -29,12 +29,39 @@ def test_zero3_stops_gaining_once_parameter_traffic_exceeds_compute_while_tp_pp_
     README, "Trust".)"""
     model = load_model("gpt3-175b")
     job = JobSpec(global_batch_size=256, seq_len=512, target=target)
-    z = {dp: step(model, cluster, job, dp=dp, tp=1, pp=1, micro_batch_size=256 // dp, num_micro_batches=1,
-                  zero_stage=3, recompute="full") for dp in (64, 128, 256)}
+    z = {
+        dp: step(
+            model,
+            cluster,
+            job,
+            dp=dp,
+            tp=1,
+            pp=1,
+            micro_batch_size=256 // dp,
+            num_micro_batches=1,
+            zero_stage=3,
+            recompute="full",
+        )
+        for dp in (64, 128, 256)
+    }
     assert z[128] / z[64] < 0.65  # 4 -> 2 sequences per GPU: compute still covers the traffic
     assert z[256] / z[128] > 0.7  # 2 -> 1: at most 30% gained from twice the GPUs
-    m = {dp: step(model, cluster, job, dp=dp, tp=8, pp=8, micro_batch_size=1, num_micro_batches=256 // dp,
-                  zero_stage=1, sequence_parallel=True, recompute="selective") for dp in (2, 4)}
+    m = {
+        dp: step(
+            model,
+            cluster,
+            job,
+            dp=dp,
+            tp=8,
+            pp=8,
+            micro_batch_size=1,
+            num_micro_batches=256 // dp,
+            zero_stage=1,
+            sequence_parallel=True,
+            recompute="selective",
+        )
+        for dp in (2, 4)
+    }
     assert m[4] / m[2] < 0.65 < z[256] / z[128]
 
 
@@ -130,11 +157,15 @@ def test_measured_all_to_all_prices_the_dispatch():
     assert not ep8.inter_node
     assert all_to_all_time(ep8, nbytes, inside, 8) == pytest.approx(12e-6 + nbytes * 7 / 8 / 150e9)
     # and the share of an inter-node exchange that stays inside each node with it
-    both = _with_all_to_all(inside, True, 30.0, p2p.bandwidth_gbps / 100)  # a network so slow the node's share never binds
+    both = _with_all_to_all(
+        inside, True, 30.0, p2p.bandwidth_gbps / 100
+    )  # a network so slow the node's share never binds
     net = 30e-6 + nbytes * 56 / 64 / (p2p.bandwidth_gbps / 100 * 1e9)
     assert all_to_all_time(communication.GroupLink(both, 64, 1), nbytes, both, 8) == pytest.approx(net)
     fast = _with_all_to_all(inside, True, 0.0, 1e6)  # a network so fast the node's share binds
-    assert all_to_all_time(communication.GroupLink(fast, 64, 1), nbytes, fast, 8) == pytest.approx(12e-6 + nbytes / 8 * 7 / 8 / 150e9)
+    assert all_to_all_time(communication.GroupLink(fast, 64, 1), nbytes, fast, 8) == pytest.approx(
+        12e-6 + nbytes / 8 * 7 / 8 / 150e9
+    )
 
 
 def test_a_tier_needs_the_ring_collectives_and_p2p_not_the_all_to_all():

@@ -49,8 +49,9 @@ def test_moe_layer_frees_its_pre_mlp_norm_and_expert_activation_outputs():
     freed = e * s * b * h / tp + e * s * b * k * f / tp
     assert [x - y for x, y in zip(off.activation_bytes, on.activation_bytes)] == pytest.approx([freed, freed, 0.0])
     rows, assigned = s * b / tp, s * b / tp * k
-    rerun = (compute.memory_bound_time(H100.device, 2 * rows * h * e + 3 * assigned * f * e)
-             + compute.kernels_time(H100.device, MEGATRON.rmsnorm + MEGATRON.gated_activation))
+    rerun = compute.memory_bound_time(H100.device, 2 * rows * h * e + 3 * assigned * f * e) + compute.kernels_time(
+        H100.device, MEGATRON.rmsnorm + MEGATRON.gated_activation
+    )
     assert [y - x for x, y in zip(off.recompute, on.recompute)] == pytest.approx([rerun, rerun, 0.0])
     assert (on.forward, on.backward, on.recompute_flops) == (off.forward, off.backward, off.recompute_flops)
 
@@ -87,16 +88,20 @@ def test_the_search_tries_it_only_where_a_stack_has_it_and_it_frees_memory():
     assert norm_act_choices(load_model("qwen3-30b-a3b"), generic) == (False,)  # the executor keeps them
 
 
-@pytest.mark.parametrize("fields,target,message", [
-    (dict(recompute="full"), "megatron", "fully recomputed layer reruns its whole forward"),
-    (dict(), "generic", "not available in target generic; use --target megatron"),
-    (dict(), "torchtitan", "not available in target torchtitan"),
-])
+@pytest.mark.parametrize(
+    "fields,target,message",
+    [
+        (dict(recompute="full"), "megatron", "fully recomputed layer reruns its whole forward"),
+        (dict(), "generic", "not available in target generic; use --target megatron"),
+        (dict(), "torchtitan", "not available in target torchtitan"),
+    ],
+)
 def test_it_is_refused_where_it_cannot_run(fields, target, message):
     job = JobSpec(global_batch_size=4, seq_len=1024, target=target)
     with pytest.raises((PlanError, ValueError), match=message):
         Plan(dp=2, tp=1, pp=1, micro_batch_size=2, num_micro_batches=1, recompute_norm_act=True, **fields).validate_for(
-            load_model("qwen3-30b-a3b"), job)
+            load_model("qwen3-30b-a3b"), job
+        )
 
 
 def test_megatron_refuses_it_with_fp8_delayed_scaling():
@@ -105,8 +110,11 @@ def test_megatron_refuses_it_with_fp8_delayed_scaling():
     model = load_model("qwen3-30b-a3b")
     job = JobSpec(global_batch_size=8, seq_len=4096, target="megatron")
     plan = Plan(dp=8, ep=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, fp8=True, recompute_norm_act=True)
-    assert any("FP8 recipe refuses it" in p for p in stacks.get("megatron").problems(plan, model, job) +
-               stacks.get("megatron").rules.plan_problems(plan, model))
+    assert any(
+        "FP8 recipe refuses it" in p
+        for p in stacks.get("megatron").problems(plan, model, job)
+        + stacks.get("megatron").rules.plan_problems(plan, model)
+    )
 
 
 @pytest.mark.parametrize("memory_gib", [80, 1.6, 1.3])
@@ -115,8 +123,12 @@ def test_search_over_it_matches_brute_force(memory_gib):
     and no full recompute beside it) finds the brute-force optimum from roomy to tight memory;
     roomy, keeping the outputs (no rerun) wins."""
     job = JobSpec(global_batch_size=4, seq_len=2048, target="megatron")
-    space = SearchSpace(num_gpus=4, global_batch_size=4, recompute_norm_act=(False, True),
-                        fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1})
+    space = SearchSpace(
+        num_gpus=4,
+        global_batch_size=4,
+        recompute_norm_act=(False, True),
+        fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1},
+    )
     res = assert_same_optimum(MOE_SMALL, tiny_cluster(memory_gib), job, space)
     if memory_gib == 80:
         assert not res.fastest.plan.recompute_norm_act
@@ -130,9 +142,19 @@ def test_tight_memory_picks_it_over_heavier_recompute():
     At 2.81 GiB the search reruns the norms and the activation (the cheaper way to fit); at 2.95
     it keeps them."""
     job = JobSpec(global_batch_size=4, seq_len=2048, target="megatron")
-    space = SearchSpace(num_gpus=4, global_batch_size=4, recompute_norm_act=(False, True),
-                        fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1, "tp": 1, "pp": 1, "ep": 4,
-                               "zero_stage": 0})
+    space = SearchSpace(
+        num_gpus=4,
+        global_batch_size=4,
+        recompute_norm_act=(False, True),
+        fixed={
+            "mesh_order": (Axis.tp, Axis.dp, Axis.pp),
+            "micro_batch_size": 1,
+            "tp": 1,
+            "pp": 1,
+            "ep": 4,
+            "zero_stage": 0,
+        },
+    )
     tight = assert_same_optimum(MOE_SMALL, tiny_cluster(2.81), job, space).fastest.plan
     roomy = assert_same_optimum(MOE_SMALL, tiny_cluster(2.95), job, space).fastest.plan
     assert (tight.recompute_norm_act, tight.recompute.value) == (True, "none")
@@ -143,14 +165,39 @@ def test_estimate_cli_round_trip(tmp_path):
     """`plan estimate --recompute-norm-act` writes it into the plan; `--plan FILE --keep-norm-act`
     takes it out again, saying so, and memory goes back up."""
     out = tmp_path / "plan.json"
-    cmd = [sys.executable, "-m", "planner.cli.main", "estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb",
-           "--gpus", "16", "--global-batch", "64", "--seq-len", "4096", "--ep", "8", "--pp", "2", "--target", "megatron"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "planner.cli.main",
+        "estimate",
+        "--model",
+        "qwen3-30b-a3b",
+        "--cluster",
+        "dgx-h100-80gb",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "4096",
+        "--ep",
+        "8",
+        "--pp",
+        "2",
+        "--target",
+        "megatron",
+    ]
     res = subprocess.run(cmd + ["--recompute-norm-act", "--json", "-o", str(out)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     on = json.loads(res.stdout)
-    assert on["plan"]["recompute_norm_act"] is True and json.loads(out.read_text())["plan"]["recompute_norm_act"] is True
-    res = subprocess.run([sys.executable, "-m", "planner.cli.main", "estimate", "--plan", str(out), "--keep-norm-act", "--json"],
-                         capture_output=True, text=True)
+    assert (
+        on["plan"]["recompute_norm_act"] is True and json.loads(out.read_text())["plan"]["recompute_norm_act"] is True
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "estimate", "--plan", str(out), "--keep-norm-act", "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     off = json.loads(res.stdout)
     assert off["plan"]["recompute_norm_act"] is False and "recompute_norm_act True -> False" in res.stderr
@@ -164,6 +211,7 @@ def test_gpt_oss_on_b200_at_ep8_fits_as_its_recipe_ran():
     """Megatron-Bridge 26.04's GPT-OSS 120B on 64 B200 at EP 8, MBS 4, recomputing layernorm and
     moe_act (its recipe): predicted to fit; keeping those outputs, it would not."""
     from benchmarks.published_cases import cases
+
     rows = [c for c in cases()[0] if "GPT-OSS 120B BF16, 64 B200, TP1 PP1 EP8" in c.name]
     assert rows and all(c.plan.recompute_norm_act for c in rows)
     for c in rows:
@@ -175,6 +223,7 @@ def test_plan_run_keeps_the_outputs_and_says_so():
     """The executor's layers keep every output (no output-discarding checkpoints): `plan run`
     runs the plan without it, predicts for what it runs, and its report says so."""
     from planner.executor.prepare import prepare_case
+
     model = load_model("qwen3-30b-a3b")
     job = JobSpec(global_batch_size=8, seq_len=256, target="megatron")
     plan = Plan(dp=2, ep=2, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, recompute_norm_act=True)
@@ -183,14 +232,39 @@ def test_plan_run_keeps_the_outputs_and_says_so():
     assert any("activation outputs kept" in n for n in case.notes)
 
 
-@pytest.mark.parametrize("fixes,message", [
-    (["--fix", "recompute=full", "--fix", "recompute_norm_act=true", "--target", "megatron"], "with --fix recompute=full: a fully recomputed layer"),
-    (["--fix", "recompute_norm_act=true", "--target", "torchtitan"], "torchtitan does not recompute"),
-    (["--fix", "recompute_norm_act=true", "--fix", "fp8=true", "--target", "megatron"], "FP8 recipe refuses"),
-])
+@pytest.mark.parametrize(
+    "fixes,message",
+    [
+        (
+            ["--fix", "recompute=full", "--fix", "recompute_norm_act=true", "--target", "megatron"],
+            "with --fix recompute=full: a fully recomputed layer",
+        ),
+        (["--fix", "recompute_norm_act=true", "--target", "torchtitan"], "torchtitan does not recompute"),
+        (["--fix", "recompute_norm_act=true", "--fix", "fp8=true", "--target", "megatron"], "FP8 recipe refuses"),
+    ],
+)
 def test_solve_refuses_a_fix_it_cannot_honour(fixes, message):
-    res = subprocess.run([sys.executable, "-m", "planner.cli.main", "solve", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb",
-                          "--gpus", "16", "--global-batch", "64", "--seq-len", "4096", *fixes], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "solve",
+            "--model",
+            "qwen3-30b-a3b",
+            "--cluster",
+            "dgx-h100-80gb",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "--seq-len",
+            "4096",
+            *fixes,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and message in res.stderr, res.stderr
 
 
@@ -198,6 +272,7 @@ def test_fixed_full_recompute_searches_without_it():
     """--fix recompute=full leaves nothing the norm/act recompute could rerun: it is not searched."""
     from planner.search.stacks import target_space
     from planner.specs import Recompute
+
     job = JobSpec(global_batch_size=64, seq_len=4096, target="megatron")
     base = SearchSpace(num_gpus=16, global_batch_size=64, recompute_modes=(Recompute.full,))
     assert target_space(base, load_model("qwen3-30b-a3b"), job).recompute_norm_act == (False,)
@@ -206,9 +281,32 @@ def test_fixed_full_recompute_searches_without_it():
 def test_a_plan_over_memory_names_it_where_it_would_help():
     """`plan estimate`'s one-line 'does not fit' names --recompute-norm-act where the target has it
     and it frees memory, and not elsewhere."""
-    base = ["estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64",
-            "--seq-len", "4096", "--pp", "2", "--ep", "8", "--micro-batch-size", "2"]
-    for extra, named in ((["--target", "megatron"], True), ([], False), (["--target", "megatron", "--recompute-norm-act"], False)):
-        res = subprocess.run([sys.executable, "-m", "planner.cli.main", *base, *extra, "--json"], capture_output=True, text=True)
+    base = [
+        "estimate",
+        "--model",
+        "qwen3-30b-a3b",
+        "--cluster",
+        "dgx-h100-80gb",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "4096",
+        "--pp",
+        "2",
+        "--ep",
+        "8",
+        "--micro-batch-size",
+        "2",
+    ]
+    for extra, named in (
+        (["--target", "megatron"], True),
+        ([], False),
+        (["--target", "megatron", "--recompute-norm-act"], False),
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "planner.cli.main", *base, *extra, "--json"], capture_output=True, text=True
+        )
         assert res.returncode == 1 and "does not fit" in res.stderr
         assert ("--recompute-norm-act" in res.stderr) == named, extra

@@ -11,7 +11,19 @@ from planner.cli.main import cli
 from planner.datafile import check_output, write_atomic
 from planner.errors import PlannerError, UsageError
 
-SOLVE = ["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "8", "--seq-len", "256"]
+SOLVE = [
+    "solve",
+    "--model",
+    "gpt2-124m",
+    "--cluster",
+    "dgx-a100-80gb",
+    "--gpus",
+    "2",
+    "--global-batch",
+    "8",
+    "--seq-len",
+    "256",
+]
 
 
 def _run(args):
@@ -40,12 +52,15 @@ def test_new_output_honours_the_umask_and_existing_keeps_its_mode(tmp_path):
         os.umask(old)
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda d: str(d), "is a directory"),
-    (lambda d: str(d / "missing" / "p.json"), "does not exist"),
-    (lambda d: str(d / ("x" * 250 + ".json")), "too long"),
-    (lambda d: "", "needs a file name"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda d: str(d), "is a directory"),
+        (lambda d: str(d / "missing" / "p.json"), "does not exist"),
+        (lambda d: str(d / ("x" * 250 + ".json")), "too long"),
+        (lambda d: "", "needs a file name"),
+    ],
+)
 def test_unusable_outputs_are_refused_before_any_work(tmp_path, make, message):
     with pytest.raises(UsageError, match=message):
         check_output(make(tmp_path))
@@ -61,8 +76,23 @@ def test_a_device_is_not_replaced(tmp_path):
 
 def test_an_input_is_never_the_output(tmp_path):
     spec = tmp_path / "m.json"
-    r = _run(["solve", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "8",
-              "--seq-len", "256", "-o", str(spec)])
+    r = _run(
+        [
+            "solve",
+            "--model",
+            "gpt2-124m",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "256",
+            "-o",
+            str(spec),
+        ]
+    )
     assert r.exit_code == 0, r.output
     before = spec.read_bytes()
     r = _run(["estimate", "--plan", str(spec), "--json"])

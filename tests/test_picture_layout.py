@@ -30,27 +30,167 @@ from planner.plan_file import read_plan_file  # noqa: E402
 LONG_NAME = "example-organisation/an-extremely-long-model-name-for-a-fine-tuned-llama-3-8b-instruct-v2-final"
 
 _PLANS = {
-    "quick-start": ["solve", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024",
-                    "--global-batch", "1536", "--seq-len", "2048"],
+    "quick-start": [
+        "solve",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "1024",
+        "--global-batch",
+        "1536",
+        "--seq-len",
+        "2048",
+    ],
     # The quick start as one free search once found it (dp 32 x tp 4 x pp 8, vpp 6, 24 micro-batches):
     # a fixed shape for the zoom tests, whatever the search's answer becomes.
-    "generic-pp8": ["estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024",
-                    "--global-batch", "1536", "--seq-len", "2048", "--target", "generic", "--tp", "4", "--pp", "8",
-                    "--vpp", "6", "--micro-batch-size", "2", "--zero", "1", "--sequence-parallel"],
-    "llama3-8b-16gpu": ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "16",
-                        "--global-batch", "32", "--seq-len", "2048", "--tp", "2", "--pp", "4", "--recompute", "selective"],
-    "one-gpu": ["estimate", "--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "1",
-                "--global-batch", "8", "--seq-len", "1024", "--tp", "1", "--pp", "1", "--micro-batch-size", "1"],
-    "pp32": ["estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024",
-             "--global-batch", "1536", "--seq-len", "2048", "--tp", "8", "--pp", "32", "--micro-batch-size", "1",
-             "--zero", "1"],
-    "two-stage": ["estimate", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb", "--gpus", "2",
-                  "--global-batch", "48", "--seq-len", "2048", "--tp", "1", "--pp", "2", "--micro-batch-size", "1"],
-    "over-memory": ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-40gb", "--gpus", "2",
-                    "--global-batch", "8", "--seq-len", "2048", "--tp", "1", "--pp", "2", "--micro-batch-size", "1"],
-    "long-name": ["estimate", "--model", "MODEL_FILE", "--cluster", "dgx-h100-80gb", "--gpus", "64",
-                  "--global-batch", "128", "--seq-len", "4096", "--tp", "2", "--pp", "8", "--schedule", "interleaved-1f1b",
-                  "--vpp", "2", "--micro-batch-size", "1"],
+    "generic-pp8": [
+        "estimate",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "1024",
+        "--global-batch",
+        "1536",
+        "--seq-len",
+        "2048",
+        "--target",
+        "generic",
+        "--tp",
+        "4",
+        "--pp",
+        "8",
+        "--vpp",
+        "6",
+        "--micro-batch-size",
+        "2",
+        "--zero",
+        "1",
+        "--sequence-parallel",
+    ],
+    "llama3-8b-16gpu": [
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "32",
+        "--seq-len",
+        "2048",
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--recompute",
+        "selective",
+    ],
+    "one-gpu": [
+        "estimate",
+        "--model",
+        "gpt2-124m",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "1",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "1024",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--micro-batch-size",
+        "1",
+    ],
+    "pp32": [
+        "estimate",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "1024",
+        "--global-batch",
+        "1536",
+        "--seq-len",
+        "2048",
+        "--tp",
+        "8",
+        "--pp",
+        "32",
+        "--micro-batch-size",
+        "1",
+        "--zero",
+        "1",
+    ],
+    "two-stage": [
+        "estimate",
+        "--model",
+        "gpt3-1.3b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "48",
+        "--seq-len",
+        "2048",
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+        "--micro-batch-size",
+        "1",
+    ],
+    "over-memory": [
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-a100-40gb",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "2048",
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+        "--micro-batch-size",
+        "1",
+    ],
+    "long-name": [
+        "estimate",
+        "--model",
+        "MODEL_FILE",
+        "--cluster",
+        "dgx-h100-80gb",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "128",
+        "--seq-len",
+        "4096",
+        "--tp",
+        "2",
+        "--pp",
+        "8",
+        "--schedule",
+        "interleaved-1f1b",
+        "--vpp",
+        "2",
+        "--micro-batch-size",
+        "1",
+    ],
 }
 
 
@@ -71,7 +211,12 @@ def plans(tmp_path_factory):
     paths = {}
     for name, args in _PLANS.items():
         paths[name] = root / f"{name}.json"
-        _cli(*[str(model_file) if a == "MODEL_FILE" else a for a in args], "-o", str(paths[name]), fits=name != "over-memory")
+        _cli(
+            *[str(model_file) if a == "MODEL_FILE" else a for a in args],
+            "-o",
+            str(paths[name]),
+            fits=name != "over-memory",
+        )
     return paths
 
 
@@ -114,7 +259,7 @@ def _overlapping(boxes) -> list[tuple[int, int]]:
     order = sorted(range(len(boxes)), key=lambda i: boxes[i].x0)
     pairs = []
     for k, i in enumerate(order):
-        for j in order[k + 1:]:
+        for j in order[k + 1 :]:
             if boxes[j].x0 + 0.5 >= boxes[i].x1:
                 break
             if _overlap(boxes[i], boxes[j]):
@@ -133,9 +278,12 @@ def assert_readable(fig):
     width, height = fig.bbox.width, fig.bbox.height
     for t, box in texts:
         assert box.x0 >= -0.5 and box.y0 >= -0.5 and box.x1 <= width + 0.5 and box.y1 <= height + 0.5, (
-            f"{_name(t)} at {box.bounds} is cut by the {width:.0f} x {height:.0f} figure")
+            f"{_name(t)} at {box.bounds} is cut by the {width:.0f} x {height:.0f} figure"
+        )
     pairs = _overlapping([box for _, box in texts])
-    assert not pairs, "overlapping texts: " + "; ".join(f"{_name(texts[i][0])} and {_name(texts[j][0])}" for i, j in pairs[:5])
+    assert not pairs, "overlapping texts: " + "; ".join(
+        f"{_name(texts[i][0])} and {_name(texts[j][0])}" for i, j in pairs[:5]
+    )
     legends = [leg for leg in fig.findobj(lambda a: a.__class__.__name__ == "Legend")]
     for leg in legends:
         box = leg.get_window_extent(renderer)
@@ -179,8 +327,10 @@ def test_op_labels_inside_their_boxes(plans, plan):
     labels = [(t, box) for t, box in texts if t.axes is ax and t.get_text().isdigit()]
     assert labels, "no op is labelled"
     for t, box in labels:
-        assert any(b.x0 - 0.5 <= box.x0 and box.x1 <= b.x1 + 0.5 and b.y0 - 0.5 <= box.y0 and box.y1 <= b.y1 + 0.5
-                   for b in boxes), f"micro-batch label {_name(t)} at {box.bounds} overflows its op"
+        assert any(
+            b.x0 - 0.5 <= box.x0 and box.x1 <= b.x1 + 0.5 and b.y0 - 0.5 <= box.y0 and box.y1 <= b.y1 + 0.5
+            for b in boxes
+        ), f"micro-batch label {_name(t)} at {box.bounds} overflows its op"
 
 
 def test_timeline_no_wider_than_its_bound(plans):
@@ -198,10 +348,16 @@ def _timeline(path):
     return pictures.timeline(doc.model, doc.cluster, doc.job, doc.plan, est), est
 
 
-@pytest.mark.parametrize("plan,micro_batches,ranks", [
-    ("generic-pp8", (4, 7), (2, 5)), ("generic-pp8", None, (7, 7)), ("llama3-8b-16gpu", (0, 3), None),
-    ("llama3-8b-16gpu", (15, 15), (1, 2)), ("pp32", (100, 110), (0, 3)),
-])
+@pytest.mark.parametrize(
+    "plan,micro_batches,ranks",
+    [
+        ("generic-pp8", (4, 7), (2, 5)),
+        ("generic-pp8", None, (7, 7)),
+        ("llama3-8b-16gpu", (0, 3), None),
+        ("llama3-8b-16gpu", (15, 15), (1, 2)),
+        ("pp32", (100, 110), (0, 3)),
+    ],
+)
 def test_window_is_the_same_replay_cropped(plans, plan, micro_batches, ranks):
     """A window's span runs from the first start to the last end of its passes (from 0 with
     micro-batch 0, to the ranks' optimizer with the last); its picture shows those ranks over
@@ -211,7 +367,9 @@ def test_window_is_the_same_replay_cropped(plans, plan, micro_batches, ranks):
     mine = [op for op in tl.ops if win.chosen(op)]
     rk = ranks or (0, tl.pp - 1)
     mb = micro_batches or (0, tl.num_micro_batches - 1)
-    assert {(op.rank, op.micro_batch) for op in mine} == {(r, i) for r in range(rk[0], rk[1] + 1) for i in range(mb[0], mb[1] + 1)}
+    assert {(op.rank, op.micro_batch) for op in mine} == {
+        (r, i) for r in range(rk[0], rk[1] + 1) for i in range(mb[0], mb[1] + 1)
+    }
     assert win.start == (0.0 if mb[0] == 0 else min(op.start for op in mine))
     tails = [s + d for r in win.ranks for _, s, d in tl.tails[r]] if mb[1] == tl.num_micro_batches - 1 else []
     assert win.end == max([op.end for op in mine] + tails)
@@ -235,8 +393,12 @@ def test_whole_window_is_the_step(plans):
 
 
 def _show(path, *args):
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", "show", str(path), *args], capture_output=True,
-                          text=True, env={**os.environ, "COLUMNS": "120"})
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "show", str(path), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "120"},
+    )
 
 
 def test_show_zoom_writes_the_window(plans, tmp_path):
@@ -248,7 +410,10 @@ def test_show_zoom_writes_the_window(plans, tmp_path):
     assert rows == ["2", "3", "4", "5"]  # the text timeline is zoomed too
     assert "zoom: pipeline ranks 2-5 of 0-7, micro-batches 4-7 of 0-23" in res.stdout
     doc = json.loads(_show(plans["generic-pp8"], "--micro-batches", "4-7", "--ranks", "2-5", "--json").stdout)
-    assert doc["timeline"]["window"]["pipeline_ranks"] == [2, 5] and doc["timeline"]["window"]["micro_batches"] == [4, 7]
+    assert doc["timeline"]["window"]["pipeline_ranks"] == [2, 5] and doc["timeline"]["window"]["micro_batches"] == [
+        4,
+        7,
+    ]
 
 
 def test_text_timeline_says_when_too_dense(plans):
@@ -258,17 +423,20 @@ def test_text_timeline_says_when_too_dense(plans):
     assert "run together" not in _show(plans["llama3-8b-16gpu"]).stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--micro-batches", "24"], "--micro-batches 24: the plan has 24 micro-batches, numbered 0-23"),
-    (["--micro-batches", "20-40"], "--micro-batches 20-40: the plan has 24 micro-batches, numbered 0-23"),
-    (["--micro-batches", "7-3"], "the range runs backwards; give A-B with A <= B, e.g. --micro-batches 3-7"),
-    (["--micro-batches", "-1"], "give a range A-B of numbers from 0"),
-    (["--micro-batches", "1.5"], "give a range A-B of numbers from 0"),
-    (["--ranks", "8"], "--ranks 8: the plan has 8 pipeline ranks, numbered 0-7"),
-    (["--ranks", "0-99999999999"], "--ranks 0-99999999999: the plan has 8 pipeline ranks, numbered 0-7"),
-    (["--ranks", "1" * 40], "give a range A-B of numbers from 0"),
-    (["--ranks", "a-b"], "give a range A-B of numbers from 0"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--micro-batches", "24"], "--micro-batches 24: the plan has 24 micro-batches, numbered 0-23"),
+        (["--micro-batches", "20-40"], "--micro-batches 20-40: the plan has 24 micro-batches, numbered 0-23"),
+        (["--micro-batches", "7-3"], "the range runs backwards; give A-B with A <= B, e.g. --micro-batches 3-7"),
+        (["--micro-batches", "-1"], "give a range A-B of numbers from 0"),
+        (["--micro-batches", "1.5"], "give a range A-B of numbers from 0"),
+        (["--ranks", "8"], "--ranks 8: the plan has 8 pipeline ranks, numbered 0-7"),
+        (["--ranks", "0-99999999999"], "--ranks 0-99999999999: the plan has 8 pipeline ranks, numbered 0-7"),
+        (["--ranks", "1" * 40], "give a range A-B of numbers from 0"),
+        (["--ranks", "a-b"], "give a range A-B of numbers from 0"),
+    ],
+)
 def test_show_bad_zoom_one_line_no_file(plans, tmp_path, args, message):
     out = tmp_path / "t.png"
     res = _show(plans["generic-pp8"], "--timeline", str(out), *args)
@@ -280,8 +448,14 @@ def test_show_bad_zoom_one_line_no_file(plans, tmp_path, args, message):
 # --- the README's pictures: docs/make_pictures.sh -------------------------------------------
 
 _DOCS = Path(__file__).resolve().parent.parent / "docs"
-_SHIPPED = ["quick-start-timeline.png", "quick-start-memory.png", "quick-start-timeline-zoom.png",
-            "llama3-8b-16gpu-placement.png", "llama3-8b-16gpu-timeline.png", "size-llama3-70b-15t.png"]
+_SHIPPED = [
+    "quick-start-timeline.png",
+    "quick-start-memory.png",
+    "quick-start-timeline-zoom.png",
+    "llama3-8b-16gpu-placement.png",
+    "llama3-8b-16gpu-timeline.png",
+    "size-llama3-70b-15t.png",
+]
 
 
 def _software(png: bytes) -> str:
@@ -290,9 +464,9 @@ def _software(png: bytes) -> str:
 
     i = 8
     while i < len(png):
-        (n,), kind = struct.unpack(">I", png[i:i + 4]), png[i + 4:i + 8]
-        if kind == b"tEXt" and png[i + 8:i + 8 + n].startswith(b"Software\0"):
-            return png[i + 17:i + 8 + n].decode()
+        (n,), kind = struct.unpack(">I", png[i : i + 4]), png[i + 4 : i + 8]
+        if kind == b"tEXt" and png[i + 8 : i + 8 + n].startswith(b"Software\0"):
+            return png[i + 17 : i + 8 + n].decode()
         i += 12 + n
     return ""
 

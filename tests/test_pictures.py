@@ -29,7 +29,9 @@ from planner.specs import Axis, Plan, PlanError, Schedule
 
 def _replay_uniform(schedule: Schedule, pp: int, vpp: int, m: int, f: float, b: float) -> float:
     """Pipeline end of the schedule's op order with every stage taking f forward, b backward."""
-    segments = {(k, j): [("forward" if k == "F" else "backward", f if k == "F" else b)] for k in "FB" for j in range(pp * vpp)}
+    segments = {
+        (k, j): [("forward" if k == "F" else "backward", f if k == "F" else b)] for k in "FB" for j in range(pp * vpp)
+    }
     return max(op.end for op in pictures.replay(schedule, pp, vpp, m, segments))
 
 
@@ -75,8 +77,17 @@ def _matrix():
             dp = gpus // (tp * pp)
             if gb % dp:
                 continue
-            plan = Plan(dp=dp, tp=tp, pp=pp, vpp=vpp, micro_batch_size=1, num_micro_batches=gb // dp,
-                        schedule=Schedule(sched), recompute=rec, zero_stage=zero)
+            plan = Plan(
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                vpp=vpp,
+                micro_batch_size=1,
+                num_micro_batches=gb // dp,
+                schedule=Schedule(sched),
+                recompute=rec,
+                zero_stage=zero,
+            )
             try:
                 plan.validate_for(model, job, gpus)
             except PlanError:
@@ -95,8 +106,9 @@ def test_timeline_bubble_share_equals_the_estimates(model, cluster, job, plan):
     assert tl.bubble_share == pytest.approx(share, abs=0.01)
     assert tl.step_time == pytest.approx(est.step_time_s, rel=0.01)
     if plan.schedule == Schedule.gpipe:
-        assert tl.pipeline_end == pytest.approx(est.step_time_s - est.time_breakdown_s.optimizer
-                                                - _per_step_dp(tl), rel=1e-9)
+        assert tl.pipeline_end == pytest.approx(
+            est.step_time_s - est.time_breakdown_s.optimizer - _per_step_dp(tl), rel=1e-9
+        )
     # every micro-batch passes every virtual stage once each way
     assert len(tl.ops) == 2 * plan.num_micro_batches * plan.virtual_stages
     assert {(o.kind, o.stage, o.micro_batch) for o in tl.ops} == {
@@ -112,16 +124,40 @@ def test_quick_start_plan_bubble_to_one_percent_relative(tmp_path):
     """The README's quick-start recommendation: its picture's bubble share equals the
     estimate's to 1% of itself."""
     out = tmp_path / "plan.json"
-    subprocess.run([sys.executable, "-m", "planner.cli.main", "solve", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb",
-                    "--gpus", "1024", "--global-batch", "1536", "--seq-len", "2048", "-o", str(out)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "solve",
+            "--model",
+            "gpt3-175b",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "1024",
+            "--global-batch",
+            "1536",
+            "--seq-len",
+            "2048",
+            "-o",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     doc = json.loads(run_show(out, "--json").stdout)["timeline"]
     assert doc["bubble_share"] == pytest.approx(doc["estimate_bubble_share"], rel=0.01)
 
 
 def run_show(plan_path, *args, check=True):
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", "show", str(plan_path), *args],
-                          capture_output=True, text=True, check=check, env={**_env(), "COLUMNS": "120"})
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "show", str(plan_path), *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        env={**_env(), "COLUMNS": "120"},
+    )
 
 
 def _env():
@@ -133,9 +169,36 @@ def _env():
 @pytest.fixture(scope="module")
 def small_plan(tmp_path_factory):
     path = tmp_path_factory.mktemp("show") / "plan.json"
-    subprocess.run([sys.executable, "-m", "planner.cli.main", "estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb",
-                    "--gpus", "16", "--global-batch", "32", "--seq-len", "2048", "--tp", "2", "--pp", "4",
-                    "--recompute", "selective", "--mesh-order", "dp,tp,pp", "-o", str(path)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "32",
+            "--seq-len",
+            "2048",
+            "--tp",
+            "2",
+            "--pp",
+            "4",
+            "--recompute",
+            "selective",
+            "--mesh-order",
+            "dp,tp,pp",
+            "-o",
+            str(path),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return path
 
 
@@ -168,7 +231,9 @@ def test_memory_figure_bar_heights(small_plan):
     for patch in ax.patches:
         x = round(patch.get_x() + patch.get_width() / 2)
         tops[x] = max(tops.get(x, 0.0), patch.get_y() + patch.get_height())
-    assert [tops[r] for r in range(doc.plan.pp)] == pytest.approx([m.total for m in est.memory_gib_per_pipeline_rank], rel=1e-9)
+    assert [tops[r] for r in range(doc.plan.pp)] == pytest.approx(
+        [m.total for m in est.memory_gib_per_pipeline_rank], rel=1e-9
+    )
 
 
 @pytest.mark.parametrize("order", ["tp,dp,pp", "dp,tp,pp", "pp,tp,dp", "tp,pp,dp"])
@@ -176,7 +241,9 @@ def test_placement_every_rank_once_at_devicemesh_coordinates(order):
     """Ranks laid out as the executor's init_device_mesh lays them (planner/executor/parallelize.py:
     build_mesh: axes in reversed mesh order, the last varying fastest)."""
     torch = pytest.importorskip("torch")
-    plan = Plan(dp=4, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=[Axis(a) for a in order.split(",")])
+    plan = Plan(
+        dp=4, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=[Axis(a) for a in order.split(",")]
+    )
     cluster = load_cluster("dgx-a100-80gb")
     pl = pictures.placement(plan, cluster)
     assert sorted(r["rank"] for r in pl.ranks) == list(range(plan.world_size))
@@ -205,7 +272,9 @@ def test_show_writes_pictures_every_rank_once_in_the_svg(small_plan, tmp_path):
     assert len(re.findall(r"^pp \d+ +\|", res.stdout, flags=re.M)) == 4
     assert "Memory per GPU" in res.stdout and "Placement: 16 ranks on 2 node(s)" in res.stdout
     # each file confirmed on stderr, as every command's -o, none on stdout
-    assert res.stderr.splitlines() == [f"{k} picture written to {f}" for k, f in (("timeline", tl), ("memory", mem), ("placement", pl))]
+    assert res.stderr.splitlines() == [
+        f"{k} picture written to {f}" for k, f in (("timeline", tl), ("memory", mem), ("placement", pl))
+    ]
     assert "written to" not in res.stdout
 
 
@@ -222,11 +291,14 @@ def test_timeline_figure_outlines_every_pass(small_plan):
     assert sum(len(c.get_paths()) for c in outlines) == len(tl.ops) == 2 * doc.plan.num_micro_batches * doc.plan.pp
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--timeline", "x.pdf"], "use .svg or .png"),
-    (["--timeline", "same.svg", "--memory", "same.svg"], "give each picture its own file"),
-    (["--alternative", "1"], "has no alternatives"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--timeline", "x.pdf"], "use .svg or .png"),
+        (["--timeline", "same.svg", "--memory", "same.svg"], "give each picture its own file"),
+        (["--alternative", "1"], "has no alternatives"),
+    ],
+)
 def test_show_bad_input_one_line(small_plan, tmp_path, args, message):
     args = [str(tmp_path / a) if a.endswith((".pdf", ".svg")) else a for a in args]
     res = run_show(small_plan, *args, check=False)
@@ -251,11 +323,13 @@ def _uneven_rounds(seed: str, count: int):
         m, P, base = pp * rng.choice([1, 2, 4, 6]), pp * v, rng.randint(1, 4)
         longer = set(rng.sample(range(P), rng.randint(1, P - 1)))
         layers = [base + (j in longer) for j in range(P)]
-        segments = {**{("F", j): [("forward", 1.0 * n)] for j, n in enumerate(layers)},
-                    **{("B", j): [("backward", 2.0 * n)] for j, n in enumerate(layers)}}
+        segments = {
+            **{("F", j): [("forward", 1.0 * n)] for j, n in enumerate(layers)},
+            **{("B", j): [("backward", 2.0 * n)] for j, n in enumerate(layers)},
+        }
         end = max(op.end for op in replay(Schedule.interleaved_1f1b, pp, v, m, segments))
         stages = [3.0 * n for n in layers]
-        rounds = (m - 1 / v) * sum(max(stages[c:c + pp]) for c in range(0, P, pp)) + sum(stages) / v
+        rounds = (m - 1 / v) * sum(max(stages[c : c + pp]) for c in range(0, P, pp)) + sum(stages) / v
         yield end, pipeline_time(stages, pp, m, v), rounds, pipeline_time(stages, pp, m, v, padded=True)
 
 
@@ -264,6 +338,8 @@ def test_chunks_of_unequal_length_are_priced_as_the_slowest():
     chunks of unequal length, the rank-paced form falls up to 28 % short, pacing each round by
     its slowest chunk 8 %; every chunk as slow as the slowest never (an upper bound), up to 75 %
     above."""
-    ratios = [(end / ranks, end / rounds, end / padded) for end, ranks, rounds, padded in _uneven_rounds("uneven chunks", 400)]
+    ratios = [
+        (end / ranks, end / rounds, end / padded) for end, ranks, rounds, padded in _uneven_rounds("uneven chunks", 400)
+    ]
     assert 1.27 < max(r[0] for r in ratios) < 1.29 and 1.08 < max(r[1] for r in ratios) < 1.09
     assert max(r[2] for r in ratios) <= 1 + 1e-12 and 0.57 < min(r[2] for r in ratios) < 0.58

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 import planner
-from hardware_profiles import UNCALIBRATED, UNCALIBRATED_WIDENING, cluster_presets, load_cluster, uncalibrated_entry, widened
+from hardware_profiles import (
+    UNCALIBRATED,
+    UNCALIBRATED_WIDENING,
+    cluster_presets,
+    load_cluster,
+    uncalibrated_entry,
+    widened,
+)
 from planner.specs import StackConstants, Target
 
 NEW = ("dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72", "mi300x", "mi325x", "mi355x")
@@ -16,7 +23,12 @@ STACKS_DIR = Path(__file__).resolve().parent.parent / "planner" / "stacks"
 
 # (preset, field, value, source): the value each preset's "source" text cites.
 CITED = [
-    ("dgx-b200", "bf16", 2250, "DGX B200 datasheet (72 PF FP8 sparse / 8 / 2 x 1/2); HGX B200 at 1,000 W: 2,250 dense BF16"),
+    (
+        "dgx-b200",
+        "bf16",
+        2250,
+        "DGX B200 datasheet (72 PF FP8 sparse / 8 / 2 x 1/2); HGX B200 at 1,000 W: 2,250 dense BF16",
+    ),
     ("dgx-b200", "fp8", 4500, "DGX B200 datasheet: 72 PFLOP/s FP8 per 8 GPUs, sparse; halved"),
     ("dgx-b200", "memory_gbps", 8000, "DGX B200 datasheet: 64 TB/s over 8 GPUs"),
     ("dgx-b200", "memory_gib", 179.1, "180 GB (1,440 GB / 8) x 79.6/80"),
@@ -80,12 +92,19 @@ CITED = [
 def _field(c, field):
     d = c.device
     return {
-        "bf16": lambda: d.peak_tflops["bf16"], "fp8": lambda: d.fp8_peak_tflops, "memory_gbps": lambda: d.memory_bandwidth_gbps,
-        "memory_gib": lambda: d.memory_gib, "sm_count": lambda: d.gemm.sm_count, "gemm_eff": lambda: d.gemm.max_efficiency,
-        "fp8_eff": lambda: d.gemm.fp8_max_efficiency, "cudnn_fwd": lambda: d.attention["cudnn"].forward,
+        "bf16": lambda: d.peak_tflops["bf16"],
+        "fp8": lambda: d.fp8_peak_tflops,
+        "memory_gbps": lambda: d.memory_bandwidth_gbps,
+        "memory_gib": lambda: d.memory_gib,
+        "sm_count": lambda: d.gemm.sm_count,
+        "gemm_eff": lambda: d.gemm.max_efficiency,
+        "fp8_eff": lambda: d.gemm.fp8_max_efficiency,
+        "cudnn_fwd": lambda: d.attention["cudnn"].forward,
         "intra_ar_gbps": lambda: c.intra_node.fit("all_reduce", 8).bandwidth_gbps,
         "inter_ar_gbps": lambda: c.inter_node.fit("all_reduce", 2).bandwidth_gbps,
-        "p2p_gbps": lambda: c.intra_node.fit("p2p", 2).bandwidth_gbps, "gpus_per_node": lambda: c.gpus_per_node, "domain_gpus": lambda: c.domain_gpus,
+        "p2p_gbps": lambda: c.intra_node.fit("p2p", 2).bandwidth_gbps,
+        "gpus_per_node": lambda: c.gpus_per_node,
+        "domain_gpus": lambda: c.domain_gpus,
     }[field]()
 
 
@@ -94,7 +113,9 @@ def test_the_new_presets_load_and_are_listed():
     for name in NEW:
         c = load_cluster(name)
         assert c.name == name and "UNCALIBRATED" in c.source
-        assert c.device.fp8_peak_tflops == pytest.approx(2 * c.device.peak_tflops["bf16"], abs=0.2)  # FP8, dense: 2x bf16
+        assert c.device.fp8_peak_tflops == pytest.approx(
+            2 * c.device.peak_tflops["bf16"], abs=0.2
+        )  # FP8, dense: 2x bf16
 
 
 @pytest.mark.parametrize("name,field,value,source", CITED, ids=[f"{n}-{f}" for n, f, _, _ in CITED])
@@ -126,7 +147,9 @@ def test_fp8_estimates_on_the_new_nvidia_presets(name):
 
 
 def test_fp8_estimates_on_amd():
-    doc = planner.estimate("llama3-8b", "mi300x", gpus=8, global_batch=32, seq_len=4096, tp=2, target="megatron", fp8=True)
+    doc = planner.estimate(
+        "llama3-8b", "mi300x", gpus=8, global_batch=32, seq_len=4096, tp=2, target="megatron", fp8=True
+    )
     assert doc.plan.fp8 and doc.estimate.fits
 
 
@@ -137,8 +160,9 @@ def _slow_nics(cluster, factor=10.0):
 
 
 def _tp(cluster, tp):
-    doc = planner.estimate("gpt3-175b", cluster, gpus=tp, global_batch=tp, seq_len=2048, tp=tp, recompute="full",
-                           target="megatron")
+    doc = planner.estimate(
+        "gpt3-175b", cluster, gpus=tp, global_batch=tp, seq_len=2048, tp=tp, recompute="full", target="megatron"
+    )
     return doc.estimate.time_breakdown_s.tp_communication
 
 
@@ -200,8 +224,9 @@ def test_blackwell_ultra_against_blackwell():
     recipe), so its compute is at most 1.23x faster and no slower. Both hold 288 GB against
     180 / 186, and their 800 Gb/s NICs give twice the bus bandwidth across nodes."""
     kw = dict(gpus=8, global_batch=32, seq_len=4096, tp=8, target="megatron")
-    b200, b300, gb200, gb300 = (planner.estimate("llama3-8b", c, **kw).estimate
-                                for c in ("dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72"))
+    b200, b300, gb200, gb300 = (
+        planner.estimate("llama3-8b", c, **kw).estimate for c in ("dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72")
+    )
     assert b300.step_time_s == pytest.approx(b200.step_time_s, rel=1e-9)
     speedup = gb200.time_breakdown_s.compute / gb300.time_breakdown_s.compute
     # below 1.23: the stack's gap per kernel (its constants, not the device's) does not shrink

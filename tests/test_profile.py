@@ -20,9 +20,21 @@ from planner.profiler.compute import Lockstep, _median_time, profile_layers  # n
 from planner.profiler.links import fit_alpha_beta, p2p_peer  # noqa: E402
 
 GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=128, num_heads=4, vocab_size=512, max_seq_len=128)
-LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=128, num_heads=8, num_kv_heads=2, ffn_hidden_size=352,
-                  vocab_size=512, max_seq_len=128, activation="swiglu", learned_position_embeddings=False,
-                  linear_bias=False, norm="rmsnorm", dropout=False)
+LLAMA = ModelSpec(
+    name="tiny-llama",
+    num_layers=4,
+    hidden_size=128,
+    num_heads=8,
+    num_kv_heads=2,
+    ffn_hidden_size=352,
+    vocab_size=512,
+    max_seq_len=128,
+    activation="swiglu",
+    learned_position_embeddings=False,
+    linear_bias=False,
+    norm="rmsnorm",
+    dropout=False,
+)
 
 
 @pytest.mark.parametrize("collective", list(Collective))
@@ -86,12 +98,34 @@ def _profile_with(layers_forward: float) -> ClusterSpec:
     from planner.specs import LayerMeasurement, MeasuredProfile, ProfileEnvironment
 
     base = load_cluster("dgx-a100-80gb")
-    env = ProfileEnvironment(torch_version="x", backend="gloo", device_type="cpu", device_name="cpu", dtype="bf16",
-                             world_size=2, nproc_per_node=2, nnodes=1, date="2026-11-29", hostname="h", quick=True)
-    lm = LayerMeasurement(kind="block", micro_batch_size=1, seq_len=128, tp=1, forward_s=layers_forward,
-                          backward_s=2 * layers_forward, activation_bytes=1.0, flops_forward=1.0,
-                          analytic_flops_forward=1.0, params=1)
-    measured = MeasuredProfile(environment=env, model=GPT, layers=[lm], matmul=[], memory_bandwidth_gbps=1.0, collectives=[])
+    env = ProfileEnvironment(
+        torch_version="x",
+        backend="gloo",
+        device_type="cpu",
+        device_name="cpu",
+        dtype="bf16",
+        world_size=2,
+        nproc_per_node=2,
+        nnodes=1,
+        date="2026-11-29",
+        hostname="h",
+        quick=True,
+    )
+    lm = LayerMeasurement(
+        kind="block",
+        micro_batch_size=1,
+        seq_len=128,
+        tp=1,
+        forward_s=layers_forward,
+        backward_s=2 * layers_forward,
+        activation_bytes=1.0,
+        flops_forward=1.0,
+        analytic_flops_forward=1.0,
+        params=1,
+    )
+    measured = MeasuredProfile(
+        environment=env, model=GPT, layers=[lm], matmul=[], memory_bandwidth_gbps=1.0, collectives=[]
+    )
     return base.model_copy(update={"measured": measured, "gpus_per_node": 2, "num_nodes": 1})
 
 
@@ -139,7 +173,9 @@ def time_sleep(s: float) -> None:
 def test_profile_refused_for_another_world_size(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(_profile_with(0.1).model_dump_json())
-    res = CliRunner().invoke(cli, ["solve", "--model", "gpt2-124m", "--cluster", str(path), "--gpus", "1", "--global-batch", "8"])
+    res = CliRunner().invoke(
+        cli, ["solve", "--model", "gpt2-124m", "--cluster", str(path), "--gpus", "1", "--global-batch", "8"]
+    )
     assert res.exit_code == 2 and "measured on 2 ranks" in res.output and "not 1" in res.output
 
 
@@ -153,7 +189,9 @@ def test_bad_and_truncated_profiles(tmp_path):
     data["measured"]["layers"][0]["forward_s"] = "fast"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data, indent=2))
-    res = CliRunner().invoke(cli, ["solve", "--model", "gpt2-124m", "--cluster", str(bad), "--gpus", "2", "--global-batch", "8"])
+    res = CliRunner().invoke(
+        cli, ["solve", "--model", "gpt2-124m", "--cluster", str(bad), "--gpus", "2", "--global-batch", "8"]
+    )
     assert res.exit_code == 2 and "forward_s" in res.output and len(res.output.strip().splitlines()) == 1
 
 
@@ -161,8 +199,10 @@ def test_point_to_point_pairs_span_two_hosts():
     """Blocks of one host's members pair up member by member, so that every pair of a group that
     spans hosts crosses the network (neighbouring ranks of one host would time the link inside
     it), and an odd block out sits out rather than leaving the link unmeasured."""
+
     def pairs(members, per_host):
         return {r: p2p_peer(members, r, per_host) for r in members}
+
     assert pairs([0, 1, 2, 3], 1) == {0: (1, True), 1: (0, False), 2: (3, True), 3: (2, False)}  # inside a host
     assert pairs([0, 1, 2], 1) == {0: (1, True), 1: (0, False), 2: None}  # 3 hosts of one rank
     assert pairs([0, 1, 2, 3], 2) == {0: (2, True), 1: (3, True), 2: (0, False), 3: (1, False)}  # 2 hosts of 2: across
@@ -181,10 +221,35 @@ def test_three_hosts_of_one_rank_measure_the_network(tmp_path):
     model.write_text(GPT.model_copy(update={"num_layers": 2, "hidden_size": 64, "max_seq_len": 64}).model_dump_json())
     out = tmp_path / "profile.json"
     endpoint = f"127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "planner.cli.main", "profile", "--model", str(model), "--quick", "--nnodes", "3",
-         "--node-rank", str(i), "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--backend", "gloo", "-o", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "planner.cli.main",
+                "profile",
+                "--model",
+                str(model),
+                "--quick",
+                "--nnodes",
+                "3",
+                "--node-rank",
+                str(i),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-endpoint",
+                endpoint,
+                "--backend",
+                "gloo",
+                "-o",
+                str(out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
     try:
         results = [p.communicate(timeout=300) for p in procs]
     finally:
@@ -206,15 +271,31 @@ def test_profile_two_processes_then_solve(tmp_path):
     model.write_text(GPT.model_dump_json())
     out = tmp_path / "profile.json"
     run = subprocess.run(
-        [sys.executable, "-m", "planner.cli.main", "profile", "--model", str(model), "--nproc-per-node", "2", "--quick",
-         "-o", str(out)], capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "profile",
+            "--model",
+            str(model),
+            "--nproc-per-node",
+            "2",
+            "--quick",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     # stderr is a pipe: the estimate first, then plain lines, each item named as it starts, the end
     # at work_items' count, and the time it took (issue 18, 9: nothing showed off a terminal)
     err = run.stderr.splitlines()
     assert err[0].startswith("plan profile: estimate before starting: about "), run.stderr[-2000:]
-    assert "gathering the measurements" in err[-3], run.stderr[-2000:]  # the launcher follows the last line: quick items may not show
+    assert "gathering the measurements" in err[-3], run.stderr[
+        -2000:
+    ]  # the launcher follows the last line: quick items may not show
     done, total = err[-3].split("] ")[1].split(" ")[0].split("/")
     assert done == total and err[-2].startswith("plan profile: measured in "), run.stderr[-2000:]
     assert err[-1] == f"profile written to {out}" and "written" not in run.stdout  # on stderr, as every command's -o
@@ -223,7 +304,9 @@ def test_profile_two_processes_then_solve(tmp_path):
     m = cluster.measured
     assert m.environment.world_size == 2 and m.environment.backend == "gloo"
     assert {s.collective for s in m.collectives} == set(Collective)
-    assert cluster.intra_node.has(Collective.all_to_all)  # measured (all_to_all_single on gloo), so the MoE exchange uses it
+    assert cluster.intra_node.has(
+        Collective.all_to_all
+    )  # measured (all_to_all_single on gloo), so the MoE exchange uses it
     assert all(s.bandwidth_gbps > 0 and s.latency_us >= 0 for s in m.collectives)
     # the TP and ZeRO-3 stacks, timed as plan run executes them, set each call's overhead
     overheads = cluster.intra_node.call_overhead_us
@@ -232,8 +315,24 @@ def test_profile_two_processes_then_solve(tmp_path):
     # every layer FLOP count equals the cost model's
     assert all(x.flops_forward == pytest.approx(x.analytic_flops_forward) for x in m.layers if x.kind != "embedding")
     solved = subprocess.run(
-        [sys.executable, "-m", "planner.cli.main", "solve", "--model", str(model), "--cluster", str(out), "--gpus", "2",
-         "--global-batch", "8", "--json"], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "solve",
+            "--model",
+            str(model),
+            "--cluster",
+            str(out),
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert solved.returncode == 0, solved.stderr
     doc = json.loads(solved.stdout)
@@ -248,9 +347,15 @@ def test_show_says_the_all_to_all_pays_the_all_gathers_call_overhead(tmp_path):
 
     base = _profile_with(0.1)
     tier = base.intra_node
-    tier = tier.model_copy(update={
-        "collectives": [*tier.collectives, CollectiveFit(collective=Collective.all_to_all, latency_us=10.0, bandwidth_gbps=1.0)],
-        "call_overhead_us": {Collective.all_gather: 500.0}})
+    tier = tier.model_copy(
+        update={
+            "collectives": [
+                *tier.collectives,
+                CollectiveFit(collective=Collective.all_to_all, latency_us=10.0, bandwidth_gbps=1.0),
+            ],
+            "call_overhead_us": {Collective.all_gather: 500.0},
+        }
+    )
     path = tmp_path / "a2a.json"
     path.write_text(base.model_copy(update={"intra_node": tier}).model_dump_json())
     res = CliRunner().invoke(cli, ["profile", "--show", str(path)], env={"COLUMNS": "160"})
@@ -266,14 +371,26 @@ def _measured_cluster() -> dict:
     return doc
 
 
-@pytest.mark.parametrize("edit,error", [
-    (lambda d: d["intra_node"]["collectives"].append(dict(d["intra_node"]["collectives"][0])), "collectives: two fits of"),
-    (lambda d: d["device"].update(framework_overhead_gib=d["device"]["memory_gib"]), "is not below memory_gib"),
-    (lambda d: d["measured"]["layers"].append(dict(d["measured"]["layers"][0], forward_s=0.5)), "layers: two measurements of the block"),
-    (lambda d: d["measured"]["layers"][0].update(forward_s=0.0), "a block's forward_s must be above 0"),
-    (lambda d: d["measured"]["layers"][0].update(kind="banana"), "Input should be 'block', 'embedding' or 'head'"),
-    (lambda d: d["measured"]["environment"].update(world_size=3), "world_size 3 is not nproc_per_node x nnodes = 2 x 1"),
-])
+@pytest.mark.parametrize(
+    "edit,error",
+    [
+        (
+            lambda d: d["intra_node"]["collectives"].append(dict(d["intra_node"]["collectives"][0])),
+            "collectives: two fits of",
+        ),
+        (lambda d: d["device"].update(framework_overhead_gib=d["device"]["memory_gib"]), "is not below memory_gib"),
+        (
+            lambda d: d["measured"]["layers"].append(dict(d["measured"]["layers"][0], forward_s=0.5)),
+            "layers: two measurements of the block",
+        ),
+        (lambda d: d["measured"]["layers"][0].update(forward_s=0.0), "a block's forward_s must be above 0"),
+        (lambda d: d["measured"]["layers"][0].update(kind="banana"), "Input should be 'block', 'embedding' or 'head'"),
+        (
+            lambda d: d["measured"]["environment"].update(world_size=3),
+            "world_size 3 is not nproc_per_node x nnodes = 2 x 1",
+        ),
+    ],
+)
 def test_a_profile_the_cost_model_would_misread_is_refused(edit, error):
     """Each edit was accepted, and the cost model then used one of two fits or measurements
     silently, planned with no memory left, or read a free transformer layer."""

@@ -57,7 +57,9 @@ def test_quick_reports_are_thinned_but_phases_and_the_end_are_kept(capsys):
         lines.update(40, 40, "gathering the measurements")
     out = lines_of(capsys)
     assert 2 <= sum("all_reduce" in ln for ln in out) <= 3
-    assert out[-2].endswith("30/40 communication/compute overlap") and out[-1].endswith("40/40 gathering the measurements")
+    assert out[-2].endswith("30/40 communication/compute overlap") and out[-1].endswith(
+        "40/40 gathering the measurements"
+    )
 
 
 def test_a_long_phase_gets_a_line_every_ten_seconds_with_the_time_left(capsys):
@@ -69,13 +71,25 @@ def test_a_long_phase_gets_a_line_every_ten_seconds_with_the_time_left(capsys):
             clock.now += 1
             lines.beat()
     out = lines_of(capsys)
-    assert out == ["plan run: [0:00] 0/1 single-process reference runs; about 60 s left",
-                   "plan run: [0:10] 0/1 single-process reference runs; about 50 s left",
-                   "plan run: [0:20] 0/1 single-process reference runs; about 40 s left"]
+    assert out == [
+        "plan run: [0:00] 0/1 single-process reference runs; about 60 s left",
+        "plan run: [0:10] 0/1 single-process reference runs; about 50 s left",
+        "plan run: [0:20] 0/1 single-process reference runs; about 40 s left",
+    ]
 
 
-@pytest.mark.parametrize("seconds, words", [(0.04, "0.1 s"), (3.21, "3.2 s"), (44.6, "45 s"), (150, "2.5 min"),
-                                             (428, "7 min"), (1740, "29 min"), (5400, "1 h 30 min")])
+@pytest.mark.parametrize(
+    "seconds, words",
+    [
+        (0.04, "0.1 s"),
+        (3.21, "3.2 s"),
+        (44.6, "45 s"),
+        (150, "2.5 min"),
+        (428, "7 min"),
+        (1740, "29 min"),
+        (5400, "1 h 30 min"),
+    ],
+)
 def test_durations_are_said_with_an_estimates_precision(seconds, words):
     assert render.duration(seconds) == words
 
@@ -131,9 +145,17 @@ def test_the_estimate_grows_with_the_work_and_shrinks_with_the_rate():
     assert estimate_run(small, (180e9, 90e9), cores=2).total_s < a.total_s
     # GPT-2 124M, 2 x 256 tokens: measured here 6-13 s a step and 53-66 s of reference runs (planner/executor/duration.py)
     assert 4 < a.step_s < 20 and 35 < a.reference_s < 100
-    crowded = estimate_run(prepare_case(gpt2, JobSpec(global_batch_size=8, seq_len=256, precision="fp32"),
-                                        Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1), steps=3, warmup=1),
-                           rates, cores=2)
+    crowded = estimate_run(
+        prepare_case(
+            gpt2,
+            JobSpec(global_batch_size=8, seq_len=256, precision="fp32"),
+            Plan(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1),
+            steps=3,
+            warmup=1,
+        ),
+        rates,
+        cores=2,
+    )
     assert "8 ranks on 2 cores" in crowded.step_basis and crowded.step_s == pytest.approx(4 * a.step_s, rel=0.05)
 
 
@@ -150,12 +172,16 @@ def test_the_profile_reports_as_many_items_as_it_estimates():
     assert len(items) == 48 and items[-1][0] == "stacks"
     # the sweep's items, as sweep() times them: 8 sizes of 5 collectives over the one group of 2
     from planner.profiler.links import group_shapes, swept
+
     assert [(g, [c.value for c in swept(g, inter, 1)]) for g, inter in group_shapes(2, 2)] == [
-        ([0, 1], ["all_reduce", "all_gather", "reduce_scatter", "p2p", "all_to_all"])]
+        ([0, 1], ["all_reduce", "all_gather", "reduce_scatter", "p2p", "all_to_all"])
+    ]
     # 2 nodes of 4: groups of 2 and 4 inside a node, one rank per node, the whole world (no all-to-all)
     assert [len(swept(g, inter, 2)) for g, inter in group_shapes(8, 4)] == [5, 5, 5, 4]
     assert [len(swept(g, inter, 1)) for g, inter in group_shapes(3, 3)] == [5]  # 3 ranks: one pair, one sits out
-    assert [len(swept(g, inter, 3)) for g, inter in group_shapes(3, 1)] == [5]  # 3 hosts of one rank (tests/test_profile.py)
+    assert [len(swept(g, inter, 3)) for g, inter in group_shapes(3, 1)] == [
+        5
+    ]  # 3 hosts of one rank (tests/test_profile.py)
     seconds = [s for _, s in items]
     assert sorted(seconds)[-2:] == sorted([seconds[3], seconds[-1]])  # the head, the stacks
     words = describe_work(items, 100e9, render.duration)
@@ -173,19 +199,53 @@ def test_rehearsal_runs_and_reports_progress_off_a_terminal(tmp_path):
     from tests.run_helpers import PG_TIMEOUT, cli
 
     plan = Plan(dp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2, sequence_parallel=True, zero_stage=1)
-    doc = {"schema_version": "1.0", "model": json.loads(load_model("llama3-8b").model_dump_json()),
-           "cluster": json.loads(__import__("hardware_profiles").load_cluster("dgx-h100-80gb").model_dump_json()),
-           "num_gpus": 4, "job": json.loads(JobSpec(global_batch_size=4, seq_len=2048).model_dump_json()),
-           "plan": json.loads(plan.model_dump_json())}
+    doc = {
+        "schema_version": "1.0",
+        "model": json.loads(load_model("llama3-8b").model_dump_json()),
+        "cluster": json.loads(__import__("hardware_profiles").load_cluster("dgx-h100-80gb").model_dump_json()),
+        "num_gpus": 4,
+        "job": json.loads(JobSpec(global_batch_size=4, seq_len=2048).model_dump_json()),
+        "plan": json.loads(plan.model_dump_json()),
+    }
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
-    res = cli("run", str(path), "--rehearse-dp", "1", "--scale-layers", "2", "--scale-hidden", "128", "--scale-heads", "4",
-              "--scale-vocab", "256", "--scale-seq-len", "32", "--steps", "3", "--warmup", "1", "--timeout", PG_TIMEOUT, "--json")
+    res = cli(
+        "run",
+        str(path),
+        "--rehearse-dp",
+        "1",
+        "--scale-layers",
+        "2",
+        "--scale-hidden",
+        "128",
+        "--scale-heads",
+        "4",
+        "--scale-vocab",
+        "256",
+        "--scale-seq-len",
+        "32",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--timeout",
+        PG_TIMEOUT,
+        "--json",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(res.stdout)
-    assert report["verdict"] == "pass" and report["settings"]["world_size"] == 2 and report["job"]["global_batch_size"] == 2
-    assert report["model"]["name"] == "llama3-8b scaled to 2 layers, hidden 128, 4 heads / 2 KV heads, vocabulary 256, sequence 32"
-    assert report["settings"]["changes"][0].startswith("rehearsal world (--rehearse-dp 1): dp 1 x tp 2 x pp 1 = 2 processes")
+    assert (
+        report["verdict"] == "pass"
+        and report["settings"]["world_size"] == 2
+        and report["job"]["global_batch_size"] == 2
+    )
+    assert (
+        report["model"]["name"]
+        == "llama3-8b scaled to 2 layers, hidden 128, 4 heads / 2 KV heads, vocabulary 256, sequence 32"
+    )
+    assert report["settings"]["changes"][0].startswith(
+        "rehearsal world (--rehearse-dp 1): dp 1 x tp 2 x pp 1 = 2 processes"
+    )
     err = res.stderr.splitlines()
     assert err[0].startswith("plan run: estimate before starting: about ") and "3 steps of ~" in err[0], res.stderr
     assert err[1].startswith("plan run: [0:00] 0/3 starting 2 workers")

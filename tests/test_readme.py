@@ -30,11 +30,21 @@ def test_the_quick_tour_runs(tmp_path):
     if importlib.util.find_spec("matplotlib") is None:
         pytest.skip("plan show's pictures need the plot extra: pip install '.[plot]'")
     commands = tour()
-    assert [shlex.split(c)[:2] for c in commands] == [["plan", "solve"], ["plan", "show"], ["plan", "export"], ["plan", "estimate"],
-                                                      ["plan", "size"]]
+    assert [shlex.split(c)[:2] for c in commands] == [
+        ["plan", "solve"],
+        ["plan", "show"],
+        ["plan", "export"],
+        ["plan", "estimate"],
+        ["plan", "size"],
+    ]
     for command in commands:
         argv = shlex.split(command)
-        res = subprocess.run([sys.executable, "-m", "planner.cli.main", *argv[1:]], cwd=tmp_path, capture_output=True, text=True,
-                             timeout=300)
+        res = subprocess.run(
+            [sys.executable, "-m", "planner.cli.main", *argv[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert res.returncode == 0, (command, res.stderr)
     assert (tmp_path / "plan.json").exists() and (tmp_path / "t.png").exists()

@@ -55,13 +55,16 @@ dropout: false
 tied_embeddings: true
 param_dtype: fp32
 """
-MOE_YAML = LLAMA_YAML.replace("tiny-llama-cp", "tiny-moe-cp") + """\
+MOE_YAML = (
+    LLAMA_YAML.replace("tiny-llama-cp", "tiny-moe-cp")
+    + """\
 num_experts: 4
 experts_per_token: 2
 moe_ffn_hidden_size: 96
 num_shared_experts: 1
 first_dense_layers: 1
 """
+)
 MODELS = {"llama": LLAMA_YAML, "gpt": GPT_YAML, "moe": MOE_YAML}
 
 # name -> (model, processes, plan estimate options). Each runs 3 steps against the reference.
@@ -75,7 +78,11 @@ FOUR_PROCESSES = {
     "dp2 cp2": ("llama", 4, ["--dp", "2", "--cp", "2"]),
     "dp2 cp2 zero3 gpt": ("gpt", 4, ["--dp", "2", "--cp", "2", "--zero", "3"]),
     "cp2 pp2": ("llama", 4, ["--cp", "2", "--pp", "2"]),
-    "cp2 pp2 gpipe full recompute gpt": ("gpt", 4, ["--cp", "2", "--pp", "2", "--schedule", "gpipe", "--recompute", "full"]),
+    "cp2 pp2 gpipe full recompute gpt": (
+        "gpt",
+        4,
+        ["--cp", "2", "--pp", "2", "--schedule", "gpipe", "--recompute", "full"],
+    ),
     "cp4": ("llama", 4, ["--cp", "4"]),
     "cp2 tp2 sp": ("llama", 4, ["--cp", "2", "--tp", "2", "--sequence-parallel"]),
     "cp2 tp2, dp innermost": ("llama", 4, ["--cp", "2", "--tp", "2", "--mesh-order", "dp,tp,pp"]),
@@ -153,11 +160,14 @@ def test_each_rank_holds_an_early_and_a_late_chunk():
     assert len(work) == 1
 
 
-@pytest.mark.parametrize("plan", [
-    Plan(dp=2, cp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2),
-    Plan(dp=1, cp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["dp", "tp", "pp"]),
-    Plan(dp=2, cp=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=2, mesh_order=["pp", "dp", "tp"]),
-])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        Plan(dp=2, cp=2, tp=2, pp=1, micro_batch_size=1, num_micro_batches=2),
+        Plan(dp=1, cp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=4, mesh_order=["dp", "tp", "pp"]),
+        Plan(dp=2, cp=4, tp=1, pp=2, micro_batch_size=1, num_micro_batches=2, mesh_order=["pp", "dp", "tp"]),
+    ],
+)
 def test_mesh_puts_every_rank_where_the_placement_picture_does(plan):
     """build_mesh on a fake process group, as each rank in turn: its dp, cp, tp and pp
     coordinates are those planner/pictures.py:placement draws (cp innermost in the dp axis),
@@ -201,7 +211,9 @@ def _ring_worker(rank: int, world: int, init_file: str) -> None:
     from planner.specs import ModelSpec
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+    )
     try:
         B, H, S, D = 2, 3, 24, 8
         ctx = ContextParallel(dist.group.WORLD, world, rank, S, torch.device("cpu"))
@@ -218,8 +230,16 @@ def _ring_worker(rank: int, world: int, init_file: str) -> None:
         for m, f in zip(mine, full, strict=True):
             torch.testing.assert_close(m.grad, f.grad[:, :, pos], rtol=1e-12, atol=1e-12)
 
-        spec = ModelSpec(name="t", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2, vocab_size=16, max_seq_len=S,
-                         learned_position_embeddings=False)
+        spec = ModelSpec(
+            name="t",
+            num_layers=1,
+            hidden_size=32,
+            num_heads=4,
+            num_kv_heads=2,
+            vocab_size=16,
+            max_seq_len=S,
+            learned_position_embeddings=False,
+        )
         torch.manual_seed(0)
         whole = Attention(spec).double()
         split = Attention(spec).double()
@@ -245,8 +265,13 @@ def _ring_worker(rank: int, world: int, init_file: str) -> None:
 def test_ring_attention_equals_full_causal_attention(tmp_path, world):
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_ring_worker, args=(world, str(tmp_path / f"init-{uuid.uuid4().hex}")), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _ring_worker,
+        args=(world, str(tmp_path / f"init-{uuid.uuid4().hex}")),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.time() + 120
     while not ctx.join(timeout=1):  # raises with the worker's traceback when one fails
         if time.time() > deadline:
@@ -265,9 +290,16 @@ def test_a_launch_of_the_wrong_size_names_every_factor():
     assert str(err.value).startswith("the plan needs dp x cp x tp x pp = 2 x 2 x 1 x 1 = 4 processes")
 
 
-@pytest.mark.parametrize("device, capability, refused", [
-    ("cpu", None, True), ("cuda", (8, 0), True), ("cuda", (8, 6), True), ("cuda", (8, 9), False), ("cuda", (9, 0), False),
-])
+@pytest.mark.parametrize(
+    "device, capability, refused",
+    [
+        ("cpu", None, True),
+        ("cuda", (8, 0), True),
+        ("cuda", (8, 6), True),
+        ("cuda", (8, 9), False),
+        ("cuda", (9, 0), False),
+    ],
+)
 def test_fp8_needs_fp8_tensor_cores(device, capability, refused):
     problem = fp8_problem(device, capability, "NVIDIA A100-SXM4-80GB" if capability == (8, 0) else "GPU")
     assert (problem is not None) == refused
@@ -296,8 +328,13 @@ def test_an_fp8_plan_is_rehearsed_in_fp32_where_it_runs():
     from planner.executor.prepare import prepare_case
     from planner.specs import JobSpec, ModelSpec
 
-    model = ModelSpec(name="t", num_layers=2, hidden_size=32, num_heads=4, vocab_size=64, max_seq_len=32, param_dtype="fp32")
-    case = prepare_case(model, JobSpec(global_batch_size=2, seq_len=32, precision="bf16"),
-                        Plan(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2, fp8=True))
+    model = ModelSpec(
+        name="t", num_layers=2, hidden_size=32, num_heads=4, vocab_size=64, max_seq_len=32, param_dtype="fp32"
+    )
+    case = prepare_case(
+        model,
+        JobSpec(global_batch_size=2, seq_len=32, precision="bf16"),
+        Plan(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2, fp8=True),
+    )
     assert case.fp8 and not case.plan.fp8
     assert any("FP8 GEMMs computed in fp32" in n for n in case.notes)

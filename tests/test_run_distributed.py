@@ -28,11 +28,32 @@ pytest.importorskip("torch")
 LAUNCH_TIMEOUT = 240  # seconds for one subprocess (start-up ~10 s, a batch of plans ~60 s)
 PG_TIMEOUT = "30"  # process-group timeout inside the workers
 
-GPT = ModelSpec(name="tiny-gpt", num_layers=8, hidden_size=64, num_heads=4, vocab_size=256, max_seq_len=32,
-                param_dtype="fp32", dropout=False)
-LLAMA = ModelSpec(name="tiny-llama", num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=2, vocab_size=256,
-                  max_seq_len=32, activation="swiglu", learned_position_embeddings=False, linear_bias=False,
-                  norm="rmsnorm", dropout=False, tied_embeddings=True, param_dtype="fp32")
+GPT = ModelSpec(
+    name="tiny-gpt",
+    num_layers=8,
+    hidden_size=64,
+    num_heads=4,
+    vocab_size=256,
+    max_seq_len=32,
+    param_dtype="fp32",
+    dropout=False,
+)
+LLAMA = ModelSpec(
+    name="tiny-llama",
+    num_layers=8,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    vocab_size=256,
+    max_seq_len=32,
+    activation="swiglu",
+    learned_position_embeddings=False,
+    linear_bias=False,
+    norm="rmsnorm",
+    dropout=False,
+    tied_embeddings=True,
+    param_dtype="fp32",
+)
 JOB = JobSpec(global_batch_size=8, seq_len=32, precision="fp32")
 
 
@@ -53,18 +74,30 @@ TWO_PROCESSES = {
     "tp2": (GPT, _plan(tp=2, micro_batch_size=4)),
     "tp2 sp llama tied": (LLAMA, _plan(tp=2, micro_batch_size=4, sequence_parallel=True)),
     "pp2 gpipe uneven": (GPT, _plan(pp=2, micro_batch_size=2, schedule="gpipe", layers_per_stage=[2, 6])),
-    "pp2 1f1b mixed recompute": (GPT, _plan(pp=2, micro_batch_size=2, layers_per_stage=[3, 5], stage_recompute=[
-        StageRecompute(none=1, selective=1, full=1), StageRecompute(none=3, selective=2)])),
+    "pp2 1f1b mixed recompute": (
+        GPT,
+        _plan(
+            pp=2,
+            micro_batch_size=2,
+            layers_per_stage=[3, 5],
+            stage_recompute=[StageRecompute(none=1, selective=1, full=1), StageRecompute(none=3, selective=2)],
+        ),
+    ),
     "pp2 interleaved llama": (LLAMA, _plan(pp=2, vpp=2, micro_batch_size=2, schedule="interleaved-1f1b")),
 }
 FOUR_PROCESSES = {
     "dp2 x pp2 zero1": (GPT, _plan(dp=2, pp=2, zero_stage=1)),
     "dp2 x pp2 zero3 pp outermost": (GPT, _plan(dp=2, pp=2, zero_stage=3, mesh_order=["dp", "pp", "tp"])),
     "dp2 x tp2 replicate": (GPT, _plan(dp=2, tp=2, micro_batch_size=2)),
-    "dp2 x tp2 zero1 sp, dp innermost": (GPT, _plan(dp=2, tp=2, micro_batch_size=2, zero_stage=1, sequence_parallel=True,
-                                                   mesh_order=["dp", "tp", "pp"])),
+    "dp2 x tp2 zero1 sp, dp innermost": (
+        GPT,
+        _plan(dp=2, tp=2, micro_batch_size=2, zero_stage=1, sequence_parallel=True, mesh_order=["dp", "tp", "pp"]),
+    ),
     "dp2 x tp2 zero3 sp llama": (LLAMA, _plan(dp=2, tp=2, micro_batch_size=2, zero_stage=3, sequence_parallel=True)),
-    "tp2 x pp2 sp selective": (GPT, _plan(tp=2, pp=2, micro_batch_size=2, sequence_parallel=True, recompute="selective")),
+    "tp2 x pp2 sp selective": (
+        GPT,
+        _plan(tp=2, pp=2, micro_batch_size=2, sequence_parallel=True, recompute="selective"),
+    ),
     "pp4 1f1b uneven": (GPT, _plan(pp=4, micro_batch_size=2, layers_per_stage=[1, 3, 3, 1])),
     "pp4 gpipe": (LLAMA, _plan(pp=4, micro_batch_size=2, schedule="gpipe")),
 }
@@ -97,14 +130,35 @@ def _no_leftovers(marker: str, grace_s: float = 10.0) -> None:
 
 
 def _run_batch(tmp_path: Path, cases: dict, nproc: int) -> dict:
-    items = [{"model": json.loads(m.model_dump_json()), "job": json.loads(JOB.model_dump_json()),
-              "plan": json.loads(p.model_dump_json()), "steps": 3, "warmup": 1} for m, p in cases.values()]
+    items = [
+        {
+            "model": json.loads(m.model_dump_json()),
+            "job": json.loads(JOB.model_dump_json()),
+            "plan": json.loads(p.model_dump_json()),
+            "steps": 3,
+            "warmup": 1,
+        }
+        for m, p in cases.values()
+    ]
     src, out = tmp_path / "cases.json", tmp_path / "reports.json"
     src.write_text(json.dumps(items))
     marker = uuid.uuid4().hex
     proc = subprocess.run(
-        [sys.executable, "-m", "planner.executor.batch", str(src), str(out), "--nproc-per-node", str(nproc), "--timeout", PG_TIMEOUT],
-        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=_marker_env(marker),
+        [
+            sys.executable,
+            "-m",
+            "planner.executor.batch",
+            str(src),
+            str(out),
+            "--nproc-per-node",
+            str(nproc),
+            "--timeout",
+            PG_TIMEOUT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT,
+        env=_marker_env(marker),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _no_leftovers(marker)
@@ -157,11 +211,21 @@ def test_recompute_and_pipeline_memory_follow_the_cost_model(two, four):
     """Where the count covers everything the cost model does (no FSDP buffers), measured
     memory per stage is within 5% of the prediction: saved activations under full
     recompute, the in-flight micro-batches of GPipe / 1F1B on uneven stages."""
-    for report in (two["dp2 recompute full"], two["pp2 gpipe uneven"], two["pp2 1f1b mixed recompute"], four["pp4 1f1b uneven"]):
+    for report in (
+        two["dp2 recompute full"],
+        two["pp2 gpipe uneven"],
+        two["pp2 1f1b mixed recompute"],
+        four["pp4 1f1b uneven"],
+    ):
         for rank in report["pipeline_ranks"]:
             assert abs(rank["error_pct"]) < 5, (report["plan"], rank)
-    full, none = two["dp2 recompute full"]["pipeline_ranks"][0]["measured"], two["dp2 ddp accumulate"]["pipeline_ranks"][0]["measured"]
-    assert full["activations_bytes"] < none["activations_bytes"] / 4  # micro-batch 4 keeps less than micro-batch 2 would
+    full, none = (
+        two["dp2 recompute full"]["pipeline_ranks"][0]["measured"],
+        two["dp2 ddp accumulate"]["pipeline_ranks"][0]["measured"],
+    )
+    assert (
+        full["activations_bytes"] < none["activations_bytes"] / 4
+    )  # micro-batch 4 keeps less than micro-batch 2 would
 
 
 def test_mesh_order_places_ranks(two, four):
@@ -181,25 +245,39 @@ def test_mesh_order_places_ranks(two, four):
 
 
 def _plan_file(tmp_path: Path, model: ModelSpec, plan: Plan) -> Path:
-    doc = {"schema_version": "1.0", "model": json.loads(model.model_dump_json()),
-           "cluster": json.loads(load_cluster("dgx-a100-80gb").model_dump_json()), "num_gpus": plan.world_size,
-           "job": json.loads(JOB.model_dump_json()), "plan": json.loads(plan.model_dump_json())}
+    doc = {
+        "schema_version": "1.0",
+        "model": json.loads(model.model_dump_json()),
+        "cluster": json.loads(load_cluster("dgx-a100-80gb").model_dump_json()),
+        "num_gpus": plan.world_size,
+        "job": json.loads(JOB.model_dump_json()),
+        "plan": json.loads(plan.model_dump_json()),
+    }
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
     return path
 
 
 def _plan_run(*args, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", "run", *map(str, args)], capture_output=True,
-                          text=True, timeout=LAUNCH_TIMEOUT, env=env, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "run", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT,
+        env=env,
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("mode, timeout, words", [
-    ("raise", PG_TIMEOUT, "error: rank 1 failed: RuntimeError: injected failure at step 1"),
-    ("exit", PG_TIMEOUT, "error: rank 1 failed: exit code 3"),
-    # a rank that hangs: the others fail after the process-group timeout, the silent one is named
-    ("hang", "8", "error: rank 1 stopped answering: rank 0 failed: RuntimeError: Timed out waiting 8000ms"),
-])
+@pytest.mark.parametrize(
+    "mode, timeout, words",
+    [
+        ("raise", PG_TIMEOUT, "error: rank 1 failed: RuntimeError: injected failure at step 1"),
+        ("exit", PG_TIMEOUT, "error: rank 1 failed: exit code 3"),
+        # a rank that hangs: the others fail after the process-group timeout, the silent one is named
+        ("hang", "8", "error: rank 1 stopped answering: rank 0 failed: RuntimeError: Timed out waiting 8000ms"),
+    ],
+)
 def test_a_failing_rank_stops_everything_with_one_line(tmp_path, mode, timeout, words):
     path = _plan_file(tmp_path, GPT, _plan(pp=2, micro_batch_size=2))
     marker = uuid.uuid4().hex
@@ -229,8 +307,14 @@ def test_ctrl_c_stops_every_worker(tmp_path, wait_s):
     marker = uuid.uuid4().hex
     # rank 1 hangs, so the run is still going when the signal comes
     env = _marker_env(marker, PLAN_RUN_FAIL_RANK="1", PLAN_RUN_FAIL_MODE="hang")
-    proc = subprocess.Popen([sys.executable, "-m", "planner.cli.main", "run", str(path), "--timeout", PG_TIMEOUT],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner.cli.main", "run", str(path), "--timeout", PG_TIMEOUT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     deadline = time.time() + 60
     while len(_processes_with(marker)) < 3 and time.time() < deadline:  # launcher + 2 workers
         time.sleep(0.1)
@@ -239,7 +323,9 @@ def test_ctrl_c_stops_every_worker(tmp_path, wait_s):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()  # progress lines, then one error line
-    assert lines[-1].startswith("error: interrupted by Ctrl-C") and sum(line.startswith("error:") for line in lines) == 1, err
+    assert (
+        lines[-1].startswith("error: interrupted by Ctrl-C") and sum(line.startswith("error:") for line in lines) == 1
+    ), err
     assert all(line.startswith("plan run: ") for line in lines[:-1]), err
     assert out == ""
     _no_leftovers(marker)
@@ -251,9 +337,27 @@ def test_ctrl_c_stops_plan_profile_within_seconds(tmp_path):
     writes no profile and leaves no process behind."""
     marker = uuid.uuid4().hex
     out_path = tmp_path / "profile.json"
-    proc = subprocess.Popen([sys.executable, "-m", "planner.cli.main", "profile", "--model", "gpt2-124m", "--nproc-per-node", "2",
-                             "--seq-len", "128", "-o", str(out_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_marker_env(marker), start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "profile",
+            "--model",
+            "gpt2-124m",
+            "--nproc-per-node",
+            "2",
+            "--seq-len",
+            "128",
+            "-o",
+            str(out_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_marker_env(marker),
+        start_new_session=True,
+    )
     deadline = time.time() + 60
     while len(_processes_with(marker)) < 3 and time.time() < deadline:  # launcher + 2 workers
         time.sleep(0.1)
@@ -279,8 +383,13 @@ def test_sigkill_of_the_launcher_leaves_no_worker(tmp_path, wait_s):
     path = _plan_file(tmp_path, GPT, _plan(dp=2, micro_batch_size=2))
     marker = uuid.uuid4().hex
     env = _marker_env(marker, PLAN_RUN_FAIL_RANK="1", PLAN_RUN_FAIL_MODE="hang")
-    proc = subprocess.Popen([sys.executable, "-m", "planner.cli.main", "run", str(path), "--timeout", PG_TIMEOUT],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner.cli.main", "run", str(path), "--timeout", PG_TIMEOUT],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     deadline = time.time() + 60
     while len(_processes_with(marker)) < 3 and time.time() < deadline:  # launcher + 2 workers
         time.sleep(0.1)
@@ -296,14 +405,32 @@ def test_two_nodes_on_one_machine(tmp_path):
     path = _plan_file(tmp_path, GPT, _plan(dp=2, micro_batch_size=2, zero_stage=1))
     endpoint = f"127.0.0.1:{free_port()}"
     marker = uuid.uuid4().hex
-    common = ["--nnodes", "2", "--rdzv-endpoint", endpoint, "--nproc-per-node", "1", "--steps", "3", "--warmup", "1",
-              "--timeout", PG_TIMEOUT]
+    common = [
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        endpoint,
+        "--nproc-per-node",
+        "1",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--timeout",
+        PG_TIMEOUT,
+    ]
     out = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "planner.cli.main", "run", str(path), *common]
-    node0 = subprocess.Popen([*cmd, "--node-rank", "0", "--json", "-o", str(out)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=_marker_env(marker))
-    node1 = subprocess.Popen([*cmd, "--node-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=_marker_env(marker))
+    node0 = subprocess.Popen(
+        [*cmd, "--node-rank", "0", "--json", "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_marker_env(marker),
+    )
+    node1 = subprocess.Popen(
+        [*cmd, "--node-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_marker_env(marker)
+    )
     out0, err0 = node0.communicate(timeout=LAUNCH_TIMEOUT)
     out1, err1 = node1.communicate(timeout=LAUNCH_TIMEOUT)
     assert node0.returncode == 0, err0[-2000:]
@@ -322,9 +449,30 @@ def test_inside_torchrun(tmp_path):
     path = _plan_file(tmp_path, GPT, _plan(tp=2, micro_batch_size=4))
     marker = uuid.uuid4().hex
     res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-         "-m", "planner.cli.main", "run", str(path), "--steps", "3", "--warmup", "1", "--json", "--timeout", PG_TIMEOUT],
-        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=_marker_env(marker),
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "planner.cli.main",
+            "run",
+            str(path),
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+            "--timeout",
+            PG_TIMEOUT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT,
+        env=_marker_env(marker),
     )
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads(res.stdout)
@@ -336,10 +484,24 @@ def test_a_run_that_misses_the_reference_exits_1_with_its_report(tmp_path):
     """The check can fail: with a tolerance below fp32 rounding, the data-parallel run (whose
     averaging sums in another order) no longer passes; the JSON report says why, exit 1."""
     path = _plan_file(tmp_path, GPT, _plan(dp=2, micro_batch_size=2))
-    res = _plan_run(path, "--steps", "2", "--warmup", "1", "--tolerance", "1e-300", "--json", "--timeout", PG_TIMEOUT,
-                    env=_marker_env(uuid.uuid4().hex))
+    res = _plan_run(
+        path,
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--tolerance",
+        "1e-300",
+        "--json",
+        "--timeout",
+        PG_TIMEOUT,
+        env=_marker_env(uuid.uuid4().hex),
+    )
     assert res.returncode == 1, res.stderr
     report = json.loads(res.stdout)
     assert report["verdict"] == "fail" and not report["verification"]["passed"]
     lines = res.stderr.strip().splitlines()
-    assert lines[-1].startswith("error: verification failed: step ") and sum(line.startswith("error:") for line in lines) == 1
+    assert (
+        lines[-1].startswith("error: verification failed: step ")
+        and sum(line.startswith("error:") for line in lines) == 1
+    )

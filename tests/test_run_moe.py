@@ -50,9 +50,13 @@ num_shared_experts: 1
 first_dense_layers: 1
 """
 # The same experts as GPT-style MLPs (GELU, biases, LayerNorm, learned positions).
-GELU_YAML = MOE_YAML.replace("tiny-moe", "tiny-moe-gelu").replace("swiglu", "gelu").replace(
-    "learned_position_embeddings: false", "learned_position_embeddings: true").replace(
-    "linear_bias: false", "linear_bias: true").replace("rmsnorm", "layernorm")
+GELU_YAML = (
+    MOE_YAML.replace("tiny-moe", "tiny-moe-gelu")
+    .replace("swiglu", "gelu")
+    .replace("learned_position_embeddings: false", "learned_position_embeddings: true")
+    .replace("linear_bias: false", "linear_bias: true")
+    .replace("rmsnorm", "layernorm")
+)
 GLOBAL_BATCH = 8
 
 # name -> (model file, processes, ep, plan estimate options). Each runs 3 steps against the reference.
@@ -67,8 +71,12 @@ FOUR_PROCESSES = {
     "dp4 ep4": ("moe", 4, 4, []),
     "dp4 ep2 zero1": ("moe", 4, 2, ["--micro-batch-size", "2", "--zero", "1"]),
     "dp2 pp2 ep2": ("moe", 4, 2, ["--pp", "2"]),
-    "dp2 pp2 ep2 zero1 gpipe full recompute": ("moe", 4, 2, ["--pp", "2", "--zero", "1", "--schedule", "gpipe",
-                                                             "--recompute", "full"]),
+    "dp2 pp2 ep2 zero1 gpipe full recompute": (
+        "moe",
+        4,
+        2,
+        ["--pp", "2", "--zero", "1", "--schedule", "gpipe", "--recompute", "full"],
+    ),
     "dp2 pp2 vpp2 ep2 interleaved": ("moe", 4, 2, ["--pp", "2", "--vpp", "2"]),
 }
 
@@ -124,6 +132,7 @@ MOE_LAYERS = 3
 def test_each_rank_keeps_its_share_of_the_experts(two, four):
     """Weights measured per rank: ep=2 drops half of the 4 experts of each of the 3 MoE
     layers against ep=1, ep=4 three quarters; PP halves the layers, EP their experts."""
+
     def weights(report):
         held = {r["memory"]["weights_bytes"] for r in report["ranks"]}
         assert len(held) == 1  # every rank of an even layout holds as much
@@ -147,19 +156,42 @@ def test_plan_run_on_a_moe_plan_file(tmp_path, model_files):
 
 # --------------------------------------------------------------------------- refusals
 
-MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2, vocab_size=256, max_seq_len=32,
-                activation="swiglu", learned_position_embeddings=False, linear_bias=False, norm="rmsnorm", dropout=False,
-                param_dtype="fp32", num_experts=4, experts_per_token=2, moe_ffn_hidden_size=96, num_shared_experts=1,
-                first_dense_layers=1)
+MOE = ModelSpec(
+    name="tiny-moe",
+    num_layers=4,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    vocab_size=256,
+    max_seq_len=32,
+    activation="swiglu",
+    learned_position_embeddings=False,
+    linear_bias=False,
+    norm="rmsnorm",
+    dropout=False,
+    param_dtype="fp32",
+    num_experts=4,
+    experts_per_token=2,
+    moe_ffn_hidden_size=96,
+    num_shared_experts=1,
+    first_dense_layers=1,
+)
 JOB = JobSpec(global_batch_size=GLOBAL_BATCH, seq_len=32, precision="fp32")
 
 
-@pytest.mark.parametrize("plan, words", [
-    (Plan(dp=2, tp=2, pp=1, ep=2, micro_batch_size=2, num_micro_batches=2, sequence_parallel=True),
-     "plan run does not run tensor parallelism in mixture-of-experts layers (tp=2)"),
-    (Plan(dp=2, tp=1, pp=1, ep=2, micro_batch_size=2, num_micro_batches=2, zero_stage=3),
-     "plan run shards expert-parallel experts with ZeRO-0 or 1 only (ep=2 with ZeRO-3)"),
-])
+@pytest.mark.parametrize(
+    "plan, words",
+    [
+        (
+            Plan(dp=2, tp=2, pp=1, ep=2, micro_batch_size=2, num_micro_batches=2, sequence_parallel=True),
+            "plan run does not run tensor parallelism in mixture-of-experts layers (tp=2)",
+        ),
+        (
+            Plan(dp=2, tp=1, pp=1, ep=2, micro_batch_size=2, num_micro_batches=2, zero_stage=3),
+            "plan run shards expert-parallel experts with ZeRO-0 or 1 only (ep=2 with ZeRO-3)",
+        ),
+    ],
+)
 def test_what_plan_run_cannot_do_is_refused_before_launch(plan, words):
     with pytest.raises(UsageError) as err:
         prepare_case(MOE, JOB, plan)
@@ -199,7 +231,9 @@ def _exchange_worker(rank: int, world: int, init_file: str) -> None:
     from planner.executor.experts import Exchange
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+    )
     try:
         for skewed in (False, True):
             torch.manual_seed(0)
@@ -247,8 +281,13 @@ def test_all_to_all_dispatch_and_combine_equal_a_local_computation(tmp_path):
     import torch.multiprocessing as mp
 
     world = 2
-    ctx = mp.start_processes(_exchange_worker, args=(world, str(tmp_path / f"init-{uuid.uuid4().hex}")), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _exchange_worker,
+        args=(world, str(tmp_path / f"init-{uuid.uuid4().hex}")),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.time() + 120
     while not ctx.join(timeout=1):  # raises with the worker's traceback when one fails
         if time.time() > deadline:

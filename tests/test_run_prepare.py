@@ -14,7 +14,9 @@ from planner.errors import UsageError
 from planner.executor.prepare import Rehearsal, check_world, prepare_case, proportional
 from planner.specs import DType, JobSpec, ModelSpec, Plan, Recompute, StageRecompute
 
-GPT = ModelSpec(name="tiny-gpt", num_layers=8, hidden_size=64, num_heads=4, vocab_size=256, max_seq_len=32, param_dtype="fp32")
+GPT = ModelSpec(
+    name="tiny-gpt", num_layers=8, hidden_size=64, num_heads=4, vocab_size=256, max_seq_len=32, param_dtype="fp32"
+)
 JOB = JobSpec(global_batch_size=8, seq_len=32, precision="fp32")
 
 
@@ -35,11 +37,22 @@ def test_proportional_keeps_totals_and_minimum():
 
 
 def test_scaling_keeps_the_plans_shape_and_records_every_change():
-    big = ModelSpec(name="gpt3-ish", num_layers=24, hidden_size=1024, num_heads=16, vocab_size=50304, max_seq_len=2048,
-                    tied_embeddings=True)
+    big = ModelSpec(
+        name="gpt3-ish",
+        num_layers=24,
+        hidden_size=1024,
+        num_heads=16,
+        vocab_size=50304,
+        max_seq_len=2048,
+        tied_embeddings=True,
+    )
     job = JobSpec(global_batch_size=8, seq_len=2048, precision="bf16")
-    p = plan(pp=2, num_micro_batches=4, layers_per_stage=[8, 16],
-             stage_recompute=[StageRecompute(none=4, full=4), StageRecompute(none=16)])
+    p = plan(
+        pp=2,
+        num_micro_batches=4,
+        layers_per_stage=[8, 16],
+        stage_recompute=[StageRecompute(none=4, full=4), StageRecompute(none=16)],
+    )
     case = prepare_case(big, job, p, Rehearsal(layers=6, hidden=128, heads=4, vocab=512, seq_len=64))
     m = case.model
     assert (m.num_layers, m.hidden_size, m.num_heads, m.vocab_size, m.max_seq_len) == (6, 128, 4, 512, 64)
@@ -48,8 +61,16 @@ def test_scaling_keeps_the_plans_shape_and_records_every_change():
     assert case.plan.layers_per_stage == [2, 4]
     assert [(r.none, r.full) for r in case.plan.stage_recompute] == [(1, 1), (4, 0)]
     text = " | ".join(case.notes)
-    for word in ("layers 24 -> 6", "hidden 1024 -> 128", "heads 16 -> 4", "vocabulary", "sequence 2048 -> 64",
-                 "untied", "fp32", "dropout"):
+    for word in (
+        "layers 24 -> 6",
+        "hidden 1024 -> 128",
+        "heads 16 -> 4",
+        "vocabulary",
+        "sequence 2048 -> 64",
+        "untied",
+        "fp32",
+        "dropout",
+    ):
         assert word in text
 
 
@@ -61,16 +82,19 @@ def test_tied_embeddings_stay_tied_without_pipeline():
 # --------------------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("kw, rehearsal, words", [
-    (dict(tp=8), Rehearsal(), "does not divide the 4 attention heads"),
-    (dict(tp=2), Rehearsal(heads=2, hidden=64), None),  # 2 heads: tp=2 still divides
-    (dict(tp=4), Rehearsal(heads=2, hidden=64), "does not divide the 2 attention heads"),
-    (dict(pp=4, num_micro_batches=2, micro_batch_size=4), Rehearsal(), "1F1B needs at least as many micro-batches"),
-    (dict(pp=4, layers_per_stage=[1, 1, 1, 1]), Rehearsal(), "sums to 4"),
-    (dict(tp=2), Rehearsal(vocab=255), "does not divide the vocabulary"),
-    (dict(tp=2, sequence_parallel=True), Rehearsal(seq_len=31), "divide the sequence length"),
-    (dict(pp=2), Rehearsal(layers=1), "fewer than pp"),
-])
+@pytest.mark.parametrize(
+    "kw, rehearsal, words",
+    [
+        (dict(tp=8), Rehearsal(), "does not divide the 4 attention heads"),
+        (dict(tp=2), Rehearsal(heads=2, hidden=64), None),  # 2 heads: tp=2 still divides
+        (dict(tp=4), Rehearsal(heads=2, hidden=64), "does not divide the 2 attention heads"),
+        (dict(pp=4, num_micro_batches=2, micro_batch_size=4), Rehearsal(), "1F1B needs at least as many micro-batches"),
+        (dict(pp=4, layers_per_stage=[1, 1, 1, 1]), Rehearsal(), "sums to 4"),
+        (dict(tp=2), Rehearsal(vocab=255), "does not divide the vocabulary"),
+        (dict(tp=2, sequence_parallel=True), Rehearsal(seq_len=31), "divide the sequence length"),
+        (dict(pp=2), Rehearsal(layers=1), "fewer than pp"),
+    ],
+)
 def test_refused_before_launch(kw, rehearsal, words):
     p = plan(**kw)
     if words is None:
@@ -88,23 +112,29 @@ def test_world_size_mismatch_names_every_factor():
 
 def _plan_file(tmp_path, **kw):
     doc = {
-        "schema_version": "1.0", "model": json.loads(GPT.model_dump_json()),
+        "schema_version": "1.0",
+        "model": json.loads(GPT.model_dump_json()),
         "cluster": json.loads(__import__("hardware_profiles").load_cluster("dgx-a100-80gb").model_dump_json()),
-        "num_gpus": plan(**kw).world_size, "job": json.loads(JOB.model_dump_json()), "plan": json.loads(plan(**kw).model_dump_json()),
+        "num_gpus": plan(**kw).world_size,
+        "job": json.loads(JOB.model_dump_json()),
+        "plan": json.loads(plan(**kw).model_dump_json()),
     }
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
     return str(path)
 
 
-@pytest.mark.parametrize("kw, args, words", [
-    (dict(dp=2, num_micro_batches=2), ["--nproc-per-node", "3"], "= 2 processes but the launch has 3"),
-    (dict(tp=2), ["--scale-heads", "1", "--scale-hidden", "64"], "does not divide the 1 attention heads"),
-    (dict(pp=4, micro_batch_size=4, num_micro_batches=2), [], "1F1B needs at least as many micro-batches"),
-    (dict(dp=2, num_micro_batches=2), ["--nnodes", "2"], "--rdzv-endpoint"),
-    (dict(dp=2, num_micro_batches=2), ["--steps", "2", "--warmup", "2"], "--warmup"),
-    (dict(dp=2, num_micro_batches=2), ["--tolerance", "0"], "--tolerance"),
-])
+@pytest.mark.parametrize(
+    "kw, args, words",
+    [
+        (dict(dp=2, num_micro_batches=2), ["--nproc-per-node", "3"], "= 2 processes but the launch has 3"),
+        (dict(tp=2), ["--scale-heads", "1", "--scale-hidden", "64"], "does not divide the 1 attention heads"),
+        (dict(pp=4, micro_batch_size=4, num_micro_batches=2), [], "1F1B needs at least as many micro-batches"),
+        (dict(dp=2, num_micro_batches=2), ["--nnodes", "2"], "--rdzv-endpoint"),
+        (dict(dp=2, num_micro_batches=2), ["--steps", "2", "--warmup", "2"], "--warmup"),
+        (dict(dp=2, num_micro_batches=2), ["--tolerance", "0"], "--tolerance"),
+    ],
+)
 def test_cli_refuses_in_one_line_with_exit_2(tmp_path, kw, args, words):
     res = CliRunner().invoke(cli, ["run", _plan_file(tmp_path, **kw), *args])
     assert res.exit_code == 2, res.output
@@ -114,8 +144,10 @@ def test_cli_refuses_in_one_line_with_exit_2(tmp_path, kw, args, words):
 def test_cli_refuses_before_importing_torch(tmp_path):
     """A plan that cannot run is refused in a fraction of a second: torch is never imported."""
     path = _plan_file(tmp_path, dp=2, num_micro_batches=2)
-    code = ("import sys; from planner.cli.main import main; sys.argv = ['plan', 'run', sys.argv[1], '--nproc-per-node', '3']\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)")
+    code = (
+        "import sys; from planner.cli.main import main; sys.argv = ['plan', 'run', sys.argv[1], '--nproc-per-node', '3']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "exit 2 False", out.stdout + out.stderr
 

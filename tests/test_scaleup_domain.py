@@ -16,8 +16,12 @@ from planner import api
 from planner.pictures import placement
 
 H100 = load_cluster("dgx-h100-80gb")  # 8 GPUs a node, NVLink inside
-HOSTS_OF_4 = H100.model_copy(update={"name": "h100-hosts-of-4", "gpus_per_node": 4})  # the same GPUs, 4 a host, no domain
-DOMAIN_8 = HOSTS_OF_4.model_copy(update={"name": "h100-domain-8", "scaleup_domain_gpus": 8})  # hosts of 4, NVLink over 8
+HOSTS_OF_4 = H100.model_copy(
+    update={"name": "h100-hosts-of-4", "gpus_per_node": 4}
+)  # the same GPUs, 4 a host, no domain
+DOMAIN_8 = HOSTS_OF_4.model_copy(
+    update={"name": "h100-domain-8", "scaleup_domain_gpus": 8}
+)  # hosts of 4, NVLink over 8
 
 
 def test_a_group_inside_the_domain_takes_the_fast_link():
@@ -43,11 +47,14 @@ def test_without_the_field_a_cluster_is_one_domain_per_node():
 
 
 def test_tp_may_fill_the_domain_but_not_cross_it():
-    on_domain = api.solve("llama3-70b", DOMAIN_8, gpus=32, global_batch=64, seq_len=4096, target="megatron", top_k=0,
-                          fixes=["tp=8"])
+    on_domain = api.solve(
+        "llama3-70b", DOMAIN_8, gpus=32, global_batch=64, seq_len=4096, target="megatron", top_k=0, fixes=["tp=8"]
+    )
     assert on_domain.plan.tp == 8
     with pytest.raises(Exception, match="no layout"):  # TP stays inside the 4-GPU hosts there
-        api.solve("llama3-70b", HOSTS_OF_4, gpus=32, global_batch=64, seq_len=4096, target="megatron", top_k=0, fixes=["tp=8"])
+        api.solve(
+            "llama3-70b", HOSTS_OF_4, gpus=32, global_batch=64, seq_len=4096, target="megatron", top_k=0, fixes=["tp=8"]
+        )
 
 
 def test_placement_names_the_domain():
@@ -71,7 +78,19 @@ def test_a_group_over_part_of_a_second_domain_spans_two():
 def test_deepseek_v3_experts_inside_an_nvl72_rack_cross_the_network_on_b200():
     """The README's comparison: the NVL72 plan's expert all-to-alls (EP 64, TP 4, no pipeline) stay
     on NVLink there and cross nodes on DGX B200 (8 nodes of 8)."""
-    kw = dict(gpus=1024, global_batch=8192, seq_len=4096, tp=4, pp=1, ep=64, micro_batch_size=4, zero=1, sequence_parallel=True,
-              tp_comm_overlap=True, recompute="selective", target="megatron")
+    kw = dict(
+        gpus=1024,
+        global_batch=8192,
+        seq_len=4096,
+        tp=4,
+        pp=1,
+        ep=64,
+        micro_batch_size=4,
+        zero=1,
+        sequence_parallel=True,
+        tp_comm_overlap=True,
+        recompute="selective",
+        target="megatron",
+    )
     nvl, b200 = (api.estimate("deepseek-v3", c, **kw).estimate for c in ("gb200-nvl72", "dgx-b200"))
     assert b200.time_breakdown_s.tp_communication > 5 * nvl.time_breakdown_s.tp_communication

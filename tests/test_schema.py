@@ -25,15 +25,35 @@ def test_checked_in_schema_is_the_generated_one(name):
 
 
 def test_plan_schema_command_prints_it():
-    out = subprocess.run([sys.executable, "-m", "planner.cli.main", "schema", "solve"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "schema", "solve"], capture_output=True, text=True, check=True
+    )
     assert json.loads(out.stdout)["title"] == "SolveDocument"
 
 
 def test_a_solve_document_validates_against_its_schema(tmp_path):
     jsonschema = pytest.importorskip("jsonschema")
     out = tmp_path / "p.json"
-    subprocess.run([sys.executable, "-m", "planner.cli.main", "solve", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb",
-                    "--gpus", "16", "--global-batch", "64", "-o", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "solve",
+            "--model",
+            "gpt3-1.3b",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "-o",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     doc = json.loads(out.read_text())
     jsonschema.validate(doc, json.loads(schema_text("solve")))
     doc["plan"]["tp"] = "eight"
@@ -61,10 +81,37 @@ def test_recompute_never_contradicts_stage_recompute():
 def test_an_older_document_with_a_contradiction_reads_with_the_mode_derived(tmp_path):
     """Before 1.3 a solve could write recompute 'none' beside mixed per-stage counts (which won):
     such documents still read, their recompute derived again."""
-    plan = Plan(dp=1, tp=1, pp=2, micro_batch_size=1, num_micro_batches=4, layers_per_stage=[12, 12],
-                stage_recompute=[StageRecompute(none=10, full=2), StageRecompute(none=12)])
-    doc = subprocess.run([sys.executable, "-m", "planner.cli.main", "estimate", "--model", "gpt3-1.3b", "--cluster", "dgx-a100-80gb",
-                          "--gpus", "2", "--global-batch", "4", "--pp", "2", "--json"], capture_output=True, text=True, check=True)
+    plan = Plan(
+        dp=1,
+        tp=1,
+        pp=2,
+        micro_batch_size=1,
+        num_micro_batches=4,
+        layers_per_stage=[12, 12],
+        stage_recompute=[StageRecompute(none=10, full=2), StageRecompute(none=12)],
+    )
+    doc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "estimate",
+            "--model",
+            "gpt3-1.3b",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "4",
+            "--pp",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     data = json.loads(doc.stdout)
     data["schema_version"] = "1.2"
     data["plan"] = {**plan.model_dump(mode="json"), "recompute": "none"}
@@ -73,7 +120,9 @@ def test_an_older_document_with_a_contradiction_reads_with_the_mode_derived(tmp_
     assert read_plan_file(path).plan.recompute == Recompute.mixed
     data["schema_version"] = "1.3"
     path.write_text(json.dumps(data))
-    res = subprocess.run([sys.executable, "-m", "planner.cli.main", "estimate", "--plan", str(path)], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "estimate", "--plan", str(path)], capture_output=True, text=True
+    )
     assert res.returncode == 2 and "stage_recompute" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
@@ -88,6 +137,10 @@ def test_solve_writes_mixed_for_a_mixed_plan():
 
 
 def test_plan_schema_takes_json_as_every_command_does():
-    out = subprocess.run([sys.executable, "-m", "planner.cli.main", "schema", "size", "--json"], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "schema", "size", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout == schema_text("size")

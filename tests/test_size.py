@@ -24,8 +24,18 @@ CLUSTERS = ("dgx-a100-80gb", "dgx-h100-80gb")
 @pytest.fixture(scope="module")
 def doc() -> SizeDocument:
     model = api.load_model("llama3-8b")
-    return sweep(model, [(n, api.load_cluster(n)) for n in CLUSTERS], [8, 16, 64], 1e12, 256, 4096,
-                 target="megatron", prices={"dgx-a100-80gb": 1.5, "dgx-h100-80gb": 2.5}, deadline_days=60, min_scaling=0.9)
+    return sweep(
+        model,
+        [(n, api.load_cluster(n)) for n in CLUSTERS],
+        [8, 16, 64],
+        1e12,
+        256,
+        4096,
+        target="megatron",
+        prices={"dgx-a100-80gb": 1.5, "dgx-h100-80gb": 2.5},
+        deadline_days=60,
+        min_scaling=0.9,
+    )
 
 
 def test_tokens_counts_and_prices_are_read_or_refused():
@@ -50,8 +60,26 @@ def test_counts_round_to_whole_nodes():
 
 
 def test_counts_rounding_to_one_point_are_said_and_tokens_read_in_their_unit():
-    r = subprocess.run([*PLAN, "size", "--model", "llama3-8b", "--clusters", "dgx-h100-80gb", "--gpus", "8,9,10,16", "--tokens", "2P",
-                        "--global-batch", "64", "--seq-len", "4096"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            *PLAN,
+            "size",
+            "--model",
+            "llama3-8b",
+            "--clusters",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8,9,10,16",
+            "--tokens",
+            "2P",
+            "--global-batch",
+            "64",
+            "--seq-len",
+            "4096",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "plan size: dgx-h100-80gb: 8, 9 and 10 GPUs round to 8 (whole nodes of 8): one point" in r.stderr
     assert r.stdout.startswith("llama3-8b: 2P tokens = ")  # not '2e+03T'
@@ -75,7 +103,9 @@ def test_the_front_is_exactly_the_non_dominated_points(doc):
     assert doc.front_axis == "cost"  # every cluster priced
     ok = [p for p in doc.points if p.feasible]
     for p in ok:
-        dominated = any(q.days <= p.days and q.cost <= p.cost and (q.days < p.days or q.cost < p.cost) for q in ok if q is not p)
+        dominated = any(
+            q.days <= p.days and q.cost <= p.cost and (q.days < p.days or q.cost < p.cost) for q in ok if q is not p
+        )
         assert p.on_front == (not dominated), p
     assert any(p.on_front for p in ok)
 
@@ -85,15 +115,21 @@ def test_scaling_efficiency_is_the_speed_up_per_gpu_ratio(doc):
         ps = sorted((p for p in doc.points if p.cluster == name), key=lambda p: p.gpus)
         assert ps[0].scaling_efficiency is None and not ps[0].stops_paying
         for prev, p in zip(ps, ps[1:]):
-            assert p.scaling_efficiency == pytest.approx((prev.step_time_s / p.step_time_s) * prev.gpus / p.gpus, rel=1e-12)
+            assert p.scaling_efficiency == pytest.approx(
+                (prev.step_time_s / p.step_time_s) * prev.gpus / p.gpus, rel=1e-12
+            )
             assert p.stops_paying == (p.scaling_efficiency < 0.9)
 
 
 def test_a_point_where_nothing_fits_says_memory():
     model = api.load_model("gpt3-175b")
-    d = sweep(model, [("dgx-a100-40gb", api.load_cluster("dgx-a100-40gb"))], [8, 1024], 3e11, 1536, 2048, target="megatron")
+    d = sweep(
+        model, [("dgx-a100-40gb", api.load_cluster("dgx-a100-40gb"))], [8, 1024], 3e11, 1536, 2048, target="megatron"
+    )
     small, large = d.points
-    assert (small.feasible, small.reason, small.on_front) == (False, "memory", False) and large.feasible and large.on_front
+    assert (
+        (small.feasible, small.reason, small.on_front) == (False, "memory", False) and large.feasible and large.on_front
+    )
     assert reason_of(UsageError("global batch 8 cannot be split over dp 16")) == "batch"
     from planner.cli.render import size_summary
 
@@ -103,9 +139,34 @@ def test_a_point_where_nothing_fits_says_memory():
 def test_json_matches_the_document_and_the_picture_is_drawn(tmp_path):
     pytest.importorskip("matplotlib")
     out, pic = tmp_path / "size.json", tmp_path / "front.svg"
-    r = subprocess.run([*PLAN, "size", "--model", "llama3-8b", "--clusters", "dgx-h100-80gb", "--gpus", "8..16", "--tokens", "1T",
-                        "--global-batch", "256", "--seq-len", "4096", "--target", "megatron", "--json", "-o", str(out),
-                        "--picture", str(pic)], capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            *PLAN,
+            "size",
+            "--model",
+            "llama3-8b",
+            "--clusters",
+            "dgx-h100-80gb",
+            "--gpus",
+            "8..16",
+            "--tokens",
+            "1T",
+            "--global-batch",
+            "256",
+            "--seq-len",
+            "4096",
+            "--target",
+            "megatron",
+            "--json",
+            "-o",
+            str(out),
+            "--picture",
+            str(pic),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     printed = SizeDocument.model_validate_json(r.stdout)
     assert SizeDocument.model_validate_json(out.read_text()).points == printed.points
@@ -120,9 +181,31 @@ def test_with_no_point_the_picture_says_so_and_nothing_else_reaches_stderr(tmp_p
     error is the last line, and matplotlib's warning of an empty legend is not printed."""
     pytest.importorskip("matplotlib")
     out, pic = tmp_path / "size.json", tmp_path / "front.svg"
-    r = subprocess.run([*PLAN, "size", "--model", "llama3-70b", "--clusters", "dgx-a100-40gb", "--gpus", "8", "--tokens", "1T",
-                        "--global-batch", "8", "--seq-len", "8192", "-o", str(out), "--picture", str(pic)],
-                       capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            *PLAN,
+            "size",
+            "--model",
+            "llama3-70b",
+            "--clusters",
+            "dgx-a100-40gb",
+            "--gpus",
+            "8",
+            "--tokens",
+            "1T",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "8192",
+            "-o",
+            str(out),
+            "--picture",
+            str(pic),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.returncode == 1
     lines = r.stderr.splitlines()
     assert lines[:2] == [f"document written to {out}", f"picture written to {pic}"] and len(lines) == 3, lines
@@ -130,23 +213,34 @@ def test_with_no_point_the_picture_says_so_and_nothing_else_reaches_stderr(tmp_p
     assert "no point has a plan" in pic.read_text()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--tokens", "15X"], "--tokens"),
-    (["--gpus", "8192..256"], "the range runs backwards; give FIRST..LAST with FIRST <= LAST, e.g. 256..8192"),
-    (["--clusters", "dgx-h100-80gb,,"], "distinct"),  # an empty name, as --gpus 8,,16 is refused
-    (["--price", "dgx-h200=2"], "not one of --clusters"),
-    (["--budget", "1000"], "--budget needs prices"),
-    (["--clusters", "dgx-h100-80gb,dgx-h100-80gb"], "distinct"),
-    (["--deadline", "soon"], "--deadline"),
-    (["--picture", "front.gif"], ".svg or .png"),
-    (["--model", "gpt2-124m"], "--seq-len 1024 or less"),  # wrong at every count: one error, not a row per point
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--tokens", "15X"], "--tokens"),
+        (["--gpus", "8192..256"], "the range runs backwards; give FIRST..LAST with FIRST <= LAST, e.g. 256..8192"),
+        (["--clusters", "dgx-h100-80gb,,"], "distinct"),  # an empty name, as --gpus 8,,16 is refused
+        (["--price", "dgx-h200=2"], "not one of --clusters"),
+        (["--budget", "1000"], "--budget needs prices"),
+        (["--clusters", "dgx-h100-80gb,dgx-h100-80gb"], "distinct"),
+        (["--deadline", "soon"], "--deadline"),
+        (["--picture", "front.gif"], ".svg or .png"),
+        (["--model", "gpt2-124m"], "--seq-len 1024 or less"),  # wrong at every count: one error, not a row per point
+    ],
+)
 def test_bad_inputs_are_one_line(tmp_path, args, needle):
-    base = {"--model": "llama3-8b", "--clusters": "dgx-h100-80gb", "--gpus": "8", "--tokens": "1T", "--global-batch": "64",
-            "--seq-len": "4096"}
+    base = {
+        "--model": "llama3-8b",
+        "--clusters": "dgx-h100-80gb",
+        "--gpus": "8",
+        "--tokens": "1T",
+        "--global-batch": "64",
+        "--seq-len": "4096",
+    }
     for i in range(0, len(args), 2):
         base[args[i]] = args[i + 1]
-    r = subprocess.run([*PLAN, "size", *[x for kv in base.items() for x in kv]], capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [*PLAN, "size", *[x for kv in base.items() for x in kv]], capture_output=True, text=True, cwd=tmp_path
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert not list(tmp_path.iterdir())
@@ -160,12 +254,36 @@ def test_the_size_schema_is_published():
 
 
 def test_nothing_fitting_anywhere_is_one_line_saying_by_how_much(tmp_path):
-    r = subprocess.run([*PLAN, "size", "--model", "gpt3-175b", "--clusters", "dgx-a100-40gb", "--gpus", "8,16", "--tokens", "300B",
-                        "--global-batch", "1536", "--seq-len", "2048", "--target", "megatron", "--json"],
-                       capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            *PLAN,
+            "size",
+            "--model",
+            "gpt3-175b",
+            "--clusters",
+            "dgx-a100-40gb",
+            "--gpus",
+            "8,16",
+            "--tokens",
+            "300B",
+            "--global-batch",
+            "1536",
+            "--seq-len",
+            "2048",
+            "--target",
+            "megatron",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, r.stderr
-    assert lines[0].startswith("error: no point has a plan; at 16 GPUs of dgx-a100-40gb: no layout fits") and "over" in lines[0]
+    assert (
+        lines[0].startswith("error: no point has a plan; at 16 GPUs of dgx-a100-40gb: no layout fits")
+        and "over" in lines[0]
+    )
     doc = SizeDocument.model_validate_json(r.stdout)  # the document still printed: every point and why
     assert [p.reason for p in doc.points] == ["memory", "memory"] and all("GiB" in p.detail for p in doc.points)
 
@@ -176,12 +294,20 @@ def test_the_budget_line_names_the_cheapest_point_when_none_is_within(doc):
     from planner.cli.render import size_summary
 
     cheapest = min((p for p in doc.points if p.feasible), key=lambda p: p.cost)
-    over = doc.model_copy(update={"budget": cheapest.cost / 2,
-                                  "points": [p.model_copy(update={"within_budget": False}) for p in doc.points]})
+    over = doc.model_copy(
+        update={
+            "budget": cheapest.cost / 2,
+            "points": [p.model_copy(update={"within_budget": False}) for p in doc.points],
+        }
+    )
     line = next(x for x in size_summary(over) if x.startswith("within $"))
-    assert line == (f"within ${cheapest.cost / 2:,.0f}: no point; the cheapest priced one is {cheapest.gpus:,} x {cheapest.cluster}, "
-                    f"${cheapest.cost:,.0f} in " + line.rsplit(" in ", 1)[1])
-    unpriced = over.model_copy(update={"front_axis": "gpu_hours", "points": [p.model_copy(update={"cost": None}) for p in over.points]})
+    assert line == (
+        f"within ${cheapest.cost / 2:,.0f}: no point; the cheapest priced one is {cheapest.gpus:,} x {cheapest.cluster}, "
+        f"${cheapest.cost:,.0f} in " + line.rsplit(" in ", 1)[1]
+    )
+    unpriced = over.model_copy(
+        update={"front_axis": "gpu_hours", "points": [p.model_copy(update={"cost": None}) for p in over.points]}
+    )
     assert next(x for x in size_summary(unpriced) if x.startswith("within $")).endswith("no priced point")
 
 

@@ -50,8 +50,14 @@ PINNED = Path(__file__).parent / "data" / "solve_pinned.json"
 PINNED_DEFAULT = Path(__file__).parent / "data" / "solve_pinned_default.json"
 
 GPT_1T = ModelSpec(
-    name="gpt-1t", num_layers=128, hidden_size=25600, num_heads=160, vocab_size=51200, max_seq_len=2048,
-    tied_embeddings=True, source="Narayanan et al. 2021, Table 1 (1T row: 128 layers, h 25,600, 160 heads)",
+    name="gpt-1t",
+    num_layers=128,
+    hidden_size=25600,
+    num_heads=160,
+    vocab_size=51200,
+    max_seq_len=2048,
+    tied_embeddings=True,
+    source="Narayanan et al. 2021, Table 1 (1T row: 128 layers, h 25,600, 160 heads)",
 )
 
 # (name, model, cluster, GPUs, global batch, sequence, fixed fields): the README's quick start,
@@ -85,11 +91,21 @@ def run_default_case(name: str) -> dict:
     """The answer of every stack's search (no --target) of one case, as plain data: its plans
     with their stacks, and where each stack's own recommendation is among them (0: the plan)."""
     model, cluster, job, gpus, fixed = _setting(name)
-    res = solve_stacks(model, cluster, job, SearchSpace(num_gpus=gpus, global_batch_size=job.global_batch_size, fixed=fixed))
+    res = solve_stacks(
+        model, cluster, job, SearchSpace(num_gpus=gpus, global_batch_size=job.global_batch_size, fixed=fixed)
+    )
     doc = solve_document(model, cluster, gpus, res)
-    return {"plans": [{"target": f.job.target.value, "plan": f.plan.model_dump(mode="json"), "step_time_s": f.estimate.step_time_s}
-                      for f in [res.best, *res.alternatives]],
-            "stacks": {a.target.value: a.alternative for a in doc.stacks}}
+    return {
+        "plans": [
+            {
+                "target": f.job.target.value,
+                "plan": f.plan.model_dump(mode="json"),
+                "step_time_s": f.estimate.step_time_s,
+            }
+            for f in [res.best, *res.alternatives]
+        ],
+        "stacks": {a.target.value: a.alternative for a in doc.stacks},
+    }
 
 
 def canonical(name: str, plan_json: dict) -> dict:
@@ -97,12 +113,25 @@ def canonical(name: str, plan_json: dict) -> dict:
     model, cluster, job, _, _ = _setting(name)
     plan = Plan.model_validate(plan_json)
     cand = Candidate(
-        plan.dp, plan.tp, plan.pp, plan.vpp, plan.micro_batch_size, plan.num_micro_batches, plan.schedule,
-        plan.zero_stage, plan.sequence_parallel, tuple(plan.mesh_order), plan.tp_comm_overlap,
+        plan.dp,
+        plan.tp,
+        plan.pp,
+        plan.vpp,
+        plan.micro_batch_size,
+        plan.num_micro_batches,
+        plan.schedule,
+        plan.zero_stage,
+        plan.sequence_parallel,
+        tuple(plan.mesh_order),
+        plan.tp_comm_overlap,
     )
     pc = CostTables(model, cluster, job).pipeline(cand)
     counts = settle(pc, recompute_counts(plan, model.num_layers), memory_limit_gib(cluster), MODES, default_solver())
-    assert math.isclose(evaluate(pc, list(counts)).step_time_s, evaluate(pc, recompute_counts(plan, model.num_layers)).step_time_s, rel_tol=1e-12)
+    assert math.isclose(
+        evaluate(pc, list(counts)).step_time_s,
+        evaluate(pc, recompute_counts(plan, model.num_layers)).step_time_s,
+        rel_tol=1e-12,
+    )
     return decode(cand, counts).model_dump(mode="json")
 
 
@@ -113,7 +142,11 @@ def test_solve_answers_are_pinned(name):
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         assert g["plan"] == canonical(name, e["plan"]), name
-        assert math.isclose(g["step_time_s"], e["step_time_s"], rel_tol=1e-9), (name, g["step_time_s"], e["step_time_s"])
+        assert math.isclose(g["step_time_s"], e["step_time_s"], rel_tol=1e-9), (
+            name,
+            g["step_time_s"],
+            e["step_time_s"],
+        )
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
@@ -122,13 +155,19 @@ def test_default_answers_are_pinned(name):
     expected = json.loads(PINNED_DEFAULT.read_text())[name]
     got = run_default_case(name)
     assert got["stacks"] == expected["stacks"], name
-    assert [(g["target"], g["plan"]) for g in got["plans"]] == [(e["target"], e["plan"]) for e in expected["plans"]], name
+    assert [(g["target"], g["plan"]) for g in got["plans"]] == [(e["target"], e["plan"]) for e in expected["plans"]], (
+        name
+    )
     for g, e in zip(got["plans"], expected["plans"]):
-        assert math.isclose(g["step_time_s"], e["step_time_s"], rel_tol=1e-9), (name, g["step_time_s"], e["step_time_s"])
+        assert math.isclose(g["step_time_s"], e["step_time_s"], rel_tol=1e-9), (
+            name,
+            g["step_time_s"],
+            e["step_time_s"],
+        )
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
-    which = sys.argv[sys.argv.index("--write") + 1:] or ["generic", "default"]
+    which = sys.argv[sys.argv.index("--write") + 1 :] or ["generic", "default"]
     for kind, path, run in (("generic", PINNED, run_case), ("default", PINNED_DEFAULT, run_default_case)):
         if kind in which:
             path.write_text(json.dumps({c[0]: run(c[0]) for c in CASES}, indent=1) + "\n")

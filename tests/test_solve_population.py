@@ -11,7 +11,7 @@ def test_the_population_draws_from_its_named_presets_only():
     for name in POPULATION_CLUSTERS:
         load_cluster(name)
     cases = population(22, 60)
-    drawn = cases[len(ISSUE_CASES):]
+    drawn = cases[len(ISSUE_CASES) :]
     assert {c["cluster"] for c in drawn} == set(POPULATION_CLUSTERS)
     # draw i takes cluster i mod 9, in the list's order: the order the presets had when the population was fixed
     assert [c["cluster"] for c in drawn[:9]] == [POPULATION_CLUSTERS[(i + len(ISSUE_CASES)) % 9] for i in range(9)]

@@ -26,7 +26,9 @@ def tiny_cluster(memory_gib: float, gpus_per_node: int = 2, overlap: float = 1.0
     models feel the limit."""
     base = load_cluster(preset)
     # `memory_gib` is the limit the search works to: the device is that plus the default headroom.
-    device = base.device.model_copy(update={"framework_overhead_gib": 0.0, "memory_gib": memory_gib / (1 - MEMORY_HEADROOM)})
+    device = base.device.model_copy(
+        update={"framework_overhead_gib": 0.0, "memory_gib": memory_gib / (1 - MEMORY_HEADROOM)}
+    )
     return base.model_copy(update={"gpus_per_node": gpus_per_node, "device": device, "overlap_efficiency": overlap})
 
 
@@ -51,8 +53,12 @@ def assert_same_optimum(model, cluster, job, space):
 def test_matches_brute_force_whole_space(memory_gib):
     """4 GPUs on 2-GPU nodes, every dp/tp/pp, micro-batch, ZeRO, SP, mesh order, layer split
     and per-stage recompute. The limits go from roomy to nothing fits."""
-    res = assert_same_optimum(SMALL, tiny_cluster(memory_gib), JobSpec(global_batch_size=2, seq_len=2048),
-                              SearchSpace(num_gpus=4, global_batch_size=2))
+    res = assert_same_optimum(
+        SMALL,
+        tiny_cluster(memory_gib),
+        JobSpec(global_batch_size=2, seq_len=2048),
+        SearchSpace(num_gpus=4, global_batch_size=2),
+    )
     if memory_gib == 0.7:  # tight: the optimum mixes recompute modes and splits unevenly
         assert res.best.plan.stage_recompute is not None
 
@@ -60,8 +66,12 @@ def test_matches_brute_force_whole_space(memory_gib):
 @pytest.mark.parametrize("overlap", [0.0, 0.4])
 def test_matches_brute_force_partial_overlap(overlap):
     """A cluster where DP communication hides only partly behind compute (as gloo on CPU)."""
-    assert_same_optimum(SMALL, tiny_cluster(1.0, overlap=overlap), JobSpec(global_batch_size=2, seq_len=2048),
-                        SearchSpace(num_gpus=4, global_batch_size=2))
+    assert_same_optimum(
+        SMALL,
+        tiny_cluster(1.0, overlap=overlap),
+        JobSpec(global_batch_size=2, seq_len=2048),
+        SearchSpace(num_gpus=4, global_batch_size=2),
+    )
 
 
 @pytest.mark.parametrize("memory_gib", [80, 1.0, 0.9])
@@ -118,11 +128,25 @@ def test_every_returned_plan_fits_and_divides():
 
 def test_uneven_split_when_the_head_is_heavy():
     """A 256k vocabulary makes the last stage's LM head and loss cost several layers."""
-    model = ModelSpec(name="big-vocab", num_layers=16, hidden_size=2048, num_heads=16, vocab_size=256000,
-                      max_seq_len=2048, activation="swiglu", learned_position_embeddings=False, linear_bias=False,
-                      norm="rmsnorm", dropout=False)
-    res = solve(model, load_cluster("dgx-a100-80gb"), JobSpec(global_batch_size=64, seq_len=2048),
-                SearchSpace(num_gpus=4, global_batch_size=64, fixed={"pp": 4, "tp": 1, "vpp": 1}))
+    model = ModelSpec(
+        name="big-vocab",
+        num_layers=16,
+        hidden_size=2048,
+        num_heads=16,
+        vocab_size=256000,
+        max_seq_len=2048,
+        activation="swiglu",
+        learned_position_embeddings=False,
+        linear_bias=False,
+        norm="rmsnorm",
+        dropout=False,
+    )
+    res = solve(
+        model,
+        load_cluster("dgx-a100-80gb"),
+        JobSpec(global_batch_size=64, seq_len=2048),
+        SearchSpace(num_gpus=4, global_batch_size=64, fixed={"pp": 4, "tp": 1, "vpp": 1}),
+    )
     layers = res.best.plan.layers_per_stage
     assert sum(layers) == 16 and layers[-1] < layers[1], layers
     even = res.best.plan.model_copy(update={"layers_per_stage": [4, 4, 4, 4], "stage_recompute": None})
@@ -135,17 +159,26 @@ def test_gpt3_175b_at_least_as_fast_as_megatron_layout():
     model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb")
     job = JobSpec(global_batch_size=1536, seq_len=2048)
     best = solve(model, cluster, job, SearchSpace(num_gpus=1024, global_batch_size=1536)).best
-    megatron = estimate(model, cluster, job, Plan(dp=8, tp=8, pp=16, micro_batch_size=1, num_micro_batches=192, recompute="full"))
+    megatron = estimate(
+        model, cluster, job, Plan(dp=8, tp=8, pp=16, micro_batch_size=1, num_micro_batches=192, recompute="full")
+    )
     assert best.estimate.fits and megatron.fits
     assert best.estimate.step_time_s <= megatron.step_time_s
     # the best plan of Megatron's shape: the solver improves on its hand-set details too
-    shaped = solve(model, cluster, job, SearchSpace(num_gpus=1024, global_batch_size=1536, fixed={"tp": 8, "pp": 16})).best
+    shaped = solve(
+        model, cluster, job, SearchSpace(num_gpus=1024, global_batch_size=1536, fixed={"tp": 8, "pp": 16})
+    ).best
     assert best.estimate.step_time_s <= shaped.estimate.step_time_s <= megatron.step_time_s
 
 
 def test_time_limit_marks_not_optimal():
-    res = solve(load_model("gpt3-13b"), load_cluster("dgx-a100-80gb"), JobSpec(global_batch_size=512, seq_len=2048),
-                SearchSpace(num_gpus=64, global_batch_size=512), time_limit=0.0)
+    res = solve(
+        load_model("gpt3-13b"),
+        load_cluster("dgx-a100-80gb"),
+        JobSpec(global_batch_size=512, seq_len=2048),
+        SearchSpace(num_gpus=64, global_batch_size=512),
+        time_limit=0.0,
+    )
     assert not res.stats.optimal
 
 
@@ -240,20 +273,36 @@ def test_solve_human_output_explains():
         (["--fix", "tp=3"], 2, "--fix tp=3: 3 does not divide the 16 GPUs"),  # as `plan estimate --tp 3` refuses it
         (["--fix", "tp=4", "--fix", "pp=8"], 2, "tp 4 x pp 8 = 32 does not divide the 16 GPUs"),
         # 24 layers: more chunks than layers for every pp > 1 (uneven chunks are searched)
-        (["--fix", "vpp=13"], 1, "no layout of the search space is valid with --fix vpp=13 ("),  # the fix that empties the space
+        (
+            ["--fix", "vpp=13"],
+            1,
+            "no layout of the search space is valid with --fix vpp=13 (",
+        ),  # the fix that empties the space
         (["--fix", "ep=2"], 2, "--fix ep=2: gpt3-1.3b has no experts (a dense model); drop the fix"),
         (["--fix", "mbs=3"], 1, "valid with --fix mbs=3 ("),  # the key as typed, not the field's name
-        (["--fix", "pp=8", "--fix", "vpp=4"], 1, "valid with --fix pp=8 and --fix vpp=4 together"),  # 24 layers: each alone has layouts
+        (
+            ["--fix", "pp=8", "--fix", "vpp=4"],
+            1,
+            "valid with --fix pp=8 and --fix vpp=4 together",
+        ),  # 24 layers: each alone has layouts
         # each alone has layouts (a smaller tp under that order; tp 8 inside a node under another)
         (["--fix", "mesh_order=dp,pp,tp", "--fix", "tp=8"], 1, "--fix mesh_order=dp,pp,tp and --fix tp=8 together"),
         # gpipe has no virtual stages: the two clash, neither alone rules out every layout (gpipe,
         # dominated by 1F1B, was left out of the search without the fixes, and blamed alone)
-        (["--fix", "schedule=gpipe", "--fix", "vpp=2", "--target", "generic"], 1, "--fix schedule=gpipe and --fix vpp=2 together"),
+        (
+            ["--fix", "schedule=gpipe", "--fix", "vpp=2", "--target", "generic"],
+            1,
+            "--fix schedule=gpipe and --fix vpp=2 together",
+        ),
         (["--gpus", "1048576"], 1, "valid for gpt3-1.3b on 1,048,576 GPUs with global batch 128"),
         (["--max-memory-gib", "1"], 1, "a higher --max-memory-gib (the device's own limit is"),
         (["--fix", "banana=2"], 2, "expected KEY=VALUE"),
         (["--fix", "sp=maybe"], 2, "not a valid value for sp (true or false)"),
-        (["--fix", "recompute=ful"], 2, "not a valid value for recompute (none, selective, full)"),  # the values, to pick from
+        (
+            ["--fix", "recompute=ful"],
+            2,
+            "not a valid value for recompute (none, selective, full)",
+        ),  # the values, to pick from
         (["--fix", "schedule=interleaved"], 2, "not a valid value for schedule (gpipe, 1f1b, interleaved-1f1b)"),
         (["--fix", "tp=" + "9" * 100_000], 2, "'tp=" + "9" * 37 + "..." + "9" * 20 + "': not a valid"),
         (["--micro-batch-size", "2"], 2, "either --global-batch"),
@@ -281,13 +330,29 @@ def test_tie_rule_prefers_the_plan_that_depends_least_on_communication():
     job = JobSpec(global_batch_size=64, seq_len=1024)
 
     def found(step, comm_share):
-        b = TimeBreakdown(compute=step * (1 - comm_share), recompute=0.0, pipeline_bubble=0.0, tp_communication=step * comm_share,
-                          pp_communication=0.0, dp_communication_exposed=0.0, optimizer=0.0)
+        b = TimeBreakdown(
+            compute=step * (1 - comm_share),
+            recompute=0.0,
+            pipeline_bubble=0.0,
+            tp_communication=step * comm_share,
+            pp_communication=0.0,
+            dp_communication_exposed=0.0,
+            optimizer=0.0,
+        )
         w = u.log_halfwidth(1 - comm_share, comm_share)
-        est = estimate(load_model("gpt2-124m"), load_cluster("dgx-a100-80gb"), job,
-                       Plan(dp=8, tp=1, pp=1, micro_batch_size=8, num_micro_batches=1))
-        est = est.model_copy(update={"step_time_s": step, "time_breakdown_s": b,
-                                     "step_time_interval_s": [step * math.exp(-w), step * math.exp(w)]})
+        est = estimate(
+            load_model("gpt2-124m"),
+            load_cluster("dgx-a100-80gb"),
+            job,
+            Plan(dp=8, tp=1, pp=1, micro_batch_size=8, num_micro_batches=1),
+        )
+        est = est.model_copy(
+            update={
+                "step_time_s": step,
+                "time_breakdown_s": b,
+                "step_time_interval_s": [step * math.exp(-w), step * math.exp(w)],
+            }
+        )
         return Found(candidate=None, plan=est, job=job, estimate=est)
 
     comm_heavy, compute_bound, far = found(1.00, 0.30), found(1.01, 0.0), found(1.30, 0.0)
@@ -312,7 +377,9 @@ def test_tp_comm_overlap_saves_time_and_costs_buffers():
     slowdown beside them) and adds eight s b h 16-bit userbuffers per GPU."""
     model, cluster = load_model("gpt3-175b"), load_cluster("dgx-h100-80gb")
     job = JobSpec(global_batch_size=64, seq_len=2048, target="megatron")
-    base = dict(dp=2, tp=8, pp=8, micro_batch_size=1, num_micro_batches=32, sequence_parallel=True, recompute="selective")
+    base = dict(
+        dp=2, tp=8, pp=8, micro_batch_size=1, num_micro_batches=32, sequence_parallel=True, recompute="selective"
+    )
     off = estimate(model, cluster, job, Plan(**base))
     on = estimate(model, cluster, job, Plan(**base, tp_comm_overlap=True))
     assert on.time_breakdown_s.tp_communication < 0.5 * off.time_breakdown_s.tp_communication
@@ -321,12 +388,16 @@ def test_tp_comm_overlap_saves_time_and_costs_buffers():
     assert extra == pytest.approx(8 * 2 * 2048 * 1 * model.hidden_size, rel=1e-6)
 
 
-@pytest.mark.parametrize("fields,target,message", [
-    (dict(tp=2, sequence_parallel=False, tp_comm_overlap=True), "megatron", "needs sequence_parallel"),
-    (dict(tp=2, sequence_parallel=True, tp_comm_overlap=True), "generic", "not available in target generic"),
-])
+@pytest.mark.parametrize(
+    "fields,target,message",
+    [
+        (dict(tp=2, sequence_parallel=False, tp_comm_overlap=True), "megatron", "needs sequence_parallel"),
+        (dict(tp=2, sequence_parallel=True, tp_comm_overlap=True), "generic", "not available in target generic"),
+    ],
+)
 def test_tp_comm_overlap_is_refused_where_it_cannot_run(fields, target, message):
     from planner.specs import PlanError
+
     job = JobSpec(global_batch_size=4, seq_len=1024, target=target)
     with pytest.raises((PlanError, ValueError), match=message):
         Plan(dp=2, pp=1, micro_batch_size=2, num_micro_batches=1, **fields).validate_for(load_model("gpt2-124m"), job)
@@ -339,8 +410,14 @@ def test_matches_brute_force_gpipe(memory_gib):
     maxima; a large vocabulary makes the head's stage the slowest forward while recomputed
     layers make another stage the slowest backward."""
     model = SMALL.model_copy(update={"num_layers": 6, "vocab_size": 128000})
-    fixed = {"tp": 1, "pp": 2, "micro_batch_size": 1, "zero_stage": 0, "schedule": Schedule.gpipe,
-             "mesh_order": (Axis.tp, Axis.dp, Axis.pp)}
+    fixed = {
+        "tp": 1,
+        "pp": 2,
+        "micro_batch_size": 1,
+        "zero_stage": 0,
+        "schedule": Schedule.gpipe,
+        "mesh_order": (Axis.tp, Axis.dp, Axis.pp),
+    }
     space = SearchSpace(num_gpus=2, global_batch_size=4, fixed=fixed, include_dominated=True)
     res = assert_same_optimum(model, tiny_cluster(memory_gib), JobSpec(global_batch_size=4, seq_len=2048), space)
     assert res.best.plan.schedule == Schedule.gpipe
@@ -378,8 +455,16 @@ def test_layouts_represented_counts_every_split_and_recompute_mix(stages, layers
     assert layouts_represented(stages, layers) == want
 
 
-@pytest.mark.parametrize("split,recompute", [("free", "uniform"), ("even", "per_stage"), ("first_last", "same_per_stage"),
-                                             ("even", "uniform"), ("free", "same_per_stage")])
+@pytest.mark.parametrize(
+    "split,recompute",
+    [
+        ("free", "uniform"),
+        ("even", "per_stage"),
+        ("first_last", "same_per_stage"),
+        ("even", "uniform"),
+        ("free", "same_per_stage"),
+    ],
+)
 @pytest.mark.parametrize("memory_gib", [1.1, 1.2, 1.4])
 def test_stack_rules_match_brute_force(split, recompute, memory_gib):
     """`plan solve --target`: the ILP's split / recompute rows (ilp.py:_stack_rules) find the
@@ -392,7 +477,9 @@ def test_stack_rules_match_brute_force(split, recompute, memory_gib):
     job, cluster = JobSpec(global_batch_size=2, seq_len=2048), tiny_cluster(memory_gib)
     fixed = {"tp": 1, "mesh_order": (Axis.tp, Axis.dp, Axis.pp)}
     free = solve(model, cluster, job, SearchSpace(num_gpus=4, global_batch_size=2, fixed=fixed), top_k=0)
-    res = assert_same_optimum(model, cluster, job, SearchSpace(num_gpus=4, global_batch_size=2, fixed=fixed, rules=rules))
+    res = assert_same_optimum(
+        model, cluster, job, SearchSpace(num_gpus=4, global_batch_size=2, fixed=fixed, rules=rules)
+    )
     if res.best is not None:
         for found in [res.best, *res.alternatives]:
             assert rules.plan_problems(found.plan, model) == []
@@ -403,8 +490,17 @@ def test_stack_rules_match_brute_force(split, recompute, memory_gib):
         assert res.fastest.estimate.step_time_s > 1.1 * free.fastest.estimate.step_time_s
 
 
-MOE_SMALL = SMALL.model_copy(update={"name": "small-moe", "num_layers": 5, "activation": "swiglu", "num_experts": 4,
-                                     "experts_per_token": 2, "moe_ffn_hidden_size": 1024, "first_dense_layers": 2})
+MOE_SMALL = SMALL.model_copy(
+    update={
+        "name": "small-moe",
+        "num_layers": 5,
+        "activation": "swiglu",
+        "num_experts": 4,
+        "experts_per_token": 2,
+        "moe_ffn_hidden_size": 1024,
+        "first_dense_layers": 2,
+    }
+)
 
 
 @pytest.mark.parametrize("memory_gib", [80, 2.0, 1.2])
@@ -428,9 +524,14 @@ def test_zero_at_one_replica_still_shards_replicated_experts(layers, memory_gib)
     such layouts are searched, not skipped as dominated, and the search still meets brute force
     (Megatron's rules, every split and recompute)."""
     from planner.search.stacks import target_space
+
     job = JobSpec(global_batch_size=4, seq_len=2048, target="megatron")
-    base = SearchSpace(num_gpus=4, global_batch_size=4, fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1})
+    base = SearchSpace(
+        num_gpus=4, global_batch_size=4, fixed={"mesh_order": (Axis.tp, Axis.dp, Axis.pp), "micro_batch_size": 1}
+    )
     model = MOE_SMALL.model_copy(update={"num_layers": layers})
     res = assert_same_optimum(model, tiny_cluster(memory_gib), job, target_space(base, model, job))
-    if memory_gib == 0.9:  # what only ZeRO over the experts' group fits (brute force's optimum; skipped as dominated before)
+    if (
+        memory_gib == 0.9
+    ):  # what only ZeRO over the experts' group fits (brute force's optimum; skipped as dominated before)
         assert (res.fastest.plan.dp, res.fastest.plan.zero_stage) == (1, 1)

@@ -12,11 +12,33 @@ from planner import specs
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, PlanError, even_split
 
 REQUIRED_MODELS = {
-    "gpt2-124m", "gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "llama2-7b", "llama2-13b",
-    "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt-neox-20b", "bloom-176b",
+    "gpt2-124m",
+    "gpt3-1.3b",
+    "gpt3-6.7b",
+    "gpt3-13b",
+    "gpt3-175b",
+    "llama2-7b",
+    "llama2-13b",
+    "llama2-70b",
+    "llama3-8b",
+    "llama3-70b",
+    "llama3-405b",
+    "gpt-neox-20b",
+    "bloom-176b",
 }
-REQUIRED_CLUSTERS = {"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200",
-                     "dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72", "mi300x", "mi325x", "mi355x"}
+REQUIRED_CLUSTERS = {
+    "dgx-a100-40gb",
+    "dgx-a100-80gb",
+    "dgx-h100-80gb",
+    "dgx-h200",
+    "dgx-b200",
+    "gb200-nvl72",
+    "dgx-b300",
+    "gb300-nvl72",
+    "mi300x",
+    "mi325x",
+    "mi355x",
+}
 
 
 def test_all_presets_load_and_cite_a_source():
@@ -48,9 +70,20 @@ def test_schema_rejects_unknown_fields():
 def test_every_field_is_described():
     from planner import specs
 
-    for cls in (specs.ModelSpec, specs.ClusterSpec, specs.DeviceSpec, specs.LinkTier, specs.CollectiveFit,
-                specs.JobSpec, specs.Plan, specs.StageRecompute, specs.Estimate, specs.TimeBreakdown,
-                specs.PipelineRankMemory, specs.PlanDocument):
+    for cls in (
+        specs.ModelSpec,
+        specs.ClusterSpec,
+        specs.DeviceSpec,
+        specs.LinkTier,
+        specs.CollectiveFit,
+        specs.JobSpec,
+        specs.Plan,
+        specs.StageRecompute,
+        specs.Estimate,
+        specs.TimeBreakdown,
+        specs.PipelineRankMemory,
+        specs.PlanDocument,
+    ):
         for name, field in cls.model_fields.items():
             assert field.description, f"{cls.__name__}.{name} has no description"
 
@@ -114,11 +147,17 @@ def test_schema_1_0_names_still_read():
     from planner.presets import load_model
 
     model, cluster = load_model("gpt3-13b"), load_cluster("dgx-a100-80gb")
-    est = predict(model, cluster, specs.JobSpec(global_batch_size=64, seq_len=2048), specs.Plan(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=32))
+    est = predict(
+        model,
+        cluster,
+        specs.JobSpec(global_batch_size=64, seq_len=2048),
+        specs.Plan(dp=2, tp=2, pp=2, micro_batch_size=1, num_micro_batches=32),
+    )
     new = est.model_dump(mode="json")
     old = dict(new)
     old["memory_gib_per_stage"] = [
-        {("stage" if k == "pipeline_rank" else k): v for k, v in sm.items()} for sm in old.pop("memory_gib_per_pipeline_rank")
+        {("stage" if k == "pipeline_rank" else k): v for k, v in sm.items()}
+        for sm in old.pop("memory_gib_per_pipeline_rank")
     ]
     old["bottleneck_stage"] = old.pop("bottleneck_pipeline_rank")
     assert specs.Estimate.model_validate(old) == est
@@ -143,18 +182,21 @@ def test_yaml_numbers_in_exponent_form_read_as_numbers(tmp_path):
         load_cluster(str(path))
 
 
-@pytest.mark.parametrize("written, read", [
-    ("num_layers: 032", 32),  # YAML 1.1: octal 26
-    ("num_layers: 0x20", 32),
-    ("num_layers: 0o40", 32),  # YAML 1.1: refused (its octal has no 0o)
-    ("num_layers: +32", 32),
-    ("num_layers: 1:30", None),  # YAML 1.1: 90 (base 60)
-    ("num_layers: 3_2", None),  # YAML 1.1: 32
-    ("num_layers: 0b100000", None),  # YAML 1.1: 32
-    ("tied_embeddings: no", None),  # YAML 1.1: false
-    ("tied_embeddings: off", None),
-    ("tied_embeddings: False", False),
-])
+@pytest.mark.parametrize(
+    "written, read",
+    [
+        ("num_layers: 032", 32),  # YAML 1.1: octal 26
+        ("num_layers: 0x20", 32),
+        ("num_layers: 0o40", 32),  # YAML 1.1: refused (its octal has no 0o)
+        ("num_layers: +32", 32),
+        ("num_layers: 1:30", None),  # YAML 1.1: 90 (base 60)
+        ("num_layers: 3_2", None),  # YAML 1.1: 32
+        ("num_layers: 0b100000", None),  # YAML 1.1: 32
+        ("tied_embeddings: no", None),  # YAML 1.1: false
+        ("tied_embeddings: off", None),
+        ("tied_embeddings: False", False),
+    ],
+)
 def test_yaml_reads_numbers_and_yes_no_as_yaml_1_2_does(tmp_path, written, read):
     """YAML 1.2's core schema (planner/datafile.py): what YAML 1.1 would read as a number or a
     boolean the author did not write (base 60, octal by a leading zero, yes / no / on / off,

@@ -51,7 +51,10 @@ def test_moe_with_expert_parallelism_across_leaves_is_slower_and_dense_is_not():
     assert leaf_2.step_time_s > flat.step_time_s
     assert math.isclose(leaf_4.step_time_s, flat.step_time_s, rel_tol=1e-12)
     dense = dict(gpus=256, global_batch=512, seq_len=4096, tp=8, pp=4, target="megatron")
-    assert api.estimate("llama3-70b", tapered(2, 4.0), **dense).estimate == api.estimate("llama3-70b", H100, **dense).estimate
+    assert (
+        api.estimate("llama3-70b", tapered(2, 4.0), **dense).estimate
+        == api.estimate("llama3-70b", H100, **dense).estimate
+    )
 
 
 def test_every_preset_is_non_blocking_and_a_taper_below_one_is_refused():
@@ -59,7 +62,9 @@ def test_every_preset_is_non_blocking_and_a_taper_below_one_is_refused():
         assert load_cluster(path.stem).spine is None, path.stem
     with pytest.raises(ValidationError, match="oversubscription"):
         H100.model_validate({**H100.model_dump(mode="json"), "spine": {"nodes_per_leaf": 32, "oversubscription": 0.5}})
-    read = ClusterSpec.model_validate({**H100.model_dump(mode="json"), "spine": {"nodes_per_leaf": 32, "oversubscription": 2}})
+    read = ClusterSpec.model_validate(
+        {**H100.model_dump(mode="json"), "spine": {"nodes_per_leaf": 32, "oversubscription": 2}}
+    )
     assert read.spine == Spine(nodes_per_leaf=32, oversubscription=2.0)
 
 
@@ -75,7 +80,9 @@ def test_placement_shows_the_expert_groups_and_the_leaves(tmp_path):
     from planner.pictures import placement
 
     cluster = tapered(2, 3.0)  # leaves of 2 nodes (16 GPUs), 3:1
-    doc = api.estimate("qwen3-30b-a3b", cluster, gpus=64, global_batch=256, seq_len=4096, pp=2, ep=32, target="megatron")
+    doc = api.estimate(
+        "qwen3-30b-a3b", cluster, gpus=64, global_batch=256, seq_len=4096, pp=2, ep=32, target="megatron"
+    )
     pl = placement(doc.plan, cluster)
     ep = {a["axis"]: a for a in pl.axes}["ep"]
     link = ep_link_of(cluster, doc.plan.dp, doc.plan.tp, doc.plan.pp, 32, doc.plan.mesh_order)
@@ -94,14 +101,44 @@ def test_placement_shows_the_expert_groups_and_the_leaves(tmp_path):
     path, plan_path, svg = tmp_path / "tapered.json", tmp_path / "plan.json", tmp_path / "p.svg"
     path.write_text(cluster.model_dump_json())
     base = [sys.executable, "-m", "planner.cli.main"]
-    subprocess.run([*base, "estimate", "--model", "qwen3-30b-a3b", "--cluster", str(path), "--gpus", "64", "--global-batch", "256",
-                    "--seq-len", "4096", "--pp", "2", "--ep", "32", "--target", "megatron", "-o", str(plan_path)],
-                   check=True, capture_output=True)
-    res = subprocess.run([*base, "show", str(plan_path), "--placement", str(svg)], check=True, capture_output=True, text=True,
-                         env={**__import__("os").environ, "COLUMNS": "200"})
+    subprocess.run(
+        [
+            *base,
+            "estimate",
+            "--model",
+            "qwen3-30b-a3b",
+            "--cluster",
+            str(path),
+            "--gpus",
+            "64",
+            "--global-batch",
+            "256",
+            "--seq-len",
+            "4096",
+            "--pp",
+            "2",
+            "--ep",
+            "32",
+            "--target",
+            "megatron",
+            "-o",
+            str(plan_path),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    res = subprocess.run(
+        [*base, "show", str(plan_path), "--placement", str(svg)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
     assert "64 ranks on 8 node(s) of 8 GPUs, 4 leaf switch(es) of 2 nodes" in res.stdout
     assert "r1(d1 t0 p0 e1)" in res.stdout and "crosses the spine" in res.stdout
-    shown = json.loads(subprocess.run([*base, "show", str(plan_path), "--json"], check=True, capture_output=True, text=True).stdout)
+    shown = json.loads(
+        subprocess.run([*base, "show", str(plan_path), "--json"], check=True, capture_output=True, text=True).stdout
+    )
     assert shown["placement"]["nodes_per_leaf"] == 2 and shown["placement"]["axes"][-1]["axis"] == "ep"
     text = svg.read_text()
     assert "node 7 leaf 3" in text and "d1 t0 p0 e1" in text
@@ -115,7 +152,9 @@ def test_expert_groups_in_the_placement_are_the_priced_ones(order):
     from planner.pictures import placement
     from planner.specs import Axis, Plan
 
-    plan = Plan(dp=4, tp=2, pp=2, ep=8, micro_batch_size=1, num_micro_batches=4, mesh_order=[Axis(a) for a in order.split(",")])
+    plan = Plan(
+        dp=4, tp=2, pp=2, ep=8, micro_batch_size=1, num_micro_batches=4, mesh_order=[Axis(a) for a in order.split(",")]
+    )
     pl = placement(plan, H100)
     stride = ep_stride(plan.dp, plan.tp, plan.pp, plan.mesh_order)
     assert {a["axis"]: a for a in pl.axes}["ep"]["stride"] == stride == 1

@@ -18,8 +18,15 @@ from planner.specs import JobSpec, Plan, StackConstants, Target
 def _case(target="generic", tp=1, pp=1, dp=8, zero=1, gbs=64, mbs=1):
     model = load_model("llama3-8b")
     job = JobSpec(global_batch_size=gbs, seq_len=2048, target=target)
-    plan = Plan(dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, num_micro_batches=gbs // (dp * mbs), zero_stage=zero,
-                sequence_parallel=tp > 1)
+    plan = Plan(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        micro_batch_size=mbs,
+        num_micro_batches=gbs // (dp * mbs),
+        zero_stage=zero,
+        sequence_parallel=tp > 1,
+    )
     return model, job, plan
 
 
@@ -66,13 +73,21 @@ def _residuals(obs):
         for g, cl, model, job, plan, measured in obs:
             t = estimate(model, fitlib.with_constants(cl, job.target, theta), job, plan).step_time_s
             yield g, math.log(t / measured)
+
     return res
 
 
 def _cases():
     cl = load_cluster("dgx-a100-80gb")
     out = []
-    for tp, pp, dp, zero, mbs in ((1, 1, 16, 3, 1), (2, 1, 8, 1, 2), (4, 2, 2, 1, 1), (1, 1, 16, 0, 4), (8, 1, 2, 1, 1), (1, 4, 4, 1, 2)):
+    for tp, pp, dp, zero, mbs in (
+        (1, 1, 16, 3, 1),
+        (2, 1, 8, 1, 2),
+        (4, 2, 2, 1, 1),
+        (1, 1, 16, 0, 4),
+        (8, 1, 2, 1, 1),
+        (1, 4, 4, 1, 2),
+    ):
         model, job, plan = _case("torchtitan", tp, pp, dp, zero, 64, mbs)
         out.append((cl, model, job, plan))
     return out
@@ -117,6 +132,7 @@ def test_out_of_group_coverage_is_measured_not_assumed():
                 r = rng.gauss(off, 0.05)
                 out.append(fp.Held(_C(f"g{g}", 1.0), "megatron", math.exp(r), math.exp(r), 1.0, 0.1))
         return out
+
     _, cov_iid, n = fp.stack_interval(held([0.0] * 6), "megatron")
     assert n == 60 and 0.65 <= cov_iid <= 0.95
     # one group far off: the interval fitted on every run holds 80% of them in sample, but fitted
@@ -137,7 +153,7 @@ def test_zero3_reduce_calls_are_each_stacks_own_and_the_export_writes_the_modell
     from planner.stacks import export
 
     model = load_model("gpt3-175b")
-    layer = 12 * model.hidden_size ** 2  # ~1.8e9 parameters per layer of GPT-3 175B (Narayanan et al. 2021 eq. 2)
+    layer = 12 * model.hidden_size**2  # ~1.8e9 parameters per layer of GPT-3 175B (Narayanan et al. 2021 eq. 2)
     for target in ("torchtitan", "accelerate", "generic"):
         assert zero3_reduce_calls(JobSpec(global_batch_size=8, seq_len=2048, target=target), layer) == 1.0
     ds = JobSpec(global_batch_size=1024, seq_len=2048, target="deepspeed")
@@ -147,20 +163,26 @@ def test_zero3_reduce_calls_are_each_stacks_own_and_the_export_writes_the_modell
     assert cfg["zero_optimization"]["reduce_bucket_size"] == DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     # more calls on the same ring cost more: DeepSpeed's 3.6 calls per layer against FSDP's one
     cl = load_cluster("dgx-a100-80gb")
-    t = {s: estimate(model, cl, JobSpec(global_batch_size=1024, seq_len=2048, target=s), plan) for s in ("deepspeed", "torchtitan")}
+    t = {
+        s: estimate(model, cl, JobSpec(global_batch_size=1024, seq_len=2048, target=s), plan)
+        for s in ("deepspeed", "torchtitan")
+    }
     same = fitlib.with_constants(cl, "deepspeed", fitlib.constants_of(cl, "torchtitan"))
     t_ds_same = estimate(model, same, ds, plan).time_breakdown_s.dp_communication_exposed
     assert t_ds_same > t["torchtitan"].time_breakdown_s.dp_communication_exposed
 
 
-@pytest.mark.parametrize("pp,zero,precision,reduce", [
-    # its ZeRO-1 optimizer reduces each rank's shard, in BF16 too (BF16_Optimizer, which all-reduces,
-    # needs grad_accum_dtype fp32, which the export does not set)
-    (4, 1, "bf16", "reduce_scatter"),
-    (4, 1, "fp16", "reduce_scatter"),
-    (4, 0, "bf16", "all_reduce"),
-    (1, 0, "bf16", "all_reduce"),  # engine.backward all-reduces once backward is done
-])
+@pytest.mark.parametrize(
+    "pp,zero,precision,reduce",
+    [
+        # its ZeRO-1 optimizer reduces each rank's shard, in BF16 too (BF16_Optimizer, which all-reduces,
+        # needs grad_accum_dtype fp32, which the export does not set)
+        (4, 1, "bf16", "reduce_scatter"),
+        (4, 1, "fp16", "reduce_scatter"),
+        (4, 0, "bf16", "all_reduce"),
+        (1, 0, "bf16", "all_reduce"),  # engine.backward all-reduces once backward is done
+    ],
+)
 def test_deepspeed_reduces_gradients_after_backward_where_its_engine_does(pp, zero, precision, reduce):
     """DeepSpeed reduces ZeRO 0-1 gradients after the backward pass (its pipeline engine's
     ReduceGrads after the last micro-batch; at ZeRO-0 engine.backward's all-reduce): the whole
@@ -173,19 +195,39 @@ def test_deepspeed_reduces_gradients_after_backward_where_its_engine_does(pp, ze
     model, cl = load_model("gpt3-13b"), load_cluster("dgx-a100-80gb")
     dp = 64 // (2 * pp)
     plan = Plan(dp=dp, tp=2, pp=pp, micro_batch_size=1, num_micro_batches=16, zero_stage=zero, recompute="full")
-    jobs = {t: JobSpec(global_batch_size=16 * dp, seq_len=2048, precision=precision, target=t) for t in ("deepspeed", "megatron")}
+    jobs = {
+        t: JobSpec(global_batch_size=16 * dp, seq_len=2048, precision=precision, target=t)
+        for t in ("deepspeed", "megatron")
+    }
     same = fitlib.with_constants(cl, "deepspeed", fitlib.constants_of(cl, "megatron"))
     ds = estimate(model, same, jobs["deepspeed"], plan)
     mg = estimate(model, same, jobs["megatron"], plan)
-    pc = layout_costs(model, same.for_target("deepspeed"), jobs["deepspeed"], dp, 2, pp, 1, 1, 16, plan.schedule, zero, False,
-                      plan.mesh_order)
+    pc = layout_costs(
+        model,
+        same.for_target("deepspeed"),
+        jobs["deepspeed"],
+        dp,
+        2,
+        pp,
+        1,
+        1,
+        16,
+        plan.schedule,
+        zero,
+        False,
+        plan.mesh_order,
+    )
     # the step waits for the rank with the most parameters: its layers and its stage's extras
     # (embedding, head)
     nbytes = 2 * max(pc.terms.rank_params(r)((model.num_layers // pp, 0, 0)) for r in range(pp))
-    want = pc.dp_link.time(Collective[reduce], nbytes) + (pc.dp_link.time(Collective.all_gather, nbytes) if zero == 1 else 0.0)
+    want = pc.dp_link.time(Collective[reduce], nbytes) + (
+        pc.dp_link.time(Collective.all_gather, nbytes) if zero == 1 else 0.0
+    )
     assert ds.time_breakdown_s.dp_communication_exposed == pytest.approx(want, rel=1e-6)
     # Megatron hides at least half of its reduce-scatter (its ZeRO-1 gather is exposed as well)
-    assert mg.time_breakdown_s.dp_communication_exposed < want - 0.5 * pc.dp_link.time(Collective.reduce_scatter, nbytes)
+    assert mg.time_breakdown_s.dp_communication_exposed < want - 0.5 * pc.dp_link.time(
+        Collective.reduce_scatter, nbytes
+    )
 
 
 def test_deepspeed_zero3_buckets_spanning_layers_expose_the_reduction_not_the_gathers():
@@ -215,7 +257,9 @@ def test_deepspeed_zero3_buckets_spanning_layers_expose_the_reduction_not_the_ga
     assert values == sorted(values)
     for n in (1, 5, 9.5, 10, 20):  # a floor at n layers holds at every larger count
         floor = exposure_floor_at_least(ex, n, 0)[0]
-        assert all(floor <= sum(t.never_hidden((m, 0, 0)) for t in ex.per_micro_batch) + 1e-15 for m in (n, n + 0.5, n + 1, 30))
+        assert all(
+            floor <= sum(t.never_hidden((m, 0, 0)) for t in ex.per_micro_batch) + 1e-15 for m in (n, n + 0.5, n + 1, 30)
+        )
 
 
 def test_a_split_stack_fits_a_sustained_fraction_per_generation_and_the_others_one():
@@ -226,7 +270,13 @@ def test_a_split_stack_fits_a_sustained_fraction_per_generation_and_the_others_o
     from benchmarks import fidelity_published as fp
     from benchmarks.published_cases import Case
 
-    true = (0.70, 12.0, 0.6, 0.78, 0.0)  # CONSTANTS' order: Hopper's fraction, gap, overlap, Ampere's fraction, host time
+    true = (
+        0.70,
+        12.0,
+        0.6,
+        0.78,
+        0.0,
+    )  # CONSTANTS' order: Hopper's fraction, gap, overlap, Ampere's fraction, host time
     cases = []
     for name in ("dgx-a100-80gb", "dgx-h100-80gb"):
         cl = load_cluster(name)
@@ -246,8 +296,19 @@ def test_a_split_stack_fits_a_sustained_fraction_per_generation_and_the_others_o
     pooled = (0.74, 12.0, 0.6, 0.74, 0.0)
     own = fp.stack_fit(cases, pooled, sweeps=2)
     assert own[3] - own[0] > 0.02  # 0.08 apart, less the prior's pull
-    other = [Case(c.name, c.group, c.model, c.cluster, c.job.model_copy(update={"target": Target.deepspeed}), c.plan, c.metric,
-                  c.published) for c in cases]
+    other = [
+        Case(
+            c.name,
+            c.group,
+            c.model,
+            c.cluster,
+            c.job.model_copy(update={"target": Target.deepspeed}),
+            c.plan,
+            c.metric,
+            c.published,
+        )
+        for c in cases
+    ]
     assert fp.stack_fit(other, pooled, sweeps=1)[3] == fp.stack_fit(other, pooled, sweeps=1)[0]
     # as shipped: the split stacks' A100 presets take their own entry, Hopper's the "*" one; every
     # other stack one entry for all
@@ -266,7 +327,9 @@ def test_a_stack_host_time_per_step_is_paid_once_per_step_by_that_stack_only():
     base = load_cluster("dgx-h100-80gb")
     theta = fitlib.constants_of(base, "torchtitan")
     none, some = (fitlib.with_constants(base, "torchtitan", theta, step_overhead_s=s) for s in (0.0, 0.25))
-    assert some.step_overhead_s("torchtitan") == 0.25 and some.step_overhead_s("megatron") == base.step_overhead_s("megatron")
+    assert some.step_overhead_s("torchtitan") == 0.25 and some.step_overhead_s("megatron") == base.step_overhead_s(
+        "megatron"
+    )
     for layout in ((1, 1, 8, 3, 1), (2, 4, 1, 1, 1), (1, 2, 4, 1, 2)):
         tp, pp, dp, zero, mbs = layout
         model, job, plan = _case("torchtitan", tp, pp, dp, zero, 32, mbs)
@@ -276,13 +339,17 @@ def test_a_stack_host_time_per_step_is_paid_once_per_step_by_that_stack_only():
         model, job_m, plan = _case("megatron", tp, pp, dp, zero, 32, mbs)
         assert estimate(model, some, job_m, plan).step_time_s == estimate(model, none, job_m, plan).step_time_s
     # an entry written before schema 1.12 reads without one, and a cluster without an entry has none
-    old = StackConstants.model_validate({"sustained_fraction": 0.7, "kernel_overhead_us": 10.0, "overlap_efficiency": 0.7})
+    old = StackConstants.model_validate(
+        {"sustained_fraction": 0.7, "kernel_overhead_us": 10.0, "overlap_efficiency": 0.7}
+    )
     assert old.step_overhead_s == 0.0
     bare = base.model_copy(update={"stack_constants": {}})
     assert bare.step_overhead_s("torchtitan") == 0.0
     model, job, plan = _case("torchtitan", gbs=32)
     by_hand = bare.model_copy(update={"device": none.for_target("torchtitan").device, "overlap_efficiency": theta[2]})
-    assert estimate(model, by_hand, job, plan).step_time_s == pytest.approx(estimate(model, none, job, plan).step_time_s, rel=1e-12)
+    assert estimate(model, by_hand, job, plan).step_time_s == pytest.approx(
+        estimate(model, none, job, plan).step_time_s, rel=1e-12
+    )
     # `plan tune` refits the three constants and keeps the entry's host time
     assert fitlib.with_constants(some, "torchtitan", theta).step_overhead_s("torchtitan") == 0.25
 
@@ -299,8 +366,16 @@ def test_a_split_stack_fits_a_host_time_per_step_and_the_others_none():
     true = (0.72, 12.0, 0.7, 0.72, 0.08)
     cl = load_cluster("dgx-h100-80gb")
     cases = []
-    for i, (layout, gbs) in enumerate((((1, 1, 16, 3, 1), 16), ((1, 1, 16, 3, 1), 256), ((2, 1, 8, 1, 2), 16),
-                                       ((2, 1, 8, 1, 2), 128), ((1, 1, 16, 0, 1), 32), ((1, 1, 16, 0, 4), 512))):
+    for i, (layout, gbs) in enumerate(
+        (
+            ((1, 1, 16, 3, 1), 16),
+            ((1, 1, 16, 3, 1), 256),
+            ((2, 1, 8, 1, 2), 16),
+            ((2, 1, 8, 1, 2), 128),
+            ((1, 1, 16, 0, 1), 32),
+            ((1, 1, 16, 0, 4), 512),
+        )
+    ):
         tp, pp, dp, zero, mbs = layout
         model, job, plan = _case("torchtitan", tp, pp, dp, zero, gbs, mbs)
         c = Case(f"c{i}", f"g{i % 3}", model, cl, job, plan, "tokens_per_s_per_gpu", 1.0)
@@ -314,8 +389,19 @@ def test_a_split_stack_fits_a_host_time_per_step_and_the_others_none():
     # stack_fit fits it for torchtitan, not for deepspeed (whose runs, here the same, show it as well)
     pooled = (0.72, 12.0, 0.7, 0.72, 0.0)
     assert fp.stack_fit(cases, pooled, sweeps=2)[4] > 0.04
-    other = [Case(c.name, c.group, c.model, c.cluster, c.job.model_copy(update={"target": Target.deepspeed}), c.plan, c.metric,
-                  c.published) for c in cases]
+    other = [
+        Case(
+            c.name,
+            c.group,
+            c.model,
+            c.cluster,
+            c.job.model_copy(update={"target": Target.deepspeed}),
+            c.plan,
+            c.metric,
+            c.published,
+        )
+        for c in cases
+    ]
     assert fp.stack_fit(other, pooled, sweeps=1)[4] == 0.0
     # as shipped, on every calibrated device
     for name in ("dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100-80gb"):

@@ -51,7 +51,10 @@ def test_a_transformers_model_launches_its_eager_kernels(target):
 def test_a_moe_layer_without_shared_experts_counts_no_dense_mlp():
     moe = load_model("mixtral-8x7b")
     assert moe.num_shared_experts == 0
-    full, attention_only = layer_kernels(moe, stacks.get("megatron").kernels, True), layer_kernels(moe, stacks.get("megatron").kernels, True, mlp=False)
+    full, attention_only = (
+        layer_kernels(moe, stacks.get("megatron").kernels, True),
+        layer_kernels(moe, stacks.get("megatron").kernels, True, mlp=False),
+    )
     assert full[1] - attention_only[1] == 2 + 1  # fc1, fc2 and the fused SwiGLU
 
 
@@ -89,10 +92,12 @@ def test_a_megatron_moe_layer_pays_a_gap_per_local_expert():
     device = load_cluster("dgx-h100-80gb").device.model_copy(update={"kernel_overhead_us": 10.0})
     k = stacks.get("megatron").kernels
     no_gap = device.model_copy(update={"kernel_overhead_us": 0.0})
+
     def gaps(ep):
         with_gap = expert_times(MIXTRAL, device, DType.bf16, 1, 4096, 1, ep, kernels=k)
         without = expert_times(MIXTRAL, no_gap, DType.bf16, 1, 4096, 1, ep, kernels=k)
         return with_gap[0] + with_gap[1] - without[0] - without[1]
+
     assert gaps(1) == pytest.approx(3 * moe_kernels(MIXTRAL, k, 8) * 10e-6)
     assert gaps(1) - gaps(8) == pytest.approx(3 * 7 * 2 * 10e-6)
 
@@ -110,7 +115,9 @@ def test_a_clamped_glu_and_an_outside_bias_cost_their_passes():
     for target, kernels, passes, bias in (("megatron", 3, 8, 6), ("torchtitan", 2, 4, 0)):
         k = stacks.get(target).kernels
         assert moe_kernels(CLAMPED, k, 4) == moe_kernels(BIASED, k, 4) + kernels
-        plain, biased, clamped = (expert_times(m, device, DType.bf16, 1, 4096, 1, 2, kernels=k) for m in (MIXTRAL, BIASED, CLAMPED))
+        plain, biased, clamped = (
+            expert_times(m, device, DType.bf16, 1, 4096, 1, 2, kernels=k) for m in (MIXTRAL, BIASED, CLAMPED)
+        )
         clamp = memory_bound_time(device, passes * rows * f * e)
         assert (clamped[0] - biased[0], clamped[1] - biased[1]) == (pytest.approx(clamp), pytest.approx(2 * clamp))
         outside = memory_bound_time(device, bias * rows * h * e)
@@ -125,8 +132,10 @@ def test_megatron_rotates_a_yarn_scaled_embedding_in_eager_operators():
     assert counts("megatron", yarn) == (1, counts("megatron", LLAMA3)[1] - 2 + 24)
     assert counts("torchtitan", yarn) == counts("torchtitan", LLAMA3)
     device = load_cluster("dgx-h100-80gb").device.model_copy(update={"kernel_overhead_us": 0.0})
+
     def layer(m, target):
         return layer_compute(m, device, DType.bf16, 1, 4096, 1, False, True, target=Target(target))
+
     q_and_k = 4096 * (8192 + 128 * 8) * 2  # 64 query heads and 8 key heads of 128, bf16
     extra = memory_bound_time(device, 10 * q_and_k)
     assert layer(yarn, "megatron").forward - layer(LLAMA3, "megatron").forward == pytest.approx(extra)
@@ -141,8 +150,10 @@ def test_the_fused_stack_runs_the_same_layer_faster_at_the_same_constants():
     against torchtitan's eager layer, and both faster than a Hugging Face model's."""
     device = load_cluster("dgx-h100-80gb").device
     slow_gaps = device.model_copy(update={"kernel_overhead_us": 10.0})
-    times = {t: layer_compute(LLAMA3, slow_gaps, DType.bf16, 1, 8192, 8, True, True, target=Target(t))
-             for t in ("megatron", "torchtitan", "deepspeed")}
+    times = {
+        t: layer_compute(LLAMA3, slow_gaps, DType.bf16, 1, 8192, 8, True, True, target=Target(t))
+        for t in ("megatron", "torchtitan", "deepspeed")
+    }
     total = {t: c.forward + c.backward for t, c in times.items()}
     assert total["megatron"] < total["torchtitan"] < total["deepspeed"]
     # the difference beyond the GEMM shapes is the gaps: 3 x (kernels difference) x 10 us
@@ -169,7 +180,9 @@ def _dispatched(block, x) -> list[str]:
 
     with Record() as record:
         block(x)
-    return [f.__name__ for f in record.ops if not f.is_view and f.__name__ not in ("_unsafe_view.default", "detach.default")]
+    return [
+        f.__name__ for f in record.ops if not f.is_view and f.__name__ not in ("_unsafe_view.default", "detach.default")
+    ]
 
 
 @pytest.mark.parametrize("name", ["gpt3-175b", "llama2-7b", "llama3-70b"])
@@ -198,8 +211,18 @@ def test_generic_counts_the_kernels_the_executors_moe_launches(name, experts):
     from planner.distributed.reference_model import MoE
 
     spec = load_model(name)
-    small = spec.model_copy(update=dict(hidden_size=64, num_heads=8, num_kv_heads=2, ffn=128, moe_ffn_hidden_size=32,
-                                        num_experts=experts, experts_per_token=2, max_seq_len=16))
+    small = spec.model_copy(
+        update=dict(
+            hidden_size=64,
+            num_heads=8,
+            num_kv_heads=2,
+            ffn=128,
+            moe_ffn_hidden_size=32,
+            num_experts=experts,
+            experts_per_token=2,
+            max_seq_len=16,
+        )
+    )
     torch.manual_seed(0)
     ops = _dispatched(MoE(small).to(torch.bfloat16), torch.randn(2, 16, 64, dtype=torch.bfloat16))
     assert len(ops) == moe_kernels(small, stacks.get("generic").kernels, experts), ops
@@ -221,20 +244,45 @@ def test_a_job_may_name_its_attention_kernel():
     titan = layer_compute(*args, target=Target.torchtitan)
     titan_cudnn = layer_compute(*args, target=Target.torchtitan, attention="cudnn")
     heads, d = LLAMA3.num_heads // 8, LLAMA3.head_dim
-    diff = [a - b for a, b in zip(attention_times(device, DType.bf16, 1, heads, 8192, d, True, "flash2"),
-                                  attention_times(device, DType.bf16, 1, heads, 8192, d, True, "cudnn"))]
+    diff = [
+        a - b
+        for a, b in zip(
+            attention_times(device, DType.bf16, 1, heads, 8192, d, True, "flash2"),
+            attention_times(device, DType.bf16, 1, heads, 8192, d, True, "cudnn"),
+        )
+    ]
     assert titan.forward - titan_cudnn.forward == pytest.approx(diff[0], rel=1e-9)
     assert titan.backward - titan_cudnn.backward == pytest.approx(diff[1], rel=1e-9)
-    doc = api.estimate("llama3-8b", "dgx-h100-80gb", gpus=8, global_batch=32, seq_len=4096, zero=3, target="torchtitan",
-                       attention_kernel="cudnn")
-    plain = api.estimate("llama3-8b", "dgx-h100-80gb", gpus=8, global_batch=32, seq_len=4096, zero=3, target="torchtitan")
+    doc = api.estimate(
+        "llama3-8b",
+        "dgx-h100-80gb",
+        gpus=8,
+        global_batch=32,
+        seq_len=4096,
+        zero=3,
+        target="torchtitan",
+        attention_kernel="cudnn",
+    )
+    plain = api.estimate(
+        "llama3-8b", "dgx-h100-80gb", gpus=8, global_batch=32, seq_len=4096, zero=3, target="torchtitan"
+    )
     assert doc.job.attention_kernel == "cudnn" and plain.job.attention_kernel is None
     assert doc.estimate.step_time_s < plain.estimate.step_time_s
     back = api.what_if(doc, attention_kernel="flash2")
     assert "attention_kernel cudnn -> flash2" in back.changes
     assert back.document.estimate.step_time_s == pytest.approx(
-        api.estimate("llama3-8b", "dgx-h100-80gb", gpus=8, global_batch=32, seq_len=4096, zero=3, target="torchtitan",
-                     attention_kernel="flash2").estimate.step_time_s, rel=1e-12)
+        api.estimate(
+            "llama3-8b",
+            "dgx-h100-80gb",
+            gpus=8,
+            global_batch=32,
+            seq_len=4096,
+            zero=3,
+            target="torchtitan",
+            attention_kernel="flash2",
+        ).estimate.step_time_s,
+        rel=1e-12,
+    )
     with pytest.raises(ValidationError, match="attention_kernel must be one of flash2, cudnn"):
         JobSpec(global_batch_size=8, seq_len=1024, attention_kernel="flash3")
 

@@ -30,13 +30,16 @@ def test_every_stack_names_a_recipe():
 
 
 @pytest.mark.parametrize("d", [1, 2, 8, 64, 1024])
-@pytest.mark.parametrize("precision,plain,distributed", [
-    # Megatron-LM docs/source/api-guide/dist_optimizer.md, bytes per parameter:
-    # (parameter, gradient) dtypes -> non-distributed, distributed optimizer
-    (DType.bf16, lambda d: 18, lambda d: 6 + Fr(12, d)),  # bf16 param, fp32 grads
-    (DType.fp16, lambda d: 20, lambda d: 4 + Fr(16, d)),  # fp16 param, fp16 grads
-    (DType.fp32, lambda d: 16, lambda d: 8 + Fr(8, d)),  # fp32 param, fp32 grads
-])
+@pytest.mark.parametrize(
+    "precision,plain,distributed",
+    [
+        # Megatron-LM docs/source/api-guide/dist_optimizer.md, bytes per parameter:
+        # (parameter, gradient) dtypes -> non-distributed, distributed optimizer
+        (DType.bf16, lambda d: 18, lambda d: 6 + Fr(12, d)),  # bf16 param, fp32 grads
+        (DType.fp16, lambda d: 20, lambda d: 4 + Fr(16, d)),  # fp16 param, fp16 grads
+        (DType.fp32, lambda d: 16, lambda d: 8 + Fr(8, d)),  # fp32 param, fp32 grads
+    ],
+)
 def test_megatron_distributed_optimizer_table(d, precision, plain, distributed):
     assert per_param("megatron", 0, d, precision) == pytest.approx(float(plain(d)))
     assert per_param("megatron", 1, d, precision) == pytest.approx(float(distributed(d)))
@@ -93,9 +96,13 @@ def test_deepspeed_estimators_agree():
     for gpus, nodes in ((8, 1), (8, 16), (8, 128)):
         d = gpus * nodes
         _, gpu2 = stage12.estimate_zero2_model_states_mem_needs(PSI, gpus, nodes, cpu_offload=False)
-        assert sum(memory.model_state_bytes(PSI, d, 2, DType.bf16, Optimizer.adam, "deepspeed")) == pytest.approx(gpu2, rel=1e-9)
+        assert sum(memory.model_state_bytes(PSI, d, 2, DType.bf16, Optimizer.adam, "deepspeed")) == pytest.approx(
+            gpu2, rel=1e-9
+        )
         layer = 200_000_000
-        _, gpu3, _ = stage3.estimate_zero3_model_states_mem_needs(PSI, layer, gpus, nodes, cpu_offload=False, cpu_offload_params=False)
+        _, gpu3, _ = stage3.estimate_zero3_model_states_mem_needs(
+            PSI, layer, gpus, nodes, cpu_offload=False, cpu_offload_params=False
+        )
         ours = sum(memory.model_state_bytes(PSI, d, 3, DType.bf16, Optimizer.adam, "deepspeed"))
         ours += layer * memory.live_layer_bytes_per_param("deepspeed", 3, DType.bf16)
         assert ours == pytest.approx(gpu3, rel=1e-9)
@@ -105,13 +112,25 @@ def test_the_quick_start_plan_prices_megatron_fp32_grads():
     """The README's quick start on Megatron: its gradients are 4 bytes a parameter (the exported
     --bf16 without --grad-reduce-in-bf16), the optimizer 12/d."""
     model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb")
-    plan = Plan(dp=64, tp=4, pp=4, vpp=8, micro_batch_size=1, num_micro_batches=24, schedule="interleaved-1f1b",
-                zero_stage=1, sequence_parallel=True)
-    pcs = {t: tables.pipeline_costs(model, cluster, JobSpec(global_batch_size=1536, seq_len=2048, target=t), plan)
-           for t in ("megatron", "generic")}
+    plan = Plan(
+        dp=64,
+        tp=4,
+        pp=4,
+        vpp=8,
+        micro_batch_size=1,
+        num_micro_batches=24,
+        schedule="interleaved-1f1b",
+        zero_stage=1,
+        sequence_parallel=True,
+    )
+    pcs = {
+        t: tables.pipeline_costs(model, cluster, JobSpec(global_batch_size=1536, seq_len=2048, target=t), plan)
+        for t in ("megatron", "generic")
+    }
     assert pcs["megatron"].state_bytes_per_param == pytest.approx((2, 4, 12 / 64))
     assert pcs["generic"].state_bytes_per_param == pytest.approx((2, 2, 12 / 64))
     from planner.stacks import export
+
     args = export("megatron", plan, model, JobSpec(global_batch_size=1536, seq_len=2048, target="megatron"), 1024).data
     assert "--bf16" in args and "--grad-reduce-in-bf16" not in args
 

@@ -36,9 +36,13 @@ def test_every_target_is_one_folder_with_its_stack():
 
 
 def test_an_unknown_stack_is_one_line_naming_the_stacks():
-    with pytest.raises(UsageError, match=r"^unknown stack 'jax': choose one of generic, megatron, deepspeed, torchtitan, accelerate$"):
+    with pytest.raises(
+        UsageError, match=r"^unknown stack 'jax': choose one of generic, megatron, deepspeed, torchtitan, accelerate$"
+    ):
         stacks.get("jax")
-    with pytest.raises(UsageError, match=r"^--to 'generic': choose one of megatron, deepspeed, torchtitan, accelerate$"):
+    with pytest.raises(
+        UsageError, match=r"^--to 'generic': choose one of megatron, deepspeed, torchtitan, accelerate$"
+    ):
         stacks.export("generic", None, None, None, 8)
 
 
@@ -58,8 +62,10 @@ def test_a_stack_whose_facts_contradict_its_rules_is_refused():
 
 
 def test_the_cost_model_reads_stacks_without_an_exporter_or_torch():
-    code = ("import sys, cost_models.estimate, cost_models.tables, hardware_profiles; "
-            "print(sorted(m for m in sys.modules if m.endswith('.export') or m.split('.')[0] == 'torch'))")
+    code = (
+        "import sys, cost_models.estimate, cost_models.tables, hardware_profiles; "
+        "print(sorted(m for m in sys.modules if m.endswith('.export') or m.split('.')[0] == 'torch'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
 
@@ -76,7 +82,10 @@ def test_a_preset_takes_the_shipped_constants_of_its_device(monkeypatch, tmp_pat
     }
     monkeypatch.setattr(stacks, "_constants_file", lambda name: shipped.get(name, {}))
     a100 = load_cluster("dgx-a100-80gb")
-    assert a100.stack_constants == {Target.megatron: shipped["megatron"]["A100-SXM4-80GB"], Target.deepspeed: shipped["deepspeed"]["*"]}
+    assert a100.stack_constants == {
+        Target.megatron: shipped["megatron"]["A100-SXM4-80GB"],
+        Target.deepspeed: shipped["deepspeed"]["*"],
+    }
     assert a100.for_target("megatron").device.sustained_fraction == 0.8
     assert load_cluster("dgx-h100-80gb").stack_constants[Target.megatron].provenance == "megatron anywhere"
     own = a100.model_copy(update={"stack_constants": {Target.megatron: _entry(0.9, "the preset's own")}})
@@ -112,11 +121,25 @@ def test_a_single_value_refused_is_the_problem_the_layout_check_names(target):
     from planner.specs import Plan, Schedule
 
     rules = stacks.get(target).rules
-    plain = dict(dp=1, tp=1, pp=1, vpp=1, schedule=Schedule.one_f_one_b, zero_stage=rules.zero_stages[0], sequence_parallel=False,
-                 tp_comm_overlap=False, mesh_order=Plan(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1).mesh_order)
+    plain = dict(
+        dp=1,
+        tp=1,
+        pp=1,
+        vpp=1,
+        schedule=Schedule.one_f_one_b,
+        zero_stage=rules.zero_stages[0],
+        sequence_parallel=False,
+        tp_comm_overlap=False,
+        mesh_order=Plan(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1).mesh_order,
+    )
     assert rules.layout_problems(**plain) == []
-    values = [("zero_stage", z) for z in range(4)] + [(k, 8) for k in ("tp", "pp", "ep", "cp")] + [("vpp", 2)] + [
-        (k, True) for k in ("fp8", "sequence_parallel", "tp_comm_overlap", "recompute_norm_act")] + [("schedule", s) for s in Schedule]
+    values = (
+        [("zero_stage", z) for z in range(4)]
+        + [(k, 8) for k in ("tp", "pp", "ep", "cp")]
+        + [("vpp", 2)]
+        + [(k, True) for k in ("fp8", "sequence_parallel", "tp_comm_overlap", "recompute_norm_act")]
+        + [("schedule", s) for s in Schedule]
+    )
     refused = 0
     for field, value in values:
         layout = dict(plain, **{field: value})

@@ -40,12 +40,25 @@ SETTINGS = [
     (SMALL, _small_cluster(1.0), 8, 16),
     (load_model("gpt3-13b"), load_cluster("dgx-a100-80gb"), 64, 256),
     # a host time per step (StackConstants.step_overhead_s) for the jobs' stack, generic
-    (load_model("llama2-7b"), _with_host_time(load_cluster("dgx-a100-40gb").model_copy(update={"overlap_efficiency": 0.8}), 0.05),
-     16, 64),
+    (
+        load_model("llama2-7b"),
+        _with_host_time(load_cluster("dgx-a100-40gb").model_copy(update={"overlap_efficiency": 0.8}), 0.05),
+        16,
+        64,
+    ),
 ]
 # A mixture-of-experts model: every ep, the first two layers dense on the first stage.
-MOE = SMALL.model_copy(update={"name": "small-moe", "activation": "swiglu", "num_experts": 4, "experts_per_token": 2,
-                               "moe_ffn_hidden_size": 512, "num_shared_experts": 1, "first_dense_layers": 2})
+MOE = SMALL.model_copy(
+    update={
+        "name": "small-moe",
+        "activation": "swiglu",
+        "num_experts": 4,
+        "experts_per_token": 2,
+        "moe_ffn_hidden_size": 512,
+        "num_shared_experts": 1,
+        "first_dense_layers": 2,
+    }
+)
 SETTINGS.append((MOE, _small_cluster(0.6), 8, 16))
 # Context parallelism: 8,192-token sequences split over cp = 2 or 4 ranks.
 SETTINGS.append((SMALL.model_copy(update={"max_seq_len": 8192}), _small_cluster(0.6), 8, 16, (1, 2, 4), 8192))
@@ -89,8 +102,9 @@ def _cases():
         cps, seq, target = (*cp, "generic")[:3] if cp else ((1,), 2048, "generic")
         job = JobSpec(global_batch_size=batch, seq_len=seq, target=target)
         rules = stacks.get(target).rules  # what the stack runs (DeepSpeed: no ZeRO-2/3 beside a pipeline)
-        space = SearchSpace(num_gpus=gpus, global_batch_size=batch, include_dominated=True, cp_degrees=cps, seq_len=seq,
-                            rules=rules)
+        space = SearchSpace(
+            num_gpus=gpus, global_batch_size=batch, include_dominated=True, cp_degrees=cps, seq_len=seq, rules=rules
+        )
         cands, _ = enumerate_candidates(model, cluster, space)
         tables = CostTables(model, cluster, job)
         for i, c in enumerate(rng.sample(cands, min(SAMPLES_PER_SETTING, len(cands)))):
@@ -139,7 +153,6 @@ def test_ilp_rows_bounds_and_estimate_agree(tables, cand, counts):
     assert min_peak_memory(pc) / GIB <= peak * (1 + 1e-9)
 
 
-
 def test_an_interleaved_layout_never_needs_less_memory_than_its_plain_sibling():
     """planner/search/solve.py:min_memory_needed skips interleaved candidates whose vpp-1 1F1B
     sibling it also bounds: sound only if the sibling's least peak memory is never above theirs."""
@@ -148,9 +161,11 @@ def test_an_interleaved_layout_never_needs_less_memory_than_its_plain_sibling():
     from planner.specs import Schedule
 
     checked = 0
-    for model, cluster, gpus, batch in [(load_model("gpt3-13b"), load_cluster("dgx-a100-80gb"), 64, 256),
-                                        (load_model("llama2-7b"), load_cluster("dgx-a100-40gb"), 16, 64),
-                                        (MOE, _small_cluster(0.6), 8, 16)]:
+    for model, cluster, gpus, batch in [
+        (load_model("gpt3-13b"), load_cluster("dgx-a100-80gb"), 64, 256),
+        (load_model("llama2-7b"), load_cluster("dgx-a100-40gb"), 16, 64),
+        (MOE, _small_cluster(0.6), 8, 16),
+    ]:
         job = JobSpec(global_batch_size=batch, seq_len=2048)
         cands, _ = enumerate_candidates(model, cluster, SearchSpace(num_gpus=gpus, global_batch_size=batch))
         tables, plain = CostTables(model, cluster, job), set(cands)
@@ -158,6 +173,8 @@ def test_an_interleaved_layout_never_needs_less_memory_than_its_plain_sibling():
             sibling = replace(c, vpp=1, schedule=Schedule.one_f_one_b)
             if c.vpp > 1 and sibling in plain:
                 for modes in (MODES, MODES[:2]):
-                    assert min_peak_memory(tables.pipeline(sibling), modes) <= min_peak_memory(tables.pipeline(c), modes) * (1 + 1e-12)
+                    assert min_peak_memory(tables.pipeline(sibling), modes) <= min_peak_memory(
+                        tables.pipeline(c), modes
+                    ) * (1 + 1e-12)
                 checked += 1
     assert checked > 50, checked

@@ -24,8 +24,16 @@ from planner.tune.executors import FakeExecutor
 from planner.tune.loop import Budget, TuneRequest, header, layout_key, search, tune
 from planner.tune.output import tuned_profile, winner_document
 
-MODEL = ModelSpec(name="tune-test", num_layers=8, hidden_size=1024, num_heads=16, vocab_size=32000, max_seq_len=2048,
-                  dropout=False, source="tests/test_tune.py")
+MODEL = ModelSpec(
+    name="tune-test",
+    num_layers=8,
+    hidden_size=1024,
+    num_heads=16,
+    vocab_size=32000,
+    max_seq_len=2048,
+    dropout=False,
+    source="tests/test_tune.py",
+)
 TRUE = (0.6, 20.0, 0.4)  # the fake machine's constants, far from the preset's generic ones
 
 
@@ -38,7 +46,9 @@ PRIOR_INTERVAL = Uncertainty(relative=0.1544, coverage=0.8, compute=0.1467, comm
 @pytest.fixture(scope="module")
 def request_():
     cluster = with_constants(api.load_cluster("dgx-a100-80gb"), "generic", PRIOR, uncertainty=PRIOR_INTERVAL)
-    return TuneRequest(MODEL, cluster, 4, {"global_batch": 16, "seq_len": 2048, "fixes": ["sp=false", "recompute=none", "mbs=2"]})
+    return TuneRequest(
+        MODEL, cluster, 4, {"global_batch": 16, "seq_len": 2048, "fixes": ["sp=false", "recompute=none", "mbs=2"]}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +83,21 @@ def test_finds_the_true_best_within_the_budget(request_, space, tuned):
 def test_refit_converges_to_the_true_constants(request_, space, tuned):
     executor, _, result = tuned
     true = _true_times(request_, space, executor)
+
     def error(cluster, c):
         return abs(predict(MODEL, cluster, c.job, c.plan).step_time_s / true[c.key] - 1)
+
     # every layout of the space, measured or not, is now predicted as the true machine runs it,
     assert max(error(result.refit.cluster, c) for c in space) < 0.05
     assert max(error(request_.cluster, c) for c in space) > 0.2  # (the prior was far off)
+
     # and the constants came most of the way from the prior to the truth (in units of each one's range)
     def distance(theta):
         return math.hypot(*((t - x) / (c.hi - c.lo) for t, x, c in zip(theta, TRUE, CONSTANTS)))
-    assert distance(result.refit.constants) < 0.25 * distance(constants_of(request_.cluster, "generic"))  # 0.22 measured
+
+    assert distance(result.refit.constants) < 0.25 * distance(
+        constants_of(request_.cluster, "generic")
+    )  # 0.22 measured
 
 
 def test_first_trials_spread_over_the_uncertain_terms(tuned):
@@ -90,7 +106,9 @@ def test_first_trials_spread_over_the_uncertain_terms(tuned):
     assert len(spread) >= 2
     # each brought a term no trial before it had (tp > 1, pp > 1, ZeRO-3)
     for i, r in enumerate(spread[1:], 1):
-        before = {t for s in spread[:i] for t, on in zip("tpz", (s.plan.tp > 1, s.plan.pp > 1, s.plan.zero_stage == 3)) if on}
+        before = {
+            t for s in spread[:i] for t, on in zip("tpz", (s.plan.tp > 1, s.plan.pp > 1, s.plan.zero_stage == 3)) if on
+        }
         now = {t for t, on in zip("tpz", (r.plan.tp > 1, r.plan.pp > 1, r.plan.zero_stage == 3)) if on}
         assert now - before, (r.label, before)
 
@@ -98,12 +116,17 @@ def test_first_trials_spread_over_the_uncertain_terms(tuned):
 def test_a_budget_of_six_measures_each_uncertain_term_once(request_, space):
     # the benchmark's budget (benchmarks/tune.py: a third of 20 layouts): the first trial, then
     # one each with tp, pp and ZeRO-3, so that no term the space holds is left to the prior
-    assert {(c.plan.tp > 1, c.plan.pp > 1, c.plan.zero_stage == 3) for c in space} >= {(True, False, False), (False, True, False),
-                                                                                        (False, False, True)}
+    assert {(c.plan.tp > 1, c.plan.pp > 1, c.plan.zero_stage == 3) for c in space} >= {
+        (True, False, False),
+        (False, True, False),
+        (False, False, True),
+    }
     result = tune(request_, FakeExecutor(TRUE), Budget(trials=6, refit_rounds=0))
     first = result.records[:4]
     assert [r.why.startswith("spread") for r in first] == [False, True, True, True]
-    assert {t for r in first for t, on in zip("tpz", (r.plan.tp > 1, r.plan.pp > 1, r.plan.zero_stage == 3)) if on} == set("tpz")
+    assert {
+        t for r in first for t, on in zip("tpz", (r.plan.tp > 1, r.plan.pp > 1, r.plan.zero_stage == 3)) if on
+    } == set("tpz")
 
 
 def test_a_large_tolerance_proves_the_answer_early(request_):
@@ -124,14 +147,21 @@ def test_out_of_memory_is_a_result_and_teaches_the_memory_model(request_, space)
     assert result.refit.overhead_gib > request_.cluster.device.framework_overhead_gib
     # after the refit no layout the search returns is predicted to need what the one that ran out did
     listed, _ = search(request_, result.refit.cluster, 50)
-    assert all(c.estimate.peak_memory_gib + 1e-9 < min(oom_peaks) + (result.refit.overhead_gib -
-               request_.cluster.device.framework_overhead_gib) for c in listed)
+    assert all(
+        c.estimate.peak_memory_gib + 1e-9
+        < min(oom_peaks) + (result.refit.overhead_gib - request_.cluster.device.framework_overhead_gib)
+        for c in listed
+    )
 
 
 def test_memory_overhead_fit():
     assert fit_memory_overhead(2.0, 80.0, [(50.0, 51.5)], []) == pytest.approx(3.5)  # measured above predicted
-    assert fit_memory_overhead(2.0, 80.0, [(40.0, 30.0)], [70.0]) == pytest.approx(12.0)  # 70 -> 80: the OOM reaches the limit
-    assert fit_memory_overhead(2.0, 80.0, [(75.0, 30.0)], [70.0]) == pytest.approx(7.0)  # but the 75 that ran must still fit
+    assert fit_memory_overhead(2.0, 80.0, [(40.0, 30.0)], [70.0]) == pytest.approx(
+        12.0
+    )  # 70 -> 80: the OOM reaches the limit
+    assert fit_memory_overhead(2.0, 80.0, [(75.0, 30.0)], [70.0]) == pytest.approx(
+        7.0
+    )  # but the 75 that ran must still fit
     assert fit_memory_overhead(2.0, 80.0, [], []) == 2.0
 
 
@@ -189,8 +219,9 @@ def test_tuned_profile_is_a_cluster_plan_solve_reads(request_, tuned, tmp_path):
 
 def _plan(*args):
     env = {**os.environ, "COLUMNS": "200"}  # the table's headers on one line
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", "tune", *args], capture_output=True, text=True, timeout=60,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "tune", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 @pytest.mark.parametrize("option", ["-o", "--plan-out"])
@@ -199,30 +230,114 @@ def test_an_output_onto_the_resumed_journal_is_refused_before_anything_runs(opti
     (not after the tune, its trials run), the journal as it was."""
     j = tmp_path / "j.jsonl"
     j.write_text("not read yet\n")
-    res = subprocess.run([sys.executable, "-m", "planner.cli.main", "tune", "--resume", "j.jsonl", option, "./j.jsonl"],
-                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "tune", "--resume", "j.jsonl", option, "./j.jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "it is the input of this command" in res.stderr, res.stderr
     assert j.read_text() == "not read yet\n"
 
 
-@pytest.mark.parametrize("args, needle", [
-    ([], "--model is required"),
-    (["--resume", "/nonexistent/j.jsonl"], "cannot read the journal"),
-    (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--steps", "2", "--warmup", "2"],
-     "--warmup 2 leaves no timed step"),
-    (["--resume", "x.jsonl", "--model", "gpt2-124m"], "drop --model"),
-    (["--resume", "x.jsonl", "-o", "a.json", "--plan-out", "a.json"], "-o and --plan-out both write a.json"),
-    (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--journal", ""], "--journal is empty"),
-    (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--launcher", "bogus"], "bogus"),
-    (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--journal", "no/such/dir/j.jsonl"],
-     "cannot write no/such/dir/j.jsonl: directory"),
-    # what no layout changes is refused before a trial launches (every trial failed on it, and the tune exited 0)
-    (["--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--seq-len", "128",
-      "--scale-heads", "5"], "--scale-heads 5: it does not split hidden 768; use --scale-heads 6"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ([], "--model is required"),
+        (["--resume", "/nonexistent/j.jsonl"], "cannot read the journal"),
+        (
+            [
+                "--model",
+                "gpt2-124m",
+                "--cluster",
+                "dgx-a100-80gb",
+                "--gpus",
+                "2",
+                "--global-batch",
+                "4",
+                "--steps",
+                "2",
+                "--warmup",
+                "2",
+            ],
+            "--warmup 2 leaves no timed step",
+        ),
+        (["--resume", "x.jsonl", "--model", "gpt2-124m"], "drop --model"),
+        (["--resume", "x.jsonl", "-o", "a.json", "--plan-out", "a.json"], "-o and --plan-out both write a.json"),
+        (
+            [
+                "--model",
+                "gpt2-124m",
+                "--cluster",
+                "dgx-a100-80gb",
+                "--gpus",
+                "2",
+                "--global-batch",
+                "4",
+                "--journal",
+                "",
+            ],
+            "--journal is empty",
+        ),
+        (
+            [
+                "--model",
+                "gpt2-124m",
+                "--cluster",
+                "dgx-a100-80gb",
+                "--gpus",
+                "2",
+                "--global-batch",
+                "4",
+                "--launcher",
+                "bogus",
+            ],
+            "bogus",
+        ),
+        (
+            [
+                "--model",
+                "gpt2-124m",
+                "--cluster",
+                "dgx-a100-80gb",
+                "--gpus",
+                "2",
+                "--global-batch",
+                "4",
+                "--journal",
+                "no/such/dir/j.jsonl",
+            ],
+            "cannot write no/such/dir/j.jsonl: directory",
+        ),
+        # what no layout changes is refused before a trial launches (every trial failed on it, and the tune exited 0)
+        (
+            [
+                "--model",
+                "gpt2-124m",
+                "--cluster",
+                "dgx-a100-80gb",
+                "--gpus",
+                "2",
+                "--global-batch",
+                "4",
+                "--seq-len",
+                "128",
+                "--scale-heads",
+                "5",
+            ],
+            "--scale-heads 5: it does not split hidden 768; use --scale-heads 6",
+        ),
+    ],
+)
 def test_bad_inputs_are_one_line(args, needle, tmp_path):
-    res = subprocess.run([sys.executable, "-m", "planner.cli.main", "tune", *args], capture_output=True, text=True, timeout=60,
-                         cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "tune", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error:") and needle in res.stderr, res.stderr
     assert not list(tmp_path.iterdir())  # no journal, no output
@@ -231,7 +346,18 @@ def test_bad_inputs_are_one_line(args, needle, tmp_path):
 def test_an_existing_journal_is_refused_before_the_search_and_kept(tmp_path):
     path = tmp_path / "j.jsonl"
     path.write_text("earlier trials\n")
-    res = _plan("--model", "gpt2-124m", "--cluster", "dgx-a100-80gb", "--gpus", "2", "--global-batch", "4", "--journal", str(path))
+    res = _plan(
+        "--model",
+        "gpt2-124m",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "--journal",
+        str(path),
+    )
     assert res.returncode == 2 and f"the journal {path} exists: continue it with --resume" in res.stderr, res.stderr
     assert res.stderr.count("\n") == 1 and path.read_text() == "earlier trials\n"
 
@@ -255,16 +381,19 @@ def _edited_journal(request_, tmp_path, edit_header=None, edit_trial=None):
     return path
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda h: h["solve"].update(bogus=1), "unknown search option 'bogus'"),
-    (lambda h: h["solve"].update(top_k=5), "unknown search option 'top_k'"),
-    (lambda h: h["solve"].update(global_batch="x"), "global_batch is 'x'"),
-    (lambda h: h["solve"].update(max_memory_gib="NaN"), "max_memory_gib is 'NaN'"),
-    (lambda h: h["solve"].update(fixes=[1]), "not CHOICE=VALUE strings"),
-    (lambda h: h.update(version=2), "journal version 2"),
-    (lambda h: h.update(gpus=True), "gpus: Input should be a valid integer"),  # not read as 1
-    (lambda h: h.update(gpus=2.0), "gpus: Input should be a valid integer"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda h: h["solve"].update(bogus=1), "unknown search option 'bogus'"),
+        (lambda h: h["solve"].update(top_k=5), "unknown search option 'top_k'"),
+        (lambda h: h["solve"].update(global_batch="x"), "global_batch is 'x'"),
+        (lambda h: h["solve"].update(max_memory_gib="NaN"), "max_memory_gib is 'NaN'"),
+        (lambda h: h["solve"].update(fixes=[1]), "not CHOICE=VALUE strings"),
+        (lambda h: h.update(version=2), "journal version 2"),
+        (lambda h: h.update(gpus=True), "gpus: Input should be a valid integer"),  # not read as 1
+        (lambda h: h.update(gpus=2.0), "gpus: Input should be a valid integer"),
+    ],
+)
 def test_a_hand_edited_header_is_refused_saying_what(request_, tmp_path, edit, needle):
     path = _edited_journal(request_, tmp_path, edit_header=edit)
     with pytest.raises(UsageError, match="no tune header") as exc:
@@ -294,8 +423,15 @@ def test_a_journal_nested_past_the_parser_is_refused(tmp_path):
         journal.read(path, lambda _: None)
 
 
-@pytest.mark.parametrize("edit", [lambda h: h["solve"].update(target="jax"), lambda h: h.update(gpus=-4),
-                                  lambda h: h["solve"].update(global_batch=0), lambda h: h["solve"].update(fixes=["tp=2", "tp=4"])])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda h: h["solve"].update(target="jax"),
+        lambda h: h.update(gpus=-4),
+        lambda h: h["solve"].update(global_batch=0),
+        lambda h: h["solve"].update(fixes=["tp=2", "tp=4"]),
+    ],
+)
 def test_a_header_whose_search_fails_is_refused_before_any_trial(request_, tmp_path, edit):
     """Said of the journal (the user gave only --resume J), and the file left as it was, a torn
     last line included (it used to be cut off before the header was checked)."""
@@ -314,12 +450,23 @@ def test_resume_with_the_budget_spent_renders_and_writes(request_, tmp_path):
     path = tmp_path / "j.jsonl"
     journal.start(path, header(request_, FakeExecutor(TRUE)))
     tune(request_, FakeExecutor(TRUE), Budget(trials=2, refit_rounds=0), path)
-    res = _plan("--resume", str(path), "--trials", "2", "-o", str(tmp_path / "tuned.json"), "--plan-out", str(tmp_path / "p.json"))
+    res = _plan(
+        "--resume",
+        str(path),
+        "--trials",
+        "2",
+        "-o",
+        str(tmp_path / "tuned.json"),
+        "--plan-out",
+        str(tmp_path / "p.json"),
+    )
     assert res.returncode == 0, res.stderr
     assert "predicted before" in res.stdout and "measured best:" in res.stdout and "best" in res.stdout
     assert "an exhaustive sweep would have run" in res.stdout
     assert api.read_plan(tmp_path / "p.json").num_gpus == 4
-    assert json.loads((tmp_path / "tuned.json").read_text())["stack_constants"]["generic"]["provenance"].startswith("plan tune")
+    assert json.loads((tmp_path / "tuned.json").read_text())["stack_constants"]["generic"]["provenance"].startswith(
+        "plan tune"
+    )
 
 
 def test_a_fixed_micro_batch_whose_batch_no_document_holds_is_refused_or_skipped():

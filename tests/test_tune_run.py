@@ -20,8 +20,16 @@ import pytest
 
 pytestmark = pytest.mark.distributed
 
-TINY = {"name": "tiny-gpt", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "vocab_size": 256, "max_seq_len": 32,
-        "dropout": False, "source": "tests/test_tune_run.py"}
+TINY = {
+    "name": "tiny-gpt",
+    "num_layers": 2,
+    "hidden_size": 64,
+    "num_heads": 4,
+    "vocab_size": 256,
+    "max_seq_len": 32,
+    "dropout": False,
+    "source": "tests/test_tune_run.py",
+}
 # The first trial is the prior's fastest layout, dp 2 without ZeRO (tiny-gpt on two ranks: a rank
 # holds 2.60 MiB of weights, gradients, Adam's moments and activations as `plan run` counts them);
 # the other layouts shard something and need at most 2.2 MiB, so this limit puts only that one
@@ -32,9 +40,35 @@ LIMIT_GIB = str(2.4 / 1024)
 def _tune_args(tmp_path: Path, *extra: str) -> list[str]:
     model = tmp_path / "tiny.json"
     model.write_text(json.dumps(TINY))
-    return [sys.executable, "-m", "planner.cli.main", "tune", "--model", str(model), "--cluster", "dgx-a100-80gb", "--gpus", "2",
-            "--global-batch", "4", "--seq-len", "32", "--precision", "fp32", "--fix", "recompute=none", "--fix", "sp=false",
-            "--steps", "2", "--warmup", "1", "--trial-timeout", "300", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "planner.cli.main",
+        "tune",
+        "--model",
+        str(model),
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "--seq-len",
+        "32",
+        "--precision",
+        "fp32",
+        "--fix",
+        "recompute=none",
+        "--fix",
+        "sp=false",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--trial-timeout",
+        "300",
+        *extra,
+    ]
 
 
 def _descendants(pid: int) -> set[int]:
@@ -70,8 +104,13 @@ def _trial_lines(journal: Path) -> list[dict]:
 
 def test_out_of_memory_then_sigterm_then_resume(tmp_path):
     journal = tmp_path / "tune.jsonl"
-    tuner = subprocess.Popen(_tune_args(tmp_path, "--trials", "3", "--journal", str(journal), "--trial-memory-gib", LIMIT_GIB),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    tuner = subprocess.Popen(
+        _tune_args(tmp_path, "--trials", "3", "--journal", str(journal), "--trial-memory-gib", LIMIT_GIB),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 500
         while len(_trial_lines(journal)) < 2 and tuner.poll() is None and time.monotonic() < deadline:
@@ -93,10 +132,29 @@ def test_out_of_memory_then_sigterm_then_resume(tmp_path):
     assert [t["status"] for t in trials][:1] == ["oom"] and len(trials) == 2, trials
     assert "over the limit" in trials[0]["detail"] and trials[1]["status"] == "ok"  # recorded, and the tune went on
 
-    resumed = subprocess.run([sys.executable, "-m", "planner.cli.main", "tune", "--resume", str(journal), "--trials", "3",
-                              "--trial-memory-gib", LIMIT_GIB, "--json", "-o", str(tmp_path / "tuned.json"),
-                              "--plan-out", str(tmp_path / "plan.json")],
-                             capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "tune",
+            "--resume",
+            str(journal),
+            "--trials",
+            "3",
+            "--trial-memory-gib",
+            LIMIT_GIB,
+            "--json",
+            "-o",
+            str(tmp_path / "tuned.json"),
+            "--plan-out",
+            str(tmp_path / "plan.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr
     after = _trial_lines(journal)
     assert journal.read_text().startswith(before)  # the finished trials' lines untouched
@@ -106,8 +164,12 @@ def test_out_of_memory_then_sigterm_then_resume(tmp_path):
     tuned = json.loads((tmp_path / "tuned.json").read_text())
     assert "plan tune" in tuned["stack_constants"]["generic"]["provenance"]
     assert tuned["device"]["framework_overhead_gib"] > 2.0  # the out-of-memory trial taught the memory model
-    check = subprocess.run([sys.executable, "-m", "planner.cli.main", "export", str(tmp_path / "plan.json"), "--to", "torchtitan"],
-                           capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "export", str(tmp_path / "plan.json"), "--to", "torchtitan"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode in (0, 2) and check.stderr.count("\n") <= 1, check.stderr  # a plan file export reads
 
 
@@ -116,14 +178,35 @@ def test_a_tune_whose_every_trial_failed_exits_1(tmp_path):
     error line and exit 1, where it said "nothing measured" and exited 0; no tuned profile (it
     would be fitted to nothing) and no plan are written."""
     journal = tmp_path / "tune.jsonl"
-    res = subprocess.run(_tune_args(tmp_path, "--trials", "1", "--journal", str(journal), "--trial-memory-gib", LIMIT_GIB,
-                                    "-o", "tuned.json", "--plan-out", "plan.json"),
-                         capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    res = subprocess.run(
+        _tune_args(
+            tmp_path,
+            "--trials",
+            "1",
+            "--journal",
+            str(journal),
+            "--trial-memory-gib",
+            LIMIT_GIB,
+            "-o",
+            "tuned.json",
+            "--plan-out",
+            "plan.json",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
     assert res.returncode == 1, res.stderr
-    assert res.stderr.strip().splitlines()[-1] == (f"error: no trial ran to the end, so nothing was written; each one's error is in "
-                                                   f"the journal {journal}")
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: no trial ran to the end, so nothing was written; each one's error is in the journal {journal}"
+    )
     assert [t["status"] for t in _trial_lines(journal)] == ["oom"]
-    assert "written to" not in res.stderr and not (tmp_path / "tuned.json").exists() and not (tmp_path / "plan.json").exists()
+    assert (
+        "written to" not in res.stderr
+        and not (tmp_path / "tuned.json").exists()
+        and not (tmp_path / "plan.json").exists()
+    )
 
 
 def _slurm_up() -> str:
@@ -140,8 +223,14 @@ def _slurm_up() -> str:
 def test_trials_launch_with_srun(tmp_path):
     journal = tmp_path / "tune.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    res = subprocess.run(_tune_args(tmp_path, "--trials", "1", "--launcher", "srun", "--journal", str(journal), "--json"),
-                         capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
+    res = subprocess.run(
+        _tune_args(tmp_path, "--trials", "1", "--launcher", "srun", "--journal", str(journal), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     head = json.loads(journal.read_text().splitlines()[0])
     assert head["run"]["launcher"] == "srun"

@@ -52,8 +52,13 @@ def test_later_steps_allow_the_measured_drift_and_no_more():
 
 
 def test_allowance_is_the_running_largest_drift():
-    assert allowed(1e-5, [2e-7, 3e-6, 1e-6, 5e-6]) == pytest.approx([1e-5, 1e-5 + 8 * 3e-6, 1e-5 + 8 * 3e-6, 1e-5 + 8 * 5e-6])
-    assert allowed(1e-5, [0.0, math.nan]) == [1e-5, math.inf]  # a diverged fp32 reference: the run's own NaN still fails
+    assert allowed(1e-5, [2e-7, 3e-6, 1e-6, 5e-6]) == pytest.approx(
+        [1e-5, 1e-5 + 8 * 3e-6, 1e-5 + 8 * 3e-6, 1e-5 + 8 * 5e-6]
+    )
+    assert allowed(1e-5, [0.0, math.nan]) == [
+        1e-5,
+        math.inf,
+    ]  # a diverged fp32 reference: the run's own NaN still fails
 
 
 def test_a_lost_shard_of_a_small_parameter_is_caught_where_the_global_norm_cannot_see_it():
@@ -80,7 +85,14 @@ def test_layout_nan_and_missing_steps_fail():
     assert not compare(traj([math.nan, 2.0], ref.grad_sq), ref, ref, NAMES, DEFAULT_TOLERANCE).passed
     short = compare(traj([2.0], ref.grad_sq[:1]), ref, ref, NAMES, DEFAULT_TOLERANCE)
     assert not short.passed and "reported 1 steps" in short.message
-    moved = compare(ref, ref, ref, NAMES, DEFAULT_TOLERANCE, layout_problem="rank 1 ran 3 layers, the plan's split [2, 2] gives it 2")
+    moved = compare(
+        ref,
+        ref,
+        ref,
+        NAMES,
+        DEFAULT_TOLERANCE,
+        layout_problem="rank 1 ran 3 layers, the plan's split [2, 2] gives it 2",
+    )
     assert not moved.passed and moved.message.startswith("rank 1")
 
 
@@ -92,14 +104,26 @@ LAYOUT = {name: (model, plan) for name, model, plan in LAYOUTS[2]}
 # drifts past a fixed tolerance by step 3-5.
 CORRECT = [("dp2 zero1", 64, 1e-2), ("tp2 sp selective", 96, 1e-2), ("pp2 1f1b uneven", 0, 1e-2), ("cp2", 6, 1e-2)]
 # One layout per injected error where it is meaningful (the sweep injects each into every layout).
-FAULTY = [("tp2 sp", "drop-grad-shard"), ("dp2 zero3 tied", "grad-scale"), ("pp2 1f1b uneven", "wrong-stage"),
-          ("dp2 ddp", "micro-batch"), ("cp2", "drop-grad-shard"), ("pp2 interleaved", "wrong-stage")]
+FAULTY = [
+    ("tp2 sp", "drop-grad-shard"),
+    ("dp2 zero3 tied", "grad-scale"),
+    ("pp2 1f1b uneven", "wrong-stage"),
+    ("dp2 ddp", "micro-batch"),
+    ("cp2", "drop-grad-shard"),
+    ("pp2 interleaved", "wrong-stage"),
+]
 
 
 def _doc(name, seed, lr, fault=None):
     model, plan = LAYOUT[name]
-    return {"model": json.loads(MODELS[model].model_dump_json()), "job": json.loads(JOB.model_dump_json()),
-            "plan": json.loads(plan.model_dump_json()), "seed": seed, "learning_rate": lr, "fault": fault}
+    return {
+        "model": json.loads(MODELS[model].model_dump_json()),
+        "job": json.loads(JOB.model_dump_json()),
+        "plan": json.loads(plan.model_dump_json()),
+        "seed": seed,
+        "learning_rate": lr,
+        "fault": fault,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +131,7 @@ def runs(tmp_path_factory):
     pytest.importorskip("torch")
     docs = [_doc(n, s, lr) for n, s, lr in CORRECT] + [_doc(n, 3, 1e-3, f) for n, f in FAULTY]
     reports = run_batch(tmp_path_factory.mktemp("verify"), docs, 2, steps=6)
-    return reports[: len(CORRECT)], reports[len(CORRECT):]
+    return reports[: len(CORRECT)], reports[len(CORRECT) :]
 
 
 @pytest.mark.distributed
@@ -125,6 +149,10 @@ def test_every_injected_error_is_caught(runs, i):
     report = runs[1][i]
     v = report["verification"]
     assert report["verdict"] == "fail", f"{fault} in {name} passed: {v['message']}"
-    where = {"wrong-stage": "rank ", "grad-scale": "step 0: gradient norm", "micro-batch": "step 0: loss",
-             "drop-grad-shard": "step 0: "}[fault]
+    where = {
+        "wrong-stage": "rank ",
+        "grad-scale": "step 0: gradient norm",
+        "micro-batch": "step 0: loss",
+        "drop-grad-shard": "step 0: ",
+    }[fault]
     assert v["message"].startswith(where), v["message"]

@@ -16,15 +16,26 @@ from planner.specs import ATTENTION_KERNELS, LossKernel, Target
 
 # --target of `plan estimate` (one layout, costed as one stack runs it) and of `plan solve`
 # (which without --target searches every stack: planner/search/stacks.py).
-_TARGET_HELP = ("Training stack the plan will run on: its attention kernel and TP communication overlap (megatron: "
-                "Transformer Engine's cuDNN attention and --tp-comm-overlap)")
+_TARGET_HELP = (
+    "Training stack the plan will run on: its attention kernel and TP communication overlap (megatron: "
+    "Transformer Engine's cuDNN attention and --tp-comm-overlap)"
+)
 ESTIMATE_TARGET = click.option(
-    "--target", "stack", type=click.Choice([t.value for t in Target]), default="generic", show_default=True,
-    help=_TARGET_HELP + "; generic: PyTorch eager, no stack's kernels or overlap. The plan document records it (job.target).",
+    "--target",
+    "stack",
+    type=click.Choice([t.value for t in Target]),
+    default="generic",
+    show_default=True,
+    help=_TARGET_HELP
+    + "; generic: PyTorch eager, no stack's kernels or overlap. The plan document records it (job.target).",
 )
 SOLVE_TARGET = click.option(
-    "--target", "stack", type=click.Choice([t.value for t in Target]), default=None,
-    help=_TARGET_HELP + ", and only what it can express [default: search megatron, deepspeed, torchtitan and accelerate, "
+    "--target",
+    "stack",
+    type=click.Choice([t.value for t in Target]),
+    default=None,
+    help=_TARGET_HELP
+    + ", and only what it can express [default: search megatron, deepspeed, torchtitan and accelerate, "
     "each as it runs, and recommend the best; generic: the PyTorch-eager optimum, which no `plan export` stack runs as is].",
 )
 
@@ -33,15 +44,23 @@ def target_options(fn: Callable, target: Callable = ESTIMATE_TARGET) -> Callable
     """--model, --cluster, --gpus/--nodes, --seq-len, precision, optimizer and `target` (--target)."""
     options = [
         click.option(
-            "--model", "model_name",
+            "--model",
+            "model_name",
             help="Model preset name; or a .json/.yaml spec, a Hugging Face config.json or model directory; or a hub id "
             "(ORG/NAME) whose config.json is in the local Hugging Face cache (nothing is downloaded).",
         ),
-        click.option("--cluster", "cluster_name", help="Cluster preset name, or a hardware profile .json (from `plan profile`)."),
+        click.option(
+            "--cluster", "cluster_name", help="Cluster preset name, or a hardware profile .json (from `plan profile`)."
+        ),
         click.option("--gpus", type=GPUS, help="Total GPUs."),
         click.option("--nodes", type=GPUS, help="Nodes (GPUs = nodes x GPUs per node of the cluster)."),
         click.option("--seq-len", type=TOKENS, help="Tokens per sequence."),
-        click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default=None, help="Compute dtype [default: the model's]."),
+        click.option(
+            "--precision",
+            type=click.Choice(["bf16", "fp16", "fp32"]),
+            default=None,
+            help="Compute dtype [default: the model's].",
+        ),
         click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True),
         click.option(
             "--no-flash-attention",
@@ -50,22 +69,31 @@ def target_options(fn: Callable, target: Callable = ESTIMATE_TARGET) -> Callable
         ),
         target,
         click.option(
-            "--loss-kernel", type=click.Choice([k.value for k in LossKernel]), default=None,
+            "--loss-kernel",
+            type=click.Choice([k.value for k in LossKernel]),
+            default=None,
             help="Cross-entropy implementation, which sets the loss's memory per logit [default: the target's: "
             "megatron vocab-parallel, others eager; fused = a fused kernel such as flash-attn's].",
         ),
         click.option(
-            "--attention-kernel", type=click.Choice(list(ATTENTION_KERNELS)), default=None,
+            "--attention-kernel",
+            type=click.Choice(list(ATTENTION_KERNELS)),
+            default=None,
             help="Fused attention kernel the training runs [default: the target's: megatron cudnn (Transformer Engine), "
             "others flash2]; e.g. cudnn for a torchtitan or FSDP run on Transformer Engine's attention.",
         ),
         click.option(
-            "--moe-dispatcher", type=click.Choice(["alltoall", "deepep"]), default="alltoall", show_default=True,
+            "--moe-dispatcher",
+            type=click.Choice(["alltoall", "deepep"]),
+            default="alltoall",
+            show_default=True,
             help="Mixture-of-experts token exchange across nodes: one copy per routed expert (alltoall), or one per "
             "destination node fanned out over NVLink there (deepep).",
         ),
         click.option(
-            "--grad-reduce-bf16", is_flag=True, default=None,
+            "--grad-reduce-bf16",
+            is_flag=True,
+            default=None,
             help="Accumulate and reduce gradients in bf16 where the stack keeps fp32 (Megatron: --grad-reduce-in-bf16, "
             "2 bytes a parameter less; its performance recipes set it). Other stacks keep their own gradient dtype.",
         ),
@@ -146,9 +174,13 @@ def check_picture_files(files: dict, read: tuple = (), others: Optional[dict] = 
         ext = Path(f).suffix.lower().lstrip(".")
         name = Path(f).name.lower()
         if name.startswith(".") and name[1:] in FORMATS:  # '.svg' is a name without an extension
-            raise UsageError(f"--{k} {f}: give the picture a name before its extension, e.g. {Path(f).with_name(f'{k}{name}')}")
+            raise UsageError(
+                f"--{k} {f}: give the picture a name before its extension, e.g. {Path(f).with_name(f'{k}{name}')}"
+            )
         if ext not in FORMATS:
             raise UsageError(f"--{k} {f}: the picture's format comes from the extension; use .svg or .png")
-    check_outputs({**(others or {}), **{f"--{k}": f for k, f in files.items()}}, read, "output" if others else "picture")
+    check_outputs(
+        {**(others or {}), **{f"--{k}": f for k, f in files.items()}}, read, "output" if others else "picture"
+    )
     if files:
         require_matplotlib()

@@ -24,40 +24,111 @@ from planner.specs import FP8_PARTS, Recompute, Schedule
 @click.option("--tp", type=DEGREE, default=1, show_default=True, help="Tensor-parallel degree.")
 @click.option("--pp", type=DEGREE, default=1, show_default=True, help="Pipeline-parallel degree.")
 @click.option("--dp", type=DEGREE, default=None, help="Data-parallel degree [default: GPUs / (tp x pp)].")
-@click.option("--ep", type=DEGREE, default=1, show_default=True,
-              help="Expert-parallel degree (mixture-of-experts models): experts split over ep ranks of tp x dp.")
-@click.option("--vpp", type=DEGREE, default=1, show_default=True, help="Virtual stages per pipeline rank (interleaved schedule).")
+@click.option(
+    "--ep",
+    type=DEGREE,
+    default=1,
+    show_default=True,
+    help="Expert-parallel degree (mixture-of-experts models): experts split over ep ranks of tp x dp.",
+)
+@click.option(
+    "--vpp", type=DEGREE, default=1, show_default=True, help="Virtual stages per pipeline rank (interleaved schedule)."
+)
 @click.option("--micro-batch-size", type=SEQUENCES, default=1, show_default=True, help="Sequences per micro-batch.")
-@click.option("--recompute", type=click.Choice([m.value for m in Recompute if m != Recompute.mixed]), default=Recompute.none.value, show_default=True)
+@click.option(
+    "--recompute",
+    type=click.Choice([m.value for m in Recompute if m != Recompute.mixed]),
+    default=Recompute.none.value,
+    show_default=True,
+)
 @click.option("--zero", type=ZERO_STAGE, default=0, show_default=True, help="ZeRO stage.")
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1).")
-@click.option("--cp", type=DEGREE, default=1, show_default=True,
-              help="Context-parallel degree: each sequence split over cp ranks (ring attention).")
+@click.option(
+    "--cp",
+    type=DEGREE,
+    default=1,
+    show_default=True,
+    help="Context-parallel degree: each sequence split over cp ranks (ring attention).",
+)
 @click.option("--fp8", is_flag=True, help=f"GEMMs in FP8 (needs a device with FP8 tensor cores: {FP8_PARTS}).")
-@click.option("--tp-comm-overlap", is_flag=True, help="Overlap TP communication with GEMMs (needs --sequence-parallel and --target megatron or torchtitan).")
-@click.option("--recompute-norm-act/--keep-norm-act", default=False,
-              help="Recompute the separate norms' and the MoE experts' activation outputs in backward instead of keeping them "
-              "(--target megatron: --recompute-modules layernorm moe_act; not with --recompute full).")
+@click.option(
+    "--tp-comm-overlap",
+    is_flag=True,
+    help="Overlap TP communication with GEMMs (needs --sequence-parallel and --target megatron or torchtitan).",
+)
+@click.option(
+    "--recompute-norm-act/--keep-norm-act",
+    default=False,
+    help="Recompute the separate norms' and the MoE experts' activation outputs in backward instead of keeping them "
+    "(--target megatron: --recompute-modules layernorm moe_act; not with --recompute full).",
+)
 @click.option(
     "--schedule",
     type=click.Choice([s.value for s in Schedule]),
     default=None,
     help="Pipeline schedule [default: 1f1b, interleaved-1f1b when --vpp > 1].",
 )
-@click.option("--layers-per-stage", type=LAYERS, default=None, help="Comma-separated layers of each (virtual) stage, e.g. 5,6,6,5.")
-@click.option("--mesh-order", default="tp,dp,pp", show_default=True, help="Mesh axes from innermost (inside a node) to outermost.")
-@click.option("--plan", "plan_file", type=click.Path(dir_okay=False), default=None,
-              help="Re-estimate a plan file (from `plan solve -o` or `--json`); layout options given with it are what-if changes.")
-@click.option("--alternative", type=ALTERNATIVE, default=None, help="With --plan from `plan solve`: re-estimate its alternative K (1 = first).")
+@click.option(
+    "--layers-per-stage",
+    type=LAYERS,
+    default=None,
+    help="Comma-separated layers of each (virtual) stage, e.g. 5,6,6,5.",
+)
+@click.option(
+    "--mesh-order", default="tp,dp,pp", show_default=True, help="Mesh axes from innermost (inside a node) to outermost."
+)
+@click.option(
+    "--plan",
+    "plan_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Re-estimate a plan file (from `plan solve -o` or `--json`); layout options given with it are what-if changes.",
+)
+@click.option(
+    "--alternative",
+    type=ALTERNATIVE,
+    default=None,
+    help="With --plan from `plan solve`: re-estimate its alternative K (1 = first).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema_version, plan, estimate, ...).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 @click.pass_context
 def estimate(
-    ctx, model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, attention_kernel,
-    moe_dispatcher, grad_reduce_bf16,
-    global_batch, tp, pp, dp, ep, cp, vpp, micro_batch_size, recompute, zero, sequence_parallel, fp8, tp_comm_overlap,
-    recompute_norm_act, schedule,
-    layers_per_stage, mesh_order, plan_file: Optional[str], alternative: Optional[int], as_json: bool, output: Optional[str],
+    ctx,
+    model_name,
+    cluster_name,
+    gpus,
+    nodes,
+    seq_len,
+    precision,
+    optimizer,
+    no_flash_attention,
+    stack,
+    loss_kernel,
+    attention_kernel,
+    moe_dispatcher,
+    grad_reduce_bf16,
+    global_batch,
+    tp,
+    pp,
+    dp,
+    ep,
+    cp,
+    vpp,
+    micro_batch_size,
+    recompute,
+    zero,
+    sequence_parallel,
+    fp8,
+    tp_comm_overlap,
+    recompute_norm_act,
+    schedule,
+    layers_per_stage,
+    mesh_order,
+    plan_file: Optional[str],
+    alternative: Optional[int],
+    as_json: bool,
+    output: Optional[str],
 ) -> None:
     """Predict step time, throughput and per-GPU memory of one layout."""
     model = model_name
@@ -74,13 +145,36 @@ def estimate(
         doc, changed = _what_if(plan_file, alternative, given, ctx.params)
     else:
         doc = api.estimate(
-            model, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, seq_len=seq_len, tp=tp, pp=pp, dp=dp,
-            cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size, recompute=recompute, zero=zero,
-            sequence_parallel=sequence_parallel, fp8=fp8, tp_comm_overlap=tp_comm_overlap, recompute_norm_act=recompute_norm_act,
+            model,
+            cluster_name,
+            gpus=gpus,
+            nodes=nodes,
+            global_batch=global_batch,
+            seq_len=seq_len,
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            cp=cp,
+            ep=ep,
+            vpp=vpp,
+            micro_batch_size=micro_batch_size,
+            recompute=recompute,
+            zero=zero,
+            sequence_parallel=sequence_parallel,
+            fp8=fp8,
+            tp_comm_overlap=tp_comm_overlap,
+            recompute_norm_act=recompute_norm_act,
             schedule=schedule,
-            layers_per_stage=layers_per_stage, mesh_order=mesh_order, precision=precision, optimizer=optimizer,
-            flash_attention=not no_flash_attention, target=stack, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
-            moe_dispatcher=moe_dispatcher, grad_reduce_bf16=bool(grad_reduce_bf16),
+            layers_per_stage=layers_per_stage,
+            mesh_order=mesh_order,
+            precision=precision,
+            optimizer=optimizer,
+            flash_attention=not no_flash_attention,
+            target=stack,
+            loss_kernel=loss_kernel,
+            attention_kernel=attention_kernel,
+            moe_dispatcher=moe_dispatcher,
+            grad_reduce_bf16=bool(grad_reduce_bf16),
         )
     if output:
         api.write_plan(doc, output)
@@ -98,7 +192,9 @@ def estimate(
         render.note(f"plan written to {output}")
 
 
-def _read_inputs(plan_file: Optional[str], alternative: Optional[int], model_name: Optional[str], cluster_name: Optional[str]):
+def _read_inputs(
+    plan_file: Optional[str], alternative: Optional[int], model_name: Optional[str], cluster_name: Optional[str]
+):
     """Read the files the command will (recorded by planner/datafile.py:read_input for
     check_output); the model read, for the estimate to use, or the name as given with --plan."""
     if plan_file:
@@ -114,8 +210,11 @@ def _norm_act_would_help(doc) -> bool:
     from planner import stacks
     from planner.search.stacks import norm_act_frees_memory
 
-    return (not doc.plan.recompute_norm_act and not doc.plan.stage_recompute_has_full()
-            and norm_act_frees_memory(doc.model, stacks.get(doc.job.target)))
+    return (
+        not doc.plan.recompute_norm_act
+        and not doc.plan.stage_recompute_has_full()
+        and norm_act_frees_memory(doc.model, stacks.get(doc.job.target))
+    )
 
 
 def does_not_fit(doc) -> str:
@@ -137,9 +236,11 @@ def does_not_fit(doc) -> str:
     if _norm_act_would_help(doc):
         ways.append("--recompute-norm-act")
     ways.append("more --tp or --pp, or more GPUs")
-    return (f"the plan does not fit: pipeline rank {worst.pipeline_rank} needs {worst.total:.1f} GiB per GPU, "
-            f"{render.gib(over)} GiB over the device's {render.gib(est.memory_capacity_gib)} GiB ({doc.cluster.device.name}); "
-            f"{', '.join(ways)} would bring it down (`plan solve` finds the fastest layout that fits)")
+    return (
+        f"the plan does not fit: pipeline rank {worst.pipeline_rank} needs {worst.total:.1f} GiB per GPU, "
+        f"{render.gib(over)} GiB over the device's {render.gib(est.memory_capacity_gib)} GiB ({doc.cluster.device.name}); "
+        f"{', '.join(ways)} would bring it down (`plan solve` finds the fastest layout that fits)"
+    )
 
 
 # With --plan: options that would change the plan's model (refused), options that change
@@ -155,8 +256,10 @@ def _what_if(plan_file: str, alternative: Optional[int], given: set, params: dic
     changed (planner/api.py:what_if), and a line saying what changed (None: nothing)."""
     refused = given & set(_REFUSED)
     if refused:
-        raise UsageError(f"--plan re-estimates its own model; {', '.join(_OPTION.get(n, '--' + n.replace('_', '-')) for n in sorted(refused))} "
-                         "cannot change it (start from --model instead)")
+        raise UsageError(
+            f"--plan re-estimates its own model; {', '.join(_OPTION.get(n, '--' + n.replace('_', '-')) for n in sorted(refused))} "
+            "cannot change it (start from --model instead)"
+        )
     changes = {_RENAMED.get(name, name): params[name] for name in given - _NOT_CHANGES}
     result = api.what_if(Path(plan_file), alternative=alternative, **changes)
     if not result.changes:

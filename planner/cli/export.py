@@ -21,9 +21,13 @@ from planner.plan_file import read_plan_file
 @click.command("export")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--to", "stack", required=True, type=click.Choice(stacks.EXPORT_STACKS), help="The training stack.")
-@click.option("--alternative", type=ALTERNATIVE, default=None, help="Export alternative K of a `plan solve` document (1 = first).")
+@click.option(
+    "--alternative", type=ALTERNATIVE, default=None, help="Export alternative K of a `plan solve` document (1 = first)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print {stack, kind, data, text} as one JSON object.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the configuration (the text form) to this file.")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Write the configuration (the text form) to this file."
+)
 def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool, output: Optional[str]) -> None:
     """Megatron-LM arguments, a DeepSpeed config, torchtitan overrides or an Accelerate config for a plan."""
     if output is not None:
@@ -34,8 +38,10 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
         k = None if alternative is not None else _alternative_for(Path(plan_file), stack)
         if k is None:
             raise
-        raise UsageError(f"{e}; or export the plan this file holds for {stack}, alternative {k}: "
-                         f"`plan export {shlex.quote(plan_file)} --to {stack} --alternative {k}`") from None
+        raise UsageError(
+            f"{e}; or export the plan this file holds for {stack}, alternative {k}: "
+            f"`plan export {shlex.quote(plan_file)} --to {stack} --alternative {k}`"
+        ) from None
     if output:
         write_atomic(output, out.text if out.text.endswith("\n") else out.text + "\n")
     if as_json:
@@ -45,7 +51,9 @@ def export(plan_file: str, stack: str, alternative: Optional[int], as_json: bool
     if output:
         render.note(f"{out.stack} {out.kind} written to {output}")
     path = Path(plan_file)
-    again = f"plan estimate --plan {path}" + (f" --alternative {alternative}" if alternative else "") + f" --target {stack}"
+    again = (
+        f"plan estimate --plan {path}" + (f" --alternative {alternative}" if alternative else "") + f" --target {stack}"
+    )
     theirs = _as_stack_runs(path, alternative, stack)
     note = costed_for_another(path, alternative, stack, theirs, again)
     if note:
@@ -92,6 +100,9 @@ def costed_for_another(path: Path, alternative: Optional[int], stack: str, their
         ours = None
     if theirs is not None and ours is not None:
         t = theirs.estimate.step_time_s
-        runs = (f"{stack} runs it with its own kernels: {t:.3f} s a step predicted, not {ours:.3f} s" if f"{t:.3f}" != f"{ours:.3f}"
-                else f"{stack}'s kernels predict the same {ours:.3f} s a step")
+        runs = (
+            f"{stack} runs it with its own kernels: {t:.3f} s a step predicted, not {ours:.3f} s"
+            if f"{t:.3f}" != f"{ours:.3f}"
+            else f"{stack}'s kernels predict the same {ours:.3f} s a step"
+        )
     return f"note: this plan was costed for {costed}; {runs} (re-estimate with `{again}`)"

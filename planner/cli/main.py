@@ -51,7 +51,16 @@ class _Group(click.Group):
 # What a failed write to stdout raises (a stream's OSError carries no file name): the reader
 # of the pipe or socket gone, a full disk or quota, a closed descriptor, an I/O error, a
 # non-blocking descriptor (set so by whoever shares it) that is full.
-_OUTPUT_ERRNOS = {errno.EPIPE, errno.ECONNRESET, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EBADF, errno.EIO, errno.EAGAIN}
+_OUTPUT_ERRNOS = {
+    errno.EPIPE,
+    errno.ECONNRESET,
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EFBIG,
+    errno.EBADF,
+    errno.EIO,
+    errno.EAGAIN,
+}
 
 
 class _ClosedOutput:
@@ -89,7 +98,9 @@ def _guarded(command) -> int:
     except click.UsageError as exc:
         command_path = exc.ctx.command_path if exc.ctx is not None else "plan"
         if isinstance(exc, click.exceptions.NoArgsIsHelpError):  # `plan` alone: click's message is the whole help
-            return _error(f"give a command: {', '.join(sorted(cli.commands))} (`plan --help` says what each does)", exc.exit_code)
+            return _error(
+                f"give a command: {', '.join(sorted(cli.commands))} (`plan --help` says what each does)", exc.exit_code
+            )
         return _error(f"{_click_line(exc)} (`{command_path} --help` lists the options)", exc.exit_code)
     except click.ClickException as exc:
         return _error(_click_line(exc), exc.exit_code)
@@ -102,9 +113,12 @@ def _guarded(command) -> int:
         return 1 if exc.errno == errno.EPIPE else _error(f"cannot write to standard output: {exc.strerror}", 1)
     except UnicodeEncodeError as exc:
         _discard_output(out)
-        bad = exc.object[exc.start:exc.end]
-        why = ("it is not a character (an undecodable byte in a name)" if "\ud800" <= bad[0] <= "\udfff"
-               else "set PYTHONIOENCODING=utf-8 (or a UTF-8 locale)")
+        bad = exc.object[exc.start : exc.end]
+        why = (
+            "it is not a character (an undecodable byte in a name)"
+            if "\ud800" <= bad[0] <= "\udfff"
+            else "set PYTHONIOENCODING=utf-8 (or a UTF-8 locale)"
+        )
         return _error(f"cannot write {bad!r} in the output's encoding, {exc.encoding}: {why}", 1)
 
 

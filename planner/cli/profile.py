@@ -23,26 +23,61 @@ from planner.specs import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 
 
 @click.command()
-@click.option("--model", "model_name", default="gpt2-124m", show_default=True,
-              help="Model whose layers to measure: preset name, spec file or Hugging Face config.json.")
-@click.option("--model-factory", default=None, help="Your own model: package.module:function returning an nn.Module (also looked for in the current directory, after everything installed).")
-@click.option("--blocks-attr", default="layers", show_default=True, help="With --model-factory: the attribute holding its blocks.")
+@click.option(
+    "--model",
+    "model_name",
+    default="gpt2-124m",
+    show_default=True,
+    help="Model whose layers to measure: preset name, spec file or Hugging Face config.json.",
+)
+@click.option(
+    "--model-factory",
+    default=None,
+    help="Your own model: package.module:function returning an nn.Module (also looked for in the current directory, after everything installed).",
+)
+@click.option(
+    "--blocks-attr", default="layers", show_default=True, help="With --model-factory: the attribute holding its blocks."
+)
 @click.option("--seq-len", type=int, default=None, help="Sequence length to measure [default: the model's].")
-@click.option("--micro-batch-sizes", default=None, help="Comma-separated micro-batch sizes [default: 1 (quick) or 1,2,4].")
-@click.option("--nproc-per-node", type=int, default=1, show_default=True, help="Ranks (GPUs, or CPU processes) per node.")
+@click.option(
+    "--micro-batch-sizes", default=None, help="Comma-separated micro-batch sizes [default: 1 (quick) or 1,2,4]."
+)
+@click.option(
+    "--nproc-per-node", type=int, default=1, show_default=True, help="Ranks (GPUs, or CPU processes) per node."
+)
 @click.option("--nnodes", type=int, default=1, show_default=True)
 @click.option("--node-rank", type=int, default=0, show_default=True)
 @click.option("--rdzv-endpoint", default=None, help="host:port of node 0, for several nodes.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True)
-@click.option("--quick", is_flag=True, help="Fewer sizes and repetitions: GPT-2 124M at 1,024 tokens on 2 CPU processes took 2 min "
-              "on an idle 2-core machine, 2.5-3 min beside other work (without --quick, its own estimate says ~27 min); every run "
-              "prints its estimate first.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Fewer sizes and repetitions: GPT-2 124M at 1,024 tokens on 2 CPU processes took 2 min "
+    "on an idle 2-core machine, 2.5-3 min beside other work (without --quick, its own estimate says ~27 min); every run "
+    "prints its estimate first.",
+)
 @click.option("--name", default=None, help="Name of the profile [default: measured-<host>].")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the profile JSON.")
-@click.option("--show", "show_path", type=click.Path(dir_okay=False), default=None, help="Print a profile as tables instead.")
+@click.option(
+    "--show", "show_path", type=click.Path(dir_okay=False), default=None, help="Print a profile as tables instead."
+)
 @signals_interrupt()  # SIGTERM / SIGHUP: workers stopped, temporary files removed, one line, exit 143 / 129
-def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, nproc_per_node, nnodes, node_rank,
-            rdzv_endpoint, backend, quick, name, output: Optional[str], show_path: Optional[str]) -> None:
+def profile(
+    model_name,
+    model_factory,
+    blocks_attr,
+    seq_len,
+    micro_batch_sizes,
+    nproc_per_node,
+    nnodes,
+    node_rank,
+    rdzv_endpoint,
+    backend,
+    quick,
+    name,
+    output: Optional[str],
+    show_path: Optional[str],
+) -> None:
     """Measure per-layer compute and the links of this cluster; write a hardware profile."""
     if show_path is not None:
         from hardware_profiles import load_cluster
@@ -60,9 +95,13 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
     most = model.max_seq_len if model.learned_position_embeddings else MAX_SEQ_LEN
     if not 1 <= seq <= most:
         positions = " (the model's learned positions)" if model.learned_position_embeddings else ""
-        raise UsageError(f"--seq-len must be between 1 and {most:,}{positions}, got {seq if abs(seq) < 10**20 else 'more'}")
+        raise UsageError(
+            f"--seq-len must be between 1 and {most:,}{positions}, got {seq if abs(seq) < 10**20 else 'more'}"
+        )
     mbs = _micro_batch_sizes(micro_batch_sizes if micro_batch_sizes is not None else ("1" if quick else "1,2,4"))
-    spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, backend=backend)
+    spec = LaunchSpec(
+        nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, backend=backend
+    )
     validate(spec)
     require_torch("profile")  # installed (not loaded yet): said before what this machine would hold
     _check_this_machine(model, mbs, seq, spec)
@@ -81,8 +120,14 @@ def profile(model_name, model_factory, blocks_attr, seq_len, micro_batch_sizes, 
         fd, progress_path = tempfile.mkstemp(prefix="plan-profile-", suffix=".log")
         os.close(fd)
         req = ProfileRequest(
-            model=model, seq_len=seq, micro_batches=mbs, quick=quick, backend=backend,
-            progress_path=None if inside_launcher() else progress_path, model_factory=model_factory, blocks_attr=blocks_attr,
+            model=model,
+            seq_len=seq,
+            micro_batches=mbs,
+            quick=quick,
+            backend=backend,
+            progress_path=None if inside_launcher() else progress_path,
+            model_factory=model_factory,
+            blocks_attr=blocks_attr,
         )
         results = _launch_with_progress(spec, req, progress_path)
     finally:
@@ -107,7 +152,9 @@ def _launch_with_progress(spec: LaunchSpec, req, progress_path: str) -> dict:
     if inside_launcher():
         return launch(spec, profile_worker, req, temporary=(progress_path,))
     items, estimate = _estimate(spec, req)
-    with render.ProgressLines("plan profile:", sys.stderr.isatty(), left=ItemClock(items, render.duration).update) as lines:
+    with render.ProgressLines(
+        "plan profile:", sys.stderr.isatty(), left=ItemClock(items, render.duration).update
+    ) as lines:
         lines.say(f"estimate before starting: {estimate}")
         lines.update(0, 0, f"starting {spec.nproc_per_node} worker{'s' if spec.nproc_per_node > 1 else ''}")
         with follow_progress(progress_path, lines.update):
@@ -123,8 +170,9 @@ def _estimate(spec: LaunchSpec, req) -> tuple[list[float], str]:
     from planner.profiler.profile import _tp_shards, describe_work, work_items
 
     fp32, _ = core_gemm_rates()
-    items = work_items(req, _tp_shards(req.model, spec.nproc_per_node), spec.world_size, spec.nproc_per_node, fp32,
-                       usable_cores())
+    items = work_items(
+        req, _tp_shards(req.model, spec.nproc_per_node), spec.world_size, spec.nproc_per_node, fp32, usable_cores()
+    )
     return [s for _, s in items], describe_work(items, fp32, render.duration)
 
 
@@ -136,10 +184,14 @@ def _micro_batch_sizes(text: str) -> tuple[int, ...]:
     """'1,2,4' -> (1, 2, 4): ASCII digits only, each between 1 and the planner's largest batch."""
     parts = [p.strip() for p in text.split(",")]
     if not all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts):
-        raise UsageError(f"--micro-batch-sizes must be comma-separated whole numbers (1-{MAX_GLOBAL_BATCH:,}), got {text!r}")
+        raise UsageError(
+            f"--micro-batch-sizes must be comma-separated whole numbers (1-{MAX_GLOBAL_BATCH:,}), got {text!r}"
+        )
     sizes = tuple(int(p) for p in parts)
     if not all(1 <= b <= MAX_GLOBAL_BATCH for b in sizes) or len(sizes) > MAX_SIZES:
-        raise UsageError(f"--micro-batch-sizes must be at most {MAX_SIZES} sizes, each 1-{MAX_GLOBAL_BATCH:,}, got {text!r}")
+        raise UsageError(
+            f"--micro-batch-sizes must be at most {MAX_SIZES} sizes, each 1-{MAX_GLOBAL_BATCH:,}, got {text!r}"
+        )
     return sizes
 
 
@@ -149,7 +201,9 @@ def _check_this_machine(model, micro_batches: tuple[int, ...], seq_len: int, spe
     if inside_launcher():
         return
     if spec.backend == "nccl" and gpu_absent():
-        raise UsageError("--backend nccl needs a GPU, and this machine has none (no /dev/nvidia* or /dev/kfd); use --backend gloo")
+        raise UsageError(
+            "--backend nccl needs a GPU, and this machine has none (no /dev/nvidia* or /dev/kfd); use --backend gloo"
+        )
     if spec.backend == "gloo" or (spec.backend == "auto" and gpu_absent()):
         check_cpu_ranks(spec.nproc_per_node)
         check_profile_memory(model, micro_batches, seq_len, spec.nproc_per_node, host_memory_bytes())
@@ -167,7 +221,10 @@ def _factory_importable_from_cwd(model_factory: str) -> None:
     out, bytecode = io.StringIO(), sys.dont_write_bytecode
     sys.dont_write_bytecode = True  # no __pycache__ left in the user's directory by a check
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # what it prints at import: not ours to show
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(out),
+        ):  # what it prints at import: not ours to show
             load_factory(model_factory)
     except (ImportError, ValueError) as exc:
         why = _one_line(exc)  # load_factory's own messages name the option already
@@ -175,7 +232,9 @@ def _factory_importable_from_cwd(model_factory: str) -> None:
     except SystemExit as exc:  # the module called sys.exit() while it was imported
         raise UsageError(f"--model-factory {model_factory!r}: importing it called sys.exit({exc.code!r})") from None
     except Exception as exc:  # whatever the user's module raises at import: its fault, said in one line
-        raise UsageError(f"--model-factory {model_factory!r}: importing it raised {type(exc).__name__}: {_one_line(exc)}") from None
+        raise UsageError(
+            f"--model-factory {model_factory!r}: importing it raised {type(exc).__name__}: {_one_line(exc)}"
+        ) from None
     finally:
         sys.dont_write_bytecode = bytecode
 

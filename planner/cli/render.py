@@ -111,8 +111,14 @@ def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
         t.add_column(col, justify="left" if col in ("name", "mlp") else "right", no_wrap=col == "name")
     for m in models:
         t.add_row(
-            m.name, _human(total_params(m)), str(m.num_layers), str(m.hidden_size), f"{m.num_heads} ({'MLA' if m.mla else m.kv_heads})",
-            f"{m.activation.value} {m.ffn}", str(m.vocab_size), str(m.max_seq_len),
+            m.name,
+            _human(total_params(m)),
+            str(m.num_layers),
+            str(m.hidden_size),
+            f"{m.num_heads} ({'MLA' if m.mla else m.kv_heads})",
+            f"{m.activation.value} {m.ffn}",
+            str(m.vocab_size),
+            str(m.max_seq_len),
         )
     console.print(t)
     c = Table(title="Cluster presets")
@@ -122,20 +128,31 @@ def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
     for col in ("name", "intra-node", "inter-node"):
         links.add_column(col, no_wrap=col == "name")
     for cl in clusters:
-        c.add_row(cl.name, cl.device.name, f"{cl.device.peak_tflops.get('bf16', 0):g}", gib(cl.device.memory_gib), str(cl.gpus_per_node))
+        c.add_row(
+            cl.name,
+            cl.device.name,
+            f"{cl.device.peak_tflops.get('bf16', 0):g}",
+            gib(cl.device.memory_gib),
+            str(cl.gpus_per_node),
+        )
         links.add_row(cl.name, cl.intra_node.name, cl.inter_node.name)
     console.print(c)
     console.print(links)
 
 
 def plan_summary(plan: Plan) -> str:
-    parts = ([f"dp={plan.dp}"] + ([f"cp={plan.cp}"] if plan.cp > 1 else []) + [f"tp={plan.tp}", f"pp={plan.pp}"]
-             + ([f"ep={plan.ep}"] if plan.ep > 1 else []))
+    parts = (
+        [f"dp={plan.dp}"]
+        + ([f"cp={plan.cp}"] if plan.cp > 1 else [])
+        + [f"tp={plan.tp}", f"pp={plan.pp}"]
+        + ([f"ep={plan.ep}"] if plan.ep > 1 else [])
+    )
     if plan.vpp > 1:
         parts.append(f"vpp={plan.vpp}")
     parts += [
         f"mbs={plan.micro_batch_size}",
-        f"micro-batches={plan.num_micro_batches}" + (f" ({plan.num_micro_batches / plan.pp:g} x pp)" if plan.pp > 1 else ""),
+        f"micro-batches={plan.num_micro_batches}"
+        + (f" ({plan.num_micro_batches / plan.pp:g} x pp)" if plan.pp > 1 else ""),
         f"schedule={plan.schedule.value}",
         f"recompute={plan.recompute.value if plan.stage_recompute is None else _recompute_mix(plan)}"
         + ("+norm-act" if plan.recompute_norm_act else ""),
@@ -187,18 +204,45 @@ def throughput_table(est: Estimate) -> Table:
 
 def memory_table(est: Estimate) -> Table:
     verdict = "fits" if est.fits else "DOES NOT FIT"
-    t = Table(title=f"Memory per GPU, GiB (peak {est.peak_memory_gib:.1f} of {gib(est.memory_capacity_gib)}: {verdict})")
+    t = Table(
+        title=f"Memory per GPU, GiB (peak {est.peak_memory_gib:.1f} of {gib(est.memory_capacity_gib)}: {verdict})"
+    )
     # Values of at most five characters, and in a narrow terminal short headers, keep the nine
     # columns within 80 (rich would cut the long headers to "weigh…").
-    cols = (("pp rank", "layers", "weights", "grads", "optim", "activ", "temp", "overhead", "total") if _narrow() else
-            ("pipeline rank", "layers", "weights", "gradients", "optimizer", "activations", "temporary", "overhead", "total"))
+    cols = (
+        ("pp rank", "layers", "weights", "grads", "optim", "activ", "temp", "overhead", "total")
+        if _narrow()
+        else (
+            "pipeline rank",
+            "layers",
+            "weights",
+            "gradients",
+            "optimizer",
+            "activations",
+            "temporary",
+            "overhead",
+            "total",
+        )
+    )
     for col in cols:
         t.add_column(col, justify="right")
     for sm in est.memory_gib_per_pipeline_rank:
         style = "bold red" if sm.total > est.memory_capacity_gib else None
         t.add_row(
-            str(sm.pipeline_rank), str(sm.layers),
-            *(_gib(x) for x in (sm.weights, sm.gradients, sm.optimizer_states, sm.activations, sm.temporary, sm.overhead, sm.total)),
+            str(sm.pipeline_rank),
+            str(sm.layers),
+            *(
+                _gib(x)
+                for x in (
+                    sm.weights,
+                    sm.gradients,
+                    sm.optimizer_states,
+                    sm.activations,
+                    sm.temporary,
+                    sm.overhead,
+                    sm.total,
+                )
+            ),
             style=style,
         )
     return t
@@ -250,15 +294,22 @@ def _with_details(summary: str, details: str) -> str:
 
 def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     job, est = doc.job, doc.estimate
-    _header(doc.model, f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(doc.cluster.name)}); "
-            f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {gib(limit_gib)} GiB")
+    _header(
+        doc.model,
+        f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(doc.cluster.name)}); "
+        f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {gib(limit_gib)} GiB",
+    )
     details = layout_details([doc.plan] + [a.plan for a in doc.alternatives], doc.model.num_layers)
-    console.print(f"[bold]recommended[/bold] {escape(_runs_on(doc))}: {_with_details(plan_summary(doc.plan), details[0])}; "
-                  f"global batch {job.global_batch_size}")
+    console.print(
+        f"[bold]recommended[/bold] {escape(_runs_on(doc))}: {_with_details(plan_summary(doc.plan), details[0])}; "
+        f"global batch {job.global_batch_size}"
+    )
     if doc.tie_rule is not None:
         faster = doc.tie_rule.faster_alternatives
-        console.print(f"{_numbered(faster)} predicted faster, but {'their intervals overlap' if len(faster) > 1 else 'its interval overlaps'} "
-                      f"this plan's and this plan's worst case is lower: {doc.tie_rule.rule}")
+        console.print(
+            f"{_numbered(faster)} predicted faster, but {'their intervals overlap' if len(faster) > 1 else 'its interval overlaps'} "
+            f"this plan's and this plan's worst case is lower: {doc.tie_rule.rule}"
+        )
     if stage_layout(doc.plan):
         console.print(stage_layout(doc.plan))
     console.print(time_table(est))
@@ -271,16 +322,24 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     for col in ("dimension", "degree", "link", "bus GB/s", "GiB per GPU per step"):
         comm.add_column(col, justify="right" if col not in ("dimension", "link") else "left")
     for v in ex.communication:
-        comm.add_row(v.axis.value, str(v.degree), escape(v.link), f"{v.bandwidth_gbps:.0f}", f"{v.gib_per_gpu_per_step:.2f}")
+        comm.add_row(
+            v.axis.value, str(v.degree), escape(v.link), f"{v.bandwidth_gbps:.0f}", f"{v.gib_per_gpu_per_step:.2f}"
+        )
     console.print(comm)
     if doc.alternatives:
         console.print(_alternatives_table(doc, details))
-        tied = [i for i, a in enumerate(doc.alternatives, start=1)
-                if est.step_time_interval_s and a.estimate.step_time_interval_s
-                and a.estimate.step_time_interval_s[0] <= est.step_time_interval_s[1]]
+        tied = [
+            i
+            for i, a in enumerate(doc.alternatives, start=1)
+            if est.step_time_interval_s
+            and a.estimate.step_time_interval_s
+            and a.estimate.step_time_interval_s[0] <= est.step_time_interval_s[1]
+        ]
         if tied:
-            console.print(f"{_numbered(tied, 'lies', 'lie')} within the recommended plan's interval: the prediction cannot "
-                          "tell them apart; measure them (`plan run`) before committing to one")
+            console.print(
+                f"{_numbered(tied, 'lies', 'lie')} within the recommended plan's interval: the prediction cannot "
+                "tell them apart; measure them (`plan run`) before committing to one"
+            )
     if doc.stacks:
         console.print(_stacks_table(doc))
     s = doc.search
@@ -291,8 +350,11 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
         f"searched {s.candidates_considered:,} candidate layouts{over}; about 10^{s.layouts_represented_log10:.0f} with every layer "
         f"split and per-stage recompute; infeasible: {infeasible}; skipped: {skipped}; pruned by bound: {s.pruned_by_bound:,}; "
         f"{s.ilps_solved} ILPs over {s.ilp_candidates} candidates ({s.solver}) in {s.solve_time_s:.2f} s; "
-        + ("proven optimal" if s.optimal else
-           f"[bold red]not proven optimal (time limit): {_gap(s.optimality_gap)}[/bold red]")
+        + (
+            "proven optimal"
+            if s.optimal
+            else f"[bold red]not proven optimal (time limit): {_gap(s.optimality_gap)}[/bold red]"
+        )
     )
 
 
@@ -307,11 +369,20 @@ def _runs_on(doc: SolveDocument) -> str:
     """Which stack runs the recommendation, in parentheses after 'recommended'."""
     target = doc.job.target
     if target == Target.generic:
-        return ("(generic: the PyTorch-eager optimum, which no `plan export` stack runs as is; without --target, "
-                "`plan solve` recommends the best plan a stack runs)")
+        return (
+            "(generic: the PyTorch-eager optimum, which no `plan export` stack runs as is; without --target, "
+            "`plan solve` recommends the best plan a stack runs)"
+        )
     searched = sum(s.search is not None for s in doc.stacks)
-    best_of = "" if not doc.stacks else (f", the best of the {searched} stacks searched" if searched == len(doc.stacks)
-                                         else f", the best of the {searched} of {len(doc.stacks)} stacks searched")
+    best_of = (
+        ""
+        if not doc.stacks
+        else (
+            f", the best of the {searched} stacks searched"
+            if searched == len(doc.stacks)
+            else f", the best of the {searched} of {len(doc.stacks)} stacks searched"
+        )
+    )
     return f"(for {target.value}{best_of}: `plan export PLAN --to {target.value}`)"
 
 
@@ -353,8 +424,15 @@ def _alternatives_table(doc: SolveDocument, details: list[str]) -> Table:
     for i, a in enumerate(doc.alternatives, start=1):
         e = a.estimate
         stack = [(a.target or doc.job.target).value] if doc.stacks else []
-        alt.add_row(str(i), *stack, _with_details(plan_summary(a.plan), details[i]), _versus(doc.estimate, e),
-                    f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}%", f"{e.peak_memory_gib:.1f}")
+        alt.add_row(
+            str(i),
+            *stack,
+            _with_details(plan_summary(a.plan), details[i]),
+            _versus(doc.estimate, e),
+            f"{e.tokens_per_s:,.0f}",
+            f"{100 * e.mfu:.1f}%",
+            f"{e.peak_memory_gib:.1f}",
+        )
     return alt
 
 
@@ -362,15 +440,23 @@ def _stacks_table(doc: SolveDocument) -> Table:
     """Each stack's own recommendation (what `plan solve --target STACK` gives), or why it has none."""
     t = Table(title="Best plan per stack (`plan solve --target STACK`)")
     for col in ("stack", "plan", "step time (vs best)", "tokens/s"):
-        t.add_column(col, justify="right" if col in ("step time (vs best)", "tokens/s") else "left",
-                     overflow="fold", max_width=9 if col == "step time (vs best)" and _narrow() else None)
+        t.add_column(
+            col,
+            justify="right" if col in ("step time (vs best)", "tokens/s") else "left",
+            overflow="fold",
+            max_width=9 if col == "step time (vs best)" and _narrow() else None,
+        )
     for s in doc.stacks:
         if s.alternative is None:
             t.add_row(s.target.value, escape(f"none: {s.reason}"), "-", "-")
             continue
         e = doc.estimate if s.alternative == 0 else doc.alternatives[s.alternative - 1].estimate
-        t.add_row(s.target.value, "recommended" if s.alternative == 0 else f"alternative {s.alternative}", _versus(doc.estimate, e),
-                  f"{e.tokens_per_s:,.0f}")
+        t.add_row(
+            s.target.value,
+            "recommended" if s.alternative == 0 else f"alternative {s.alternative}",
+            _versus(doc.estimate, e),
+            f"{e.tokens_per_s:,.0f}",
+        )
     return t
 
 
@@ -384,8 +470,12 @@ def progress_bar(description: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
-        TextColumn(f"{description} [progress.description]{{task.description}}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=SafeConsole(stderr=True), transient=True,
+        TextColumn(f"{description} [progress.description]{{task.description}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=SafeConsole(stderr=True),
+        transient=True,
     )
 
 
@@ -493,7 +583,9 @@ def profile_report(cluster: ClusterSpec) -> None:
     """A measured profile (or a preset) as tables; poor alpha-beta fits are flagged."""
     dev, m = cluster.device, cluster.measured
     peaks = ", ".join(f"{k.value} {v:.3g} TFLOP/s" for k, v in dev.peak_tflops.items())
-    console.print(f"[bold]{escape(cluster.name)}[/bold]: {cluster.num_nodes or 'any'} node(s) x {cluster.gpus_per_node} x {escape(dev.name)}")
+    console.print(
+        f"[bold]{escape(cluster.name)}[/bold]: {cluster.num_nodes or 'any'} node(s) x {cluster.gpus_per_node} x {escape(dev.name)}"
+    )
     console.print(
         f"peak {peaks}; memory {gib(dev.memory_gib)} GiB per rank; copy bandwidth {dev.memory_bandwidth_gbps:.1f} GB/s; "
         f"framework overhead {dev.framework_overhead_gib:.2f} GiB; communication hidden behind compute: "
@@ -518,9 +610,16 @@ def profile_report(cluster: ClusterSpec) -> None:
             per_call = tier.call_overhead(f.collective)
             inherited = f.collective not in (tier.call_overhead_us or {})  # the all-to-all's, the all-gather's
             shown = "-" if per_call is None else f"{per_call:.0f}" + (" (all-gather's)" if inherited else "")
-            links.add_row(escape(tier_name), f.collective.value, str(f.group_size or "any"), f"{f.latency_us:.1f}",
-                          f"{f.bandwidth_gbps:.3g}", shown,
-                          err + (" POOR FIT" if style else ""), style=style)
+            links.add_row(
+                escape(tier_name),
+                f.collective.value,
+                str(f.group_size or "any"),
+                f"{f.latency_us:.1f}",
+                f"{f.bandwidth_gbps:.3g}",
+                shown,
+                err + (" POOR FIT" if style else ""),
+                style=style,
+            )
     console.print(links)
     if m is None:
         return
@@ -529,8 +628,17 @@ def profile_report(cluster: ClusterSpec) -> None:
         layers.add_column(col, justify="left" if col == "layer" else "right")
     for x in m.layers:
         ratio = f"{x.flops_forward / x.analytic_flops_forward:.3f}" if x.analytic_flops_forward else "-"
-        layers.add_row(x.kind, str(x.micro_batch_size), str(x.seq_len), str(x.tp), _fmt_time(x.forward_s),
-                       _fmt_time(x.backward_s), f"{x.activation_bytes / 2**20:.1f}", f"{x.flops_forward / 1e9:.2f}", ratio)
+        layers.add_row(
+            x.kind,
+            str(x.micro_batch_size),
+            str(x.seq_len),
+            str(x.tp),
+            _fmt_time(x.forward_s),
+            _fmt_time(x.backward_s),
+            f"{x.activation_bytes / 2**20:.1f}",
+            f"{x.flops_forward / 1e9:.2f}",
+            ratio,
+        )
     console.print(layers)
     mm = Table(title="GEMM sweep (efficiency = achieved / peak)")
     for col in ("n", "TFLOP/s", "efficiency"):
@@ -550,8 +658,11 @@ def _header(model: ModelSpec, rest: str) -> None:
 
 def estimate_report(doc: PlanDocument) -> None:
     job = doc.job
-    _header(doc.model, f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(doc.cluster.name)}); "
-            f"global batch {job.global_batch_size} x {job.seq_len} tokens, {job.precision.value}, {job.optimizer.value}")
+    _header(
+        doc.model,
+        f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(doc.cluster.name)}); "
+        f"global batch {job.global_batch_size} x {job.seq_len} tokens, {job.precision.value}, {job.optimizer.value}",
+    )
     console.print(f"layout: {plan_summary(doc.plan)}")
     console.print(time_table(doc.estimate))
     console.print(throughput_table(doc.estimate))
@@ -584,22 +695,39 @@ def run_verification_table(v) -> Table:
     rows = zip(v.losses, v.reference_losses, v.grad_norms, v.reference_grad_norms)
     for i, (loss, ref, norm, ref_norm) in enumerate(rows):
         ok = [x[i] for x in (v.allowed_loss_rel_error, v.allowed_grad_norm_rel_error) if i < len(x)]
-        t.add_row(str(i), f"{loss:.7f}", f"{ref:.7f}", f"{abs(loss - ref) / abs(ref):.1e}",
-                  f"{norm:.6f}", f"{ref_norm:.6f}", f"{abs(norm - ref_norm) / abs(ref_norm):.1e}",
-                  " / ".join(f"{x:.1e}" for x in ok) or f"{v.tolerance:.0e}")
+        t.add_row(
+            str(i),
+            f"{loss:.7f}",
+            f"{ref:.7f}",
+            f"{abs(loss - ref) / abs(ref):.1e}",
+            f"{norm:.6f}",
+            f"{ref_norm:.6f}",
+            f"{abs(norm - ref_norm) / abs(ref_norm):.1e}",
+            " / ".join(f"{x:.1e}" for x in ok) or f"{v.tolerance:.0e}",
+        )
     return t
 
 
 def run_time_table(report) -> Table:
     tm = report.time
-    t = Table(title=f"Step time, predicted ({escape(report.cluster.name)}) against measured (mean of {tm.measured_steps} steps, slowest rank)",
-              caption=prediction_verdict(tm.predicted_step_time_s, tm.measured_step_time_s))
+    t = Table(
+        title=f"Step time, predicted ({escape(report.cluster.name)}) against measured (mean of {tm.measured_steps} steps, slowest rank)",
+        caption=prediction_verdict(tm.predicted_step_time_s, tm.measured_step_time_s),
+    )
     for col in ("", "predicted", "measured", "predicted / measured"):
         t.add_column(col, justify="left" if not col else "right")
-    t.add_row("step time", _fmt_time(tm.predicted_step_time_s), _fmt_time(tm.measured_step_time_s),
-              _ratio(tm.predicted_step_time_s, tm.measured_step_time_s))
-    t.add_row("tokens/s", f"{tm.predicted_tokens_per_s:,.0f}", f"{tm.measured_tokens_per_s:,.0f}",
-              _ratio(tm.predicted_tokens_per_s, tm.measured_tokens_per_s))
+    t.add_row(
+        "step time",
+        _fmt_time(tm.predicted_step_time_s),
+        _fmt_time(tm.measured_step_time_s),
+        _ratio(tm.predicted_step_time_s, tm.measured_step_time_s),
+    )
+    t.add_row(
+        "tokens/s",
+        f"{tm.predicted_tokens_per_s:,.0f}",
+        f"{tm.measured_tokens_per_s:,.0f}",
+        _ratio(tm.predicted_tokens_per_s, tm.measured_tokens_per_s),
+    )
     return t
 
 
@@ -638,8 +766,16 @@ def run_ranks_table(report) -> Table:
         t.add_column(col, justify="right")
     for r in report.ranks:
         step = sum(r.step_times_s) / len(r.step_times_s)
-        t.add_row(str(r.rank), str(r.dp_rank), str(r.tp_rank), str(r.pp_rank), ",".join(map(str, r.virtual_stages)),
-                  str(r.layers), _fmt_time(step), _bytes(r.peak_memory_bytes))
+        t.add_row(
+            str(r.rank),
+            str(r.dp_rank),
+            str(r.tp_rank),
+            str(r.pp_rank),
+            ",".join(map(str, r.virtual_stages)),
+            str(r.layers),
+            _fmt_time(step),
+            _bytes(r.peak_memory_bytes),
+        )
     return t
 
 
@@ -666,8 +802,11 @@ def tune_report(result, profile_path, plan_path) -> None:
     from planner.tune.loop import layout_label, predicted_before_after, verdict
 
     req = result.request
-    _header(req.model, f"tuned on {req.gpus} ranks of {escape(req.cluster.name)}, stack {req.target}; "
-                       f"{len(result.records)} trials of {'' if result.exhaustive_complete else 'at least '}{result.exhaustive} layouts")
+    _header(
+        req.model,
+        f"tuned on {req.gpus} ranks of {escape(req.cluster.name)}, stack {req.target}; "
+        f"{len(result.records)} trials of {'' if result.exhaustive_complete else 'at least '}{result.exhaustive} layouts",
+    )
     import math
 
     t = Table()
@@ -677,13 +816,25 @@ def tune_report(result, profile_path, plan_path) -> None:
         before, after = predicted_before_after(result, r)
         measured = _fmt_time(r.step_time_s) if r.step_time_s is not None else "-"
         memory = _bytes(r.peak_memory_gib * 2**30) if r.peak_memory_gib is not None else "-"
-        t.add_row(str(r.index + 1), layout_label(r.plan), r.why.split(":")[0], _fmt_time(before), _fmt_time(after), measured,
-                  memory, verdict(result, r))
+        t.add_row(
+            str(r.index + 1),
+            layout_label(r.plan),
+            r.why.split(":")[0],
+            _fmt_time(before),
+            _fmt_time(after),
+            measured,
+            memory,
+            verdict(result, r),
+        )
     console.print(t)
     from cost_models.fit import NAMES
 
-    console.print("refit constants: " + ", ".join(f"{n} {v:.4g}" for n, v in zip(NAMES, result.refit.constants))
-                  + f"; interval x/ {math.exp(result.refit.log_halfwidth):.3f}", markup=False)
+    console.print(
+        "refit constants: "
+        + ", ".join(f"{n} {v:.4g}" for n, v in zip(NAMES, result.refit.constants))
+        + f"; interval x/ {math.exp(result.refit.log_halfwidth):.3f}",
+        markup=False,
+    )
     for line in tune_summary(result):
         console.print(line, markup=False)
     for what, path in (("tuned profile", profile_path), ("winner's plan", plan_path)):
@@ -701,12 +852,18 @@ def tune_summary(result) -> list[str]:
     lines = [f"measured best: {layout_label(best.plan)}, {_fmt_time(best.step_time_s)} a step (trial {best.index + 1})"]
     margin = result.margin or 0.0
     if result.stop in ("proven", "exhausted"):
-        lines.append(f"proven: no untried layout's interval beats it by more than {100 * max(margin, 0):.1f} % "
-                     f"(tolerance {100 * result.tolerance:.1f} %)" if result.stop == "proven" else "every layout was tried")
+        lines.append(
+            f"proven: no untried layout's interval beats it by more than {100 * max(margin, 0):.1f} % "
+            f"(tolerance {100 * result.tolerance:.1f} %)"
+            if result.stop == "proven"
+            else "every layout was tried"
+        )
     else:
-        lines.append(f"stopped: the {'trial' if result.stop == 'trials' else 'time'} budget is spent; an untried layout "
-                     f"could still be up to {100 * max(margin, 0):.1f} % faster"
-                     + (f" ({layout_label(result.challenger.plan)})" if result.challenger is not None and margin > 0 else ""))
+        lines.append(
+            f"stopped: the {'trial' if result.stop == 'trials' else 'time'} budget is spent; an untried layout "
+            f"could still be up to {100 * max(margin, 0):.1f} % faster"
+            + (f" ({layout_label(result.challenger.plan)})" if result.challenger is not None and margin > 0 else "")
+        )
     count = f"{result.exhaustive:,}" if result.exhaustive_complete else f"at least {result.exhaustive:,}"
     lines.append(f"an exhaustive sweep would have run {count} trials; this tune ran {len(result.records)}")
     return lines
@@ -718,35 +875,76 @@ def _days(d: float) -> str:
 
 def _short_layout(plan: Plan) -> str:
     """dp x tp x pp (and ep, cp, vpp where used), mbs, ZeRO, recompute: a size table's cell."""
-    parts = [f"dp{plan.dp} tp{plan.tp} pp{plan.pp}"] + [f"{k}{v}" for k, v in (("vpp", plan.vpp), ("ep", plan.ep), ("cp", plan.cp)) if v > 1]
+    parts = [f"dp{plan.dp} tp{plan.tp} pp{plan.pp}"] + [
+        f"{k}{v}" for k, v in (("vpp", plan.vpp), ("ep", plan.ep), ("cp", plan.cp)) if v > 1
+    ]
     return " ".join(parts + [f"mbs{plan.micro_batch_size} z{plan.zero_stage}", plan.recompute.value])
 
 
 def size_report(doc) -> None:
     """`plan size`: every point, the front marked, then what the front and the scaling say."""
     m = doc.model
-    console.print(printable(f"{m.name}: {token_count(doc.tokens)} tokens = {doc.steps:,} steps of {doc.global_batch_size:,} x "
-                            f"{doc.seq_len:,} tokens; {'stack ' + doc.target if doc.target else 'every stack searched'}"), markup=False)
+    console.print(
+        printable(
+            f"{m.name}: {token_count(doc.tokens)} tokens = {doc.steps:,} steps of {doc.global_batch_size:,} x "
+            f"{doc.seq_len:,} tokens; {'stack ' + doc.target if doc.target else 'every stack searched'}"
+        ),
+        markup=False,
+    )
     priced = bool(doc.prices)
     t = Table(title=f"Time to train against {'cost' if doc.front_axis == 'cost' else 'GPU-hours'} (* on the front)")
-    for col, justify in (("", "left"), ("cluster", "left"), ("GPUs", "right"), ("stack", "left"), ("layout", "left"),
-                         ("step s (interval)", "right"), ("days (interval)", "right"), ("GPU-hours", "right"),
-                         *((("cost", "right"),) if priced else ()), ("MFU", "right"), ("scaling", "right")):
+    for col, justify in (
+        ("", "left"),
+        ("cluster", "left"),
+        ("GPUs", "right"),
+        ("stack", "left"),
+        ("layout", "left"),
+        ("step s (interval)", "right"),
+        ("days (interval)", "right"),
+        ("GPU-hours", "right"),
+        *((("cost", "right"),) if priced else ()),
+        ("MFU", "right"),
+        ("scaling", "right"),
+    ):
         t.add_column(col, justify=justify, no_wrap=col in ("cluster", "GPUs"))
     for p in doc.points:
         gpus = f"{p.gpus:,}" + ("" if p.gpus == p.gpus_asked else f" ({p.gpus_asked:,})")
         if not p.feasible:
-            t.add_row("", escape(p.cluster), gpus, "", escape(f"no plan: {p.reason}"), "", "", "", *(("",) if priced else ()), "", "")
+            t.add_row(
+                "",
+                escape(p.cluster),
+                gpus,
+                "",
+                escape(f"no plan: {p.reason}"),
+                "",
+                "",
+                "",
+                *(("",) if priced else ()),
+                "",
+                "",
+            )
             continue
         lo, hi = p.step_time_interval_s
         dlo, dhi = p.days_interval
-        scaling = "" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.3f}" + (" stops" if p.stops_paying else "")
+        scaling = (
+            "" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.3f}" + (" stops" if p.stops_paying else "")
+        )
         cost = (f"{p.cost:,.0f}" if p.cost is not None else "",) if priced else ()
         late = " late" if p.within_deadline is False else ""
         over = " over" if p.within_budget is False else ""
-        t.add_row("*" if p.on_front else "", escape(p.cluster), gpus, p.target or "", _short_layout(p.plan),
-                  f"{p.step_time_s:.2f} ({lo:.2f}-{hi:.2f})", f"{_days(p.days)} ({_days(dlo)}-{_days(dhi)}){late}",
-                  f"{p.gpu_hours:,.0f}", *(tuple(c + over for c in cost)), f"{100 * p.mfu:.1f}%", scaling)
+        t.add_row(
+            "*" if p.on_front else "",
+            escape(p.cluster),
+            gpus,
+            p.target or "",
+            _short_layout(p.plan),
+            f"{p.step_time_s:.2f} ({lo:.2f}-{hi:.2f})",
+            f"{_days(p.days)} ({_days(dlo)}-{_days(dhi)}){late}",
+            f"{p.gpu_hours:,.0f}",
+            *(tuple(c + over for c in cost)),
+            f"{100 * p.mfu:.1f}%",
+            scaling,
+        )
     console.print(t)
     for line in size_summary(doc):
         console.print(printable(line), markup=False)
@@ -759,35 +957,64 @@ def size_summary(doc) -> list[str]:
     front = sorted((p for p in ok if p.on_front), key=lambda p: p.days)
     axis = (lambda p: f"${p.cost:,.0f}") if doc.front_axis == "cost" else (lambda p: f"{p.gpu_hours:,.0f} GPU-hours")
     if front:
-        out.append("front, fastest first: " + "; ".join(f"{p.gpus:,} x {p.cluster} {_days(p.days)} days, {axis(p)}" for p in front))
+        out.append(
+            "front, fastest first: "
+            + "; ".join(f"{p.gpus:,} x {p.cluster} {_days(p.days)} days, {axis(p)}" for p in front)
+        )
     stops: dict[str, list] = {}
     for p in ok:
         if p.stops_paying:
             stops.setdefault(p.cluster, []).append(p)
     for cluster, ps in stops.items():
-        out.append(f"adding GPUs stops paying on {cluster} from {ps[0].gpus:,} GPUs: scaling "
-                   f"{', '.join(f'{p.scaling_efficiency:.3f} at {p.gpus:,}' for p in ps)} (below --min-scaling {doc.min_scaling:g})")
+        out.append(
+            f"adding GPUs stops paying on {cluster} from {ps[0].gpus:,} GPUs: scaling "
+            f"{', '.join(f'{p.scaling_efficiency:.3f} at {p.gpus:,}' for p in ps)} (below --min-scaling {doc.min_scaling:g})"
+        )
     if doc.deadline_days is not None:
         inside = [p for p in ok if p.within_deadline]
-        best = min(inside, key=lambda p: p.cost if p.cost is not None and doc.front_axis == "cost" else p.gpu_hours, default=None)
-        out.append(f"within {doc.deadline_days:g} days: " + (f"{_points(len(inside))}; the least {('cost' if doc.front_axis == 'cost' else 'GPU-hours')}: "
-                   f"{best.gpus:,} x {best.cluster}, {_days(best.days)} days, {axis(best)}" if best else "no point; more GPUs or a faster cluster"))
+        best = min(
+            inside,
+            key=lambda p: p.cost if p.cost is not None and doc.front_axis == "cost" else p.gpu_hours,
+            default=None,
+        )
+        out.append(
+            f"within {doc.deadline_days:g} days: "
+            + (
+                f"{_points(len(inside))}; the least {('cost' if doc.front_axis == 'cost' else 'GPU-hours')}: "
+                f"{best.gpus:,} x {best.cluster}, {_days(best.days)} days, {axis(best)}"
+                if best
+                else "no point; more GPUs or a faster cluster"
+            )
+        )
     if doc.budget is not None:
         inside = [p for p in ok if p.within_budget]
         best = min(inside, key=lambda p: p.days, default=None)
         cheapest = min((p for p in ok if p.cost is not None), key=lambda p: p.cost, default=None)
         money = f"${doc.budget:,.2f}" if doc.budget < 100 else f"${doc.budget:,.0f}"
-        out.append(f"within {money}: " + (
-            f"the fastest priced point is {best.gpus:,} x {best.cluster}, {_days(best.days)} days" if best
-            else f"no point; the cheapest priced one is {cheapest.gpus:,} x {cheapest.cluster}, ${cheapest.cost:,.0f} in {_days(cheapest.days)} days"
-            if cheapest else "no priced point"))
+        out.append(
+            f"within {money}: "
+            + (
+                f"the fastest priced point is {best.gpus:,} x {best.cluster}, {_days(best.days)} days"
+                if best
+                else f"no point; the cheapest priced one is {cheapest.gpus:,} x {cheapest.cluster}, ${cheapest.cost:,.0f} in {_days(cheapest.days)} days"
+                if cheapest
+                else "no priced point"
+            )
+        )
     infeasible = [p for p in doc.points if not p.feasible]
     if infeasible:
-        meaning = {"memory": "no layout fits", "batch": "the batch cannot be split over that many GPUs",
-                   "time": "none found within --time-limit", "layout": "no layout of the model divides that many GPUs"}
+        meaning = {
+            "memory": "no layout fits",
+            "batch": "the batch cannot be split over that many GPUs",
+            "time": "none found within --time-limit",
+            "layout": "no layout of the model divides that many GPUs",
+        }
         reasons = dict.fromkeys(p.reason for p in infeasible)
-        out.append(f"{len(infeasible)} of {_points(len(doc.points))} {'has' if len(infeasible) == 1 else 'have'} no plan ("
-                   + "; ".join(f"{r}: {meaning.get(r, r)}" for r in reasons) + ")")
+        out.append(
+            f"{len(infeasible)} of {_points(len(doc.points))} {'has' if len(infeasible) == 1 else 'have'} no plan ("
+            + "; ".join(f"{r}: {meaning.get(r, r)}" for r in reasons)
+            + ")"
+        )
     out.append(f"{_points(len(doc.points))} solved in {doc.wall_time_s:.1f} s")
     return out
 

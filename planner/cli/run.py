@@ -28,47 +28,117 @@ from planner.executor.prepare import (
 )
 from planner.executor.runner import RunOptions, check_fp8, launch_world, resolve_backend, run_plans
 from planner.executor.verify import DEFAULT_TOLERANCE
-from planner.distributed.launch import Interrupted, LaunchSpec, inside_launcher, local_processes, signals_interrupt, validate
+from planner.distributed.launch import (
+    Interrupted,
+    LaunchSpec,
+    inside_launcher,
+    local_processes,
+    signals_interrupt,
+    validate,
+)
 from planner.plan_file import read_plan_file
 from planner.specs import RunReport
 
 
 @click.command()
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--nproc-per-node", type=int, default=None, help="Workers on this machine [default: the plan's dp x tp x pp / --nnodes].")
+@click.option(
+    "--nproc-per-node",
+    type=int,
+    default=None,
+    help="Workers on this machine [default: the plan's dp x tp x pp / --nnodes].",
+)
 @click.option("--nnodes", type=int, default=1, show_default=True, help="Machines (one `plan run` each).")
-@click.option("--node-rank", type=int, default=0, show_default=True, help="This machine's rank; node 0 hosts the rendezvous.")
+@click.option(
+    "--node-rank", type=int, default=0, show_default=True, help="This machine's rank; node 0 hosts the rendezvous."
+)
 @click.option("--rdzv-endpoint", default=None, help="host:port of the rendezvous (node 0), the same on every node.")
-@click.option("--steps", type=int, default=5, show_default=True, help="Training steps (warm-up included), each verified.")
+@click.option(
+    "--steps", type=int, default=5, show_default=True, help="Training steps (warm-up included), each verified."
+)
 @click.option("--warmup", type=int, default=2, show_default=True, help="First steps left out of the timing.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the synthetic tokens.")
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="Adam learning rate.")
-@click.option("--scale-layers", type=int, help="Rehearse with this many layers (the layer split is kept in proportion).")
+@click.option(
+    "--scale-layers", type=int, help="Rehearse with this many layers (the layer split is kept in proportion)."
+)
 @click.option("--scale-hidden", type=int, help="Rehearse with this hidden size (FFN scaled alike).")
 @click.option("--scale-heads", type=int, help="Rehearse with this many attention heads (KV ratio kept).")
 @click.option("--scale-vocab", type=int, help="Rehearse with this vocabulary size.")
 @click.option("--scale-seq-len", type=int, help="Rehearse with this sequence length.")
-@click.option("--rehearse-dp", type=int, help="Rehearse on fewer processes: the plan's layout with this many data-parallel "
-              "replicas (tp, pp, cp, ep and the rest kept; the global batch scaled so each replica keeps its micro-batches).")
-@click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True, help="Relative difference allowed against the reference (fp32).")
-@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True, help="Process-group timeout, seconds: a rank that stops answering fails the run after this.")
-@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True, help="auto: nccl with CUDA, else gloo.")
+@click.option(
+    "--rehearse-dp",
+    type=int,
+    help="Rehearse on fewer processes: the plan's layout with this many data-parallel "
+    "replicas (tp, pp, cp, ep and the rest kept; the global batch scaled so each replica keeps its micro-batches).",
+)
+@click.option(
+    "--tolerance",
+    type=float,
+    default=DEFAULT_TOLERANCE,
+    show_default=True,
+    help="Relative difference allowed against the reference (fp32).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Process-group timeout, seconds: a rank that stops answering fails the run after this.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "gloo", "nccl"]),
+    default="auto",
+    show_default=True,
+    help="auto: nccl with CUDA, else gloo.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON report to this file.")
 @signals_interrupt()  # SIGTERM / SIGHUP: workers stopped, temporary files removed, one line, exit 143 / 129
 def run(
-    plan_file: str, nproc_per_node: Optional[int], nnodes: int, node_rank: int, rdzv_endpoint: Optional[str], steps: int,
-    warmup: int, seed: int, lr: float, scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len,
-    rehearse_dp, tolerance: float, timeout_s: float, backend: str, as_json: bool, output: Optional[str],
+    plan_file: str,
+    nproc_per_node: Optional[int],
+    nnodes: int,
+    node_rank: int,
+    rdzv_endpoint: Optional[str],
+    steps: int,
+    warmup: int,
+    seed: int,
+    lr: float,
+    scale_layers,
+    scale_hidden,
+    scale_heads,
+    scale_vocab,
+    scale_seq_len,
+    rehearse_dp,
+    tolerance: float,
+    timeout_s: float,
+    backend: str,
+    as_json: bool,
+    output: Optional[str],
 ) -> None:
     """Train a few steps of PLAN_FILE's layout with torch.distributed, check every loss and
     gradient norm against one process, and compare time and memory with the prediction."""
     if output is not None:
         check_output(output, (plan_file,))
     try:
-        report = _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, warmup, seed, lr,
-                          Rehearsal(scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len, rehearse_dp), tolerance,
-                          timeout_s, backend)
+        report = _execute(
+            plan_file,
+            nproc_per_node,
+            nnodes,
+            node_rank,
+            rdzv_endpoint,
+            steps,
+            warmup,
+            seed,
+            lr,
+            Rehearsal(scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len, rehearse_dp),
+            tolerance,
+            timeout_s,
+            backend,
+        )
     except KeyboardInterrupt:  # Ctrl-C outside the launch (imports, the reference run)
         raise Interrupted("interrupted by Ctrl-C") from None
     if inside_launcher() and int(os.environ["RANK"]) != 0:
@@ -85,8 +155,21 @@ def run(
         raise PlannerError(f"verification failed: {report.verification.message}")
 
 
-def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, warmup, seed, lr, rehearsal,
-             tolerance, timeout_s, backend) -> RunReport:
+def _execute(
+    plan_file,
+    nproc_per_node,
+    nnodes,
+    node_rank,
+    rdzv_endpoint,
+    steps,
+    warmup,
+    seed,
+    lr,
+    rehearsal,
+    tolerance,
+    timeout_s,
+    backend,
+) -> RunReport:
     """Refuse what cannot run (before any worker starts), launch, verify, report."""
     doc = read_plan_file(Path(plan_file))
     check_plan(doc.plan, doc.model, doc.job, doc.num_gpus)  # the same validation as `plan estimate --plan`
@@ -97,12 +180,16 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
         raise UsageError("--tolerance must be positive")
     check_timeout(timeout_s)
     check_seed(seed)
-    case = prepare_case(doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr)
+    case = prepare_case(
+        doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr
+    )
     if nproc_per_node is None:  # the plan's world, or the rehearsal's (--rehearse-dp)
         if nnodes < 1:
             raise UsageError(f"--nnodes must be at least 1, got {nnodes}")
         if case.plan.world_size % nnodes:
-            raise UsageError(f"the plan's {case.plan.world_size} ranks do not split over --nnodes {nnodes}; give --nproc-per-node")
+            raise UsageError(
+                f"the plan's {case.plan.world_size} ranks do not split over --nnodes {nnodes}; give --nproc-per-node"
+            )
         nproc_per_node = case.plan.world_size // nnodes
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
     validate(spec)  # launch() checks it too, but only after the estimate would have been printed
@@ -120,7 +207,9 @@ def _execute(plan_file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps,
     if case.fp8:  # run_plans refuses it too, but only after the estimate would have been printed
         check_fp8("cuda" if backend == "nccl" else "cpu")
     with _progress(case, doc.cluster, backend, world) as progress:
-        return run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file], progress)[0]
+        return run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file], progress)[
+            0
+        ]
 
 
 def _check_this_machine(case, rehearsal: Rehearsal, cluster, backend: str, nproc_per_node: int) -> bool:
@@ -152,7 +241,9 @@ def _progress(case, cluster, backend: str, world: int):
         lines.say(f"estimate before starting: {est.describe(render.duration)}")
         lines.update(0, case.steps, f"starting {world} worker{'s' if world > 1 else ''}")
         yield lines.update
-        lines.say(f"done in {render.duration(lines.elapsed())} (estimated {render.duration(est.total_s)} before starting)")
+        lines.say(
+            f"done in {render.duration(lines.elapsed())} (estimated {render.duration(est.total_s)} before starting)"
+        )
 
 
 def _import_torch() -> None:

@@ -12,9 +12,18 @@ from planner.specs import SCHEMA_VERSION, PlanDocument, RunReport, SizeDocument,
 
 DOCUMENTS = {
     "plan": (PlanDocument, "`plan estimate --json` / `-o`: model, cluster, job, plan and its estimate"),
-    "solve": (SolveDocument, "`plan solve --json` / `-o`: a plan document plus alternatives, search statistics and the explanation"),
-    "run-report": (RunReport, "`plan run --json` / `-o`: predicted against measured, and the verification against one process"),
-    "size": (SizeDocument, "`plan size --json` / `-o`: time to train and GPU-hours over clusters and GPU counts, and the front"),
+    "solve": (
+        SolveDocument,
+        "`plan solve --json` / `-o`: a plan document plus alternatives, search statistics and the explanation",
+    ),
+    "run-report": (
+        RunReport,
+        "`plan run --json` / `-o`: predicted against measured, and the verification against one process",
+    ),
+    "size": (
+        SizeDocument,
+        "`plan size --json` / `-o`: time to train and GPU-hours over clusters and GPU counts, and the front",
+    ),
 }
 
 
@@ -36,7 +45,9 @@ def schema_text(name: str) -> str:
 
 @click.command("schema")
 @click.argument("document", type=click.Choice(list(DOCUMENTS)), default="plan")
-@click.option("--json", "as_json", is_flag=True, help="Accepted as every command takes it: the schema is JSON either way.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Accepted as every command takes it: the schema is JSON either way."
+)
 def schema(document: str, as_json: bool) -> None:
     """Print the JSON Schema of a document `plan` writes (plan, solve, run-report or size)."""
     click.echo(schema_text(document), nl=False)

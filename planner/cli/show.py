@@ -27,28 +27,67 @@ from planner.plan_file import read_plan_file
 
 # Text timeline: one character per time bin, the cause that fills most of it; forward and
 # backward alternate case with the micro-batch's parity so that neighbours stay apart.
-_CHARS = {"forward": "F", "backward": "B", "recompute": "R", "tp_comm": "c", "pp_comm": "c", "dp_comm": "d", "optimizer": "o"}
+_CHARS = {
+    "forward": "F",
+    "backward": "B",
+    "recompute": "R",
+    "tp_comm": "c",
+    "pp_comm": "c",
+    "dp_comm": "d",
+    "optimizer": "o",
+}
 _FILE_OPTIONS = ("timeline", "memory", "placement")
-_SHORT = {"weights": "weights", "gradients": "grads", "optimizer_states": "optim", "activations": "activ",
-          "temporary": "temp", "overhead": "ovh"}
+_SHORT = {
+    "weights": "weights",
+    "gradients": "grads",
+    "optimizer_states": "optim",
+    "activations": "activ",
+    "temporary": "temp",
+    "overhead": "ovh",
+}
 # The first node's ranks are listed in the terminal; --placement FILE draws all of them.
 _LISTED_RANKS = 16
 
 
 @click.command()
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--alternative", type=ALTERNATIVE, default=None, help="Show alternative K of a `plan solve` document (1 = first).")
-@click.option("--timeline", type=click.Path(dir_okay=False), help="Draw the schedule of one step to FILE (.svg or .png).")
+@click.option(
+    "--alternative", type=ALTERNATIVE, default=None, help="Show alternative K of a `plan solve` document (1 = first)."
+)
+@click.option(
+    "--timeline", type=click.Path(dir_okay=False), help="Draw the schedule of one step to FILE (.svg or .png)."
+)
 @click.option("--memory", type=click.Path(dir_okay=False), help="Draw memory per pipeline rank to FILE (.svg or .png).")
-@click.option("--placement", type=click.Path(dir_okay=False), help="Draw ranks on nodes with their groups and links to FILE (.svg or .png).")
-@click.option("--micro-batches", "micro_batches", type=RANGE, metavar="A-B",
-              help="Zoom the timeline (picture and text) to micro-batches A to B (numbered from 0, as the picture labels "
-                   "them): the span of time their passes take; other micro-batches' passes in it are drawn pale.")
-@click.option("--ranks", type=RANGE, metavar="A-B", help="Zoom the timeline (picture and text) to pipeline ranks A to B (pp A to pp B).")
+@click.option(
+    "--placement",
+    type=click.Path(dir_okay=False),
+    help="Draw ranks on nodes with their groups and links to FILE (.svg or .png).",
+)
+@click.option(
+    "--micro-batches",
+    "micro_batches",
+    type=RANGE,
+    metavar="A-B",
+    help="Zoom the timeline (picture and text) to micro-batches A to B (numbered from 0, as the picture labels "
+    "them): the span of time their passes take; other micro-batches' passes in it are drawn pale.",
+)
+@click.option(
+    "--ranks",
+    type=RANGE,
+    metavar="A-B",
+    help="Zoom the timeline (picture and text) to pipeline ranks A to B (pp A to pp B).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the pictures' numbers as one JSON object.")
-def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], memory: Optional[str],
-         placement: Optional[str], micro_batches: Optional[tuple[int, int]], ranks: Optional[tuple[int, int]],
-         as_json: bool) -> None:
+def show(
+    plan_file: str,
+    alternative: Optional[int],
+    timeline: Optional[str],
+    memory: Optional[str],
+    placement: Optional[str],
+    micro_batches: Optional[tuple[int, int]],
+    ranks: Optional[tuple[int, int]],
+    as_json: bool,
+) -> None:
     """Pictures of a plan: its pipeline schedule, memory per GPU and placement of ranks."""
     files = {k: v for k, v in (("timeline", timeline), ("memory", memory), ("placement", placement)) if v is not None}
     mb_range, rank_range = micro_batches, ranks
@@ -62,8 +101,10 @@ def show(plan_file: str, alternative: Optional[int], timeline: Optional[str], me
         from planner.draw import too_many_passes
 
         mbs = plan.num_micro_batches if mb_range is None else mb_range[1] - mb_range[0] + 1
-        too_many_passes(2 * plan.vpp * mbs * (plan.pp if rank_range is None else rank_range[1] - rank_range[0] + 1),
-                        2 * plan.vpp * plan.num_micro_batches * plan.pp)
+        too_many_passes(
+            2 * plan.vpp * mbs * (plan.pp if rank_range is None else rank_range[1] - rank_range[0] + 1),
+            2 * plan.vpp * plan.num_micro_batches * plan.pp,
+        )
     est = run_estimate(model, cluster, job, plan)
     tl = pictures.timeline(model, cluster, job, plan, est)
     win = pictures.window(tl, mb_range, rank_range)
@@ -104,16 +145,29 @@ def picture_title(doc) -> str:
 def _check_range(option: str, span: Optional[tuple[int, int]], count: int, what: str) -> None:
     if span is not None and span[1] >= count:
         given = f"{span[0]}" if span[0] == span[1] else f"{span[0]}-{span[1]}"
-        raise UsageError(f"{option} {given}: the plan has {count} {what}, numbered 0-{count - 1}; "
-                         "give a range inside them")
+        raise UsageError(
+            f"{option} {given}: the plan has {count} {what}, numbered 0-{count - 1}; give a range inside them"
+        )
 
 
-def _document(tl: pictures.Timeline, win: pictures.Window, est, est_bubble: float, bars, pl: pictures.Placement) -> dict:
-    zoom = {} if win.is_whole(tl) else {"window": {
-        "pipeline_ranks": [win.first_rank, win.last_rank], "micro_batches": [win.first_micro_batch, win.last_micro_batch],
-        "start_s": win.start, "end_s": win.end}}
+def _document(
+    tl: pictures.Timeline, win: pictures.Window, est, est_bubble: float, bars, pl: pictures.Placement
+) -> dict:
+    zoom = (
+        {}
+        if win.is_whole(tl)
+        else {
+            "window": {
+                "pipeline_ranks": [win.first_rank, win.last_rank],
+                "micro_batches": [win.first_micro_batch, win.last_micro_batch],
+                "start_s": win.start,
+                "end_s": win.end,
+            }
+        }
+    )
     return {
-        "timeline": {**zoom,
+        "timeline": {
+            **zoom,
             "step_time_s": tl.step_time,
             "estimate_step_time_s": est.step_time_s,
             "pipeline_end_s": tl.pipeline_end,
@@ -121,23 +175,34 @@ def _document(tl: pictures.Timeline, win: pictures.Window, est, est_bubble: floa
             "bubble_share": tl.bubble_share,
             "estimate_bubble_share": est_bubble,
             "pipeline_ranks": [
-                {"pipeline_rank": r, "busy_s": tl.busy[r], "idle_s": tl.idle(r),
-                 "tail": [{"kind": k, "start_s": s, "seconds": d} for k, s, d in tl.tails[r]]}
+                {
+                    "pipeline_rank": r,
+                    "busy_s": tl.busy[r],
+                    "idle_s": tl.idle(r),
+                    "tail": [{"kind": k, "start_s": s, "seconds": d} for k, s, d in tl.tails[r]],
+                }
                 for r in range(tl.pp)
             ],
         },
         "memory_gib_per_pipeline_rank": bars,
         "memory_capacity_gib": est.memory_capacity_gib,
-        "placement": {"gpus_per_node": pl.gpus_per_node, "axes": pl.axes, "num_ranks": len(pl.ranks),
-                      "nodes_per_leaf": pl.nodes_per_leaf},
+        "placement": {
+            "gpus_per_node": pl.gpus_per_node,
+            "axes": pl.axes,
+            "num_ranks": len(pl.ranks),
+            "nodes_per_leaf": pl.nodes_per_leaf,
+        },
     }
 
 
-def _text_timeline(console: Console, tl: pictures.Timeline, win: pictures.Window, est_step: float, est_bubble: float) -> None:
+def _text_timeline(
+    console: Console, tl: pictures.Timeline, win: pictures.Window, est_step: float, est_bubble: float
+) -> None:
     width = max(20, min(200, console.width - 9))
     console.print(
         f"\nSchedule of one step ({tl.step_time:.3g} s, estimate {est_step:.3g} s): pipeline bubble on rank "
-        f"{tl.bottleneck_rank} = {tl.bubble_share:.1%} of the step (estimate {est_bubble:.1%})", highlight=False,
+        f"{tl.bottleneck_rank} = {tl.bubble_share:.1%} of the step (estimate {est_bubble:.1%})",
+        highlight=False,
     )
     if not win.is_whole(tl):
         console.print(f"{win.describe(tl)} (other micro-batches' passes in it shown too)", highlight=False)
@@ -148,12 +213,15 @@ def _text_timeline(console: Console, tl: pictures.Timeline, win: pictures.Window
         console.print(f"pp {r:<3}|{line}|", highlight=False, markup=False)
     console.print(
         "F/f forward, B/b backward (case alternates by micro-batch), R recompute, c TP/pipeline communication, "
-        "d exposed DP/ZeRO, o optimizer, . idle", highlight=False, style="dim",
+        "d exposed DP/ZeRO, o optimizer, . idle",
+        highlight=False,
+        style="dim",
     )
     if 2 * passes > width:  # a pass narrower than two characters: neighbours run together
         console.print(
             f"{passes} passes on a row of {width} characters run together: draw them with --timeline FILE, or zoom "
-            f"with --micro-batches A-B (0-{tl.num_micro_batches - 1}) or --ranks A-B (0-{tl.pp - 1})", highlight=False,
+            f"with --micro-batches A-B (0-{tl.num_micro_batches - 1}) or --ranks A-B (0-{tl.pp - 1})",
+            highlight=False,
         )
 
 
@@ -203,8 +271,12 @@ def _text_memory(console: Console, bars, capacity: float) -> None:
 def _text_placement(console: Console, pl: pictures.Placement) -> None:
     n = len(pl.ranks)
     nodes = -(-n // pl.gpus_per_node)
-    leaves = f", {-(-nodes // pl.nodes_per_leaf)} leaf switch(es) of {pl.nodes_per_leaf} nodes" if pl.nodes_per_leaf else ""
-    table = Table(title=f"Placement: {n} ranks on {nodes} node(s) of {pl.gpus_per_node} GPUs{leaves}", title_justify="left")
+    leaves = (
+        f", {-(-nodes // pl.nodes_per_leaf)} leaf switch(es) of {pl.nodes_per_leaf} nodes" if pl.nodes_per_leaf else ""
+    )
+    table = Table(
+        title=f"Placement: {n} ranks on {nodes} node(s) of {pl.gpus_per_node} GPUs{leaves}", title_justify="left"
+    )
     for col in ("axis", "degree", "stride", "link"):
         table.add_column(col, justify="right" if col in ("degree", "stride") else "left")
     for a in pl.axes:
@@ -214,6 +286,9 @@ def _text_placement(console: Console, pl: pictures.Placement) -> None:
     shown = [rk for rk in pl.ranks[:_LISTED_RANKS] if rk["node"] == 0]
     more = f" ... ({n - len(shown)} more; --placement FILE draws every rank)" if n > len(shown) else ""
     console.print(
-        "node 0: " + "  ".join(f"r{rk['rank']}({pictures.rank_coordinates(rk, False, pl.expert_parallel)})" for rk in shown) + more,
-        highlight=False, markup=False,
+        "node 0: "
+        + "  ".join(f"r{rk['rank']}({pictures.rank_coordinates(rk, False, pl.expert_parallel)})" for rk in shown)
+        + more,
+        highlight=False,
+        markup=False,
     )

@@ -33,26 +33,65 @@ def parse_days(text: str) -> float:
 
 
 @click.command()
-@click.option("--model", "model_name", required=True, help="Model preset name, or a .json/.yaml spec or Hugging Face config.")
-@click.option("--clusters", required=True, help="Comma-separated cluster presets (or profile files), e.g. dgx-h100-80gb,dgx-h200.")
-@click.option("--gpus", "gpu_counts", required=True, help="GPU counts: FIRST..LAST doubling (256..8192) or a list (256,1024,4096).")
+@click.option(
+    "--model", "model_name", required=True, help="Model preset name, or a .json/.yaml spec or Hugging Face config."
+)
+@click.option(
+    "--clusters", required=True, help="Comma-separated cluster presets (or profile files), e.g. dgx-h100-80gb,dgx-h200."
+)
+@click.option(
+    "--gpus",
+    "gpu_counts",
+    required=True,
+    help="GPU counts: FIRST..LAST doubling (256..8192) or a list (256,1024,4096).",
+)
 @click.option("--tokens", required=True, help="Tokens to train on, e.g. 15T, 300B, 2.5e12.")
 @click.option("--global-batch", type=SEQUENCES, required=True, help="Sequences per optimizer step.")
 @click.option("--seq-len", type=TOKENS, required=True, help="Tokens per sequence.")
 @SOLVE_TARGET
-@click.option("--price", "prices", multiple=True, help="CLUSTER=PRICE per GPU-hour (repeat per cluster); with every cluster priced the front is against cost.")
+@click.option(
+    "--price",
+    "prices",
+    multiple=True,
+    help="CLUSTER=PRICE per GPU-hour (repeat per cluster); with every cluster priced the front is against cost.",
+)
 @click.option("--deadline", help="Days the run may take (90, 90d, 12w): points past it are marked.")
-@click.option("--budget", type=MONEY, help="Most the run may cost (in the prices' currency): dearer priced points are marked.")
-@click.option("--min-scaling", type=Real(0, 1), default=0.7, show_default=True,
-              help="Scaling efficiency (speed-up / GPU ratio against the cluster's previous count) under which adding GPUs stops paying.")
-@click.option("--time-limit", type=SECONDS, help="Seconds per point's search (its best plan so far, marked not proven).")
-@click.option("--picture", type=click.Path(dir_okay=False), help="Draw the front to FILE (.svg or .png; the plot extra).")
+@click.option(
+    "--budget", type=MONEY, help="Most the run may cost (in the prices' currency): dearer priced points are marked."
+)
+@click.option(
+    "--min-scaling",
+    type=Real(0, 1),
+    default=0.7,
+    show_default=True,
+    help="Scaling efficiency (speed-up / GPU ratio against the cluster's previous count) under which adding GPUs stops paying.",
+)
+@click.option(
+    "--time-limit", type=SECONDS, help="Seconds per point's search (its best plan so far, marked not proven)."
+)
+@click.option(
+    "--picture", type=click.Path(dir_okay=False), help="Draw the front to FILE (.svg or .png; the plot extra)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: `plan schema size`).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON document to this file.")
 @stop_on_signals()
-def size(model_name: str, clusters: str, gpu_counts: str, tokens: str, global_batch: int, seq_len: int, stack: Optional[str],
-         prices: tuple[str, ...], deadline: Optional[str], budget: Optional[float], min_scaling: float,
-         time_limit: Optional[float], picture: Optional[str], as_json: bool, output: Optional[str]) -> None:
+def size(
+    model_name: str,
+    clusters: str,
+    gpu_counts: str,
+    tokens: str,
+    global_batch: int,
+    seq_len: int,
+    stack: Optional[str],
+    prices: tuple[str, ...],
+    deadline: Optional[str],
+    budget: Optional[float],
+    min_scaling: float,
+    time_limit: Optional[float],
+    picture: Optional[str],
+    as_json: bool,
+    output: Optional[str],
+) -> None:
     """Time to train and GPU-hours (or cost) over clusters and GPU counts, each point solved
     exactly: the Pareto front, and where adding GPUs stops paying."""
     names = [c.strip() for c in clusters.split(",")]
@@ -74,12 +113,26 @@ def size(model_name: str, clusters: str, gpu_counts: str, tokens: str, global_ba
         for gpus, asked in rounded.items():
             if len(asked) > 1:
                 listed = ", ".join(f"{n:,}" for n in asked[:-1]) + f" and {asked[-1]:,}"
-                render.note(f"plan size: {name}: {listed} GPUs round to {gpus:,} (whole nodes of "
-                            f"{cluster.gpus_per_node}): one point")
+                render.note(
+                    f"plan size: {name}: {listed} GPUs round to {gpus:,} (whole nodes of "
+                    f"{cluster.gpus_per_node}): one point"
+                )
     on_terminal = sys.stderr.isatty()
-    doc = sweep(model, loaded, counts, budget_tokens, global_batch, seq_len, target=stack, prices=price, deadline_days=days,
-                budget=budget, min_scaling=min_scaling, time_limit=time_limit,
-                progress=(lambda text: click.echo(f"sizing {text}", err=True)) if on_terminal else (lambda _: None))
+    doc = sweep(
+        model,
+        loaded,
+        counts,
+        budget_tokens,
+        global_batch,
+        seq_len,
+        target=stack,
+        prices=price,
+        deadline_days=days,
+        budget=budget,
+        min_scaling=min_scaling,
+        time_limit=time_limit,
+        progress=(lambda text: click.echo(f"sizing {text}", err=True)) if on_terminal else (lambda _: None),
+    )
     if output:
         write_atomic(output, doc.model_dump_json(indent=2) + "\n")
     if picture:
@@ -94,6 +147,8 @@ def size(model_name: str, clusters: str, gpu_counts: str, tokens: str, global_ba
     for path, what in ((output, "document"), (picture, "picture")):
         if path:
             render.note(f"{what} written to {path}")
-    if not any(p.feasible for p in doc.points):  # nothing fits anywhere: say why, as plan solve does, for the largest count
+    if not any(
+        p.feasible for p in doc.points
+    ):  # nothing fits anywhere: say why, as plan solve does, for the largest count
         largest = max(doc.points, key=lambda p: p.gpus)
         raise InfeasibleError(f"no point has a plan; at {largest.gpus:,} GPUs of {largest.cluster}: {largest.detail}")

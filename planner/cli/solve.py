@@ -20,24 +20,71 @@ from planner.specs import FP8_PARTS, memory_limit_gib
 @click.command()
 @solve_target_options
 @click.option("--global-batch", type=SEQUENCES, help="Sequences per optimizer step (fixes the batch).")
-@click.option("--micro-batch-size", type=SEQUENCES, help="Sequences per micro-batch per replica, when the batch is not fixed.")
-@click.option("--micro-batches", type=SEQUENCES, help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].")
-@click.option("--top-k", type=TOP_K, default=3, show_default=True,
-              help="Alternatives to report (0: none; without --target each other stack's best is listed too).")
-@click.option("--fix", "fixes", multiple=True, help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero sp schedule mesh_order recompute tp_comm_overlap recompute_norm_act fp8).")
-@click.option("--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom].")
+@click.option(
+    "--micro-batch-size", type=SEQUENCES, help="Sequences per micro-batch per replica, when the batch is not fixed."
+)
+@click.option(
+    "--micro-batches",
+    type=SEQUENCES,
+    help="Micro-batches per step with --micro-batch-size [default: 3 x pipeline stages].",
+)
+@click.option(
+    "--top-k",
+    type=TOP_K,
+    default=3,
+    show_default=True,
+    help="Alternatives to report (0: none; without --target each other stack's best is listed too).",
+)
+@click.option(
+    "--fix",
+    "fixes",
+    multiple=True,
+    help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero sp schedule mesh_order recompute tp_comm_overlap recompute_norm_act fp8).",
+)
+@click.option(
+    "--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom]."
+)
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
-@click.option("--fp8", is_flag=True, help=f"Let the search run GEMMs in FP8 where it is faster (devices with FP8: {FP8_PARTS}).")
-@click.option("--time-limit", type=SECONDS, help="Seconds (shared by the stacks without --target); return the best plan so far, marked as not proven optimal.")
-@click.option("--solver", type=click.Choice(["highs", "cbc"]), default=None, help="MILP solver [default: highs if installed].")
+@click.option(
+    "--fp8", is_flag=True, help=f"Let the search run GEMMs in FP8 where it is faster (devices with FP8: {FP8_PARTS})."
+)
+@click.option(
+    "--time-limit",
+    type=SECONDS,
+    help="Seconds (shared by the stacks without --target); return the best plan so far, marked as not proven optimal.",
+)
+@click.option(
+    "--solver", type=click.Choice(["highs", "cbc"]), default=None, help="MILP solver [default: highs if installed]."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 @stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: stop within a moment, even inside a MILP; one line, exit 130 / 143 / 129
 def solve(
-    model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel, attention_kernel,
-    moe_dispatcher, grad_reduce_bf16,
-    global_batch, micro_batch_size, micro_batches, top_k, fixes, max_memory_gib, allow_cross_node_tp, fp8,
-    time_limit, solver, as_json: bool, output: Optional[str],
+    model_name,
+    cluster_name,
+    gpus,
+    nodes,
+    seq_len,
+    precision,
+    optimizer,
+    no_flash_attention,
+    stack,
+    loss_kernel,
+    attention_kernel,
+    moe_dispatcher,
+    grad_reduce_bf16,
+    global_batch,
+    micro_batch_size,
+    micro_batches,
+    top_k,
+    fixes,
+    max_memory_gib,
+    allow_cross_node_tp,
+    fp8,
+    time_limit,
+    solver,
+    as_json: bool,
+    output: Optional[str],
 ) -> None:
     """Search every layout (dp, tp, pp, interleaving, micro-batching, layer split, per-stage
     recompute, ZeRO, sequence parallel, mesh order) for the fastest that fits; without
@@ -50,11 +97,29 @@ def solve(
         check_output(output)
     try:
         doc = api.solve(
-            model, cluster_name, gpus=gpus, nodes=nodes, global_batch=global_batch, micro_batch_size=micro_batch_size,
-            micro_batches=micro_batches, seq_len=seq_len, target=stack, top_k=top_k, fixes=fixes, max_memory_gib=max_memory_gib,
-            allow_cross_node_tp=allow_cross_node_tp, fp8=fp8, time_limit=time_limit, solver=solver, precision=precision,
-            optimizer=optimizer, flash_attention=not no_flash_attention, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
-            moe_dispatcher=moe_dispatcher, grad_reduce_bf16=bool(grad_reduce_bf16),
+            model,
+            cluster_name,
+            gpus=gpus,
+            nodes=nodes,
+            global_batch=global_batch,
+            micro_batch_size=micro_batch_size,
+            micro_batches=micro_batches,
+            seq_len=seq_len,
+            target=stack,
+            top_k=top_k,
+            fixes=fixes,
+            max_memory_gib=max_memory_gib,
+            allow_cross_node_tp=allow_cross_node_tp,
+            fp8=fp8,
+            time_limit=time_limit,
+            solver=solver,
+            precision=precision,
+            optimizer=optimizer,
+            flash_attention=not no_flash_attention,
+            loss_kernel=loss_kernel,
+            attention_kernel=attention_kernel,
+            moe_dispatcher=moe_dispatcher,
+            grad_reduce_bf16=bool(grad_reduce_bf16),
         )
     except MemoryMiss as exc:  # said beside the miss it changed
         capped = _capped(max_memory_gib, api.load_cluster(cluster_name).device.memory_gib) if max_memory_gib else None

@@ -29,57 +29,164 @@ SCALE = Whole(1, 10**7)  # --scale-*: `plan run` checks them against the model a
 @click.command()
 @target_options
 @click.option("--global-batch", type=SEQUENCES, help="Sequences per optimizer step (fixes the batch).")
-@click.option("--micro-batch-size", type=SEQUENCES, help="Sequences per micro-batch per replica, when the batch is not fixed.")
+@click.option(
+    "--micro-batch-size", type=SEQUENCES, help="Sequences per micro-batch per replica, when the batch is not fixed."
+)
 @click.option("--micro-batches", type=SEQUENCES, help="Micro-batches per step with --micro-batch-size.")
 @click.option("--fix", "fixes", multiple=True, help="Pin a choice, as `plan solve --fix` (narrows what is tuned).")
-@click.option("--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU for the search [default: 95% of the device's].")
+@click.option(
+    "--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU for the search [default: 95% of the device's]."
+)
 @click.option("--allow-cross-node-tp", is_flag=True, help="Let tensor parallelism span nodes.")
 @click.option("--fp8", is_flag=True, help="Let the search run GEMMs in FP8.")
-@click.option("--trials", type=Whole(1, 1000), default=8, show_default=True, help="Most trials to run (a resumed journal's count).")
+@click.option(
+    "--trials",
+    type=Whole(1, 1000),
+    default=8,
+    show_default=True,
+    help="Most trials to run (a resumed journal's count).",
+)
 @click.option("--time-budget", type=SECONDS, help="Seconds: start no trial after this much wall time.")
-@click.option("--tolerance", type=Real(0, 0.5, low_allowed=True), default=0.02, show_default=True,
-              help="Stop when no untried layout's interval beats the best measured by more than this fraction.")
-@click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal to write (JSON lines) [default: plan-tune-TIME.jsonl].")
-@click.option("--resume", "resume_path", type=click.Path(dir_okay=False), help="Continue this journal (its inputs; finished trials are not run again).")
-@click.option("--steps", type=Whole(2, 1000), default=4, show_default=True, help="Training steps per trial, warm-up included.")
-@click.option("--warmup", type=Whole(1, 999), default=2, show_default=True, help="First steps of a trial left out of its time.")
-@click.option("--trial-timeout", type=SECONDS, default=600.0, show_default=True, help="Seconds a trial may take before it is stopped.")
-@click.option("--trial-memory-gib", type=MEMORY_GIB, help="Out of memory when a rank's measured peak exceeds this [default: --max-memory-gib or none].")
-@click.option("--launcher", type=click.Choice(["auto", "local", "srun"]), default="auto", show_default=True,
-              help="How a trial starts its ranks: local processes, or srun (auto: srun inside a Slurm allocation).")
+@click.option(
+    "--tolerance",
+    type=Real(0, 0.5, low_allowed=True),
+    default=0.02,
+    show_default=True,
+    help="Stop when no untried layout's interval beats the best measured by more than this fraction.",
+)
+@click.option(
+    "--journal",
+    "journal_path",
+    type=click.Path(dir_okay=False),
+    help="Journal to write (JSON lines) [default: plan-tune-TIME.jsonl].",
+)
+@click.option(
+    "--resume",
+    "resume_path",
+    type=click.Path(dir_okay=False),
+    help="Continue this journal (its inputs; finished trials are not run again).",
+)
+@click.option(
+    "--steps", type=Whole(2, 1000), default=4, show_default=True, help="Training steps per trial, warm-up included."
+)
+@click.option(
+    "--warmup", type=Whole(1, 999), default=2, show_default=True, help="First steps of a trial left out of its time."
+)
+@click.option(
+    "--trial-timeout",
+    type=SECONDS,
+    default=600.0,
+    show_default=True,
+    help="Seconds a trial may take before it is stopped.",
+)
+@click.option(
+    "--trial-memory-gib",
+    type=MEMORY_GIB,
+    help="Out of memory when a rank's measured peak exceeds this [default: --max-memory-gib or none].",
+)
+@click.option(
+    "--launcher",
+    type=click.Choice(["auto", "local", "srun"]),
+    default="auto",
+    show_default=True,
+    help="How a trial starts its ranks: local processes, or srun (auto: srun inside a Slurm allocation).",
+)
 @click.option("--scale-layers", type=SCALE, help="Trials run this many layers (`plan run --scale-layers`).")
 @click.option("--scale-hidden", type=SCALE, help="Trials run this hidden size.")
 @click.option("--scale-heads", type=SCALE, help="Trials run this many heads.")
 @click.option("--scale-vocab", type=SCALE, help="Trials run this vocabulary.")
 @click.option("--scale-seq-len", type=TOKENS, help="Trials run this sequence length.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the tuned profile (a cluster JSON every command reads).")
-@click.option("--plan-out", type=click.Path(dir_okay=False), help="Write the winner as a plan file (`plan export`, `plan run`).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Write the tuned profile (a cluster JSON every command reads).",
+)
+@click.option(
+    "--plan-out", type=click.Path(dir_okay=False), help="Write the winner as a plan file (`plan export`, `plan run`)."
+)
 @signals_interrupt()  # SIGTERM / SIGHUP: the running trial stopped, the journal whole, one line, exit 143 / 129
-def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, no_flash_attention, stack, loss_kernel,
-         attention_kernel, moe_dispatcher, grad_reduce_bf16, global_batch, micro_batch_size, micro_batches, fixes, max_memory_gib, allow_cross_node_tp, fp8,
-         trials, time_budget, tolerance, journal_path, resume_path, steps, warmup, trial_timeout, trial_memory_gib, launcher,
-         scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len, as_json: bool, output: Optional[str],
-         plan_out: Optional[str]) -> None:
+def tune(
+    model_name,
+    cluster_name,
+    gpus,
+    nodes,
+    seq_len,
+    precision,
+    optimizer,
+    no_flash_attention,
+    stack,
+    loss_kernel,
+    attention_kernel,
+    moe_dispatcher,
+    grad_reduce_bf16,
+    global_batch,
+    micro_batch_size,
+    micro_batches,
+    fixes,
+    max_memory_gib,
+    allow_cross_node_tp,
+    fp8,
+    trials,
+    time_budget,
+    tolerance,
+    journal_path,
+    resume_path,
+    steps,
+    warmup,
+    trial_timeout,
+    trial_memory_gib,
+    launcher,
+    scale_layers,
+    scale_hidden,
+    scale_heads,
+    scale_vocab,
+    scale_seq_len,
+    as_json: bool,
+    output: Optional[str],
+    plan_out: Optional[str],
+) -> None:
     """Measure a few layouts with `plan run` on this machine's ranks (or under srun), refit
     the cost model's constants to them, and stop when no untried layout can beat the best
     measured; write the tuned profile (-o) and the winner (--plan-out)."""
     if journal_path is not None and not journal_path.strip():
         raise UsageError("--journal is empty; give a file name (or leave it out for plan-tune-TIME.jsonl)")
-    check_outputs({"-o": output, "--plan-out": plan_out, "--journal": journal_path})  # a journal in no writable place: refused now
-    if resume_path:  # the journal resumed is read, and appended to: no output may replace it (refused now, not after the tune)
+    check_outputs(
+        {"-o": output, "--plan-out": plan_out, "--journal": journal_path}
+    )  # a journal in no writable place: refused now
+    if (
+        resume_path
+    ):  # the journal resumed is read, and appended to: no output may replace it (refused now, not after the tune)
         check_outputs({"-o": output, "--plan-out": plan_out}, read=(resume_path,))
     if journal_path is not None and not resume_path:
         journal.check_new(Path(journal_path))  # and one that exists, before the search, not after it
     if warmup >= steps:
         raise UsageError(f"--warmup {warmup} leaves no timed step of --steps {steps}; give fewer warm-up steps")
-    scale = {k: v for k, v in (("layers", scale_layers), ("hidden", scale_hidden), ("heads", scale_heads),
-                               ("vocab", scale_vocab), ("seq_len", scale_seq_len)) if v is not None}
-    executor = RunExecutor(steps=steps, warmup=warmup, timeout_s=trial_timeout, memory_limit_gib=trial_memory_gib or max_memory_gib,
-                           scale=scale, launcher=launcher)
+    scale = {
+        k: v
+        for k, v in (
+            ("layers", scale_layers),
+            ("hidden", scale_hidden),
+            ("heads", scale_heads),
+            ("vocab", scale_vocab),
+            ("seq_len", scale_seq_len),
+        )
+        if v is not None
+    }
+    executor = RunExecutor(
+        steps=steps,
+        warmup=warmup,
+        timeout_s=trial_timeout,
+        memory_limit_gib=trial_memory_gib or max_memory_gib,
+        scale=scale,
+        launcher=launcher,
+    )
     if resume_path:
         if model_name or cluster_name:
-            raise UsageError("--resume continues the journal's own inputs; drop --model and --cluster (or start a new tune)")
+            raise UsageError(
+                "--resume continues the journal's own inputs; drop --model and --cluster (or start a new tune)"
+            )
         path = Path(resume_path)
 
         def runnable(head) -> None:  # the header's search, checked as a new tune's is, before any trial or repair
@@ -89,20 +196,41 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
             except (ValueError, UsageError) as exc:  # a value of the right kind that names nothing (a target 'jax'), a
                 # count out of range (gpus -4); the kinds are journal.py's. Said of the journal: the user gave only --resume
                 raise UsageError(f"the journal {path} has a damaged header (its search options): {exc}") from None
+
         head, done = journal.read(path, render.note, check=runnable)
         request = request_of(head)
     else:
         require_names(model_name, cluster_name)
         model, cluster = api.load_model(model_name), api.load_cluster(cluster_name)
         n = cluster_size(cluster, gpus, nodes, cluster_name)
-        keywords = dict(global_batch=global_batch, micro_batch_size=micro_batch_size, micro_batches=micro_batches,
-                        seq_len=seq_len, target=stack, fixes=list(fixes), max_memory_gib=max_memory_gib,
-                        allow_cross_node_tp=allow_cross_node_tp, fp8=fp8, precision=precision, optimizer=optimizer,
-                        flash_attention=not no_flash_attention, loss_kernel=loss_kernel, attention_kernel=attention_kernel,
-                        moe_dispatcher=moe_dispatcher, grad_reduce_bf16=bool(grad_reduce_bf16))
-        request = TuneRequest(model, cluster, n, {k: v for k, v in keywords.items() if v not in (None, [], False)}
-                              | {"flash_attention": not no_flash_attention})
-        api.solve(model, cluster, gpus=n, top_k=0, **request.search_keywords())  # a bad request fails here, before any trial
+        keywords = dict(
+            global_batch=global_batch,
+            micro_batch_size=micro_batch_size,
+            micro_batches=micro_batches,
+            seq_len=seq_len,
+            target=stack,
+            fixes=list(fixes),
+            max_memory_gib=max_memory_gib,
+            allow_cross_node_tp=allow_cross_node_tp,
+            fp8=fp8,
+            precision=precision,
+            optimizer=optimizer,
+            flash_attention=not no_flash_attention,
+            loss_kernel=loss_kernel,
+            attention_kernel=attention_kernel,
+            moe_dispatcher=moe_dispatcher,
+            grad_reduce_bf16=bool(grad_reduce_bf16),
+        )
+        request = TuneRequest(
+            model,
+            cluster,
+            n,
+            {k: v for k, v in keywords.items() if v not in (None, [], False)}
+            | {"flash_attention": not no_flash_attention},
+        )
+        api.solve(
+            model, cluster, gpus=n, top_k=0, **request.search_keywords()
+        )  # a bad request fails here, before any trial
         path = Path(journal_path or time.strftime("plan-tune-%Y%m%d-%H%M%S.jsonl"))
         done = []
     if scale:  # what no layout changes (heads that do not split the width), refused before a trial is launched
@@ -115,16 +243,27 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
     say = render.note  # stderr, so --json keeps stdout clean
     say(f"plan tune: journal {path} ({len(done)} trials done)")
     try:
-        result = run_tune(request, executor, Budget(trials=trials, time_s=time_budget, tolerance=tolerance), path, done,
-                          say=lambda line: say(f"plan tune: {line}"),
-                          trial_hook=lambda r, fit: say(f"plan tune: trial {r.index + 1} {layout_label(r.plan)}: {r.status}"
-                                                        + (f", {r.step_time_s:.4g} s" if r.step_time_s else "")
-                                                        + (f" ({r.detail})" if r.detail else "")))
+        result = run_tune(
+            request,
+            executor,
+            Budget(trials=trials, time_s=time_budget, tolerance=tolerance),
+            path,
+            done,
+            say=lambda line: say(f"plan tune: {line}"),
+            trial_hook=lambda r, fit: say(
+                f"plan tune: trial {r.index + 1} {layout_label(r.plan)}: {r.status}"
+                + (f", {r.step_time_s:.4g} s" if r.step_time_s else "")
+                + (f" ({r.detail})" if r.detail else "")
+            ),
+        )
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted by Ctrl-C; the journal {path} holds every finished trial (--resume {path})") from None
+        raise Interrupted(
+            f"interrupted by Ctrl-C; the journal {path} holds every finished trial (--resume {path})"
+        ) from None
     except Interrupted as exc:  # SIGTERM, SIGHUP (signals_interrupt), the running trial stopped
-        raise Interrupted(f"{exc}; the journal {path} holds every finished trial (--resume {path})",
-                          exc.exit_code - 128) from None
+        raise Interrupted(
+            f"{exc}; the journal {path} holds every finished trial (--resume {path})", exc.exit_code - 128
+        ) from None
     profile = tuned_profile(result, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     winner = winner_document(result, profile)
     measured = result.best is not None  # every trial failed: a failure, and no tuned profile fitted to nothing
@@ -140,7 +279,9 @@ def tune(model_name, cluster_name, gpus, nodes, seq_len, precision, optimizer, n
     else:
         render.tune_report(result, written, plan_out if winner is not None else None)
     if not measured:
-        raise PlannerError(f"no trial ran to the end, so nothing was written; each one's error is in the journal {path}")
+        raise PlannerError(
+            f"no trial ran to the end, so nothing was written; each one's error is in the journal {path}"
+        )
 
 
 def _json(result, profile, journal_path, output, plan_out) -> str:
@@ -153,15 +294,49 @@ def _json(result, profile, journal_path, output, plan_out) -> str:
     trials = []
     for r in result.records:
         before, after = predicted_before_after(result, r)
-        trials.append({**r.model_dump(mode="json", include={"index", "key", "label", "why", "status", "step_time_s",
-                                                             "peak_memory_gib", "detail", "wall_s"}),
-                       "predicted_before_s": before, "predicted_after_s": after, "verdict": verdict(result, r)})
+        trials.append(
+            {
+                **r.model_dump(
+                    mode="json",
+                    include={
+                        "index",
+                        "key",
+                        "label",
+                        "why",
+                        "status",
+                        "step_time_s",
+                        "peak_memory_gib",
+                        "detail",
+                        "wall_s",
+                    },
+                ),
+                "predicted_before_s": before,
+                "predicted_after_s": after,
+                "verdict": verdict(result, r),
+            }
+        )
     best = result.best
-    return json.dumps({
-        "stop": result.stop, "margin": result.margin, "tolerance": result.tolerance, "exhaustive_trials": result.exhaustive, "exhaustive_counted_whole": result.exhaustive_complete,
-        "best": None if best is None else {"index": best.index, "label": best.label, "step_time_s": best.step_time_s,
-                                           "plan": best.plan.model_dump(mode="json")},
-        "constants": dict(zip(NAMES, result.refit.constants)),
-        "interval_factor_on_slice": math.exp(result.refit.log_halfwidth),
-        "trials": trials, "journal": str(journal_path), "profile": output, "plan": plan_out,
-    }, indent=2)
+    return json.dumps(
+        {
+            "stop": result.stop,
+            "margin": result.margin,
+            "tolerance": result.tolerance,
+            "exhaustive_trials": result.exhaustive,
+            "exhaustive_counted_whole": result.exhaustive_complete,
+            "best": None
+            if best is None
+            else {
+                "index": best.index,
+                "label": best.label,
+                "step_time_s": best.step_time_s,
+                "plan": best.plan.model_dump(mode="json"),
+            },
+            "constants": dict(zip(NAMES, result.refit.constants)),
+            "interval_factor_on_slice": math.exp(result.refit.log_halfwidth),
+            "trials": trials,
+            "journal": str(journal_path),
+            "profile": output,
+            "plan": plan_out,
+        },
+        indent=2,
+    )

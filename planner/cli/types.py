@@ -105,9 +105,13 @@ class Span(click.ParamType):
         first, dash, last = str(value).partition("-")
         a, b = whole_number(first.strip(" ")), whole_number(last.strip(" ") if dash else first.strip(" "))
         if a is None or b is None or b >= 10**18:  # the plan's own count is checked once it is read
-            self.fail(f"{_given(value)}: give a range A-B of numbers from 0 (or one number), e.g. {option}0-3", param, ctx)
+            self.fail(
+                f"{_given(value)}: give a range A-B of numbers from 0 (or one number), e.g. {option}0-3", param, ctx
+            )
         if a > b:
-            self.fail(f"{_given(value)}: the range runs backwards; give A-B with A <= B, e.g. {option}{b}-{a}", param, ctx)
+            self.fail(
+                f"{_given(value)}: the range runs backwards; give A-B with A <= B, e.g. {option}{b}-{a}", param, ctx
+            )
         return a, b
 
 

@@ -41,7 +41,15 @@ from planner._pdeath import LAUNCHER, die_with_parent, in_a_worker, launcher_val
 from planner.errors import PlannerError, UsageError
 
 # Errors a rank reports because another rank went away first: not the root cause.
-_SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "timed out", "Timed out", "SIGTERM", "Signal 15")
+_SECONDARY = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "timed out",
+    "Timed out",
+    "SIGTERM",
+    "Signal 15",
+)
 
 
 LOOPBACK = "127.0.0.1"
@@ -103,11 +111,15 @@ class LaunchSpec:
 def _slurm_environment() -> None:
     """Inside a Slurm step with several tasks (srun), each task is one rank: map Slurm's
     variables to torch's. MASTER_ADDR/MASTER_PORT must come from the job script."""
-    if "RANK" in os.environ or not all(k in os.environ for k in ("SLURM_PROCID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")):
+    if "RANK" in os.environ or not all(
+        k in os.environ for k in ("SLURM_PROCID", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT")
+    ):
         return  # not a Slurm step this maps (then none of its variables is read)
     tasks = os.environ.get("SLURM_NTASKS", "1")
     if not _whole(tasks):
-        raise UsageError(f"SLURM_NTASKS={tasks!r} is not a number of tasks: run inside `srun`, which sets it, or unset it")
+        raise UsageError(
+            f"SLURM_NTASKS={tasks!r} is not a number of tasks: run inside `srun`, which sets it, or unset it"
+        )
     if int(tasks) < 2:
         return
     os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
@@ -132,7 +144,9 @@ def inside_launcher() -> bool:
         return False
     problem = enclosing_problem({k: os.environ[k] for k in (*_ENCLOSING, "LOCAL_WORLD_SIZE") if k in os.environ})
     if problem:
-        raise UsageError(f"{problem} (set by the enclosing launcher, torchrun or Slurm; unset it to let plan launch its own workers)")
+        raise UsageError(
+            f"{problem} (set by the enclosing launcher, torchrun or Slurm; unset it to let plan launch its own workers)"
+        )
     return True
 
 
@@ -184,10 +198,14 @@ def endpoint_problem(endpoint: str, option: str = "--rdzv-endpoint") -> Optional
 
 def validate(spec: LaunchSpec) -> None:
     if spec.nproc_per_node < 1 or spec.nnodes < 1:
-        raise UsageError(f"--nproc-per-node and --nnodes must be at least 1, got {spec.nproc_per_node} and {spec.nnodes}")
+        raise UsageError(
+            f"--nproc-per-node and --nnodes must be at least 1, got {spec.nproc_per_node} and {spec.nnodes}"
+        )
     if spec.nproc_per_node > MAX_WORLD or spec.nnodes > MAX_WORLD or spec.world_size > MAX_WORLD:
-        raise UsageError(f"--nproc-per-node {spec.nproc_per_node} x --nnodes {spec.nnodes} is more processes than any "
-                         f"cluster has (at most {MAX_WORLD:,})")
+        raise UsageError(
+            f"--nproc-per-node {spec.nproc_per_node} x --nnodes {spec.nnodes} is more processes than any "
+            f"cluster has (at most {MAX_WORLD:,})"
+        )
     if not 0 <= spec.node_rank < spec.nnodes:
         raise UsageError(f"--node-rank {spec.node_rank} must be in [0, {spec.nnodes - 1}] for --nnodes {spec.nnodes}")
     if spec.nnodes > 1 and not spec.rdzv_endpoint:
@@ -198,7 +216,9 @@ def validate(spec: LaunchSpec) -> None:
             raise UsageError(problem)
 
 
-def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any, temporary: tuple[str, ...] = ()) -> dict[int, Any]:
+def launch(
+    spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any, temporary: tuple[str, ...] = ()
+) -> dict[int, Any]:
     """Run `entrypoint(*args)` on every rank; returns {global rank: return value} for this
     node's ranks. `entrypoint` must be a module-level function (workers are spawned).
     `temporary`: files the caller made for this launch (progress files), removed by the
@@ -261,7 +281,9 @@ def launch(spec: LaunchSpec, entrypoint: Callable[..., Any], *args: Any, tempora
     except Exception as exc:  # rendezvous and agent errors: one line, not a traceback
         keep_logs = True
         detail = str(exc).strip().splitlines()
-        raise PlannerError(f"launch failed: {type(exc).__name__}: {detail[0] if detail else ''} (logs: {log_dir})") from None
+        raise PlannerError(
+            f"launch failed: {type(exc).__name__}: {detail[0] if detail else ''} (logs: {log_dir})"
+        ) from None
     finally:
         _restore(handlers)  # the agent's handlers turn a later Ctrl-C into its SignalException
         if not keep_logs:
@@ -305,9 +327,13 @@ class Reaper:
 
         self._paths = paths
         try:  # -I -S: no user site, no environment variables, nothing from the current directory
-            self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER], stdin=subprocess.PIPE,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True)  # a terminal's Ctrl-C or hang-up is not for it
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _REAPER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # a terminal's Ctrl-C or hang-up is not for it
             self._send("+", paths)
         except OSError:
             self._proc = None
@@ -349,8 +375,11 @@ def _worker_environment(one_node: bool):
       it): the semaphores of a launcher killed with SIGKILL are the tracker's to unlink, which
       it does, with a warning per kind that they "appear to be leaked"; not said."""
     quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
-    values = {LAUNCHER: launcher_value(), "PYTHONSAFEPATH": "1",
-              "PYTHONWARNINGS": ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)}
+    values = {
+        LAUNCHER: launcher_value(),
+        "PYTHONSAFEPATH": "1",
+        "PYTHONWARNINGS": ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w),
+    }
     if one_node and "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
         values["GLOO_SOCKET_IFNAME"] = "lo"
     names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE"]  # the agent sets the last one for itself
@@ -386,8 +415,14 @@ def _loopback_store(port: int, timeout_s: int = 60):
     except OSError:
         sock.close()
         raise
-    return dist.TCPStore(LOOPBACK, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(),
-                         timeout=timedelta(seconds=timeout_s))
+    return dist.TCPStore(
+        LOOPBACK,
+        port,
+        is_master=True,
+        multi_tenant=True,
+        master_listen_fd=sock.detach(),
+        timeout=timedelta(seconds=timeout_s),
+    )
 
 
 def _loopback_rendezvous(params):
@@ -501,8 +536,10 @@ def _failure_message(exc, log_dir: str, local_ranks=()) -> str:
     silent = [r for r in local_ranks if r not in failures]
     if silent and "imed out" in _failure_text(failure):
         which = ", ".join(map(str, silent))
-        return (f"rank{'s' if len(silent) > 1 else ''} {which} stopped answering: rank {rank} failed: "
-                f"{_failure_text(failure)} (logs: {log_dir})")
+        return (
+            f"rank{'s' if len(silent) > 1 else ''} {which} stopped answering: rank {rank} failed: "
+            f"{_failure_text(failure)} (logs: {log_dir})"
+        )
     callstack = (getattr(failure, "error_file_data", None) or {}).get("message", {})
     if isinstance(callstack, dict) and callstack.get("extraInfo", {}).get("py_callstack"):
         with open(os.path.join(log_dir, f"rank{rank}-traceback.txt"), "w") as f:
@@ -552,26 +589,39 @@ def _join_enclosing(backend: str, timeout_s: float) -> None:
     timeout = timedelta(seconds=timeout_s)
     with _native_stderr_silenced():
         store = _joined_store(dist, rank, world, hosts, timeout, where)
-    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(
+        backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world, timeout=timeout
+    )
 
 
 def _joined_store(dist, rank: int, world: int, hosts: bool, timeout, where: str):
     """The job's store once every rank has set its key in it (see _join_enclosing)."""
     timeout_s = timeout.total_seconds()
     try:
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=hosts,
-                              timeout=timeout, wait_for_workers=False, multi_tenant=True)
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world,
+            is_master=hosts,
+            timeout=timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+        )
     except (RuntimeError, OSError) as exc:  # torch's DistError is a RuntimeError
-        raise PlannerError(f"rank {rank} could not {'open' if hosts else 'reach'} the job's store at {where} within "
-                           f"{timeout_s:g} s (--timeout): {_first_line(exc)}") from None
+        raise PlannerError(
+            f"rank {rank} could not {'open' if hosts else 'reach'} the job's store at {where} within "
+            f"{timeout_s:g} s (--timeout): {_first_line(exc)}"
+        ) from None
     keys = [f"plan-joined/{r}" for r in range(world)]
     store.set(keys[rank], "1")
     try:
         store.wait(keys, timeout)
     except (RuntimeError, OSError):
-        raise PlannerError(f"{_missing(store, keys)} of WORLD_SIZE={world} never joined: rank {rank} waited {timeout_s:g} s "
-                           f"(--timeout) at {where}; start every rank, or give the enclosing launcher the world "
-                           "that runs") from None
+        raise PlannerError(
+            f"{_missing(store, keys)} of WORLD_SIZE={world} never joined: rank {rank} waited {timeout_s:g} s "
+            f"(--timeout) at {where}; start every rank, or give the enclosing launcher the world "
+            "that runs"
+        ) from None
     return store
 
 
@@ -663,5 +713,15 @@ def follow_progress(path: Optional[str], update: Optional[Callable[[int, int, st
         thread.join(timeout=2 * interval_s + 1)
 
 
-__all__ = ["LaunchSpec", "Interrupted", "launch", "inside_launcher", "init_process_group", "free_port", "validate",
-           "signals_interrupt", "report_progress", "follow_progress"]
+__all__ = [
+    "LaunchSpec",
+    "Interrupted",
+    "launch",
+    "inside_launcher",
+    "init_process_group",
+    "free_port",
+    "validate",
+    "signals_interrupt",
+    "report_progress",
+    "follow_progress",
+]

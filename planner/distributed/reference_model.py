@@ -54,7 +54,9 @@ def rotary_tables(head_dim: int, seq_len: int, base: float = 10000.0) -> tuple[t
     return angles.cos(), angles.sin()
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
     # x: (B, heads, T, head_dim); rotate pairs (even, odd) by the angles of positions 0..T-1 or `positions`
     x1, x2 = x[..., 0::2], x[..., 1::2]
     if positions is None:
@@ -113,7 +115,9 @@ class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, width: int | None = None):
         super().__init__()
         h, f, bias = spec.hidden_size, width or spec.ffn, spec.linear_bias
-        self.swiglu = spec.gated  # gate, up, down (SwiGLU or GeGLU): the name executor/parallelize.py and profiler/compute.py read
+        self.swiglu = (
+            spec.gated
+        )  # gate, up, down (SwiGLU or GeGLU): the name executor/parallelize.py and profiler/compute.py read
         self.act = F.silu if spec.activation == Activation.swiglu else partial(F.gelu, approximate="tanh")
         if self.swiglu:
             self.gate = nn.Linear(h, f, bias=bias)
@@ -218,7 +222,9 @@ class Embedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)
         if self.pos is not None:
-            pos = torch.arange(tokens.shape[1], device=tokens.device) if self.context is None else self.context.positions
+            pos = (
+                torch.arange(tokens.shape[1], device=tokens.device) if self.context is None else self.context.positions
+            )
             x = x + self.pos(pos)
         return x
 
@@ -240,7 +246,9 @@ class ReferenceModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed = Embedding(spec)
-        self.layers = nn.ModuleList(Block(spec, moe=spec.is_moe and i >= spec.first_dense_layers) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(
+            Block(spec, moe=spec.is_moe and i >= spec.first_dense_layers) for i in range(spec.num_layers)
+        )
         self.head = Head(spec)
         if spec.tied_embeddings if tie is None else tie:
             self.head.output.weight = self.embed.tok.weight
@@ -294,7 +302,9 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def synthetic_batch(spec: ModelSpec, batch: int, seq_len: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(
+    spec: ModelSpec, batch: int, seq_len: int, seed: int, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and next-token targets, the same on every rank for a (seed, step)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     data = torch.randint(0, spec.vocab_size, (batch, seq_len + 1), generator=g)
@@ -306,5 +316,13 @@ def param_count(module: nn.Module) -> int:
 
 
 __all__ = [
-    "ReferenceModel", "StageModule", "Block", "MoE", "build_model", "lm_loss", "synthetic_batch", "param_count", "math",
+    "ReferenceModel",
+    "StageModule",
+    "Block",
+    "MoE",
+    "build_model",
+    "lm_loss",
+    "synthetic_batch",
+    "param_count",
+    "math",
 ]

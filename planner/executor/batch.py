@@ -52,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         items = json.loads(open(args.cases).read())
         cases = [
             prepare_case(
-                ModelSpec.model_validate(it["model"]), JobSpec.model_validate(it["job"]), Plan.model_validate(it["plan"]),
-                steps=it.get("steps", 4), warmup=it.get("warmup", 1), seed=it.get("seed", 0),
+                ModelSpec.model_validate(it["model"]),
+                JobSpec.model_validate(it["job"]),
+                Plan.model_validate(it["plan"]),
+                steps=it.get("steps", 4),
+                warmup=it.get("warmup", 1),
+                seed=it.get("seed", 0),
                 learning_rate=it.get("learning_rate", 1e-3),
             )
             for it in items

@@ -166,8 +166,9 @@ def context_group(mesh: DeviceMesh, plan: Plan):
     return cp_mesh.get_group(), cp_mesh.get_local_rank()
 
 
-def apply_context_parallel(stages: dict[int, nn.Module], plan: Plan, mesh: DeviceMesh, seq_len: int,
-                           device: torch.device) -> ContextParallel | None:
+def apply_context_parallel(
+    stages: dict[int, nn.Module], plan: Plan, mesh: DeviceMesh, seq_len: int, device: torch.device
+) -> ContextParallel | None:
     """Give every embedding and attention layer of this rank's stages the CP layout; None when cp = 1."""
     if plan.cp == 1:
         return None

@@ -80,9 +80,11 @@ class RunEstimate:
         return self.startup_s + self.steps * self.step_s + self.reference_s
 
     def describe(self, fmt: Callable[[float], str]) -> str:
-        return (f"about {fmt(self.total_s)} (refined after the first steps): workers start in ~{fmt(self.startup_s)}; "
-                f"{self.steps} steps of ~{fmt(self.step_s)} ({self.step_basis}); the single-process reference runs "
-                f"~{fmt(self.reference_s)} (float64 and fp32, one CPU thread, from FLOPs){self.busy}")
+        return (
+            f"about {fmt(self.total_s)} (refined after the first steps): workers start in ~{fmt(self.startup_s)}; "
+            f"{self.steps} steps of ~{fmt(self.step_s)} ({self.step_basis}); the single-process reference runs "
+            f"~{fmt(self.reference_s)} (float64 and fp32, one CPU thread, from FLOPs){self.busy}"
+        )
 
 
 def estimate_run(case, rates: tuple[float, float], gpu_cluster=None, cores: Optional[int] = None) -> RunEstimate:
@@ -102,13 +104,20 @@ def estimate_run(case, rates: tuple[float, float], gpu_cluster=None, cores: Opti
     est = estimate(case.model, gpu_cluster or load_cluster("dgx-a100-80gb"), case.job, case.plan)
     busy = busy_note(cores)
     if gpu_cluster is not None:
-        return RunEstimate(startup_s, est.step_time_s, case.steps, reference_s, f"the plan's prediction on {gpu_cluster.name}",
-                           busy)
+        return RunEstimate(
+            startup_s, est.step_time_s, case.steps, reference_s, f"the plan's prediction on {gpu_cluster.name}", busy
+        )
     step_flops = model_flops * est.hardware_tflops_per_gpu / est.model_tflops_per_gpu  # recompute included; any cluster
     step_s = step_flops / ranks / (fp32 * STEP_EFFICIENCY) * crowd
     share = f", {ranks} ranks on {cores} cores" if ranks > cores else ""
-    return RunEstimate(startup_s, step_s, case.steps, reference_s,
-                       f"{flop_words(step_flops)} each at the {fp32 / 1e9:.0f} GFLOP/s one core multiplies here{share}", busy)
+    return RunEstimate(
+        startup_s,
+        step_s,
+        case.steps,
+        reference_s,
+        f"{flop_words(step_flops)} each at the {fp32 / 1e9:.0f} GFLOP/s one core multiplies here{share}",
+        busy,
+    )
 
 
 def flop_words(flops: float) -> str:
@@ -190,7 +199,9 @@ class ItemClock:
         if done != self.current[0]:
             self.current = (done, now)
         finished = sum(self.items[:done])
-        ratio = (self.current[1] - self.first) / finished if finished >= 0.1 * sum(self.items) else 1.0  # measured / estimated
-        ahead = sum(self.items[done + 1:]) * ratio
+        ratio = (
+            (self.current[1] - self.first) / finished if finished >= 0.1 * sum(self.items) else 1.0
+        )  # measured / estimated
+        ahead = sum(self.items[done + 1 :]) * ratio
         left = max(ahead, ahead + (self.items[done] if done < total else 0.0) * ratio - (now - self.current[1]))
         return f"about {self.fmt(left)} left" if left >= 1 else ""

@@ -75,7 +75,9 @@ class Exchange:
         send = counts.view(self.size, local).sum(1).tolist()
         receive = arriving.sum(1).tolist()
         rows = AllToAll.apply(copies, receive, send, self.group)  # by source rank, then local expert
-        expert_of_row = torch.arange(local, device=counts.device).repeat(self.size).repeat_interleave(arriving.reshape(-1))
+        expert_of_row = (
+            torch.arange(local, device=counts.device).repeat(self.size).repeat_interleave(arriving.reshape(-1))
+        )
         by_expert = expert_of_row.argsort(stable=True)
         out = compute(rows[by_expert], arriving.sum(0))
         return AllToAll.apply(out[by_expert.argsort()], send, receive, self.group)
@@ -127,7 +129,9 @@ def expert_groups(mesh: DeviceMesh, plan: Plan) -> tuple[object, object, int]:
     names = list(mesh.mesh_dim_names)
     axes = [names.index(a) for a in ("dp", "cp") if a in names]
     replicas = plan.dp * plan.cp
-    table = mesh.mesh.movedim(axes, list(range(-len(axes), 0))).reshape(-1, replicas).tolist()  # a row: one dp x cp group's ranks
+    table = (
+        mesh.mesh.movedim(axes, list(range(-len(axes), 0))).reshape(-1, replicas).tolist()
+    )  # a row: one dp x cp group's ranks
     me, ep = dist.get_rank(), plan.ep
     mine: dict = {}
     for row in table:

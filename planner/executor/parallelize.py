@@ -122,7 +122,9 @@ def _block_tp_plan(block: nn.Module, sequence_parallel: bool) -> dict:
     if sequence_parallel:
         # use_local_output=True: the blocks' code works on plain tensors (seen with torch 2.13
         # on CPU: with the default False the first block fails with "mixed torch.Tensor and DTensor").
-        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+        gather = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        )
         tp_plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(), "attn": gather, "mlp": gather})
     return tp_plan
 
@@ -134,14 +136,23 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
         parallelize_module(block, tp_mesh, _block_tp_plan(block, sequence_parallel))
     tied = stage.embed is not None and stage.head is not None and stage.head.output.weight is stage.embed.tok.weight
     if stage.embed is not None:
-        parallelize_module(stage.embed, tp_mesh, {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())})
+        parallelize_module(
+            stage.embed, tp_mesh, {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
+        )
         if sequence_parallel:
             # Token + position embeddings are summed replicated, then each rank keeps its
             # sequence shard (a slice; its backward all-gathers the gradient).
-            parallelize_module(stage.embed, tp_mesh, PrepareModuleOutput(
-                output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True))
+            parallelize_module(
+                stage.embed,
+                tp_mesh,
+                PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True),
+            )
     if stage.head is not None:
-        head_plan = {"output": ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(), output_layouts=Replicate())}
+        head_plan = {
+            "output": ColwiseParallel(
+                input_layouts=Shard(1) if sequence_parallel else Replicate(), output_layouts=Replicate()
+            )
+        }
         if sequence_parallel:
             head_plan["norm"] = SequenceParallel()
         parallelize_module(stage.head, tp_mesh, head_plan)
@@ -164,7 +175,9 @@ def apply_recompute(stages: dict[int, StageModule], plan: Plan, num_layers: int)
             block.set_recompute(mode)
 
 
-def apply_data_parallel(stage: StageModule, plan: Plan, mesh: DeviceMesh, experts: ExpertParallel | None = None) -> nn.Module:
+def apply_data_parallel(
+    stage: StageModule, plan: Plan, mesh: DeviceMesh, experts: ExpertParallel | None = None
+) -> nn.Module:
     """ZeRO-0/1: replicated parameters and gradients (DDP; composable replicate with tp > 1);
     ZeRO-1's optimizer-state sharding is in build_optimizer. ZeRO-2: FSDP2 keeping the
     gathered parameters from forward to backward (reshard_after_forward=False); ZeRO-3: FSDP2
@@ -188,7 +201,9 @@ def apply_data_parallel(stage: StageModule, plan: Plan, mesh: DeviceMesh, expert
         if experts is not None:
             # DDP's (private, since torch 1.8) way to leave parameters alone: no broadcast from
             # rank 0 at construction, no gradient all-reduce.
-            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(stage, expert_parameter_names(stage, experts))
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                stage, expert_parameter_names(stage, experts)
+            )
         # Buffers (rotary tables) are constants: nothing to broadcast each forward.
         return DistributedDataParallel(stage, process_group=dp_mesh.get_group(), broadcast_buffers=False)
     from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -224,7 +239,11 @@ def build_optimizer(modules, plan: Plan, mesh: DeviceMesh, lr: float, experts: E
         if experts.edp_group is None:
             parts.append(torch.optim.Adam(experts.params, lr=lr))
         else:
-            parts.append(ZeroRedundancyOptimizer(experts.params, optimizer_class=torch.optim.Adam, process_group=experts.edp_group, lr=lr))
+            parts.append(
+                ZeroRedundancyOptimizer(
+                    experts.params, optimizer_class=torch.optim.Adam, process_group=experts.edp_group, lr=lr
+                )
+            )
         return OptimizerSet(parts)
     if plan.zero_stage == 1 and plan.dp * plan.cp > 1:
         if plan.tp > 1:
@@ -237,7 +256,9 @@ def build_optimizer(modules, plan: Plan, mesh: DeviceMesh, lr: float, experts: E
     return torch.optim.Adam(params, lr=lr)
 
 
-def stage_io(j: int, plan: Plan, spec: ModelSpec, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def stage_io(
+    j: int, plan: Plan, spec: ModelSpec, seq_len: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Example input and output of virtual stage j for one micro-batch: token ids into the
     first, logits out of the last, hidden states between (sequence shards with SP); a rank
     holds s / cp tokens of every sequence with context parallelism."""
@@ -250,8 +271,15 @@ def stage_io(j: int, plan: Plan, spec: ModelSpec, seq_len: int, device: torch.de
     return inp, out
 
 
-def build_schedule(stages: dict[int, nn.Module], plan: Plan, mesh: DeviceMesh, device: torch.device, loss_fn,
-                   spec: ModelSpec, seq_len: int):
+def build_schedule(
+    stages: dict[int, nn.Module],
+    plan: Plan,
+    mesh: DeviceMesh,
+    device: torch.device,
+    loss_fn,
+    spec: ModelSpec,
+    seq_len: int,
+):
     """torch.distributed.pipelining with the plan's schedule and micro-batch count; the
     schedule averages gradients over micro-batches (scale_grads), so they equal the
     gradient of the mean loss over the replica's batch. Stage shapes are given, so the
@@ -265,8 +293,19 @@ def build_schedule(stages: dict[int, nn.Module], plan: Plan, mesh: DeviceMesh, d
         inp, out = stage_io(j, plan, spec, seq_len, device)
         in_grad = None if j == 0 else torch.empty_like(inp)
         out_grad = None if j == plan.virtual_stages - 1 else torch.empty_like(out)
-        pipe.append(PipelineStage(mod, j, plan.virtual_stages, device, input_args=inp, output_args=out,
-                                  input_grads=in_grad, output_grads=out_grad, group=group))
+        pipe.append(
+            PipelineStage(
+                mod,
+                j,
+                plan.virtual_stages,
+                device,
+                input_args=inp,
+                output_args=out,
+                input_grads=in_grad,
+                output_grads=out_grad,
+                group=group,
+            )
+        )
     m = plan.num_micro_batches
     if plan.schedule == Schedule.interleaved_1f1b:
         return ScheduleInterleaved1F1B(pipe, m, loss_fn=loss_fn)

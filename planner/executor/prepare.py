@@ -71,12 +71,21 @@ class RunCase:
 
 
 def prepare_case(
-    model: ModelSpec, job: JobSpec, plan: Plan, rehearsal: Rehearsal = Rehearsal(), *, steps: int = 4,
-    warmup: int = 1, seed: int = 0, learning_rate: float = 1e-3,
+    model: ModelSpec,
+    job: JobSpec,
+    plan: Plan,
+    rehearsal: Rehearsal = Rehearsal(),
+    *,
+    steps: int = 4,
+    warmup: int = 1,
+    seed: int = 0,
+    learning_rate: float = 1e-3,
 ) -> RunCase:
     """Shrink the world and the model, adapt the plan to them, and check that the result can run."""
     if not 1 <= steps <= MAX_STEPS or warmup < 0 or warmup >= steps:
-        raise UsageError(f"--steps must be in 1-{MAX_STEPS:,} and --warmup in [0, steps - 1], got steps {steps}, warmup {warmup}")
+        raise UsageError(
+            f"--steps must be in 1-{MAX_STEPS:,} and --warmup in [0, steps - 1], got steps {steps}, warmup {warmup}"
+        )
     check_rehearsal(rehearsal)
     notes: list[str] = []
     run_plan, run_job = rehearse_world(plan, job, rehearsal.dp, notes)
@@ -92,8 +101,10 @@ def prepare_case(
         notes.append("FP8 GEMMs computed in fp32 like the reference; predictions are for fp32 without FP8")
         run_plan = run_plan.model_copy(update={"fp8": False})
     if run_plan.recompute_norm_act:
-        notes.append("the norms' and the experts' activation outputs kept, as the executor's layers keep them (no "
-                     "output-discarding checkpoints); predictions are for keeping them")
+        notes.append(
+            "the norms' and the experts' activation outputs kept, as the executor's layers keep them (no "
+            "output-discarding checkpoints); predictions are for keeping them"
+        )
         run_plan = run_plan.model_copy(update={"recompute_norm_act": False})
     if run_plan.dp * run_plan.cp == 1 and run_plan.zero_stage:
         notes.append(f"ZeRO-{run_plan.zero_stage} at dp=1 shards nothing: run without a data-parallel wrapper")
@@ -152,13 +163,20 @@ def world_hint(plan: Plan, world_size: int) -> str:
         return f"launch it on {plan.world_size} processes (--nproc-per-node {plan.world_size} on one node)"
     if fits >= least:
         launch = "" if fits * unit == world_size else f" --nproc-per-node {fits * unit}"
-        unsharded = (f"; ZeRO-{plan.zero_stage} shards nothing at dp 1: --rehearse-dp 2 on {2 * unit} keeps it"
-                     if fits == 1 and plan.cp == 1 and plan.zero_stage and plan.dp > 1 else "")
-        return (f"rehearse it on {fits * unit} with --rehearse-dp {fits}{launch} (dp {plan.dp} -> {fits}, the rest of the "
-                f"layout kept, the global batch scaled to keep each replica's micro-batches){unsharded}")
-    return (f"the smallest rehearsal of this layout is {least * unit} processes ({layout_factors(plan, least)}): "
-            f"--rehearse-dp {least} --nproc-per-node {least * unit}; on {world_size}, re-solve for {world_size} GPUs "
-            f"(plan solve --gpus {world_size}) and run that plan")
+        unsharded = (
+            f"; ZeRO-{plan.zero_stage} shards nothing at dp 1: --rehearse-dp 2 on {2 * unit} keeps it"
+            if fits == 1 and plan.cp == 1 and plan.zero_stage and plan.dp > 1
+            else ""
+        )
+        return (
+            f"rehearse it on {fits * unit} with --rehearse-dp {fits}{launch} (dp {plan.dp} -> {fits}, the rest of the "
+            f"layout kept, the global batch scaled to keep each replica's micro-batches){unsharded}"
+        )
+    return (
+        f"the smallest rehearsal of this layout is {least * unit} processes ({layout_factors(plan, least)}): "
+        f"--rehearse-dp {least} --nproc-per-node {least * unit}; on {world_size}, re-solve for {world_size} GPUs "
+        f"(plan solve --gpus {world_size}) and run that plan"
+    )
 
 
 # --------------------------------------------------------------------------- scaling
@@ -170,8 +188,10 @@ def scale_model(model: ModelSpec, r: Rehearsal, tp: int, notes: list[str]) -> Mo
     if r.layers is not None and r.layers != model.num_layers:
         _positive(r.layers, "--scale-layers")
         if r.layers <= model.first_dense_layers:
-            raise UsageError(f"--scale-layers {r.layers} leaves no mixture-of-experts layer after {model.name}'s "
-                             f"{model.first_dense_layers} dense ones; use --scale-layers {model.first_dense_layers + 1} or more")
+            raise UsageError(
+                f"--scale-layers {r.layers} leaves no mixture-of-experts layer after {model.name}'s "
+                f"{model.first_dense_layers} dense ones; use --scale-layers {model.first_dense_layers + 1} or more"
+            )
         update["num_layers"] = r.layers
         notes.append(f"layers {model.num_layers} -> {r.layers}")
     heads = model.num_heads
@@ -184,14 +204,21 @@ def scale_model(model: ModelSpec, r: Rehearsal, tp: int, notes: list[str]) -> Mo
             notes.append(f"heads {model.num_heads} -> {heads} (KV heads {model.kv_heads} -> {kv}{why})")
     hidden = r.hidden if r.hidden is not None else model.hidden_size
     if r.heads is not None and (heads % tp or not _head_dim_ok(model, hidden, heads)):
-        why = (f"tp={tp} does not divide the {heads} attention heads" if heads % tp else
-               f"it does not split hidden {hidden}{'' if model.learned_position_embeddings else ' into even widths (rotary embeddings)'}")
-        raise UsageError(f"--scale-heads {heads}: {why}; use {_heads_hint(model, hidden, tp, heads)}"
-                         + ("" if r.hidden is not None else " or change --scale-hidden"))
+        why = (
+            f"tp={tp} does not divide the {heads} attention heads"
+            if heads % tp
+            else f"it does not split hidden {hidden}{'' if model.learned_position_embeddings else ' into even widths (rotary embeddings)'}"
+        )
+        raise UsageError(
+            f"--scale-heads {heads}: {why}; use {_heads_hint(model, hidden, tp, heads)}"
+            + ("" if r.hidden is not None else " or change --scale-hidden")
+        )
     if not _head_dim_ok(model, hidden, heads):
-        raise UsageError(f"--scale-hidden {hidden} does not split into the {heads} attention heads of {model.name}"
-                         f"{'' if model.learned_position_embeddings else ' (even widths, for rotary embeddings)'}; use "
-                         f"--scale-hidden {_hidden_hint(model, hidden, heads)} or change --scale-heads")
+        raise UsageError(
+            f"--scale-hidden {hidden} does not split into the {heads} attention heads of {model.name}"
+            f"{'' if model.learned_position_embeddings else ' (even widths, for rotary embeddings)'}; use "
+            f"--scale-hidden {_hidden_hint(model, hidden, heads)} or change --scale-heads"
+        )
     if r.hidden is not None and r.hidden != model.hidden_size:
         _positive(r.hidden, "--scale-hidden")
         ffn = scaled_ffn(model, r.hidden)
@@ -228,10 +255,11 @@ def scaled_kv_heads(model: ModelSpec, heads: int, tp: int) -> tuple[int, str]:
     best = min(fitting or divisors, key=lambda k: (abs(math.log(k / exact)), -k))
     if not fitting:
         return best, ""
-    gives = (f"{exact:g}, which tp={tp} does not divide" if exact == int(exact)
-             else f"{exact:.3g} (not a whole number)")
-    return best, (f": the {model.num_heads}:{model.kv_heads} query:KV ratio gives {gives}; {best} is the nearest "
-                  f"count that divides the {heads} heads and that tp={tp} divides")
+    gives = f"{exact:g}, which tp={tp} does not divide" if exact == int(exact) else f"{exact:.3g} (not a whole number)"
+    return best, (
+        f": the {model.num_heads}:{model.kv_heads} query:KV ratio gives {gives}; {best} is the nearest "
+        f"count that divides the {heads} heads and that tp={tp} divides"
+    )
 
 
 def scaled_name(model: ModelSpec, scaled: ModelSpec, job: JobSpec, scaled_job: JobSpec) -> str:
@@ -242,7 +270,11 @@ def scaled_name(model: ModelSpec, scaled: ModelSpec, job: JobSpec, scaled_job: J
     if scaled.hidden_size != model.hidden_size:
         parts.append(f"hidden {scaled.hidden_size}")
     if (scaled.num_heads, scaled.kv_heads) != (model.num_heads, model.kv_heads):
-        kv = f" / {scaled.kv_heads} KV head{'s' if scaled.kv_heads > 1 else ''}" if scaled.kv_heads != scaled.num_heads else ""
+        kv = (
+            f" / {scaled.kv_heads} KV head{'s' if scaled.kv_heads > 1 else ''}"
+            if scaled.kv_heads != scaled.num_heads
+            else ""
+        )
         parts.append(f"{scaled.num_heads} heads{kv}")
     if scaled.vocab_size != model.vocab_size:
         parts.append(f"vocabulary {scaled.vocab_size}")
@@ -264,8 +296,10 @@ def scale_plan(plan: Plan, old_layers: int, new_layers: int, notes: list[str]) -
         return plan
     stages = plan.virtual_stages
     if new_layers < stages:
-        raise UsageError(f"--scale-layers {new_layers} leaves fewer layers than the plan's {stages} pipeline stages; "
-                         f"use --scale-layers {stages} or more")
+        raise UsageError(
+            f"--scale-layers {new_layers} leaves fewer layers than the plan's {stages} pipeline stages; "
+            f"use --scale-layers {stages} or more"
+        )
     split = proportional(plan.stage_layers(old_layers), new_layers, minimum=1)
     update: dict = {"layers_per_stage": split}
     if plan.stage_recompute is not None:
@@ -316,8 +350,10 @@ def runnable_model(model: ModelSpec, plan: Plan, notes: list[str]) -> ModelSpec:
     if model.sliding_window is not None:
         update["sliding_window"], update["sliding_window_layers"] = None, 0
         if model.sliding_window < model.max_seq_len:
-            missing.append(f"the {model.sliding_window}-token sliding window of {model.sliding_window_layers} layers left out "
-                           "(every layer attends to the whole sequence)")
+            missing.append(
+                f"the {model.sliding_window}-token sliding window of {model.sliding_window_layers} layers left out "
+                "(every layer attends to the whole sequence)"
+            )
     if model.logit_softcapping:
         update["logit_softcapping"] = False
         missing.append("logit soft-capping left out")
@@ -332,7 +368,9 @@ def runnable_model(model: ModelSpec, plan: Plan, notes: list[str]) -> ModelSpec:
         missing.append(f"the rotary embedding's attention factor {model.rope_attention_factor:g} left out")
     if model.mla:
         update.update(kv_lora_rank=None, q_lora_rank=None, qk_rope_head_dim=0, v_head_dim=None)
-        missing.append(f"multi-head latent attention run as multi-head attention of {model.num_heads} heads of {model.head_dim}")
+        missing.append(
+            f"multi-head latent attention run as multi-head attention of {model.num_heads} heads of {model.head_dim}"
+        )
     if missing:
         notes.append("; ".join(missing) + ": the reference model does not build them (the prediction is for what runs)")
     return model.model_copy(update=update) if update else model
@@ -379,9 +417,14 @@ def check_rehearsal(r: Rehearsal) -> None:
     (planner/specs/base.py's bounds), before anything is computed from it."""
     from planner.specs import MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH
 
-    for value, option, most in [(r.layers, "--scale-layers", MAX_LAYERS), (r.hidden, "--scale-hidden", MAX_WIDTH),
-                                (r.heads, "--scale-heads", MAX_LAYERS), (r.vocab, "--scale-vocab", MAX_VOCAB),
-                                (r.seq_len, "--scale-seq-len", MAX_SEQ_LEN), (r.dp, "--rehearse-dp", MAX_GPUS)]:
+    for value, option, most in [
+        (r.layers, "--scale-layers", MAX_LAYERS),
+        (r.hidden, "--scale-hidden", MAX_WIDTH),
+        (r.heads, "--scale-heads", MAX_LAYERS),
+        (r.vocab, "--scale-vocab", MAX_VOCAB),
+        (r.seq_len, "--scale-seq-len", MAX_SEQ_LEN),
+        (r.dp, "--rehearse-dp", MAX_GPUS),
+    ]:
         if value is not None and not 1 <= value <= most:
             raise UsageError(f"{option} must be between 1 and {most:,}, got {value if abs(value) < 10**20 else 'more'}")
 
@@ -406,31 +449,48 @@ def rehearsal_problem(original: ModelSpec, model: ModelSpec, job: JobSpec, plan:
     shard, with the --scale-* value that would work (computed); None when nothing."""
     tp, name = plan.tp, model.name
     if model.num_heads % tp:
-        return (f"tp={tp} does not divide the {model.num_heads} attention heads of {name}; rehearse with "
-                f"{_heads_hint(model, model.hidden_size, tp, model.num_heads)}")
+        return (
+            f"tp={tp} does not divide the {model.num_heads} attention heads of {name}; rehearse with "
+            f"{_heads_hint(model, model.hidden_size, tp, model.num_heads)}"
+        )
     if model.kv_heads % tp:
         kv, _ = scaled_kv_heads(model, model.num_heads, tp)
-        return (f"tp={tp} does not divide the {model.kv_heads} KV heads of {name} (the reference model shards KV heads, "
-                f"never replicates them); rehearse with --scale-heads {model.num_heads}: the KV heads then follow ({kv})")
+        return (
+            f"tp={tp} does not divide the {model.kv_heads} KV heads of {name} (the reference model shards KV heads, "
+            f"never replicates them); rehearse with --scale-heads {model.num_heads}: the KV heads then follow ({kv})"
+        )
     if not _head_dim_ok(model, model.hidden_size, model.num_heads):
-        return (f"rotary embeddings need an even head width, and {name} has {model.hidden_size} / {model.num_heads}; "
-                f"rehearse with --scale-hidden {_hidden_hint(model, model.hidden_size, model.num_heads)}")
+        return (
+            f"rotary embeddings need an even head width, and {name} has {model.hidden_size} / {model.num_heads}; "
+            f"rehearse with --scale-hidden {_hidden_hint(model, model.hidden_size, model.num_heads)}"
+        )
     if model.ffn % tp:
-        hidden = _nearest(model.hidden_size, lambda h: _head_dim_ok(model, h, model.num_heads) and scaled_ffn(original, h) % tp == 0)
-        return (f"tp={tp} does not divide the FFN width {model.ffn} of {name}; rehearse with --scale-hidden {hidden} "
-                f"(FFN {scaled_ffn(original, hidden)})")
+        hidden = _nearest(
+            model.hidden_size, lambda h: _head_dim_ok(model, h, model.num_heads) and scaled_ffn(original, h) % tp == 0
+        )
+        return (
+            f"tp={tp} does not divide the FFN width {model.ffn} of {name}; rehearse with --scale-hidden {hidden} "
+            f"(FFN {scaled_ffn(original, hidden)})"
+        )
     if model.vocab_size % tp:
-        return (f"tp={tp} does not divide the vocabulary of {model.vocab_size} of {name}; pad it or rehearse with "
-                f"--scale-vocab {_nearest(model.vocab_size, lambda v: v % tp == 0)}")
+        return (
+            f"tp={tp} does not divide the vocabulary of {model.vocab_size} of {name}; pad it or rehearse with "
+            f"--scale-vocab {_nearest(model.vocab_size, lambda v: v % tp == 0)}"
+        )
     sp = tp if plan.sequence_parallel else 1
     step = math.lcm(sp, 2 * plan.cp if plan.cp > 1 else 1, plan.cp * sp)  # cp_problem's chunks, SP's shards of them
     if job.seq_len % step:
-        problem = (f"sequence parallelism needs tp={tp} to divide the sequence length {job.seq_len}" if job.seq_len % sp
-                   else cp_problem(plan.cp, tp, plan.sequence_parallel, job))
+        problem = (
+            f"sequence parallelism needs tp={tp} to divide the sequence length {job.seq_len}"
+            if job.seq_len % sp
+            else cp_problem(plan.cp, tp, plan.sequence_parallel, job)
+        )
         return f"{problem}; rehearse with --scale-seq-len {_nearest(job.seq_len, lambda n: n % step == 0)}"
     if model.num_layers < plan.virtual_stages:
-        return (f"{name} has {model.num_layers} layers, fewer than pp x vpp = {plan.pp} x {plan.vpp} = {plan.virtual_stages} "
-                f"pipeline stages; rehearse with --scale-layers {max(plan.virtual_stages, model.first_dense_layers + 1)}")
+        return (
+            f"{name} has {model.num_layers} layers, fewer than pp x vpp = {plan.pp} x {plan.vpp} = {plan.virtual_stages} "
+            f"pipeline stages; rehearse with --scale-layers {max(plan.virtual_stages, model.first_dense_layers + 1)}"
+        )
     return None
 
 
@@ -443,10 +503,14 @@ def check_runnable(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
         raise UsageError(str(exc)) from None
     tp, m, pp = plan.tp, plan.num_micro_batches, plan.pp
     if model.is_moe and tp > 1:
-        raise UsageError(f"plan run does not run tensor parallelism in mixture-of-experts layers (tp={tp}); rehearse the plan with tp=1")
+        raise UsageError(
+            f"plan run does not run tensor parallelism in mixture-of-experts layers (tp={tp}); rehearse the plan with tp=1"
+        )
     if plan.ep > 1 and plan.zero_stage >= 2:
-        raise UsageError(f"plan run shards expert-parallel experts with ZeRO-0 or 1 only (ep={plan.ep} with ZeRO-{plan.zero_stage}); "
-                         "use --zero 1, or ep=1")
+        raise UsageError(
+            f"plan run shards expert-parallel experts with ZeRO-0 or 1 only (ep={plan.ep} with ZeRO-{plan.zero_stage}); "
+            "use --zero 1, or ep=1"
+        )
     if plan.schedule == Schedule.one_f_one_b and pp > 1 and m < pp:
         raise UsageError(
             f"1F1B needs at least as many micro-batches as pipeline stages (torch.distributed.pipelining): "
@@ -460,8 +524,11 @@ def check_world(plan: Plan, world_size: int, how: str) -> None:
     """The launch must have exactly dp x (cp x) tp x pp processes; print every factor when
     not, and which options make the layout fit the launch (world_hint)."""
     if plan.world_size != world_size:
-        names, values = ("dp x cp x tp x pp", f"{plan.dp} x {plan.cp} x {plan.tp} x {plan.pp}") if plan.cp > 1 else (
-            "dp x tp x pp", f"{plan.dp} x {plan.tp} x {plan.pp}")
+        names, values = (
+            ("dp x cp x tp x pp", f"{plan.dp} x {plan.cp} x {plan.tp} x {plan.pp}")
+            if plan.cp > 1
+            else ("dp x tp x pp", f"{plan.dp} x {plan.tp} x {plan.pp}")
+        )
         raise UsageError(
             f"the plan needs {names} = {values} = {plan.world_size} processes "
             f"but the launch has {world_size} ({how}); {world_hint(plan, world_size)}"
@@ -478,10 +545,15 @@ def fp8_problem(device: str, capability: Optional[tuple[int, int]] = None, name:
     compute capability and name), or None."""
     if device == "cuda" and capability is not None and tuple(capability) >= FP8_CAPABILITY:
         return None
-    here = "on CPU processes (gloo), which have none" if device != "cuda" else (
-        f"on a {name or 'GPU'} of compute capability {capability[0]}.{capability[1]}, which has none")
-    return (f"the plan has fp8: FP8 GEMMs need a GPU with FP8 tensor cores (compute capability 8.9+: H100/H200, L40); "
-            f"this machine runs them {here}; rehearse the plan without fp8 (plan estimate/solve without --fp8)")
+    here = (
+        "on CPU processes (gloo), which have none"
+        if device != "cuda"
+        else (f"on a {name or 'GPU'} of compute capability {capability[0]}.{capability[1]}, which has none")
+    )
+    return (
+        f"the plan has fp8: FP8 GEMMs need a GPU with FP8 tensor cores (compute capability 8.9+: H100/H200, L40); "
+        f"this machine runs them {here}; rehearse the plan without fp8 (plan estimate/solve without --fp8)"
+    )
 
 
 def host_memory_bytes() -> Optional[int]:
@@ -529,15 +601,19 @@ def check_host_memory(case: RunCase, cluster, nproc_per_node: int, available: Op
     the whole model (fp32, 4 bytes a parameter) from the seed, then holds its share
     (predicted weights, gradients, optimizer states and activations of its stage)."""
     cores = os.cpu_count() or 1
-    check_cpu_ranks(nproc_per_node, "rehearse the plan on fewer ranks: "
-                    + (fewer_ranks_hint(case.plan, RANKS_PER_CORE * cores) or RESOLVE))
+    check_cpu_ranks(
+        nproc_per_node,
+        "rehearse the plan on fewer ranks: " + (fewer_ranks_hint(case.plan, RANKS_PER_CORE * cores) or RESOLVE),
+    )
     if available is None:
         return
     from cost_models.compute import total_params
     from cost_models.estimate import estimate
 
     est = estimate(case.model, cluster, case.job, case.plan)
-    stage = max(sm.weights + sm.gradients + sm.optimizer_states + sm.activations for sm in est.memory_gib_per_pipeline_rank)
+    stage = max(
+        sm.weights + sm.gradients + sm.optimizer_states + sm.activations for sm in est.memory_gib_per_pipeline_rank
+    )
     per_rank = TORCH_PROCESS_BYTES + 4 * total_params(case.model) + stage * 2**30
     if per_rank * nproc_per_node > 0.9 * available:
         fewer = fewer_ranks_hint(case.plan, int(0.9 * available / per_rank))
@@ -570,7 +646,9 @@ def reference_bytes(model: ModelSpec, job: JobSpec) -> float:
     from planner.specs import Recompute
 
     b, s, fp32 = job.global_batch_size, job.seq_len, DType.fp32
-    layers = over_layers(model, lambda dense: layer_activation_bytes(model, b, s, 1, False, Recompute.none, True, fp32, dense=dense))
+    layers = over_layers(
+        model, lambda dense: layer_activation_bytes(model, b, s, 1, False, Recompute.none, True, fp32, dense=dense)
+    )
     head = head_activation_bytes(model, b, s, 1, False, fp32) + logits_temporary_bytes(model, b, s, 1, fp32)
     states = 4 * FLOAT64_BYTES * total_params(model)  # weights, gradients, Adam's first and second moments
     return TORCH_PROCESS_BYTES + states + 2 * (layers + head)
@@ -592,8 +670,12 @@ def check_reference_memory(case: RunCase, rehearsal: Rehearsal, available: Optio
         f"the single-process reference run that checks the result (the whole global batch of {case.job.global_batch_size} x "
         f"{case.job.seq_len} tokens at once, in float64) needs about {need / 2**30:.1f} GiB{where}, {(need - budget) / 2**30:.1f} GiB "
         f"more than the {budget / 2**30:.1f} GiB this machine has for it ({USABLE_MEMORY:.0%} of {available / 2**30:.1f} GiB available); "
-        + (f"rehearse with {' or '.join(hints)}" if hints else "rehearse a smaller model with --scale-layers/--scale-hidden/--scale-vocab "
-           "and a shorter --scale-seq-len")
+        + (
+            f"rehearse with {' or '.join(hints)}"
+            if hints
+            else "rehearse a smaller model with --scale-layers/--scale-hidden/--scale-vocab "
+            "and a shorter --scale-seq-len"
+        )
     )
 
 
@@ -601,19 +683,39 @@ def _reference_hints(case: RunCase, rehearsal: Rehearsal, budget: float) -> list
     """'--scale-layers 2', '--scale-seq-len 256', '--scale-vocab 1024', '--rehearse-dp 1': each one change to the
     rehearsal (the others kept) whose run prepares and whose reference fits `budget`."""
     model, job = case.model, case.job
-    options = [("--scale-layers", "layers", model.num_layers, lambda n: (model.model_copy(update={"num_layers": n}), job)),
-               ("--scale-seq-len", "seq_len", job.seq_len, lambda n: (
-                   model.model_copy(update={"max_seq_len": n}) if model.learned_position_embeddings else model,
-                   job.model_copy(update={"seq_len": n})))]
-    options.append(("--scale-vocab", "vocab", model.vocab_size, lambda n: (model.model_copy(update={"vocab_size": n}), job)))
+    options = [
+        ("--scale-layers", "layers", model.num_layers, lambda n: (model.model_copy(update={"num_layers": n}), job)),
+        (
+            "--scale-seq-len",
+            "seq_len",
+            job.seq_len,
+            lambda n: (
+                model.model_copy(update={"max_seq_len": n}) if model.learned_position_embeddings else model,
+                job.model_copy(update={"seq_len": n}),
+            ),
+        ),
+    ]
+    options.append(
+        ("--scale-vocab", "vocab", model.vocab_size, lambda n: (model.model_copy(update={"vocab_size": n}), job))
+    )
     if case.plan.dp > 1:  # fewer replicas, a smaller global batch
         per_replica = job.global_batch_size // case.plan.dp
-        options.append(("--rehearse-dp", "dp", case.plan.dp,
-                        lambda n: (model, job.model_copy(update={"global_batch_size": n * per_replica}))))
+        options.append(
+            (
+                "--rehearse-dp",
+                "dp",
+                case.plan.dp,
+                lambda n: (model, job.model_copy(update={"global_batch_size": n * per_replica})),
+            )
+        )
     hints = []
     for option, name, current, shrunk in options:
         most = _largest(current, lambda n, shrunk=shrunk: reference_bytes(*shrunk(n)) <= budget)
-        fits = next((n for n in range(most, max(most - 256, 0), -1) if _prepares(case, rehearsal, name, n)), None) if most else None
+        fits = (
+            next((n for n in range(most, max(most - 256, 0), -1) if _prepares(case, rehearsal, name, n)), None)
+            if most
+            else None
+        )
         if fits:
             hints.append(f"{option} {fits}")
     return hints
@@ -633,7 +735,9 @@ def _prepares(case: RunCase, rehearsal: Rehearsal, name: str, value: int) -> boo
     from dataclasses import replace
 
     try:
-        prepare_case(case.model, case.job, case.plan, replace(rehearsal, **{name: value}), steps=case.steps, warmup=case.warmup)
+        prepare_case(
+            case.model, case.job, case.plan, replace(rehearsal, **{name: value}), steps=case.steps, warmup=case.warmup
+        )
     except UsageError:
         return False
     return True
@@ -660,8 +764,10 @@ def check_seed(seed: int) -> None:
 def check_timeout(timeout_s: float) -> None:
     lo, hi = TIMEOUT_RANGE_S
     if not lo <= timeout_s <= hi:
-        raise UsageError(f"--timeout must be between {lo:g} and {hi:,.0f} seconds (a rank that stops answering fails the run "
-                         f"after it; workers take seconds to start), got {timeout_s:g}")
+        raise UsageError(
+            f"--timeout must be between {lo:g} and {hi:,.0f} seconds (a rank that stops answering fails the run "
+            f"after it; workers take seconds to start), got {timeout_s:g}"
+        )
 
 
 def gpu_absent() -> bool:
@@ -691,8 +797,9 @@ def profile_rank_bytes(model: ModelSpec, micro_batches: tuple[int, ...], seq_len
     return TORCH_PROCESS_BYTES + 2 * 4 * params + stack * block + head + 4 * b * s * model.hidden_size
 
 
-def check_profile_memory(model: ModelSpec, micro_batches: tuple[int, ...], seq_len: int, nproc_per_node: int,
-                         available: Optional[int]) -> None:
+def check_profile_memory(
+    model: ModelSpec, micro_batches: tuple[int, ...], seq_len: int, nproc_per_node: int, available: Optional[int]
+) -> None:
     """Refuse a CPU profile whose processes cannot fit this machine's memory, naming sizes that fit."""
     if available is None:
         return

@@ -46,8 +46,12 @@ def launch_world(spec: LaunchSpec) -> tuple[int, str]:
 
 
 def run_plans(
-    cases: list[RunCase], clusters: list[ClusterSpec], spec: LaunchSpec, options: RunOptions = RunOptions(),
-    plan_files: Optional[list[Optional[str]]] = None, progress: Optional[Callable[[int, int, str], None]] = None,
+    cases: list[RunCase],
+    clusters: list[ClusterSpec],
+    spec: LaunchSpec,
+    options: RunOptions = RunOptions(),
+    plan_files: Optional[list[Optional[str]]] = None,
+    progress: Optional[Callable[[int, int, str], None]] = None,
 ) -> list[RunReport]:
     """Execute every case in one launch and report each against its reference. Raises
     UsageError before launching when a case does not fit the launch, PlannerError when a
@@ -72,12 +76,25 @@ def run_plans(
             references[key] = reference_runs(case)
         exact, rounded, names = references[key]
         run = RunSettings(
-            steps=case.steps, warmup_steps=case.warmup, seed=case.seed, learning_rate=case.learning_rate,
-            world_size=world, nnodes=spec.nnodes, backend=backend, device=device, timeout_s=options.timeout_s,
+            steps=case.steps,
+            warmup_steps=case.warmup,
+            seed=case.seed,
+            learning_rate=case.learning_rate,
+            world_size=world,
+            nnodes=spec.nnodes,
+            backend=backend,
+            device=device,
+            timeout_s=options.timeout_s,
             changes=list(case.notes),
         )
-        verification = compare(Trajectory(result.losses, result.grad_sq), exact, rounded, names, options.tolerance,
-                               layout_problem(case, result.ranks))
+        verification = compare(
+            Trajectory(result.losses, result.grad_sq),
+            exact,
+            rounded,
+            names,
+            options.tolerance,
+            layout_problem(case, result.ranks),
+        )
         file = plan_files[i] if plan_files else None
         reports.append(build_report(case, clusters[i], run, result.ranks, verification, file))
     return reports
@@ -95,8 +112,10 @@ def layout_problem(case: RunCase, ranks: list[RankMeasurement]) -> Optional[str]
     for r in sorted(ranks, key=lambda r: r.rank):
         want = sum(counts[j] for j in r.virtual_stages)
         if r.layers != want:
-            return (f"rank {r.rank} (pipeline rank {r.pp_rank}, stages {r.virtual_stages}) ran {r.layers} layers, "
-                    f"the plan's split {counts} gives it {want}")
+            return (
+                f"rank {r.rank} (pipeline rank {r.pp_rank}, stages {r.virtual_stages}) ran {r.layers} layers, "
+                f"the plan's split {counts} gives it {want}"
+            )
     return None
 
 
@@ -111,8 +130,9 @@ def _launch_workers(cases: list[RunCase], spec: LaunchSpec, options: RunOptions,
         if progress is not None and not inside_launcher():
             fd, path = tempfile.mkstemp(prefix="plan-run-", suffix=".progress")
             os.close(fd)
-        settings = WorkerSettings(backend=options.backend, timeout_s=options.timeout_s, progress_path=path,
-                                  faults=options.faults)
+        settings = WorkerSettings(
+            backend=options.backend, timeout_s=options.timeout_s, progress_path=path, faults=options.faults
+        )
         with follow_progress(path, progress):
             return launch(spec, run_worker, cases, settings, temporary=(path,) if path else ())
     finally:
@@ -130,8 +150,10 @@ def resolve_backend(requested: str, nproc_per_node: Optional[int] = None) -> str
     backend = requested if requested != "auto" else "nccl" if torch.cuda.is_available() else "gloo"
     gpus = torch.cuda.device_count() if backend == "nccl" else 0
     if backend == "nccl" and nproc_per_node is not None and nproc_per_node > gpus and not inside_launcher():
-        raise UsageError(f"--nproc-per-node {nproc_per_node} with nccl needs a GPU per process, and this machine has {gpus}; "
-                         f"use --nproc-per-node {gpus} or fewer, or --backend gloo")
+        raise UsageError(
+            f"--nproc-per-node {nproc_per_node} with nccl needs a GPU per process, and this machine has {gpus}; "
+            f"use --nproc-per-node {gpus} or fewer, or --backend gloo"
+        )
     return backend
 
 
@@ -152,13 +174,27 @@ def _backend(requested: str) -> tuple[str, str]:
     return backend, "cuda" if backend == "nccl" else "cpu"
 
 
-def build_report(case: RunCase, cluster: ClusterSpec, settings: RunSettings, ranks: list[RankMeasurement],
-                 verification, plan_file: Optional[str]) -> RunReport:
+def build_report(
+    case: RunCase,
+    cluster: ClusterSpec,
+    settings: RunSettings,
+    ranks: list[RankMeasurement],
+    verification,
+    plan_file: Optional[str],
+) -> RunReport:
     est = predict(case.model, cluster, case.job, case.plan)
     return RunReport(
-        plan_file=plan_file, model=case.model, cluster=cluster, job=case.job, plan=case.plan, estimate=est,
-        settings=settings, ranks=sorted(ranks, key=lambda r: r.rank), pipeline_ranks=rank_comparisons(est, ranks),
-        time=time_comparison(est, case, ranks), verification=verification,
+        plan_file=plan_file,
+        model=case.model,
+        cluster=cluster,
+        job=case.job,
+        plan=case.plan,
+        estimate=est,
+        settings=settings,
+        ranks=sorted(ranks, key=lambda r: r.rank),
+        pipeline_ranks=rank_comparisons(est, ranks),
+        time=time_comparison(est, case, ranks),
+        verification=verification,
         verdict="pass" if verification.passed else "fail",
     )
 
@@ -173,14 +209,21 @@ def rank_comparisons(est, ranks: list[RankMeasurement]) -> list[PipelineRankComp
         mine = [r.memory for r in ranks if r.pp_rank == sm.pipeline_rank]
         measured = MemoryBytes(**{k: max(getattr(m, k) for m in mine) for k in MemoryBytes.model_fields})
         predicted = MemoryBytes(
-            weights_bytes=sm.weights * GIB, gradients_bytes=sm.gradients * GIB,
-            optimizer_states_bytes=sm.optimizer_states * GIB, activations_bytes=sm.activations * GIB,
+            weights_bytes=sm.weights * GIB,
+            gradients_bytes=sm.gradients * GIB,
+            optimizer_states_bytes=sm.optimizer_states * GIB,
+            activations_bytes=sm.activations * GIB,
         )
-        out.append(PipelineRankComparison(
-            pipeline_rank=sm.pipeline_rank, layers=sm.layers, predicted=predicted,
-            predicted_not_measured_bytes=(sm.temporary + sm.overhead) * GIB, measured=measured,
-            error_pct=error_pct(predicted.total_bytes, measured.total_bytes),
-        ))
+        out.append(
+            PipelineRankComparison(
+                pipeline_rank=sm.pipeline_rank,
+                layers=sm.layers,
+                predicted=predicted,
+                predicted_not_measured_bytes=(sm.temporary + sm.overhead) * GIB,
+                measured=measured,
+                error_pct=error_pct(predicted.total_bytes, measured.total_bytes),
+            )
+        )
     return out
 
 
@@ -190,7 +233,10 @@ def time_comparison(est, case: RunCase, ranks: list[RankMeasurement]) -> TimeCom
     measured = mean(per_step)
     tokens = case.job.global_batch_size * case.job.seq_len
     return TimeComparison(
-        predicted_step_time_s=est.step_time_s, measured_step_time_s=measured,
-        error_pct=error_pct(est.step_time_s, measured), predicted_tokens_per_s=est.tokens_per_s,
-        measured_tokens_per_s=tokens / measured, measured_steps=len(per_step),
+        predicted_step_time_s=est.step_time_s,
+        measured_step_time_s=measured,
+        error_pct=error_pct(est.step_time_s, measured),
+        predicted_tokens_per_s=est.tokens_per_s,
+        measured_tokens_per_s=tokens / measured,
+        measured_steps=len(per_step),
     )

@@ -100,7 +100,11 @@ def run_worker(cases: list[RunCase], settings: WorkerSettings) -> list[CaseResul
 
 def _maybe_fail(step: int) -> None:
     rank = os.environ.get("PLAN_RUN_FAIL_RANK")
-    if rank is None or int(rank) != int(os.environ.get("RANK", -1)) or step != int(os.environ.get("PLAN_RUN_FAIL_STEP", 1)):
+    if (
+        rank is None
+        or int(rank) != int(os.environ.get("RANK", -1))
+        or step != int(os.environ.get("PLAN_RUN_FAIL_STEP", 1))
+    ):
         return
     mode = os.environ.get("PLAN_RUN_FAIL_MODE", "raise")
     if mode == "exit":
@@ -156,8 +160,9 @@ def _lay_out(case: RunCase, device, fault: Optional[str]) -> _Layout:
     return _Layout(where, wrapped, optimizer, step_fn, context, experts, blocks, names, _slots(wrapped.values(), names))
 
 
-def train_case(case: RunCase, device, step_done: Callable[[], None] = lambda: None,
-               fault: Optional[str] = None) -> tuple[list[float], list[list[float]], RankMeasurement]:
+def train_case(
+    case: RunCase, device, step_done: Callable[[], None] = lambda: None, fault: Optional[str] = None
+) -> tuple[list[float], list[list[float]], RankMeasurement]:
     """Build, parallelize and train one plan on this rank; returns the losses and the
     per-parameter squared gradient norms (both global) of every step and this rank's
     measurements. `step_done()` after each step; `fault` injects one of FAULTS."""
@@ -232,7 +237,9 @@ def _slots(modules, names: list[str]) -> list[tuple[int, object]]:
                 out.append((index[key], p))
     held = {id(p) for top in modules for p in top.parameters()}
     if held != seen:
-        raise RuntimeError(f"{len(held - seen)} of this rank's parameters belong to no module of the single-process model")
+        raise RuntimeError(
+            f"{len(held - seen)} of this rank's parameters belong to no module of the single-process model"
+        )
     return out
 
 

@@ -131,8 +131,14 @@ def _parameter_errors(run: Trajectory, ref: Trajectory) -> tuple[float, int]:
     return (errs[i] if errs else 0.0), i
 
 
-def compare(run: Trajectory, ref: Trajectory, other: Trajectory, names: list[str], tolerance: float,
-            layout_problem: str | None = None) -> Verification:
+def compare(
+    run: Trajectory,
+    ref: Trajectory,
+    other: Trajectory,
+    names: list[str],
+    tolerance: float,
+    layout_problem: str | None = None,
+) -> Verification:
     """Pass when the layout is the plan's, every step's loss and gradient norm and step 0's
     per-parameter gradient norms are within what rounding allows against `ref` (float64), `other` (the fp32
     reference) measuring the drift (see the module docstring)."""
@@ -143,21 +149,42 @@ def compare(run: Trajectory, ref: Trajectory, other: Trajectory, names: list[str
     loss_drift = [relative_error(a, b) for a, b in zip(other.losses, ref.losses)]
     norm_drift = [relative_error(a, b) for a, b in zip(other.grad_norms, ref.grad_norms)]
     loss_ok, norm_ok, param_ok = allowed(tolerance, loss_drift), allowed(tolerance, norm_drift), tolerance
-    bad = [(i, "loss", run.losses[i], ref.losses[i], e, loss_ok[i]) for i, e in enumerate(loss_err) if not e <= loss_ok[i]]
-    bad += [(i, "gradient norm", run.grad_norms[i], ref.grad_norms[i], e, norm_ok[i])
-            for i, e in enumerate(norm_err) if not e <= norm_ok[i]]
+    bad = [
+        (i, "loss", run.losses[i], ref.losses[i], e, loss_ok[i]) for i, e in enumerate(loss_err) if not e <= loss_ok[i]
+    ]
+    bad += [
+        (i, "gradient norm", run.grad_norms[i], ref.grad_norms[i], e, norm_ok[i])
+        for i, e in enumerate(norm_err)
+        if not e <= norm_ok[i]
+    ]
     if complete and run.grad_sq and not param_err <= param_ok:
-        bad.append((0, f"gradient norm of {names[param_at]}", math.sqrt(run.grad_sq[0][param_at]),
-                    math.sqrt(ref.grad_sq[0][param_at]), param_err, param_ok))
+        bad.append(
+            (
+                0,
+                f"gradient norm of {names[param_at]}",
+                math.sqrt(run.grad_sq[0][param_at]),
+                math.sqrt(ref.grad_sq[0][param_at]),
+                param_err,
+                param_ok,
+            )
+        )
     if not complete:
-        message = f"the run reported {len(run.losses)} steps of {len(run.grad_sq[0]) if run.grad_sq else 0} parameters, " \
-                  f"the reference {len(ref.losses)} of {len(names)}"
+        message = (
+            f"the run reported {len(run.losses)} steps of {len(run.grad_sq[0]) if run.grad_sq else 0} parameters, "
+            f"the reference {len(ref.losses)} of {len(names)}"
+        )
     elif layout_problem:
         message = layout_problem
     elif bad:
         i, what, got, want, err, ok = min(bad, key=lambda b: b[0])
-        why = "the same weights on both sides" if i == 0 else f"{tolerance:g} + {SENSITIVITY:g} x the fp32 reference's drift"
-        message = f"step {i}: {what} {got:.8g} against the reference's {want:.8g} (relative {err:.1e} > {ok:.2g}: {why})"
+        why = (
+            "the same weights on both sides"
+            if i == 0
+            else f"{tolerance:g} + {SENSITIVITY:g} x the fp32 reference's drift"
+        )
+        message = (
+            f"step {i}: {what} {got:.8g} against the reference's {want:.8g} (relative {err:.1e} > {ok:.2g}: {why})"
+        )
     else:
         message = (
             f"all {len(run.losses)} steps match the single-process reference: loss within {max(loss_err):.1e}, gradient norm "
@@ -166,13 +193,24 @@ def compare(run: Trajectory, ref: Trajectory, other: Trajectory, names: list[str
             f"at most {max(norm_drift, default=0.0):.1e})"
         )
     return Verification(
-        passed=complete and not layout_problem and not bad, tolerance=tolerance, sensitivity=SENSITIVITY,
-        losses=run.losses, reference_losses=ref.losses, grad_norms=run.grad_norms, reference_grad_norms=ref.grad_norms,
-        fp32_reference_losses=other.losses, fp32_reference_grad_norms=other.grad_norms,
-        reference_drift_losses=loss_drift, reference_drift_grad_norms=norm_drift,
-        allowed_loss_rel_error=loss_ok, allowed_grad_norm_rel_error=norm_ok,
-        max_loss_rel_error=max(loss_err, default=0.0), max_grad_norm_rel_error=max(norm_err, default=0.0),
-        parameters_checked=len(names), max_param_grad_rel_error=param_err, allowed_param_grad_rel_error=param_ok,
+        passed=complete and not layout_problem and not bad,
+        tolerance=tolerance,
+        sensitivity=SENSITIVITY,
+        losses=run.losses,
+        reference_losses=ref.losses,
+        grad_norms=run.grad_norms,
+        reference_grad_norms=ref.grad_norms,
+        fp32_reference_losses=other.losses,
+        fp32_reference_grad_norms=other.grad_norms,
+        reference_drift_losses=loss_drift,
+        reference_drift_grad_norms=norm_drift,
+        allowed_loss_rel_error=loss_ok,
+        allowed_grad_norm_rel_error=norm_ok,
+        max_loss_rel_error=max(loss_err, default=0.0),
+        max_grad_norm_rel_error=max(norm_err, default=0.0),
+        parameters_checked=len(names),
+        max_param_grad_rel_error=param_err,
+        allowed_param_grad_rel_error=param_ok,
         worst_parameter=names[param_at] if names else None,
         message=message,
     )

@@ -28,13 +28,36 @@ def is_hf_config(data: dict) -> bool:
 # Mixture-of-experts configs are read by their model_type (the Hugging Face modelling code the
 # field names belong to); expert fields on any other model_type are refused rather than planned
 # as a dense decoder (a Mixtral costed as a 7B "fits" on 8 GPUs).
-_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "experts_per_token",
-               "moe_intermediate_size")
+_MOE_FIELDS = (
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "experts_per_token",
+    "moe_intermediate_size",
+)
 # Fields that place experts on only some layers; our model has them on every layer after
 # first_dense_layers, so only these values (also the Hugging Face defaults) are planned.
 _EVERY_LAYER = {"qwen_moe": (("decoder_sparse_step", 1), ("mlp_only_layers", [])), "deepseek": (("moe_layer_freq", 1),)}
-_NOT_DECODERS = {"bert", "roberta", "deberta", "deberta-v2", "distilbert", "electra", "albert", "xlm-roberta", "t5", "mt5",
-                 "bart", "mbart", "pegasus", "whisper", "vit", "clip", "encoder-decoder"}
+_NOT_DECODERS = {
+    "bert",
+    "roberta",
+    "deberta",
+    "deberta-v2",
+    "distilbert",
+    "electra",
+    "albert",
+    "xlm-roberta",
+    "t5",
+    "mt5",
+    "bart",
+    "mbart",
+    "pegasus",
+    "whisper",
+    "vit",
+    "clip",
+    "encoder-decoder",
+}
 
 
 def _int(value) -> bool:
@@ -48,29 +71,37 @@ def unsupported(data: dict, name: str) -> str | None:
     experts = [key for key in _MOE_FIELDS if data.get(key) not in (None, 0, 1, False)]
     moe_types = sorted(t for t, f in FAMILIES.items() if f.moe)
     if experts and not (family and family.moe):
-        return (f"{name}: field '{experts[0]}' = {data[experts[0]]!r} with model_type {model_type!r}: a mixture-of-experts architecture "
-                f"that is not modelled (model types read: {', '.join(moe_types)}); planning it as a dense model would be wrong")
+        return (
+            f"{name}: field '{experts[0]}' = {data[experts[0]]!r} with model_type {model_type!r}: a mixture-of-experts architecture "
+            f"that is not modelled (model types read: {', '.join(moe_types)}); planning it as a dense model would be wrong"
+        )
     if model_type in _NOT_DECODERS or data.get("is_encoder_decoder"):
         field = "model_type" if model_type in _NOT_DECODERS else "is_encoder_decoder"
         return f"{name}: field '{field}' = {data.get(field)!r}: only decoder-only language models are planned"
     for key in ("vision_config", "audio_config", "text_config"):
         if key in data:
-            return (f"{name}: field '{key}': multimodal configs are not modelled; give the language model's own config "
-                    "(its text_config as a config.json of its own: the other towers are not planned)")
+            return (
+                f"{name}: field '{key}': multimodal configs are not modelled; give the language model's own config "
+                "(its text_config as a config.json of its own: the other towers are not planned)"
+            )
     archs = [a for a in data.get("architectures") or [] if isinstance(a, str)]
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         return f"{name}: field 'architectures' = {archs}: only causal language models (…ForCausalLM) are planned"
     if family is None:
         shown = repr(data["model_type"]) if "model_type" in data else "missing"
-        return (f"{name}: field 'model_type' = {shown}: not a family this reader knows (it reads {', '.join(sorted(FAMILIES))}); "
-                "write a model spec instead (planner/presets/models/*.yaml)")
+        return (
+            f"{name}: field 'model_type' = {shown}: not a family this reader knows (it reads {', '.join(sorted(FAMILIES))}); "
+            "write a model spec instead (planner/presets/models/*.yaml)"
+        )
     why = unread_field(data, model_type)
     if why:
         return f"{name}: {why}"
     for key, planned in _EVERY_LAYER.get(family.moe, ()):
         if data.get(key) not in (None, planned):
-            return (f"{name}: field '{key}' = {data[key]!r}: experts on only some layers are not modelled (only {key} = {planned!r}, "
-                    "experts on every layer after the first dense ones)")
+            return (
+                f"{name}: field '{key}' = {data[key]!r}: experts on only some layers are not modelled (only {key} = {planned!r}, "
+                "experts on every layer after the first dense ones)"
+            )
     head_dim = data.get("head_dim")
     if head_dim is not None and not (_int(head_dim) and head_dim > 0):
         return f"{name}: field 'head_dim' = {head_dim!r} is not a positive integer"
@@ -98,17 +129,31 @@ def _moe_fields(data: dict, name: str, style: str, need) -> tuple[dict, list[str
     the dense layers' MLP width, or the expert width where every layer has experts."""
     top_k = need("num_experts_per_tok", "experts_per_token") if style == "gpt_oss" else need("num_experts_per_tok")
     if style == "gpt_oss" and data.get("experts_per_token", top_k) != top_k:  # gpt-oss configs carry both spellings
-        raise UsageError(f"{name}: field 'experts_per_token' = {data['experts_per_token']!r} contradicts num_experts_per_tok = {top_k!r}")
+        raise UsageError(
+            f"{name}: field 'experts_per_token' = {data['experts_per_token']!r} contradicts num_experts_per_tok = {top_k!r}"
+        )
     if style == "deepseek":  # intermediate_size: the first_k_dense_replace dense layers' width
-        return dict(num_experts=need("n_routed_experts"), experts_per_token=top_k, moe_ffn_hidden_size=need("moe_intermediate_size"),
-                    num_shared_experts=data.get("n_shared_experts") or 0, first_dense_layers=data.get("first_k_dense_replace") or 0,
-                    ffn_hidden_size=need("intermediate_size")), _deepseek_notes(data)
+        return dict(
+            num_experts=need("n_routed_experts"),
+            experts_per_token=top_k,
+            moe_ffn_hidden_size=need("moe_intermediate_size"),
+            num_shared_experts=data.get("n_shared_experts") or 0,
+            first_dense_layers=data.get("first_k_dense_replace") or 0,
+            ffn_hidden_size=need("intermediate_size"),
+        ), _deepseek_notes(data)
     if style == "qwen_moe":  # every layer has experts (unsupported() checks it): intermediate_size is unused
         width = need("moe_intermediate_size")
-        return dict(num_experts=need("num_experts"), experts_per_token=top_k, ffn_hidden_size=width, moe_ffn_hidden_size=width,
-                    num_shared_experts=_shared_experts(data, name, width)), []
+        return dict(
+            num_experts=need("num_experts"),
+            experts_per_token=top_k,
+            ffn_hidden_size=width,
+            moe_ffn_hidden_size=width,
+            num_shared_experts=_shared_experts(data, name, width),
+        ), []
     width = need("intermediate_size")  # Mixtral, GPT-OSS: one expert's width, experts on every layer
-    experts = dict(num_experts=need("num_local_experts"), experts_per_token=top_k, ffn_hidden_size=width, moe_ffn_hidden_size=width)
+    experts = dict(
+        num_experts=need("num_local_experts"), experts_per_token=top_k, ffn_hidden_size=width, moe_ffn_hidden_size=width
+    )
     return experts, _gpt_oss_notes(data) if style == "gpt_oss" else []
 
 
@@ -116,8 +161,10 @@ def _shared_experts(data: dict, name: str, width) -> int:
     """Qwen2-MoE's shared expert is one MLP of shared_expert_intermediate_size: whole experts of `width`."""
     shared = data.get("shared_expert_intermediate_size") or 0
     if not _int(shared) or not _int(width) or shared % width:
-        raise UsageError(f"{name}: field 'shared_expert_intermediate_size' = {shared!r} is not a multiple of moe_intermediate_size "
-                         f"{width!r}: shared experts are modelled as whole experts")
+        raise UsageError(
+            f"{name}: field 'shared_expert_intermediate_size' = {shared!r} is not a multiple of moe_intermediate_size "
+            f"{width!r}: shared experts are modelled as whole experts"
+        )
     return shared // width
 
 
@@ -125,8 +172,14 @@ def _deepseek_notes(data: dict) -> list[str]:
     """DeepSeek-V3's multi-token-prediction module, which transformers does not build: left out,
     said (ModelSpec.mtp_layers plans it)."""
     k = data.get("num_nextn_predict_layers")
-    return [f"the {k} multi-token-prediction module(s) (num_nextn_predict_layers) not planned: transformers builds none; "
-            f"mtp_layers: {k} plans Megatron-Core's"] if k else []
+    return (
+        [
+            f"the {k} multi-token-prediction module(s) (num_nextn_predict_layers) not planned: transformers builds none; "
+            f"mtp_layers: {k} plans Megatron-Core's"
+        ]
+        if k
+        else []
+    )
 
 
 def _gpt_oss_notes(data: dict) -> list[str]:
@@ -155,9 +208,13 @@ def _parse(data: dict, path: Path, text: str, name: str | None = None) -> ModelS
         wrong = [k for k, v in derived.items() if isinstance(v, bool) or v != own[k]]
         if wrong:
             k = wrong[0]
-            kind = "" if isinstance(derived[k], (int, float)) and not isinstance(derived[k], bool) else " (not a number)"
-            raise UsageError(f"{path}: {k} {short_text(json.dumps(derived[k]))}{kind} is not this spec's ({own[k]:,}); it is "
-                             f"derived from the other fields (`plan presets --json` writes it): drop it")
+            kind = (
+                "" if isinstance(derived[k], (int, float)) and not isinstance(derived[k], bool) else " (not a number)"
+            )
+            raise UsageError(
+                f"{path}: {k} {short_text(json.dumps(derived[k]))}{kind} is not this spec's ({own[k]:,}); it is "
+                f"derived from the other fields (`plan presets --json` writes it): drop it"
+            )
     return model
 
 
@@ -186,8 +243,10 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path not in model_presets() and kind == "directory":
         config = path / "config.json"
         if missing(config):  # anything else there (a FIFO, a loop) read_mapping refuses by name
-            raise UsageError(f"{name_or_path} is a directory without a config.json; give a Hugging Face model directory, "
-                             "or the path of a .json/.yaml spec")
+            raise UsageError(
+                f"{name_or_path} is a directory without a config.json; give a Hugging Face model directory, "
+                "or the path of a .json/.yaml spec"
+            )
         data, text = read_mapping(config)
         return _parse(data, config, text)
     if name_or_path in model_presets() or kind or path.suffix in (".json", ".yaml", ".yml"):
@@ -260,7 +319,9 @@ def find_in_hub_cache(name: str) -> HubSnapshot | None:
         matches = [d for d in cached if d.lower().endswith("--" + name.lower()) or d.lower() == folder.lower()]
     ids = sorted(d.removeprefix("models--").replace("--", "/") for d in matches)
     if len(matches) > 1:
-        raise UsageError(f"{name} is ambiguous: the Hugging Face cache {cache} holds {', '.join(ids)}; give one of them")
+        raise UsageError(
+            f"{name} is ambiguous: the Hugging Face cache {cache} holds {', '.join(ids)}; give one of them"
+        )
     if not matches:
         if "/" not in name:
             return None
@@ -285,13 +346,21 @@ def _snapshot(repo: Path, repo_id: str) -> HubSnapshot:
             snapshots = repo / "snapshots"
             found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()] if snapshots.is_dir() else []
             if not found:
-                raise UsageError(f"{repo_id} is in the Hugging Face cache ({repo}) without a config.json; fetch it with {fetch}")
+                raise UsageError(
+                    f"{repo_id} is in the Hugging Face cache ({repo}) without a config.json; fetch it with {fetch}"
+                )
             newest = max(found, key=lambda d: (d.stat().st_mtime, d.name))
             revision = newest.name
-            chosen_by = "the only snapshot" if len(found) == 1 else f"the newest of {len(found)} snapshots, there is no refs/main"
+            chosen_by = (
+                "the only snapshot"
+                if len(found) == 1
+                else f"the newest of {len(found)} snapshots, there is no refs/main"
+            )
     except OSError as exc:
         raise UsageError(f"cannot read {repo} in the Hugging Face cache: {exc.strerror or exc}") from None
     config = repo / "snapshots" / revision / "config.json"
     if not config.is_file():
-        raise UsageError(f"{repo_id} revision {revision} ({chosen_by}) has no config.json in the Hugging Face cache; fetch it with {fetch}")
+        raise UsageError(
+            f"{repo_id} revision {revision} ({chosen_by}) has no config.json in the Hugging Face cache; fetch it with {fetch}"
+        )
     return HubSnapshot(repo_id, revision, chosen_by, config)

@@ -53,17 +53,61 @@ class Family:
 
 
 # Fields every rotary decoder below reads (LlamaConfig's names).
-_DECODER = frozenset({"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-                      "vocab_size", "max_position_embeddings", "head_dim", "hidden_act", "tie_word_embeddings", "attention_bias",
-                      "attention_dropout"})
+_DECODER = frozenset(
+    {
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "head_dim",
+        "hidden_act",
+        "tie_word_embeddings",
+        "attention_bias",
+        "attention_dropout",
+    }
+)
 _QWEN_WINDOWS = frozenset({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"})
-_QWEN_MOE = frozenset({"num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
-                       "decoder_sparse_step", "mlp_only_layers"})
-_DEEPSEEK = frozenset({"n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
-                       "moe_layer_freq", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                       "qk_head_dim", "num_nextn_predict_layers", "mlp_bias"})
-_GEMMA = frozenset({"hidden_activation", "sliding_window", "layer_types", "final_logit_softcapping", "attn_logit_softcapping",
-                    "use_bidirectional_attention"})
+_QWEN_MOE = frozenset(
+    {
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+    }
+)
+_DEEPSEEK = frozenset(
+    {
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "moe_layer_freq",
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "qk_head_dim",
+        "num_nextn_predict_layers",
+        "mlp_bias",
+    }
+)
+_GEMMA = frozenset(
+    {
+        "hidden_activation",
+        "sliding_window",
+        "layer_types",
+        "final_logit_softcapping",
+        "attn_logit_softcapping",
+        "use_bidirectional_attention",
+    }
+)
 _NO_WINDOW = {"sliding_window": None}
 # Defaults every configuration class below shares unless its Family says otherwise.
 _DEFAULTS = {"hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0}
@@ -71,90 +115,289 @@ _QWEN_WINDOW = {"use_sliding_window": False, "sliding_window": 4096, "max_window
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(_DECODER | {"mlp_bias"}, biases="attention+mlp"),
-    "mistral": Family(_DECODER | {"sliding_window"}, {"num_key_value_heads": 8, "sliding_window": 4096}, biases="none", windows="all"),
-    "mixtral": Family(_DECODER | {"sliding_window", "num_local_experts", "num_experts_per_tok"}, {"num_key_value_heads": 8, **_NO_WINDOW},
-                      biases="none", windows="all", moe="mixtral"),
-    "qwen2": Family(_DECODER | _QWEN_WINDOWS, {"num_key_value_heads": 32, **_QWEN_WINDOW}, biases="qkv", windows="above"),
-    "qwen2_moe": Family(_DECODER | _QWEN_WINDOWS | _QWEN_MOE | {"qkv_bias"}, {"num_key_value_heads": 16, "qkv_bias": True, **_QWEN_WINDOW},
-                        biases="qkv", windows="odd_below", moe="qwen_moe"),
-    "qwen3": Family(_DECODER | _QWEN_WINDOWS, {"num_key_value_heads": 32, "head_dim": 128, **_QWEN_WINDOW}, qk_norm=True, windows="above"),
+    "mistral": Family(
+        _DECODER | {"sliding_window"}, {"num_key_value_heads": 8, "sliding_window": 4096}, biases="none", windows="all"
+    ),
+    "mixtral": Family(
+        _DECODER | {"sliding_window", "num_local_experts", "num_experts_per_tok"},
+        {"num_key_value_heads": 8, **_NO_WINDOW},
+        biases="none",
+        windows="all",
+        moe="mixtral",
+    ),
+    "qwen2": Family(
+        _DECODER | _QWEN_WINDOWS, {"num_key_value_heads": 32, **_QWEN_WINDOW}, biases="qkv", windows="above"
+    ),
+    "qwen2_moe": Family(
+        _DECODER | _QWEN_WINDOWS | _QWEN_MOE | {"qkv_bias"},
+        {"num_key_value_heads": 16, "qkv_bias": True, **_QWEN_WINDOW},
+        biases="qkv",
+        windows="odd_below",
+        moe="qwen_moe",
+    ),
+    "qwen3": Family(
+        _DECODER | _QWEN_WINDOWS,
+        {"num_key_value_heads": 32, "head_dim": 128, **_QWEN_WINDOW},
+        qk_norm=True,
+        windows="above",
+    ),
     # Qwen3-MoE's configs carry max_window_layers, which its modelling code does not read
-    "qwen3_moe": Family(_DECODER | _QWEN_WINDOWS | _QWEN_MOE, {"num_key_value_heads": 4, **_QWEN_WINDOW}, qk_norm=True, windows="every",
-                        moe="qwen_moe"),
+    "qwen3_moe": Family(
+        _DECODER | _QWEN_WINDOWS | _QWEN_MOE,
+        {"num_key_value_heads": 4, **_QWEN_WINDOW},
+        qk_norm=True,
+        windows="every",
+        moe="qwen_moe",
+    ),
     # Gemma: GeGLU (hidden_act "gelu" in the first releases meant the tanh approximation: GemmaConfig)
-    "gemma": Family(_DECODER | {"hidden_activation", "use_bidirectional_attention"},
-                    {"num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
-    "gemma2": Family(_DECODER | _GEMMA, {"num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
-                                         "tie_word_embeddings": True, "sliding_window": 4096, "final_logit_softcapping": 30.0,
-                                         "attn_logit_softcapping": 50.0},
-                     activation_key="hidden_activation", norms_per_layer=4, windows="alternate"),
-    "gemma3_text": Family(_DECODER | _GEMMA | {"sliding_window_pattern", "_sliding_window_pattern"},
-                          {"num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
-                           "sliding_window": 4096},
-                          activation_key="hidden_activation", norms_per_layer=4, qk_norm=True, windows="pattern"),
+    "gemma": Family(
+        _DECODER | {"hidden_activation", "use_bidirectional_attention"},
+        {"num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True},
+    ),
+    "gemma2": Family(
+        _DECODER | _GEMMA,
+        {
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "sliding_window": 4096,
+            "final_logit_softcapping": 30.0,
+            "attn_logit_softcapping": 50.0,
+        },
+        activation_key="hidden_activation",
+        norms_per_layer=4,
+        windows="alternate",
+    ),
+    "gemma3_text": Family(
+        _DECODER | _GEMMA | {"sliding_window_pattern", "_sliding_window_pattern"},
+        {
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "sliding_window": 4096,
+        },
+        activation_key="hidden_activation",
+        norms_per_layer=4,
+        qk_norm=True,
+        windows="pattern",
+    ),
     # Phi-3: q, k, v fused into qkv_proj and gate, up into gate_up_proj: the GEMMs the cost model
     # prices already (one of h x (q + 2 kv), one of h x 2f).
-    "phi3": Family(_DECODER | {"sliding_window", "resid_pdrop", "embd_pdrop"}, _NO_WINDOW, biases="none", windows="all"),
-    "deepseek_v2": Family(_DECODER | _DEEPSEEK, {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-                                                 "qk_rope_head_dim": 64, "v_head_dim": 128}, moe="deepseek", mla=True),
-    "deepseek_v3": Family(_DECODER | _DEEPSEEK, {"num_key_value_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536,
-                                                 "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
-                          moe="deepseek", mla=True),
-    "gpt_oss": Family(_DECODER | {"sliding_window", "layer_types", "num_local_experts", "num_experts_per_tok", "experts_per_token",
-                                  "swiglu_limit"},
-                      {"num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128, "attention_bias": True, "swiglu_limit": 7.0},
-                      biases="all", windows="alternate", moe="gpt_oss"),
+    "phi3": Family(
+        _DECODER | {"sliding_window", "resid_pdrop", "embd_pdrop"}, _NO_WINDOW, biases="none", windows="all"
+    ),
+    "deepseek_v2": Family(
+        _DECODER | _DEEPSEEK,
+        {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+        moe="deepseek",
+        mla=True,
+    ),
+    "deepseek_v3": Family(
+        _DECODER | _DEEPSEEK,
+        {
+            "num_key_value_heads": 128,
+            "kv_lora_rank": 512,
+            "q_lora_rank": 1536,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+        },
+        moe="deepseek",
+        mla=True,
+    ),
+    "gpt_oss": Family(
+        _DECODER
+        | {
+            "sliding_window",
+            "layer_types",
+            "num_local_experts",
+            "num_experts_per_tok",
+            "experts_per_token",
+            "swiglu_limit",
+        },
+        {"num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128, "attention_bias": True, "swiglu_limit": 7.0},
+        biases="all",
+        windows="alternate",
+        moe="gpt_oss",
+    ),
     # OLMo 2 normalises the attention and MLP outputs instead of their inputs: two norms, as costed.
     "olmo2": Family(_DECODER, qk_norm=True),
-    "gpt_neox": Family(_DECODER | {"hidden_dropout", "layer_norm_eps"}, {"hidden_act": "gelu", "attention_bias": True},
-                       gated=False, biases="all"),
-    "gpt2": Family(frozenset({"n_layer", "n_embd", "n_head", "n_inner", "n_positions", "n_ctx", "vocab_size", "activation_function",
-                              "resid_pdrop", "embd_pdrop", "attn_pdrop", "tie_word_embeddings", "layer_norm_epsilon", "add_cross_attention"}),
-                   {"activation_function": "gelu_new", "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "tie_word_embeddings": True},
-                   gated=False, activation_key="activation_function", biases="all"),
+    "gpt_neox": Family(
+        _DECODER | {"hidden_dropout", "layer_norm_eps"},
+        {"hidden_act": "gelu", "attention_bias": True},
+        gated=False,
+        biases="all",
+    ),
+    "gpt2": Family(
+        frozenset(
+            {
+                "n_layer",
+                "n_embd",
+                "n_head",
+                "n_inner",
+                "n_positions",
+                "n_ctx",
+                "vocab_size",
+                "activation_function",
+                "resid_pdrop",
+                "embd_pdrop",
+                "attn_pdrop",
+                "tie_word_embeddings",
+                "layer_norm_epsilon",
+                "add_cross_attention",
+            }
+        ),
+        {
+            "activation_function": "gelu_new",
+            "resid_pdrop": 0.1,
+            "embd_pdrop": 0.1,
+            "attn_pdrop": 0.1,
+            "tie_word_embeddings": True,
+        },
+        gated=False,
+        activation_key="activation_function",
+        biases="all",
+    ),
 }
 # GPT-2's field names -> the decoder names the reader uses (GPT2Config's attribute_map).
-_GPT2_NAMES = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
-               "n_positions": "max_position_embeddings"}
+_GPT2_NAMES = {
+    "n_layer": "num_hidden_layers",
+    "n_embd": "hidden_size",
+    "n_head": "num_attention_heads",
+    "n_inner": "intermediate_size",
+    "n_positions": "max_position_embeddings",
+}
 
 # Fields that change nothing the cost model prices, and why.
 _WHY = {
-    "bookkeeping": ("_name_or_path", "_commit_hash", "architectures", "model_type", "transformers_version", "auto_map", "torch_dtype",
-                    "dtype", "use_cache", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
-                    "tf_legacy_loss", "id2label", "label2id", "num_labels", "problem_type", "finetuning_task", "tokenizer_class",
-                    "prefix", "task_specific_params", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
-                    "decoder_start_token_id", "is_decoder", "_attn_implementation", "attn_implementation",
-                    "_attn_implementation_autoset", "initializer_range", "initializer_factor", "cache_implementation",
-                    "quantization_config"),
+    "bookkeeping": (
+        "_name_or_path",
+        "_commit_hash",
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "auto_map",
+        "torch_dtype",
+        "dtype",
+        "use_cache",
+        "return_dict",
+        "output_hidden_states",
+        "output_attentions",
+        "torchscript",
+        "use_bfloat16",
+        "tf_legacy_loss",
+        "id2label",
+        "label2id",
+        "num_labels",
+        "problem_type",
+        "finetuning_task",
+        "tokenizer_class",
+        "prefix",
+        "task_specific_params",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "is_decoder",
+        "_attn_implementation",
+        "attn_implementation",
+        "_attn_implementation_autoset",
+        "initializer_range",
+        "initializer_factor",
+        "cache_implementation",
+        "quantization_config",
+    ),
     "generation defaults (transformers drops them from the model's config)": (
-        "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
-        "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-        "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate",
-        "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-        "suppress_tokens", "begin_suppress_tokens"),
+        "max_length",
+        "min_length",
+        "do_sample",
+        "early_stopping",
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "temperature",
+        "top_k",
+        "top_p",
+        "typical_p",
+        "repetition_penalty",
+        "length_penalty",
+        "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size",
+        "bad_words_ids",
+        "num_return_sequences",
+        "output_scores",
+        "return_dict_in_generate",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "remove_invalid_values",
+        "exponential_decay_length_penalty",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+    ),
     "rotary frequencies: the rotation costs the same whatever they are (rope_scaling's long-context extension too, "
     "but for YaRN's attention factor, read from it); rope_theta and rope_scaling are read for the exports": (
-        "rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_freq", "rope_interleave", "original_max_position_embeddings",
-        "rotary_emb_base", "initial_context_length", "use_mrope"),
-    "rotary on part of each head: costed as on all of it (a few bytes an element)": ("partial_rotary_factor", "rotary_pct"),
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "rope_local_base_freq",
+        "rope_interleave",
+        "original_max_position_embeddings",
+        "rotary_emb_base",
+        "initial_context_length",
+        "use_mrope",
+    ),
+    "rotary on part of each head: costed as on all of it (a few bytes an element)": (
+        "partial_rotary_factor",
+        "rotary_pct",
+    ),
     "a norm's epsilon": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
-    "a scale on the attention scores": ("query_pre_attn_scalar", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
-                                        "reorder_and_upcast_attn"),
+    "a scale on the attention scores": (
+        "query_pre_attn_scalar",
+        "scale_attn_weights",
+        "scale_attn_by_inverse_layer_idx",
+        "reorder_and_upcast_attn",
+    ),
     "how the router picks and weights experts, and its auxiliary loss: the same experts' work": (
-        "router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "norm_topk_prob", "routed_scaling_factor",
-        "scoring_func", "topk_method", "n_group", "topk_group", "aux_loss_alpha", "seq_aux", "ep_size"),
+        "router_aux_loss_coef",
+        "output_router_logits",
+        "router_jitter_noise",
+        "norm_topk_prob",
+        "routed_scaling_factor",
+        "scoring_func",
+        "topk_method",
+        "n_group",
+        "topk_group",
+        "aux_loss_alpha",
+        "seq_aux",
+        "ep_size",
+    ),
     "GPT-OSS's SwiGLU slope: the same element-wise operators": ("swiglu_alpha",),
     "GPT-NeoX's parallel attention and MLP: the same operators": ("use_parallel_residual",),
     "Llama's sliced matmuls that reproduce pretraining numerics: the same GEMM work": ("pretraining_tp",),
-    "heads other than the causal LM's": ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-                                         "summary_first_dropout", "classifier_dropout"),
+    "heads other than the causal LM's": (
+        "summary_type",
+        "summary_use_proj",
+        "summary_activation",
+        "summary_proj_to_labels",
+        "summary_first_dropout",
+        "classifier_dropout",
+    ),
     "Gemma 2's copy of sliding_window from before layer_types": ("sliding_window_size",),
 }
 COST_FREE: dict[str, str] = {key: why for why, keys in _WHY.items() for key in keys}
 # Fields of every configuration planned at one value only (PretrainedConfig's; Gemma's).
-_PLANNED_AT = {"is_encoder_decoder": (False,), "add_cross_attention": (False,), "tie_encoder_decoder": (False,),
-               "cross_attention_hidden_size": (None,), "chunk_size_feed_forward": (0,), "pruned_heads": ({},),
-               "use_bidirectional_attention": (None, False)}
+_PLANNED_AT = {
+    "is_encoder_decoder": (False,),
+    "add_cross_attention": (False,),
+    "tie_encoder_decoder": (False,),
+    "cross_attention_hidden_size": (None,),
+    "chunk_size_feed_forward": (0,),
+    "pruned_heads": ({},),
+    "use_bidirectional_attention": (None, False),
+}
 # Fields whose shapes have no family default: a config without one is refused, naming it.
 _SHAPE = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings")
 _SILU = ("silu", "swish")
@@ -167,8 +410,10 @@ def unread_field(data: dict, model_type: str) -> str | None:
     fam = FAMILIES[model_type]
     for key in data:
         if key not in fam.fields and key not in COST_FREE and key not in _PLANNED_AT:
-            return (f"field '{key}' is not one this reader knows for model_type {model_type!r}; if it does not change the "
-                    "architecture, remove it from a copy of the config.json, else write a model spec (planner/presets/models/*.yaml)")
+            return (
+                f"field '{key}' is not one this reader knows for model_type {model_type!r}; if it does not change the "
+                "architecture, remove it from a copy of the config.json, else write a model spec (planner/presets/models/*.yaml)"
+            )
     for key, planned in _PLANNED_AT.items():
         if key in data and data[key] not in planned:
             return f"field '{key}' = {data[key]!r} is not modelled (only {' or '.join(map(repr, planned))})"
@@ -191,22 +436,66 @@ _LAYERS, _WIDTH = _count(1, MAX_LAYERS), _count(1, MAX_WIDTH)
 _PROBABILITY = ("number", 0.0, 1.0)
 FIELD_KINDS: dict[str, tuple] = {
     **dict.fromkeys(("num_hidden_layers", "n_layer"), _LAYERS),
-    **dict.fromkeys(("hidden_size", "n_embd", "intermediate_size", "n_inner", "head_dim", "moe_intermediate_size", "kv_lora_rank",
-                     "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim"), _WIDTH),
-    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_experts", "num_local_experts", "n_routed_experts",
-                     "num_experts_per_tok", "experts_per_token"), _count(1, MAX_COUNT)),
-    **dict.fromkeys(("decoder_sparse_step", "moe_layer_freq", "sliding_window_pattern", "_sliding_window_pattern"), _LAYERS),
-    **dict.fromkeys(("max_window_layers", "first_k_dense_replace", "num_nextn_predict_layers", "n_shared_experts"), _count(0, MAX_LAYERS)),
+    **dict.fromkeys(
+        (
+            "hidden_size",
+            "n_embd",
+            "intermediate_size",
+            "n_inner",
+            "head_dim",
+            "moe_intermediate_size",
+            "kv_lora_rank",
+            "q_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "qk_head_dim",
+        ),
+        _WIDTH,
+    ),
+    **dict.fromkeys(
+        (
+            "num_attention_heads",
+            "n_head",
+            "num_key_value_heads",
+            "num_experts",
+            "num_local_experts",
+            "n_routed_experts",
+            "num_experts_per_tok",
+            "experts_per_token",
+        ),
+        _count(1, MAX_COUNT),
+    ),
+    **dict.fromkeys(
+        ("decoder_sparse_step", "moe_layer_freq", "sliding_window_pattern", "_sliding_window_pattern"), _LAYERS
+    ),
+    **dict.fromkeys(
+        ("max_window_layers", "first_k_dense_replace", "num_nextn_predict_layers", "n_shared_experts"),
+        _count(0, MAX_LAYERS),
+    ),
     "shared_expert_intermediate_size": _count(0, MAX_WIDTH),
     "vocab_size": _count(1, MAX_VOCAB),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "sliding_window"), _count(1, MAX_SEQ_LEN)),
-    **dict.fromkeys(("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "use_sliding_window", "add_cross_attention",
-                     "use_bidirectional_attention", "is_encoder_decoder"), ("bool",)),
+    **dict.fromkeys(
+        (
+            "tie_word_embeddings",
+            "attention_bias",
+            "mlp_bias",
+            "qkv_bias",
+            "use_sliding_window",
+            "add_cross_attention",
+            "use_bidirectional_attention",
+            "is_encoder_decoder",
+        ),
+        ("bool",),
+    ),
     **dict.fromkeys(("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"), _PROBABILITY),
     **dict.fromkeys(("final_logit_softcapping", "attn_logit_softcapping", "swiglu_limit"), ("number", 1e-6, 1e6)),
     **dict.fromkeys(("layer_norm_eps", "layer_norm_epsilon"), ("number", 0.0, 1.0)),
     **dict.fromkeys(("hidden_act", "hidden_activation", "activation_function", "model_type"), ("name",)),
-    "layer_types": ("names",), "architectures": ("names",), "mlp_only_layers": ("counts",),
+    "layer_types": ("names",),
+    "architectures": ("names",),
+    "mlp_only_layers": ("counts",),
     **dict.fromkeys(("torch_dtype", "dtype"), ("dtype",)),
     "quantization_config": ("mapping",),
 }
@@ -241,7 +530,9 @@ def _kind_problem(kind: tuple, value) -> str | None:
         lo, hi = kind[1], kind[2]
         if not number or (tag == "integer" and not isinstance(value, int)) or not lo <= value <= hi:
             what = "an integer" if tag == "integer" else "a number"
-            return f"must be {what} from {lo:,} to {hi:,}" if tag == "integer" else f"must be {what} from {lo:g} to {hi:g}"
+            return (
+                f"must be {what} from {lo:,} to {hi:,}" if tag == "integer" else f"must be {what} from {lo:g} to {hi:g}"
+            )
         return None
     if tag == "bool":
         return None if isinstance(value, bool) else "must be true or false"
@@ -251,13 +542,17 @@ def _kind_problem(kind: tuple, value) -> str | None:
         ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
         return None if ok else "must be a list of names (strings)"
     if tag == "counts":
-        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_LAYERS for v in value)
+        ok = isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_LAYERS for v in value
+        )
         return None if ok else "must be a list of layer numbers"
     if tag == "dtype":
         if value in _STORED:
             return None
-        return (f"a checkpoint stored as {value!r} is not planned: planning is for 16-bit mixed precision from a "
-                f"{', '.join(_STORED)} checkpoint; give one of those in a copy of the config.json, or write a model spec")
+        return (
+            f"a checkpoint stored as {value!r} is not planned: planning is for 16-bit mixed precision from a "
+            f"{', '.join(_STORED)} checkpoint; give one of those in a copy of the config.json, or write a model spec"
+        )
     return None if isinstance(value, dict) else "must be a mapping"
 
 
@@ -291,28 +586,49 @@ def read_decoder(data: dict, model_type: str, name: str, moe_fields: Callable) -
     layers = c.need("num_hidden_layers")
     linear_bias, notes = _biases(c, layers)
     spec = dict(
-        name=name, num_layers=layers, hidden_size=h, num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
-        ffn_hidden_size=None if fam.moe else ((c.get("intermediate_size") or 4 * h) if model_type == "gpt2" else c.need("intermediate_size")),
-        vocab_size=c.need("vocab_size"), max_seq_len=c.need("max_position_embeddings", "n_ctx"), activation=_activation(c),
-        tied_embeddings=bool(c.get("tie_word_embeddings")), learned_position_embeddings=model_type == "gpt2",
-        linear_bias=linear_bias, norm="layernorm" if model_type in ("gpt2", "gpt_neox") else "rmsnorm",
-        norms_per_layer=fam.norms_per_layer, qk_norm=fam.qk_norm, dropout=_dropout(c),
-        logit_softcapping=c.get("final_logit_softcapping") is not None, param_dtype="bf16",
+        name=name,
+        num_layers=layers,
+        hidden_size=h,
+        num_heads=heads,
+        num_kv_heads=c.get("num_key_value_heads") or heads,
+        ffn_hidden_size=None
+        if fam.moe
+        else ((c.get("intermediate_size") or 4 * h) if model_type == "gpt2" else c.need("intermediate_size")),
+        vocab_size=c.need("vocab_size"),
+        max_seq_len=c.need("max_position_embeddings", "n_ctx"),
+        activation=_activation(c),
+        tied_embeddings=bool(c.get("tie_word_embeddings")),
+        learned_position_embeddings=model_type == "gpt2",
+        linear_bias=linear_bias,
+        norm="layernorm" if model_type in ("gpt2", "gpt_neox") else "rmsnorm",
+        norms_per_layer=fam.norms_per_layer,
+        qk_norm=fam.qk_norm,
+        dropout=_dropout(c),
+        logit_softcapping=c.get("final_logit_softcapping") is not None,
+        param_dtype="bf16",
         source=f"Hugging Face config.json ({model_type} style)",
     )
     head_dim = None if fam.mla else c.get("head_dim")
     if head_dim is not None and head_dim * heads != h:
         spec["attention_head_dim"] = head_dim  # Qwen3, Gemma, GPT-OSS: heads of their own width
     if fam.mla:  # DeepSeek-V2/V3: multi-head latent attention (its own key and value for every head)
-        spec.update(num_kv_heads=None, attention_head_dim=c.need("qk_nope_head_dim"), kv_lora_rank=c.need("kv_lora_rank"),
-                    q_lora_rank=c.get("q_lora_rank"), qk_rope_head_dim=c.need("qk_rope_head_dim"), v_head_dim=c.need("v_head_dim"))
+        spec.update(
+            num_kv_heads=None,
+            attention_head_dim=c.need("qk_nope_head_dim"),
+            kv_lora_rank=c.need("kv_lora_rank"),
+            q_lora_rank=c.get("q_lora_rank"),
+            qk_rope_head_dim=c.need("qk_rope_head_dim"),
+            v_head_dim=c.need("v_head_dim"),
+        )
         if c.data.get("qk_head_dim") not in (None, spec["attention_head_dim"] + spec["qk_rope_head_dim"]):
             c.refuse("qk_head_dim", "it is not qk_nope_head_dim + qk_rope_head_dim; fix the config")
     spec["sliding_window"], spec["sliding_window_layers"] = _windows(c, layers)
     if model_type == "gpt_oss":  # GptOssExperts clamps the gate and up halves at swiglu_limit (null: the default)
         limit = c.data.get("swiglu_limit")
         spec["glu_limit"] = float(c.fam.defaults["swiglu_limit"] if limit is None else limit)
-    if not spec["learned_position_embeddings"]:  # a rotary model's YaRN factor (ModelSpec refuses one with learned positions)
+    if not spec[
+        "learned_position_embeddings"
+    ]:  # a rotary model's YaRN factor (ModelSpec refuses one with learned positions)
         spec["rope_attention_factor"] = _rope_attention_factor(c)
         spec["rope_theta"], spec["rope_scaling"] = _rope(c)
     if c.fam.biases == "qkv" and (c.model_type != "qwen2_moe" or c.get("qkv_bias")):
@@ -347,7 +663,10 @@ def _rope(c: _Config) -> tuple[float, Optional[dict]]:
         if factor is None and rope.get("original_max_position_embeddings"):
             factor = (c.get("max_position_embeddings") or 1) / rope["original_max_position_embeddings"]
         out = {"rope_type": kind, "factor": 1.0 if factor is None else factor}
-        parts = {"llama3": ("low_freq_factor", "high_freq_factor"), "yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")}
+        parts = {
+            "llama3": ("low_freq_factor", "high_freq_factor"),
+            "yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"),
+        }
         parts = (*parts.get(kind, ()), "original_max_position_embeddings")
         out.update({k: rope[k] for k in parts if rope.get(k) is not None})
         for part, value in out.items():
@@ -374,8 +693,13 @@ def _rope_attention_factor(c: _Config) -> float:
     else:
         return 1.0
     values = {}
-    for part, lo in (("factor", 1e-6), ("attention_factor", 1e-6), ("mscale", 0.0), ("mscale_all_dim", 0.0),
-                     ("original_max_position_embeddings", 1)):
+    for part, lo in (
+        ("factor", 1e-6),
+        ("attention_factor", 1e-6),
+        ("mscale", 0.0),
+        ("mscale_all_dim", 0.0),
+        ("original_max_position_embeddings", 1),
+    ):
         value = rope.get(part)
         if value is not None and _kind_problem(("number", lo, 1e6), value):
             c.refuse(key, f"its {part} {value!r} must be a number from {lo:g} to 1e+06")
@@ -418,13 +742,20 @@ def _biases(c: _Config, layers: int) -> tuple[bool, list[str]]:
         return True, []
     if kind == "none":  # Mistral, Mixtral, Phi-3: the modelling code builds no bias
         if c.data.get("attention_bias"):
-            c.refuse("attention_bias", f"the {c.model_type} modelling code builds no biases; remove it, or write a model spec")
+            c.refuse(
+                "attention_bias",
+                f"the {c.model_type} modelling code builds no biases; remove it, or write a model spec",
+            )
         return False, []
     if kind == "qkv":  # Qwen2: biases on q, k and v only (Qwen2Attention), 2-MoE behind qkv_bias: ModelSpec.qkv_bias
         return False, []
     attention = bool(c.get("attention_bias"))
     mlp = bool(c.get("mlp_bias")) if kind == "attention+mlp" else False
-    note = [f"attention_bias {attention}, mlp_bias {mlp}: biases counted on every linear layer"] if attention != mlp else []
+    note = (
+        [f"attention_bias {attention}, mlp_bias {mlp}: biases counted on every linear layer"]
+        if attention != mlp
+        else []
+    )
     return attention or mlp, note
 
 
@@ -463,7 +794,9 @@ def _window_layer(c: _Config, rule: str, i: int) -> bool:
         return bool((i + 1) % 2) and i < c.get("max_window_layers")
     if rule == "alternate":  # Gemma 2, GPT-OSS: sliding, full, sliding, ...
         return bool((i + 1) % 2)
-    pattern = c.data.get("sliding_window_pattern", c.data.get("_sliding_window_pattern", 6))  # Gemma 3: 5 sliding, 1 full
+    pattern = c.data.get(
+        "sliding_window_pattern", c.data.get("_sliding_window_pattern", 6)
+    )  # Gemma 3: 5 sliding, 1 full
     return bool((i + 1) % pattern)
 
 
@@ -471,16 +804,22 @@ def _checkpoint_notes(c: _Config, layers: int, h: int) -> list[str]:
     """What the spec leaves out or reads differently, for the source."""
     notes = []
     if c.get("attn_logit_softcapping") is not None:
-        notes.append("attention logit soft-capping (attn_logit_softcapping) not costed: a tanh per score inside the attention kernel")
+        notes.append(
+            "attention logit soft-capping (attn_logit_softcapping) not costed: a tanh per score inside the attention kernel"
+        )
     if c.model_type == "olmo2":
         heads = c.need("num_attention_heads")
         d = c.get("head_dim") or h // heads
         extra = layers * d * (heads + (c.get("num_key_value_heads") or heads) - 2)
-        notes.append(f"QK-norm weights counted per head (Qwen3's), OLMo 2's span all heads: {extra / 1e6:.2f}M parameters more")
+        notes.append(
+            f"QK-norm weights counted per head (Qwen3's), OLMo 2's span all heads: {extra / 1e6:.2f}M parameters more"
+        )
     stored = c.data.get("torch_dtype") or c.data.get("dtype")
     if stored and stored != "bfloat16":
         notes.append(f"checkpoint stored as {stored} (torch_dtype); planned in bf16 mixed precision unless --precision")
     quant = c.data.get("quantization_config")
     if isinstance(quant, dict):
-        notes.append(f"checkpoint quantized ({quant.get('quant_method', '?')}); planned at 16 bits (--fp8 plans FP8 GEMMs)")
+        notes.append(
+            f"checkpoint quantized ({quant.get('quant_method', '?')}); planned at 16 bits (--fp8 plans FP8 GEMMs)"
+        )
     return notes

@@ -78,10 +78,14 @@ def modeled_communication(stack: StackTiming, cluster: ClusterSpec, model: Model
         return stack.layers * (lc.tp_forward + lc.tp_backward)
     e = DTYPE_BYTES[job.precision]
     params = layer_costs(model, cluster, job, stack.micro_batch_size, 1, False, link).params
-    costs = tuple(link.coefficients(c) for c in (Collective.all_reduce, Collective.all_gather, Collective.reduce_scatter))
+    costs = tuple(
+        link.coefficients(c) for c in (Collective.all_reduce, Collective.all_gather, Collective.reduce_scatter)
+    )
     dp = DataParallel(stack.dp, 3, cluster.overlap_efficiency, e, params * e, costs)  # costs in DataParallel's order
     fwd, bwd = stack.plain_forward_s / stack.layers, stack.plain_backward_s / stack.layers
-    exposure = dp_exposure(dp, Linear.per_layer(0.0, params), Linear.per_layer(0.0, fwd), Linear.per_layer(0.0, fwd + bwd))
+    exposure = dp_exposure(
+        dp, Linear.per_layer(0.0, params), Linear.per_layer(0.0, fwd), Linear.per_layer(0.0, fwd + bwd)
+    )
     return exposure.values((stack.layers, 0, 0))[0]
 
 
@@ -125,7 +129,14 @@ def fit_call_overheads(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, sta
 
 
 def time_stacks(
-    model: ModelSpec, device, micro_batch: int, seq_len: int, tp: int, reps: int, warmup: int, sync: Callable[[], None],
+    model: ModelSpec,
+    device,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    reps: int,
+    warmup: int,
+    sync: Callable[[], None],
     lockstep,
 ) -> list[StackTiming]:
     """Every rank calls this: the TP stack over tp ranks (when tp > 1), the ZeRO-3 stack over
@@ -150,7 +161,9 @@ def time_stacks(
         return s.to(device)
 
     def layout(dp: int, t: int, zero: int) -> tuple[Plan, object]:
-        plan = Plan(dp=dp, tp=t, pp=1, micro_batch_size=micro_batch, num_micro_batches=1, zero_stage=zero, layers_per_stage=[k])
+        plan = Plan(
+            dp=dp, tp=t, pp=1, micro_batch_size=micro_batch, num_micro_batches=1, zero_stage=zero, layers_per_stage=[k]
+        )
         return plan, par.build_mesh(plan, device.type)
 
     variants: dict[str, object] = {"plain": stack()}
@@ -189,7 +202,9 @@ def time_stacks(
 
     out = []
     if "zero3" in variants:
-        out.append(StackTiming(world, 1, k, micro_batch, seq_len, median("plain", 0), median("plain", 1), total("zero3")))
+        out.append(
+            StackTiming(world, 1, k, micro_batch, seq_len, median("plain", 0), median("plain", 1), total("zero3"))
+        )
     if "tp" in variants:
         out.append(StackTiming(1, tp, k, micro_batch, seq_len, median("local", 0), median("local", 1), total("tp")))
     return out

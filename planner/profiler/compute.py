@@ -35,7 +35,9 @@ def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def _cpu_sdpa_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+def _cpu_sdpa_backward_flops(
+    grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs
+) -> int:
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
@@ -125,8 +127,13 @@ class Lockstep:
 ALONE = Lockstep()
 
 
-def _median_time(fn: Callable, reps: int, sync: Callable[[], None], lockstep: Lockstep = ALONE,
-                 prepare: Callable[[], object] | None = None) -> float:
+def _median_time(
+    fn: Callable,
+    reps: int,
+    sync: Callable[[], None],
+    lockstep: Lockstep = ALONE,
+    prepare: Callable[[], object] | None = None,
+) -> float:
     """Median over `reps` repetitions of fn(prepare()) (prepare runs before the clock
     starts), each repetition started on all ranks together and timed as the slowest rank's."""
     times = []
@@ -142,8 +149,17 @@ def _median_time(fn: Callable, reps: int, sync: Callable[[], None], lockstep: Lo
 
 
 def measure_module(
-    kind: str, module: nn.Module, make_input: Callable[[], torch.Tensor], loss_of: Callable[[torch.Tensor], torch.Tensor],
-    micro_batch: int, seq_len: int, tp: int, analytic: float, warmup: int, reps: int, sync: Callable[[], None],
+    kind: str,
+    module: nn.Module,
+    make_input: Callable[[], torch.Tensor],
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    analytic: float,
+    warmup: int,
+    reps: int,
+    sync: Callable[[], None],
     lockstep: Lockstep = ALONE,
 ) -> LayerMeasurement:
     """Forward and backward time (medians), saved bytes and FLOPs of one module."""
@@ -173,15 +189,30 @@ def measure_module(
     del out
     module.zero_grad(set_to_none=True)
     return LayerMeasurement(
-        kind=kind, micro_batch_size=micro_batch, seq_len=seq_len, tp=tp, forward_s=forward,
-        backward_s=max(both - forward, 0.0), activation_bytes=float(saved.total), flops_forward=flops,
-        analytic_flops_forward=analytic, params=param_count(module),
+        kind=kind,
+        micro_batch_size=micro_batch,
+        seq_len=seq_len,
+        tp=tp,
+        forward_s=forward,
+        backward_s=max(both - forward, 0.0),
+        activation_bytes=float(saved.total),
+        flops_forward=flops,
+        analytic_flops_forward=analytic,
+        params=param_count(module),
     )
 
 
 def profile_layers(
-    spec: ModelSpec, dtype: DType, device: torch.device, micro_batches: list[int], seq_len: int, tps: list[int],
-    warmup: int, reps: int, sync: Callable[[], None], progress: Callable[[str], None] = lambda s: None,
+    spec: ModelSpec,
+    dtype: DType,
+    device: torch.device,
+    micro_batches: list[int],
+    seq_len: int,
+    tps: list[int],
+    warmup: int,
+    reps: int,
+    sync: Callable[[], None],
+    progress: Callable[[str], None] = lambda s: None,
     lockstep: Lockstep = ALONE,
 ) -> list[LayerMeasurement]:
     """Block (per TP shard), embedding and head+loss for every micro-batch size."""
@@ -194,29 +225,72 @@ def profile_layers(
         for tp in tps:
             block = shard_block(Block(spec), spec, tp).to(device=device, dtype=tdtype)
             progress(f"block b={b} tp={tp}")
-            out.append(measure_module(
-                "block", block, hidden, lambda y: y.float().pow(2).mean(), b, seq_len, tp,
-                layer_flops_forward(spec, b, seq_len) / tp, warmup, reps, sync, lockstep,
-            ))
+            out.append(
+                measure_module(
+                    "block",
+                    block,
+                    hidden,
+                    lambda y: y.float().pow(2).mean(),
+                    b,
+                    seq_len,
+                    tp,
+                    layer_flops_forward(spec, b, seq_len) / tp,
+                    warmup,
+                    reps,
+                    sync,
+                    lockstep,
+                )
+            )
             del block
         emb = Embedding(spec).to(device=device, dtype=tdtype)
         progress(f"embedding b={b}")
-        out.append(measure_module(
-            "embedding", emb, lambda: tokens, lambda y: y.float().pow(2).mean(), b, seq_len, 1, 0.0, warmup, reps, sync, lockstep,
-        ))
+        out.append(
+            measure_module(
+                "embedding",
+                emb,
+                lambda: tokens,
+                lambda y: y.float().pow(2).mean(),
+                b,
+                seq_len,
+                1,
+                0.0,
+                warmup,
+                reps,
+                sync,
+                lockstep,
+            )
+        )
         head = Head(spec).to(device=device, dtype=tdtype)
         targets = torch.randint(0, spec.vocab_size, (b, seq_len), device=device)
         progress(f"head b={b}")
-        out.append(measure_module(
-            "head", head, hidden, lambda y: lm_loss(y, targets), b, seq_len, 1,
-            head_flops_forward(spec, b, seq_len), warmup, reps, sync, lockstep,
-        ))
+        out.append(
+            measure_module(
+                "head",
+                head,
+                hidden,
+                lambda y: lm_loss(y, targets),
+                b,
+                seq_len,
+                1,
+                head_flops_forward(spec, b, seq_len),
+                warmup,
+                reps,
+                sync,
+                lockstep,
+            )
+        )
         del emb, head
     return out
 
 
-def matmul_sweep(dtype: DType, device: torch.device, sizes: list[int], reps: int, sync: Callable[[], None],
-                 lockstep: Lockstep = ALONE) -> list[MatmulPoint]:
+def matmul_sweep(
+    dtype: DType,
+    device: torch.device,
+    sizes: list[int],
+    reps: int,
+    sync: Callable[[], None],
+    lockstep: Lockstep = ALONE,
+) -> list[MatmulPoint]:
     tdtype = TORCH_DTYPES[dtype]
     points = []
     for n in sizes:
@@ -237,7 +311,9 @@ def matmul_sweep(dtype: DType, device: torch.device, sizes: list[int], reps: int
     return points
 
 
-def copy_bandwidth(device: torch.device, nbytes: int, reps: int, sync: Callable[[], None], lockstep: Lockstep = ALONE) -> float:
+def copy_bandwidth(
+    device: torch.device, nbytes: int, reps: int, sync: Callable[[], None], lockstep: Lockstep = ALONE
+) -> float:
     """GB/s of a large tensor copy (read + write counted)."""
     x = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     y = torch.empty_like(x)
@@ -260,8 +336,17 @@ def load_factory(path: str) -> Callable[[], nn.Module]:
 
 
 def profile_factory_blocks(
-    factory: str, blocks_attr: str, spec: ModelSpec, dtype: DType, device: torch.device, micro_batches: list[int],
-    seq_len: int, warmup: int, reps: int, sync: Callable[[], None], progress: Callable[[str], None] = lambda s: None,
+    factory: str,
+    blocks_attr: str,
+    spec: ModelSpec,
+    dtype: DType,
+    device: torch.device,
+    micro_batches: list[int],
+    seq_len: int,
+    warmup: int,
+    reps: int,
+    sync: Callable[[], None],
+    progress: Callable[[str], None] = lambda s: None,
     lockstep: Lockstep = ALONE,
 ) -> list[LayerMeasurement]:
     """The first block of the user's model, unsharded: its input is (b, s, hidden_size)."""
@@ -273,9 +358,23 @@ def profile_factory_blocks(
     out = []
     for b in micro_batches:
         progress(f"user block b={b}")
-        hidden = lambda: torch.randn(b, seq_len, spec.hidden_size, device=device, dtype=TORCH_DTYPES[dtype], requires_grad=True)  # noqa: E731
-        out.append(measure_module(
-            "block", block, hidden, lambda y: (y[0] if isinstance(y, tuple) else y).float().pow(2).mean(), b, seq_len, 1,
-            layer_flops_forward(spec, b, seq_len), warmup, reps, sync, lockstep,
-        ))
+        hidden = lambda: torch.randn(  # noqa: E731
+            b, seq_len, spec.hidden_size, device=device, dtype=TORCH_DTYPES[dtype], requires_grad=True
+        )
+        out.append(
+            measure_module(
+                "block",
+                block,
+                hidden,
+                lambda y: (y[0] if isinstance(y, tuple) else y).float().pow(2).mean(),
+                b,
+                seq_len,
+                1,
+                layer_flops_forward(spec, b, seq_len),
+                warmup,
+                reps,
+                sync,
+                lockstep,
+            )
+        )
     return out

@@ -46,7 +46,9 @@ def attention_flops(batch: int, heads: int, seq: int, head_dim: int, causal: boo
     return 4.0 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
 
 
-def attention_efficiency(flops_forward: float, forward_s: float, backward_s: float, peak_tflops: float) -> AttentionEfficiency:
+def attention_efficiency(
+    flops_forward: float, forward_s: float, backward_s: float, peak_tflops: float
+) -> AttentionEfficiency:
     """Achieved fractions of peak; the backward executes 2.5x the forward's FLOPs (it
     recomputes the scores: FlashAttention-2, sec. 3), as cost_models/compute.py charges it."""
     peak = peak_tflops * 1e12
@@ -78,8 +80,17 @@ def _time(fn: Callable[[], None], reps: int, sync: Callable[[], None]) -> float:
     return _median(out)
 
 
-def measure_attention(torch, device, dtype, reps: int, sync: Callable[[], None], batch: int = 1, heads: int = 16,
-                      seq: int = 4096, head_dim: int = 128) -> tuple[float, float, float]:
+def measure_attention(
+    torch,
+    device,
+    dtype,
+    reps: int,
+    sync: Callable[[], None],
+    batch: int = 1,
+    heads: int = 16,
+    seq: int = 4096,
+    head_dim: int = 128,
+) -> tuple[float, float, float]:
     """(forward FLOPs, forward s, backward s) of causal scaled_dot_product_attention."""
     import torch.nn.functional as F
 
@@ -112,8 +123,16 @@ def measure_launch_gap(torch, device, reps: int, sync: Callable[[], None], kerne
     return launch_gap_us(kernels, _time(run, reps, sync))
 
 
-def device_tables(torch, device, dtype, reps: int, sync: Callable[[], None], matmul: list[tuple[float, float]],
-                  peak_tflops: float, sm_count: Optional[int]) -> dict:
+def device_tables(
+    torch,
+    device,
+    dtype,
+    reps: int,
+    sync: Callable[[], None],
+    matmul: list[tuple[float, float]],
+    peak_tflops: float,
+    sm_count: Optional[int],
+) -> dict:
     """The DeviceSpec fields this module measures, for a CUDA device (sm_count known)."""
     out: dict = {"kernel_overhead_us": measure_launch_gap(torch, device, reps, sync)}
     if sm_count:

@@ -23,7 +23,9 @@ from cost_models.communication import VOLUME_FACTOR
 from planner.specs import Collective, CollectiveSweep, TimedPoint
 
 
-def fit_alpha_beta(collective: Collective, group_size: int, points: list[tuple[int, float]]) -> tuple[float, float, float]:
+def fit_alpha_beta(
+    collective: Collective, group_size: int, points: list[tuple[int, float]]
+) -> tuple[float, float, float]:
     """(alpha seconds, bus bandwidth GB/s, max relative error) of a weighted least-squares fit."""
     k = VOLUME_FACTOR[collective](group_size)
     xs = [k * b for b, _ in points]
@@ -93,8 +95,16 @@ def p2p_peer(members: list[int], rank: int, per_host: int = 1) -> Optional[tuple
 
 
 def time_collective(
-    collective: Collective, group, members: list[int], rank: int, nbytes: int, reps: int, warmup: int,
-    device: torch.device, sync: Callable[[], None], per_host: int = 1,
+    collective: Collective,
+    group,
+    members: list[int],
+    rank: int,
+    nbytes: int,
+    reps: int,
+    warmup: int,
+    device: torch.device,
+    sync: Callable[[], None],
+    per_host: int = 1,
 ) -> float:
     """Median over reps of the slowest member's time for one call (members only)."""
     dtype = torch.float32
@@ -141,8 +151,15 @@ def swept(members: list[int], inter: bool, nnodes: int) -> list[Collective]:
 
 
 def sweep(
-    rank: int, world: int, nproc_per_node: int, sizes: list[int], reps: int, warmup: int, device: torch.device,
-    sync: Callable[[], None], progress: Callable[[str], None] = lambda s: None,
+    rank: int,
+    world: int,
+    nproc_per_node: int,
+    sizes: list[int],
+    reps: int,
+    warmup: int,
+    device: torch.device,
+    sync: Callable[[], None],
+    progress: Callable[[str], None] = lambda s: None,
 ) -> list[CollectiveSweep]:
     """Every collective over every group shape; every rank must call this (groups are
     created collectively). Returns the fits on rank 0, [] elsewhere."""
@@ -155,8 +172,18 @@ def sweep(
             for nbytes in sizes:
                 progress(f"{collective.value} x{len(members)}{' across nodes' if inter else ''} {nbytes} B")
                 if rank in members:
-                    t = time_collective(collective, group, members, rank, nbytes, reps, warmup, device, sync,
-                                        len(members) // nnodes if inter else 1)
+                    t = time_collective(
+                        collective,
+                        group,
+                        members,
+                        rank,
+                        nbytes,
+                        reps,
+                        warmup,
+                        device,
+                        sync,
+                        len(members) // nnodes if inter else 1,
+                    )
                 else:
                     t = 0.0
                 points.append((nbytes, t))
@@ -165,9 +192,13 @@ def sweep(
                 alpha, bw, err = fit_alpha_beta(collective, len(members), points)
                 results.append(
                     CollectiveSweep(
-                        collective=collective, group_size=len(members), inter_node=inter,
+                        collective=collective,
+                        group_size=len(members),
+                        inter_node=inter,
                         points=[TimedPoint(nbytes=b, seconds=s) for b, s in points],
-                        latency_us=alpha * 1e6, bandwidth_gbps=bw, max_relative_error=err,
+                        latency_us=alpha * 1e6,
+                        bandwidth_gbps=bw,
+                        max_relative_error=err,
                     )
                 )
     return results

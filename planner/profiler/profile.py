@@ -89,8 +89,9 @@ PROFILE_EFFICIENCY = 0.45
 START_S, MEASURE_S = 4.0, 4.0
 
 
-def work_items(req: ProfileRequest, tps: list[int], world: int, nproc: int, flops_per_s: float,
-               cores: int) -> list[tuple[str, float]]:
+def work_items(
+    req: ProfileRequest, tps: list[int], world: int, nproc: int, flops_per_s: float, cores: int
+) -> list[tuple[str, float]]:
     """(phase, estimated seconds) of every item profile_worker reports, in its order: the
     layers, then the matmul sweep, copy bandwidth, each collective size and overlap
     ('other'), then the stacks of blocks timed as plan run issues their collective calls."""
@@ -99,21 +100,37 @@ def work_items(req: ProfileRequest, tps: list[int], world: int, nproc: int, flop
     from planner.profiler.links import group_shapes, swept
 
     rate = flops_per_s * PROFILE_EFFICIENCY / max(1.0, nproc / cores)  # one rank's, ranks sharing cores
-    runs = 3 * req.warmup + 4 * req.layer_reps + 2  # forward-equivalents of measure_module: warm-up and timed (fwd, fwd+bwd), saved bytes, FLOPs
+    runs = (
+        3 * req.warmup + 4 * req.layer_reps + 2
+    )  # forward-equivalents of measure_module: warm-up and timed (fwd, fwd+bwd), saved bytes, FLOPs
     m, s = req.model, req.seq_len
     layers: list[float] = []
     for b in req.micro_batches:
         shards = [1] if req.model_factory else tps
-        layers += [runs * layer_flops_forward(m, b, s) / t / rate for t in shards] + [0.0] * (len(tps) - len(shards) + 1)
+        layers += [runs * layer_flops_forward(m, b, s) / t / rate for t in shards] + [0.0] * (
+            len(tps) - len(shards) + 1
+        )
         layers.append(0.0 if req.model_factory else runs * head_flops_forward(m, b, s) / rate)
-    links = sum(len(req.message_sizes) * len(swept(g, inter, world // nproc)) for g, inter in group_shapes(world, nproc))
+    links = sum(
+        len(req.message_sizes) * len(swept(g, inter, world // nproc)) for g, inter in group_shapes(world, nproc)
+    )
     stacks = 0.0
     if world > 1 and not req.model_factory:  # plain and ZeRO-3, then TP and its local twin: fwd + bwd each
         tp = stack_tp(tps)
         shards = 2 + (2 / tp if tp > 1 else 0)
-        stacks = (req.warmup + req.layer_reps) * 3 * STACK_LAYERS * layer_flops_forward(m, max(req.micro_batches), s) * shards / rate
-    return ([("layers", x) for x in layers] + [("other", MEASURE_S / (links + 3))] * (links + 3)  # + matmul, copy, overlap
-            + [("stacks", stacks)])
+        stacks = (
+            (req.warmup + req.layer_reps)
+            * 3
+            * STACK_LAYERS
+            * layer_flops_forward(m, max(req.micro_batches), s)
+            * shards
+            / rate
+        )
+    return (
+        [("layers", x) for x in layers]
+        + [("other", MEASURE_S / (links + 3))] * (links + 3)  # + matmul, copy, overlap
+        + [("stacks", stacks)]
+    )
 
 
 def describe_work(items: list[tuple[str, float]], flops_per_s: float, fmt: Callable[[float], str]) -> str:
@@ -121,8 +138,10 @@ def describe_work(items: list[tuple[str, float]], flops_per_s: float, fmt: Calla
     phase = {name: sum(s for n, s in items if n == name) for name in ("layers", "other", "stacks")}
     total = START_S + sum(phase.values())
     stacks = f", blocks timed as plan run calls their collectives ~{fmt(phase['stacks'])}" if phase["stacks"] else ""
-    return (f"about {fmt(total)} (an estimate from FLOPs at the {flops_per_s / 1e9:.0f} GFLOP/s one core multiplies here): "
-            f"the layers ~{fmt(phase['layers'])}{stacks}, starting, GEMM sweep and collectives ~{fmt(START_S + phase['other'])}")
+    return (
+        f"about {fmt(total)} (an estimate from FLOPs at the {flops_per_s / 1e9:.0f} GFLOP/s one core multiplies here): "
+        f"the layers ~{fmt(phase['layers'])}{stacks}, starting, GEMM sweep and collectives ~{fmt(START_S + phase['other'])}"
+    )
 
 
 class Progress:
@@ -221,13 +240,32 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
 
     if req.model_factory:
         layers = compute.profile_factory_blocks(
-            req.model_factory, req.blocks_attr or "layers", req.model, dtype, device, list(req.micro_batches),
-            req.seq_len, req.warmup, req.layer_reps, sync, progress, lockstep,
+            req.model_factory,
+            req.blocks_attr or "layers",
+            req.model,
+            dtype,
+            device,
+            list(req.micro_batches),
+            req.seq_len,
+            req.warmup,
+            req.layer_reps,
+            sync,
+            progress,
+            lockstep,
         )
         progress.skip(len(req.micro_batches) * (len(tps) + 1))  # the reference model's other layers: not measured
     else:
         layers = compute.profile_layers(
-            req.model, dtype, device, list(req.micro_batches), req.seq_len, tps, req.warmup, req.layer_reps, sync, progress,
+            req.model,
+            dtype,
+            device,
+            list(req.micro_batches),
+            req.seq_len,
+            tps,
+            req.warmup,
+            req.layer_reps,
+            sync,
+            progress,
             lockstep,
         )
     progress("matmul sweep")
@@ -239,8 +277,16 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
         from planner.profiler import kernels
 
         peak = known_peak(known_cluster(_device_name(device)), max(p.tflops for p in matmul))
-        tables = kernels.device_tables(torch, device, torch.bfloat16, req.reps, sync, [(p.flops, p.seconds) for p in matmul], peak,
-                                       torch.cuda.get_device_properties(device).multi_processor_count)
+        tables = kernels.device_tables(
+            torch,
+            device,
+            torch.bfloat16,
+            req.reps,
+            sync,
+            [(p.flops, p.seconds) for p in matmul],
+            peak,
+            torch.cuda.get_device_properties(device).multi_processor_count,
+        )
     dist.barrier()
     sweeps = links.sweep(rank, world, nproc, req.message_sizes, req.reps + 1, req.warmup, device, sync, progress)
     progress("communication/compute overlap")
@@ -248,8 +294,17 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     progress("collective calls as plan run issues them (a stack of blocks with TP and with ZeRO-3)")
     stacks = []
     if world > 1 and not req.model_factory:  # the executor shards the reference model's blocks only
-        stacks = calls.time_stacks(req.model, device, max(req.micro_batches), req.seq_len, stack_tp(tps), req.layer_reps,
-                                   req.warmup, sync, lockstep)
+        stacks = calls.time_stacks(
+            req.model,
+            device,
+            max(req.micro_batches),
+            req.seq_len,
+            stack_tp(tps),
+            req.layer_reps,
+            req.warmup,
+            sync,
+            lockstep,
+        )
     progress.finish("gathering the measurements")
 
     gathered: list = [None] * world
@@ -259,10 +314,17 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
         dist.destroy_process_group()
         return None
     env = ProfileEnvironment(
-        torch_version=torch.__version__, backend=dist.get_backend(), device_type=device.type,
-        device_name=_device_name(device), dtype=dtype, world_size=world, nproc_per_node=nproc,
-        nnodes=world // nproc, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        hostname=socket.gethostname(), quick=req.quick,
+        torch_version=torch.__version__,
+        backend=dist.get_backend(),
+        device_type=device.type,
+        device_name=_device_name(device),
+        dtype=dtype,
+        world_size=world,
+        nproc_per_node=nproc,
+        nnodes=world // nproc,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        hostname=socket.gethostname(),
+        quick=req.quick,
     )
     dist.destroy_process_group()
     return {"env": env, "per_rank": gathered, "sweeps": sweeps, "overlap": overlap, "stacks": stacks, "kernels": tables}
@@ -273,10 +335,14 @@ def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurem
     out = []
     for ms in zip(*per_rank):
         first = ms[0]
-        out.append(first.model_copy(update={
-            "forward_s": statistics.median(m.forward_s for m in ms),
-            "backward_s": statistics.median(m.backward_s for m in ms),
-        }))
+        out.append(
+            first.model_copy(
+                update={
+                    "forward_s": statistics.median(m.forward_s for m in ms),
+                    "backward_s": statistics.median(m.backward_s for m in ms),
+                }
+            )
+        )
     return out
 
 
@@ -284,9 +350,18 @@ def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurem
 # before "B300", which they contain): its datasheet peak is the profile's (known_peak), and a
 # measured profile keeps its fitted sustained fraction (what a training loop keeps of the
 # microbenchmarks: benchmarks/fidelity_published.py).
-KNOWN_PRESETS = {"A100": "dgx-a100-80gb", "H100": "dgx-h100-80gb", "H200": "dgx-h200", "GB300": "gb300-nvl72", "B300": "dgx-b300",
-                 "GB200": "gb200-nvl72", "B200": "dgx-b200",
-                 "MI300X": "mi300x", "MI325X": "mi325x", "MI355X": "mi355x"}
+KNOWN_PRESETS = {
+    "A100": "dgx-a100-80gb",
+    "H100": "dgx-h100-80gb",
+    "H200": "dgx-h200",
+    "GB300": "gb300-nvl72",
+    "B300": "dgx-b300",
+    "GB200": "gb200-nvl72",
+    "B200": "dgx-b200",
+    "MI300X": "mi300x",
+    "MI325X": "mi325x",
+    "MI355X": "mi355x",
+}
 
 
 def known_peak(known: Optional[ClusterSpec], measured_tflops: float) -> float:
@@ -321,32 +396,41 @@ DOMAIN_SHARE = 0.5
 def shared_domain_share(sweeps) -> Optional[float]:
     """The median over collectives of cross-host over in-host bus bandwidth (each at its largest
     measured group), or None where either side was not measured."""
+
     def widest(inter: bool) -> dict:
         out: dict = {}
         for s in sweeps:
             if s.inter_node == inter and (s.collective not in out or s.group_size > out[s.collective].group_size):
                 out[s.collective] = s
         return out
+
     inside, across = widest(False), widest(True)
     # the ring collectives and p2p (the all-to-all across hosts is timed over one rank per host only)
-    shares = [across[c].bandwidth_gbps / inside[c].bandwidth_gbps for c in REQUIRED_COLLECTIVES if c in inside and c in across]
+    shares = [
+        across[c].bandwidth_gbps / inside[c].bandwidth_gbps for c in REQUIRED_COLLECTIVES if c in inside and c in across
+    ]
     return statistics.median(shares) if shares else None
 
 
-def _domain_network(env: ProfileEnvironment, inter: LinkTier, share: float, gpus: int,
-                    known: Optional[ClusterSpec]) -> tuple[LinkTier, str]:
+def _domain_network(
+    env: ProfileEnvironment, inter: LinkTier, share: float, gpus: int, known: Optional[ClusterSpec]
+) -> tuple[LinkTier, str]:
     """(the network tier, what the source says) of a profile whose hosts all share one NVLink
     domain of `gpus`: the domain is every measured GPU (at least: hosts beyond those measured
     may share it too), its fabric the in-host fits; the network beyond it was not measured, so
     the known part's preset tier (`known`: known_cluster) stands in."""
-    note = (f" Hosts share a scale-up domain: collectives across the {env.nnodes} hosts ran at {share:.2f} of the in-host bus "
-            f"bandwidth (median over collectives; at least {DOMAIN_SHARE} means the same fabric), so scaleup_domain_gpus is "
-            f"{gpus}, every GPU measured (the domain may be larger).")
+    note = (
+        f" Hosts share a scale-up domain: collectives across the {env.nnodes} hosts ran at {share:.2f} of the in-host bus "
+        f"bandwidth (median over collectives; at least {DOMAIN_SHARE} means the same fabric), so scaleup_domain_gpus is "
+        f"{gpus}, every GPU measured (the domain may be larger)."
+    )
     if known is not None:
         network = known.inter_node
         note += f" The network beyond the domain was not measured: the {known.name} preset's tier ({network.name}) stands in."
     else:
-        network = inter.model_copy(update={"name": f"{inter.name}; the domain's fabric: the network beyond it was not measured"})
+        network = inter.model_copy(
+            update={"name": f"{inter.name}; the domain's fabric: the network beyond it was not measured"}
+        )
         note += " The network beyond the domain was not measured and no preset is known for this part: its tier is the domain's."
     return network, note
 
@@ -363,11 +447,18 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     peak = known_peak(known, max(p.tflops for p in matmul))
     curve = [EfficiencyPoint(gemm_flops=p.flops, efficiency=min(1.0, p.tflops / peak)) for p in matmul]
     if overhead >= capacity:  # a DeviceSpec refuses it: said of the run, not as a validation error
-        raise PlannerError(f"each of the {env.nproc_per_node} ranks per node has {capacity:.2f} GiB of memory (its share), not more "
-                           f"than the {overhead:.2f} GiB its framework alone takes; profile with fewer ranks per node")
+        raise PlannerError(
+            f"each of the {env.nproc_per_node} ranks per node has {capacity:.2f} GiB of memory (its share), not more "
+            f"than the {overhead:.2f} GiB its framework alone takes; profile with fewer ranks per node"
+        )
     device = DeviceSpec(
-        name=env.device_name, peak_tflops={env.dtype: peak}, memory_gib=capacity, memory_bandwidth_gbps=bandwidth,
-        memory_bandwidth_efficiency=1.0, matmul_efficiency=curve, framework_overhead_gib=overhead,
+        name=env.device_name,
+        peak_tflops={env.dtype: peak},
+        memory_gib=capacity,
+        memory_bandwidth_gbps=bandwidth,
+        memory_bandwidth_efficiency=1.0,
+        matmul_efficiency=curve,
+        framework_overhead_gib=overhead,
     )
     if result.get("kernels"):  # a GPU: GEMMs by shape, fused attention, launch gap, as the presets
         sustained = known.device.sustained_fraction if known is not None else 1.0
@@ -376,8 +467,14 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
 
     def tier(inter: bool, label: str) -> Optional[LinkTier]:
         fits = [
-            CollectiveFit(collective=s.collective, group_size=s.group_size, latency_us=s.latency_us, bandwidth_gbps=s.bandwidth_gbps)
-            for s in sweeps if s.inter_node == inter
+            CollectiveFit(
+                collective=s.collective,
+                group_size=s.group_size,
+                latency_us=s.latency_us,
+                bandwidth_gbps=s.bandwidth_gbps,
+            )
+            for s in sweeps
+            if s.inter_node == inter
         ]
         missing = set(REQUIRED_COLLECTIVES) - {f.collective for f in fits}
         if not fits or missing:
@@ -387,9 +484,10 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
     intra = tier(False, f"measured inside a node ({env.backend})")
     inter = tier(True, f"measured across nodes ({env.backend})")
     if intra is None and inter is None:  # a single rank: nothing to time
-        intra = LinkTier(name="not measured (one rank)", collectives=[
-            CollectiveFit(collective=c, latency_us=0.0, bandwidth_gbps=1e6) for c in REQUIRED_COLLECTIVES
-        ])
+        intra = LinkTier(
+            name="not measured (one rank)",
+            collectives=[CollectiveFit(collective=c, latency_us=0.0, bandwidth_gbps=1e6) for c in REQUIRED_COLLECTIVES],
+        )
     if inter is None:
         inter = intra.model_copy(update={"name": "not measured (single node): the intra-node fits"})
     if intra is None:
@@ -400,11 +498,23 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
         domain = env.nproc_per_node * env.nnodes
         inter, note = _domain_network(env, inter, share, domain, known)
     cluster = ClusterSpec(
-        name=name, device=device, gpus_per_node=env.nproc_per_node, num_nodes=env.nnodes, intra_node=intra,
-        inter_node=inter, overlap_efficiency=result.get("overlap", 1.0), scaleup_domain_gpus=domain,
-        source=f"measured by `plan profile` on {env.hostname}, {env.date}, torch {env.torch_version}, {env.backend}" + note,
+        name=name,
+        device=device,
+        gpus_per_node=env.nproc_per_node,
+        num_nodes=env.nnodes,
+        intra_node=intra,
+        inter_node=inter,
+        overlap_efficiency=result.get("overlap", 1.0),
+        scaleup_domain_gpus=domain,
+        source=f"measured by `plan profile` on {env.hostname}, {env.date}, torch {env.torch_version}, {env.backend}"
+        + note,
         measured=MeasuredProfile(
-            environment=env, model=model, layers=layers, matmul=matmul, memory_bandwidth_gbps=bandwidth, collectives=sweeps,
+            environment=env,
+            model=model,
+            layers=layers,
+            matmul=matmul,
+            memory_bandwidth_gbps=bandwidth,
+            collectives=sweeps,
         ),
     )
     stacks = result.get("stacks", [])

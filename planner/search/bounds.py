@@ -153,7 +153,9 @@ class _Rank:
     nhi: float  # most layers the rank can hold
 
 
-def _relaxed_rank(memory: RankMemory, fixed_time: float, nspan: tuple[int, int], t, limit: float, allowed: list[int]) -> _Rank:
+def _relaxed_rank(
+    memory: RankMemory, fixed_time: float, nspan: tuple[int, int], t, limit: float, allowed: list[int]
+) -> _Rank:
     """One rank of the relaxation (its memory, time besides its layers and layer range), its
     exposure not yet charged."""
     mem, slope = memory.linear, t.stage_time_slope()
@@ -173,8 +175,9 @@ def _whole(n: float) -> float:
     return math.floor(n + 1e-9)
 
 
-def refined_bound(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MODES,
-                  deadline: Deadline = NO_DEADLINE) -> Optional[float]:
+def refined_bound(
+    pc: PipelineCosts, memory_limit_gib: float, modes: tuple = MODES, deadline: Deadline = NO_DEADLINE
+) -> Optional[float]:
     """Seconds per step no split can beat, charging the recomputation that memory forces.
 
     Continuous relaxation per pipeline rank r: with n layers, memory is c_r + q_r n bytes
@@ -368,7 +371,11 @@ def rank_time_floors(pc: PipelineCosts, memory_limit_gib: float, modes: tuple = 
     ranks = t.ranks()
     slope = t.stage_time_slope()
     extra = tuple(slope[i] - slope[0] for i in range(3))
-    if any(s < 0 for s in slope) or any(e < 0 for e in extra) or any(s <= 0 for rk in ranks for s in rk.memory.linear.slope):
+    if (
+        any(s < 0 for s in slope)
+        or any(e < 0 for e in extra)
+        or any(s <= 0 for rk in ranks for s in rk.memory.linear.slope)
+    ):
         return None
     spans = [t.layer_range(rk.rank) for rk in ranks]
     low, high = sum(lo for lo, _ in spans), sum(hi for _, hi in spans)
@@ -425,7 +432,9 @@ def convex_minorant(first: int, values: list) -> list[tuple[int, float, float]]:
     hull: list[tuple[int, float]] = []
     for k, v in enumerate(values):
         n = first + k
-        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (n - hull[-2][0]) >= (v - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (n - hull[-2][0]) >= (v - hull[-2][1]) * (
+            hull[-1][0] - hull[-2][0]
+        ):
             hull.pop()
         hull.append((n, v))
     if len(hull) == 1:

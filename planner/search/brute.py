@@ -48,12 +48,18 @@ def balanced_chunks(layers: int, chunks: int) -> list[tuple]:
     """Every split of `layers` over interleaved model chunks of layers // chunks or one more
     (planner/search/ilp.py:_layer_split's domain): which chunks take the extra layers."""
     n, extra = divmod(layers, chunks)
-    return [tuple(n + (j in more) for j in range(chunks)) for more in map(set, itertools.combinations(range(chunks), extra))]
+    return [
+        tuple(n + (j in more) for j in range(chunks)) for more in map(set, itertools.combinations(range(chunks), extra))
+    ]
 
 
 def brute_force(
-    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace,
-    memory_limit_gib: Optional[float] = None, deadline_s: Optional[float] = None,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    space: SearchSpace,
+    memory_limit_gib: Optional[float] = None,
+    deadline_s: Optional[float] = None,
 ) -> BruteResult:
     start = time.perf_counter()
     limit = memory_limit_gib_of(cluster, memory_limit_gib)

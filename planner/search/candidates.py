@@ -32,7 +32,16 @@ from cost_models.tables import (
 from cost_models.compute import model_flops_per_step
 from cost_models.terms import MODES
 from planner.specs import (
-    MAX_GLOBAL_BATCH, REQUIRED_COLLECTIVES, Axis, ClusterSpec, Collective, JobSpec, ModelSpec, Plan, Recompute, Schedule,
+    MAX_GLOBAL_BATCH,
+    REQUIRED_COLLECTIVES,
+    Axis,
+    ClusterSpec,
+    Collective,
+    JobSpec,
+    ModelSpec,
+    Plan,
+    Recompute,
+    Schedule,
     tp_problem,
 )
 
@@ -73,10 +82,24 @@ class Candidate:
 
     def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
         return Plan(
-            dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp, micro_batch_size=self.micro_batch_size, ep=self.ep, fp8=self.fp8, cp=self.cp,
-            num_micro_batches=self.num_micro_batches, schedule=self.schedule, zero_stage=self.zero_stage,
-            sequence_parallel=self.sequence_parallel, mesh_order=list(self.mesh_order), tp_comm_overlap=self.tp_comm_overlap,
-            recompute_norm_act=self.recompute_norm_act, layers_per_stage=layers_per_stage, stage_recompute=stage_recompute, recompute=recompute,
+            dp=self.dp,
+            tp=self.tp,
+            pp=self.pp,
+            vpp=self.vpp,
+            micro_batch_size=self.micro_batch_size,
+            ep=self.ep,
+            fp8=self.fp8,
+            cp=self.cp,
+            num_micro_batches=self.num_micro_batches,
+            schedule=self.schedule,
+            zero_stage=self.zero_stage,
+            sequence_parallel=self.sequence_parallel,
+            mesh_order=list(self.mesh_order),
+            tp_comm_overlap=self.tp_comm_overlap,
+            recompute_norm_act=self.recompute_norm_act,
+            layers_per_stage=layers_per_stage,
+            stage_recompute=stage_recompute,
+            recompute=recompute,
         )
 
     @property
@@ -151,7 +174,10 @@ def _mesh_orders(cluster: ClusterSpec, dp: int, tp: int, pp: int, keep_all: bool
     for order in MESH_ORDERS:
         links = mesh_links(cluster, dp, tp, pp, order)
         vec = tuple(
-            x for a in Axis for c in collectives for x in (links[a].coefficients(c) if links[a].size > 1 else (0.0, 0.0))
+            x
+            for a in Axis
+            for c in collectives
+            for x in (links[a].coefficients(c) if links[a].size > 1 else (0.0, 0.0))
         )
         scored.append((order, vec))
     if keep_all:
@@ -180,13 +206,24 @@ class Layouts:
     def covers(self, space: SearchSpace) -> bool:
         """Whether these are the layouts of `space` (which may have fewer TP-overlap or norm/act
         recompute choices)."""
-        return (_untargeted(self.space) == _untargeted(space) and set(space.tp_comm_overlap) <= set(self.space.tp_comm_overlap)
-                and set(space.recompute_norm_act) <= set(self.space.recompute_norm_act))
+        return (
+            _untargeted(self.space) == _untargeted(space)
+            and set(space.tp_comm_overlap) <= set(self.space.tp_comm_overlap)
+            and set(space.recompute_norm_act) <= set(self.space.recompute_norm_act)
+        )
 
 
 def _untargeted(space: SearchSpace) -> SearchSpace:
     """`space` without what enumerate_candidates applies after enumerate_layouts."""
-    return replace(space, fixed={}, recompute_modes=MODES, tp_comm_overlap=(), recompute_norm_act=(), rules=None, target_problems=None)
+    return replace(
+        space,
+        fixed={},
+        recompute_modes=MODES,
+        tp_comm_overlap=(),
+        recompute_norm_act=(),
+        rules=None,
+        target_problems=None,
+    )
 
 
 def candidate_modes(space: SearchSpace, c: Candidate) -> tuple:
@@ -199,7 +236,11 @@ def candidate_modes(space: SearchSpace, c: Candidate) -> tuple:
 
 
 def enumerate_candidates(
-    model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, layouts: Optional[Layouts] = None, deadline: Deadline = NO_DEADLINE,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    space: SearchSpace,
+    layouts: Optional[Layouts] = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> tuple[list[Candidate], Counter]:
     """Every layout of the search space, and how many were rejected and why: the layouts
     (`layouts` when enumerated once for several targets), less what --fix excludes and what
@@ -225,7 +266,9 @@ def enumerate_candidates(
     return out, rejected
 
 
-def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline = NO_DEADLINE) -> Layouts:
+def enumerate_layouts(
+    model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline = NO_DEADLINE
+) -> Layouts:
     """Every layout of the search space that can work and can win (divisibility, TP inside a
     node, dominated choices), before --fix and the target's rules. OutOfTime past `deadline`."""
     rejected: Counter = Counter()
@@ -275,7 +318,7 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
                         for sched in schedules:
                             for zero in range(4):
                                 # MoE with TP dispatches each rank's sequence shard: SP is required
-                                for sp in ([False, True] if tp > 1 and not model.is_moe else [tp > 1]):
+                                for sp in [False, True] if tp > 1 and not model.is_moe else [tp > 1]:
                                     if sp and cp > 1 and space.seq_len and (space.seq_len // cp) % tp:
                                         rejected[DIVISIBILITY] += 1
                                         continue
@@ -291,9 +334,12 @@ def enumerate_layouts(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace
                                         rejected[DOMINATED] += len(MESH_ORDERS)
                                         continue
                                     rejected[DOMINATED] += dropped_orders
-                                    for order, ov, ep, fp8, na in itertools.product(orders, space.tp_comm_overlap if sp else (False,),
-                                                                                    eps, space.fp8, norm_act):
-                                        out.append(Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp, na))
+                                    for order, ov, ep, fp8, na in itertools.product(
+                                        orders, space.tp_comm_overlap if sp else (False,), eps, space.fp8, norm_act
+                                    ):
+                                        out.append(
+                                            Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp, na)
+                                        )
     return Layouts(space, tuple(out), rejected)
 
 
@@ -312,13 +358,38 @@ def stack_problems(space: SearchSpace, c: Candidate, num_layers: int, seen: Opti
     rules = space.rules
     if rules is None:
         return []
-    key = (c.dp, c.tp, c.pp, c.vpp, c.schedule, c.zero_stage, c.sequence_parallel, c.mesh_order, c.tp_comm_overlap, c.ep, c.fp8,
-           c.cp, c.recompute_norm_act)
+    key = (
+        c.dp,
+        c.tp,
+        c.pp,
+        c.vpp,
+        c.schedule,
+        c.zero_stage,
+        c.sequence_parallel,
+        c.mesh_order,
+        c.tp_comm_overlap,
+        c.ep,
+        c.fp8,
+        c.cp,
+        c.recompute_norm_act,
+    )
     out = None if seen is None else seen.get(key)
     if out is None:
-        out = rules.layout_problems(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule, zero_stage=c.zero_stage,
-                                    sequence_parallel=c.sequence_parallel, tp_comm_overlap=c.tp_comm_overlap,
-                                    mesh_order=c.mesh_order, ep=c.ep, fp8=c.fp8, cp=c.cp, recompute_norm_act=c.recompute_norm_act)
+        out = rules.layout_problems(
+            dp=c.dp,
+            tp=c.tp,
+            pp=c.pp,
+            vpp=c.vpp,
+            schedule=c.schedule,
+            zero_stage=c.zero_stage,
+            sequence_parallel=c.sequence_parallel,
+            tp_comm_overlap=c.tp_comm_overlap,
+            mesh_order=c.mesh_order,
+            ep=c.ep,
+            fp8=c.fp8,
+            cp=c.cp,
+            recompute_norm_act=c.recompute_norm_act,
+        )
         if rules.split == "even" and num_layers % (c.pp * c.vpp):
             out.append(f"{num_layers} layers over {c.pp * c.vpp} stages ({rules.stack} splits layers evenly)")
         if seen is not None:
@@ -349,12 +420,35 @@ class CostTables:
         tp_link = self.links(c)[Axis.tp]
         ep_link = self.ep_link(c)
         cp_link = cp_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.cp, c.mesh_order)
-        key = (c.micro_batch_size, c.tp, c.sequence_parallel, tp_link.signature, c.tp_comm_overlap, c.ep,
-               ep_link.signature if ep_link else None, c.fp8, c.cp, cp_link.signature if cp_link else None, c.recompute_norm_act)
+        key = (
+            c.micro_batch_size,
+            c.tp,
+            c.sequence_parallel,
+            tp_link.signature,
+            c.tp_comm_overlap,
+            c.ep,
+            ep_link.signature if ep_link else None,
+            c.fp8,
+            c.cp,
+            cp_link.signature if cp_link else None,
+            c.recompute_norm_act,
+        )
         if key not in self._layer:
             self._layer[key] = layer_costs(
-                self.model, self.cluster, rank_job(self.job, c.cp), c.micro_batch_size, c.tp, c.sequence_parallel, tp_link,
-                c.tp_comm_overlap, c.ep, ep_link, fp8=c.fp8, cp=c.cp, cp_link=cp_link, norm_act=c.recompute_norm_act,
+                self.model,
+                self.cluster,
+                rank_job(self.job, c.cp),
+                c.micro_batch_size,
+                c.tp,
+                c.sequence_parallel,
+                tp_link,
+                c.tp_comm_overlap,
+                c.ep,
+                ep_link,
+                fp8=c.fp8,
+                cp=c.cp,
+                cp_link=cp_link,
+                norm_act=c.recompute_norm_act,
             )
         return self._layer[key]
 
@@ -368,14 +462,37 @@ class CostTables:
         # their edge costs depend on all that it does
         layered = bool(self.model.first_dense_layers or self.model.mtp_layers)
         cp_link = cp_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.cp, c.mesh_order) if layered else None
-        key = (c.micro_batch_size, c.tp, c.sequence_parallel, c.pp, links[Axis.tp].signature, links[Axis.pp].signature,
-               c.ep, ep_link.signature if ep_link else None, c.tp_comm_overlap if layered else None,
-               c.fp8 if layered else None, c.cp, cp_link.signature if cp_link else None,
-               c.recompute_norm_act if layered else None)
+        key = (
+            c.micro_batch_size,
+            c.tp,
+            c.sequence_parallel,
+            c.pp,
+            links[Axis.tp].signature,
+            links[Axis.pp].signature,
+            c.ep,
+            ep_link.signature if ep_link else None,
+            c.tp_comm_overlap if layered else None,
+            c.fp8 if layered else None,
+            c.cp,
+            cp_link.signature if cp_link else None,
+            c.recompute_norm_act if layered else None,
+        )
         if key not in self._edge:
             self._edge[key] = edge_costs(
-                self.model, self.cluster, rank_job(self.job, c.cp), c.micro_batch_size, c.tp, c.sequence_parallel, c.pp,
-                links[Axis.tp], links[Axis.pp], c.ep, ep_link, self.layer(c), c.fp8, c.recompute_norm_act,
+                self.model,
+                self.cluster,
+                rank_job(self.job, c.cp),
+                c.micro_batch_size,
+                c.tp,
+                c.sequence_parallel,
+                c.pp,
+                links[Axis.tp],
+                links[Axis.pp],
+                c.ep,
+                ep_link,
+                self.layer(c),
+                c.fp8,
+                c.recompute_norm_act,
             )
         return self._edge[key]
 
@@ -392,7 +509,26 @@ class CostTables:
 
     def pipeline(self, c: Candidate) -> PipelineCosts:
         return layout_costs(
-            self.model, self.cluster, self.job, c.dp, c.tp, c.pp, c.vpp, c.micro_batch_size, c.num_micro_batches,
-            c.schedule, c.zero_stage, c.sequence_parallel, c.mesh_order, self.links(c), self.layer(c), self.edge(c),
-            self.flops(c), tp_overlap=c.tp_comm_overlap, ep=c.ep, fp8=c.fp8, cp=c.cp, norm_act=c.recompute_norm_act,
+            self.model,
+            self.cluster,
+            self.job,
+            c.dp,
+            c.tp,
+            c.pp,
+            c.vpp,
+            c.micro_batch_size,
+            c.num_micro_batches,
+            c.schedule,
+            c.zero_stage,
+            c.sequence_parallel,
+            c.mesh_order,
+            self.links(c),
+            self.layer(c),
+            self.edge(c),
+            self.flops(c),
+            tp_overlap=c.tp_comm_overlap,
+            ep=c.ep,
+            fp8=c.fp8,
+            cp=c.cp,
+            norm_act=c.recompute_norm_act,
         )

@@ -148,8 +148,11 @@ def solver_running(cancel: Optional[Callable[[], None]] = None):
     call returns or unwinds. Without stop_on_signals (the Python API), Python's own Ctrl-C is
     deferred the same way and raised as KeyboardInterrupt."""
     outer = getattr(_in_solver, "cancel", False)
-    own_ctrl_c = (outer is False and threading.current_thread() is threading.main_thread()
-                  and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    own_ctrl_c = (
+        outer is False
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
     _in_solver.cancel = cancel
     if own_ctrl_c:
         signal.signal(signal.SIGINT, _on_signal)

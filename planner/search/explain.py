@@ -10,7 +10,18 @@ from cost_models.estimate import rank_counts as rank_counts_of
 from cost_models.estimate import recompute_counts
 from cost_models.tables import PipelineCosts
 from cost_models.memory import GIB
-from planner.specs import DTYPE_BYTES, Axis, ClusterSpec, Collective, Estimate, Explanation, JobSpec, LinkVolume, ModelSpec, Plan
+from planner.specs import (
+    DTYPE_BYTES,
+    Axis,
+    ClusterSpec,
+    Collective,
+    Estimate,
+    Explanation,
+    JobSpec,
+    LinkVolume,
+    ModelSpec,
+    Plan,
+)
 
 _MEMORY_HINTS = {
     "model states": "shard them further (ZeRO stage, more dp/tp/pp)",
@@ -19,8 +30,9 @@ _MEMORY_HINTS = {
 }
 
 
-def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, est: Estimate, pc: PipelineCosts,
-            links: dict) -> Explanation:
+def explain(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, est: Estimate, pc: PipelineCosts, links: dict
+) -> Explanation:
     peak = max(est.memory_gib_per_pipeline_rank, key=lambda s: s.total)
     parts = {
         "model states": peak.weights + peak.gradients + peak.optimizer_states,
@@ -40,10 +52,15 @@ def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, es
     )
 
     e = DTYPE_BYTES[job.precision]
-    m, b, s, h = plan.num_micro_batches, plan.micro_batch_size, job.seq_len // plan.cp, model.hidden_size  # a rank's tokens
+    m, b, s, h = (
+        plan.num_micro_batches,
+        plan.micro_batch_size,
+        job.seq_len // plan.cp,
+        model.hidden_size,
+    )  # a rank's tokens
     counts = recompute_counts(plan, model.num_layers)
     rank = est.bottleneck_pipeline_rank
-    rank_counts = counts[rank::plan.pp]
+    rank_counts = counts[rank :: plan.pp]
     layers = sum(sum(c) for c in rank_counts)
     full_layers = sum(c[2] for c in rank_counts)
     buf = e * b * s * h
@@ -72,9 +89,12 @@ def explain(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, es
         tier = cluster.inter_node if link.inter_node else cluster.intra_node
         comms.append(
             LinkVolume(
-                axis=axis, degree=link.size, link=tier.name + (f" x {link.rails} rails" if link.rails > 1 else ""),
-                inter_node=link.inter_node, bandwidth_gbps=link.bandwidth_gbps(coll), gib_per_gpu_per_step=vol / GIB,
+                axis=axis,
+                degree=link.size,
+                link=tier.name + (f" x {link.rails} rails" if link.rails > 1 else ""),
+                inter_node=link.inter_node,
+                bandwidth_gbps=link.bandwidth_gbps(coll),
+                gib_per_gpu_per_step=vol / GIB,
             )
         )
     return Explanation(memory_bottleneck=memory, compute_bottleneck=compute, communication=comms)
-

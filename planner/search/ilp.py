@@ -120,7 +120,11 @@ def run_solver(prob, solver, deadline: Deadline = NO_DEADLINE) -> None:
     cbc = isinstance(solver, pulp.PULP_CBC_CMD)
     left = deadline.left()
     watchdog = threading.Timer(left + CBC_GRACE_S, _kill_children) if cbc and left is not None else None
-    with tempfile.TemporaryDirectory(prefix="plan-milp-") as scratch, quiet_stdout(), solver_running(_kill_children if cbc else None):
+    with (
+        tempfile.TemporaryDirectory(prefix="plan-milp-") as scratch,
+        quiet_stdout(),
+        solver_running(_kill_children if cbc else None),
+    ):
         if cbc:
             solver.tmpDir = scratch
         if watchdog is not None:
@@ -341,8 +345,17 @@ def _memory(b: _Block, rk: RankTerms, counts, limit_gib: float) -> None:
     b.add(b.lin(mem.linear, counts, 1 / GIB) + T <= limit_gib * b.y, f"memory_{rk.rank}_")
 
 
-def add_candidate(prob, pc: PipelineCosts, y, memory_limit_gib: float, modes: tuple, ts: float, rules=None,
-                  rank_rows: bool = False, symmetry: bool = False):
+def add_candidate(
+    prob,
+    pc: PipelineCosts,
+    y,
+    memory_limit_gib: float,
+    modes: tuple,
+    ts: float,
+    rules=None,
+    rank_rows: bool = False,
+    symmetry: bool = False,
+):
     """Variables and rows of one candidate (`rules`: what the target stack can express of
     the split and recompute, or None; `rank_rows`: each rank's floor rows, not only the
     slowest rank's; `symmetry`: order interchangeable ranks, :func:`_order_identical_ranks`);
@@ -400,8 +413,16 @@ def _order_identical_ranks(b: _Block, ranks) -> None:
             b.add(b.n[r] >= b.n[r + 1], f"order_{r}_")
 
 
-def candidate_problem(name: str, pc: PipelineCosts, memory_limit_gib: float, modes: tuple, ts: float, rules=None,
-                      rank_rows: bool = False, symmetry: bool = False):
+def candidate_problem(
+    name: str,
+    pc: PipelineCosts,
+    memory_limit_gib: float,
+    modes: tuple,
+    ts: float,
+    rules=None,
+    rank_rows: bool = False,
+    symmetry: bool = False,
+):
     """A MILP holding one candidate's variables and rows, times in units of 1/ts seconds:
     (problem, step-time expression, layer variables x[j][mode])."""
     prob = pulp.LpProblem(name, pulp.LpMinimize)
@@ -416,8 +437,15 @@ def _counts(x) -> tuple:
 
 
 def solve_candidate(
-    cand: Candidate, pc: PipelineCosts, memory_limit_gib: float, solver: str, time_limit: float | None = None,
-    modes: tuple = MODES, rules=None, cutoff_s: float | None = None, deadline: Deadline = NO_DEADLINE,
+    cand: Candidate,
+    pc: PipelineCosts,
+    memory_limit_gib: float,
+    solver: str,
+    time_limit: float | None = None,
+    modes: tuple = MODES,
+    rules=None,
+    cutoff_s: float | None = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> tuple[Solution | None, str]:
     """The best layer split of one candidate. Returns (solution, or None if none fits or
     none was found in time; solver status). `time_limit` (seconds) and `deadline`: whichever
@@ -462,8 +490,16 @@ def _has_solution(prob) -> bool:
     return prob.sol_status == pulp.LpSolutionIntegerFeasible
 
 
-def canonical_counts(pc: PipelineCosts, counts, step_time: float, memory_limit_gib: float, solver: str, modes: tuple = MODES,
-                     rules=None, deadline: Deadline = NO_DEADLINE):
+def canonical_counts(
+    pc: PipelineCosts,
+    counts,
+    step_time: float,
+    memory_limit_gib: float,
+    solver: str,
+    modes: tuple = MODES,
+    rules=None,
+    deadline: Deadline = NO_DEADLINE,
+):
     """The canonical representative of `counts` among the splits of this layout that are as
     fast and fit: many splits tie (a stage off an interleaved schedule's critical path may
     recompute or not), and which of them a MILP solver returns depends on its path, so the

@@ -22,7 +22,9 @@ def solve_document(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, result
         plan=best.plan,
         estimate=best.estimate,
         alternatives=[
-            Alternative(plan=a.plan, global_batch_size=a.job.global_batch_size, estimate=a.estimate, target=a.job.target)
+            Alternative(
+                plan=a.plan, global_batch_size=a.job.global_batch_size, estimate=a.estimate, target=a.job.target
+            )
             for a in result.alternatives
         ],
         search=search_report(result.stats),
@@ -57,15 +59,21 @@ def _position(stack, result: SearchResult):
     for k, f in enumerate([result.best, *result.alternatives]):
         if f.plan == own.plan and f.estimate == own.estimate:
             return k
-    raise ValueError(f"solve_document: {stack.target.value}'s recommendation is not in the result")  # an internal invariant
+    raise ValueError(
+        f"solve_document: {stack.target.value}'s recommendation is not in the result"
+    )  # an internal invariant
 
 
 def _stack_answers(result: SearchResult) -> list[StackAnswer]:
     """Each stack's answer; those with a plan first, in the document's order (the plan, then
     the alternatives by predicted time)."""
     answers = [
-        StackAnswer(target=s.target, alternative=_position(s, result), reason=s.reason,
-                    search=None if s.result is None else search_report(s.result.stats))
+        StackAnswer(
+            target=s.target,
+            alternative=_position(s, result),
+            reason=s.reason,
+            search=None if s.result is None else search_report(s.result.stats),
+        )
         for s in result.stacks
     ]
     return sorted(answers, key=lambda a: (a.alternative is None, a.alternative or 0))

@@ -33,8 +33,17 @@ from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recom
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
-from .candidates import (MEMORY, TP_ACROSS_NODES, Candidate, CostTables, Layouts, SearchSpace, candidate_modes, enumerate_candidates,
-                         stack_problems)
+from .candidates import (
+    MEMORY,
+    TP_ACROSS_NODES,
+    Candidate,
+    CostTables,
+    Layouts,
+    SearchSpace,
+    candidate_modes,
+    enumerate_candidates,
+    stack_problems,
+)
 from .deadline import NO_DEADLINE, Deadline, OutOfTime, polled
 from .ilp import Solution, canonical_counts, default_solver, solve_candidate
 
@@ -61,7 +70,9 @@ class SearchStats:
     optimal: bool = True
     optimality_gap: float = 0.0  # (best found - lower bound) / best found: 0 when proven optimal
     lower_bound: float = float("inf")  # seconds per token no plan of the space beats (the best found when optimal)
-    layouts_represented_log10: float = -math.inf  # log10 of the layouts with every layer split and recompute choice the ILP covers
+    layouts_represented_log10: float = (
+        -math.inf
+    )  # log10 of the layouts with every layer split and recompute choice the ILP covers
 
 
 @dataclass
@@ -80,7 +91,8 @@ def decode(c: Candidate, counts) -> Plan:
     if len(modes) == 1:
         return c.plan(layers_per_stage=layers, recompute=MODES[modes.pop()])
     return c.plan(
-        layers_per_stage=layers, recompute=Recompute.mixed,
+        layers_per_stage=layers,
+        recompute=Recompute.mixed,
         stage_recompute=[StageRecompute(none=x[0], selective=x[1], full=x[2]) for x in counts],
     )
 
@@ -92,7 +104,9 @@ def layouts_represented(stages: int, layers: int, equal_chunks: bool = False) ->
     :func:`layouts_represented_log10`."""
     if equal_chunks:  # chunks of n = L // S layers, L % S of them one more
         n, extra = divmod(layers, stages)
-        return math.comb(stages, extra) * ((n + 2) * (n + 1) // 2) ** (stages - extra) * ((n + 3) * (n + 2) // 2) ** extra
+        return (
+            math.comb(stages, extra) * ((n + 2) * (n + 1) // 2) ** (stages - extra) * ((n + 3) * (n + 2) // 2) ** extra
+        )
     return _free_splits(stages, layers)
 
 
@@ -119,8 +133,11 @@ def layouts_represented_log10(stages: int, layers: int, equal_chunks: bool = Fal
         return -math.inf
     if equal_chunks:
         n, extra = divmod(layers, stages)
-        return (math.log10(math.comb(stages, extra)) + (stages - extra) * math.log10((n + 2) * (n + 1) // 2)
-                + extra * math.log10((n + 3) * (n + 2) // 2))
+        return (
+            math.log10(math.comb(stages, extra))
+            + (stages - extra) * math.log10((n + 2) * (n + 1) // 2)
+            + extra * math.log10((n + 3) * (n + 2) // 2)
+        )
     return _free_splits_log10(stages, layers)
 
 
@@ -198,9 +215,22 @@ def solve(
     if found and not stats.optimal:
         stats.optimality_gap = max(0.0, (found[0][0] - stats.lower_bound) / found[0][0])
 
-    results = [_materialise(model, cluster, job, tables, costs[i], sol, limit, candidate_modes(space, sol.candidate), solver,
-                            space.rules, deadline)
-               for _, i, sol in found[: top_k + 1]]
+    results = [
+        _materialise(
+            model,
+            cluster,
+            job,
+            tables,
+            costs[i],
+            sol,
+            limit,
+            candidate_modes(space, sol.candidate),
+            solver,
+            space.rules,
+            deadline,
+        )
+        for _, i, sol in found[: top_k + 1]
+    ]
     if not results:
         return SearchResult(None, [], stats)
     fastest = results[0]
@@ -208,8 +238,17 @@ def solve(
     return SearchResult(results[0], results[1:], stats, fastest)
 
 
-def _search(cands: list, costs: dict, heap: list, limit: float, top_k: int, solver: str, space: SearchSpace, stats: SearchStats,
-            deadline: Deadline) -> tuple[list, float, int]:
+def _search(
+    cands: list,
+    costs: dict,
+    heap: list,
+    limit: float,
+    top_k: int,
+    solver: str,
+    space: SearchSpace,
+    stats: SearchStats,
+    deadline: Deadline,
+) -> tuple[list, float, int]:
     """Best-first over the bounded candidates (`heap`, popped in place): refine the front
     candidate's bound, or solve its ILP once refined, until no bound left can beat the
     (top_k + 1)-th plan found, or the deadline (its grace while none is found). Returns (found: (seconds per token, index,
@@ -248,8 +287,17 @@ def _search(cands: list, costs: dict, heap: list, limit: float, top_k: int, solv
         heapq.heappop(heap)
         # Only a plan faster than the (top_k + 1)-th found so far can change the answer.
         cutoff = threshold() * costs[i].tokens_per_step if len(found) > top_k else None
-        sol, status = solve_candidate(cands[i], costs[i], limit, solver, None, candidate_modes(space, cands[i]), space.rules, cutoff,
-                                      deadline=stop)
+        sol, status = solve_candidate(
+            cands[i],
+            costs[i],
+            limit,
+            solver,
+            None,
+            candidate_modes(space, cands[i]),
+            space.rules,
+            cutoff,
+            deadline=stop,
+        )
         stats.ilps_solved += 1
         if status == "Cutoff":
             cut += 1
@@ -277,8 +325,10 @@ def seconds_per_token(f: Found) -> float:
 
 # break_ties in one sentence, for the places that print a recommendation (planner/cli/render.py
 # and the document's tie_rule, planner/search/report.py).
-TIE_RULE = ("among the plans whose predicted intervals overlap the fastest plan's, the one whose interval ends lowest "
-            "(the best worst case) is recommended")
+TIE_RULE = (
+    "among the plans whose predicted intervals overlap the fastest plan's, the one whose interval ends lowest "
+    "(the best worst case) is recommended"
+)
 
 
 def break_ties(results: list) -> list:
@@ -292,13 +342,18 @@ def break_ties(results: list) -> list:
     if best.estimate.step_time_interval_s is None:
         return results
     top = _per_token(best, best.estimate.step_time_interval_s[1])
-    tied = [f for f in results if f.estimate.step_time_interval_s and _per_token(f, f.estimate.step_time_interval_s[0]) <= top]
+    tied = [
+        f
+        for f in results
+        if f.estimate.step_time_interval_s and _per_token(f, f.estimate.step_time_interval_s[0]) <= top
+    ]
     pick = min(tied, key=lambda f: _per_token(f, f.estimate.step_time_interval_s[1]))
     return [pick] + [f for f in results if f is not pick]
 
 
-def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, stats: SearchStats,
-               deadline: Deadline = NO_DEADLINE) -> tuple[list, dict]:
+def _bound_all(
+    cands: list, tables: CostTables, limit: float, num_layers: int, stats: SearchStats, deadline: Deadline = NO_DEADLINE
+) -> tuple[list, dict]:
     """Every candidate's cost tables and cheap bound: a heap of (bound on seconds per token,
     index, refined?) and the tables by index; what cannot fit even its model states is
     counted as memory-infeasible. OutOfTime when the deadline passes first."""
@@ -307,8 +362,9 @@ def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, s
     for i, c in polled(enumerate(cands), deadline, every=64):
         pc = tables.pipeline(c)
         lb = cheap_bound(pc, limit)
-        stats.layouts_represented_log10 = log10_sum(stats.layouts_represented_log10,
-                                                    layouts_represented_log10(c.pp * c.vpp, num_layers, c.vpp > 1))
+        stats.layouts_represented_log10 = log10_sum(
+            stats.layouts_represented_log10, layouts_represented_log10(c.pp * c.vpp, num_layers, c.vpp > 1)
+        )
         if lb is None:
             stats.rejected[MEMORY] += 1
             continue
@@ -317,15 +373,20 @@ def _bound_all(cands: list, tables: CostTables, limit: float, num_layers: int, s
     return heap, costs
 
 
-def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: str, rules=None,
-           deadline: Deadline = NO_DEADLINE) -> tuple:
+def settle(
+    pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: str, rules=None, deadline: Deadline = NO_DEADLINE
+) -> tuple:
     """The canonical split of those as fast as `counts` (ilp.canonical_counts, within the
     deadline), with any recomputation that still costs nothing dropped (:func:`tidy`)."""
     step = evaluate(pc, list(counts)).step_time_s
     # One stage has no placement to choose, and a split with no recomputation is already what
     # the tie-break prefers: tidy() settles those.
     ties = pc.num_stages > 1 and any(c[1] or c[2] for c in counts)
-    canonical = canonical_counts(pc, counts, step, limit_gib, solver, modes, rules, deadline) if ties and not deadline.expired() else None
+    canonical = (
+        canonical_counts(pc, counts, step, limit_gib, solver, modes, rules, deadline)
+        if ties and not deadline.expired()
+        else None
+    )
     if canonical is not None:
         est = evaluate(pc, list(canonical))
         if est.step_time_s <= step * (1 + 1e-12) and est.peak_memory_gib <= limit_gib:
@@ -333,8 +394,9 @@ def settle(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, solver: st
     return tidy(pc, counts, limit_gib, modes, step, rules, deadline)
 
 
-def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float, rules=None,
-         deadline: Deadline = NO_DEADLINE) -> tuple:
+def tidy(
+    pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float, rules=None, deadline: Deadline = NO_DEADLINE
+) -> tuple:
     """Drop recomputation the ILP chose where it costs nothing (a stage off the critical
     path of an interleaved schedule ties with and without it): keep the step time `step` of
     `counts` and the memory limit, prefer less recompute, stage by stage (O(stages^2): past
@@ -349,7 +411,7 @@ def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float,
                 break
             if any(option[i] and MODES[i] not in modes for i in range(3)):
                 continue
-            trial = counts[:j] + [option] + counts[j + 1:]
+            trial = counts[:j] + [option] + counts[j + 1 :]
             if rules is not None and rules.counts_problems(trial):
                 continue  # the target stack could not run it
             est = evaluate(pc, trial)
@@ -360,8 +422,17 @@ def tidy(pc: PipelineCosts, counts, limit_gib: float, modes: tuple, step: float,
 
 
 def _materialise(
-    model, cluster, job, tables: CostTables, pc: PipelineCosts, sol: Solution, limit_gib: float, modes: tuple, solver: str,
-    rules=None, deadline: Deadline = NO_DEADLINE,
+    model,
+    cluster,
+    job,
+    tables: CostTables,
+    pc: PipelineCosts,
+    sol: Solution,
+    limit_gib: float,
+    modes: tuple,
+    solver: str,
+    rules=None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> Found:
     counts = settle(pc, sol.counts, limit_gib, modes, solver, rules, deadline)
     plan = decode(sol.candidate, counts)
@@ -372,7 +443,12 @@ def _materialise(
 
 
 def infeasibility(
-    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace, limit_gib: float, stacks: Optional[str] = None,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    space: SearchSpace,
+    limit_gib: float,
+    stacks: Optional[str] = None,
     deadline: Deadline = NO_DEADLINE,
 ) -> InfeasibleError:
     """Why nothing fits: the least memory any layout needs, how far over that is, and what
@@ -381,12 +457,21 @@ def infeasibility(
     try:
         return _infeasibility(model, cluster, job, space, limit_gib, stacks, deadline)
     except OutOfTime:
-        return InfeasibleError(f"no layout {stacks or job.target.value} can express fits in {gib(limit_gib)} GiB per GPU (--time-limit "
-                               "ran out before the least memory a layout needs was found; allow more time to see it)")
+        return InfeasibleError(
+            f"no layout {stacks or job.target.value} can express fits in {gib(limit_gib)} GiB per GPU (--time-limit "
+            "ran out before the least memory a layout needs was found; allow more time to see it)"
+        )
 
 
-def _infeasibility(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace, limit_gib: float, stacks: Optional[str],
-                   deadline: Deadline) -> InfeasibleError:
+def _infeasibility(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    space: SearchSpace,
+    limit_gib: float,
+    stacks: Optional[str],
+    deadline: Deadline,
+) -> InfeasibleError:
     need = min_memory_needed(model, cluster, job, space, deadline)
     if need is None:
         return InfeasibleError(_no_valid_layout(model, cluster, space, deadline))
@@ -446,30 +531,46 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
     blamed = alone or fewest or frozenset({"tp"})  # the generic case: any tp
     fixed_tp = space.fixed.get("tp")
     # a tp over the scale-up domain, or a mesh order stretching a smaller one across nodes
-    cross = (" (or --allow-cross-node-tp: tp may not leave a node)" if rejected.get(TP_ACROSS_NODES) and blamed & {"tp", "mesh_order"}
-             and ("mesh_order" in blamed or fixed_tp is None or fixed_tp > cluster.domain_gpus) else "")
+    cross = (
+        " (or --allow-cross-node-tp: tp may not leave a node)"
+        if rejected.get(TP_ACROSS_NODES)
+        and blamed & {"tp", "mesh_order"}
+        and ("mesh_order" in blamed or fixed_tp is None or fixed_tp > cluster.domain_gpus)
+        else ""
+    )
     try:  # only where the stack runs layouts without the fixes: else the fixes are not what rules them out
         refused = stack_refusal(model, cluster, space, deadline) if space.fixed and fewest is not None else None
     except OutOfTime:
         refused = None
     if refused:  # layouts with the fixes exist; the target stack runs none of them
         names = " and ".join(shown.values())
-        return (f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(shown) == 1 else 'them'}, "
-                "or plan for another --target")
+        return (
+            f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(shown) == 1 else 'them'}, "
+            "or plan for another --target"
+        )
     if len(alone) == 1:
-        return (f"no layout of the search space is valid with {shown[next(iter(alone))]} ({model.name} on {space.num_gpus:,} "
-                f"GPUs has layouts without it: its divisibility or the target stack rules it out); change or drop it{cross}")
+        return (
+            f"no layout of the search space is valid with {shown[next(iter(alone))]} ({model.name} on {space.num_gpus:,} "
+            f"GPUs has layouts without it: its divisibility or the target stack rules it out); change or drop it{cross}"
+        )
     if alone or fewest:
         names = " and ".join(shown[k] for k in sorted(alone or fewest))
-        return (f"no layout of the search space is valid with {names} together ({model.name} on {space.num_gpus:,} GPUs has "
-                f"layouts without {'any one' if alone else 'all'} of them); change or drop {'one' if alone else 'them'}{cross}")
+        return (
+            f"no layout of the search space is valid with {names} together ({model.name} on {space.num_gpus:,} GPUs has "
+            f"layouts without {'any one' if alone else 'all'} of them); change or drop {'one' if alone else 'them'}{cross}"
+        )
     batch = f"global batch {space.global_batch_size:,}" if space.global_batch_size else "this micro-batch"
-    return (f"no layout of the search space is valid for {model.name} on {space.num_gpus:,} GPUs with {batch}: dp x tp x pp "
-            f"(x cp) must make the GPU count, dp divide the batch, tp the heads and pp the layers; try fewer GPUs"
-            + (" or a larger batch" if space.global_batch_size else "") + cross)
+    return (
+        f"no layout of the search space is valid for {model.name} on {space.num_gpus:,} GPUs with {batch}: dp x tp x pp "
+        f"(x cp) must make the GPU count, dp divide the batch, tp the heads and pp the layers; try fewer GPUs"
+        + (" or a larger batch" if space.global_batch_size else "")
+        + cross
+    )
 
 
-def stack_refusal(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline = NO_DEADLINE) -> Optional[str]:
+def stack_refusal(
+    model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, deadline: Deadline = NO_DEADLINE
+) -> Optional[str]:
     """Where layouts with the space's --fix choices exist but its target stack runs none of them:
     why it refuses them, from the layouts it refuses for the fewest reasons (the nearest to
     running): the reason most of those share, "and other reasons" where it is not their only
@@ -477,7 +578,9 @@ def stack_refusal(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, de
     OutOfTime past `deadline`."""
     if space.rules is None:
         return None
-    layouts, _ = enumerate_candidates(model, cluster, replace(space, rules=None, target_problems=None), deadline=deadline)
+    layouts, _ = enumerate_candidates(
+        model, cluster, replace(space, rules=None, target_problems=None), deadline=deadline
+    )
     problems = [stack_problems(space, c, model.num_layers) for c in polled(layouts, deadline, every=256)]
     refused = [p for p in problems if p]
     if not refused or len(refused) < len(problems):  # no layout has the fixes, or the stack runs some
@@ -497,9 +600,9 @@ def _over(over: float, limit: float) -> str:
     return f"{over:.1f} GiB over ({ratio + 1:.3g} times the limit)"
 
 
-
-def min_memory_needed(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace,
-                      deadline: Deadline = NO_DEADLINE) -> Optional[float]:
+def min_memory_needed(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: SearchSpace, deadline: Deadline = NO_DEADLINE
+) -> Optional[float]:
     """A lower bound (GiB) on the peak memory of the most frugal layout: every layer in its most
     frugal recompute mode the candidate may use (full recompute, unless the candidate reruns its
     norms and activation instead), layers spread to equalise rank memory (continuous

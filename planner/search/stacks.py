@@ -28,8 +28,17 @@ from planner.specs import memory_limit_gib as memory_limit_gib_of
 from .candidates import MEMORY, SearchSpace, enumerate_layouts
 from .deadline import NO_DEADLINE, Deadline, OutOfTime
 from .ilp import default_solver
-from .solve import (SearchResult, SearchStats, break_ties, infeasibility, log10_sum, min_memory_needed, seconds_per_token, solve,
-                    stack_refusal)
+from .solve import (
+    SearchResult,
+    SearchStats,
+    break_ties,
+    infeasibility,
+    log10_sum,
+    min_memory_needed,
+    seconds_per_token,
+    solve,
+    stack_refusal,
+)
 
 STACK_TARGETS = tuple(Target(s) for s in stacks.EXPORT_STACKS)  # what `plan solve` searches without --target
 # The order they are searched in under a --time-limit: the narrowest space first. A search's
@@ -71,17 +80,31 @@ def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpa
     _refuse_fixes(base.fixed, rules)
     modes = tuple(m for m in base.recompute_modes if m.value in rules.recompute_modes)
     if not modes:
-        raise FixRefusal(f"--fix recompute={base.recompute_modes[0].value}", f"{rules.stack} has recompute {', '.join(rules.recompute_modes)}")
+        raise FixRefusal(
+            f"--fix recompute={base.recompute_modes[0].value}",
+            f"{rules.stack} has recompute {', '.join(rules.recompute_modes)}",
+        )
     problems = stack.layout_problems  # what the stack refuses beyond its Rules
-    return replace(base, tp_comm_overlap=overlap, recompute_norm_act=norm_act, rules=rules, recompute_modes=modes,
-                   target_problems=lambda layout: problems(layout, model, job))
+    return replace(
+        base,
+        tp_comm_overlap=overlap,
+        recompute_norm_act=norm_act,
+        rules=rules,
+        recompute_modes=modes,
+        target_problems=lambda layout: problems(layout, model, job),
+    )
 
 
 class FixRefusal(UsageError):
     """A --fix choice a stack cannot honour: `problem` (the fix and why) and what to do."""
 
-    def __init__(self, fix: str, why: str, advice: str = "; change or drop the fix, or plan for another --target",
-                 generic_too: bool = False):
+    def __init__(
+        self,
+        fix: str,
+        why: str,
+        advice: str = "; change or drop the fix, or plan for another --target",
+        generic_too: bool = False,
+    ):
         self.problem = f"{fix}: {why}"
         self.generic_too = generic_too  # --target generic refuses it as well
         super().__init__(self.problem + advice)
@@ -108,15 +131,25 @@ def _norm_act_space(base: SearchSpace, model: ModelSpec, stack) -> tuple:
         return (False,) if only_full else norm_act_choices(model, stack)
     if base.fixed["recompute_norm_act"]:
         if not stack.recompute_norm_act:
-            raise FixRefusal("--fix recompute_norm_act=true", f"{stack.name} does not recompute the norms and the experts' activation "
-                             f"apart", f"; --target {stacks.having('recompute_norm_act')}, or drop the fix",
-                             generic_too=not stacks.get(Target.generic).recompute_norm_act)
+            raise FixRefusal(
+                "--fix recompute_norm_act=true",
+                f"{stack.name} does not recompute the norms and the experts' activation apart",
+                f"; --target {stacks.having('recompute_norm_act')}, or drop the fix",
+                generic_too=not stacks.get(Target.generic).recompute_norm_act,
+            )
         if base.fixed.get("fp8") and stack.rules is not None and not stack.rules.recompute_norm_act_fp8:
-            raise FixRefusal("--fix recompute_norm_act=true with --fix fp8=true",
-                             f"{stack.name}'s FP8 recipe refuses the norm and activation recompute", "; drop one of the fixes")
+            raise FixRefusal(
+                "--fix recompute_norm_act=true with --fix fp8=true",
+                f"{stack.name}'s FP8 recipe refuses the norm and activation recompute",
+                "; drop one of the fixes",
+            )
         if only_full:
-            raise FixRefusal("--fix recompute_norm_act=true with --fix recompute=full",
-                             "a fully recomputed layer reruns its whole forward already", "; drop one of the fixes", generic_too=True)
+            raise FixRefusal(
+                "--fix recompute_norm_act=true with --fix recompute=full",
+                "a fully recomputed layer reruns its whole forward already",
+                "; drop one of the fixes",
+                generic_too=True,
+            )
     return (base.fixed["recompute_norm_act"],)
 
 
@@ -159,19 +192,27 @@ def solve_stacks(
     searches = [_stack_search(base, model, job, t) for t in targets]
     todo = [s for s in searches if s.space is not None]
     try:  # every target's TP-overlap choice in one enumeration; each search takes its own (candidates.py)
-        every = replace(base, tp_comm_overlap=(False, True), recompute_norm_act=tuple(sorted({x for s in todo for x in s.space.recompute_norm_act})))
+        every = replace(
+            base,
+            tp_comm_overlap=(False, True),
+            recompute_norm_act=tuple(sorted({x for s in todo for x in s.space.recompute_norm_act})),
+        )
         layouts = enumerate_layouts(model, cluster, every, deadline.before_first_plan())
     except OutOfTime:
         layouts = None
     for k, s in enumerate(sorted(todo, key=_search_rank)):
         if layouts is None:  # the time ran out enumerating: no stack has a plan
-            s.result = SearchResult(None, [], SearchStats(solver=solver, optimal=False, lower_bound=0.0))  # nothing proven
+            s.result = SearchResult(
+                None, [], SearchStats(solver=solver, optimal=False, lower_bound=0.0)
+            )  # nothing proven
         else:
             left = deadline.left()
             share = deadline.sooner(None if left is None else left / (len(todo) - k))
             if any(d.result is not None and d.result.best is not None for d in todo):
                 share = share.without_grace()  # the grace is for a first plan of any stack
-            s.result = solve(model, cluster, s.job, s.space, limit, top_k, None, solver, layouts=layouts, deadline=share)
+            s.result = solve(
+                model, cluster, s.job, s.space, limit, top_k, None, solver, layouts=layouts, deadline=share
+            )
         if s.result.best is None:
             s.reason = _why_none(s.result, limit)
     best, alternatives, fastest = _pool([s.result for s in todo if s.result.best is not None], top_k)
@@ -188,8 +229,14 @@ def _stack_search(base: SearchSpace, model: ModelSpec, job: JobSpec, target: Tar
     try:
         return StackSearch(target, sjob, target_space(base, model, sjob))
     except UsageError as exc:
-        return StackSearch(target, sjob, None, reason=str(exc), fix_refused=getattr(exc, "problem", None),
-                           fix_refused_generic_too=getattr(exc, "generic_too", False))
+        return StackSearch(
+            target,
+            sjob,
+            None,
+            reason=str(exc),
+            fix_refused=getattr(exc, "problem", None),
+            fix_refused_generic_too=getattr(exc, "generic_too", False),
+        )
 
 
 def _why_none(result: SearchResult, limit_gib: float) -> str:
@@ -205,14 +252,16 @@ def _pool(results: list, top_k: int) -> tuple:
     over all of them; the alternatives are the next `top_k` and each stack's own recommendation.
     A layout two stacks found with the same prediction is listed once (the first stack's)."""
     found = []
-    for f in sorted((f for r in results for f in [r.best, *r.alternatives]), key=seconds_per_token):  # stable: stack order
+    for f in sorted(
+        (f for r in results for f in [r.best, *r.alternatives]), key=seconds_per_token
+    ):  # stable: stack order
         if not any(f.plan == g.plan and f.estimate == g.estimate for g in found):
             found.append(f)
     if not found:
         return None, [], None
     ranked = break_ties(found)
     own = [next(g for g in found if g.plan == r.best.plan and g.estimate == r.best.estimate) for r in results]
-    listed = {id(f) for f in ranked[1:top_k + 1] + own}
+    listed = {id(f) for f in ranked[1 : top_k + 1] + own}
     return ranked[0], [f for f in found if f is not ranked[0] and id(f) in listed], found[0]
 
 
@@ -233,31 +282,52 @@ def _combined_stats(stats: list[SearchStats], solver: str, wall_s: float, fastes
     return out
 
 
-def stacks_infeasibility(model: ModelSpec, cluster: ClusterSpec, searches: list, limit_gib: float,
-                         deadline: Deadline = NO_DEADLINE) -> InfeasibleError | UsageError:
+def stacks_infeasibility(
+    model: ModelSpec, cluster: ClusterSpec, searches: list, limit_gib: float, deadline: Deadline = NO_DEADLINE
+) -> InfeasibleError | UsageError:
     """Why no stack has a plan: the message of the stack whose most frugal layout needs least
     (past the deadline, only that nothing fits); a UsageError where --fix choices rule out every stack."""
     searched = [s for s in searches if s.space is not None]
     if not searched and all(s.fix_refused for s in searches):  # the fixes rule out every stack: usage
         generic = "" if any(s.fix_refused_generic_too for s in searches) else ", or plan with --target generic"
-        return UsageError("no stack can run these --fix choices: " + "; ".join(dict.fromkeys(s.fix_refused for s in searches))
-                          + "; change or drop them" + generic)
+        return UsageError(
+            "no stack can run these --fix choices: "
+            + "; ".join(dict.fromkeys(s.fix_refused for s in searches))
+            + "; change or drop them"
+            + generic
+        )
     if not searched:
-        return InfeasibleError("; ".join(s.reason if s.reason.startswith(s.target.value) else f"{s.target.value}: {s.reason}"
-                                         for s in searches))
+        return InfeasibleError(
+            "; ".join(
+                s.reason if s.reason.startswith(s.target.value) else f"{s.target.value}: {s.reason}" for s in searches
+            )
+        )
     names = f"any of {', '.join(s.target.value for s in searched)}"
     try:  # the --fix choices are what every stack refuses, where layouts with them exist: each stack's reason
-        why = {s.target: stack_refusal(model, cluster, s.space, deadline) for s in searched} if searched[0].space.fixed else {}
+        why = (
+            {s.target: stack_refusal(model, cluster, s.space, deadline) for s in searched}
+            if searched[0].space.fixed
+            else {}
+        )
     except OutOfTime:
         why = {}
-    refused = {s.target: s.fix_refused for s in searches if s.fix_refused}  # the stacks a fix ruled out before the search
+    refused = {
+        s.target: s.fix_refused for s in searches if s.fix_refused
+    }  # the stacks a fix ruled out before the search
     if (len(searched) > 1 or refused) and why and all(why.values()):
         from planner.inputs import fix_key, fix_text  # planner.inputs builds search spaces: imported late
 
         fixes = " and ".join(f"--fix {fix_key(k)}={fix_text(v)}" for k, v in searched[0].space.fixed.items())
-        reasons = {s.target: refused.get(s.target) or why[s.target] for s in searches if s.target in refused or s.target in why}
-        return UsageError(f"no stack can run {fixes}: " + "; ".join(f"{t.value}: {w}" for t, w in reasons.items())
-                          + "; change or drop " + ("it" if len(searched[0].space.fixed) == 1 else "them") + ", or plan with --target generic")
+        reasons = {
+            s.target: refused.get(s.target) or why[s.target] for s in searches if s.target in refused or s.target in why
+        }
+        return UsageError(
+            f"no stack can run {fixes}: "
+            + "; ".join(f"{t.value}: {w}" for t, w in reasons.items())
+            + "; change or drop "
+            + ("it" if len(searched[0].space.fixed) == 1 else "them")
+            + ", or plan with --target generic"
+        )
     try:
         need = {s.target: min_memory_needed(model, cluster, s.job, s.space, deadline) for s in searched}
     except OutOfTime:

@@ -82,13 +82,19 @@ class _Bounds:
         integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
         real = integer or (isinstance(value, numbers.Real) and not isinstance(value, bool))
         if not (integer if self.kind is int else real):
-            raise PydanticCustomError("number_type", "must be {range}, got {got}", {"range": self.range_text(), "got": _shown(value)})
+            raise PydanticCustomError(
+                "number_type", "must be {range}, got {got}", {"range": self.range_text(), "got": _shown(value)}
+            )
         if not integer and not math.isfinite(value):
-            raise PydanticCustomError("finite_number", "must be {range}, got {got}", {"range": self.range_text(), "got": _shown(value)})
+            raise PydanticCustomError(
+                "finite_number", "must be {range}, got {got}", {"range": self.range_text(), "got": _shown(value)}
+            )
         low = value <= self.lo if self.open_lo else value < self.lo
         high = value >= self.hi if self.open_hi else value > self.hi
         if low or high:  # int against float compares exactly, without converting: 10**400 > 1e6
-            raise PydanticCustomError("number_range", "must be {range}, got {got}", {"range": self.range_text(), "got": _shown(value)})
+            raise PydanticCustomError(
+                "number_range", "must be {range}, got {got}", {"range": self.range_text(), "got": _shown(value)}
+            )
         return int(value) if self.kind is int else float(value)
 
 
@@ -153,8 +159,11 @@ class _Spec(BaseModel):
         if isinstance(value, str) and info.field_name and info.field_name.endswith("name") and _CONTROL.search(value):
             # a name is printed in titles, tables and error lines: a newline or an escape
             # sequence in it would break or restyle them
-            raise PydanticCustomError("strict_type", "a name may not hold control characters (newlines, escapes), got {shown}",
-                                      {"shown": _shown(value)})
+            raise PydanticCustomError(
+                "strict_type",
+                "a name may not hold control characters (newlines, escapes), got {shown}",
+                {"shown": _shown(value)},
+            )
         if field is None or any(isinstance(m, _Bounds) for m in field.metadata):
             return value
         kind = _plain_kind(field.annotation)

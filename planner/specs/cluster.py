@@ -39,7 +39,6 @@ from planner.specs.model import DType, ModelSpec
 # --------------------------------------------------------------------------- enums
 
 
-
 class Collective(str, Enum):
     all_reduce = "all_reduce"
     all_gather = "all_gather"
@@ -61,7 +60,7 @@ REQUIRED_COLLECTIVES = (Collective.all_reduce, Collective.all_gather, Collective
 class EfficiencyPoint(_Spec):
     """One point of the achievable-matmul-efficiency curve."""
 
-    gemm_flops: Real(0, MAX_FLOPS, 'FLOPs', open_lo=True) = Field(description="FLOPs of one GEMM call (2*m*n*k).")
+    gemm_flops: Real(0, MAX_FLOPS, "FLOPs", open_lo=True) = Field(description="FLOPs of one GEMM call (2*m*n*k).")
     efficiency: Fraction = Field(description="Achieved fraction of peak dense throughput at that size.")
 
 
@@ -75,9 +74,13 @@ class GemmModel(_Spec):
     sm_count: Integer(1, 100_000) = Field(description="Streaming multiprocessors (A100: 108, H100 SXM: 132).")
     tile_m: Integer(1, 4096) = Field(default=128, description="Output tile rows of the typical large-GEMM kernel.")
     tile_n: Integer(1, 4096) = Field(default=128, description="Output tile columns.")
-    k_overhead: Real(0, MAX_WIDTH) = Field(default=64, description="Per-tile prologue/epilogue, in equivalent k elements.")
+    k_overhead: Real(0, MAX_WIDTH) = Field(
+        default=64, description="Per-tile prologue/epilogue, in equivalent k elements."
+    )
     wave_tail: Real(0, 1) = Field(default=0.25, description="Average idle fraction of the last wave, in waves.")
-    max_efficiency: Fraction = Field(description="Best achievable fraction of peak of a large, aligned GEMM (measured, e.g. MAMF).")
+    max_efficiency: Fraction = Field(
+        description="Best achievable fraction of peak of a large, aligned GEMM (measured, e.g. MAMF)."
+    )
     fp8_max_efficiency: Optional[Fraction] = Field(
         default=None, description="The same for FP8 GEMMs, as a fraction of DeviceSpec.fp8_peak_tflops (schema 1.4)."
     )
@@ -98,27 +101,33 @@ class DeviceSpec(_Spec):
     """One accelerator."""
 
     name: str = Field(description="Device name, e.g. 'A100-SXM4-80GB'.")
-    peak_tflops: dict[DType, Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(min_length=1, description="Peak dense (no sparsity) TFLOP/s per compute dtype.")
-    fp8_peak_tflops: Optional[Real(MIN_TFLOPS, MAX_TFLOPS, 'TFLOP/s')] = Field(
+    peak_tflops: dict[DType, Real(MIN_TFLOPS, MAX_TFLOPS, "TFLOP/s")] = Field(
+        min_length=1, description="Peak dense (no sparsity) TFLOP/s per compute dtype."
+    )
+    fp8_peak_tflops: Optional[Real(MIN_TFLOPS, MAX_TFLOPS, "TFLOP/s")] = Field(
         default=None,
         description=f"Peak dense FP8 tensor-core TFLOP/s ({FP8_PARTS}); None: the device has no FP8 GEMMs (schema 1.4).",
     )
 
-    memory_gib: Real(1e-3, MAX_GIB, 'GiB') = Field(description="Device memory capacity in GiB.")
-    memory_bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Peak memory bandwidth in GB/s.")
+    memory_gib: Real(1e-3, MAX_GIB, "GiB") = Field(description="Device memory capacity in GiB.")
+    memory_bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, "GB/s") = Field(description="Peak memory bandwidth in GB/s.")
     memory_bandwidth_efficiency: Fraction = Field(
-        default=0.8, description="Achieved fraction of memory bandwidth by element-wise kernels (norms, activations, softmax)."
+        default=0.8,
+        description="Achieved fraction of memory bandwidth by element-wise kernels (norms, activations, softmax).",
     )
     matmul_efficiency: Optional[list[EfficiencyPoint]] = Field(
-        default=None, min_length=1,
+        default=None,
+        min_length=1,
         description="Achievable GEMM efficiency versus GEMM size (measured square GEMMs); interpolated linearly in "
         "log10(FLOPs), clamped at the ends. Used where `gemm` (the shape model) is not given; one of the two is required.",
     )
-    framework_overhead_gib: Real(0, MAX_GIB, 'GiB') = Field(
-        default=2.0, description="Memory per device that is not model state: CUDA context, communicator buffers, allocator fragmentation."
+    framework_overhead_gib: Real(0, MAX_GIB, "GiB") = Field(
+        default=2.0,
+        description="Memory per device that is not model state: CUDA context, communicator buffers, allocator fragmentation.",
     )
     gemm: Optional[GemmModel] = Field(
-        default=None, description="Shape-aware GEMM model; None: GEMMs follow matmul_efficiency by FLOPs (measured CPU profiles)."
+        default=None,
+        description="Shape-aware GEMM model; None: GEMMs follow matmul_efficiency by FLOPs (measured CPU profiles).",
     )
     attention: Optional[dict[str, AttentionEfficiency]] = Field(
         default=None,
@@ -126,7 +135,7 @@ class DeviceSpec(_Spec):
         "FlashAttention-3 class, as Transformer Engine runs it); None: attention runs as GEMMs. A table needs 'flash2', the "
         "kernel every stack but megatron runs; without 'cudnn', megatron's attention is costed at flash2's efficiency.",
     )
-    kernel_overhead_us: Real(0, MAX_US, 'microseconds') = Field(
+    kernel_overhead_us: Real(0, MAX_US, "microseconds") = Field(
         default=0.0, description="Gap per launched kernel in a training loop (launch, dependency wait), microseconds."
     )
     sustained_fraction: Fraction = Field(
@@ -156,15 +165,21 @@ class DeviceSpec(_Spec):
             if unknown:
                 raise _refused(f"attention: unknown kernel {unknown[0]!r}; the kernels are 'flash2' and 'cudnn'")
             if "flash2" not in self.attention:
-                raise _refused("attention needs a 'flash2' entry (FlashAttention-2's forward and backward efficiency, the kernel "
-                                 "every target but megatron runs), or leave attention out to cost attention as GEMMs")
+                raise _refused(
+                    "attention needs a 'flash2' entry (FlashAttention-2's forward and backward efficiency, the kernel "
+                    "every target but megatron runs), or leave attention out to cost attention as GEMMs"
+                )
         if self.framework_overhead_gib >= self.memory_gib:
-            raise _refused(f"framework_overhead_gib {self.framework_overhead_gib:g} is not below memory_gib {self.memory_gib:g}: "
-                           "nothing would be left for the model; give the memory the framework itself takes (CUDA context, "
-                           "buffers: about 2 GiB on a GPU)")
+            raise _refused(
+                f"framework_overhead_gib {self.framework_overhead_gib:g} is not below memory_gib {self.memory_gib:g}: "
+                "nothing would be left for the model; give the memory the framework itself takes (CUDA context, "
+                "buffers: about 2 GiB on a GPU)"
+            )
         if self.fp8_peak_tflops is not None and (self.gemm is None or self.gemm.fp8_max_efficiency is None):
-            raise _refused("fp8_peak_tflops needs gemm.fp8_max_efficiency (the fraction of it an FP8 GEMM achieves), or leave "
-                             "fp8_peak_tflops out for a device without FP8 GEMMs")
+            raise _refused(
+                "fp8_peak_tflops needs gemm.fp8_max_efficiency (the fraction of it an FP8 GEMM achieves), or leave "
+                "fp8_peak_tflops out for a device without FP8 GEMMs"
+            )
         return self
 
 
@@ -181,25 +196,28 @@ class CollectiveFit(_Spec):
     group_size: Optional[Integer(1, MAX_GPUS)] = Field(
         default=None, description="Group size this fit was measured at; None means it applies to any size."
     )
-    latency_us: Real(0, MAX_US, 'microseconds') = Field(description="Fixed cost per call (alpha), microseconds.")
-    bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Bus bandwidth (1/beta), GB/s.")
+    latency_us: Real(0, MAX_US, "microseconds") = Field(description="Fixed cost per call (alpha), microseconds.")
+    bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, "GB/s") = Field(description="Bus bandwidth (1/beta), GB/s.")
 
 
 class LinkTier(_Spec):
     """One level of the network: inside a node (NVLink/NVSwitch) or across nodes (InfiniBand)."""
 
     name: str = Field(description="What the link is, e.g. 'NVLink3 via NVSwitch'.")
-    collectives: list[CollectiveFit] = Field(min_length=1, description="Alpha-beta fits per collective (and optionally per group size).")
-    hop_latency_us: Optional[Real(0, MAX_US, 'microseconds')] = Field(
+    collectives: list[CollectiveFit] = Field(
+        min_length=1, description="Alpha-beta fits per collective (and optionally per group size)."
+    )
+    hop_latency_us: Optional[Real(0, MAX_US, "microseconds")] = Field(
         default=None,
         description="Latency of one ring step over this link (the presets take NCCL's LL128 figures); a ring collective over n ranks pays "
         "one per step (n-1 for all-gather / reduce-scatter, 2(n-1) for all-reduce). None: latency_us covers the whole call "
         "(fits measured at one group size).",
     )
-    tree_hop_latency_us: Optional[Real(0, MAX_US, 'microseconds')] = Field(
-        default=None, description="Latency of one level of NCCL's tree all-reduce over this link; None: no tree algorithm."
+    tree_hop_latency_us: Optional[Real(0, MAX_US, "microseconds")] = Field(
+        default=None,
+        description="Latency of one level of NCCL's tree all-reduce over this link; None: no tree algorithm.",
     )
-    call_overhead_us: Optional[dict[Collective, Real(0, MAX_US, 'microseconds')]] = Field(
+    call_overhead_us: Optional[dict[Collective, Real(0, MAX_US, "microseconds")]] = Field(
         default=None,
         description="Per collective, microseconds added to every call's latency for what a call costs a training step beyond the "
         "fits (which time calls back to back): the ranks meeting (a call waits for the last rank and wakes the blocked ones; on "
@@ -245,7 +263,9 @@ class LinkTier(_Spec):
                 exact = f
             elif f.group_size is None:
                 generic = f
-            elif nearest is None or abs(math.log(f.group_size / group_size)) < abs(math.log(nearest.group_size / group_size)):
+            elif nearest is None or abs(math.log(f.group_size / group_size)) < abs(
+                math.log(nearest.group_size / group_size)
+            ):
                 nearest = f
         found = exact or generic or nearest
         if found is None:
@@ -271,29 +291,41 @@ class ProfileEnvironment(_Spec):
     @model_validator(mode="after")
     def _world(self) -> "ProfileEnvironment":
         if self.world_size != self.nproc_per_node * self.nnodes:
-            raise _refused(f"world_size {self.world_size} is not nproc_per_node x nnodes = {self.nproc_per_node} x {self.nnodes}")
+            raise _refused(
+                f"world_size {self.world_size} is not nproc_per_node x nnodes = {self.nproc_per_node} x {self.nnodes}"
+            )
         return self
 
 
 class LayerMeasurement(_Spec):
     """Measured cost of one layer kind at one shape, one micro-batch, on one device."""
 
-    kind: Literal["block", "embedding", "head"] = Field(description="'block' (transformer layer), 'embedding' or 'head' (final norm, LM head and loss).")
+    kind: Literal["block", "embedding", "head"] = Field(
+        description="'block' (transformer layer), 'embedding' or 'head' (final norm, LM head and loss)."
+    )
     micro_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per micro-batch.")
     seq_len: Integer(1, MAX_SEQ_LEN) = Field(description="Tokens per sequence.")
-    tp: Integer(1, MAX_GPUS) = Field(description="Tensor-parallel shard measured (the local shapes of one rank, run on one device).")
-    forward_s: Real(0, MAX_SECONDS, 's') = Field(description="Median forward time, seconds.")
-    backward_s: Real(0, MAX_SECONDS, 's') = Field(description="Median backward time, seconds.")
-    activation_bytes: Real(0, MAX_BYTES, 'bytes') = Field(description="Bytes saved for backward by the forward (unique storages).")
-    flops_forward: Real(0, MAX_FLOPS, 'FLOPs') = Field(description="Forward FLOPs counted by torch.utils.flop_counter.")
-    analytic_flops_forward: Real(0, MAX_FLOPS, 'FLOPs') = Field(description="The cost model's forward FLOPs for the same shape.")
+    tp: Integer(1, MAX_GPUS) = Field(
+        description="Tensor-parallel shard measured (the local shapes of one rank, run on one device)."
+    )
+    forward_s: Real(0, MAX_SECONDS, "s") = Field(description="Median forward time, seconds.")
+    backward_s: Real(0, MAX_SECONDS, "s") = Field(description="Median backward time, seconds.")
+    activation_bytes: Real(0, MAX_BYTES, "bytes") = Field(
+        description="Bytes saved for backward by the forward (unique storages)."
+    )
+    flops_forward: Real(0, MAX_FLOPS, "FLOPs") = Field(description="Forward FLOPs counted by torch.utils.flop_counter.")
+    analytic_flops_forward: Real(0, MAX_FLOPS, "FLOPs") = Field(
+        description="The cost model's forward FLOPs for the same shape."
+    )
     params: Integer(0, INT_LIMIT - 1) = Field(description="Parameters of the measured (sharded) module.")
 
     @model_validator(mode="after")
     def _a_block_takes_time(self) -> "LayerMeasurement":
         # (its backward, timed as forward + backward less the forward, may read 0 on a tiny layer: noise)
         if self.kind == "block" and self.forward_s <= 0:
-            raise _refused("a block's forward_s must be above 0 (a transformer layer takes time); re-measure with `plan profile`")
+            raise _refused(
+                "a block's forward_s must be above 0 (a transformer layer takes time); re-measure with `plan profile`"
+            )
         return self
 
 
@@ -301,16 +333,18 @@ class MatmulPoint(_Spec):
     """One point of the GEMM sweep."""
 
     n: Integer(1, MAX_WIDTH) = Field(description="Square GEMM size n (n x n times n x n).")
-    flops: Real(0, MAX_FLOPS, 'FLOPs', open_lo=True) = Field(description="2 n^3.")
-    seconds: Real(MIN_SECONDS, MAX_SECONDS, 's') = Field(description="Median time of one GEMM.")
-    tflops: Real(0, MAX_TFLOPS, 'TFLOP/s', open_lo=True) = Field(description="Achieved TFLOP/s.")
+    flops: Real(0, MAX_FLOPS, "FLOPs", open_lo=True) = Field(description="2 n^3.")
+    seconds: Real(MIN_SECONDS, MAX_SECONDS, "s") = Field(description="Median time of one GEMM.")
+    tflops: Real(0, MAX_TFLOPS, "TFLOP/s", open_lo=True) = Field(description="Achieved TFLOP/s.")
 
 
 class TimedPoint(_Spec):
     """One timed collective call."""
 
     nbytes: Integer(1, INT_LIMIT - 1) = Field(description="Size of the full buffer, bytes.")
-    seconds: Real(MIN_SECONDS, MAX_SECONDS, 's') = Field(description="Median over repetitions of the slowest rank's time.")
+    seconds: Real(MIN_SECONDS, MAX_SECONDS, "s") = Field(
+        description="Median over repetitions of the slowest rank's time."
+    )
 
 
 class CollectiveSweep(_Spec):
@@ -320,8 +354,8 @@ class CollectiveSweep(_Spec):
     group_size: Integer(1, MAX_GPUS) = Field(description="Ranks in the group.")
     inter_node: bool = Field(description="The group spans nodes.")
     points: list[TimedPoint] = Field(min_length=2, description="Timed sizes.")
-    latency_us: Real(0, MAX_US, 'microseconds') = Field(description="Fitted alpha, microseconds.")
-    bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Fitted bus bandwidth, GB/s.")
+    latency_us: Real(0, MAX_US, "microseconds") = Field(description="Fitted alpha, microseconds.")
+    bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, "GB/s") = Field(description="Fitted bus bandwidth, GB/s.")
     max_relative_error: Real(0, MAX_GIB) = Field(description="Largest |fit - measured| / measured over the points.")
 
 
@@ -329,10 +363,12 @@ class MeasuredProfile(_Spec):
     """What `plan profile` measured, beside the preset-shaped hardware numbers."""
 
     environment: ProfileEnvironment = Field(description="Where and how it was measured.")
-    model: ModelSpec = Field(description="The model whose layers were measured; the cost model uses the layer times only for this model.")
+    model: ModelSpec = Field(
+        description="The model whose layers were measured; the cost model uses the layer times only for this model."
+    )
     layers: list[LayerMeasurement] = Field(description="Per layer kind, micro-batch size and TP shard.")
     matmul: list[MatmulPoint] = Field(description="GEMM sweep behind the efficiency curve.")
-    memory_bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, 'GB/s') = Field(description="Measured copy bandwidth, GB/s.")
+    memory_bandwidth_gbps: Real(MIN_GBPS, MAX_GBPS, "GB/s") = Field(description="Measured copy bandwidth, GB/s.")
     collectives: list[CollectiveSweep] = Field(description="Timed collectives and their fits.")
 
     @model_validator(mode="after")
@@ -341,8 +377,10 @@ class MeasuredProfile(_Spec):
         for x in self.layers:
             key = (x.kind, x.micro_batch_size, x.seq_len, x.tp)
             if key in seen:
-                raise _refused(f"layers: two measurements of the {x.kind} at micro-batch {x.micro_batch_size}, sequence "
-                               f"{x.seq_len}, tp {x.tp}; keep one")
+                raise _refused(
+                    f"layers: two measurements of the {x.kind} at micro-batch {x.micro_batch_size}, sequence "
+                    f"{x.seq_len}, tp {x.tp}; keep one"
+                )
             seen.add(key)
         return self
 
@@ -352,7 +390,9 @@ class Uncertainty(_Spec):
     published runs (benchmarks/fidelity_published.py writes it)."""
 
     relative: Real(0, 1_000) = Field(description="Relative half-width of the interval: step time x/ (1 + relative).")
-    coverage: Real(0, 1, open_lo=True, open_hi=True) = Field(description="Fraction of held-out published runs inside the interval.")
+    coverage: Real(0, 1, open_lo=True, open_hi=True) = Field(
+        description="Fraction of held-out published runs inside the interval."
+    )
     compute: Optional[Real(0, 1_000)] = Field(
         default=None,
         description="Per term: relative half-width of the time spent computing (compute, recompute, pipeline bubble, optimizer). "
@@ -367,7 +407,9 @@ class Uncertainty(_Spec):
         """ln of the interval's factor for a step with these shares of compute and communication."""
         if self.compute is None or self.communication is None:
             return math.log1p(self.relative)
-        return math.hypot(compute_share * math.log1p(self.compute), communication_share * math.log1p(self.communication))
+        return math.hypot(
+            compute_share * math.log1p(self.compute), communication_share * math.log1p(self.communication)
+        )
 
 
 class StackConstants(_Spec):
@@ -422,7 +464,8 @@ class ClusterSpec(_Spec):
     device: DeviceSpec = Field(description="The accelerator in every slot.")
     gpus_per_node: Integer(1, 4096) = Field(description="Accelerators per node.")
     num_nodes: Optional[Integer(1, MAX_GPUS)] = Field(
-        default=None, description="Nodes available; None means as many as a command asks for (a preset of one node type)."
+        default=None,
+        description="Nodes available; None means as many as a command asks for (a preset of one node type).",
     )
     scaleup_domain_gpus: Optional[Integer(1, MAX_GPUS)] = Field(
         default=None,
@@ -436,7 +479,9 @@ class ClusterSpec(_Spec):
         "traffic that crosses leaves all at once (an all-to-all over more nodes than a leaf serves), not rings, whose "
         "one flow per leaf boundary the uplinks carry at full speed (cost_models/tables.py:all_to_all_time).",
     )
-    intra_node: LinkTier = Field(description="Link between GPUs of one scale-up domain (a node unless scaleup_domain_gpus says more).")
+    intra_node: LinkTier = Field(
+        description="Link between GPUs of one scale-up domain (a node unless scaleup_domain_gpus says more)."
+    )
     inter_node: LinkTier = Field(description="Link between scale-up domains, per GPU (one NIC per GPU on DGX).")
     overlap_efficiency: Real(0, 1) = Field(
         default=1.0,
@@ -444,10 +489,12 @@ class ClusterSpec(_Spec):
     )
     source: Optional[str] = Field(default=None, description="Where each number comes from.")
     uncertainty: Optional[Uncertainty] = Field(
-        default=None, description="Cross-validated error of predictions on this preset's kind of hardware; None: unknown."
+        default=None,
+        description="Cross-validated error of predictions on this preset's kind of hardware; None: unknown.",
     )
     measured: Optional[MeasuredProfile] = Field(
-        default=None, description="Per-layer measurements, sweeps and environment written by `plan profile` (None for presets)."
+        default=None,
+        description="Per-layer measurements, sweeps and environment written by `plan profile` (None for presets).",
     )
     stack_constants: dict[Target, StackConstants] = Field(
         default_factory=dict,
@@ -469,9 +516,14 @@ class ClusterSpec(_Spec):
             return self
         dev = self.device
         if (dev.sustained_fraction, dev.kernel_overhead_us, self.overlap_efficiency) == (
-                k.sustained_fraction, k.kernel_overhead_us, k.overlap_efficiency) and (k.uncertainty is None or k.uncertainty == self.uncertainty):
+            k.sustained_fraction,
+            k.kernel_overhead_us,
+            k.overlap_efficiency,
+        ) and (k.uncertainty is None or k.uncertainty == self.uncertainty):
             return self
-        dev = dev.model_copy(update={"sustained_fraction": k.sustained_fraction, "kernel_overhead_us": k.kernel_overhead_us})
+        dev = dev.model_copy(
+            update={"sustained_fraction": k.sustained_fraction, "kernel_overhead_us": k.kernel_overhead_us}
+        )
         update = {"device": dev, "overlap_efficiency": k.overlap_efficiency}
         if k.uncertainty is not None:
             update["uncertainty"] = k.uncertainty
@@ -495,9 +547,11 @@ class ClusterSpec(_Spec):
         for tier in (self.intra_node, self.inter_node):
             for c in REQUIRED_COLLECTIVES:
                 if not tier.has(c):
-                    raise ValueError(f"link tier {tier.name!r} has no fit for {c.value}; every tier needs all of "
-                                     f"{', '.join(x.value for x in REQUIRED_COLLECTIVES)} ({Collective.all_to_all.value} "
-                                     "is optional)")
+                    raise ValueError(
+                        f"link tier {tier.name!r} has no fit for {c.value}; every tier needs all of "
+                        f"{', '.join(x.value for x in REQUIRED_COLLECTIVES)} ({Collective.all_to_all.value} "
+                        "is optional)"
+                    )
         return self
 
 

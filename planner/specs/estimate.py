@@ -13,13 +13,21 @@ from planner.specs.base import _Spec
 class TimeBreakdown(_Spec):
     """Where the step time goes, on the pipeline rank that bounds the step; sums to step_time_s."""
 
-    compute: float = Field(description="Forward and backward math of all micro-batches (GEMMs and memory-bound kernels).")
+    compute: float = Field(
+        description="Forward and backward math of all micro-batches (GEMMs and memory-bound kernels)."
+    )
     recompute: float = Field(description="Extra forward work of activation recomputation.")
     pipeline_bubble: float = Field(description="Idle time while the pipeline fills and drains.")
-    tp_communication: float = Field(description="Tensor-parallel all-reduce / all-gather / reduce-scatter, on the critical path.")
+    tp_communication: float = Field(
+        description="Tensor-parallel all-reduce / all-gather / reduce-scatter, on the critical path."
+    )
     pp_communication: float = Field(description="Point-to-point sends between pipeline stages.")
-    dp_communication_exposed: float = Field(description="Data-parallel (or ZeRO) communication not hidden behind compute.")
-    optimizer: float = Field(description="Optimizer step (memory-bound update of the local parameter shard) and the stack's host time per step (StackConstants.step_overhead_s).")
+    dp_communication_exposed: float = Field(
+        description="Data-parallel (or ZeRO) communication not hidden behind compute."
+    )
+    optimizer: float = Field(
+        description="Optimizer step (memory-bound update of the local parameter shard) and the stack's host time per step (StackConstants.step_overhead_s)."
+    )
 
 
 class _ReadsV1_0(_Spec):
@@ -47,7 +55,9 @@ class PipelineRankMemory(_ReadsV1_0):
     gradients: float = Field(description="Gradients held by this GPU.")
     optimizer_states: float = Field(description="fp32 master weights and optimizer moments held by this GPU.")
     activations: float = Field(description="Activations saved for backward, over all in-flight micro-batches.")
-    temporary: float = Field(description="Transient buffers: logits and loss, gathered ZeRO-3 parameters, communication buckets.")
+    temporary: float = Field(
+        description="Transient buffers: logits and loss, gathered ZeRO-3 parameters, communication buckets."
+    )
     overhead: float = Field(description="Framework overhead from the hardware profile.")
     total: float = Field(description="Sum of the above.")
 
@@ -55,18 +65,25 @@ class PipelineRankMemory(_ReadsV1_0):
 class Estimate(_ReadsV1_0):
     """Predicted time and memory of one plan."""
 
-    V1_0_NAMES = {"memory_gib_per_stage": "memory_gib_per_pipeline_rank", "bottleneck_stage": "bottleneck_pipeline_rank"}
+    V1_0_NAMES = {
+        "memory_gib_per_stage": "memory_gib_per_pipeline_rank",
+        "bottleneck_stage": "bottleneck_pipeline_rank",
+    }
 
     step_time_s: float = Field(description="Predicted time of one optimizer step.")
     time_breakdown_s: TimeBreakdown = Field(description="Step time split by cause.")
     tokens_per_s: float = Field(description="Training throughput of the whole cluster, tokens per second.")
     model_tflops_per_gpu: float = Field(description="Model FLOPs (no recompute) per GPU per second, TFLOP/s.")
-    hardware_tflops_per_gpu: float = Field(description="FLOPs actually executed (with recompute) per GPU per second, TFLOP/s.")
+    hardware_tflops_per_gpu: float = Field(
+        description="FLOPs actually executed (with recompute) per GPU per second, TFLOP/s."
+    )
     mfu: float = Field(description="Model FLOPs utilisation: model TFLOP/s over peak dense TFLOP/s.")
     peak_memory_gib: float = Field(description="Largest per-GPU memory over pipeline ranks.")
     memory_capacity_gib: float = Field(description="Device memory of the cluster's GPUs.")
     fits: bool = Field(description="peak_memory_gib <= memory_capacity_gib.")
-    memory_gib_per_pipeline_rank: list[PipelineRankMemory] = Field(description="Memory breakdown of every pipeline rank.")
+    memory_gib_per_pipeline_rank: list[PipelineRankMemory] = Field(
+        description="Memory breakdown of every pipeline rank."
+    )
     bottleneck_pipeline_rank: int = Field(description="Pipeline rank whose work bounds the step.")
     model_flops_per_step: float = Field(description="Model FLOPs of one optimizer step, whole cluster.")
     step_time_interval_s: Optional[list[float]] = Field(

@@ -42,7 +42,9 @@ class LossKernel(str, Enum):
 
     eager = "eager"  # PyTorch eager: logits upcast to fp32, log-softmax saved, fp32 gradient
     vocab_parallel = "vocab-parallel"  # Megatron's fused vocab-parallel cross-entropy: fp32 softmax in place
-    fused = "fused"  # a fused kernel (flash-attn's cross_entropy, llm-foundry's default): 16-bit logits, in-kernel softmax
+    fused = (
+        "fused"  # a fused kernel (flash-attn's cross_entropy, llm-foundry's default): 16-bit logits, in-kernel softmax
+    )
 
 
 class Schedule(str, Enum):
@@ -83,10 +85,16 @@ class Axis(str, Enum):
 class JobSpec(_Spec):
     """The training job: what must be computed per optimizer step."""
 
-    global_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per optimizer step, summed over data-parallel replicas.")
+    global_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(
+        description="Sequences per optimizer step, summed over data-parallel replicas."
+    )
     seq_len: Integer(1, MAX_SEQ_LEN) = Field(description="Tokens per sequence.")
-    precision: DType = Field(default=DType.bf16, description="Compute dtype (bf16/fp16 = mixed precision with fp32 master weights).")
-    optimizer: Optimizer = Field(default=Optimizer.adam, description="Optimizer; Adam keeps two fp32 moments per parameter.")
+    precision: DType = Field(
+        default=DType.bf16, description="Compute dtype (bf16/fp16 = mixed precision with fp32 master weights)."
+    )
+    optimizer: Optimizer = Field(
+        default=Optimizer.adam, description="Optimizer; Adam keeps two fp32 moments per parameter."
+    )
     target: Target = Field(
         default=Target.generic,
         description="Training stack the plan will run on: selects its kernels (fused attention) and overlap features.",
@@ -141,7 +149,9 @@ class StageRecompute(_Spec):
 
     none: Integer(0, MAX_LAYERS) = Field(default=0, description="Layers that keep all activations.")
     selective: Integer(0, MAX_LAYERS) = Field(default=0, description="Layers that recompute only the core attention.")
-    full: Integer(0, MAX_LAYERS) = Field(default=0, description="Layers that keep only their input and rerun the forward in backward.")
+    full: Integer(0, MAX_LAYERS) = Field(
+        default=0, description="Layers that keep only their input and rerun the forward in backward."
+    )
 
     @property
     def layers(self) -> int:
@@ -156,9 +166,14 @@ def world_size_problem(dp: int, cp: int, tp: int, pp: int, num_gpus: int) -> Opt
     """Why dp x cp x tp x pp does not make `num_gpus` GPUs (naming the factors to change), or None."""
     if dp * cp * tp * pp == num_gpus:
         return None
-    names, values = ("dp x cp x tp x pp", f"{dp} x {cp} x {tp} x {pp}") if cp > 1 else ("dp x tp x pp", f"{dp} x {tp} x {pp}")
-    return (f"{names} = {values} = {dp * cp * tp * pp}, but the cluster has {num_gpus} GPUs; "
-            f"change {names.replace(' x ', ', ')} so that their product is {num_gpus}")
+    names, values = (
+        ("dp x cp x tp x pp", f"{dp} x {cp} x {tp} x {pp}") if cp > 1 else ("dp x tp x pp", f"{dp} x {tp} x {pp}")
+    )
+    return (
+        f"{names} = {values} = {dp * cp * tp * pp}, but the cluster has {num_gpus} GPUs; "
+        f"change {names.replace(' x ', ', ')} so that their product is {num_gpus}"
+    )
+
 
 # Plan fields (booleans) that only some stacks run: a Plan with one on refuses a target without it
 # (Plan's check below), and a what-if to such a target drops it (planner/inputs.py:what_if_layout).
@@ -187,9 +202,16 @@ class Plan(_Spec):
     )
     tp: Integer(1, MAX_GPUS) = Field(description="Tensor-parallel degree (each weight matrix split this many ways).")
     pp: Integer(1, MAX_GPUS) = Field(description="Pipeline-parallel degree (pipeline ranks).")
-    vpp: Integer(1, MAX_LAYERS) = Field(default=1, description="Virtual pipeline stages (model chunks) per pipeline rank; >1 only with the interleaved schedule.")
-    micro_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per micro-batch per data-parallel replica.")
-    num_micro_batches: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Micro-batches per optimizer step per replica (gradient accumulation).")
+    vpp: Integer(1, MAX_LAYERS) = Field(
+        default=1,
+        description="Virtual pipeline stages (model chunks) per pipeline rank; >1 only with the interleaved schedule.",
+    )
+    micro_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(
+        description="Sequences per micro-batch per data-parallel replica."
+    )
+    num_micro_batches: Integer(1, MAX_GLOBAL_BATCH) = Field(
+        description="Micro-batches per optimizer step per replica (gradient accumulation)."
+    )
     schedule: Schedule = Field(default=Schedule.one_f_one_b, description="Pipeline schedule.")
     recompute: Recompute = Field(
         default=Recompute.none,
@@ -197,7 +219,8 @@ class Plan(_Spec):
         "stage_recompute it must agree with it (the one mode used, or 'mixed'); left out, it is derived from it.",
     )
     stage_recompute: Optional[list[StageRecompute]] = Field(
-        default=None, description="Per virtual stage, how many layers run under each recompute mode (none, selective, full)."
+        default=None,
+        description="Per virtual stage, how many layers run under each recompute mode (none, selective, full).",
     )
     recompute_norm_act: bool = Field(
         default=False,
@@ -207,8 +230,12 @@ class Plan(_Spec):
         "checkpoints. Saves those tensors, runs their kernels again; no full recompute with it; needs a target that has it "
         "(schema 1.11).",
     )
-    zero_stage: Integer(0, 3) = Field(default=0, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP).")
-    sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism: norms/dropout sharded over the TP group.")
+    zero_stage: Integer(0, 3) = Field(
+        default=0, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP)."
+    )
+    sequence_parallel: bool = Field(
+        default=False, description="Megatron sequence parallelism: norms/dropout sharded over the TP group."
+    )
     tp_comm_overlap: bool = Field(
         default=False,
         description="Overlap TP all-gathers / reduce-scatters with the GEMMs beside them (Megatron --tp-comm-overlap, torchtitan async "
@@ -243,7 +270,9 @@ class Plan(_Spec):
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":
         if self.stage_recompute is None and self.recompute == Recompute.mixed:
-            raise PlanError("recompute 'mixed' needs stage_recompute (how many layers of each stage run under each mode)")
+            raise PlanError(
+                "recompute 'mixed' needs stage_recompute (how many layers of each stage run under each mode)"
+            )
         if self.stage_recompute is not None:
             used = [m for m in ("none", "selective", "full") if any(getattr(r, m) for r in self.stage_recompute)]
             want = used[0] if len(used) == 1 else Recompute.mixed.value
@@ -267,21 +296,29 @@ class Plan(_Spec):
                 "or 'selective'"
             )
         if self.tp_comm_overlap and not self.sequence_parallel:
-            raise PlanError("tp_comm_overlap needs sequence_parallel (and tp > 1): the overlap pipelines its all-gathers and reduce-scatters")
+            raise PlanError(
+                "tp_comm_overlap needs sequence_parallel (and tp > 1): the overlap pipelines its all-gathers and reduce-scatters"
+            )
         if self.layers_per_stage is not None:
             if len(self.layers_per_stage) != self.virtual_stages:
                 raise PlanError(
                     f"layers_per_stage has {len(self.layers_per_stage)} entries but pp x vpp = {self.pp} x {self.vpp} = {self.virtual_stages}"
                 )
             if min(self.layers_per_stage) < 1:
-                raise PlanError(f"every pipeline stage needs at least one layer, got layers_per_stage={self.layers_per_stage}")
+                raise PlanError(
+                    f"every pipeline stage needs at least one layer, got layers_per_stage={self.layers_per_stage}"
+                )
         if self.stage_recompute is not None:
             if len(self.stage_recompute) != self.virtual_stages:
-                raise PlanError(f"stage_recompute has {len(self.stage_recompute)} entries but pp x vpp = {self.virtual_stages}")
+                raise PlanError(
+                    f"stage_recompute has {len(self.stage_recompute)} entries but pp x vpp = {self.virtual_stages}"
+                )
             if self.layers_per_stage is not None:
                 for j, (n, r) in enumerate(zip(self.layers_per_stage, self.stage_recompute)):
                     if r.layers != n:
-                        raise PlanError(f"stage {j}: stage_recompute counts {r.layers} layers but layers_per_stage says {n}")
+                        raise PlanError(
+                            f"stage {j}: stage_recompute counts {r.layers} layers but layers_per_stage says {n}"
+                        )
         return self
 
     def stage_recompute_has_full(self) -> bool:
@@ -301,7 +338,10 @@ class Plan(_Spec):
         if self.stage_recompute is not None:
             return list(self.stage_recompute)
         mode = self.recompute.value
-        return [StageRecompute.model_construct(**{"none": 0, "selective": 0, "full": 0, mode: n}) for n in self.stage_layers(num_layers)]
+        return [
+            StageRecompute.model_construct(**{"none": 0, "selective": 0, "full": 0, mode: n})
+            for n in self.stage_layers(num_layers)
+        ]
 
     def validate_for(self, model: ModelSpec, job: JobSpec, num_gpus: Optional[int] = None) -> None:
         """Check the plan against a model, job and GPU count; raise PlanError naming the factor to change."""
@@ -316,9 +356,13 @@ class Plan(_Spec):
                 f"{model.name} has {model.num_layers} layers, fewer than pp x vpp = {self.pp} x {self.vpp} = {self.virtual_stages} pipeline stages"
             )
         if self.layers_per_stage is not None and sum(self.layers_per_stage) != model.num_layers:
-            raise PlanError(f"layers_per_stage sums to {sum(self.layers_per_stage)} but {model.name} has {model.num_layers} layers")
+            raise PlanError(
+                f"layers_per_stage sums to {sum(self.layers_per_stage)} but {model.name} has {model.num_layers} layers"
+            )
         if self.stage_recompute is not None and sum(r.layers for r in self.stage_recompute) != model.num_layers:
-            raise PlanError(f"stage_recompute counts {sum(r.layers for r in self.stage_recompute)} layers but {model.name} has {model.num_layers}")
+            raise PlanError(
+                f"stage_recompute counts {sum(r.layers for r in self.stage_recompute)} layers but {model.name} has {model.num_layers}"
+            )
         per_step = self.dp * self.micro_batch_size * self.num_micro_batches
         if per_step != job.global_batch_size:
             raise PlanError(
@@ -334,8 +378,10 @@ class Plan(_Spec):
                 from planner.stacks import STACKS, having  # imported here: planner.stacks imports this module
 
                 if not getattr(STACKS[Target(job.target)], feature):
-                    raise PlanError(f"{feature} is not available in target {Target(job.target).value}; use --target "
-                                    f"{having(feature)}, or drop it")
+                    raise PlanError(
+                        f"{feature} is not available in target {Target(job.target).value}; use --target "
+                        f"{having(feature)}, or drop it"
+                    )
         problem = seq_problem(model, job.seq_len)
         if problem:
             raise PlanError(problem)
@@ -364,8 +410,10 @@ def cp_problem(cp: int, tp: int, sequence_parallel: bool, job: JobSpec) -> Optio
     if cp == 1:
         return None
     if job.seq_len % (2 * cp):
-        return (f"cp={cp}: the sequence ({job.seq_len} tokens) must split into 2 x cp = {2 * cp} equal chunks "
-                "(causal load balancing gives each rank one early and one late chunk)")
+        return (
+            f"cp={cp}: the sequence ({job.seq_len} tokens) must split into 2 x cp = {2 * cp} equal chunks "
+            "(causal load balancing gives each rank one early and one late chunk)"
+        )
     if not job.flash_attention:
         return f"cp={cp} needs a fused attention kernel (ring attention runs blockwise); drop --no-flash-attention"
     if sequence_parallel and (job.seq_len // cp) % tp:

@@ -52,20 +52,29 @@ class RopeScaling(_Spec):
     low_freq_factor: Optional[Real(0, 1e3, open_lo=True)] = Field(default=None, description="'llama3': 1 where None.")
     high_freq_factor: Optional[Real(0, 1e3, open_lo=True)] = Field(default=None, description="'llama3': 4 where None.")
     original_max_position_embeddings: Optional[Integer(1, MAX_SEQ_LEN)] = Field(
-        default=None, description="The context the model was trained with before scaling ('llama3': 8192 where None).")
+        default=None, description="The context the model was trained with before scaling ('llama3': 8192 where None)."
+    )
     # YaRN's (Peng et al. 2023; DeepSeek-V3: factor 40, beta_fast 32, beta_slow 1, mscale and
     # mscale_all_dim 1, original 4096): the correction range and the attention scales, None where
     # the config gives none
-    beta_fast: Optional[Real(0, 1e6)] = Field(default=None, description="'yarn': the fast correction boundary (rotations).")
-    beta_slow: Optional[Real(0, 1e6)] = Field(default=None, description="'yarn': the slow correction boundary (rotations).")
+    beta_fast: Optional[Real(0, 1e6)] = Field(
+        default=None, description="'yarn': the fast correction boundary (rotations)."
+    )
+    beta_slow: Optional[Real(0, 1e6)] = Field(
+        default=None, description="'yarn': the slow correction boundary (rotations)."
+    )
     mscale: Optional[Real(0, 1e3)] = Field(default=None, description="'yarn': the attention scale's coefficient.")
-    mscale_all_dim: Optional[Real(0, 1e3)] = Field(default=None, description="'yarn': its coefficient over all dimensions.")
+    mscale_all_dim: Optional[Real(0, 1e3)] = Field(
+        default=None, description="'yarn': its coefficient over all dimensions."
+    )
 
     def band(self) -> tuple:
         """'llama3's (low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
-        return (1.0 if self.low_freq_factor is None else self.low_freq_factor,
-                4.0 if self.high_freq_factor is None else self.high_freq_factor,
-                8192 if self.original_max_position_embeddings is None else self.original_max_position_embeddings)
+        return (
+            1.0 if self.low_freq_factor is None else self.low_freq_factor,
+            4.0 if self.high_freq_factor is None else self.high_freq_factor,
+            8192 if self.original_max_position_embeddings is None else self.original_max_position_embeddings,
+        )
 
     @field_validator("rope_type")
     @classmethod
@@ -80,10 +89,14 @@ class RopeScaling(_Spec):
         if self.rope_type == "llama3" and high <= low:
             raise ValueError(f"rope_scaling: high_freq_factor {high:g} must exceed low_freq_factor {low:g}")
         if self.rope_type != "llama3" and (self.low_freq_factor is not None or self.high_freq_factor is not None):
-            raise ValueError(f"rope_scaling: low_freq_factor and high_freq_factor belong to rope_type 'llama3', not {self.rope_type!r}")
+            raise ValueError(
+                f"rope_scaling: low_freq_factor and high_freq_factor belong to rope_type 'llama3', not {self.rope_type!r}"
+            )
         yarn = (self.beta_fast, self.beta_slow, self.mscale, self.mscale_all_dim)
         if self.rope_type != "yarn" and any(v is not None for v in yarn):
-            raise ValueError(f"rope_scaling: beta_fast, beta_slow, mscale and mscale_all_dim belong to rope_type 'yarn', not {self.rope_type!r}")
+            raise ValueError(
+                f"rope_scaling: beta_fast, beta_slow, mscale and mscale_all_dim belong to rope_type 'yarn', not {self.rope_type!r}"
+            )
         return self
 
 
@@ -125,8 +138,12 @@ class ModelSpec(_Spec):
     ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(
         default=None, description="MLP inner width f; None means 4*h (GPT convention)."
     )
-    vocab_size: Integer(1, MAX_VOCAB) = Field(description="Vocabulary size V (padded, as the embedding table is allocated).")
-    max_seq_len: Integer(1, MAX_SEQ_LEN) = Field(description="Context length the model was trained with (learned position table size).")
+    vocab_size: Integer(1, MAX_VOCAB) = Field(
+        description="Vocabulary size V (padded, as the embedding table is allocated)."
+    )
+    max_seq_len: Integer(1, MAX_SEQ_LEN) = Field(
+        description="Context length the model was trained with (learned position table size)."
+    )
     activation: Activation = Field(
         default=Activation.gelu,
         description="MLP flavour: 'gelu' (2 matrices), 'swiglu' or 'geglu' (3 matrices: gate, up, down; 'geglu' schema 1.6).",
@@ -169,7 +186,8 @@ class ModelSpec(_Spec):
         "instead, at the same cost), 4 (Gemma 2 and 3: before and after each). Each keeps its input for backward. (schema 1.6)",
     )
     qk_norm: bool = Field(
-        default=False, description="Queries and keys are normalised per head before attention (Qwen3, Gemma 3, OLMo 2). (schema 1.6)"
+        default=False,
+        description="Queries and keys are normalised per head before attention (Qwen3, Gemma 3, OLMo 2). (schema 1.6)",
     )
     sliding_window: Optional[Integer(1, MAX_SEQ_LEN)] = Field(
         default=None,
@@ -180,7 +198,8 @@ class ModelSpec(_Spec):
         description="How many layers attend within sliding_window (Gemma 2: every other one); 0 without a window.",
     )
     logit_softcapping: bool = Field(
-        default=False, description="The logits are soft-capped, c tanh(logits / c), before the loss (Gemma 2). (schema 1.6)"
+        default=False,
+        description="The logits are soft-capped, c tanh(logits / c), before the loss (Gemma 2). (schema 1.6)",
     )
     dropout: bool = Field(
         default=True,
@@ -195,11 +214,18 @@ class ModelSpec(_Spec):
         default=None,
         description="Mixture-of-experts: routed experts per MoE layer; None for a dense model (schema 1.4).",
     )
-    experts_per_token: Optional[Integer(1, MAX_COUNT)] = Field(default=None, description="Routed experts each token goes to (top-k).")
-    moe_ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(default=None, description="Inner width of one expert's MLP; None means ffn_hidden_size.")
-    num_shared_experts: Integer(0, 1_000) = Field(default=0, description="Experts every token goes to besides the routed ones (DeepSeek).")
+    experts_per_token: Optional[Integer(1, MAX_COUNT)] = Field(
+        default=None, description="Routed experts each token goes to (top-k)."
+    )
+    moe_ffn_hidden_size: Optional[Integer(1, MAX_WIDTH)] = Field(
+        default=None, description="Inner width of one expert's MLP; None means ffn_hidden_size."
+    )
+    num_shared_experts: Integer(0, 1_000) = Field(
+        default=0, description="Experts every token goes to besides the routed ones (DeepSeek)."
+    )
     first_dense_layers: Integer(0, MAX_LAYERS) = Field(
-        default=0, description="The first k layers have a dense MLP of ffn_hidden_size instead of experts (DeepSeek-V3: 3)."
+        default=0,
+        description="The first k layers have a dense MLP of ffn_hidden_size instead of experts (DeepSeek-V3: 3).",
     )
     mtp_layers: Integer(0, MAX_LAYERS) = Field(
         default=0,
@@ -225,35 +251,57 @@ class ModelSpec(_Spec):
             raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.kv_heads}")
         if self.num_experts is None:
             if self.experts_per_token or self.moe_ffn_hidden_size or self.num_shared_experts or self.first_dense_layers:
-                raise ValueError("experts_per_token, moe_ffn_hidden_size, num_shared_experts and first_dense_layers need num_experts")
+                raise ValueError(
+                    "experts_per_token, moe_ffn_hidden_size, num_shared_experts and first_dense_layers need num_experts"
+                )
         else:
             if self.experts_per_token is None or self.experts_per_token > self.num_experts:
-                raise ValueError(f"a mixture-of-experts model needs experts_per_token between 1 and num_experts ({self.num_experts})")
+                raise ValueError(
+                    f"a mixture-of-experts model needs experts_per_token between 1 and num_experts ({self.num_experts})"
+                )
             if self.first_dense_layers >= self.num_layers:
-                raise ValueError(f"first_dense_layers {self.first_dense_layers} leaves no MoE layer of {self.num_layers}")
+                raise ValueError(
+                    f"first_dense_layers {self.first_dense_layers} leaves no MoE layer of {self.num_layers}"
+                )
         if self.kv_lora_rank is None and (self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim):
-            raise ValueError("q_lora_rank, qk_rope_head_dim and v_head_dim describe multi-head latent attention: they need kv_lora_rank")
+            raise ValueError(
+                "q_lora_rank, qk_rope_head_dim and v_head_dim describe multi-head latent attention: they need kv_lora_rank"
+            )
         if self.kv_lora_rank is not None:
             if self.kv_heads != self.num_heads:
-                raise ValueError("multi-head latent attention expands keys and values for every head: leave num_kv_heads out "
-                                 f"(or set it to num_heads, {self.num_heads})")
+                raise ValueError(
+                    "multi-head latent attention expands keys and values for every head: leave num_kv_heads out "
+                    f"(or set it to num_heads, {self.num_heads})"
+                )
             if self.attention_head_dim is None:
-                raise ValueError("multi-head latent attention needs attention_head_dim, each head's non-rotary query/key width "
-                                 "(DeepSeek-V3: 128)")
+                raise ValueError(
+                    "multi-head latent attention needs attention_head_dim, each head's non-rotary query/key width "
+                    "(DeepSeek-V3: 128)"
+                )
             if self.qk_norm:
-                raise ValueError("multi-head latent attention normalises its latents, not per-head queries and keys: set qk_norm false")
+                raise ValueError(
+                    "multi-head latent attention normalises its latents, not per-head queries and keys: set qk_norm false"
+                )
             if self.linear_bias:
-                raise ValueError("multi-head latent attention is costed without biases (DeepSeek's and Megatron-Core's have none): "
-                                 "set linear_bias false")
+                raise ValueError(
+                    "multi-head latent attention is costed without biases (DeepSeek's and Megatron-Core's have none): "
+                    "set linear_bias false"
+                )
         if self.glu_limit is not None and not self.gated:
             raise ValueError("glu_limit clamps a gated MLP's halves: it needs activation 'swiglu' or 'geglu'")
         if self.learned_position_embeddings and (self.rope_theta != 10000.0 or self.rope_scaling is not None):
-            raise ValueError("rope_theta and rope_scaling describe a rotary embedding: they need learned_position_embeddings false")
+            raise ValueError(
+                "rope_theta and rope_scaling describe a rotary embedding: they need learned_position_embeddings false"
+            )
         if self.qkv_bias and self.linear_bias:
-            raise ValueError("qkv_bias is for a model whose other linear layers have no bias: with linear_bias true every "
-                             "layer has one already; drop qkv_bias")
+            raise ValueError(
+                "qkv_bias is for a model whose other linear layers have no bias: with linear_bias true every "
+                "layer has one already; drop qkv_bias"
+            )
         if self.rope_attention_factor != 1.0 and self.learned_position_embeddings:
-            raise ValueError("rope_attention_factor scales a rotary embedding: it needs learned_position_embeddings false")
+            raise ValueError(
+                "rope_attention_factor scales a rotary embedding: it needs learned_position_embeddings false"
+            )
         if self.sliding_window is None and self.sliding_window_layers:
             raise ValueError("sliding_window_layers needs sliding_window")
         if self.sliding_window is not None and not 0 < self.sliding_window_layers <= self.num_layers:

@@ -37,7 +37,9 @@ class Alternative(_Spec):
     """A runner-up layout of `plan solve`."""
 
     plan: Plan = Field(description="The layout.")
-    global_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(description="Sequences per step of this layout (differs between layouts only when the job fixes the micro-batch, not the batch).")
+    global_batch_size: Integer(1, MAX_GLOBAL_BATCH) = Field(
+        description="Sequences per step of this layout (differs between layouts only when the job fixes the micro-batch, not the batch)."
+    )
     estimate: Estimate = Field(description="Its predicted time and memory.")
     target: Optional[Target] = Field(
         default=None,
@@ -49,18 +51,34 @@ class Alternative(_Spec):
 class SearchReport(_Spec):
     """How `plan solve` searched."""
 
-    candidates_considered: int = Field(description="Layouts enumerated (dp, tp, pp, vpp, micro-batch, schedule, ZeRO, SP, mesh order), rejected ones included.")
-    layouts_represented_log10: float = Field(description="log10 of the layouts covered once every layer split and per-stage recompute count (the ILP's choices) is counted.")
-    infeasible: dict[str, int] = Field(description="Candidates that cannot run, by reason: divisibility (of heads, layers, batch), memory (no split fits).")
-    skipped: dict[str, int] = Field(default_factory=dict, description="Candidates that could run but were not searched, by reason: dominated (another candidate is as fast with no more memory), tp_across_nodes (without --allow-cross-node-tp), excluded_by_fix, not_expressible_in_target (--target).")
-    pruned_by_bound: int = Field(description="Candidates never solved because their lower bound could not beat the plans found.")
+    candidates_considered: int = Field(
+        description="Layouts enumerated (dp, tp, pp, vpp, micro-batch, schedule, ZeRO, SP, mesh order), rejected ones included."
+    )
+    layouts_represented_log10: float = Field(
+        description="log10 of the layouts covered once every layer split and per-stage recompute count (the ILP's choices) is counted."
+    )
+    infeasible: dict[str, int] = Field(
+        description="Candidates that cannot run, by reason: divisibility (of heads, layers, batch), memory (no split fits)."
+    )
+    skipped: dict[str, int] = Field(
+        default_factory=dict,
+        description="Candidates that could run but were not searched, by reason: dominated (another candidate is as fast with no more memory), tp_across_nodes (without --allow-cross-node-tp), excluded_by_fix, not_expressible_in_target (--target).",
+    )
+    pruned_by_bound: int = Field(
+        description="Candidates never solved because their lower bound could not beat the plans found."
+    )
     refined_bounds: int = Field(description="Candidates whose memory-aware lower bound was computed.")
     ilp_candidates: int = Field(description="Candidates that entered an integer program.")
     ilps_solved: int = Field(description="Integer programs solved.")
     solver: str = Field(description="MILP solver used through PuLP ('highs' or 'cbc').")
     solve_time_s: float = Field(description="Wall time of the search.")
-    optimal: bool = Field(description="True when the plan is proven optimal for the search space; False after --time-limit.")
-    optimality_gap: float = Field(default=0.0, description="Proven bound on how far the plan may be from the optimum: (its time per token - the least lower bound left) / its time per token; 0 when optimal, 1 when nothing bounds it (a search the time limit cut before it bounded its layouts).")
+    optimal: bool = Field(
+        description="True when the plan is proven optimal for the search space; False after --time-limit."
+    )
+    optimality_gap: float = Field(
+        default=0.0,
+        description="Proven bound on how far the plan may be from the optimum: (its time per token - the least lower bound left) / its time per token; 0 when optimal, 1 when nothing bounds it (a search the time limit cut before it bounded its layouts).",
+    )
 
 
 class TieBreak(_Spec):
@@ -81,7 +99,9 @@ class StackAnswer(_Spec):
         "own plan, K alternative K (`plan export --alternative K`); None when the stack has none (see reason)."
     )
     reason: Optional[str] = Field(default=None, description="Why the stack has no plan.")
-    search: Optional[SearchReport] = Field(default=None, description="Its search; None where it was not searched (a --fix it cannot honour).")
+    search: Optional[SearchReport] = Field(
+        default=None, description="Its search; None where it was not searched (a --fix it cannot honour)."
+    )
 
 
 class LinkVolume(_Spec):
@@ -98,9 +118,13 @@ class LinkVolume(_Spec):
 class Explanation(_Spec):
     """Why the chosen plan looks the way it does."""
 
-    memory_bottleneck: str = Field(description="Which stage and which part of memory is closest to the limit, and what relieves it.")
+    memory_bottleneck: str = Field(
+        description="Which stage and which part of memory is closest to the limit, and what relieves it."
+    )
     compute_bottleneck: str = Field(description="Where the step time goes.")
-    communication: list[LinkVolume] = Field(description="Per parallel dimension: volume per step and the link it rides.")
+    communication: list[LinkVolume] = Field(
+        description="Per parallel dimension: volume per step and the link it rides."
+    )
 
 
 class SolveDocument(PlanDocument):
@@ -109,7 +133,9 @@ class SolveDocument(PlanDocument):
     alternatives: list[Alternative] = Field(
         description="The next-best layouts, best first; without --target those of every stack, and each stack's own best."
     )
-    search: SearchReport = Field(description="Search statistics (without --target summed over the stacks, solve_time_s the whole search's).")
+    search: SearchReport = Field(
+        description="Search statistics (without --target summed over the stacks, solve_time_s the whole search's)."
+    )
     explanation: Explanation = Field(description="Bottlenecks and communication of the chosen plan.")
     stacks: list[StackAnswer] = Field(
         default_factory=list,
@@ -117,5 +143,6 @@ class SolveDocument(PlanDocument):
         "names that stack. Empty after --target. (schema 1.6)",
     )
     tie_rule: Optional[TieBreak] = Field(
-        default=None, description="Set when the tie rule recommended the plan over faster alternatives; None when it is the fastest predicted. (schema 1.6)"
+        default=None,
+        description="Set when the tie rule recommended the plan over faster alternatives; None when it is the fastest predicted. (schema 1.6)",
     )

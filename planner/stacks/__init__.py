@@ -109,9 +109,11 @@ def model_refusal(stack: Target | str, model: ModelSpec) -> str | None:
         return None
     name = s.name
     others = [o for o in EXPORT_STACKS if o != name and not get(o).model_problems(model)]
-    return (f"{name} cannot build {model.name}: {problems[0]}"
-            + (f"; also {', '.join(p.split(' (')[0] for p in problems[1:])}" if problems[1:] else "")
-            + (f"; {', '.join(others)} can (`plan solve --target {others[0]}`)" if others else "; no stack here can"))
+    return (
+        f"{name} cannot build {model.name}: {problems[0]}"
+        + (f"; also {', '.join(p.split(' (')[0] for p in problems[1:])}" if problems[1:] else "")
+        + (f"; {', '.join(others)} can (`plan solve --target {others[0]}`)" if others else "; no stack here can")
+    )
 
 
 def stack_constants(device_name: str) -> dict[Target, StackConstants]:
@@ -150,23 +152,43 @@ def rules_table() -> str:
     """docs/export.md's table of what each stack can express, from the Rules themselves
     (tests/test_export_cli.py checks that the page carries exactly this)."""
     split = {"free": "any split", "first_last": "first and last stage may differ", "even": "even only"}
-    recompute = {"per_stage": "any mix per stage", "same_per_stage": "same count of full layers in every stage, or all selective",
-                 "uniform": "one mode for every layer"}
-    rows = ["| stack | ZeRO | ZeRO with pp > 1 | ZeRO with tp > 1 | pp | schedules | interleaved | SP | TP overlap | EP | CP | FP8 | "
-            "mesh order (innermost first) | layers per stage | recompute | norm/act recompute |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    recompute = {
+        "per_stage": "any mix per stage",
+        "same_per_stage": "same count of full layers in every stage, or all selective",
+        "uniform": "one mode for every layer",
+    }
+    rows = [
+        "| stack | ZeRO | ZeRO with pp > 1 | ZeRO with tp > 1 | pp | schedules | interleaved | SP | TP overlap | EP | CP | FP8 | "
+        "mesh order (innermost first) | layers per stage | recompute | norm/act recompute |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for stack in EXPORT_STACKS:
         r = rules(stack)
         orders = " or ".join(",".join(a.value for a in o) for o in r.mesh_orders) if r.mesh_orders else "any"
         cells = [
-            stack, _stages(r.zero_stages), _stages(r.zero_stages_with_pp), _stages(r.zero_stages_with_tp),
-            "no" if r.max_pp == 1 else "yes", ", ".join(s.value for s in r.schedules) if r.max_pp != 1 else "-",
-            "yes" if r.interleaved and r.max_pp != 1 else "no", "yes" if r.sequence_parallel else "no",
-            "yes" if r.tp_comm_overlap else "no", "no" if r.max_ep == 1 else "yes", "no" if r.max_cp == 1 else "yes",
-            "yes" if r.fp8 else "no", orders, split[r.split], recompute[r.recompute], "yes" if r.recompute_norm_act else "no",
+            stack,
+            _stages(r.zero_stages),
+            _stages(r.zero_stages_with_pp),
+            _stages(r.zero_stages_with_tp),
+            "no" if r.max_pp == 1 else "yes",
+            ", ".join(s.value for s in r.schedules) if r.max_pp != 1 else "-",
+            "yes" if r.interleaved and r.max_pp != 1 else "no",
+            "yes" if r.sequence_parallel else "no",
+            "yes" if r.tp_comm_overlap else "no",
+            "no" if r.max_ep == 1 else "yes",
+            "no" if r.max_cp == 1 else "yes",
+            "yes" if r.fp8 else "no",
+            orders,
+            split[r.split],
+            recompute[r.recompute],
+            "yes" if r.recompute_norm_act else "no",
         ]
         rows.append("| " + " | ".join(cells) + " |")
-    notes = [f"- **{stack}**: " + "; ".join(f"{k}: {v}" for k, v in rules(stack).notes.items()) for stack in EXPORT_STACKS if rules(stack).notes]
+    notes = [
+        f"- **{stack}**: " + "; ".join(f"{k}: {v}" for k, v in rules(stack).notes.items())
+        for stack in EXPORT_STACKS
+        if rules(stack).notes
+    ]
     return "\n".join(rows + [""] + notes) + "\n"
 
 
@@ -174,5 +196,17 @@ def _stages(stages: tuple) -> str:
     return ", ".join(str(s) for s in stages) if stages else "none"
 
 
-__all__ = ["EXPORT_STACKS", "STACKS", "Export", "Rules", "Stack", "export", "get", "having", "model_refusal", "rules", "rules_table",
-           "stack_constants"]
+__all__ = [
+    "EXPORT_STACKS",
+    "STACKS",
+    "Export",
+    "Rules",
+    "Stack",
+    "export",
+    "get",
+    "having",
+    "model_refusal",
+    "rules",
+    "rules_table",
+    "stack_constants",
+]

@@ -71,8 +71,14 @@ class Stack:
             raise ValueError(f"stack {self.name}: attention_kernel {self.attention_kernel!r}, zero3 {self.zero3!r}")
         r = self.rules
         if r is not None and (r.stack, r.tp_comm_overlap, 3 in r.zero_stages, r.recompute_norm_act) != (
-                self.name, self.tp_comm_overlap, self.zero3 != "none", self.recompute_norm_act):
-            raise ValueError(f"stack {self.name}: its Rules are {r.stack}'s or disagree on TP overlap, ZeRO-3 or norm/act recompute")
+            self.name,
+            self.tp_comm_overlap,
+            self.zero3 != "none",
+            self.recompute_norm_act,
+        ):
+            raise ValueError(
+                f"stack {self.name}: its Rules are {r.stack}'s or disagree on TP overlap, ZeRO-3 or norm/act recompute"
+            )
 
     @property
     def target(self) -> Target:
@@ -151,18 +157,27 @@ class Kernels:
 
 # PyTorch eager as `plan run`'s executor runs a layer (planner/distributed/reference_model.py:
 # Block), what generic states; tests/test_stacks.py counts the executor's operators to check it.
-EAGER = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1,
-                rmsnorm=6,  # x * rsqrt(mean(x^2) + eps) * w: pow, mean, add, rsqrt, two products
-                rotary=15,  # per tensor 4 products, a difference, a sum, the interleaving stack; then the
-                # rotated head-major q makes the attention output need one copy back to token order
-                activation=1, gated_activation=2, residual=1, dropout=0,  # the executor has no dropout
-                kv_repeat=1,  # repeat_interleave of the shared heads
-                softmax=1, attention_out=0,
-                # its MoE (reference_model.py:MoE): router GEMM, top-k, softmax, sort, bincount, the
-                # copies' source rows (divide, gather); after the experts their concatenation, the
-                # inverse sort and its gather, the weighting and the sum over choices (12); each
-                # local expert an MLP module of its own
-                moe_dispatch=12, experts="loop")
+EAGER = Kernels(
+    separate_qkv=True,
+    separate_gate_up=True,
+    layernorm=1,
+    rmsnorm=6,  # x * rsqrt(mean(x^2) + eps) * w: pow, mean, add, rsqrt, two products
+    rotary=15,  # per tensor 4 products, a difference, a sum, the interleaving stack; then the
+    # rotated head-major q makes the attention output need one copy back to token order
+    activation=1,
+    gated_activation=2,
+    residual=1,
+    dropout=0,  # the executor has no dropout
+    kv_repeat=1,  # repeat_interleave of the shared heads
+    softmax=1,
+    attention_out=0,
+    # its MoE (reference_model.py:MoE): router GEMM, top-k, softmax, sort, bincount, the
+    # copies' source rows (divide, gather); after the experts their concatenation, the
+    # inverse sort and its gather, the weighting and the sum over choices (12); each
+    # local expert an MLP module of its own
+    moe_dispatch=12,
+    experts="loop",
+)
 
 # A Hugging Face transformers model (modeling_llama.py and kin) run eagerly, what DeepSpeed and
 # Accelerate train (the user's module): q, k, v and gate, up as separate projections;
@@ -176,9 +191,23 @@ EAGER = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1,
 # divide) and cast, one-hot routing mask and its permute, the experts hit (sum, compare, nonzero)
 # (11); then a Python loop over the experts hit: the token rows (where, gather), the expert MLP,
 # the routing weights' gather and the product by them, index_add into the output (5 besides the MLP).
-TRANSFORMERS = Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1, rmsnorm=8, rotary=10,
-                       activation=1, gated_activation=2, residual=1, dropout=1, kv_repeat=0,
-                       softmax=4, attention_out=1, moe_dispatch=11, experts="loop", expert_extra=5)
+TRANSFORMERS = Kernels(
+    separate_qkv=True,
+    separate_gate_up=True,
+    layernorm=1,
+    rmsnorm=8,
+    rotary=10,
+    activation=1,
+    gated_activation=2,
+    residual=1,
+    dropout=1,
+    kv_repeat=0,
+    softmax=4,
+    attention_out=1,
+    moe_dispatch=11,
+    experts="loop",
+    expert_extra=5,
+)
 
 
 @dataclass(frozen=True)
@@ -237,12 +266,20 @@ class Rules:
         layout: a degree over the stack's maximum, a ZeRO stage, schedule or feature it lacks;
         None where some layout has it. layout_problems starts from these, and `plan solve --fix`
         refuses a stack with them before searching it (planner/search/stacks.py:target_space)."""
-        degrees = {"tp": ("tensor", self.max_tp), "pp": ("pipeline", self.max_pp), "ep": ("expert", self.max_ep),
-                   "cp": ("context", self.max_cp)}
+        degrees = {
+            "tp": ("tensor", self.max_tp),
+            "pp": ("pipeline", self.max_pp),
+            "ep": ("expert", self.max_ep),
+            "cp": ("context", self.max_cp),
+        }
         if field in degrees:
             what, most = degrees[field]
             if most is not None and value > most:
-                return f"{what} parallelism {field}={value} ({self.stack} has none)" if most == 1 else f"{field}={value} (at most {most})"
+                return (
+                    f"{what} parallelism {field}={value} ({self.stack} has none)"
+                    if most == 1
+                    else f"{field}={value} (at most {most})"
+                )
         elif field == "zero_stage" and value not in self.zero_stages:
             return f"ZeRO stage {value} ({self.stack} has stages {_list(self.zero_stages)})"
         elif field == "schedule" and self.schedules and value not in self.schedules:  # none: no pipeline
@@ -253,36 +290,79 @@ class Rules:
             return _FEATURES[field].format(stack=self.stack)
         return None
 
-    def layout_problems(self, *, dp: int, tp: int, pp: int, vpp: int, schedule: Schedule, zero_stage: int,
-                        sequence_parallel: bool, tp_comm_overlap: bool, mesh_order, ep: int = 1, fp8: bool = False,
-                        cp: int = 1, recompute_norm_act: bool = False) -> list[str]:
+    def layout_problems(
+        self,
+        *,
+        dp: int,
+        tp: int,
+        pp: int,
+        vpp: int,
+        schedule: Schedule,
+        zero_stage: int,
+        sequence_parallel: bool,
+        tp_comm_overlap: bool,
+        mesh_order,
+        ep: int = 1,
+        fp8: bool = False,
+        cp: int = 1,
+        recompute_norm_act: bool = False,
+    ) -> list[str]:
         """Why a layout (everything but the layer split and recompute) cannot be expressed."""
+
         def check(**fields) -> list[str]:
             return [p for p in (self.value_problem(k, v) for k, v in fields.items()) if p]
+
         out = check(cp=cp, fp8=fp8, ep=ep, zero_stage=zero_stage)
         if zero_stage in self.zero_stages:
             if pp > 1 and zero_stage not in self.zero_stages_with_pp:
-                out.append(f"ZeRO stage {zero_stage} with pipeline parallelism ({self.stack} allows stages {_list(self.zero_stages_with_pp)} with pp > 1)")
+                out.append(
+                    f"ZeRO stage {zero_stage} with pipeline parallelism ({self.stack} allows stages {_list(self.zero_stages_with_pp)} with pp > 1)"
+                )
             elif tp > 1 and zero_stage not in self.zero_stages_with_tp:
-                out.append(f"ZeRO stage {zero_stage} with tensor parallelism ({self.stack} allows stages {_list(self.zero_stages_with_tp)} with tp > 1)")
+                out.append(
+                    f"ZeRO stage {zero_stage} with tensor parallelism ({self.stack} allows stages {_list(self.zero_stages_with_tp)} with tp > 1)"
+                )
         out += check(pp=pp)
         if tp > 1 and pp > 1 and not self.tp_with_pp:
             out.append(f"tensor parallelism together with pipeline parallelism ({self.stack} has one or the other)")
-        out += check(tp=tp, **({"schedule": schedule} if pp > 1 else {}), vpp=vpp,  # a schedule without a pipeline is no choice
-                     sequence_parallel=sequence_parallel, tp_comm_overlap=tp_comm_overlap, recompute_norm_act=recompute_norm_act)
+        out += check(
+            tp=tp,
+            **({"schedule": schedule} if pp > 1 else {}),
+            vpp=vpp,  # a schedule without a pipeline is no choice
+            sequence_parallel=sequence_parallel,
+            tp_comm_overlap=tp_comm_overlap,
+            recompute_norm_act=recompute_norm_act,
+        )
         if recompute_norm_act and fp8 and self.recompute_norm_act and not self.recompute_norm_act_fp8:
-            out.append(f"recompute of the norms and the experts' activation with FP8 ({self.stack}'s FP8 recipe refuses it)")
+            out.append(
+                f"recompute of the norms and the experts' activation with FP8 ({self.stack}'s FP8 recipe refuses it)"
+            )
         dpw = dp * cp  # the mesh's dp axis holds the cp ranks too
-        if self.mesh_orders is not None and not _order_allowed(self.mesh_orders, tuple(mesh_order), dpw > 1, tp > 1, pp > 1):
-            out.append(f"mesh order {','.join(Axis(a).value for a in mesh_order)} ({self.stack} lays ranks out as "
-                       f"{' or '.join(','.join(a.value for a in o) for o in self.mesh_orders)}, innermost first)")
+        if self.mesh_orders is not None and not _order_allowed(
+            self.mesh_orders, tuple(mesh_order), dpw > 1, tp > 1, pp > 1
+        ):
+            out.append(
+                f"mesh order {','.join(Axis(a).value for a in mesh_order)} ({self.stack} lays ranks out as "
+                f"{' or '.join(','.join(a.value for a in o) for o in self.mesh_orders)}, innermost first)"
+            )
         return out
 
     def plan_problems(self, plan: Plan, model: ModelSpec) -> list[str]:
-        out = self.layout_problems(dp=plan.dp, tp=plan.tp, pp=plan.pp, vpp=plan.vpp, schedule=plan.schedule, zero_stage=plan.zero_stage,
-                                   sequence_parallel=plan.sequence_parallel, tp_comm_overlap=plan.tp_comm_overlap,
-                                   mesh_order=plan.mesh_order, ep=plan.ep, fp8=plan.fp8, cp=plan.cp,
-                                   recompute_norm_act=plan.recompute_norm_act)
+        out = self.layout_problems(
+            dp=plan.dp,
+            tp=plan.tp,
+            pp=plan.pp,
+            vpp=plan.vpp,
+            schedule=plan.schedule,
+            zero_stage=plan.zero_stage,
+            sequence_parallel=plan.sequence_parallel,
+            tp_comm_overlap=plan.tp_comm_overlap,
+            mesh_order=plan.mesh_order,
+            ep=plan.ep,
+            fp8=plan.fp8,
+            cp=plan.cp,
+            recompute_norm_act=plan.recompute_norm_act,
+        )
         counts = [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
         return out + self.counts_problems(counts)
 
@@ -296,10 +376,16 @@ class Rules:
             if self.split == "even":
                 out.append(f"uneven layers per stage {_list(layers)} ({self.stack} splits layers evenly)")
             elif self.split == "first_last" and len(set(layers[1:-1])) > 1:
-                out.append(f"uneven middle stages {_list(layers)} ({self.stack} lets only the first and last stage differ)")
+                out.append(
+                    f"uneven middle stages {_list(layers)} ({self.stack} lets only the first and last stage differ)"
+                )
         used = [i for i in range(3) if any(c[i] for c in counts)]
         total = sum(layers)
-        missing = [("none", "selective", "full")[i] for i in used if ("none", "selective", "full")[i] not in self.recompute_modes]
+        missing = [
+            ("none", "selective", "full")[i]
+            for i in used
+            if ("none", "selective", "full")[i] not in self.recompute_modes
+        ]
         if missing:
             out.append(f"{missing[0]} recompute ({self.stack} has {_list(self.recompute_modes)})")
         if self.recompute == "uniform" and len(used) > 1:
@@ -311,8 +397,10 @@ class Rules:
             else:
                 n = max(c[2] for c in counts)
                 if any(c[2] != min(n, sum(c)) for c in counts):
-                    out.append(f"a different number of fully recomputed layers per stage {_list(c[2] for c in counts)} "
-                               f"({self.stack} recomputes the first N layers of every stage, all of a shorter one)")
+                    out.append(
+                        f"a different number of fully recomputed layers per stage {_list(c[2] for c in counts)} "
+                        f"({self.stack} recomputes the first N layers of every stage, all of a shorter one)"
+                    )
         return out
 
 
@@ -346,9 +434,15 @@ def rope_phrase(model: ModelSpec) -> Optional[str]:
         return out + ", no rotary scaling"
     if r.rope_type == "llama3":
         low, high, original = r.band()
-        return out + f", Llama 3.1 rotary scaling (factor {r.factor:g}, low_freq_factor {low:g}, high_freq_factor {high:g}, original {original})"
-    parts = [f"factor {r.factor:g}"] + [f"{k} {getattr(r, k):g}" for k in ("original_max_position_embeddings", "beta_fast", "beta_slow",
-                                                                          "mscale", "mscale_all_dim") if getattr(r, k) is not None]
+        return (
+            out
+            + f", Llama 3.1 rotary scaling (factor {r.factor:g}, low_freq_factor {low:g}, high_freq_factor {high:g}, original {original})"
+        )
+    parts = [f"factor {r.factor:g}"] + [
+        f"{k} {getattr(r, k):g}"
+        for k in ("original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+        if getattr(r, k) is not None
+    ]
     return out + f", {r.rope_type} rotary scaling ({', '.join(parts)})"
 
 
@@ -364,7 +458,10 @@ def architecture(model: ModelSpec) -> list[str]:
     if Activation(model.activation) == Activation.geglu:
         out.append("GeGLU MLP (the gate through tanh-approximated GELU)")
     if model.norms_per_layer != 2:
-        out.append(f"{model.norms_per_layer} norms per layer" + (" (before and after attention and the MLP)" if model.norms_per_layer == 4 else ""))
+        out.append(
+            f"{model.norms_per_layer} norms per layer"
+            + (" (before and after attention and the MLP)" if model.norms_per_layer == 4 else "")
+        )
     if model.qk_norm:
         out.append(f"QK-norm (an RMSNorm of head_dim {model.head_dim} on each query and key head)")
     if model.sliding_window is not None:

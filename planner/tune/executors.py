@@ -68,7 +68,9 @@ class FakeExecutor:
     def truth(self, cluster: ClusterSpec) -> ClusterSpec:
         true = with_constants(cluster, self.target, self.true_constants, provenance="fake executor's truth")
         if self.true_overhead_gib is not None:
-            true = true.model_copy(update={"device": true.device.model_copy(update={"framework_overhead_gib": self.true_overhead_gib})})
+            true = true.model_copy(
+                update={"device": true.device.model_copy(update={"framework_overhead_gib": self.true_overhead_gib})}
+            )
         return true
 
     def measure(self, trial: Trial) -> Measurement:
@@ -79,7 +81,10 @@ class FakeExecutor:
             return Measurement("failed", detail="injected failure")
         est = predict(trial.model, self.truth(trial.cluster), trial.job, trial.plan)
         if self.memory_limit_gib is not None and est.peak_memory_gib > self.memory_limit_gib:
-            return Measurement("oom", peak_memory_gib=est.peak_memory_gib,
-                               detail=f"needs {est.peak_memory_gib:.2f} GiB, the limit is {self.memory_limit_gib:.2f} GiB")
+            return Measurement(
+                "oom",
+                peak_memory_gib=est.peak_memory_gib,
+                detail=f"needs {est.peak_memory_gib:.2f} GiB, the limit is {self.memory_limit_gib:.2f} GiB",
+            )
         factor = self.noise[(len(self.measured) - 1) % len(self.noise)] if self.noise else 1.0
         return Measurement("ok", step_time_s=est.step_time_s * factor, peak_memory_gib=est.peak_memory_gib)

@@ -65,10 +65,25 @@ class TuneHeader(_Record):
 # tests/test_tune.py checks these are api.solve's keywords, so that one added there is added here.
 _COUNT, _NUMBER, _TEXT, _FLAG = (int,), (int, float), (str,), (bool,)
 SOLVE_KEYWORDS = {
-    "global_batch": _COUNT, "micro_batch_size": _COUNT, "micro_batches": _COUNT, "seq_len": _COUNT, "nodes": _COUNT,
-    "max_memory_gib": _NUMBER, "time_limit": _NUMBER, "target": _TEXT, "precision": _TEXT, "optimizer": _TEXT,
-    "loss_kernel": _TEXT, "moe_dispatcher": _TEXT, "attention_kernel": _TEXT, "solver": _TEXT,
-    "allow_cross_node_tp": _FLAG, "fp8": _FLAG, "flash_attention": _FLAG, "grad_reduce_bf16": _FLAG, "fixes": (list,),
+    "global_batch": _COUNT,
+    "micro_batch_size": _COUNT,
+    "micro_batches": _COUNT,
+    "seq_len": _COUNT,
+    "nodes": _COUNT,
+    "max_memory_gib": _NUMBER,
+    "time_limit": _NUMBER,
+    "target": _TEXT,
+    "precision": _TEXT,
+    "optimizer": _TEXT,
+    "loss_kernel": _TEXT,
+    "moe_dispatcher": _TEXT,
+    "attention_kernel": _TEXT,
+    "solver": _TEXT,
+    "allow_cross_node_tp": _FLAG,
+    "fp8": _FLAG,
+    "flash_attention": _FLAG,
+    "grad_reduce_bf16": _FLAG,
+    "fixes": (list,),
 }
 
 
@@ -112,13 +127,19 @@ class TrialRecord(_Record):
     predicted_s: float = Field(description="Its predicted step time when chosen.")
     interval_s: list[float] = Field(description="Its predicted interval when chosen, [low, high], seconds.")
     predicted_peak_gib: float = Field(description="Its predicted peak memory per rank when chosen, GiB.")
-    status: Literal["ok", "oom", "failed", "timeout"] = Field(description="ok: measured; oom: out of memory; failed; timeout.")
-    step_time_s: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False,
-                                         description="Measured step time (slowest rank, mean over timed steps).")
-    peak_memory_gib: Optional[float] = Field(default=None, ge=0, allow_inf_nan=False,
-                                             description="Measured peak memory, the largest of any rank, GiB.")
+    status: Literal["ok", "oom", "failed", "timeout"] = Field(
+        description="ok: measured; oom: out of memory; failed; timeout."
+    )
+    step_time_s: Optional[float] = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Measured step time (slowest rank, mean over timed steps)."
+    )
+    peak_memory_gib: Optional[float] = Field(
+        default=None, ge=0, allow_inf_nan=False, description="Measured peak memory, the largest of any rank, GiB."
+    )
     detail: str = Field(default="", description="The failure's or the out-of-memory's one line, or notes.")
-    ran: Optional[Ran] = Field(default=None, description="What ran, where it differs from the search's (scaled); None: as searched.")
+    ran: Optional[Ran] = Field(
+        default=None, description="What ran, where it differs from the search's (scaled); None: as searched."
+    )
     wall_s: float = Field(ge=0, allow_inf_nan=False, description="Wall time of the trial, seconds.")
     finished_at: str = Field(description="When it ended, UTC ISO 8601.")
 
@@ -155,8 +176,11 @@ def start(path: Path, header: TuneHeader) -> None:
     append(path, header)
 
 
-def read(path: Path, warn: Callable[[str], None], check: Callable[[TuneHeader], None] = lambda head: None,
-         ) -> tuple[TuneHeader, list[TrialRecord]]:
+def read(
+    path: Path,
+    warn: Callable[[str], None],
+    check: Callable[[TuneHeader], None] = lambda head: None,
+) -> tuple[TuneHeader, list[TrialRecord]]:
     """The header and the finished trials. A torn last line (the tuner killed while writing
     it: no newline at its end) is cut off with a warning, once the header has passed `check`;
     anything else unreadable is refused in one line, the file left as it was."""
@@ -170,20 +194,26 @@ def read(path: Path, warn: Callable[[str], None], check: Callable[[TuneHeader], 
             if number == 1:
                 why = _header_problem(line)
                 raise UsageError(f"{path} is not a `plan tune` journal (its first line is no tune header{why})")
-            raise UsageError(f"the journal {path} is damaged at line {number} (not a trial record); "
-                             "only a torn last line can be repaired")
+            raise UsageError(
+                f"the journal {path} is damaged at line {number} (not a trial record); "
+                "only a torn last line can be repaired"
+            )
         records.append(record)
     if not records:
         raise UsageError(f"{path} is not a `plan tune` journal (it has no complete first line)")
     seen: dict[str, int] = {}
     for number, record in enumerate(records[1:], 2):
         if record.key in seen:  # a tune never runs a layout twice: the file was edited or spliced
-            raise UsageError(f"the journal {path} holds layout {record.label} twice (lines {seen[record.key]} and {number}); "
-                             "a tune runs each layout once")
+            raise UsageError(
+                f"the journal {path} holds layout {record.label} twice (lines {seen[record.key]} and {number}); "
+                "a tune runs each layout once"
+            )
         seen[record.key] = number
     check(records[0])
     if tail:  # every record ends with a newline in the same write: without one it was torn
-        warn(f"the journal's last line was cut off (the tuner stopped while writing it); ignoring it: {len(tail)} bytes")
+        warn(
+            f"the journal's last line was cut off (the tuner stopped while writing it); ignoring it: {len(tail)} bytes"
+        )
         try:
             os.truncate(path, len(data) - len(tail))
         except OSError as exc:

@@ -148,7 +148,10 @@ def search(request: TuneRequest, cluster: ClusterSpec, count: int) -> tuple[list
     except InfeasibleError as exc:
         raise InfeasibleError(f"no layout fits under the refit memory model: {exc}") from None
     entries = [(doc.plan, doc.job, doc.estimate)]
-    entries += [(a.plan, doc.job.model_copy(update={"global_batch_size": a.global_batch_size}), a.estimate) for a in doc.alternatives]
+    entries += [
+        (a.plan, doc.job.model_copy(update={"global_batch_size": a.global_batch_size}), a.estimate)
+        for a in doc.alternatives
+    ]
     out = []
     for plan, job, est in entries:
         low = est.step_time_interval_s[0] if est.step_time_interval_s else est.step_time_s
@@ -186,8 +189,14 @@ def _now() -> str:
 
 
 def header(request: TuneRequest, executor: Executor) -> TuneHeader:
-    return TuneHeader(model=request.model, cluster=request.cluster, gpus=request.gpus, solve=request.solve,
-                      run=executor.describe(), started_at=_now())
+    return TuneHeader(
+        model=request.model,
+        cluster=request.cluster,
+        gpus=request.gpus,
+        solve=request.solve,
+        run=executor.describe(),
+        started_at=_now(),
+    )
 
 
 def request_of(head: TuneHeader) -> TuneRequest:
@@ -205,11 +214,15 @@ class _State:
     def refit(self) -> None:
         ran, oom = observations(self.request, self.records)
         start = self.fit.constants if self.fit is not None else None  # go on from the last fit
-        self.fit = refit(self.request.cluster, self.request.target, ran, oom, self.capacity_gib, start, self.budget.refit_rounds)
+        self.fit = refit(
+            self.request.cluster, self.request.target, ran, oom, self.capacity_gib, start, self.budget.refit_rounds
+        )
 
     def best(self) -> tuple[Optional[TrialRecord], Optional[float]]:
         """The fastest measured trial and its time per token (the searched layout's)."""
-        timed = [(measured_per_token(self.request, r, self.fit.cluster, r.job), r) for r in self.records if r.status == "ok"]
+        timed = [
+            (measured_per_token(self.request, r, self.fit.cluster, r.job), r) for r in self.records if r.status == "ok"
+        ]
         if not timed:
             return None, None
         per_token, record = min(timed, key=lambda t: t[0])
@@ -244,8 +257,10 @@ class _State:
             count = max(count, SPREAD_LIST)  # the spread looks for every term, not only among the best few
         while True:
             listed, complete = search(self.request, self.fit.cluster, count)
-            rest = sorted((_corrected(c, factors.get(signature(c.plan), 1.0)) for c in listed if c.key not in tried),
-                          key=lambda c: c.low)
+            rest = sorted(
+                (_corrected(c, factors.get(signature(c.plan), 1.0)) for c in listed if c.key not in tried),
+                key=lambda c: c.low,
+            )
             floor = listed[-1].low * lowest  # an unlisted layout: no lower than the last listed, corrected the most
             hopeful = any(c.low < threshold for c in rest)
             if hopeful or complete or floor >= threshold or count >= MAX_CANDIDATES:
@@ -262,7 +277,9 @@ def spread_trials(budget: Budget) -> int:
     return min(SPREAD_TRIALS, max(1, 2 * budget.trials // 3))
 
 
-def choose(untried: list[Candidate], records: list[TrialRecord], best: Optional[float], budget: Budget) -> Optional[tuple[Candidate, str]]:
+def choose(
+    untried: list[Candidate], records: list[TrialRecord], best: Optional[float], budget: Budget
+) -> Optional[tuple[Candidate, str]]:
     """The next trial and why (the module's docstring states the rule); None: nothing can win."""
     threshold = best * (1 - budget.tolerance) if best is not None else math.inf
     if sum(r.status == "ok" for r in records) <= len(NAMES):  # too few to estimate the interval: no proof yet
@@ -270,7 +287,9 @@ def choose(untried: list[Candidate], records: list[TrialRecord], best: Optional[
     hopeful = [c for c in untried if c.low < threshold]
     if not hopeful:
         return None
-    if len(records) < spread_trials(budget):  # among every listed layout: a term is measured to learn it, even in a layout unlikely to win
+    if len(records) < spread_trials(
+        budget
+    ):  # among every listed layout: a term is measured to learn it, even in a layout unlikely to win
         seen = {i for r in records for i, on in enumerate(signature(r.plan)) if on}
         fresh = [c for c in untried if any(on and i not in seen for i, on in enumerate(signature(c.plan)))]
         fresh.sort(key=lambda c: (sum(signature(c.plan)), c.low))  # a new term alone first: it isolates that term
@@ -288,16 +307,34 @@ def _record(index: int, chosen: Candidate, why: str, measurement, wall_s: float)
     est = chosen.estimate
     interval = est.step_time_interval_s or [est.step_time_s, est.step_time_s]
     return TrialRecord(
-        index=index, key=chosen.key, label=layout_label(chosen.plan), plan=chosen.plan, job=chosen.job, why=why,
-        predicted_s=est.step_time_s, interval_s=list(interval), predicted_peak_gib=est.peak_memory_gib,
-        status=measurement.status, step_time_s=measurement.step_time_s, peak_memory_gib=measurement.peak_memory_gib,
-        detail=measurement.detail, ran=measurement.ran, wall_s=wall_s, finished_at=_now(),
+        index=index,
+        key=chosen.key,
+        label=layout_label(chosen.plan),
+        plan=chosen.plan,
+        job=chosen.job,
+        why=why,
+        predicted_s=est.step_time_s,
+        interval_s=list(interval),
+        predicted_peak_gib=est.peak_memory_gib,
+        status=measurement.status,
+        step_time_s=measurement.step_time_s,
+        peak_memory_gib=measurement.peak_memory_gib,
+        detail=measurement.detail,
+        ran=measurement.ran,
+        wall_s=wall_s,
+        finished_at=_now(),
     )
 
 
-def tune(request: TuneRequest, executor: Executor, budget: Budget = Budget(), journal_path: Optional[Path] = None,
-         done: Optional[list[TrialRecord]] = None, say: Callable[[str], None] = lambda _: None,
-         trial_hook: Callable[[TrialRecord, Refit], None] = lambda *_: None) -> TuneResult:
+def tune(
+    request: TuneRequest,
+    executor: Executor,
+    budget: Budget = Budget(),
+    journal_path: Optional[Path] = None,
+    done: Optional[list[TrialRecord]] = None,
+    say: Callable[[str], None] = lambda _: None,
+    trial_hook: Callable[[TrialRecord, Refit], None] = lambda *_: None,
+) -> TuneResult:
     """Run the loop. `done`: trials a resumed journal already holds (never run again);
     `journal_path`: where each finished trial is appended (its header already written).
     `say` hears progress lines; `trial_hook` each finished trial with the refit after it."""
@@ -322,10 +359,14 @@ def tune(request: TuneRequest, executor: Executor, budget: Budget = Budget(), jo
                 index = len(state.records)
                 if chosen.factor != 1.0:
                     why += f" (x{chosen.factor:.2f}, its signature's trials)"
-                say(f"trial {index + 1}/{budget.trials}: {layout_label(chosen.plan)} ({why}); predicted "
-                    f"{chosen.estimate.step_time_s * chosen.factor:.4g} s")
+                say(
+                    f"trial {index + 1}/{budget.trials}: {layout_label(chosen.plan)} ({why}); predicted "
+                    f"{chosen.estimate.step_time_s * chosen.factor:.4g} s"
+                )
                 t0 = time.monotonic()
-                measurement = executor.measure(Trial(index, request.model, request.cluster, request.gpus, chosen.job, chosen.plan))
+                measurement = executor.measure(
+                    Trial(index, request.model, request.cluster, request.gpus, chosen.job, chosen.plan)
+                )
                 record = _record(index, chosen, why, measurement, time.monotonic() - t0)
                 if journal_path is not None:
                     journal.append(journal_path, record)
@@ -341,7 +382,9 @@ def tune(request: TuneRequest, executor: Executor, budget: Budget = Budget(), jo
         bound = min([c.low for c in untried] + ([floor] if not complete else []), default=math.inf)
         margin = (best - bound) / best if bound < math.inf else 0.0
     layouts, counted = count_layouts(request)
-    return TuneResult(request, state.records, state.fit, record, stop, margin, challenger, layouts, budget.tolerance, counted)
+    return TuneResult(
+        request, state.records, state.fit, record, stop, margin, challenger, layouts, budget.tolerance, counted
+    )
 
 
 def count_layouts(request: TuneRequest, time_limit_s: float = 60.0) -> tuple[int, bool]:
@@ -349,8 +392,14 @@ def count_layouts(request: TuneRequest, time_limit_s: float = 60.0) -> tuple[int
     trials an exhaustive sweep would need; False when the count stopped at the time limit
     (then it is a lower bound) or at the search's 1,000 alternatives."""
     try:
-        doc = api.solve(request.model, request.cluster, gpus=request.gpus, top_k=1000, time_limit=time_limit_s,
-                        **request.search_keywords())
+        doc = api.solve(
+            request.model,
+            request.cluster,
+            gpus=request.gpus,
+            top_k=1000,
+            time_limit=time_limit_s,
+            **request.search_keywords(),
+        )
     except PlannerError:
         return 0, True
     return 1 + len(doc.alternatives), doc.search.optimal and len(doc.alternatives) < 1000
@@ -360,14 +409,17 @@ def predicted_before_after(result: TuneResult, record: TrialRecord) -> tuple[flo
     """A trial's step time predicted by the prior and by the refit model, for what ran."""
     what = record.ran
     model, job, plan = (what.model, what.job, what.plan) if what else (result.request.model, record.job, record.plan)
-    return (predict(model, result.request.cluster, job, plan).step_time_s,
-            predict(model, result.refit.cluster, job, plan).step_time_s)
+    return (
+        predict(model, result.request.cluster, job, plan).step_time_s,
+        predict(model, result.refit.cluster, job, plan).step_time_s,
+    )
 
 
 def verdict(result: TuneResult, record: TrialRecord) -> str:
     if record.status != "ok":
         return {"oom": "out of memory", "timeout": "timed out", "failed": "failed"}[record.status] + (
-            f": {record.detail}" if record.detail else "")
+            f": {record.detail}" if record.detail else ""
+        )
     if result.best is not None and record.index == result.best.index:
         return "best"
     return f"+{100 * (record.step_time_s / result.best.step_time_s - 1):.1f} % vs best"

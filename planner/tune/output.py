@@ -29,7 +29,11 @@ def tuned_profile(result: TuneResult, when: str) -> ClusterSpec:
     host = request.cluster.step_overhead_s(request.target)
     if host:  # not refit: the prior's (StackConstants.step_overhead_s), kept
         values += f", step_overhead_s {host:.4g} (the prior's, kept)"
-    scaled = {r.ran.model.num_layers for r in ran if r.ran is not None and _shape(r.ran.model, r.ran.job) != _shape(request.model, r.job)}
+    scaled = {
+        r.ran.model.num_layers
+        for r in ran
+        if r.ran is not None and _shape(r.ran.model, r.ran.job) != _shape(request.model, r.job)
+    }
     provenance = (
         f"plan tune, {when}: fitted by cost_models/fit.py to {len(ran)} measured trials (journal indices "
         f"{', '.join(str(r.index) for r in ran) or 'none'}) of {request.model.name} on a slice of {request.gpus} ranks "
@@ -40,10 +44,17 @@ def tuned_profile(result: TuneResult, when: str) -> ClusterSpec:
     )
     base = request.cluster
     if fit.overhead_gib != base.device.framework_overhead_gib:
-        base = base.model_copy(update={"device": base.device.model_copy(update={"framework_overhead_gib": fit.overhead_gib})})
+        base = base.model_copy(
+            update={"device": base.device.model_copy(update={"framework_overhead_gib": fit.overhead_gib})}
+        )
         provenance += f"; framework_overhead_gib {fit.overhead_gib:.4g} from out-of-memory trials"
-    return with_constants(base, request.target, fit.constants, provenance=provenance,
-                          uncertainty=profile_uncertainty(request.cluster, request.target, fit, one_node))
+    return with_constants(
+        base,
+        request.target,
+        fit.constants,
+        provenance=provenance,
+        uncertainty=profile_uncertainty(request.cluster, request.target, fit, one_node),
+    )
 
 
 def _shape(model, job) -> tuple:
@@ -57,5 +68,11 @@ def winner_document(result: TuneResult, profile: ClusterSpec) -> Optional[PlanDo
         return None
     r, request = result.best, result.request
     check_plan(r.plan, request.model, r.job, request.gpus, profile)
-    return PlanDocument(model=request.model, cluster=profile, num_gpus=request.gpus, job=r.job, plan=r.plan,
-                        estimate=predict(request.model, profile, r.job, r.plan))
+    return PlanDocument(
+        model=request.model,
+        cluster=profile,
+        num_gpus=request.gpus,
+        job=r.job,
+        plan=r.plan,
+        estimate=predict(request.model, profile, r.job, r.plan),
+    )

@@ -19,7 +19,17 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from cost_models.estimate import estimate as predict
-from cost_models.fit import CONSTANTS, NAMES, Prior, constants_of, fit_constants, fit_memory_overhead, loss, nelder_mead, with_constants
+from cost_models.fit import (
+    CONSTANTS,
+    NAMES,
+    Prior,
+    constants_of,
+    fit_constants,
+    fit_memory_overhead,
+    loss,
+    nelder_mead,
+    with_constants,
+)
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, Uncertainty
 
 # The constants the tune fits: fit.CONSTANTS' (the same three, the same meanings), within the
@@ -27,7 +37,11 @@ from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, Uncertainty
 # user's slice may be CPU ranks, or a node under other load, far below a GPU's sustained
 # fraction (fit.CONSTANTS stops at 0.5) and far above its per-operator gap (50 us there).
 TUNE_CONSTANTS = tuple(
-    replace(c, lo=0.05) if c.name == "sustained_fraction" else replace(c, hi=2000.0) if c.name == "kernel_overhead_us" else c
+    replace(c, lo=0.05)
+    if c.name == "sustained_fraction"
+    else replace(c, hi=2000.0)
+    if c.name == "kernel_overhead_us"
+    else c
     for c in CONSTANTS
 )
 
@@ -72,15 +86,24 @@ def _prior_log_halfwidth(u: Uncertainty) -> float:
 
 def residuals_of(cluster: ClusterSpec, target: str, observations: Sequence[Observation]):
     """fit_constants' residuals: log(predicted / measured) of every observation, one group."""
+
     def residuals(theta):
         trial_cluster = with_constants(cluster, target, theta)
         for o in observations:
             yield "trials", math.log(predict(o.model, trial_cluster, o.job, o.plan).step_time_s / o.step_time_s)
+
     return residuals
 
 
-def refit(prior: ClusterSpec, target: str, ran: Sequence[Observation], out_of_memory: Sequence[tuple[ModelSpec, JobSpec, Plan]],
-          capacity_gib: float, start: Optional[Sequence[float]] = None, rounds: int = 6) -> Refit:
+def refit(
+    prior: ClusterSpec,
+    target: str,
+    ran: Sequence[Observation],
+    out_of_memory: Sequence[tuple[ModelSpec, JobSpec, Plan]],
+    capacity_gib: float,
+    start: Optional[Sequence[float]] = None,
+    rounds: int = 6,
+) -> Refit:
     """The constants that best explain `ran` (the prior's as a penalty), the interval, and the
     memory overhead that `ran` and the out-of-memory trials agree with. `start`: where the
     search for the constants begins (the previous refit's: each refit goes on from the last,
@@ -90,7 +113,7 @@ def refit(prior: ClusterSpec, target: str, ran: Sequence[Observation], out_of_me
     n = len(ran)
     residuals = residuals_of(prior, target, ran)
     w0 = _prior_log_halfwidth(prior_uncertainty(prior, target))
-    theta = _fit(residuals, Prior(centre, width, NOISE_LOG ** 2 / n), start or centre, rounds) if n else centre
+    theta = _fit(residuals, Prior(centre, width, NOISE_LOG**2 / n), start or centre, rounds) if n else centre
     errors = tuple(r for _, r in residuals(theta))
     dof = n - len(NAMES)
     w = w0 if dof < 1 else max(FLOOR_LOG, 2 * math.sqrt((sum(r * r for r in errors) + (w0 / 2) ** 2) / (dof + 1)))
@@ -100,9 +123,16 @@ def refit(prior: ClusterSpec, target: str, ran: Sequence[Observation], out_of_me
     overhead = fit_memory_overhead(base, capacity_gib, peaks, ooms, margin_gib=1e-6 * capacity_gib)
     cluster = prior
     if overhead != base:
-        cluster = prior.model_copy(update={"device": prior.device.model_copy(update={"framework_overhead_gib": overhead})})
-    cluster = with_constants(cluster, target, theta, provenance="plan tune (in progress)",
-                             uncertainty=Uncertainty(relative=math.expm1(w), coverage=_coverage(errors, w) if n else PRIOR_COVERAGE))
+        cluster = prior.model_copy(
+            update={"device": prior.device.model_copy(update={"framework_overhead_gib": overhead})}
+        )
+    cluster = with_constants(
+        cluster,
+        target,
+        theta,
+        provenance="plan tune (in progress)",
+        uncertainty=Uncertainty(relative=math.expm1(w), coverage=_coverage(errors, w) if n else PRIOR_COVERAGE),
+    )
     return Refit(cluster, tuple(theta), w, errors, overhead)
 
 
@@ -119,14 +149,18 @@ def _fit(residuals, prior: Prior, start: Sequence[float], rounds: int) -> tuple[
     `rounds` 0: fit_constants' own 3 sweeps."""
     if rounds <= 0:
         return fit_constants(residuals, prior=prior, start=start, constants=TUNE_CONSTANTS)
+
     def value(theta):
         return loss(residuals, theta, prior)
+
     previous = nelder_mead(value, start, TUNE_CONSTANTS)
     theta = fit_constants(residuals, sweeps=1, prior=prior, start=previous, constants=TUNE_CONSTANTS)
     best = value(theta)
     for _ in range(rounds):
         jump = tuple(min(max(t + 2 * (t - p), c.lo), c.hi) for t, p, c in zip(theta, previous, TUNE_CONSTANTS))
-        candidates = [fit_constants(residuals, sweeps=1, prior=prior, start=s, constants=TUNE_CONSTANTS) for s in (jump, theta)]
+        candidates = [
+            fit_constants(residuals, sweeps=1, prior=prior, start=s, constants=TUNE_CONSTANTS) for s in (jump, theta)
+        ]
         scored = min((value(c), c) for c in candidates)
         if scored[0] >= best:
             break
@@ -151,4 +185,6 @@ def profile_uncertainty(prior: ClusterSpec, target: str, fit: Refit, one_node: b
     prior_comm = u.communication if u.communication is not None else u.relative
     communication = max(measured, prior_comm) if one_node else measured
     coverage = _coverage(fit.residuals, fit.log_halfwidth) if fit.residuals else u.coverage
-    return Uncertainty(relative=max(measured, communication), coverage=coverage, compute=measured, communication=communication)
+    return Uncertainty(
+        relative=max(measured, communication), coverage=coverage, compute=measured, communication=communication
+    )

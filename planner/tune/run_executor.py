@@ -44,8 +44,10 @@ SCALES = ("layers", "hidden", "heads", "vocab", "seq_len")
 # Sets a parent-death signal (SIGTERM) and then becomes `plan run`: a tuner that dies, even by
 # SIGKILL, takes its trial with it. PR_SET_PDEATHSIG (1) survives execve; a parent gone before
 # the call is caught by comparing the parent's pid.
-_GUARD = ("import ctypes, os, sys; ctypes.CDLL(None, use_errno=True).prctl(1, 15, 0, 0, 0); "
-          "os.getppid() == int(sys.argv[1]) or os._exit(143); os.execv(sys.executable, [sys.executable] + sys.argv[2:])")
+_GUARD = (
+    "import ctypes, os, sys; ctypes.CDLL(None, use_errno=True).prctl(1, 15, 0, 0, 0); "
+    "os.getppid() == int(sys.argv[1]) or os._exit(143); os.execv(sys.executable, [sys.executable] + sys.argv[2:])"
+)
 
 
 def slurm_allocation() -> bool:
@@ -77,17 +79,29 @@ class RunExecutor:
         return self.launcher == "srun" or (self.launcher == "auto" and slurm_allocation())
 
     def describe(self) -> dict:
-        return {"executor": "plan run", "launcher": "srun" if self.uses_srun() else "local", "steps": self.steps,
-                "warmup": self.warmup, "timeout_s": self.timeout_s, "memory_limit_gib": self.memory_limit_gib,
-                "scale": dict(self.scale)}
+        return {
+            "executor": "plan run",
+            "launcher": "srun" if self.uses_srun() else "local",
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "timeout_s": self.timeout_s,
+            "memory_limit_gib": self.memory_limit_gib,
+            "scale": dict(self.scale),
+        }
 
     def measure(self, trial: Trial) -> Measurement:
         start = time.monotonic()
         directory = Path(tempfile.mkdtemp(prefix=f"plan-tune-{trial.index}-", dir=self.workdir))
         try:
             plan_path, report_path, log_path = directory / "plan.json", directory / "report.json", directory / "run.log"
-            doc = PlanDocument(model=trial.model, cluster=trial.cluster, num_gpus=trial.num_gpus, job=trial.job, plan=trial.plan,
-                               estimate=predict(trial.model, trial.cluster, trial.job, trial.plan))
+            doc = PlanDocument(
+                model=trial.model,
+                cluster=trial.cluster,
+                num_gpus=trial.num_gpus,
+                job=trial.job,
+                plan=trial.plan,
+                estimate=predict(trial.model, trial.cluster, trial.job, trial.plan),
+            )
             plan_path.write_text(doc.model_dump_json(indent=2))
             status = self._run(self._command(trial, plan_path, report_path), log_path)
             result = self._result(status, report_path, log_path, trial)
@@ -96,8 +110,21 @@ class RunExecutor:
             shutil.rmtree(directory, ignore_errors=True)
 
     def _command(self, trial: Trial, plan_path: Path, report_path: Path) -> list[str]:
-        run = [sys.executable, "-m", "planner.cli.main", "run", str(plan_path), "--steps", str(self.steps),
-               "--warmup", str(self.warmup), "--timeout", f"{self.process_group_timeout_s:g}", "-o", str(report_path)]
+        run = [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "run",
+            str(plan_path),
+            "--steps",
+            str(self.steps),
+            "--warmup",
+            str(self.warmup),
+            "--timeout",
+            f"{self.process_group_timeout_s:g}",
+            "-o",
+            str(report_path),
+        ]
         for name, value in self.scale.items():
             run += [f"--scale-{name.replace('_', '-')}", str(value)]
         if self.uses_srun():  # one task per rank; `plan run` maps SLURM_PROCID etc. to torch's variables
@@ -126,9 +153,14 @@ class RunExecutor:
     def _run(self, command: list[str], log_path: Path) -> str:
         """Run to the end ("done") or the timeout ("timeout"); interrupted: stop it, re-raise."""
         with open(log_path, "wb") as log:
-            child = subprocess.Popen([sys.executable, "-c", _GUARD, str(os.getpid())] + _argv(command),
-                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self._environment(),
-                                     start_new_session=True)
+            child = subprocess.Popen(
+                [sys.executable, "-c", _GUARD, str(os.getpid())] + _argv(command),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self._environment(),
+                start_new_session=True,
+            )
             try:
                 child.wait(timeout=self.timeout_s)
                 return "done"
@@ -151,11 +183,21 @@ class RunExecutor:
         ran = Ran(model=report.model, job=report.job, plan=report.plan, num_gpus=trial.num_gpus)
         step = report.time.measured_step_time_s
         if self.memory_limit_gib is not None and peak > self.memory_limit_gib:
-            return {"status": "oom", "peak_memory_gib": peak, "step_time_s": step, "ran": ran,
-                    "detail": f"a rank peaked at {peak:.4g} GiB, over the limit of {self.memory_limit_gib:.4g} GiB"}
+            return {
+                "status": "oom",
+                "peak_memory_gib": peak,
+                "step_time_s": step,
+                "ran": ran,
+                "detail": f"a rank peaked at {peak:.4g} GiB, over the limit of {self.memory_limit_gib:.4g} GiB",
+            }
         if not report.verification.passed:
-            return {"status": "failed", "step_time_s": step, "peak_memory_gib": peak, "ran": ran,
-                    "detail": f"verification failed: {report.verification.message}"}
+            return {
+                "status": "failed",
+                "step_time_s": step,
+                "peak_memory_gib": peak,
+                "ran": ran,
+                "detail": f"verification failed: {report.verification.message}",
+            }
         return {"status": "ok", "step_time_s": step, "peak_memory_gib": peak, "ran": ran}
 
 

@@ -53,7 +53,9 @@ _FP8_CONFIG = {"backend": "TE", "fp8_format": "HYBRID", "override_linear_precisi
 _SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")  # what `accelerate config` asks
 _PREFIX = "parallelism_config_"  # the keys' prefix in the YAML (commands/config/cluster.py)
 # The comment lines `read_back` recovers: `#   name: value`.
-_SCRIPT_LINE = re.compile(r"^#\s+(micro_batch_size|gradient_accumulation_steps|global_batch_size|seq_len|recompute):\s*(\S+)")
+_SCRIPT_LINE = re.compile(
+    r"^#\s+(micro_batch_size|gradient_accumulation_steps|global_batch_size|seq_len|recompute):\s*(\S+)"
+)
 
 
 def export(plan: Plan, model: ModelSpec, job, num_gpus: int, gpus_per_node: Optional[int] = None) -> Export:
@@ -71,7 +73,9 @@ def _machines(num_gpus: int, gpus_per_node: Optional[int]) -> int:
         return 1
     if num_gpus % gpus_per_node:
         # accelerate launch starts num_processes // num_machines processes on every node.
-        raise UsageError(f"{num_gpus} GPUs do not fill whole nodes of {gpus_per_node}; Accelerate starts the same number of processes on every node")
+        raise UsageError(
+            f"{num_gpus} GPUs do not fill whole nodes of {gpus_per_node}; Accelerate starts the same number of processes on every node"
+        )
     return num_gpus // gpus_per_node
 
 
@@ -120,13 +124,18 @@ def _full_recompute(plan: Plan) -> bool:
     return plan.recompute == Recompute.full  # with stage_recompute: every layer of every stage full
 
 
-def _header(plan: Plan, model: ModelSpec, job, num_gpus: int, num_machines: int, gpus_per_node: Optional[int]) -> list[str]:
+def _header(
+    plan: Plan, model: ModelSpec, job, num_gpus: int, num_machines: int, gpus_per_node: Optional[int]
+) -> list[str]:
     """The comment block: what the training script sets (the config has no batch size)."""
     if plan.zero_stage == 0:
         layout = f"DDP over dp={plan.dp}" if num_gpus > 1 else "one GPU"
     else:
-        layout = (f"FSDP2 {'full shard (ZeRO-3)' if plan.zero_stage == 3 else 'reshard_after_forward false (ZeRO-2)'} over dp={plan.dp}"
-                  + (f" x cp={plan.cp}" if plan.cp > 1 else "") + f", tp={plan.tp}")
+        layout = (
+            f"FSDP2 {'full shard (ZeRO-3)' if plan.zero_stage == 3 else 'reshard_after_forward false (ZeRO-2)'} over dp={plan.dp}"
+            + (f" x cp={plan.cp}" if plan.cp > 1 else "")
+            + f", tp={plan.tp}"
+        )
     lines = [
         f"# Accelerate 1.15 config for {model.name} on {num_gpus} GPU(s): {layout}, no pipeline.",
         "# Run: accelerate launch --config_file THIS_FILE train.py",
@@ -137,25 +146,37 @@ def _header(plan: Plan, model: ModelSpec, job, num_gpus: int, num_machines: int,
         f"#   seq_len: {job.seq_len}",
     ]
     if plan.zero_stage == 0 and _full_recompute(plan):
-        lines.append("#   recompute: full  (DDP has no config key: model.gradient_checkpointing_enable() before accelerator.prepare)")
+        lines.append(
+            "#   recompute: full  (DDP has no config key: model.gradient_checkpointing_enable() before accelerator.prepare)"
+        )
     if plan.tp > 1:
-        lines.append(f'# TP: load the model with from_pretrained(..., tp_plan="auto", tp_size={plan.tp}, '
-                     "device_mesh=accelerator.torch_device_mesh) (a transformers model with a tp_plan, e.g. Llama)")
+        lines.append(
+            f'# TP: load the model with from_pretrained(..., tp_plan="auto", tp_size={plan.tp}, '
+            "device_mesh=accelerator.torch_device_mesh) (a transformers model with a tp_plan, e.g. Llama)"
+        )
     if plan.cp > 1:
-        lines += [f"# CP: each {job.seq_len}-token sequence over cp={plan.cp} ranks (head-tail chunks, K/V passed round a ring); "
-                  'load the model with attn_implementation="sdpa"',
-                  "#   and run each step inside accelerator.maybe_context_parallel(buffers=[input_ids, shift_labels, position_ids], "
-                  "buffer_seq_dims=[1, 1, 1], no_restore_buffers={input_ids, shift_labels, position_ids})"]
+        lines += [
+            f"# CP: each {job.seq_len}-token sequence over cp={plan.cp} ranks (head-tail chunks, K/V passed round a ring); "
+            'load the model with attn_implementation="sdpa"',
+            "#   and run each step inside accelerator.maybe_context_parallel(buffers=[input_ids, shift_labels, position_ids], "
+            "buffer_seq_dims=[1, 1, 1], no_restore_buffers={input_ids, shift_labels, position_ids})",
+        ]
     if plan.fp8:
-        lines.append("# FP8: Transformer Engine (installed) swaps every nn.Linear, the LM head too, for te.Linear; "
-                     "weights recast each micro-batch")
+        lines.append(
+            "# FP8: Transformer Engine (installed) swaps every nn.Linear, the LM head too, for te.Linear; "
+            "weights recast each micro-batch"
+        )
     features = architecture(model)
     if features:  # the script's model must be the one the plan costed
-        lines.append("# Model: planned with " + "; ".join(features) + " (transformers builds them from the model's config.json)")
+        lines.append(
+            "# Model: planned with " + "; ".join(features) + " (transformers builds them from the model's config.json)"
+        )
     if gpus_per_node is None and num_gpus > 1:
         lines.append("# Several nodes: set num_machines to the node count (num_processes counts every GPU).")
     if num_machines > 1:
-        lines.append(f"# {num_machines} nodes: on each pass --machine_rank R --main_process_ip HOST --main_process_port PORT.")
+        lines.append(
+            f"# {num_machines} nodes: on each pass --machine_rank R --main_process_ip HOST --main_process_port PORT."
+        )
     return lines
 
 
@@ -174,13 +195,22 @@ def read_back(data) -> dict:
     out = _layout(data)
     if "recompute" in script:
         out["recompute"] = script["recompute"]
-    for key, name in (("micro_batch_size", "micro_batch_size"), ("gradient_accumulation_steps", "num_micro_batches"),
-                      ("global_batch_size", "global_batch_size"), ("seq_len", "seq_len")):
+    for key, name in (
+        ("micro_batch_size", "micro_batch_size"),
+        ("gradient_accumulation_steps", "num_micro_batches"),
+        ("global_batch_size", "global_batch_size"),
+        ("seq_len", "seq_len"),
+    ):
         if key in script:
             out[name] = int(script[key])
-    if "global_batch_size" in out and out["global_batch_size"] != out["dp"] * out["micro_batch_size"] * out["num_micro_batches"]:
-        raise ValueError(f"global_batch_size {out['global_batch_size']} is not dp {out['dp']} x micro_batch_size "
-                         f"{out['micro_batch_size']} x gradient_accumulation_steps {out['num_micro_batches']}")
+    if (
+        "global_batch_size" in out
+        and out["global_batch_size"] != out["dp"] * out["micro_batch_size"] * out["num_micro_batches"]
+    ):
+        raise ValueError(
+            f"global_batch_size {out['global_batch_size']} is not dp {out['dp']} x micro_batch_size "
+            f"{out['micro_batch_size']} x gradient_accumulation_steps {out['num_micro_batches']}"
+        )
     return out
 
 
@@ -198,14 +228,27 @@ def _layout(config: dict) -> dict:
     mixed = str(getattr(config.get("mixed_precision"), "value", config.get("mixed_precision") or "no"))
     fp8 = mixed == "fp8"
     if fp8 and (config.get("fp8_config") or {}).get("backend", "TE") != "TE":
-        raise ValueError(f"fp8_config backend {config['fp8_config']['backend']} is not our FP8 recipe (Transformer Engine HYBRID)")
+        raise ValueError(
+            f"fp8_config backend {config['fp8_config']['backend']} is not our FP8 recipe (Transformer Engine HYBRID)"
+        )
     precision = "bf16" if fp8 else {v: k.value for k, v in _PRECISION.items()}[mixed]
     cp = sizes["cp_size"]
-    strategy = (config.get("parallelism_config") or {}).get(_PREFIX + "cp_comm_strategy", "allgather")  # Accelerate's default
+    strategy = (config.get("parallelism_config") or {}).get(
+        _PREFIX + "cp_comm_strategy", "allgather"
+    )  # Accelerate's default
     if cp > 1 and strategy != "alltoall":
         raise ValueError(f"cp_comm_strategy {strategy} all-gathers K/V, not the ring our context parallelism is")
     return {
-        "num_gpus": int(config.get("num_processes", 1)), "dp": dp, "cp": cp, "fp8": fp8, "tp": tp, "pp": 1, "vpp": 1, "zero_stage": zero,
-        "sequence_parallel": False, "recompute": "full" if fsdp.get("fsdp_activation_checkpointing") else "none",
-        "precision": precision, "mesh_order": [Axis.tp.value, Axis.dp.value, Axis.pp.value],
+        "num_gpus": int(config.get("num_processes", 1)),
+        "dp": dp,
+        "cp": cp,
+        "fp8": fp8,
+        "tp": tp,
+        "pp": 1,
+        "vpp": 1,
+        "zero_stage": zero,
+        "sequence_parallel": False,
+        "recompute": "full" if fsdp.get("fsdp_activation_checkpointing") else "none",
+        "precision": precision,
+        "mesh_order": [Axis.tp.value, Axis.dp.value, Axis.pp.value],
     }

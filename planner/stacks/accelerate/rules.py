@@ -74,6 +74,7 @@ RULES = Rules(
     },
 )
 
+
 def model_problems(model: ModelSpec) -> list[str]:
     """None: the config holds no architecture; the script's model does (transformers builds
     GeGLU, the extra norms, QK-norm, windows and soft-capping from the model's config.json), and
@@ -90,27 +91,37 @@ def layout_problems(layout, model: ModelSpec, job) -> list[str]:
         # big_modeling.py:_attach_context_parallel_hooks drops each attention's mask for
         # is_causal and so refuses a model with sliding-window layers ("Context parallelism
         # does not support attention layers of type ['sliding_attention']").
-        out.append(f"context parallelism cp={layout.cp} with a sliding window (Accelerate's context parallelism runs full "
-                   "causal attention only)")
+        out.append(
+            f"context parallelism cp={layout.cp} with a sliding window (Accelerate's context parallelism runs full "
+            "causal attention only)"
+        )
     if layout.cp > 1 and layout.zero_stage == 0:
         # ParallelismConfig.__post_init__: "Tensor/Context parallelism (tp/cp_size > 1) cannot be
         # used with pure data parallelism" (dp_replicate > 1, dp_shard == 1); FSDP2 shards over cp.
-        out.append(f"context parallelism cp={layout.cp} with ZeRO-0 (Accelerate's context parallelism needs FSDP2, ZeRO-2/3)")
+        out.append(
+            f"context parallelism cp={layout.cp} with ZeRO-0 (Accelerate's context parallelism needs FSDP2, ZeRO-2/3)"
+        )
     if layout.fp8 and DType(job.precision) != DType.bf16:
         # mixed_precision is one value: fp8 runs everything but the TE linears under bf16 autocast.
         out.append(f"FP8 with {DType(job.precision).value} precision (Accelerate's fp8 runs the rest in bf16)")
     if layout.fp8 and layout.tp > 1:
         # Accelerator.prepare: _prepare_tp shards first, then _prepare_te's convert_model rebuilds
         # each nn.Linear as a whole te.Linear(in_features, out_features) and copies the weight in.
-        out.append(f"FP8 with tensor parallelism tp={layout.tp} (Accelerate's TE conversion rebuilds TP-sharded linears whole)")
+        out.append(
+            f"FP8 with tensor parallelism tp={layout.tp} (Accelerate's TE conversion rebuilds TP-sharded linears whole)"
+        )
     if layout.tp > 1 and layout.dp == 1 and layout.zero_stage in RULES.zero_stages_with_tp:
         # ParallelismConfig._validate_accelerator: FSDP2 with dp_shard_size == cp_size == 1 has
         # nothing to shard across and is refused.
-        out.append(f"tensor parallelism tp={layout.tp} without data parallelism (FSDP2 beside TP needs dp > 1 to shard over)")
+        out.append(
+            f"tensor parallelism tp={layout.tp} without data parallelism (FSDP2 beside TP needs dp > 1 to shard over)"
+        )
     if layout.tp > 1 and model.kv_heads % layout.tp:
         # transformers' TP splits k_proj/v_proj colwise by whole heads
         # (distributed/tensor_parallel.py:get_kv_heads_per_rank); it cannot replicate KV heads.
-        out.append(f"tp={layout.tp} over {model.kv_heads} KV heads of {model.name} (transformers' TP shards whole KV heads)")
+        out.append(
+            f"tp={layout.tp} over {model.kv_heads} KV heads of {model.name} (transformers' TP shards whole KV heads)"
+        )
     return out
 
 

@@ -57,15 +57,22 @@ def export(plan, model, job, num_gpus: int) -> Export:
     if full:
         # deepspeed.checkpointing's settings: keep each checkpointed layer input whole and on the
         # GPU, as the cost model counts it (no partitioning over TP, no CPU offload).
-        config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
-                                              "contiguous_memory_optimization": False}
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+        }
     if model.is_moe:
         config["expert_parallel"] = _expert_parallel(plan, model)
     if plan.pp > 1:
         # runtime/config.py get_pipeline_config reads this section; the pipeline engine applies
         # activation_checkpoint_interval (pipe/engine.py). "stages" and "partition" are parsed but
         # applied only by PipelineModule's constructor arguments (see the "planner" block).
-        config["pipeline"] = {"stages": plan.pp, "partition": f"type:{BLOCK_TYPE}", "activation_checkpoint_interval": 1 if full else 0}
+        config["pipeline"] = {
+            "stages": plan.pp,
+            "partition": f"type:{BLOCK_TYPE}",
+            "activation_checkpoint_interval": 1 if full else 0,
+        }
     config["planner"] = _planner_block(plan, model, num_gpus, full)
     return Export(stack="deepspeed", text=json.dumps(config, indent=2) + "\n", data=config, kind="json")
 
@@ -74,7 +81,12 @@ def _expert_parallel(plan, model) -> dict:
     """AutoEP's section (module_inject/auto_ep_config.py parse_autoep_config). At ep = 1 it still
     swaps the blocks for its grouped-GEMM experts (the GEMMs the cost model prices), without the
     all-to-all."""
-    section = {"enabled": True, "autoep_size": plan.ep, "expert_tensor_parallel_size": 1, "top_k": model.experts_per_token}
+    section = {
+        "enabled": True,
+        "autoep_size": plan.ep,
+        "expert_tensor_parallel_size": 1,
+        "top_k": model.experts_per_token,
+    }
     if plan.pp > 1:
         # AutoEP finds MoE blocks by module name (its presets: model.layers.N.mlp) and reads top-k
         # from the model's Hugging Face config; a PipelineModule registers layer i as "i"
@@ -112,8 +124,11 @@ def _zero(plan, model, job) -> dict:
         zero |= {"reduce_scatter": True, "allgather_bucket_size": bucket}
     else:
         layer = layer_params(model, plan.tp, plan.ep).total  # one layer's parameters on this rank (its E / ep experts)
-        zero |= {"stage3_prefetch_bucket_size": layer, "stage3_max_live_parameters": 2 * layer,
-                 "reduce_bucket_size": DEEPSPEED_REDUCE_BUCKET_ELEMENTS}
+        zero |= {
+            "stage3_prefetch_bucket_size": layer,
+            "stage3_max_live_parameters": 2 * layer,
+            "reduce_bucket_size": DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
+        }
     return zero
 
 
@@ -121,32 +136,49 @@ def _planner_block(plan, model, num_gpus: int, full: bool) -> dict:
     """What DeepSpeed takes in code, not in its JSON; DeepSpeedConfig ignores this key."""
     block = {
         "about": "not read by DeepSpeed: the layout, and what to pass in code",
-        "layout": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "ep": plan.ep, "world_size": num_gpus,
-                   "mesh_order": ",".join(a.value for a in MESH_ORDER) + " (innermost first; DeepSpeed's fixed order)"},
+        "layout": {
+            "dp": plan.dp,
+            "tp": plan.tp,
+            "pp": plan.pp,
+            "ep": plan.ep,
+            "world_size": num_gpus,
+            "mesh_order": ",".join(a.value for a in MESH_ORDER) + " (innermost first; DeepSpeed's fixed order)",
+        },
         "recompute": "full: checkpoint every transformer layer" if full else "none",
     }
     features = architecture(model)
     if features:  # the model is the user's module: it must be the one the plan costed
         block["model"] = f"{model.name}, planned with " + "; ".join(features) + " (your model code builds them)"
     if plan.pp > 1:
-        block["pipeline_module"] = {"num_stages": plan.pp, "partition_method": f"type:{BLOCK_TYPE}",
-                                    "layers_per_stage": plan.stage_layers(model.num_layers)}
+        block["pipeline_module"] = {
+            "num_stages": plan.pp,
+            "partition_method": f"type:{BLOCK_TYPE}",
+            "layers_per_stage": plan.stage_layers(model.num_layers),
+        }
     elif full:
-        block["recompute"] += " in model code (deepspeed.checkpointing.checkpoint or HF gradient_checkpointing_enable())"
+        block["recompute"] += (
+            " in model code (deepspeed.checkpointing.checkpoint or HF gradient_checkpointing_enable())"
+        )
     if model.is_moe:
         block["experts"] = _experts_block(plan, model)
     if plan.tp > 1:
         # runtime/config.py DeepSpeedConfig: world_size is mpu.get_data_parallel_world_size(), else all ranks.
-        block["autotp_batch"] = (f"pass deepspeed.initialize(..., mpu=...) whose get_data_parallel_world_size() is {plan.dp}: "
-                                 "without an mpu DeepSpeed checks train_batch_size against all dp x tp ranks")
+        block["autotp_batch"] = (
+            f"pass deepspeed.initialize(..., mpu=...) whose get_data_parallel_world_size() is {plan.dp}: "
+            "without an mpu DeepSpeed checks train_batch_size against all dp x tp ranks"
+        )
     return block
 
 
 def _experts_block(plan, model) -> dict:
     block = {
-        "num_experts": model.num_experts, "experts_per_token": model.experts_per_token, "expert_width": model.moe_ffn,
-        "shared_experts": model.num_shared_experts, "first_dense_layers": model.first_dense_layers,
-        "ep": plan.ep, "expert_data_parallel": plan.dp * plan.tp // plan.ep,
+        "num_experts": model.num_experts,
+        "experts_per_token": model.experts_per_token,
+        "expert_width": model.moe_ffn,
+        "shared_experts": model.num_shared_experts,
+        "first_dense_layers": model.first_dense_layers,
+        "ep": plan.ep,
+        "expert_data_parallel": plan.dp * plan.tp // plan.ep,
         "routing": "planned as balanced (every expert top-k x tokens / experts); AutoEP drops no token",
         # runtime/zero/stage_1_and_2.py _configure_moe_settings asserts MoE parameter groups;
         # the engine makes them itself only for an optimizer it builds (_configure_optimizer).
@@ -154,16 +186,22 @@ def _experts_block(plan, model) -> dict:
         "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer",
     }
     if plan.pp > 1:
-        block["pipeline"] = ("expert_parallel.moe_layer_pattern matches layer i's .mlp in the PipelineModule; with no Hugging "
-                             "Face config AutoEP routes as its custom preset (softmax top-k, no shared experts) unless "
-                             "expert_parallel.preset_model names the model family (mixtral, qwen3_moe, deepseek_v3, ...)")
+        block["pipeline"] = (
+            "expert_parallel.moe_layer_pattern matches layer i's .mlp in the PipelineModule; with no Hugging "
+            "Face config AutoEP routes as its custom preset (softmax top-k, no shared experts) unless "
+            "expert_parallel.preset_model names the model family (mixtral, qwen3_moe, deepseek_v3, ...)"
+        )
     return block
 
 
 def read_back(data: dict) -> dict:
     """Our fields from a DeepSpeed config dict: the exported one, or the same keys as
     DeepSpeed's parser (deepspeed.runtime.config.DeepSpeedConfig) holds them."""
-    batch, micro, accumulation = data["train_batch_size"], data["train_micro_batch_size_per_gpu"], data["gradient_accumulation_steps"]
+    batch, micro, accumulation = (
+        data["train_batch_size"],
+        data["train_micro_batch_size_per_gpu"],
+        data["gradient_accumulation_steps"],
+    )
     pipeline = data.get("pipeline", {})
     pp = pipeline.get("stages", 1) if isinstance(pipeline.get("stages"), int) else 1  # DeepSpeed's default is "auto"
     tp = max(1, data.get("tensor_parallel", {}).get("autotp_size", 0))  # 0: AutoTP off
@@ -171,15 +209,29 @@ def read_back(data: dict) -> dict:
         full = pipeline.get("activation_checkpoint_interval", 0) > 0
     else:  # a plain module checkpoints in model code: only the planner block says so
         full = data.get("planner", {}).get("recompute", "none").startswith("full")
-    precision = "bf16" if data.get("bf16", {}).get("enabled") else "fp16" if data.get("fp16", {}).get("enabled") else "fp32"
+    precision = (
+        "bf16" if data.get("bf16", {}).get("enabled") else "fp16" if data.get("fp16", {}).get("enabled") else "fp32"
+    )
     experts = data.get("expert_parallel") or {}
     if data.get("sequence_parallel_size", 1) > 1:
-        raise ValueError(f"sequence_parallel_size {data['sequence_parallel_size']} is Ulysses, not our context parallelism")
+        raise ValueError(
+            f"sequence_parallel_size {data['sequence_parallel_size']} is Ulysses, not our context parallelism"
+        )
     return {
-        "dp": batch // (micro * accumulation), "tp": tp, "pp": pp, "vpp": 1,
-        "micro_batch_size": micro, "num_micro_batches": accumulation, "global_batch_size": batch,
-        "zero_stage": int(data.get("zero_optimization", {}).get("stage", 0)), "sequence_parallel": False,
-        "schedule": Schedule.one_f_one_b.value, "recompute": (Recompute.full if full else Recompute.none).value,
-        "precision": precision, "mesh_order": [a.value for a in MESH_ORDER],
-        "ep": int(experts.get("autoep_size", 1)) if experts.get("enabled") else 1, "cp": 1, "fp8": False,
+        "dp": batch // (micro * accumulation),
+        "tp": tp,
+        "pp": pp,
+        "vpp": 1,
+        "micro_batch_size": micro,
+        "num_micro_batches": accumulation,
+        "global_batch_size": batch,
+        "zero_stage": int(data.get("zero_optimization", {}).get("stage", 0)),
+        "sequence_parallel": False,
+        "schedule": Schedule.one_f_one_b.value,
+        "recompute": (Recompute.full if full else Recompute.none).value,
+        "precision": precision,
+        "mesh_order": [a.value for a in MESH_ORDER],
+        "ep": int(experts.get("autoep_size", 1)) if experts.get("enabled") else 1,
+        "cp": 1,
+        "fp8": False,
     }

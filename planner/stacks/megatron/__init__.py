@@ -51,11 +51,29 @@ STACK = Stack(
     # The attention's and a dense MLP's norms run inside Transformer Engine's LayerNormLinear
     # (gpt_layer_specs.py: input_layernorm and a dense layer's pre_mlp_layernorm are IdentityOp);
     # a MoE layer's pre-MLP norm and MLA's input norm are TENorm modules of their own
-    kernels=Kernels(separate_qkv=False, separate_gate_up=False, layernorm=1, rmsnorm=1, rotary=2,
-                    activation=1, gated_activation=1, residual=1, dropout=0, kv_repeat=0, softmax=1,
-                    attention_out=0, moe_dispatch=19, experts="gemm_per_expert", expert_bias=2,
-                    expert_bias_passes=6, glu_clamp=3, glu_clamp_passes=8, scaled_rotary=24, scaled_rotary_passes=12,
-                    norm_in_linear=True),
+    kernels=Kernels(
+        separate_qkv=False,
+        separate_gate_up=False,
+        layernorm=1,
+        rmsnorm=1,
+        rotary=2,
+        activation=1,
+        gated_activation=1,
+        residual=1,
+        dropout=0,
+        kv_repeat=0,
+        softmax=1,
+        attention_out=0,
+        moe_dispatch=19,
+        experts="gemm_per_expert",
+        expert_bias=2,
+        expert_bias_passes=6,
+        glu_clamp=3,
+        glu_clamp_passes=8,
+        scaled_rotary=24,
+        scaled_rotary_passes=12,
+        norm_in_linear=True,
+    ),
     # transformer/multi_latent_attention.py: linear_q_down_proj / linear_kv_down_proj 'duplicated'
     mla_local_down_projections=True,
     # --recompute-granularity selective --recompute-modules layernorm moe_act (export.py)

@@ -74,7 +74,9 @@ from planner.stacks.megatron.rules import megatron_recompute, plan_counts, recom
 from planner.stacks.stack import Export
 
 
-def megatron_stage_layers(num_layers: int, pp: int, vpp: int, first: Optional[int] = None, last: Optional[int] = None) -> list[int]:
+def megatron_stage_layers(
+    num_layers: int, pp: int, vpp: int, first: Optional[int] = None, last: Optional[int] = None
+) -> list[int]:
     """Layers per virtual stage (chunk x pp + rank) as Megatron builds them without a layout
     (transformer/transformer_block.py:get_num_layers_to_build): the first / last pipeline rank
     gets `first` / `last` layers, the others share the rest equally, and each rank divides its
@@ -196,20 +198,31 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
         flags.append(("--optimizer", Optimizer(job.optimizer).value))
     flags += _model_flags(model, job) + _expert_flags(model, plan)
     argv = [str(x) for flag, value in flags for x in ((flag,) if value is None else (flag, *_values(value)))]
-    text = " \\\n".join(flag if value is None else " ".join([flag, *(shlex.quote(str(v)) for v in _values(value))])
-                          for flag, value in flags)
+    text = " \\\n".join(
+        flag if value is None else " ".join([flag, *(shlex.quote(str(v)) for v in _values(value))])
+        for flag, value in flags
+    )
     return Export(stack="megatron", text=text, data=argv, kind="args")
 
 
 def _model_flags(model: ModelSpec, job: JobSpec) -> list[tuple]:
     """Shape and architecture flags; the tokenizer and data flags stay the user's."""
-    flags = [("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
-             ("--ffn-hidden-size", model.ffn), ("--num-attention-heads", model.num_heads)]
+    flags = [
+        ("--num-layers", model.num_layers),
+        ("--hidden-size", model.hidden_size),
+        ("--ffn-hidden-size", model.ffn),
+        ("--num-attention-heads", model.num_heads),
+    ]
     if model.kv_heads != model.num_heads:
         flags += [("--group-query-attention", None), ("--num-query-groups", model.kv_heads)]
     if model.mla:  # arguments.py _add_mla_args; --qk-head-dim is the non-rotary part of a query/key head
-        flags += [("--multi-latent-attention", None), ("--kv-lora-rank", model.kv_lora_rank), ("--qk-head-dim", model.head_dim),
-                  ("--qk-pos-emb-head-dim", model.qk_rope_head_dim), ("--v-head-dim", model.v_dim)]
+        flags += [
+            ("--multi-latent-attention", None),
+            ("--kv-lora-rank", model.kv_lora_rank),
+            ("--qk-head-dim", model.head_dim),
+            ("--qk-pos-emb-head-dim", model.qk_rope_head_dim),
+            ("--v-head-dim", model.v_dim),
+        ]
         if model.q_lora_rank:
             flags.append(("--q-lora-rank", model.q_lora_rank))
     elif model.attention_head_dim is not None:  # heads not hidden / num_heads wide (Qwen3)
@@ -264,8 +277,12 @@ def _rope_flags(model: ModelSpec) -> list[tuple]:
             return flags + [("--rope-type", "rope")]
         mscale = 1.0 if r.mscale is None else r.mscale
         mscale_all = 0.0 if r.mscale_all_dim is None else r.mscale_all_dim  # transformers' defaults for a YaRN config
-        return flags + [("--rope-type", "yarn"), ("--rotary-scaling-factor", r.factor), ("--mscale", mscale),
-                        ("--mscale-all-dim", mscale_all)]
+        return flags + [
+            ("--rope-type", "yarn"),
+            ("--rotary-scaling-factor", r.factor),
+            ("--mscale", mscale),
+            ("--mscale-all-dim", mscale_all),
+        ]
     if r is not None:  # llama3 (the others are refused)
         flags += [("--use-rope-scaling", None), ("--rope-scaling-factor", r.factor)]
     return flags
@@ -275,8 +292,11 @@ def _expert_flags(model: ModelSpec, plan: Plan) -> list[tuple]:
     """The MoE layer and its expert parallelism (the module docstring says why each)."""
     if not model.is_moe:
         return []
-    flags = [("--num-experts", model.num_experts), ("--moe-router-topk", model.experts_per_token),
-             ("--moe-ffn-hidden-size", model.moe_ffn)]
+    flags = [
+        ("--num-experts", model.num_experts),
+        ("--moe-router-topk", model.experts_per_token),
+        ("--moe-ffn-hidden-size", model.moe_ffn),
+    ]
     if model.num_shared_experts:  # one MLP as wide as all shared experts together
         flags.append(("--moe-shared-expert-intermediate-size", model.num_shared_experts * model.moe_ffn))
     if model.first_dense_layers:  # 0: a dense MLP of --ffn-hidden-size, 1: experts
@@ -285,8 +305,12 @@ def _expert_flags(model: ModelSpec, plan: Plan) -> list[tuple]:
         # TransformerConfig.__post_init__: a softmax over one selected expert has a zero
         # gradient, so top-1 needs the softmax before the selection.
         flags.append(("--moe-router-pre-softmax", None))
-    return flags + [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", 1),
-                    ("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", None)]
+    return flags + [
+        ("--expert-model-parallel-size", plan.ep),
+        ("--expert-tensor-parallel-size", 1),
+        ("--moe-token-dispatcher-type", "alltoall"),
+        ("--moe-grouped-gemm", None),
+    ]
 
 
 def moe_layer_pattern(first_dense: int, num_layers: int) -> str:
@@ -325,7 +349,10 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
     if "pipeline-model-parallel-layout" in args:
         layers = layout_layers(args["pipeline-model-parallel-layout"])
     else:
-        first, last = (int(args[k]) if k in args else None for k in ("decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"))
+        first, last = (
+            int(args[k]) if k in args else None
+            for k in ("decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers")
+        )
         layers = megatron_stage_layers(L, pp, int(args.get("num-virtual-stages-per-pipeline-rank", 1)), first, last)
     vpp = len(layers) // pp
     setting = None
@@ -339,17 +366,28 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
     micro, global_batch = int(args["micro-batch-size"]), int(args["global-batch-size"])
     cp = int(args.get("context-parallel-size", 1))
     if cp > 1 and args.get("cp-comm-type", "p2p") != "p2p":  # Megatron-LM's default is p2p
-        raise ValueError(f"--cp-comm-type {args['cp-comm-type']} is not the ring of K/V passes our context parallelism is")
+        raise ValueError(
+            f"--cp-comm-type {args['cp-comm-type']} is not the ring of K/V passes our context parallelism is"
+        )
     if args.get("fp8-format", "hybrid") != "hybrid":
-        raise ValueError(f"--fp8-format {args['fp8-format']} is not our FP8 recipe (E4M3 forward, E5M2 gradients: hybrid)")
+        raise ValueError(
+            f"--fp8-format {args['fp8-format']} is not our FP8 recipe (E4M3 forward, E5M2 gradients: hybrid)"
+        )
     dp = world_size // (tp * pp * cp) if world_size else None
     return {
-        "dp": dp, "cp": cp, "tp": tp, "pp": pp, "vpp": vpp, "fp8": "fp8-format" in args,
+        "dp": dp,
+        "cp": cp,
+        "tp": tp,
+        "pp": pp,
+        "vpp": vpp,
+        "fp8": "fp8-format" in args,
         "schedule": None if pp == 1 else (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b).value,
-        "micro_batch_size": micro, "global_batch_size": global_batch,
+        "micro_batch_size": micro,
+        "global_batch_size": global_batch,
         "num_micro_batches": global_batch // (micro * dp) if dp else None,
         "zero_stage": 1 if "use-distributed-optimizer" in args else 0,
-        "sequence_parallel": "sequence-parallel" in args, "tp_comm_overlap": "tp-comm-overlap" in args,
+        "sequence_parallel": "sequence-parallel" in args,
+        "tp_comm_overlap": "tp-comm-overlap" in args,
         "recompute_norm_act": norm_act,
         "mesh_order": ["tp", "pp", "dp"] if "use-tp-pp-dp-mapping" in args else ["tp", "dp", "pp"],
         "stage_layers": layers,
@@ -357,9 +395,13 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
         "precision": "bf16" if "bf16" in args else "fp16" if "fp16" in args else "fp32",
         "grad_reduce_bf16": "grad-reduce-in-bf16" in args,
         "optimizer": args.get("optimizer", "adam"),
-        "num_layers": L, "hidden_size": int(args["hidden-size"]), "ffn_hidden_size": int(args["ffn-hidden-size"]),
+        "num_layers": L,
+        "hidden_size": int(args["hidden-size"]),
+        "ffn_hidden_size": int(args["ffn-hidden-size"]),
         "num_heads": int(args["num-attention-heads"]),
-        "num_kv_heads": int(args["num-query-groups"]) if "group-query-attention" in args else int(args["num-attention-heads"]),
+        "num_kv_heads": int(args["num-query-groups"])
+        if "group-query-attention" in args
+        else int(args["num-attention-heads"]),
         "seq_len": int(args["seq-length"]),
         "activation": "swiglu" if "swiglu" in args else "gelu",
         "qk_norm": "qk-layernorm" in args,
@@ -377,8 +419,12 @@ def _rope_back(args: dict) -> Optional[dict]:
     if "use-rope-scaling" in args:
         return {"rope_type": "llama3", "factor": float(args.get("rope-scaling-factor", 8.0))}
     if "multi-latent-attention" in args and args.get("rope-type", "yarn") == "yarn":
-        return {"rope_type": "yarn", "factor": float(args.get("rotary-scaling-factor", 1.0)), "mscale": float(args.get("mscale", 1.0)),
-                "mscale_all_dim": float(args.get("mscale-all-dim", 0.0))}
+        return {
+            "rope_type": "yarn",
+            "factor": float(args.get("rotary-scaling-factor", 1.0)),
+            "mscale": float(args.get("mscale", 1.0)),
+            "mscale_all_dim": float(args.get("mscale-all-dim", 0.0)),
+        }
     return None
 
 
@@ -390,12 +436,17 @@ def _experts_back(args: dict, num_layers: int) -> dict:
     pattern = layer_pattern(args.get("moe-layer-freq", 1), num_layers)
     first_dense = pattern.index(1) if 1 in pattern else num_layers
     if len(pattern) != num_layers or pattern != [0] * first_dense + [1] * (num_layers - first_dense):
-        raise ValueError(f"--moe-layer-freq {args['moe-layer-freq']}: dense layers only before the first MoE layer are ours")
+        raise ValueError(
+            f"--moe-layer-freq {args['moe-layer-freq']}: dense layers only before the first MoE layer are ours"
+        )
     moe_ffn = int(args.get("moe-ffn-hidden-size", args["ffn-hidden-size"]))
     return {
-        "ep": int(args.get("expert-model-parallel-size", 1)), "num_experts": int(args["num-experts"]),
-        "experts_per_token": int(args.get("moe-router-topk", 2)), "moe_ffn_hidden_size": moe_ffn,
-        "num_shared_experts": int(args.get("moe-shared-expert-intermediate-size", 0)) // moe_ffn, "first_dense_layers": first_dense,
+        "ep": int(args.get("expert-model-parallel-size", 1)),
+        "num_experts": int(args["num-experts"]),
+        "experts_per_token": int(args.get("moe-router-topk", 2)),
+        "moe_ffn_hidden_size": moe_ffn,
+        "num_shared_experts": int(args.get("moe-shared-expert-intermediate-size", 0)) // moe_ffn,
+        "first_dense_layers": first_dense,
     }
 
 
@@ -410,7 +461,7 @@ def _parse_argv(argv: list[str]) -> dict:
         j = i + 1
         while j < len(argv) and not argv[j].startswith("--"):
             j += 1
-        values = argv[i + 1:j]
+        values = argv[i + 1 : j]
         out[flag[2:]] = True if not values else values[0] if len(values) == 1 else tuple(values)
         i = j
     return out

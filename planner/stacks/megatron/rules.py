@@ -130,33 +130,43 @@ def model_problems(model: ModelSpec) -> list[str]:
         # Megatron-LM arguments.py:core_transformer_config_from_args (core_v0.16.1): the gated
         # MLPs are --swiglu (F.silu) and --quick-geglu (quick_gelu, x sigmoid(1.702 x)); no flag
         # gates through GELU, and gated_linear_unit has no flag of its own.
-        out.append("activation geglu (Megatron-LM gates its MLP through SiLU, --swiglu, or x sigmoid(1.702 x), "
-                   "--quick-geglu, not GELU)")
+        out.append(
+            "activation geglu (Megatron-LM gates its MLP through SiLU, --swiglu, or x sigmoid(1.702 x), "
+            "--quick-geglu, not GELU)"
+        )
     if model.norms_per_layer != 2:
         # transformer/transformer_layer.py:TransformerLayerSubmodules: input_layernorm,
         # pre_cross_attn_layernorm (decoders with cross-attention) and pre_mlp_layernorm only.
-        out.append(f"norms_per_layer {model.norms_per_layer} (megatron-core's layer normalises only the inputs of "
-                   "attention and the MLP)")
+        out.append(
+            f"norms_per_layer {model.norms_per_layer} (megatron-core's layer normalises only the inputs of "
+            "attention and the MLP)"
+        )
     if model.logit_softcapping:
         # models/gpt/gpt_model.py: the output layer's logits go to the loss as they are.
         out.append("logit_softcapping (megatron-core's GPT model does not soft-cap its logits)")
     if model.sliding_window is not None and model.sliding_window_layers != model.num_layers:
         # --window-attn-skip-freq (an N, or a 0/1 list per layer: transformer/utils.py:
         # is_layer_window_attention) places the windowed layers; the spec holds only their count.
-        out.append(f"sliding_window on {windowed(model)} (the model spec does not say which layers; "
-                   "--window-attn-skip-freq must)")
+        out.append(
+            f"sliding_window on {windowed(model)} (the model spec does not say which layers; "
+            "--window-attn-skip-freq must)"
+        )
     if model.glu_limit is not None:
         # Megatron-Core's TransformerConfig.activation_func_clamp_value (Megatron-Bridge's GPT-OSS
         # provider sets it); arguments.py has no flag for it.
-        out.append(f"glu_limit {model.glu_limit:g} (Megatron-LM's arguments cannot clamp the MLP: Megatron-Core's "
-                   "TransformerConfig.activation_func_clamp_value can, as Megatron-Bridge sets it)")
+        out.append(
+            f"glu_limit {model.glu_limit:g} (Megatron-LM's arguments cannot clamp the MLP: Megatron-Core's "
+            "TransformerConfig.activation_func_clamp_value can, as Megatron-Bridge sets it)"
+        )
     out += _rope_problems(model)
     if model.rope_attention_factor != 1.0 and not model.mla:
         # arguments.py: --rope-type yarn for multi-latent attention only ("Common attention only
         # support rope_type=rope"); Megatron-Core's position_embedding_type "yarn" has no flag.
-        out.append(f"rope_attention_factor {model.rope_attention_factor:g} (YaRN: Megatron-LM's arguments take it for "
-                   "multi-latent attention only, and this exporter writes none; Megatron-Core's TransformerConfig "
-                   "position_embedding_type 'yarn' can, as Megatron-Bridge sets it)")
+        out.append(
+            f"rope_attention_factor {model.rope_attention_factor:g} (YaRN: Megatron-LM's arguments take it for "
+            "multi-latent attention only, and this exporter writes none; Megatron-Core's TransformerConfig "
+            "position_embedding_type 'yarn' can, as Megatron-Bridge sets it)"
+        )
     return out
 
 
@@ -185,17 +195,23 @@ def _rope_problems(model: ModelSpec) -> list[str]:
     if r.rope_type == "llama3" and not model.mla:
         if r.band() != (1.0, 4.0, 8192):
             low, high, original = r.band()
-            out.append(f"rope_scaling llama3 with low_freq_factor {low:g}, high_freq_factor {high:g}, original_max_position_embeddings "
-                       f"{original} (Megatron-LM's --use-rope-scaling fixes them at 1, 4 and 8192)")
+            out.append(
+                f"rope_scaling llama3 with low_freq_factor {low:g}, high_freq_factor {high:g}, original_max_position_embeddings "
+                f"{original} (Megatron-LM's --use-rope-scaling fixes them at 1, 4 and 8192)"
+            )
     elif r.rope_type == "yarn" and model.mla:
         for name, fixed in MLA_YARN_FIXED.items():
             if getattr(r, name) not in (None, fixed):
-                out.append(f"rope_scaling yarn with {name} {getattr(r, name):g} (Megatron-LM has no flag for it: "
-                           f"MLATransformerConfig keeps {fixed:g})")
+                out.append(
+                    f"rope_scaling yarn with {name} {getattr(r, name):g} (Megatron-LM has no flag for it: "
+                    f"MLATransformerConfig keeps {fixed:g})"
+                )
     else:
         attention = "multi-latent attention" if model.mla else "standard attention"
         takes = "YaRN" if model.mla else "Llama 3.x's scaling (--use-rope-scaling)"
-        out.append(f"rope_scaling {r.rope_type} on {attention} (Megatron-LM's arguments scale its rotary frequencies with {takes} only)")
+        out.append(
+            f"rope_scaling {r.rope_type} on {attention} (Megatron-LM's arguments scale its rotary frequencies with {takes} only)"
+        )
     return out
 
 
@@ -206,35 +222,47 @@ def layout_problems(layout, model: ModelSpec, job: JobSpec) -> list[str]:
     # transformer/attention.py: num_query_groups_per_partition = divide(num_query_groups, tp)
     # (core/utils.py:divide asserts an exact division): TP splits the KV heads, never replicates them.
     if layout.tp > 1 and model.kv_heads % layout.tp:
-        out.append(f"tp={layout.tp} over the {model.kv_heads} KV heads of {model.name} (Megatron divides the query groups over TP, "
-                   "never replicates them)")
+        out.append(
+            f"tp={layout.tp} over the {model.kv_heads} KV heads of {model.name} (Megatron divides the query groups over TP, "
+            "never replicates them)"
+        )
     # schedules.py: the interleaved schedule runs micro-batches in groups of
     # microbatch_group_size_per_vp_stage (default pp) and raises on a remainder smaller than pp.
     if layout.vpp > 1 and layout.num_micro_batches % layout.pp:
-        out.append(f"interleaved schedule with {layout.num_micro_batches} micro-batches, not a multiple of pp={layout.pp}")
+        out.append(
+            f"interleaved schedule with {layout.num_micro_batches} micro-batches, not a multiple of pp={layout.pp}"
+        )
     # tensor_parallel/mappings.py: sequence parallelism scatters the sequence over the TP group
     # ("First dimension of the tensor should be divisible by tensor parallel size"); under
     # context parallelism that is a CP rank's s / cp tokens.
     if layout.sequence_parallel and layout.cp == 1 and job.seq_len % layout.tp:
         out.append(f"sequence parallelism with seq_len {job.seq_len} not divisible by tp={layout.tp}")
     if layout.sequence_parallel and layout.cp > 1 and (job.seq_len // layout.cp) % layout.tp:
-        out.append(f"sequence parallelism with {job.seq_len // layout.cp} tokens per CP rank not divisible by tp={layout.tp}")
+        out.append(
+            f"sequence parallelism with {job.seq_len // layout.cp} tokens per CP rank not divisible by tp={layout.tp}"
+        )
     if layout.cp > 1 and model.sliding_window is not None:
         # Transformer Engine's attention/dot_product_attention/context_parallel.py
         # (attn_forward_func_with_cp) asserts a sliding window only with cp_comm_type a2a or
         # all_gather: "The context parallel running configs cannot support sliding window
         # attetnion!"; the plan's ring is p2p.
-        out.append(f"context parallelism cp={layout.cp} with a sliding window (Transformer Engine's p2p ring refuses windows)")
+        out.append(
+            f"context parallelism cp={layout.cp} with a sliding window (Transformer Engine's p2p ring refuses windows)"
+        )
     # parallel_state: --use-tp-pp-dp-mapping orders ranks "tp-cp-ep-pp-dp", cp next to tp and
     # inside pp, where the plan holds cp inside the dp axis (tp, pp, then cp x dp).
     if layout.cp > 1 and tp_pp_dp_mapping(layout):
-        out.append(f"context parallelism cp={layout.cp} with mesh order tp,pp,dp (Megatron's --use-tp-pp-dp-mapping "
-                   "puts cp next to tp, inside pp; the plan holds it inside dp)")
+        out.append(
+            f"context parallelism cp={layout.cp} with mesh order tp,pp,dp (Megatron's --use-tp-pp-dp-mapping "
+            "puts cp next to tp, inside pp; the plan holds it inside dp)"
+        )
     # parallel_state.initialize_model_parallel: the expert rank generator uses the same order
     # with ep x expert-TP in place of tp; unless pp is outermost it asserts "the data parallel size
     # of the attention and moe layers must be the same", i.e. ep x expert-TP (1) = tp.
     if model.is_moe and tp_pp_dp_mapping(layout) and layout.ep != layout.tp:
-        out.append(f"expert parallelism ep={layout.ep} with mesh order tp,pp,dp (Megatron folds experts there only with ep = tp = {layout.tp})")
+        out.append(
+            f"expert parallelism ep={layout.ep} with mesh order tp,pp,dp (Megatron folds experts there only with ep = tp = {layout.tp})"
+        )
     return out
 
 
@@ -245,8 +273,10 @@ def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     layers = plan.stage_layers(model.num_layers)
     counts = plan_counts(plan, model.num_layers)
     if recompute_counts(recompute_setting(counts), layers) != counts:
-        out.append("recompute other than selective on every layer or full on the first N layers of every stage "
-                   f"({', '.join(f'{n}/{s}/{f}' for n, s, f in counts)} none/selective/full)")
+        out.append(
+            "recompute other than selective on every layer or full on the first N layers of every stage "
+            f"({', '.join(f'{n}/{s}/{f}' for n, s, f in counts)} none/selective/full)"
+        )
     return out + layout_problems(plan, model, job)
 
 
@@ -254,4 +284,6 @@ def tp_pp_dp_mapping(layout) -> bool:
     """Whether the layout needs --use-tp-pp-dp-mapping (its mesh order is not Megatron's
     default); the dp axis holds dp x cp ranks."""
     order, dp_axis = tuple(Axis(a) for a in layout.mesh_order), layout.dp * layout.cp
-    return _effective(order, dp_axis, layout.tp, layout.pp) != _effective(RULES.mesh_orders[0], dp_axis, layout.tp, layout.pp)
+    return _effective(order, dp_axis, layout.tp, layout.pp) != _effective(
+        RULES.mesh_orders[0], dp_axis, layout.tp, layout.pp
+    )

@@ -31,7 +31,20 @@ STACK = Stack(
     # expert's aligned rows and the gathers around them (6); the group offsets' cumsum (1); the
     # weighted scatter-add of the output (1): 15. The experts (GroupedExperts): torch._grouped_mm,
     # one kernel for w1, w3 and w2 each, silu and product between.
-    kernels=Kernels(separate_qkv=True, separate_gate_up=True, layernorm=1, rmsnorm=1, rotary=6,
-                    activation=1, gated_activation=2, residual=1, dropout=1, kv_repeat=0, softmax=4,
-                    attention_out=1, moe_dispatch=15, experts="grouped"),
+    kernels=Kernels(
+        separate_qkv=True,
+        separate_gate_up=True,
+        layernorm=1,
+        rmsnorm=1,
+        rotary=6,
+        activation=1,
+        gated_activation=2,
+        residual=1,
+        dropout=1,
+        kv_repeat=0,
+        softmax=4,
+        attention_out=1,
+        moe_dispatch=15,
+        experts="grouped",
+    ),
 )

@@ -129,15 +129,53 @@ _DEEPSEEK_V3_ROPE = (10000.0, ("yarn", 40.0, 4096, 32.0, 1.0))
 FLAVORS = (
     Flavor("llama3_8b", "8B", 32, 4096, 32, 8, 14336, 128256, rope=_LLAMA31_ROPE),
     Flavor("llama3_70b", "70B", 80, 8192, 64, 8, 28672, 128256, rope=_LLAMA31_ROPE),
-    Flavor("llama3_405b", "405B", 126, 16384, 128, 8, 53248, 128256, rope=_LLAMA31_ROPE,
-           note="llama3_405b builds float8 linear layers (in its model spec, not an override; building it needs torchao "
-                "and an SM89+ GPU), which the plan's 16-bit estimate does not model"),
-    Flavor("deepseek_v3_671b", "671B", 61, 7168, 128, 128, 18432, 129280, module="deepseek_v3", max_seq_len=16384,
-           head_dim=128, experts=(256, 8, 2048, 1, 3), mla=(512, 1536, 64, 128), rope=_DEEPSEEK_V3_ROPE,
-           note="deepseek_v3_671b routes as DeepSeek-V3 does (sigmoid scores, 8 groups of which 4 are kept, a "
-                "load-balancing bias); the plan costs balanced top-8 routing"),
-    Flavor("qwen3_30b_a3b", "30B-A3B", 48, 2048, 32, 4, 768, 151936, module="qwen3", max_seq_len=40960, head_dim=128,
-           experts=(128, 8, 768, 0, 0), qk_norm=True, rope=(1000000.0, None)),  # models/qwen3: theta 1e6, no scaling
+    Flavor(
+        "llama3_405b",
+        "405B",
+        126,
+        16384,
+        128,
+        8,
+        53248,
+        128256,
+        rope=_LLAMA31_ROPE,
+        note="llama3_405b builds float8 linear layers (in its model spec, not an override; building it needs torchao "
+        "and an SM89+ GPU), which the plan's 16-bit estimate does not model",
+    ),
+    Flavor(
+        "deepseek_v3_671b",
+        "671B",
+        61,
+        7168,
+        128,
+        128,
+        18432,
+        129280,
+        module="deepseek_v3",
+        max_seq_len=16384,
+        head_dim=128,
+        experts=(256, 8, 2048, 1, 3),
+        mla=(512, 1536, 64, 128),
+        rope=_DEEPSEEK_V3_ROPE,
+        note="deepseek_v3_671b routes as DeepSeek-V3 does (sigmoid scores, 8 groups of which 4 are kept, a "
+        "load-balancing bias); the plan costs balanced top-8 routing",
+    ),
+    Flavor(
+        "qwen3_30b_a3b",
+        "30B-A3B",
+        48,
+        2048,
+        32,
+        4,
+        768,
+        151936,
+        module="qwen3",
+        max_seq_len=40960,
+        head_dim=128,
+        experts=(128, 8, 768, 0, 0),
+        qk_norm=True,
+        rope=(1000000.0, None),
+    ),  # models/qwen3: theta 1e6, no scaling
 )
 
 
@@ -151,9 +189,15 @@ def rope_key(model: ModelSpec) -> tuple:
         return (model.rope_theta, None)
     if r.rope_type == "llama3":
         return (model.rope_theta, ("llama3", r.factor, *r.band()))
-    if r.rope_type == "yarn" and (r.mscale or 1.0) == (r.mscale_all_dim if r.mscale_all_dim is not None else r.mscale or 1.0):
-        return (model.rope_theta, ("yarn", r.factor, r.original_max_position_embeddings or 4096, r.beta_fast or 32.0, r.beta_slow or 1.0))
+    if r.rope_type == "yarn" and (r.mscale or 1.0) == (
+        r.mscale_all_dim if r.mscale_all_dim is not None else r.mscale or 1.0
+    ):
+        return (
+            model.rope_theta,
+            ("yarn", r.factor, r.original_max_position_embeddings or 4096, r.beta_fast or 32.0, r.beta_slow or 1.0),
+        )
     return (model.rope_theta, (r.rope_type, r.factor, "unmatched"))
+
 
 PRECISIONS = {DType.bf16: "bfloat16", DType.fp32: "float32"}  # TrainingConfig.mixed_precision_param's choices
 
@@ -163,15 +207,49 @@ def matching_flavor(model: ModelSpec) -> Optional[Flavor]:
     decoder (SwiGLU, two RMSNorms a layer, full causal attention, plain logits, no biases: the
     blocks of models/common/decoder.py and feed_forward.py) of the config's shape and rotary
     embedding (rope_key), with QK-norm exactly where the config has it."""
-    llama = (model.activation == Activation.swiglu and model.norm == "rmsnorm" and not model.linear_bias
-             and not model.learned_position_embeddings and not model.tied_embeddings and model.norms_per_layer == 2
-             and model.sliding_window is None and not model.logit_softcapping)
+    llama = (
+        model.activation == Activation.swiglu
+        and model.norm == "rmsnorm"
+        and not model.linear_bias
+        and not model.learned_position_embeddings
+        and not model.tied_embeddings
+        and model.norms_per_layer == 2
+        and model.sliding_window is None
+        and not model.logit_softcapping
+    )
     mla = (model.kv_lora_rank, model.q_lora_rank, model.qk_rope_head_dim, model.v_dim) if model.mla else None
-    shape = (model.num_layers, model.hidden_size, model.num_heads, model.kv_heads, model.ffn, model.vocab_size, model.head_dim,
-             _experts(model), model.qk_norm, mla, rope_key(model))
+    shape = (
+        model.num_layers,
+        model.hidden_size,
+        model.num_heads,
+        model.kv_heads,
+        model.ffn,
+        model.vocab_size,
+        model.head_dim,
+        _experts(model),
+        model.qk_norm,
+        mla,
+        rope_key(model),
+    )
     for f in FLAVORS:
-        if llama and not model.qkv_bias and shape == (f.num_layers, f.hidden_size, f.num_heads, f.kv_heads, f.ffn, f.vocab_size,
-                                                      f.head_dim or f.hidden_size // f.num_heads, f.experts, f.qk_norm, f.mla, f.rope):
+        if (
+            llama
+            and not model.qkv_bias
+            and shape
+            == (
+                f.num_layers,
+                f.hidden_size,
+                f.num_heads,
+                f.kv_heads,
+                f.ffn,
+                f.vocab_size,
+                f.head_dim or f.hidden_size // f.num_heads,
+                f.experts,
+                f.qk_norm,
+                f.mla,
+                f.rope,
+            )
+        ):
             return f
     return None
 
@@ -185,8 +263,10 @@ def model_problems(model: ModelSpec) -> list[str]:
         # GELU appears only in ungated vision and diffusion MLPs (common/vision_encoder.py, flux).
         out.append("activation geglu (torchtitan 0.3.0's gated feed-forward is SwiGLU only)")
     if model.mtp_layers:
-        out.append(f"mtp_layers {model.mtp_layers} (torchtitan 0.3.0 builds no multi-token prediction: models/deepseek_v3 "
-                   "has none)")
+        out.append(
+            f"mtp_layers {model.mtp_layers} (torchtitan 0.3.0 builds no multi-token prediction: models/deepseek_v3 "
+            "has none)"
+        )
     if model.norms_per_layer == 3:
         # models/common/decoder.py:TransformerBlock has two norms, muse_glimmer's block four.
         out.append("norms_per_layer 3 (torchtitan's blocks have two norms, or four: models/muse_glimmer)")
@@ -196,7 +276,13 @@ def model_problems(model: ModelSpec) -> list[str]:
 def _experts(model: ModelSpec) -> Optional[tuple]:
     if not model.is_moe:
         return None
-    return (model.num_experts, model.experts_per_token, model.moe_ffn, model.num_shared_experts, model.first_dense_layers)
+    return (
+        model.num_experts,
+        model.experts_per_token,
+        model.moe_ffn,
+        model.num_shared_experts,
+        model.first_dense_layers,
+    )
 
 
 def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
@@ -210,32 +296,44 @@ def layout_problems(plan, model: ModelSpec, job: JobSpec) -> list[str]:
     Candidate (the fields both have)."""
     out = []
     if DType(job.precision) not in PRECISIONS:
-        out.append(f"{DType(job.precision).value} precision (torchtitan's mixed_precision_param is bfloat16 or float32)")
+        out.append(
+            f"{DType(job.precision).value} precision (torchtitan's mixed_precision_param is bfloat16 or float32)"
+        )
     if Optimizer(job.optimizer) != Optimizer.adam:
         # components/optimizer/optimizer.py:_resolve_optimizer_factory knows Adam and AdamW only.
         out.append(f"optimizer {Optimizer(job.optimizer).value} (torchtitan builds Adam or AdamW)")
     if plan.tp > 1 and model.kv_heads % plan.tp:
         # models/common/decoder.py:Decoder.Config.update_from_config: tp must divide n_kv_heads.
-        out.append(f"tp={plan.tp} over the {model.kv_heads} KV heads of {model.name} (torchtitan shards KV heads, never replicates them)")
+        out.append(
+            f"tp={plan.tp} over the {model.kv_heads} KV heads of {model.name} (torchtitan shards KV heads, never replicates them)"
+        )
     # trainer.py (Trainer.__init__): seq_len must be divisible by tp under sequence parallelism,
     # times 2 x cp under context parallelism (the head-tail chunks).
     divisor = (plan.tp if plan.sequence_parallel else 1) * (2 * plan.cp if plan.cp > 1 else 1)
     if job.seq_len % divisor and plan.cp == 1:
-        out.append(f"seq_len {job.seq_len} with sequence parallelism over tp={plan.tp} (torchtitan needs seq_len divisible by tp)")
+        out.append(
+            f"seq_len {job.seq_len} with sequence parallelism over tp={plan.tp} (torchtitan needs seq_len divisible by tp)"
+        )
     elif job.seq_len % divisor:
-        out.append(f"seq_len {job.seq_len} with context parallelism cp={plan.cp}"
-                   + (f" and sequence parallelism over tp={plan.tp}" if plan.sequence_parallel else "")
-                   + f" (torchtitan needs seq_len divisible by {divisor})")
+        out.append(
+            f"seq_len {job.seq_len} with context parallelism cp={plan.cp}"
+            + (f" and sequence parallelism over tp={plan.tp}" if plan.sequence_parallel else "")
+            + f" (torchtitan needs seq_len divisible by {divisor})"
+        )
     if plan.cp > 1 and plan.zero_stage == 0:
         # ParallelDims.fsdp_enabled is dp_shard > 1 or cp > 1: the weights are FSDP-sharded over
         # the cp ranks, where ZeRO-0 replicates them over dp x cp.
-        out.append(f"context parallelism cp={plan.cp} with ZeRO-0 (torchtitan always FSDP-shards the weights over the cp ranks)")
+        out.append(
+            f"context parallelism cp={plan.cp} with ZeRO-0 (torchtitan always FSDP-shards the weights over the cp ranks)"
+        )
     if plan.pp > 1 and model.tied_embeddings:
         # Decoder.Config.update_from_config: "Weight tying is not supported with Pipeline Parallel."
         out.append("tied embeddings with pipeline parallelism (torchtitan does not tie weights across pipeline stages)")
     if plan.pp > 1 and plan.schedule == Schedule.one_f_one_b and plan.num_micro_batches < plan.pp:
         # torch/distributed/pipelining/schedules.py: Schedule1F1B needs n_microbatches >= stages.
-        out.append(f"1F1B with {plan.num_micro_batches} micro-batches on {plan.pp} pipeline ranks (torch's Schedule1F1B needs at least pp)")
+        out.append(
+            f"1F1B with {plan.num_micro_batches} micro-batches on {plan.pp} pipeline ranks (torch's Schedule1F1B needs at least pp)"
+        )
     f = matching_flavor(model)
     if f is not None and job.seq_len > f.max_seq_len:
         out.append(f"seq_len {job.seq_len} beyond the {f.max_seq_len} RoPE positions of torchtitan's {f.config} config")
@@ -249,10 +347,14 @@ def _expert_problems(plan: Plan, model: ModelSpec) -> list[str]:
         # models/common/moe_sharding.py:expert_param_placement_dense: without EP the experts are
         # sharded over the TP axis (and the tokens gathered for them), where the plan keeps every
         # expert whole on each rank of its sequence shard.
-        out.append(f"a mixture-of-experts layer with tp={plan.tp} and ep=1 (torchtitan then shards the experts over TP; use ep > 1)")
+        out.append(
+            f"a mixture-of-experts layer with tp={plan.tp} and ep=1 (torchtitan then shards the experts over TP; use ep > 1)"
+        )
     if plan.ep > 1 and plan.zero_stage == 0 and plan.ep != plan.tp:
         # EP borrows ranks from dp_shard x cp x tp only (ParallelismConfig.expert_parallel_degree);
         # the replicate-only mesh of ZeRO-0 has dp_shard 1, so ep must divide tp, and any ep < tp
         # leaves efsdp = tp / ep ranks over which FSDP shards the experts (ZeRO-3 for experts).
-        out.append(f"expert parallelism ep={plan.ep} with ZeRO-0 (torchtitan folds experts into the replicate-only mesh only as ep = tp = {plan.tp})")
+        out.append(
+            f"expert parallelism ep={plan.ep} with ZeRO-0 (torchtitan folds experts into the replicate-only mesh only as ep = tp = {plan.tp})"
+        )
     return out
