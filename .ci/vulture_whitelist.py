@@ -33,9 +33,8 @@ callSolver, tmpDir, user_interrupt
 layouts_represented
 # planner/cli/types.py: click.ParamType.convert, the protocol click calls for each option value
 convert
-# planner/tune: journal fields read by --resume's readers and people; the fake executor the tests inject
+# planner/tune: journal fields read by --resume's readers and people
 started_at, predicted_peak_gib, finished_at
-FakeExecutor
 meaning  # cost_models/fit.py: Constant's description, for the people who read the table
 price_per_gpu_hour  # planner/specs/size_document.py:SizePoint, for readers of `plan size --json`
 # planner/datafile.py: PyYAML's resolver reads its class's table of implicit resolvers (replaced by YAML 1.2's)

@@ -1,4 +1,4 @@
-"""`plan tune` with a fake executor (planner/tune/executors.py:FakeExecutor: a machine whose true
+"""`plan tune` with a fake executor (tests/fakes.py:FakeExecutor: a machine whose true
 constants are known, measuring the cost model's prediction under them): the loop finds the
 true best within its budget and its refit converges; out-of-memory trials are results; the
 journal survives a torn line and a resume runs nothing twice; the tuned profile is a cluster
@@ -20,7 +20,7 @@ from planner import api
 from planner.errors import UsageError
 from planner.specs import ModelSpec, Uncertainty
 from planner.tune import journal
-from planner.tune.executors import FakeExecutor
+from tests.fakes import FakeExecutor
 from planner.tune.loop import Budget, TuneRequest, header, layout_key, search, tune
 from planner.tune.output import tuned_profile, winner_document
 

@@ -1,4 +1,4 @@
-"""How a trial is measured: the interface the tune loop calls, and a fake for tests.
+"""How a trial is measured: the interface the tune loop calls (a fake for tests: tests/fakes.py).
 
 The loop hands an executor a `Trial` (the layout as searched, on the slice's GPUs) and gets a
 `Measurement` back; an out-of-memory, failed or timed-out trial is a measurement too, never
@@ -8,12 +8,10 @@ planner/tune/run_executor.py (`plan run` on this machine's ranks, or under `srun
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Optional, Protocol
 
-from cost_models.estimate import estimate as predict
-from cost_models.fit import with_constants
-from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan, Target
+from planner.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from planner.tune.journal import Ran
 
 
@@ -45,46 +43,3 @@ class Executor(Protocol):
 
     def measure(self, trial: Trial) -> Measurement:
         """Run the trial; failures are returned as Measurements, not raised."""
-
-
-@dataclass
-class FakeExecutor:
-    """A machine whose "true" constants are known (tests): a trial measures the cost model's
-    prediction under `true_constants` (CONSTANTS' order) and `true_overhead_gib`, deterministic,
-    and runs out of memory where that prediction exceeds `memory_limit_gib`. `noise` (one
-    factor per trial, cycled) multiplies the time, to stand for run-to-run variation."""
-
-    true_constants: Sequence[float]
-    target: str = Target.generic.value
-    memory_limit_gib: Optional[float] = None
-    true_overhead_gib: Optional[float] = None
-    noise: Sequence[float] = ()
-    fail_keys: Sequence[str] = ()  # layouts (planner/tune/loop.py:layout_key) that fail
-    measured: list = field(default_factory=list)  # the trials measured, in order
-
-    def describe(self) -> dict:
-        return {"executor": "fake", "true_constants": list(self.true_constants)}
-
-    def truth(self, cluster: ClusterSpec) -> ClusterSpec:
-        true = with_constants(cluster, self.target, self.true_constants, provenance="fake executor's truth")
-        if self.true_overhead_gib is not None:
-            true = true.model_copy(
-                update={"device": true.device.model_copy(update={"framework_overhead_gib": self.true_overhead_gib})}
-            )
-        return true
-
-    def measure(self, trial: Trial) -> Measurement:
-        from planner.tune.loop import layout_key
-
-        self.measured.append(trial)
-        if layout_key(trial.plan) in self.fail_keys:
-            return Measurement("failed", detail="injected failure")
-        est = predict(trial.model, self.truth(trial.cluster), trial.job, trial.plan)
-        if self.memory_limit_gib is not None and est.peak_memory_gib > self.memory_limit_gib:
-            return Measurement(
-                "oom",
-                peak_memory_gib=est.peak_memory_gib,
-                detail=f"needs {est.peak_memory_gib:.2f} GiB, the limit is {self.memory_limit_gib:.2f} GiB",
-            )
-        factor = self.noise[(len(self.measured) - 1) % len(self.noise)] if self.noise else 1.0
-        return Measurement("ok", step_time_s=est.step_time_s * factor, peak_memory_gib=est.peak_memory_gib)
