@@ -48,3 +48,12 @@ def test_the_quick_tour_runs(tmp_path):
         )
         assert res.returncode == 0, (command, res.stderr)
     assert (tmp_path / "plan.json").exists() and (tmp_path / "t.png").exists()
+
+
+def test_the_python_api_example_runs(capsys):
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Python API\n\n```python\n(.*?)```", text, re.S)
+    assert block, "the README has no Python API block"
+    exec(compile(block.group(1), "README.md Python API", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[0] in ("megatron", "deepspeed", "torchtitan", "accelerate")
