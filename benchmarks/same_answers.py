@@ -23,14 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.solve_population import finish, population  # noqa: E402
+from benchmarks.solve_population import arg, finish, population, worktree  # noqa: E402
 
 QUICK_START = dict(model="gpt3-175b", cluster="dgx-a100-80gb", gpus=1024, batch=1536, seq=2048)
 MACHINE_FIELDS = ("solve_time_s",)
-
-
-def arg(name: str, default):
-    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
 def argv_of(case: dict, work: Path, i: int) -> list[str]:
@@ -88,26 +84,17 @@ def main() -> None:
         sys.exit("usage: python benchmarks/same_answers.py --baseline GIT-REV [--size N] [--timeout S]")
     rev, size, timeout = arg("--baseline", ""), arg("--size", 12), arg("--timeout", 120.0)
     cases = [QUICK_START] + [finish(c) for c in population(22, size)]
-    with tempfile.TemporaryDirectory() as tmp:
-        work, base = Path(tmp), Path(tmp) / "baseline"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(base), rev],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            same = 0
-            for i, case in enumerate(cases):
-                argv = argv_of(case, work, i)
-                diff = first_difference(answer(ROOT, argv, timeout), answer(base, argv, timeout))
-                same += diff is None
-                name = case["model"] if isinstance(case["model"], str) else case["model"]["name"]
-                print(
-                    f"{i:3} {name} on {case['gpus']} x {case['cluster']}: {'same' if diff is None else 'differs at ' + diff}",
-                    flush=True,
-                )
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+    with tempfile.TemporaryDirectory() as tmp, worktree(rev) as base:
+        work, same = Path(tmp), 0
+        for i, case in enumerate(cases):
+            argv = argv_of(case, work, i)
+            diff = first_difference(answer(ROOT, argv, timeout), answer(base, argv, timeout))
+            same += diff is None
+            name = case["model"] if isinstance(case["model"], str) else case["model"]["name"]
+            print(
+                f"{i:3} {name} on {case['gpus']} x {case['cluster']}: {'same' if diff is None else 'differs at ' + diff}",
+                flush=True,
+            )
     print(f"same answers: {same} of {len(cases)} documents equal to {rev}'s")
     sys.exit(0 if same == len(cases) else 1)
 

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -320,6 +321,23 @@ def summarise(paths: list[str]) -> None:
         print(f"  {r[2]:>7s} s (cpu {r[3]}) #{r[0]} {r[1].strip()}: {r[4]} ILPs; baseline {r[6]} s")
 
 
+@contextmanager
+def worktree(rev: str):
+    """A temporary git worktree of revision `rev` of this repository (None when `rev` is empty),
+    removed on the way out."""
+    if not rev:
+        yield None
+        return
+    root = Path(tempfile.mkdtemp(prefix="baseline-"))
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(root), rev], check=True, capture_output=True
+    )
+    try:
+        yield root
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(root)], capture_output=True)
+
+
 def main() -> None:
     if "--summarise" in sys.argv:
         summarise(sys.argv[sys.argv.index("--summarise") + 1 :])
@@ -331,16 +349,8 @@ def main() -> None:
     cases = [dict(finish(c), tight=c["tight"]) for c in raw[first:]]
     print(("" if first == 0 else f"instances {first}-{len(raw) - 1} of the ") + coverage(cases), flush=True)
     print("load average (1, 5, 15 min) at the start: %.1f %.1f %.1f" % os.getloadavg(), flush=True)
-    base_root = None
-    if baseline:
-        base_root = Path(tempfile.mkdtemp(prefix="population-baseline-"))
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(base_root), baseline],
-            check=True,
-            capture_output=True,
-        )
-    rows, mismatches = [], 0
-    try:
+    with worktree(baseline) as base_root:
+        rows, mismatches = [], 0
         for i, case in enumerate(cases, start=first):
             case = {k: v for k, v in case.items() if k != "tight"}
             got = run(case, ROOT, timeout)
@@ -349,11 +359,6 @@ def main() -> None:
             mismatches += differs
             print(line, flush=True)
             rows.append((seconds(got, timeout), i, case, got, old))
-    finally:
-        if base_root is not None:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_root)], capture_output=True
-            )
     print("load average (1, 5, 15 min) at the end: %.1f %.1f %.1f" % os.getloadavg())
     report(rows, timeout, base_root is not None, base_timeout)
     ok = all(

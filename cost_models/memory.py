@@ -31,18 +31,9 @@ GIB = float(2**30)
 # --------------------------------------------------------------------------- model states
 
 
-def state_bytes_per_param(precision: DType, optimizer: Optimizer) -> tuple[int, int, int]:
-    """(weight, gradient, optimizer-state) bytes per parameter before ZeRO sharding, as the ZeRO
-    paper counts them (the "zero" recipe)."""
-    if precision == DType.fp32:
-        return (4, 4, 8 if optimizer == Optimizer.adam else 4)
-    # 16-bit compute copy and gradients; fp32 master weights + fp32 moments.
-    return (2, 2, 12 if optimizer == Optimizer.adam else 8)
-
-
 # How each training stack holds the model states (STATE_RECIPES; a Stack names its recipe,
 # planner/stacks/<name>/__init__.py). Per category, (bytes every rank of the ZeRO group keeps,
-# bytes split over the group), per parameter; `sharded` below adds them up. h is the compute
+# bytes split over the group), per parameter; model_state_bytes adds them up. h is the compute
 # copy (2 at 16 bits, 4 at fp32), m the optimizer moments (Adam's two fp32, SGD's one), w the
 # fp32 master weights a 16-bit run keeps (0 at fp32).
 #
@@ -144,15 +135,9 @@ def live_layer_bytes_per_param(recipe: str, zero_stage: int, precision: DType) -
     zero (plan run's executor at ZeRO-3): the current and prefetched layers' parameters, 2 h.
     Stacks that shard nothing (megatron) or not at this stage: 0."""
     h = DTYPE_BYTES[precision]
-    if recipe == "deepspeed":
-        return 2.0 * h if zero_stage >= 3 else 0.0
     if recipe == "fsdp2" or (recipe == "accelerate" and zero_stage >= 2):
         return (0.0 if zero_stage == 2 else 2.0 * h) + h + 4.0
-    if recipe in (
-        "zero",
-        "megatron",
-        "megatron_bf16_grads",
-    ):  # Megatron-FSDP gathers a layer ahead as the executor does
+    if recipe in ("deepspeed", "zero", "megatron", "megatron_bf16_grads"):  # Megatron-FSDP gathers as the executor does
         return 2.0 * h if zero_stage >= 3 else 0.0
     return 0.0
 
