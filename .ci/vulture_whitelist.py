@@ -29,7 +29,7 @@ read_back
 accelerate
 # planner/search/ilp.py: PuLP's solver protocol (callSolver, tmpDir) and HiGHS's callback input (user_interrupt)
 callSolver, tmpDir, user_interrupt
-# planner/search/solve.py: the exact layout count, which tests/test_solver.py and tests/test_hostile_solve.py check
+# planner/search/solve.py: the exact layout count, which tests/unit/search/test_solver.py and tests/fuzz/test_hostile_solve.py check
 layouts_represented
 # planner/cli/types.py: click.ParamType.convert, the protocol click calls for each option value
 convert

@@ -15,7 +15,7 @@ says for the same model and layout:
   estimate_zero3_model_states_mem_needs, called (DeepSpeed 0.19.8, installed by the export extra);
 - accelerate: accelerate.commands.estimate.estimate_training_usage, called (Accelerate 1.15.0);
 - torchtitan ships no estimator: its FSDP2 states are checked against the published 16 / d bytes
-  per parameter in tests/test_stack_memory.py, not here.
+  per parameter in tests/unit/stacks/test_memory.py, not here.
 
 A difference is explained only by a named cause whose size is computed: a correction applied to
 their number (a different count they make, e.g. experts not divided over expert parallelism) or a

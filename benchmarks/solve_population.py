@@ -130,7 +130,7 @@ def draw(rng: random.Random, i: int, presets: list[str], clusters: list[str], gp
 # The clusters the population draws from, in draw order: the presets shipped when the population
 # was fixed (issue 22). A named list, not every preset, so that adding a preset (dgx-b300 and
 # gb300-nvl72 came later) leaves every instance as it was and a run stays comparable with the
-# README's; tests/test_solve_population.py checks each still loads.
+# README's; tests/unit/benchmarks/test_solve_population.py checks each still loads.
 POPULATION_CLUSTERS = (
     "dgx-a100-40gb",
     "dgx-a100-80gb",

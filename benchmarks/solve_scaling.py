@@ -35,7 +35,8 @@ from planner.cli.render import plan_summary
 from planner.cli.solve import cp_degrees
 from planner.presets import load_model
 from planner.search.brute import brute_force
-from planner.search.candidates import Candidate, CostTables, SearchSpace
+from planner.specs import Layout
+from planner.search.candidates import CostTables, SearchSpace
 from planner.search.solve import solve
 from planner.specs import JobSpec, ModelSpec, Plan
 
@@ -169,7 +170,7 @@ def small_cluster(memory_gib: float):
 
 def eval_seconds(model, cluster, job, plan) -> float:
     """Measured cost of one brute-force evaluation on this machine, now."""
-    cand = Candidate(
+    cand = Layout(
         plan.dp,
         plan.tp,
         plan.pp,

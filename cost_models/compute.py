@@ -21,9 +21,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from planner import stacks
-from planner.specs import DTYPE_BYTES, DeviceSpec, DType, LossKernel, ModelSpec, Target
+from planner.specs import DTYPE_BYTES, DeviceSpec, DType, JobSpec, Layout, LossKernel, ModelSpec, Target
+
+_Number = TypeVar("_Number", int, float)  # over_layers: an int per layer sums to an int
 
 # --------------------------------------------------------------------------- parameters
 
@@ -143,6 +146,7 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, dense: bool = False
     if model.qk_norm:
         replicated += 2 * d  # one weight of head_dim each for queries and keys, shared by the heads (Qwen3, Gemma 3)
     if moe:
+        assert model.num_experts is not None  # moe: model.is_moe
         replicated += h * model.num_experts  # router
         expert = (model.num_experts // ep) * (mlp_in + 1) * h * model.moe_ffn
         if model.linear_bias:
@@ -173,7 +177,7 @@ def head_params(model: ModelSpec, tp: int = 1, pipeline_stages: int = 1) -> int:
     return norm + vocab_shard(model, tp) * model.hidden_size
 
 
-def over_layers(model: ModelSpec, per_layer) -> float:
+def over_layers(model: ModelSpec, per_layer: Callable[[bool], _Number]) -> _Number:
     """Sum of `per_layer(dense)` over the model's layers: its first_dense_layers dense ones
     (dense=True) and the rest (dense=False; MoE layers in a MoE model)."""
     k = model.first_dense_layers
@@ -216,6 +220,7 @@ def active_layer_params(model: ModelSpec, dense: bool = False) -> int:
     p = layer_params(model, dense=dense)
     if not p.expert:
         return p.total
+    assert model.num_experts is not None and model.experts_per_token is not None  # routed experts: a MoE layer
     return p.total - p.expert + model.experts_per_token * (p.expert // model.num_experts)
 
 
@@ -303,6 +308,7 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> f
 def matmul_efficiency(device: DeviceSpec, flops: float) -> float:
     """Achieved fraction of peak for one GEMM of `flops`, interpolated in log10(FLOPs)."""
     pts = device.matmul_efficiency
+    assert pts is not None  # called where the device has no `gemm` model, so a curve (DeviceSpec's validator)
     if flops <= pts[0].gemm_flops:
         return pts[0].efficiency
     if flops >= pts[-1].gemm_flops:
@@ -381,6 +387,7 @@ def routed_tokens(model: ModelSpec, micro_batch: int, seq_len: int, tp: int) -> 
     shard (b s / tp with sequence parallelism; b s at tp 1) times top-k, whatever ep is: with
     balanced routing (every expert receives the same share, the assumption stated) the ep
     ranks of a group send each other equal numbers of tokens."""
+    assert model.experts_per_token is not None  # a MoE model's (ModelSpec._shapes)
     return micro_batch * seq_len / tp * model.experts_per_token
 
 
@@ -446,6 +453,7 @@ def norm_act_recompute_time(
     nbytes = n * 2 * rows * h * e
     launched = n * (k.rmsnorm if model.norm == "rmsnorm" else k.layernorm)
     if model.is_moe and not dense:
+        assert model.num_experts is not None  # model.is_moe
         assigned, f = routed_tokens(model, micro_batch, seq_len, tp), model.moe_ffn
         nbytes += (mlp_inputs(model) + 1) * assigned * f * e + glu_clamp_bytes(model, k, assigned, f, e)
         act = mlp_kernels(model, k)[1]
@@ -482,6 +490,7 @@ def expert_times(
     around the dispatch and combine (memory-bound copies), and a gap per kernel the stack's
     MoE layer launches (`kernels`, a stack's Kernels: moe_kernels)."""
     h, f, e = model.hidden_size, model.moe_ffn, DTYPE_BYTES[dtype]
+    assert model.num_experts is not None  # a MoE layer's
     local = model.num_experts // ep
     tokens = micro_batch * seq_len / tp
     assigned = routed_tokens(model, micro_batch, seq_len, tp)
@@ -600,25 +609,17 @@ class LayerCompute:
 
 
 def layer_compute(
-    model: ModelSpec,
-    device: DeviceSpec,
-    dtype: DType,
-    micro_batch: int,
-    seq_len: int,
-    tp: int,
-    sequence_parallel: bool,
-    flash_attention: bool,
-    target: Target = Target.generic,
-    ep: int = 1,
-    dense: bool = False,
-    fp8: bool = False,
-    cp: int = 1,
-    attention: str | None = None,
+    model: ModelSpec, device: DeviceSpec, job: JobSpec, layout: Layout, dense: bool = False
 ) -> LayerCompute:
-    """Forward/backward time of one transformer layer on one TP rank, operator by operator:
-    four linear layers as GEMMs by shape (forward, input and weight gradients), the core
-    attention (fused kernel or batched GEMMs), the memory-bound kernels at achieved memory
-    bandwidth, and a gap per launched kernel."""
+    """Forward/backward time of one transformer layer (`dense`: one of a MoE model's first dense
+    layers) on one TP rank, operator by operator: four linear layers as GEMMs by shape (forward,
+    input and weight gradients), the core attention (fused kernel or batched GEMMs), the
+    memory-bound kernels at achieved memory bandwidth, and a gap per launched kernel. The job
+    gives the precision, the sequence (a rank's s / cp tokens under context parallelism), the
+    attention kernel and the stack; the layout its micro-batch, tp, sp, ep, cp and FP8."""
+    dtype, micro_batch, seq_len, target = job.precision, layout.micro_batch_size, job.seq_len, job.target
+    tp, sequence_parallel, flash_attention = layout.tp, layout.sequence_parallel, job.flash_attention
+    ep, fp8, cp = layout.ep, layout.fp8, layout.cp
     moe = model.is_moe and not dense
     # A MoE layer's TP-sharded MLP is its shared experts (none: no dense MLP at all).
     b, s, h = micro_batch, seq_len, model.hidden_size
@@ -636,6 +637,7 @@ def layer_compute(
     # Linear layers (column-parallel QKV and fc1, row-parallel output and fc2): (tokens, in, out).
     q = model.q_width // tp
     kernels = stacks.get(target).kernels  # as the stack launches them: fused QKV / gate+up or not
+    assert kernels is not None  # Stack.__post_init__ fills a None with EAGER
     kinds = attention_linears(model, tp, not kernels.separate_qkv)
     local = rows if stacks.get(target).mla_local_down_projections else T  # MLA's down-projections' tokens on this rank
     attn = [(local if kind == "duplicated" else T, i, o) for i, o, kind in kinds]
@@ -643,7 +645,7 @@ def layer_compute(
     shapes = attn + ([(T, i, o) for i, o in mlp_first + [(f // tp, h)]] if f else [])
     lin = [linear_times(device, dtype, t, n_in, n_out, fp8=fp8) for t, n_in, n_out in shapes]
     linear_flops = [2.0 * t * n_in * n_out for t, n_in, n_out in shapes]
-    kernel = attention or stacks.get(target).attention_kernel  # the job's (JobSpec.attention_kernel), else the stack's
+    kernel = attention_kernel(job)  # the job's (JobSpec.attention_kernel), else the stack's
     attn_fwd, attn_bwd = attention_times(device, dtype, b, heads, s, d, flash_attention, kernel, dv)
     attn_exec = 2.0 * b * heads * s * s * (d + dv) * (0.5 if flash_attention else 1.0)
     # Context parallelism (`seq_len` is then a rank's s / cp tokens): its queries meet every
@@ -653,37 +655,16 @@ def layer_compute(
     kept = attention_pairs_fraction(model, s * cp) if flash_attention else 1.0
     attn_fwd, attn_bwd, attn_exec = attn_fwd * cp * kept, attn_bwd * cp * kept, attn_exec * cp * kept
 
-    # Memory-bound kernels, forward bytes.
-    norm_bytes = model.norms_per_layer * (2 * rows * h * e)  # each norm: read + write
-    # QK-norm: this rank's queries and keys, read and written (head-sharded, not sequence-sharded)
-    qk_norm_bytes = 2 * T * (q + kv_cols // 2) * e if model.qk_norm else 0.0
-    residual_bytes = 2 * (3 * rows * h * e)  # two residual adds: read 2, write 1
-    dropout_bytes = 2 * (2 * rows * h * e + rows * h) if model.dropout else 0.0  # + 1-byte mask
-    act_bytes = (mlp_in + 1) * T * (f // tp) * e  # GELU: read+write; SwiGLU: read 2, write 1
-    act_bytes += glu_clamp_bytes(model, kernels, T, f // tp, e)
-    rope_passes = kernels.scaled_rotary_passes if rotary_scaled_by_stack(model, kernels) else 2  # fused: read, write
-    rope_bytes = (
-        0.0 if model.learned_position_embeddings else rope_passes * T * (q + kv_cols // 2) * e
-    )  # queries and keys
-    if model.mla:
-        # the latents' norms; rotary on the queries' and the shared key's rope features, then
-        # the queries and keys written whole from their parts (the shared key once per head)
-        norm_bytes += 2 * rows * latent_norm_width(model) * e
-        rope_bytes = rope_passes * T * (heads + 1) * model.qk_rope_head_dim * e + 2 * 2 * T * q * e
+    mem_bytes, rope_bytes = _memory_bound_bytes(model, job, layout, kernels, (rows, T, f, q, kv_cols, heads))
     softmax_bytes = 0.0
     if not flash_attention:
         scores = b * heads * s * s
         softmax_bytes = 2 * scores * e + (2 * scores * e + scores if model.dropout else 0.0)
-    t_mem = memory_bound_time(
-        device, norm_bytes + qk_norm_bytes + residual_bytes + dropout_bytes + act_bytes + rope_bytes
-    )
+    t_mem = memory_bound_time(device, mem_bytes)
     t_softmax = memory_bound_time(device, softmax_bytes)
-
     # Kernels launched in forward, as the stack's code launches them; backward about twice.
     core_kernels, other_kernels = layer_kernels(model, kernels, flash_attention, bool(f))
-    core_gap = kernels_time(device, core_kernels)
-    other_gap = kernels_time(device, other_kernels)
-
+    core_gap, other_gap = kernels_time(device, core_kernels), kernels_time(device, other_kernels)
     core = attn_fwd + t_softmax + core_gap
     forward = sum(x[0] for x in lin) + t_mem + other_gap + core
     if model.mla:
@@ -706,6 +687,32 @@ def layer_compute(
         attention_core_forward=core,
         flops_forward=flops,
     )
+
+
+def _memory_bound_bytes(model: ModelSpec, job: JobSpec, layout: Layout, kernels, shape: tuple) -> tuple[float, float]:
+    """Bytes a layer's memory-bound kernels move forward (norms, QK-norm, residuals, dropout,
+    activation, rotary), and the rotary's alone (what MLA's selective recompute reruns).
+    `shape`: the layer's rows of norms, tokens, MLP width, query and key/value columns and
+    heads on this rank, as layer_compute counts them."""
+    rows, T, f, q, kv_cols, heads = shape
+    h, e, tp, mlp_in = model.hidden_size, DTYPE_BYTES[job.precision], layout.tp, mlp_inputs(model)
+    norm_bytes = model.norms_per_layer * (2 * rows * h * e)  # each norm: read + write
+    # QK-norm: this rank's queries and keys, read and written (head-sharded, not sequence-sharded)
+    qk_norm_bytes = 2 * T * (q + kv_cols // 2) * e if model.qk_norm else 0.0
+    residual_bytes = 2 * (3 * rows * h * e)  # two residual adds: read 2, write 1
+    dropout_bytes = 2 * (2 * rows * h * e + rows * h) if model.dropout else 0.0  # + 1-byte mask
+    act_bytes: float = (mlp_in + 1) * T * (f // tp) * e  # GELU: read+write; SwiGLU: read 2, write 1
+    act_bytes += glu_clamp_bytes(model, kernels, T, f // tp, e)
+    rope_passes = kernels.scaled_rotary_passes if rotary_scaled_by_stack(model, kernels) else 2  # fused: read, write
+    rope_bytes = (
+        0.0 if model.learned_position_embeddings else rope_passes * T * (q + kv_cols // 2) * e
+    )  # queries and keys
+    if model.mla:
+        # the latents' norms; rotary on the queries' and the shared key's rope features, then
+        # the queries and keys written whole from their parts (the shared key once per head)
+        norm_bytes += 2 * rows * latent_norm_width(model) * e
+        rope_bytes = rope_passes * T * (heads + 1) * model.qk_rope_head_dim * e + 2 * 2 * T * q * e
+    return norm_bytes + qk_norm_bytes + residual_bytes + dropout_bytes + act_bytes + rope_bytes, rope_bytes
 
 
 def embedding_forward_time(model: ModelSpec, device: DeviceSpec, dtype: DType, micro_batch: int, seq_len: int) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, PipelineRankMemory, TimeBreakdown
+from planner.stacks import validate_plan
 
 from . import pipeline
 from .memory import GIB
@@ -28,12 +29,14 @@ def recompute_counts(plan: Plan, num_layers: int) -> list[tuple[int, int, int]]:
     if plan.stage_recompute is not None:
         return [(r.none, r.selective, r.full) for r in plan.stage_recompute]
     slot = MODES.index(plan.recompute)
-    return [tuple(n if i == slot else 0 for i in range(3)) for n in plan.stage_layers(num_layers)]
+    return [
+        (n if slot == 0 else 0, n if slot == 1 else 0, n if slot == 2 else 0) for n in plan.stage_layers(num_layers)
+    ]
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Estimate:
     """Predict step time and per-GPU memory of `plan`. Raises PlanError for an impossible plan."""
-    plan.validate_for(model, job)
+    validate_plan(plan, model, job)
     return evaluate(pipeline_costs(model, cluster, job, plan), recompute_counts(plan, model.num_layers))
 
 
@@ -112,7 +115,7 @@ def _interval(u, breakdown: TimeBreakdown, step: float) -> dict:
     terms = breakdown.model_dump()
     comm = sum(terms[k] for k in COMMUNICATION_TERMS)
     w = u.log_halfwidth((step - comm) / step, comm / step)
-    out = {"step_time_interval_s": [step * math.exp(-w), step * math.exp(w)]}
+    out: dict[str, object] = {"step_time_interval_s": [step * math.exp(-w), step * math.exp(w)]}
     if u.compute is not None and u.communication is not None:
         out["time_uncertainty_s"] = TimeBreakdown(
             **{k: v * (u.communication if k in COMMUNICATION_TERMS else u.compute) for k, v in terms.items()}

@@ -98,8 +98,8 @@ def state_parts(
             return (h, 0), (h, 0), (w + m, 0)
         # ZeRO-1 keeps the 16-bit gradients whole, ZeRO-2 its partition of them; ZeRO-3 reduces
         # them out of its bucket into the fp32 partition (the layer's own are live bytes)
-        grads = (h, fp32_grads) if z == 1 else (0, h + fp32_grads) if z == 2 else (0, fp32_grads or h)
-        return ((0, h) if z >= 3 else (h, 0)), grads, (0, w + m)
+        grad_parts = (h, fp32_grads) if z == 1 else (0, h + fp32_grads) if z == 2 else (0, fp32_grads or h)
+        return ((0, h) if z >= 3 else (h, 0)), grad_parts, (0, w + m)
     if recipe == "accelerate" and z < 2:  # DDP under autocast: fp32 parameters, gradients and buckets
         return (4 + (h if half else 0), 0), (8, 0), (m, 0)
     if recipe in ("fsdp2", "accelerate"):
@@ -118,7 +118,10 @@ def model_state_bytes(
     The ZeRO paper's mixed-precision Adam: stage 0: 16 Psi; 1: 4 Psi + 12 Psi/N; 2: 2 Psi + 14 Psi/N; 3: 16 Psi/N.
     """
     d = max(1, dp)
-    return tuple(params * (kept + split / d) for kept, split in state_parts(recipe, zero_stage, precision, optimizer))
+    weights, grads, states = (
+        params * (kept + split / d) for kept, split in state_parts(recipe, zero_stage, precision, optimizer)
+    )
+    return weights, grads, states
 
 
 def live_layer_bytes_per_param(recipe: str, zero_stage: int, precision: DType) -> float:
@@ -197,7 +200,7 @@ def layer_activation_bytes(
     q = s * b * (model.q_width // tp)
     out = s * b * (model.out_width // tp)
     kv = s * b * model.head_dim * kv_shard(model, tp)
-    attention = e * (q + 2 * kv + q)
+    attention: float = e * (q + 2 * kv + q)
     if model.mla:
         # Q and K (every head's, the shared rotary key copied into each), V and the output
         # projection's input; the latents, as their norms' inputs and as the up-projections'
@@ -216,6 +219,7 @@ def layer_activation_bytes(
     mlp = e * mlp_tensors * s * b * (f // tp)
     total = replicated / sp_div + attention + mlp
     if moe:
+        assert model.num_experts is not None and model.experts_per_token is not None  # a MoE layer's
         rows = s * b / tp  # this rank's tokens (MoE with tp > 1 runs with sequence parallelism)
         # the permuted expert inputs, and the experts' outputs the weighted combine keeps for
         # the routing weights' gradient, one each per assignment; fp32 router probabilities
@@ -226,6 +230,7 @@ def layer_activation_bytes(
         # the experts' permuted inputs too.
         saved = 2 * sbh / sp_div + out + s * b * (f // tp)
         if moe:
+            assert model.experts_per_token is not None  # a MoE layer's
             saved += s * b / tp * model.experts_per_token * h
         total -= (e - 1) * saved
     if recompute == Recompute.none:
@@ -254,6 +259,7 @@ def norm_act_bytes(
     s, b = seq_len, micro_batch
     out = separate_norms(model, kernels, dense) * kept * s * b * model.hidden_size / (tp if sequence_parallel else 1)
     if model.is_moe and not dense:
+        assert model.experts_per_token is not None  # a MoE model's (ModelSpec._shapes)
         act = s * b * (model.experts_per_token * model.moe_ffn // tp)
         out += kept * act + (2 * e * act if model.glu_limit is not None else 0)
     return out

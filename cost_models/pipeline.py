@@ -11,7 +11,7 @@ pace and the fill and drain pass through the other stages' chunks, 1/v of a rank
     T = (m - 1/v) max_r W_r + sum_j S_j / v,
 which is the v = 1 formula at v = 1 and Narayanan's (m + (p - 1)/v) x (v t_chunk) for equal
 stages. It matches a replay of Megatron-LM's interleaved order op by op (planner/pictures.py;
-tests/test_pictures.py), where a heavier last stage (the LM head) made the earlier form,
+tests/unit/pictures/test_pictures.py), where a heavier last stage (the LM head) made the earlier form,
 m max_r W_r + (p - 1) max_j S_j, charge the head p - 1 times (3% of the step of Llama 3 8B
 on pp=8, v=2).
 
@@ -19,7 +19,7 @@ Chunks of unequal length (L // (p v) layers and one more, where p v does not div
 that: Megatron's order runs the p micro-batches of one chunk round back to back on every rank,
 the ranks' warm-ups differ, so a long chunk's forward meets a short one's backward at
 different times on neighbouring ranks and they wait. On 400 random such schedules
-(tests/test_pictures.py) the replay took up to 28 % longer than the form above, and 8 % longer
+(tests/unit/pictures/test_pictures.py) the replay took up to 28 % longer than the form above, and 8 % longer
 than pacing each round by its slowest chunk. What holds for every one of them is the schedule
 of equal chunks each as slow as the slowest,
     T = (m v + p - 1) max_j S_j,

@@ -5,13 +5,14 @@ expressions that every consumer (estimate, bounds, ILP) reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from planner import stacks
 from planner.specs import (
     DTYPE_BYTES,
+    MESH_AXES,
     Axis,
     FP8_PARTS,
     ClusterSpec,
@@ -19,118 +20,19 @@ from planner.specs import (
     JobSpec,
     ModelSpec,
     Optimizer,
+    Layout,
     Plan,
     PlanError,
     Schedule,
-    Uncertainty,
 )
 
 from . import compute, memory
 from .communication import GroupLink, mesh_strides, overlapped
+from .costs import LayoutTables, EdgeCosts, LayerCosts
 from .terms import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, GRADIENT_BUCKET_BYTES, MODES, LayoutTerms
 
 ADAM_UPDATE_BYTES = 30  # per parameter: read fp32 master/m/v + grad, write master/m/v + 16-bit copy
 SGD_UPDATE_BYTES = 18
-
-
-@dataclass(frozen=True)
-class LayerCosts:
-    """One transformer layer, one micro-batch, one GPU of a (micro-batch, tp, sp) choice."""
-
-    forward: float  # compute seconds
-    backward: float
-    tp_forward: float  # TP collectives on the critical path
-    tp_backward: float
-    recompute: tuple  # extra backward seconds (compute + comm) per mode (none, selective, full)
-    activation_bytes: tuple  # bytes kept per micro-batch per mode (none, selective, full)
-    params: int  # parameters on this GPU (TP-sharded, before ZeRO), routed experts included
-    flops_forward: float  # whole layer (unsharded), for model FLOPs
-    recompute_flops: tuple  # extra FLOPs per mode, whole layer
-    expert_params: int = 0  # of `params`, the routed experts (sharded by ZeRO over the expert-DP group)
-
-
-@dataclass(frozen=True)
-class StageExtras:
-    """What virtual stage j carries besides its layers, per micro-batch."""
-
-    compute: float  # embedding / head and loss, forward + backward
-    forward: float  # the forward part of `compute`
-    p2p: float  # pipeline sends
-    params: float
-    activation_bytes: float
-    temporary_bytes: float  # logits on the last stage
-    expert_params: float = 0.0  # of `params`, routed experts (multi-token prediction's): ZeRO over expert-DP
-
-    @property
-    def constant(self) -> float:
-        """Seconds per micro-batch besides the layers: compute + sends."""
-        return self.compute + self.p2p
-
-
-@dataclass(frozen=True)
-class EdgeCosts:
-    """What the first and last stages carry besides layers, and the pipeline sends."""
-
-    embedding_forward: float
-    embedding_backward: float
-    head_forward: float
-    head_backward: float
-    embedding_params: int
-    head_params: int
-    embedding_activation_bytes: float
-    head_activation_bytes: float
-    logits_temporary_bytes: float
-    p2p: float  # one activation (or gradient) send between neighbouring stages
-    head_expert_params: int = 0  # of head_params, routed experts (multi-token prediction's layers)
-
-    def stage(self, first: bool, last: bool) -> "StageExtras":
-        """What a virtual stage carries besides its layers: the first the embedding, the last
-        the LM head and loss; each receives an activation and sends one forward, and the
-        reverse backward, except at the ends (sends are not overlapped with compute).
-        Cached: every layout with these edge costs shares the three kinds of stage."""
-        return self._stages[(first, last)]
-
-    def stage_constants(self, num_stages: int) -> tuple[float, float, float]:
-        """(first, last, sum over all) of compute + sends of the stages of a pipeline of
-        `num_stages` virtual stages besides their layers: the middle ones carry only their
-        sends. Cached per pipeline length."""
-        c = self._constants.get(num_stages)
-        if c is None:
-            P = num_stages
-            if P == 1:
-                first = last = total = self.stage(True, True).constant
-            else:
-                first, last = self.stage(True, False).constant, self.stage(False, True).constant
-                total = first + last + (P - 2) * self.stage(False, False).constant
-            c = self._constants[num_stages] = (first, last, total)
-        return c
-
-    @cached_property
-    def _constants(self) -> dict:
-        return {}
-
-    @cached_property
-    def _stages(self) -> dict:
-        out = {}
-        for first in (True, False):
-            for last in (True, False):
-                comp = fwd = params = acts = temp = expert = 0.0
-                if first:
-                    comp += self.embedding_forward + self.embedding_backward
-                    fwd += self.embedding_forward
-                    params += self.embedding_params
-                    acts += self.embedding_activation_bytes
-                if last:
-                    comp += self.head_forward + self.head_backward
-                    fwd += self.head_forward
-                    params += self.head_params
-                    expert = self.head_expert_params
-                    acts += self.head_activation_bytes
-                    temp = self.logits_temporary_bytes
-                out[(first, last)] = StageExtras(
-                    comp, fwd, self.p2p * ((not last) + (not first)), params, acts, temp, expert
-                )
-        return out
 
 
 def measured_layer(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, kind: str, micro_batch: int, tp: int):
@@ -223,43 +125,18 @@ def all_to_all_time(
 
 
 def layer_costs(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    job: JobSpec,
-    micro_batch: int,
-    tp: int,
-    sp: bool,
-    tp_link: GroupLink,
-    tp_overlap: bool = False,
-    ep: int = 1,
-    ep_link: GroupLink | None = None,
-    dense: bool = False,
-    fp8: bool = False,
-    cp: int = 1,
-    cp_link: GroupLink | None = None,
-    norm_act: bool = False,
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout, links: dict, dense: bool = False
 ) -> LayerCosts:
-    """One layer of the model (`dense`: one of a MoE model's first dense layers; `fp8`: its
-    GEMMs in FP8; `cp`: context parallelism, with `job.seq_len` a rank's s / cp tokens;
-    `norm_act`: Plan.recompute_norm_act, in the modes that keep activations)."""
-    dtype, b, s = job.precision, micro_batch, job.seq_len
+    """One layer of the model under `layout` (its micro-batch, tp, sp, tp_comm_overlap, ep,
+    fp8, cp and recompute_norm_act are read) over `links` (links[Axis.tp] and, where the layout
+    has them, Axis.ep and Axis.cp; an axis absent is not communicated over). `dense`: one of a
+    MoE model's first dense layers; with cp, `job.seq_len` is a rank's s / cp tokens;
+    recompute_norm_act applies in the modes that keep activations."""
+    dtype, b, s, tp, sp = job.precision, layout.micro_batch_size, job.seq_len, layout.tp, layout.sequence_parallel
+    ep, fp8, cp = layout.ep, layout.fp8, layout.cp
+    tp_link, ep_link, cp_link = links[Axis.tp], links.get(Axis.ep), links.get(Axis.cp)
     moe = model.is_moe and not dense
-    lc = compute.layer_compute(
-        model,
-        cluster.device,
-        dtype,
-        b,
-        s,
-        tp,
-        sp,
-        job.flash_attention,
-        job.target,
-        ep,
-        dense,
-        fp8,
-        cp,
-        compute.attention_kernel(job),
-    )
+    lc = compute.layer_compute(model, cluster.device, job, layout, dense)
     measured = measured_layer(cluster, model, job, "block", b, tp)
     if measured is not None:
         # A measured profile of this model: its times replace the analytic ones; the core
@@ -271,6 +148,52 @@ def layer_costs(
             attention_core_forward=share * measured[0],
             flops_forward=lc.flops_forward,
         )
+    tp_fwd, tp_bwd, mla_regather = _tp_times(model, job, layout, tp_link)
+    if layout.tp_comm_overlap:
+        # Overlapped with the layer's GEMMs that produce / consume the buffers, as data-parallel
+        # overlap is (communication.overlapped): what stays exposed is the slowdown of the
+        # compute beside it, and whatever outlasts that compute.
+        eta = cluster.overlap_efficiency
+        tp_fwd = overlapped(tp_fwd, 0.0, lc.forward, eta)
+        tp_bwd = overlapped(tp_bwd, 0.0, lc.backward, eta)
+    ep_fwd = _dispatch_time(model, cluster, job, layout, ep_link) if moe else 0.0
+    ring_fwd, ring_bwd = _ring_times(model, cluster, job, layout, cp_link)
+    tp_fwd, tp_bwd = tp_fwd + ep_fwd + ring_fwd, tp_bwd + ep_fwd + ring_bwd
+    flops = compute.layer_flops_forward(model, b, s, dense)
+    params = compute.layer_params(model, tp, ep, dense)
+    acts = tuple(
+        memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense, fp8) for r in MODES
+    )
+    if measured is not None and not sp:
+        # measured bytes saved with nothing recomputed; selective frees the analytic core
+        # attention share of them; full recompute keeps the layer input only (exact).
+        a_none = measured[2]
+        acts = (a_none, max(acts[2], a_none - (acts[0] - acts[1])), acts[2])
+    rerun = 0.0
+    if layout.recompute_norm_act:
+        # the separate norms' and the experts' activation outputs rebuilt in backward, not kept
+        kernels = stacks.get(job.target).kernels
+        rerun = compute.norm_act_recompute_time(model, cluster.device, dtype, b, s, tp, sp, kernels, ep, dense)
+        freed = memory.norm_act_bytes(model, b, s, tp, sp, kernels, dtype, dense, fp8)
+        acts = (max(acts[2], acts[0] - freed), max(acts[2], acts[1] - freed), acts[2])
+    return LayerCosts(
+        forward=lc.forward,
+        backward=lc.backward,
+        tp_forward=tp_fwd,
+        tp_backward=tp_bwd,
+        recompute=(rerun, lc.attention_core_forward + mla_regather + rerun, lc.forward + tp_fwd),
+        activation_bytes=acts,
+        params=params.total,
+        flops_forward=flops,
+        recompute_flops=(0.0, compute.selective_recompute_flops(model, b, s, job.flash_attention, cp), flops),
+        expert_params=params.expert,
+    )
+
+
+def _tp_times(model: ModelSpec, job: JobSpec, layout: Layout, tp_link: GroupLink) -> tuple[float, float, float]:
+    """A layer's tensor-parallel collectives, forward and backward, per micro-batch, and what
+    selective recompute of MLA's up-projections gathers again."""
+    dtype, b, s, sp = job.precision, layout.micro_batch_size, job.seq_len, layout.sequence_parallel
     # Four all-reduces of b s h per layer per micro-batch, two forward and two backward
     # (Narayanan et al. 2021, sec. 3.2); with sequence parallelism each becomes an
     # all-gather plus a reduce-scatter of the same buffer (Korthikanti et al. sec. 4.2.2).
@@ -300,18 +223,22 @@ def layer_costs(
     else:  # forward: after the row-parallel projections; backward: the column-parallel inputs' gradients
         tp_fwd = 2 * tp_link.time(Collective.all_reduce, buf)
         tp_bwd = tp_link.time(Collective.all_reduce, buf) + tp_link.time(Collective.all_reduce, attn_in)
-    if tp_overlap:
-        # Overlapped with the layer's GEMMs that produce / consume the buffers, as data-parallel
-        # overlap is (communication.overlapped): what stays exposed is the slowdown of the
-        # compute beside it, and whatever outlasts that compute.
-        eta = cluster.overlap_efficiency
-        tp_fwd = overlapped(tp_fwd, 0.0, lc.forward, eta)
-        tp_bwd = overlapped(tp_bwd, 0.0, lc.backward, eta)
+    # selective recompute of MLA's up-projections gathers their latents again (sequence
+    # parallel; the gathered rotary key is kept)
+    latents = buf * compute.latent_norm_width(model) / model.hidden_size
+    mla_regather = tp_link.time(Collective.all_gather, latents) if width != model.hidden_size and sp else 0.0
+    return tp_fwd, tp_bwd, mla_regather
+
+
+def _dispatch_time(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout, ep_link) -> float:
+    """The expert dispatch and combine of one MoE layer, forward (and again backward)."""
+    dtype, b, s, tp, ep = job.precision, layout.micro_batch_size, job.seq_len, layout.tp, layout.ep
     # MoE: each rank's token-expert assignments go to the ranks holding their experts and come
     # back (dispatch and combine), forward and again backward, on the critical path (not
     # overlapped: Megatron-Core overlaps them only with its optional shared-expert overlap).
-    ep_fwd = ep_bwd = 0.0
-    if moe and ep > 1 and ep_link is not None:
+    ep_fwd = 0.0
+    if ep > 1 and ep_link is not None:
+        assert model.experts_per_token is not None  # ep > 1: a MoE model (planner/specs/job.py:ep_problem)
         one = all_to_all_time(
             ep_link,
             DTYPE_BYTES[dtype] * compute.routed_tokens(model, b, s, tp) * model.hidden_size,
@@ -319,8 +246,13 @@ def layer_costs(
             model.experts_per_token,
             job.moe_dispatcher == "deepep",
         )
-        ep_fwd = ep_bwd = 2 * one
-        tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
+        ep_fwd = 2 * one
+    return ep_fwd
+
+
+def _ring_times(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout, cp_link) -> tuple[float, float]:
+    """Ring attention's exposed sends of one layer (context parallelism), forward and backward."""
+    dtype, b, s, tp, cp = job.precision, layout.micro_batch_size, job.seq_len, layout.tp, layout.cp
     if cp > 1 and cp_link is not None:
         # Ring attention: cp - 1 steps, each passing a rank's K and V chunk (its KV heads: GQA
         # shrinks it) to the next rank while the current block is computed; backward passes K,
@@ -341,63 +273,19 @@ def layer_costs(
         eta = cluster.overlap_efficiency
         ring_fwd = overlapped((cp - 1) * step, 0.0, (cp - 1) * attn_f, eta)
         ring_bwd = overlapped(2 * (cp - 1) * step, 0.0, (cp - 1) * attn_b, eta)
-        tp_fwd, tp_bwd = tp_fwd + ring_fwd, tp_bwd + ring_bwd
-    flops = compute.layer_flops_forward(model, b, s, dense)
-    params = compute.layer_params(model, tp, ep, dense)
-    # selective recompute of MLA's up-projections gathers their latents again (sequence
-    # parallel; the gathered rotary key is kept)
-    latents = buf * compute.latent_norm_width(model) / model.hidden_size
-    mla_regather = tp_link.time(Collective.all_gather, latents) if width != model.hidden_size and sp else 0.0
-    acts = tuple(
-        memory.layer_activation_bytes(model, b, s, tp, sp, r, job.flash_attention, dtype, dense, fp8) for r in MODES
-    )
-    if measured is not None and not sp:
-        # measured bytes saved with nothing recomputed; selective frees the analytic core
-        # attention share of them; full recompute keeps the layer input only (exact).
-        a_none = measured[2]
-        acts = (a_none, max(acts[2], a_none - (acts[0] - acts[1])), acts[2])
-    rerun = 0.0
-    if norm_act:
-        # the separate norms' and the experts' activation outputs rebuilt in backward, not kept
-        kernels = stacks.get(job.target).kernels
-        rerun = compute.norm_act_recompute_time(model, cluster.device, dtype, b, s, tp, sp, kernels, ep, dense)
-        freed = memory.norm_act_bytes(model, b, s, tp, sp, kernels, dtype, dense, fp8)
-        acts = (max(acts[2], acts[0] - freed), max(acts[2], acts[1] - freed), acts[2])
-    return LayerCosts(
-        forward=lc.forward,
-        backward=lc.backward,
-        tp_forward=tp_fwd,
-        tp_backward=tp_bwd,
-        recompute=(rerun, lc.attention_core_forward + mla_regather + rerun, lc.forward + tp_fwd),
-        activation_bytes=acts,
-        params=params.total,
-        flops_forward=flops,
-        recompute_flops=(0.0, compute.selective_recompute_flops(model, b, s, job.flash_attention, cp), flops),
-        expert_params=params.expert,
-    )
+        return ring_fwd, ring_bwd
+    return 0.0, 0.0
 
 
 def edge_costs(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    job: JobSpec,
-    micro_batch: int,
-    tp: int,
-    sp: bool,
-    pp: int,
-    tp_link: GroupLink,
-    pp_link: GroupLink,
-    ep: int = 1,
-    ep_link: GroupLink | None = None,
-    layer: LayerCosts | None = None,
-    fp8: bool = False,
-    norm_act: bool = False,
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout, links: dict, layer: LayerCosts | None = None
 ) -> EdgeCosts:
     """The first stage's embedding, the last stage's head and loss, the pipeline sends; a MoE
     model's first dense layers (first_dense_layers, which the first stage must hold: Plan's
     rule) enter the first stage as what they cost beyond the MoE layers they are counted as
     (time, parameters, activations kept with no recompute)."""
-    dtype, b, s, dev = job.precision, micro_batch, job.seq_len, cluster.device
+    dtype, b, s, dev = job.precision, layout.micro_batch_size, job.seq_len, cluster.device
+    tp, sp, pp, tp_link, pp_link = layout.tp, layout.sequence_parallel, layout.pp, links[Axis.tp], links[Axis.pp]
     buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
     loss = compute.loss_kernel(job)
     # Vocab-parallel embedding all-reduces its output (forward); the column-parallel head
@@ -424,69 +312,10 @@ def edge_costs(
     p2p = pp_link.time(Collective.p2p, buf / (tp if sp else 1))
     if tp > 1 and not sp:
         p2p = min(p2p, pp_link.time(Collective.p2p, buf / tp) + tp_link.time(Collective.all_gather, buf))
-    extra = _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8, norm_act)
+    extra = _dense_first_extra(model, cluster, job, layout, links, layer)
     head_acts = memory.head_activation_bytes(model, b, s, tp, sp, dtype, loss)
-    mtp = (0.0, 0.0, 0, 0.0, 0)
-    if model.mtp_layers:
-        # Multi-token prediction on the last stage (Megatron-Core's multi_token_prediction.py
-        # builds it there), per module: the embedding of the next tokens (and, with a pipeline, a
-        # copy of the table on this stage unless the head already holds it, tied), the norms of
-        # the two inputs, the column-parallel 2h -> h projection (its 2h input gathered under
-        # SP; its output gathered over TP, then split again), one layer of the last layer's kind
-        # kept whole for backward (whatever the stage's recompute; under Plan.recompute_norm_act
-        # its norm and activation outputs rerun, as the layer's config says), a final norm, and
-        # the LM head and loss again.
-        k, L = (
-            model.mtp_layers,
-            layer
-            or layer_costs(
-                model,
-                cluster,
-                job,
-                b,
-                tp,
-                sp,
-                tp_link,
-                False,
-                ep,
-                ep_link,
-                dense=not model.is_moe,
-                fp8=fp8,
-                norm_act=norm_act,
-            ),
-        )
-        e, rows = DTYPE_BYTES[dtype], b * s / (tp if sp else 1)
-        proj = compute.linear_times(dev, dtype, b * s, 2 * model.hidden_size, model.hidden_size // tp, fp8=fp8)
-        norms = compute.memory_bound_time(dev, 3 * 2 * rows * model.hidden_size * e)
-        if sp:
-            comm = (
-                tp_link.time(Collective.all_gather, 2 * buf) + tp_link.time(Collective.all_gather, buf),
-                tp_link.time(Collective.reduce_scatter, 2 * buf),
-            )
-        else:
-            comm = (tp_link.time(Collective.all_gather, buf), tp_link.time(Collective.all_reduce, 2 * buf))
-        table = compute.vocab_shard(model, tp) * model.hidden_size if pp > 1 and not model.tied_embeddings else 0
-        mtp = (
-            k * (emb + emb_tp + norms + proj[0] + comm[0] + L.forward + L.tp_forward + head + loss_tp),
-            k
-            * (
-                emb_bwd
-                + 2 * norms
-                + proj[1]
-                + comm[1]
-                + L.backward
-                + L.tp_backward
-                + L.recompute[0]
-                + head_bwd
-                + head_tp
-            ),
-            k * (compute.mtp_params(model, tp) + L.params) + table,
-            k
-            * (
-                L.activation_bytes[0] + e * rows * 3 * model.hidden_size + e * b * s * 2 * model.hidden_size + head_acts
-            ),
-            k * L.expert_params,
-        )
+    io = _EdgeIO(emb, emb_tp, emb_bwd, head, head_bwd, head_tp, loss_tp, head_acts)
+    mtp = _mtp_costs(model, cluster, job, layout, links, layer, io) if model.mtp_layers else (0.0, 0.0, 0, 0.0, 0)
     return EdgeCosts(
         embedding_forward=emb + emb_tp + extra[0],
         embedding_backward=emb_bwd + extra[1],
@@ -502,16 +331,78 @@ def edge_costs(
     )
 
 
-def _dense_first_extra(model, cluster, job, b, tp, sp, tp_link, ep, ep_link, layer, fp8=False, norm_act=False) -> tuple:
+class _EdgeIO(NamedTuple):
+    """The embedding's and the head's times (and the head's activations) that multi-token
+    prediction repeats per module."""
+
+    emb: float
+    emb_tp: float
+    emb_bwd: float
+    head: float
+    head_bwd: float
+    head_tp: float
+    loss_tp: float
+    head_acts: float
+
+
+def _mtp_costs(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout, links: dict, layer, io: _EdgeIO
+) -> tuple:
+    """(forward s, backward s, parameters, activation bytes, expert parameters) multi-token
+    prediction adds to the last stage."""
+    dtype, b, s, dev = job.precision, layout.micro_batch_size, job.seq_len, cluster.device
+    tp, sp, pp, tp_link = layout.tp, layout.sequence_parallel, layout.pp, links[Axis.tp]
+    buf = DTYPE_BYTES[dtype] * b * s * model.hidden_size
+    emb, emb_tp, emb_bwd, head, head_bwd, head_tp, loss_tp, head_acts = io
+    # Multi-token prediction on the last stage (Megatron-Core's multi_token_prediction.py
+    # builds it there), per module: the embedding of the next tokens (and, with a pipeline, a
+    # copy of the table on this stage unless the head already holds it, tied), the norms of
+    # the two inputs, the column-parallel 2h -> h projection (its 2h input gathered under
+    # SP; its output gathered over TP, then split again), one layer of the last layer's kind
+    # kept whole for backward (whatever the stage's recompute; under Plan.recompute_norm_act
+    # its norm and activation outputs rerun, as the layer's config says), a final norm, and
+    # the LM head and loss again.
+    k, L = (
+        model.mtp_layers,
+        layer or layer_costs(model, cluster, job, *_edge_layer(layout, links), dense=not model.is_moe),
+    )
+    e, rows = DTYPE_BYTES[dtype], b * s / (tp if sp else 1)
+    proj = compute.linear_times(dev, dtype, b * s, 2 * model.hidden_size, model.hidden_size // tp, fp8=layout.fp8)
+    norms = compute.memory_bound_time(dev, 3 * 2 * rows * model.hidden_size * e)
+    if sp:
+        comm = (
+            tp_link.time(Collective.all_gather, 2 * buf) + tp_link.time(Collective.all_gather, buf),
+            tp_link.time(Collective.reduce_scatter, 2 * buf),
+        )
+    else:
+        comm = (tp_link.time(Collective.all_gather, buf), tp_link.time(Collective.all_reduce, 2 * buf))
+    table = compute.vocab_shard(model, tp) * model.hidden_size if pp > 1 and not model.tied_embeddings else 0
+    return (
+        k * (emb + emb_tp + norms + proj[0] + comm[0] + L.forward + L.tp_forward + head + loss_tp),
+        k
+        * (emb_bwd + 2 * norms + proj[1] + comm[1] + L.backward + L.tp_backward + L.recompute[0] + head_bwd + head_tp),
+        k * (compute.mtp_params(model, tp) + L.params) + table,
+        k * (L.activation_bytes[0] + e * rows * 3 * model.hidden_size + e * b * s * 2 * model.hidden_size + head_acts),
+        k * L.expert_params,
+    )
+
+
+def _edge_layer(layout: Layout, links: dict) -> tuple[Layout, dict]:
+    """The layout and links the edge's own layers are costed with (the first dense layers, the
+    multi-token prediction layer): no TP overlap and no context parallelism."""
+    return replace(layout, tp_comm_overlap=False, cp=1), {a: links[a] for a in (Axis.tp, Axis.ep) if a in links}
+
+
+def _dense_first_extra(
+    model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout, links: dict, layer: LayerCosts | None
+) -> tuple:
     """(forward s, backward s, parameters, activation bytes) the first dense layers add beyond
     as many MoE layers; zeros for a dense model."""
     k = model.first_dense_layers
     if not model.is_moe or not k:
         return (0.0, 0.0, 0, 0.0)
-    moe = layer or layer_costs(model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, fp8=fp8, norm_act=norm_act)
-    dense = layer_costs(
-        model, cluster, job, b, tp, sp, tp_link, False, ep, ep_link, dense=True, fp8=fp8, norm_act=norm_act
-    )
+    moe = layer or layer_costs(model, cluster, job, *_edge_layer(layout, links))
+    dense = layer_costs(model, cluster, job, *_edge_layer(layout, links), dense=True)
     return (
         k * (dense.forward + dense.tp_forward - moe.forward - moe.tp_forward),
         # (and, under Plan.recompute_norm_act, the dense layer's rerun in place of the MoE layer's)
@@ -552,67 +443,18 @@ def ep_link_of(cluster: ClusterSpec, dp: int, tp: int, pp: int, ep: int, mesh_or
 def mesh_links(cluster: ClusterSpec, dp: int, tp: int, pp: int, mesh_order) -> dict[Axis, GroupLink]:
     degrees = {Axis.dp: dp, Axis.tp: tp, Axis.pp: pp}
     strides = mesh_strides(degrees, mesh_order)
-    return {a: GroupLink(cluster, degrees[a], strides[a]) for a in Axis}
+    return {a: GroupLink(cluster, degrees[a], strides[a]) for a in MESH_AXES}
 
 
 @dataclass(eq=False)
-class PipelineCosts:
-    """Everything needed to cost any layer split and recompute choice of one layout: the
-    coefficient tables that cost_models/terms.py turns into expressions. Never changed after
-    construction (not frozen only because the search builds one per candidate, and a frozen
-    dataclass's construction costs three times as much)."""
-
-    pp: int
-    vpp: int
-    dp: int
-    tp: int
-    num_micro_batches: int
-    zero_stage: int
-    num_layers: int
-    layer: LayerCosts
-    edge: EdgeCosts
-    in_flight: tuple  # per rank, micro-batches per model chunk held at the peak
-    state_bytes_per_param: tuple  # (weights, gradients, optimizer) after ZeRO sharding
-    comm_bytes_per_param: int  # gradients / gathered parameters on the wire
-    dp_link: GroupLink
-    overlap: float  # fraction of DP communication that hides behind compute
-    optimizer_seconds_per_param: float  # update of the local shard, per parameter held
-    overhead_bytes: float
-    zero3_gather_bytes: float  # one layer's parameters live beside the shards (memory.live_layer_bytes_per_param)
-    comm_buffer_bytes: float  # TP-overlap communication buffers and the stack's gradient-reduction buckets
-    tokens_per_step: int
-    model_flops_per_step: float
-    memory_capacity_gib: float
-    peak_flops: float
-    uncertainty: Optional[Uncertainty] = None  # the cluster's cross-validated step-time error
-    gpipe: bool = False  # all forwards, then all backwards (cost_models/pipeline.py:gpipe_time)
-    expert_state_bytes_per_param: tuple = ()  # (weights, gradients, optimizer) of routed experts after ZeRO over expert-DP
-    first_stage_min_layers: int = 1  # a MoE model's first dense layers live on the first stage
-    zero3_reduce_calls_per_layer: float = (
-        1.0  # reduce-scatter calls per layer per micro-batch (ZeRO-3; terms.dp_exposure)
-    )
-    step_overhead_s: float = 0.0  # the stack's host time per optimizer step (StackConstants.step_overhead_s)
-    # ZeRO 0-1 gradient reduction as the stack runs it (Stack.gradient_reduce; terms.dp_exposure)
-    gradient_reduce_hidden: bool = True
-    gradient_reduce: Collective = Collective.reduce_scatter
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp * self.vpp
-
-    @property
-    def uneven_chunks(self) -> bool:
-        """Interleaved model chunks of L // (pp v) layers and one more (cost_models/pipeline.py:
-        priced as if each were as slow as the slowest)."""
-        return self.vpp > 1 and self.num_layers % self.num_stages != 0
+class PipelineCosts(LayoutTables):
+    """A layout's cost tables (costs.py:LayoutTables) and, built once on first use, the linear
+    expressions every consumer reads (terms.py:LayoutTerms)."""
 
     @cached_property
     def terms(self) -> LayoutTerms:
         """Every cost of this layout as expressions linear in the layer counts."""
         return LayoutTerms(self)
-
-    def stage_extras(self, j: int) -> StageExtras:
-        return self.edge.stage(j == 0, j == self.num_stages - 1)
 
 
 def pipeline_costs(
@@ -626,54 +468,18 @@ def pipeline_costs(
 ) -> PipelineCosts:
     """Cost tables of `plan`'s layout; `links`, `layer`, `edge` may come from a cache. The
     cluster is read as job.target's software runs on it (ClusterSpec.for_target)."""
-    return layout_costs(
-        model,
-        cluster.for_target(job.target),
-        job,
-        plan.dp,
-        plan.tp,
-        plan.pp,
-        plan.vpp,
-        plan.micro_batch_size,
-        plan.num_micro_batches,
-        plan.schedule,
-        plan.zero_stage,
-        plan.sequence_parallel,
-        plan.mesh_order,
-        links,
-        layer,
-        edge,
-        tp_overlap=plan.tp_comm_overlap,
-        ep=plan.ep,
-        fp8=plan.fp8,
-        cp=plan.cp,
-        norm_act=plan.recompute_norm_act,
-    )
+    return layout_costs(model, cluster.for_target(job.target), job, plan.layout, links, layer, edge)
 
 
 def layout_costs(
     model: ModelSpec,
     cluster: ClusterSpec,
     job: JobSpec,
-    dp: int,
-    tp: int,
-    pp: int,
-    vpp: int,
-    micro_batch: int,
-    num_micro_batches: int,
-    schedule: Schedule,
-    zero: int,
-    sp: bool,
-    mesh_order,
+    layout: Layout,
     links: dict | None = None,
     layer: LayerCosts | None = None,
     edge: EdgeCosts | None = None,
     model_flops: float | None = None,
-    tp_overlap: bool = False,
-    ep: int = 1,
-    fp8: bool = False,
-    cp: int = 1,
-    norm_act: bool = False,
 ) -> PipelineCosts:
     """Cost tables of one layout; `links`, `layer`, `edge` and `model_flops` (per step) may
     come from a cache.
@@ -683,62 +489,72 @@ def layout_costs(
     weights are replicated over dp x cp ranks (the dp axis of the mesh holds cp innermost),
     which gradients are reduced over and ZeRO shards over: `dp` of the tables below is dp x cp,
     while the batch counts dp replicas of the data."""
+    lo = layout
+    dp, tp, pp, cp, ep = lo.dp, lo.tp, lo.pp, lo.cp, lo.ep
     dpw = dp * cp
-    links = links or mesh_links(cluster, dpw, tp, pp, mesh_order)
-    ep_link = ep_link_of(cluster, dpw, tp, pp, ep, mesh_order) if ep > 1 else None
-    if fp8 and cluster.device.fp8_peak_tflops is None:
+    links = links or mesh_links(cluster, dpw, tp, pp, lo.mesh_order)
+    ep_link = ep_link_of(cluster, dpw, tp, pp, ep, lo.mesh_order) if ep > 1 else None
+    if lo.fp8 and cluster.device.fp8_peak_tflops is None:
         raise PlanError(
             f"{cluster.device.name} has no FP8 tensor cores; drop fp8 (or plan on a cluster with FP8: {FP8_PARTS})"
         )
     per_rank = rank_job(job, cp)
-    layer = layer or layer_costs(
-        model,
-        cluster,
-        per_rank,
-        micro_batch,
-        tp,
-        sp,
-        links[Axis.tp],
-        tp_overlap,
-        ep,
-        ep_link,
-        fp8=fp8,
-        cp=cp,
-        cp_link=cp_link_of(cluster, dpw, tp, pp, cp, mesh_order),
-        norm_act=norm_act,
+    cp_link = cp_link_of(cluster, dpw, tp, pp, cp, lo.mesh_order)
+    groups = {**links, **({Axis.ep: ep_link} if ep_link else {}), **({Axis.cp: cp_link} if cp_link else {})}
+    layer = layer or layer_costs(model, cluster, per_rank, lo, groups)
+    edge = edge or edge_costs(model, cluster, per_rank, lo, groups, layer)
+    upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
+    z3 = lo.zero_stage >= 3 and dpw > 1
+    batch = lo.global_batch_size
+    reduce_hidden, reduce = stacks.get(job.target).gradient_reduce(pp, lo.zero_stage)
+    return PipelineCosts(
+        pp=pp,
+        vpp=lo.vpp,
+        dp=dpw,
+        tp=tp,
+        num_micro_batches=lo.num_micro_batches,
+        zero_stage=lo.zero_stage,
+        num_layers=model.num_layers,
+        layer=layer,
+        edge=edge,
+        in_flight=_in_flight_table(lo.schedule, pp, lo.num_micro_batches, lo.vpp),
+        comm_bytes_per_param=DTYPE_BYTES[job.precision],
+        dp_link=links[Axis.dp],
+        overlap=cluster.overlap_efficiency,
+        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dpw if lo.zero_stage >= 1 else 1),
+        overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
+        zero3_reduce_calls_per_layer=zero3_reduce_calls(job, layer.params) if z3 else 1.0,
+        step_overhead_s=cluster.step_overhead_s(job.target),
+        gradient_reduce_hidden=reduce_hidden,
+        gradient_reduce=reduce,
+        tokens_per_step=batch * job.seq_len,
+        model_flops_per_step=model_flops
+        if model_flops is not None
+        else compute.model_flops_per_step(model, batch, job.seq_len),
+        memory_capacity_gib=cluster.device.memory_gib,
+        peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
+        uncertainty=cluster.uncertainty,
+        gpipe=lo.schedule == Schedule.gpipe,
+        first_stage_min_layers=max(1, model.first_dense_layers),
+        **_state_tables(model, job, lo, layer, edge, per_rank.seq_len),
     )
-    edge = edge or edge_costs(
-        model,
-        cluster,
-        per_rank,
-        micro_batch,
-        tp,
-        sp,
-        pp,
-        links[Axis.tp],
-        links[Axis.pp],
-        ep,
-        ep_link,
-        layer,
-        fp8,
-        norm_act,
-    )
-    e = DTYPE_BYTES[job.precision]
-    stack = stacks.get(job.target)
-    recipe = stack.model_states  # how the target stack holds the states (cost_models/memory.py:STATE_RECIPES)
+
+
+def _state_tables(model: ModelSpec, job: JobSpec, lo: Layout, layer: LayerCosts, edge: EdgeCosts, seq: int) -> dict:
+    """PipelineCosts' model-state fields: bytes per parameter held of the dense and the routed
+    expert weights, gradients and optimizer states as the target stack holds them (ZeRO over dp x
+    cp, experts over their expert-DP group), the gathered unit and the buffers beside them."""
+    dpw, zero, e = lo.dp * lo.cp, lo.zero_stage, DTYPE_BYTES[job.precision]
+    recipe = stacks.get(job.target).model_states  # how the stack holds them (cost_models/memory.py:STATE_RECIPES)
     if recipe == "megatron" and job.grad_reduce_bf16:  # --grad-reduce-in-bf16: a 16-bit gradient buffer
         recipe = "megatron_bf16_grads"
     states = memory.model_state_bytes(1, dpw, zero, job.precision, job.optimizer, recipe)  # per parameter held
     # Routed experts are replicated on tp x dp x cp / ep ranks (the expert-DP group), ZeRO shards over those.
-    edp = max(1, tp * dpw // ep)
+    edp = max(1, lo.tp * dpw // lo.ep)
     expert_states = memory.model_state_bytes(1, edp, zero, job.precision, job.optimizer, recipe)
-    if fp8:  # each weight's FP8 copy, cast once per step and kept (ZeRO-3: of the shard; transposes made per use)
+    if lo.fp8:  # each weight's FP8 copy, cast once per step and kept (ZeRO-3: of the shard; transposes made per use)
         states = (states[0] + 1 / (dpw if zero >= 3 else 1), *states[1:])
         expert_states = (expert_states[0] + 1 / (edp if zero >= 3 else 1), *expert_states[1:])
-    upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
-    z3 = zero >= 3 and dpw > 1
-    batch = dp * micro_batch * num_micro_batches
-    reduce_hidden, reduce = stack.gradient_reduce(pp, zero)
     # one layer's parameters materialised beside the shards (gathered, prefetched, their gradients
     # before the reduce-scatter) and the stack's reduction buckets (memory.live_layer_bytes_per_param,
     # memory.bucket_bytes)
@@ -755,42 +571,12 @@ def layout_costs(
         if dpw > 1
         else 0.0
     )
-    return PipelineCosts(
-        pp=pp,
-        vpp=vpp,
-        dp=dpw,
-        tp=tp,
-        num_micro_batches=num_micro_batches,
-        zero_stage=zero,
-        num_layers=model.num_layers,
-        layer=layer,
-        edge=edge,
-        in_flight=_in_flight_table(schedule, pp, num_micro_batches, vpp),
+    overlap = memory.tp_overlap_buffer_bytes(model, lo.micro_batch_size, seq, e) if lo.tp_comm_overlap else 0.0
+    return dict(
         state_bytes_per_param=states,
-        comm_bytes_per_param=e,
-        dp_link=links[Axis.dp],
-        overlap=cluster.overlap_efficiency,
-        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dpw if zero >= 1 else 1),
-        overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
-        zero3_gather_bytes=unit * live,
-        zero3_reduce_calls_per_layer=zero3_reduce_calls(job, layer.params) if z3 else 1.0,
-        step_overhead_s=cluster.step_overhead_s(job.target),
-        gradient_reduce_hidden=reduce_hidden,
-        gradient_reduce=reduce,
-        comm_buffer_bytes=(
-            memory.tp_overlap_buffer_bytes(model, micro_batch, per_rank.seq_len, e) if tp_overlap else 0.0
-        )
-        + buckets,
-        tokens_per_step=batch * job.seq_len,
-        model_flops_per_step=model_flops
-        if model_flops is not None
-        else compute.model_flops_per_step(model, batch, job.seq_len),
-        memory_capacity_gib=cluster.device.memory_gib,
-        peak_flops=cluster.device.peak_tflops[job.precision] * 1e12,
-        uncertainty=cluster.uncertainty,
-        gpipe=schedule == Schedule.gpipe,
         expert_state_bytes_per_param=expert_states,
-        first_stage_min_layers=max(1, model.first_dense_layers),
+        zero3_gather_bytes=unit * live,
+        comm_buffer_bytes=overlap + buckets,
     )
 
 

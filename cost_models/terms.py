@@ -1,7 +1,7 @@
 """Every cost of one candidate layout, stated once, per pipeline rank, as expressions linear in
 that rank's layer counts per recompute mode.
 
-A candidate (cost_models/tables.py:PipelineCosts) fixes everything but how many layers each
+A candidate (cost_models/costs.py:LayoutTables) fixes everything but how many layers each
 virtual stage runs under each recompute mode. Once it is fixed, every cost is linear in those
 counts, or a maximum of linear pieces:
 
@@ -30,14 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 from planner.specs import Collective, Recompute
 
 from .communication import overlapped
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .tables import PipelineCosts
+from .costs import LayoutTables
 
 MODES = (Recompute.none, Recompute.selective, Recompute.full)
 GRADIENT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb=25
@@ -211,7 +209,7 @@ class DataParallel:
     reduce: Collective = Collective.reduce_scatter
 
     @staticmethod
-    def of(pc: "PipelineCosts") -> "DataParallel":
+    def of(pc: LayoutTables) -> "DataParallel":
         return _data_parallel(
             pc.dp_link if pc.dp > 1 else None,
             pc.dp,
@@ -303,8 +301,8 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     if dp.zero_stage == 1:
         return Exposure((), (reduced(dp.reduce), ag))
     if dp.zero_stage == 2:  # one reduce-scatter and one gather per layer, as FSDP issues them (plan run's FSDP2)
-        rs = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes)
-        rs = Hidden(rs, dp.time(Collective.reduce_scatter, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
+        rs_calls = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes)
+        rs = Hidden(rs_calls, dp.time(Collective.reduce_scatter, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
         return Exposure((rs,), (dp.per_layer_calls(Collective.all_gather, grad_bytes),))
     ag_calls = dp.per_layer_calls(Collective.all_gather, grad_bytes)
     rs_calls = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes, dp.reduce_calls)
@@ -323,7 +321,7 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
 class LayoutTerms:
     """The cost expressions of one candidate (everything fixed but the layer counts)."""
 
-    def __init__(self, pc: "PipelineCosts"):
+    def __init__(self, pc: LayoutTables):
         self.pc = pc
         lc, ec = pc.layer, pc.edge
         self.pp, self.vpp, self.num_stages, self.num_layers = pc.pp, pc.vpp, pc.pp * pc.vpp, pc.num_layers

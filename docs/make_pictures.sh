@@ -2,7 +2,7 @@
 # Regenerates the README's pictures (docs/*.png) by the very commands its "plan show" section
 # states, so that they cannot drift from the code: the quick-start plan (GPT-3 175B on 1,024
 # A100), its timeline zoomed to micro-batches 0-3 on pipeline ranks 0-1, Llama 3 8B on 16
-# A100 (tp 2, pp 4), and the `plan size` front of Llama 3 70B on 15T tokens. tests/test_picture_layout.py runs this into a temporary directory and
+# A100 (tp 2, pp 4), and the `plan size` front of Llama 3 70B on 15T tokens. tests/unit/pictures/test_picture_layout.py runs this into a temporary directory and
 # compares the result with the shipped pictures.
 # Usage: docs/make_pictures.sh [OUT_DIR]   (default: this docs/ directory; `plan` on PATH)
 set -euo pipefail

@@ -1,7 +1,8 @@
 """planner: plan, estimate, profile and run distributed training layouts.
 
 The Python API (planner/api.py, docs/api.md): load_model, load_cluster, estimate, what_if,
-solve, read_plan, write_plan, export_plan, and the errors they raise (UsageError,
+solve, read_plan, write_plan, export_plan, their keywords (EstimateOptions, WhatIfOptions,
+SolveOptions), and the errors they raise (UsageError,
 InfeasibleError, both PlannerError).
 """
 
@@ -18,7 +19,10 @@ from planner.errors import InfeasibleError, PlannerError, UsageError  # noqa: E4
 
 __version__ = "0.1.0"
 _API = (
+    "EstimateOptions",
+    "SolveOptions",
     "WhatIf",
+    "WhatIfOptions",
     "estimate",
     "export_plan",
     "load_cluster",

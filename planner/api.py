@@ -25,7 +25,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from typing_extensions import Unpack
 
 from cost_models.estimate import estimate as cost_estimate
 from hardware_profiles import load_cluster as load_cluster_named
@@ -33,13 +35,19 @@ from planner import stacks
 from planner.datafile import write_atomic
 from planner.errors import InfeasibleError, UsageError
 from planner.inputs import (
+    LAYOUT_DEFAULTS,
     MAX_GLOBAL_BATCH,
+    EstimateOptions,
+    JobOptions,
+    LayoutOptions,
+    WorldOptions,
+    check_keywords,
+    job_request,
     check_count,
     check_document,
     check_plan,
     check_real,
     cluster_size,
-    fix_items,
     make_job,
     new_layout,
     parse_fixes,
@@ -52,27 +60,26 @@ from planner.plan_file import PlanInput, read_plan_file
 from planner.presets import load_model as load_model_named
 from planner.search.deadline import FIRST_PLAN_GRACE_S, Deadline
 from planner.search.report import solve_document
+from planner.search.candidates import fix_items
 from planner.search.solve import infeasibility, solve as search_one
 from planner.search.stacks import solve_stacks, stacks_infeasibility, target_space
 from planner.stacks import Export
 from planner.specs import (
     ClusterSpec,
-    DType,
     JobSpec,
-    LossKernel,
     ModelSpec,
-    Optimizer,
     Plan,
     PlanDocument,
-    Recompute,
-    Schedule,
     SolveDocument,
     Target,
     memory_limit_gib,
 )
 
 __all__ = [
+    "EstimateOptions",
+    "SolveOptions",
     "WhatIf",
+    "WhatIfOptions",
     "estimate",
     "export_plan",
     "load_cluster",
@@ -112,42 +119,11 @@ def load_cluster(cluster: ClusterLike) -> ClusterSpec:
     return cluster if isinstance(cluster, ClusterSpec) else load_cluster_named(os.fspath(cluster))
 
 
-def estimate(
-    model: ModelLike,
-    cluster: ClusterLike,
-    *,
-    gpus: Optional[int] = None,
-    nodes: Optional[int] = None,
-    global_batch: int,
-    seq_len: Optional[int] = None,
-    tp: int = 1,
-    pp: int = 1,
-    dp: Optional[int] = None,
-    cp: int = 1,
-    ep: int = 1,
-    vpp: int = 1,
-    micro_batch_size: int = 1,
-    recompute: Union[Recompute, str] = "none",
-    zero: int = 0,
-    sequence_parallel: bool = False,
-    fp8: bool = False,
-    tp_comm_overlap: bool = False,
-    recompute_norm_act: bool = False,
-    schedule: Union[Schedule, str, None] = None,
-    layers_per_stage: Union[Sequence[int], str, None] = None,
-    mesh_order: Union[Sequence[str], str] = "tp,dp,pp",
-    precision: Union[DType, str, None] = None,
-    optimizer: Union[Optimizer, str] = "adam",
-    flash_attention: bool = True,
-    target: Union[Target, str] = "generic",
-    loss_kernel: Union[LossKernel, str, None] = None,
-    moe_dispatcher: str = "alltoall",
-    attention_kernel: Optional[str] = None,
-    grad_reduce_bf16: bool = False,
-) -> PlanDocument:
+def estimate(model: ModelLike, cluster: ClusterLike, **options: Unpack[EstimateOptions]) -> PlanDocument:
     """`plan estimate`: the predicted step time and per-GPU memory of one layout, as the
-    document `plan estimate --json` prints. The GPUs are `gpus` or `nodes` (x the cluster's
-    GPUs per node); dp defaults to GPUs / (tp x pp x cp), seq_len to the model's maximum, the
+    document `plan estimate --json` prints. The keywords (planner/inputs.py: EstimateOptions,
+    `plan estimate`'s options of the same names): the GPUs, `gpus` or `nodes` (x the cluster's
+    GPUs per node); the job (`global_batch` required); the layout (tp, pp, zero, ...). dp defaults to GPUs / (tp x pp x cp), seq_len to the model's maximum, the
     schedule to 1f1b (interleaved-1f1b with vpp > 1), precision to the model's. A plan over its
     memory is returned, not raised: its `estimate.fits` is False.
 
@@ -155,44 +131,16 @@ def estimate(
     >>> doc.plan.dp, doc.plan.num_micro_batches, doc.estimate.fits
     (4, 8, True)
     """
+    check_keywords("estimate", options, EstimateOptions)
     spec, hardware = load_model(model), load_cluster(cluster)
-    n = cluster_size(hardware, gpus, nodes, _named(cluster, hardware))
+    n = cluster_size(hardware, options.get("gpus"), options.get("nodes"), _named(cluster, hardware))
+    global_batch = options.get("global_batch")
     if global_batch is None:
         raise UsageError("--global-batch is required (sequences per optimizer step)")
-    job = make_job(
-        spec,
-        global_batch,
-        seq_len,
-        precision,
-        optimizer,
-        not flash_attention,
-        hardware,
-        target,
-        loss_kernel,
-        moe_dispatcher,
-        attention_kernel,
-        grad_reduce_bf16,
-    )
-    plan = new_layout(
-        job,
-        n,
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        cp=cp,
-        ep=ep,
-        vpp=vpp,
-        micro_batch_size=micro_batch_size,
-        schedule=schedule,
-        layers_per_stage=layers_per_stage,
-        mesh_order=mesh_order,
-        recompute=recompute,
-        zero_stage=zero,
-        sequence_parallel=sequence_parallel,
-        tp_comm_overlap=tp_comm_overlap,
-        fp8=fp8,
-        recompute_norm_act=recompute_norm_act,
-    )
+    job = make_job(spec, job_request(options, global_batch), hardware)
+    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+    layout = {k: given.get(k, default) for k, default in LAYOUT_DEFAULTS.items()}
+    plan = new_layout(job, n, layout)
     return _estimated(spec, hardware, n, job, plan)
 
 
@@ -206,42 +154,20 @@ class WhatIf:
     ]  # one phrase each, in order, e.g. "tp 2 -> 4", "dp 4 -> 2": also what followed from a change
 
 
-def what_if(
-    plan: PlanSource,
-    *,
-    alternative: Optional[int] = None,
-    cluster: Optional[ClusterLike] = None,
-    gpus: Optional[int] = None,
-    nodes: Optional[int] = None,
-    global_batch: Optional[int] = None,
-    seq_len: Optional[int] = None,
-    precision: Union[DType, str, None] = None,
-    optimizer: Union[Optimizer, str, None] = None,
-    target: Union[Target, str, None] = None,
-    loss_kernel: Union[LossKernel, str, None] = None,
-    attention_kernel: Optional[str] = None,
-    moe_dispatcher: Optional[str] = None,
-    grad_reduce_bf16: Optional[bool] = None,
-    tp: Optional[int] = None,
-    pp: Optional[int] = None,
-    dp: Optional[int] = None,
-    cp: Optional[int] = None,
-    ep: Optional[int] = None,
-    vpp: Optional[int] = None,
-    micro_batch_size: Optional[int] = None,
-    recompute: Union[Recompute, str, None] = None,
-    zero: Optional[int] = None,
-    sequence_parallel: Optional[bool] = None,
-    fp8: Optional[bool] = None,
-    tp_comm_overlap: Optional[bool] = None,
-    recompute_norm_act: Optional[bool] = None,
-    schedule: Union[Schedule, str, None] = None,
-    layers_per_stage: Union[Sequence[int], str, None] = None,
-    mesh_order: Union[Sequence[str], str, None] = None,
-) -> WhatIf:
+class WhatIfOptions(JobOptions, LayoutOptions, total=False):
+    """what_if()'s keywords: the job's and the layout's (planner/inputs.py), the world's, and
+    which alternative of a `plan solve` document to start from."""
+
+    alternative: Optional[int]
+    cluster: Optional[ClusterLike]
+    gpus: Optional[int]
+    nodes: Optional[int]
+
+
+def what_if(plan: PlanSource, **options: Unpack[WhatIfOptions]) -> WhatIf:
     """`plan estimate --plan`: a plan (a document, or a plan file's path; `alternative` K >= 1:
     the K-th alternative of a `plan solve` document) estimated again with the keywords given
-    (not None) changed, as estimate() takes them; the model stays the plan's. Changing the
+    (not None) changed, as estimate() takes them (WhatIfOptions); the model stays the plan's. Changing the
     GPUs, tp, pp, cp or the batch recomputes dp and the micro-batch count; a changed stage
     count drops the plan's layer split.
 
@@ -252,13 +178,18 @@ def what_if(
     >>> changed.document.plan.dp
     2
     """
-    given = {k: v for k, v in locals().items() if k not in ("plan", "alternative") and v is not None}
+    check_keywords("what_if", options, WhatIfOptions)
+    given: dict[str, Any] = {k: v for k, v in options.items() if k != "alternative" and v is not None}
+    alternative, cluster = options.get("alternative"), options.get("cluster")
+    gpus, nodes = options.get("gpus"), options.get("nodes")
     base = _plan_input(plan, alternative)
     hardware, n, changes = base.cluster, base.num_gpus, []
     world = given.keys() & {"cluster", "gpus", "nodes"}
     if world:
         hardware = load_cluster(cluster) if cluster is not None else base.cluster
-        size = (gpus, nodes) if world & {"gpus", "nodes"} else (base.num_gpus, None)
+        size: tuple[Optional[int], Optional[int]] = (
+            (gpus, nodes) if world & {"gpus", "nodes"} else (base.num_gpus, None)
+        )
         n = cluster_size(hardware, *size, _named(cluster, hardware) if cluster is not None else hardware.name)
         if hardware.name != base.cluster.name:
             changes.append(f"cluster {base.cluster.name} -> {hardware.name}")
@@ -270,32 +201,32 @@ def what_if(
     return WhatIf(document, tuple(dict.fromkeys(changes + job_changes + layout_changes)))
 
 
-def solve(
-    model: ModelLike,
-    cluster: ClusterLike,
-    *,
-    gpus: Optional[int] = None,
-    nodes: Optional[int] = None,
-    global_batch: Optional[int] = None,
-    micro_batch_size: Optional[int] = None,
-    micro_batches: Optional[int] = None,
-    seq_len: Optional[int] = None,
-    target: Union[Target, str, None] = None,
-    top_k: int = 3,
-    fixes: Union[Mapping[str, FixValue], Sequence[str]] = (),
-    max_memory_gib: Optional[float] = None,
-    allow_cross_node_tp: bool = False,
-    fp8: bool = False,
-    time_limit: Optional[float] = None,
-    solver: Optional[str] = None,
-    precision: Union[DType, str, None] = None,
-    optimizer: Union[Optimizer, str] = "adam",
-    flash_attention: bool = True,
-    loss_kernel: Union[LossKernel, str, None] = None,
-    moe_dispatcher: str = "alltoall",
-    attention_kernel: Optional[str] = None,
-    grad_reduce_bf16: bool = False,
-) -> SolveDocument:
+class SolveOptions(WorldOptions, JobOptions, total=False):
+    """solve()'s keywords: the GPUs and the job's (planner/inputs.py), the batch as micro-batches
+    (`micro_batch_size` and `micro_batches`, instead of `global_batch`), and the search's:
+    `plan solve`'s options of the same names. planner/tune/journal.py stores them in a journal."""
+
+    micro_batch_size: Optional[int]
+    micro_batches: Optional[int]
+    top_k: Optional[int]  # [3] alternatives
+    fixes: Optional[Union[Mapping[str, FixValue], Sequence[str]]]  # --fix: {"tp": 8, "sp": True} or ["tp=8", "sp=true"]
+    max_memory_gib: Optional[float]  # [the device's, less the headroom]
+    allow_cross_node_tp: Optional[bool]  # [False]
+    fp8: Optional[bool]  # [False]: FP8 GEMMs may be chosen
+    time_limit: Optional[float]  # seconds
+    solver: Optional[str]  # [HiGHS]
+
+
+# solve()'s keywords left out (target None: every stack)
+SOLVE_DEFAULTS: dict[str, Any] = dict.fromkeys(SolveOptions.__optional_keys__) | {
+    "top_k": 3,
+    "fixes": (),
+    "allow_cross_node_tp": False,
+    "fp8": False,
+}
+
+
+def solve(model: ModelLike, cluster: ClusterLike, **options: Unpack[SolveOptions]) -> SolveDocument:
     """`plan solve`: the fastest layout that fits, as the document `plan solve --json` prints.
     Give `global_batch`, or `micro_batch_size` (and optionally `micro_batches`). Without
     `target` every stack (megatron, deepspeed, torchtitan, accelerate) is searched, each as it
@@ -310,9 +241,13 @@ def solve(
     ('megatron', 8, True)
     """
     # one wall clock for the whole call, reading the inputs included (and a grace for a first plan)
+    check_keywords("solve", options, SolveOptions)
+    o: dict[str, Any] = SOLVE_DEFAULTS | {k: v for k, v in options.items() if v is not None}
+    global_batch, micro_batch_size, micro_batches = o["global_batch"], o["micro_batch_size"], o["micro_batches"]
+    top_k, max_memory_gib, time_limit, target = o["top_k"], o["max_memory_gib"], o["time_limit"], o["target"]
     deadline = Deadline.after(time_limit, FIRST_PLAN_GRACE_S)
     spec, hardware = load_model(model), load_cluster(cluster)
-    n = cluster_size(hardware, gpus, nodes, _named(cluster, hardware))
+    n = cluster_size(hardware, o["gpus"], o["nodes"], _named(cluster, hardware))
     if (global_batch is None) == (micro_batch_size is None):
         raise UsageError("give either --global-batch B or --micro-batch-size b (with optional --micro-batches N)")
     if micro_batches is not None and micro_batch_size is None:
@@ -326,21 +261,10 @@ def solve(
         raise UsageError(f"--top-k {top_k} is out of range; give a whole number from 0 to 1,000")
     check_real("--max-memory-gib", max_memory_gib)
     check_real("--time-limit", time_limit)
-    fixed, modes = parse_fixes(fix_items(fixes))
-    job = make_job(
-        spec,
-        global_batch or micro_batch_size,
-        seq_len,
-        precision,
-        optimizer,
-        not flash_attention,
-        hardware,
-        target or Target.generic.value,
-        loss_kernel,
-        moe_dispatcher,
-        attention_kernel,
-        grad_reduce_bf16,
-    )
+    fixed, modes = parse_fixes(fix_items(o["fixes"]))
+    batch = global_batch or micro_batch_size
+    assert batch is not None  # one of them is given (refused above otherwise)
+    job = make_job(spec, job_request(options, batch, Target.generic.value), hardware)
     space = search_space(
         hardware,
         job,
@@ -350,19 +274,19 @@ def solve(
         global_batch=global_batch,
         micro_batch_size=micro_batch_size,
         micro_batches=micro_batches,
-        allow_cross_node_tp=allow_cross_node_tp,
-        fp8=fp8,
+        allow_cross_node_tp=o["allow_cross_node_tp"],
+        fp8=o["fp8"],
     )
     refuse_model_fixes(spec, fixed)
     limit = memory_limit_gib(hardware, max_memory_gib)
     if target is None:  # every stack, each with its own job and rules
         result = solve_stacks(
-            spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline
+            spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=o["solver"], deadline=deadline
         )
     else:  # a named stack searches only what it can express (planner/stacks); generic everything
         space = target_space(space, spec, job)
         result = search_one(
-            spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=solver, deadline=deadline
+            spec, hardware, job, space, memory_limit_gib=limit, top_k=top_k, solver=o["solver"], deadline=deadline
         )
     if result.best is None:
         if not result.stats.optimal:

@@ -22,7 +22,7 @@ import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Optional, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -133,13 +133,14 @@ def _special(mode: int) -> str:
 
 def os_message(verb: str, name: str, exc: OSError) -> str:
     """One line for an OS error on a path given by the user, saying what to change."""
-    why = {
+    reasons: dict[Optional[int], str] = {
         errno.ENAMETOOLONG: f"a name in the path is too long (at most {NAME_MAX} bytes each); shorten it",
         errno.ELOOP: "a symbolic link loop (too many levels of links); give a path without the loop",
         errno.EACCES: "permission denied",
         errno.ENOTDIR: "a part of the path is not a directory",
         errno.ENXIO: f"it is a socket or a device without a reader; {_KINDS}",
-    }.get(exc.errno)
+    }
+    why = reasons.get(exc.errno)
     if exc.errno == errno.ENOENT:
         dangling = os.path.islink(name)
         why = "a symbolic link to a file that does not exist" if dangling else "no such file"
@@ -365,7 +366,7 @@ NAME_MAX = 255
 _TMP_EXTRA = len("..") + len(".tmp") + 8  # mkstemp's "." prefix, random part and suffix
 
 
-def check_output(output: Path | str, inputs: tuple = ()) -> Path:
+def check_output(output: str | os.PathLike[str], inputs: tuple = ()) -> Path:
     """Refuse, before any work, an output path the atomic write cannot honour: empty, a
     directory, anything not a regular file once its links are followed (a device, a pipe, a
     terminal, /dev/stdout or /proc/self/fd/N whatever they lead to), a link loop, a name too
@@ -464,7 +465,7 @@ def _through_proc(name: str) -> bool:
     return False
 
 
-def write_atomic(path: Path | str, text: str | bytes) -> None:
+def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
     """Write through a temporary file in the same directory, then rename: never a half-written
     file. Writes through a symlink to its target; a new file gets the umask's permissions, an
     existing one keeps its own. An OS error (read-only, permission, disk full) becomes one
@@ -582,7 +583,8 @@ def _construct_unique_mapping(loader, node, deep=False):
     return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
 
-_YAMLLoader.construct_mapping = _construct_unique_mapping
+# PyYAML's mapping constructor replaced on our loader class, as PyYAML's own loaders are built
+_YAMLLoader.construct_mapping = _construct_unique_mapping  # type: ignore[method-assign]
 
 
 # YAML 1.2's core schema (https://yaml.org/spec/1.2.2/, 10.3.2) in place of PyYAML's YAML 1.1

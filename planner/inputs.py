@@ -9,7 +9,9 @@ name (`global_batch`) sets. Nothing here reads a file, prints or exits.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
+from typing import Any, Mapping, Optional, Sequence, TypedDict, Union
 
 from pydantic import ValidationError
 
@@ -18,14 +20,19 @@ from planner import specs
 from planner.datafile import short_text
 from planner.errors import UsageError
 from planner.numerals import whole_number, whole_numbers
-from planner.search.candidates import SearchSpace
+from planner.search.candidates import FIX_KEYS, SearchSpace
+from planner.stacks import STACKS, validate_plan
 from planner.specs import (
+    MESH_AXES,
     Axis,
     ClusterSpec,
     JobSpec,
     ModelSpec,
     Plan,
     PlanError,
+    DType,
+    LossKernel,
+    Optimizer,
     Recompute,
     Schedule,
     seq_problem,
@@ -71,6 +78,7 @@ def cluster_size(cluster: ClusterSpec, gpus: Optional[int], nodes: Optional[int]
     if gpus is None and nodes is None:
         raise UsageError("give the cluster size with --gpus N or --nodes N")
     if gpus is None:
+        assert nodes is not None  # one of them is given (refused above otherwise)
         if nodes < 1:
             raise UsageError(f"--nodes must be at least 1, got {nodes}")
         gpus = nodes * cluster.gpus_per_node
@@ -120,20 +128,136 @@ def check_profile_size(cluster: ClusterSpec, gpus: int, where: str, backend: Opt
         )
 
 
-def make_job(
-    model: ModelSpec,
-    global_batch: int,
-    seq_len: Optional[int],
-    precision: Optional[str],
-    optimizer: str,
-    no_flash: bool,
-    cluster: Optional[ClusterSpec] = None,
-    stack: str = "generic",
-    loss_kernel: Optional[str] = None,
-    moe_dispatcher: str = "alltoall",
-    attention_kernel: Optional[str] = None,
-    grad_reduce_bf16: bool = False,
-) -> JobSpec:
+class JobOptions(TypedDict, total=False):
+    """The job's keywords of the Python API (planner/api.py: estimate, what_if, solve), each the
+    command-line option of the same name (`global_batch` is `--global-batch`; docs/glossary.md)."""
+
+    global_batch: Optional[int]  # sequences per optimizer step
+    seq_len: Optional[int]  # tokens per sequence [the model's maximum]
+    precision: Optional[Union[DType, str]]  # [the model's]
+    optimizer: Optional[Union[Optimizer, str]]  # [adam]
+    flash_attention: Optional[bool]  # [True]
+    target: Optional[Union[Target, str]]  # the stack that runs the plan [estimate: generic; solve: every stack]
+    loss_kernel: Optional[Union[LossKernel, str]]  # [the stack's]
+    moe_dispatcher: Optional[str]  # [alltoall]
+    attention_kernel: Optional[str]  # [the stack's]
+    grad_reduce_bf16: Optional[bool]  # [False]
+
+
+class LayoutOptions(TypedDict, total=False):
+    """A layout's keywords of estimate() and what_if(): Plan's fields (planner/specs/job.py:
+    Layout) as `plan estimate` spells them (`zero` is zero_stage; docs/glossary.md). Left out
+    (or None):
+    dp the GPUs left by tp x pp x cp, the schedule interleaved with vpp > 1, the layers split
+    as evenly as possible; the rest as the defaults below (estimate) or the plan's (what_if)."""
+
+    tp: Optional[int]  # [1]
+    pp: Optional[int]  # [1]
+    dp: Optional[int]
+    cp: Optional[int]  # [1]
+    ep: Optional[int]  # [1]
+    vpp: Optional[int]  # [1]
+    micro_batch_size: Optional[int]  # [1]
+    recompute: Optional[Union[Recompute, str]]  # [none]
+    zero: Optional[int]  # [0]
+    sequence_parallel: Optional[bool]  # [False]
+    fp8: Optional[bool]  # [False]
+    tp_comm_overlap: Optional[bool]  # [False]
+    recompute_norm_act: Optional[bool]  # [False]
+    schedule: Optional[Union[Schedule, str]]
+    layers_per_stage: Optional[Union[Sequence[int], str]]
+    mesh_order: Optional[Union[Sequence[str], str]]  # [tp,dp,pp]
+
+
+class WorldOptions(TypedDict, total=False):
+    """How many GPUs: `gpus`, or `nodes` (x the cluster's GPUs per node)."""
+
+    gpus: Optional[int]
+    nodes: Optional[int]
+
+
+class EstimateOptions(WorldOptions, JobOptions, LayoutOptions, total=False):
+    """estimate()'s keywords (global_batch is required)."""
+
+
+# estimate()'s layout where a keyword is left out (`plan estimate`'s option defaults)
+LAYOUT_DEFAULTS: dict[str, Any] = {
+    "tp": 1,
+    "pp": 1,
+    "dp": None,
+    "cp": 1,
+    "ep": 1,
+    "vpp": 1,
+    "micro_batch_size": 1,
+    "recompute": "none",
+    "zero": 0,
+    "sequence_parallel": False,
+    "fp8": False,
+    "tp_comm_overlap": False,
+    "recompute_norm_act": False,
+    "schedule": None,
+    "layers_per_stage": None,
+    "mesh_order": "tp,dp,pp",
+}
+
+
+def check_keywords(function: str, options: Mapping, allowed: type) -> None:
+    """TypeError for a keyword `allowed` (a TypedDict) does not declare, as Python raises for a
+    function's unknown keyword."""
+    known = allowed.__required_keys__ | allowed.__optional_keys__  # type: ignore[attr-defined]
+    for key in options:
+        if key not in known:
+            raise TypeError(f"{function}() got an unexpected keyword argument {key!r}")
+
+
+def job_request(options: JobOptions, batch: Optional[int], target: str = "generic") -> JobRequest:
+    """The JobRequest of the API's job keywords, their defaults where left out or None."""
+    o: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+    return JobRequest(
+        batch,
+        o.get("seq_len"),
+        o.get("precision"),
+        o.get("optimizer", "adam"),
+        o.get("flash_attention", True),
+        o.get("target", target),
+        o.get("loss_kernel"),
+        o.get("moe_dispatcher", "alltoall"),
+        o.get("attention_kernel"),
+        o.get("grad_reduce_bf16", False),
+    )
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """The job as the API's keywords and the commands' options ask for it, named as JobSpec's
+    fields, before make_job checks it and fills what is left out (seq_len: the model's; precision:
+    the model's, or one the device has)."""
+
+    global_batch_size: Optional[int]
+    seq_len: Optional[int] = None
+    precision: Optional[str] = None
+    optimizer: str = "adam"
+    flash_attention: bool = True
+    target: str = "generic"
+    loss_kernel: Optional[str] = None
+    moe_dispatcher: str = "alltoall"
+    attention_kernel: Optional[str] = None
+    grad_reduce_bf16: bool = False
+
+    @staticmethod
+    def of(job: JobSpec) -> "JobRequest":
+        """The request a job answers (its enums as their names)."""
+        return JobRequest(
+            **{
+                f.name: getattr(getattr(job, f.name), "value", getattr(job, f.name))
+                for f in dataclass_fields(JobRequest)
+            }
+        )
+
+
+def make_job(model: ModelSpec, request: JobRequest, cluster: Optional[ClusterSpec] = None) -> JobSpec:
+    """The JobSpec of a request, checked: UsageError naming the option to change."""
+    global_batch, seq_len, precision = request.global_batch_size, request.seq_len, request.precision
     check_count("--global-batch", global_batch, MAX_GLOBAL_BATCH, "sequences per step")
     check_count("--seq-len", seq_len, MAX_SEQ_LEN, "tokens")
     if seq_len is None and model.max_seq_len > DEFAULT_SEQ_LIMIT:
@@ -155,19 +279,9 @@ def make_job(
                     f"{cluster.name} has no {name} throughput (it has {', '.join(sorted(peaks))}); pass --precision accordingly"
                 )
             dtype = sorted(peaks)[0]  # e.g. a CPU profile measured in fp32
+    # the names as given (strings): JobSpec's validation reads them into its enums or refuses them
     try:
-        return JobSpec(
-            global_batch_size=global_batch,
-            seq_len=seq,
-            precision=dtype,
-            optimizer=optimizer,
-            flash_attention=not no_flash,
-            target=stack,
-            loss_kernel=loss_kernel,
-            moe_dispatcher=moe_dispatcher,
-            attention_kernel=attention_kernel,
-            grad_reduce_bf16=grad_reduce_bf16,
-        )
+        return JobSpec(**{**asdict(request), "seq_len": seq, "precision": dtype})
     except ValidationError as exc:
         raise UsageError(_first_error(exc)) from None
 
@@ -192,7 +306,7 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, gpus: int, cluster: O
     layout is new (`plan estimate`, a what-if) or read from a document (check_document): the
     factors fit (Plan.validate_for), and the device has what the plan runs (its precision, FP8)."""
     try:
-        plan.validate_for(model, job, gpus)
+        validate_plan(plan, model, job, gpus)
     except PlanError as exc:
         raise UsageError(str(exc)) from None
     if cluster is None:
@@ -249,7 +363,7 @@ def axis_names(items) -> Optional[list[str]]:
     """Axis names (or Axis members) as dp, tp and pp in some order, in any case; None where they
     are not (--mesh-order and --fix mesh_order both read with it)."""
     axes = [str(getattr(a, "value", a)).strip().lower() for a in items]
-    return axes if sorted(axes) == sorted(a.value for a in Axis) else None
+    return axes if sorted(axes) == sorted(a.value for a in MESH_AXES) else None
 
 
 def mesh_axes(order) -> list[str]:
@@ -309,25 +423,16 @@ def micro_batch_count(job: JobSpec, gpus: int, dp: int, tp: int, pp: int, cp: in
     return job.global_batch_size // per
 
 
-def new_layout(
-    job: JobSpec,
-    gpus: int,
-    *,
-    tp: int,
-    pp: int,
-    dp: Optional[int],
-    cp: int,
-    ep: int,
-    vpp: int,
-    micro_batch_size: int,
-    schedule,
-    layers_per_stage,
-    mesh_order,
-    **fields,
-) -> Plan:
-    """The Plan of `plan estimate`'s layout options: dp from the GPUs left by tp x pp x cp
-    unless given, the micro-batch count from the batch, the interleaved schedule with vpp > 1.
-    `fields`: the Plan fields taken as they are (recompute, zero_stage, sequence_parallel, ...)."""
+def new_layout(job: JobSpec, gpus: int, options: dict[str, Any]) -> Plan:
+    """The Plan of `plan estimate`'s layout options (LayoutOptions, every key given: None where
+    left out): dp from the GPUs left by tp x pp x cp unless given, the micro-batch count from the
+    batch, the interleaved schedule with vpp > 1; the others taken as they are (recompute,
+    zero, sequence_parallel, ...)."""
+    fields = dict(options)
+    zero_stage = fields.pop("zero")
+    tp, pp, dp, cp, ep, vpp = (fields.pop(k) for k in ("tp", "pp", "dp", "cp", "ep", "vpp"))
+    micro_batch_size, schedule = fields.pop("micro_batch_size"), fields.pop("schedule")
+    layers_per_stage, mesh_order = fields.pop("layers_per_stage"), fields.pop("mesh_order")
     check_degrees(dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size))
     if dp is None:
         dp = data_parallel(gpus, tp, pp, cp)
@@ -343,6 +448,7 @@ def new_layout(
         schedule=schedule or (Schedule.interleaved_1f1b if vpp > 1 else Schedule.one_f_one_b),
         layers_per_stage=parse_int_list(layers_per_stage, "--layers-per-stage"),
         mesh_order=mesh_axes(mesh_order),
+        zero_stage=zero_stage,
         **fields,
     )
 
@@ -387,20 +493,7 @@ def what_if_job(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dic
     updates = {field: given[key] for key, field in JOB_CHANGES.items() if key in given}
     if not updates:
         return job, []
-    new_job = make_job(
-        model,
-        updates.get("global_batch_size", job.global_batch_size),
-        updates.get("seq_len", job.seq_len),
-        updates.get("precision", job.precision.value),
-        updates.get("optimizer", job.optimizer.value),
-        not job.flash_attention,
-        cluster,
-        updates.get("target", job.target.value),
-        updates.get("loss_kernel", job.loss_kernel.value if job.loss_kernel else None),
-        updates.get("moe_dispatcher", job.moe_dispatcher),
-        updates.get("attention_kernel", job.attention_kernel),
-        updates.get("grad_reduce_bf16", job.grad_reduce_bf16),
-    )
+    new_job = make_job(model, replace(JobRequest.of(job), **updates), cluster)
 
     def show(value) -> str:  # a job field left unset takes its stack's default (loss_kernel, attention_kernel)
         return "the stack's default" if value is None else _show(value)
@@ -435,8 +528,6 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
                 changes.append(f"{field} dropped (tp 1)")
                 fields[field] = False
     if "target" in given:  # what only some stacks run, the plan's own where the new target has none
-        from planner.stacks import STACKS  # imported late, as specs/job.py does
-
         for field in STACK_FEATURES:
             if fields[field] and field not in given and not getattr(STACKS[Target(job.target)], field):
                 changes.append(f"{field} dropped ({Target(job.target).value} has none)")
@@ -479,58 +570,17 @@ def _show(value) -> str:
 
 # --------------------------------------------------------------------------- a search space (plan solve)
 
-_FIX_KEYS = {
-    "dp": ("dp", int),
-    "tp": ("tp", int),
-    "pp": ("pp", int),
-    "vpp": ("vpp", int),
-    "ep": ("ep", int),
-    "cp": ("cp", int),
-    "mbs": ("micro_batch_size", int),
-    "micro_batch_size": ("micro_batch_size", int),
-    "zero": ("zero_stage", int),
-    "zero_stage": ("zero_stage", int),
-    "sp": ("sequence_parallel", "bool"),
-    "sequence_parallel": ("sequence_parallel", "bool"),
-    "schedule": ("schedule", str),
-    "mesh_order": ("mesh_order", "axes"),
-    "recompute": ("recompute", str),
-    "tp_comm_overlap": ("tp_comm_overlap", "bool"),
-    "fp8": ("fp8", "bool"),
-    "recompute_norm_act": ("recompute_norm_act", "bool"),
-}
-
-
-def fix_items(fixes) -> tuple[str, ...]:
-    """--fix's KEY=VALUE strings, from those strings or from a mapping {key: value} (the API's:
-    {"tp": 8, "sp": True, "mesh_order": ["tp", "pp", "dp"]})."""
-    if not hasattr(fixes, "items"):
-        return tuple(fixes)
-    return tuple(f"{key}={fix_text(value)}" for key, value in fixes.items())
-
-
-def fix_key(field: str) -> str:
-    """The shortest --fix key for a Candidate field (`mbs` for micro_batch_size)."""
-    return next(key for key, (f, _) in _FIX_KEYS.items() if f == field)
-
-
-def fix_text(value) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(getattr(v, "value", v)) for v in value)
-    return str(getattr(value, "value", value))
-
 
 def parse_fixes(fixes: tuple[str, ...]) -> tuple[dict, tuple]:
-    fixed, modes = {}, MODES
+    fixed: dict[str, Any] = {}  # field -> its fixed value (an int, a bool, a tuple of Axis, a Schedule)
+    modes: tuple[Recompute, ...] = MODES
     for item in fixes:
         key, sep, value = item.partition("=")
-        if not sep or key not in _FIX_KEYS:
+        if not sep or key not in FIX_KEYS:
             raise UsageError(
-                f"--fix {short_text(item)!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(_FIX_KEYS))}"
+                f"--fix {short_text(item)!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(FIX_KEYS))}"
             )
-        field, kind = _FIX_KEYS[key]
+        field, kind = FIX_KEYS[key]
         before = fixed.get(field, modes if field == "recompute" and modes != MODES else None)
         try:
             if kind is int:
@@ -612,6 +662,7 @@ def search_space(
             f"{gpus:,} GPUs; fix degrees whose product divides {gpus:,}"
         )
     if micro_batch_size is not None and micro_batch_size * (micro_batches or 1) > MAX_GLOBAL_BATCH:
+        assert micro_batches is not None  # micro_batch_size alone is at most MAX_GLOBAL_BATCH (planner/api.py:solve)
         raise UsageError(
             f"--micro-batch-size {micro_batch_size} x --micro-batches {micro_batches} is "
             f"{micro_batch_size * micro_batches:,} sequences a replica, over the {MAX_GLOBAL_BATCH:,} a step may "

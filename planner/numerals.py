@@ -38,8 +38,9 @@ def whole_numbers(text: str) -> Optional[list[int]]:
     None when any piece is empty or not a whole number."""
     if not isinstance(text, str):
         return None
-    numbers = [whole_number(piece.strip(" ")) for piece in text.split(",")]
-    return None if any(n is None for n in numbers) else numbers
+    pieces = [whole_number(piece.strip(" ")) for piece in text.split(",")]
+    numbers = [n for n in pieces if n is not None]
+    return None if len(numbers) != len(pieces) else numbers
 
 
 def decimal_number(text: str) -> Optional[float]:

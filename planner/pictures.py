@@ -36,7 +36,7 @@ from cost_models.communication import GroupLink, mesh_strides
 from cost_models.estimate import rank_counts, recompute_counts
 from cost_models.tables import ep_stride, mesh_links, pipeline_costs, spine_factor
 from planner.errors import PlannerError
-from planner.specs import Axis, ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Schedule
+from planner.specs import MESH_AXES, Axis, ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Schedule
 
 # What a segment of an op is doing; "idle" is what is left of a rank's step.
 KINDS = ("forward", "backward", "recompute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
@@ -297,7 +297,7 @@ class _Ranks(Sequence):
     def __init__(
         self, plan: Plan, strides: dict, degrees: dict, gpus_per_node: int, leaf_gpus: int | None, tp_inner: bool
     ) -> None:
-        self._axes = [(a.value, strides[a], degrees[a]) for a in Axis]
+        self._axes = [(a.value, strides[a], degrees[a]) for a in MESH_AXES]
         self._cp, self._g, self._n = plan.cp, gpus_per_node, plan.world_size
         self._tp, self._ep, self._leaf, self._replicas = plan.tp, plan.ep, leaf_gpus, plan.dp * plan.cp
         self._tp_inner = tp_inner  # the expert groups fold tp first (else dp x cp), as ep_stride says
@@ -378,6 +378,7 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
         ep = row("ep", plan.ep, expert_stride, link)
         slowed = spine_factor(cluster, link)
         if slowed > 1:
+            assert spine is not None  # spine_factor is 1 without one (cost_models/tables.py)
             ep["where"] += (
                 f"; its all-to-all crosses the spine ({spine.nodes_per_leaf} nodes a leaf, "
                 f"{spine.oversubscription:g}:1), network part x{slowed:.2f}"

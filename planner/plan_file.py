@@ -18,7 +18,7 @@ class PlanInput(BaseModel):
     model_config = ConfigDict(frozen=True, protected_namespaces=())
     model: ModelSpec
     cluster: ClusterSpec
-    num_gpus: Integer(1, MAX_GPUS)
+    num_gpus: Integer(1, MAX_GPUS)  # type: ignore[valid-type]  # pydantic's bounded int (planner/specs/base.py)
     job: JobSpec
     plan: Plan
 

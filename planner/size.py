@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 import re
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
-from planner.inputs import MAX_GPUS, make_job
-from planner.specs import SizeDocument, SizePoint
+from planner.inputs import MAX_GPUS, JobRequest, make_job
+from planner.specs import ClusterSpec, ModelSpec, SizeDocument, SizePoint
 
 MAX_POINTS = 400  # clusters x GPU counts: each is an exact solve (about a second)
 _SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -109,39 +110,41 @@ def reason_of(exc: PlannerError) -> str:
     return "layout"
 
 
+@dataclass(frozen=True)
+class SizeRequest:
+    """What `plan size` is asked: the model and its run (tokens, sequences per step and their
+    length), the stack (None: every stack), and the user's prices ($ per GPU-hour by cluster
+    name) and limits."""
+
+    model: ModelSpec
+    tokens: float
+    global_batch: int
+    seq_len: int
+    target: Optional[str] = None
+    prices: dict[str, float] = field(default_factory=dict)
+    deadline_days: Optional[float] = None
+    budget: Optional[float] = None
+    min_scaling: float = 0.7
+    time_limit: Optional[float] = None
+
+
 def sweep(
-    model,
-    clusters: Sequence[tuple[str, object]],
+    request: SizeRequest,
+    clusters: Sequence[tuple[str, ClusterSpec]],
     counts: Sequence[int],
-    tokens: float,
-    global_batch: int,
-    seq_len: int,
-    *,
-    target: Optional[str] = None,
-    prices: Optional[dict[str, float]] = None,
-    deadline_days: Optional[float] = None,
-    budget: Optional[float] = None,
-    min_scaling: float = 0.7,
-    time_limit: Optional[float] = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> SizeDocument:
     """Solve every (cluster, GPU count) point and mark the front (the module docstring)."""
-    from planner import api
-
-    prices = prices or {}
+    r = request
     if len(clusters) * len(counts) > MAX_POINTS:
         raise UsageError(
             f"{len(clusters)} clusters x {len(counts)} GPU counts = {len(clusters) * len(counts)} solves; "
             f"give at most {MAX_POINTS} (fewer --clusters or --gpus)"
         )
-    for (
-        _,
-        cluster,
-    ) in (
-        clusters
-    ):  # what is wrong at every count (a sequence past the model's, a dtype the device lacks) is one error now
-        make_job(model, global_batch, seq_len, None, "adam", False, cluster, target or "generic")
-    steps = math.ceil(tokens / (global_batch * seq_len))
+    # what is wrong at every count (a sequence past the model's, a dtype the device lacks) is one error now
+    for _, cluster in clusters:
+        make_job(r.model, JobRequest(r.global_batch, r.seq_len, target=r.target or "generic"), cluster)
+    steps = math.ceil(r.tokens / (r.global_batch * r.seq_len))
     started = time.monotonic()
     points: list[dict] = []
     for name, cluster in clusters:
@@ -152,63 +155,67 @@ def sweep(
                 continue
             seen.add(gpus)
             progress(f"{name}: {gpus:,} GPUs")
-            base = dict(
-                cluster=name,
-                device=cluster.device.name,
-                gpus=gpus,
-                gpus_asked=asked,
-                price_per_gpu_hour=prices.get(name),
-            )
-            try:
-                doc = api.solve(
-                    model,
-                    cluster,
-                    gpus=gpus,
-                    global_batch=global_batch,
-                    seq_len=seq_len,
-                    target=target,
-                    top_k=0,
-                    time_limit=time_limit,
-                )
-            except (InfeasibleError, UsageError) as exc:  # no layout fits, or this count cannot hold the batch
-                points.append({**base, "feasible": False, "reason": reason_of(exc), "detail": str(exc)})
-                continue
-            est = doc.estimate
-            step, (lo, hi) = est.step_time_s, est.step_time_interval_s
-            gpu_hours = gpus * steps * step / 3600
-            points.append(
-                dict(
-                    **base,
-                    feasible=True,
-                    target=doc.job.target.value,
-                    plan=doc.plan,
-                    step_time_s=step,
-                    step_time_interval_s=(lo, hi),
-                    mfu=est.mfu,
-                    peak_memory_gib=est.peak_memory_gib,
-                    days=steps * step / 86400,
-                    days_interval=(steps * lo / 86400, steps * hi / 86400),
-                    gpu_hours=gpu_hours,
-                    cost=gpu_hours * prices[name] if name in prices else None,
-                    optimal=doc.search.optimal,
-                )
-            )
-    priced = bool(prices) and all(n in prices for n, _ in clusters)
-    _mark(points, min_scaling, deadline_days, budget, priced)
+            points.append(_point(r, name, cluster, gpus, asked, steps))
+    priced = bool(r.prices) and all(n in r.prices for n, _ in clusters)
+    _mark(points, r.min_scaling, r.deadline_days, r.budget, priced)
     return SizeDocument(
-        model=model,
-        tokens=tokens,
-        global_batch_size=global_batch,
-        seq_len=seq_len,
+        model=r.model,
+        tokens=r.tokens,
+        global_batch_size=r.global_batch,
+        seq_len=r.seq_len,
         steps=steps,
-        target=target,
-        prices=prices,
-        deadline_days=deadline_days,
-        budget=budget,
-        min_scaling=min_scaling,
+        target=r.target,
+        prices=r.prices,
+        deadline_days=r.deadline_days,
+        budget=r.budget,
+        min_scaling=r.min_scaling,
         front_axis="cost" if priced else "gpu_hours",
         points=[SizePoint(**p) for p in points],
         wall_time_s=time.monotonic() - started,
+    )
+
+
+def _point(r: SizeRequest, name: str, cluster: ClusterSpec, gpus: int, asked: int, steps: int) -> dict:
+    """One point of the sweep: the best plan on `gpus` GPUs of `cluster` and what the run takes
+    with it, or why there is none."""
+    from planner import api  # planner.api imports the search: loaded when a sweep runs, not with `plan`
+
+    base = dict(
+        cluster=name, device=cluster.device.name, gpus=gpus, gpus_asked=asked, price_per_gpu_hour=r.prices.get(name)
+    )
+    try:
+        doc = api.solve(
+            r.model,
+            cluster,
+            gpus=gpus,
+            global_batch=r.global_batch,
+            seq_len=r.seq_len,
+            target=r.target,
+            top_k=0,
+            time_limit=r.time_limit,
+        )
+    except (InfeasibleError, UsageError) as exc:  # no layout fits, or this count cannot hold the batch
+        return {**base, "feasible": False, "reason": reason_of(exc), "detail": str(exc)}
+    est = doc.estimate
+    # every preset states its uncertainty, so its interval; a cluster without one (a measured
+    # profile) stops here, as it did before this assert
+    assert est.step_time_interval_s is not None
+    step, (lo, hi) = est.step_time_s, est.step_time_interval_s
+    gpu_hours = gpus * steps * step / 3600
+    return dict(
+        **base,
+        feasible=True,
+        target=doc.job.target.value,
+        plan=doc.plan,
+        step_time_s=step,
+        step_time_interval_s=(lo, hi),
+        mfu=est.mfu,
+        peak_memory_gib=est.peak_memory_gib,
+        days=steps * step / 86400,
+        days_interval=(steps * lo / 86400, steps * hi / 86400),
+        gpu_hours=gpu_hours,
+        cost=gpu_hours * r.prices[name] if name in r.prices else None,
+        optimal=doc.search.optimal,
     )
 
 

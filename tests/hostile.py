@@ -1,5 +1,5 @@
-"""What every hostile input must get, whichever test file generates it (tests/test_bad_inputs.py's
-corpus and the generated classes of tests/test_hostile_*.py): exit 1 or 2 as stated, exactly one
+"""What every hostile input must get, whichever test file generates it (tests/fuzz/test_bad_inputs.py's
+corpus and the generated classes of tests/fuzz/test_hostile_*.py): exit 1 or 2 as stated, exactly one
 line on stderr starting with "error:", no traceback, no file in the directory created or changed,
 done within the time allowed."""
 

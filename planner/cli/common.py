@@ -10,7 +10,7 @@ import click
 
 from planner.cli.types import GPUS, TOKENS
 from planner.errors import PlannerError, UsageError
-from planner.inputs import check_plan, check_profile_size, check_real, make_job  # noqa: F401 (planner/cli/run.py, show.py; tests/test_pictures.py)
+from planner.inputs import check_plan, check_profile_size, check_real  # noqa: F401 (planner/cli/run.py, show.py)
 from planner.specs import ATTENTION_KERNELS, LossKernel, Target
 
 
@@ -99,6 +99,19 @@ def target_options(fn: Callable, target: Callable = ESTIMATE_TARGET) -> Callable
         ),
     ]
     return functools.reduce(lambda f, opt: opt(f), reversed(options), fn)
+
+
+def api_keywords(options: dict) -> dict:
+    """The Python API's keywords (planner/api.py) of a command's options: the same names
+    (docs/glossary.md), but for --target (`stack`) and --no-flash-attention."""
+    out = dict(options)
+    if "stack" in out:
+        out["target"] = out.pop("stack")
+    if "no_flash_attention" in out:
+        out["flash_attention"] = not out.pop("no_flash_attention")
+    if "grad_reduce_bf16" in out:  # a flag without a default: None where not given
+        out["grad_reduce_bf16"] = bool(out["grad_reduce_bf16"])
+    return out
 
 
 def solve_target_options(fn: Callable) -> Callable:

@@ -10,7 +10,7 @@ from click.core import ParameterSource
 
 from planner import api
 from planner.cli import render
-from planner.cli.common import require_names, target_options
+from planner.cli.common import api_keywords, require_names, target_options
 from planner.cli.types import ALTERNATIVE, DEGREE, LAYERS, SEQUENCES, ZERO_STAGE
 from planner.datafile import check_output
 from planner.errors import InfeasibleError, UsageError
@@ -95,40 +95,13 @@ from planner.specs import FP8_PARTS, Recompute, Schedule
 @click.pass_context
 def estimate(
     ctx,
-    model_name,
-    cluster_name,
-    gpus,
-    nodes,
-    seq_len,
-    precision,
-    optimizer,
-    no_flash_attention,
-    stack,
-    loss_kernel,
-    attention_kernel,
-    moe_dispatcher,
-    grad_reduce_bf16,
-    global_batch,
-    tp,
-    pp,
-    dp,
-    ep,
-    cp,
-    vpp,
-    micro_batch_size,
-    recompute,
-    zero,
-    sequence_parallel,
-    fp8,
-    tp_comm_overlap,
-    recompute_norm_act,
-    schedule,
-    layers_per_stage,
-    mesh_order,
+    model_name: Optional[str],
+    cluster_name: Optional[str],
     plan_file: Optional[str],
     alternative: Optional[int],
     as_json: bool,
     output: Optional[str],
+    **options,
 ) -> None:
     """Predict step time, throughput and per-GPU memory of one layout."""
     model = model_name
@@ -144,38 +117,8 @@ def estimate(
     if plan_file:
         doc, changed = _what_if(plan_file, alternative, given, ctx.params)
     else:
-        doc = api.estimate(
-            model,
-            cluster_name,
-            gpus=gpus,
-            nodes=nodes,
-            global_batch=global_batch,
-            seq_len=seq_len,
-            tp=tp,
-            pp=pp,
-            dp=dp,
-            cp=cp,
-            ep=ep,
-            vpp=vpp,
-            micro_batch_size=micro_batch_size,
-            recompute=recompute,
-            zero=zero,
-            sequence_parallel=sequence_parallel,
-            fp8=fp8,
-            tp_comm_overlap=tp_comm_overlap,
-            recompute_norm_act=recompute_norm_act,
-            schedule=schedule,
-            layers_per_stage=layers_per_stage,
-            mesh_order=mesh_order,
-            precision=precision,
-            optimizer=optimizer,
-            flash_attention=not no_flash_attention,
-            target=stack,
-            loss_kernel=loss_kernel,
-            attention_kernel=attention_kernel,
-            moe_dispatcher=moe_dispatcher,
-            grad_reduce_bf16=bool(grad_reduce_bf16),
-        )
+        assert model is not None and cluster_name is not None  # require_names above
+        doc = api.estimate(model, cluster_name, **api_keywords(options))
     if output:
         api.write_plan(doc, output)
     if as_json:
@@ -201,7 +144,10 @@ def _read_inputs(
         read_plan_file(Path(plan_file), alternative)
     if cluster_name:
         api.load_cluster(cluster_name)
-    return model_name if plan_file else api.load_model(model_name)
+    if plan_file:
+        return model_name
+    assert model_name is not None  # required without a plan file (require_names)
+    return api.load_model(model_name)
 
 
 def _norm_act_would_help(doc) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from typing import Any, Callable
 
 from planner import _interrupt
 from planner._pdeath import end_in_one_line
@@ -34,9 +35,11 @@ class _Group(click.Group):
     click's own usage errors too (it prints four lines: usage, hint, blank, error)."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
+        # click's overloads of main cannot tell that *args stop short of standalone_mode
+        main: Callable[..., Any] = super().main
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
-        sys.exit(_guarded(lambda: super(_Group, self).main(*args, standalone_mode=False, **kwargs)))
+            return main(*args, standalone_mode=False, **kwargs)
+        sys.exit(_guarded(lambda: main(*args, standalone_mode=False, **kwargs)))
 
     def invoke(self, ctx: click.Context):
         try:

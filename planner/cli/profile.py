@@ -62,22 +62,7 @@ from planner.specs import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
     "--show", "show_path", type=click.Path(dir_okay=False), default=None, help="Print a profile as tables instead."
 )
 @signals_interrupt()  # SIGTERM / SIGHUP: workers stopped, temporary files removed, one line, exit 143 / 129
-def profile(
-    model_name,
-    model_factory,
-    blocks_attr,
-    seq_len,
-    micro_batch_sizes,
-    nproc_per_node,
-    nnodes,
-    node_rank,
-    rdzv_endpoint,
-    backend,
-    quick,
-    name,
-    output: Optional[str],
-    show_path: Optional[str],
-) -> None:
+def profile(model_name, output: Optional[str], show_path: Optional[str], **o) -> None:
     """Measure per-layer compute and the links of this cluster; write a hardware profile."""
     if show_path is not None:
         from hardware_profiles import load_cluster
@@ -91,6 +76,7 @@ def profile(
     if not output:
         raise UsageError("give -o profile.json (where to write the profile), or --show profile.json")
     model = load_model(model_name)
+    seq_len, quick, backend, model_factory = o["seq_len"], o["quick"], o["backend"], o["model_factory"]
     seq = seq_len if seq_len is not None else model.max_seq_len
     most = model.max_seq_len if model.learned_position_embeddings else MAX_SEQ_LEN
     if not 1 <= seq <= most:
@@ -98,10 +84,10 @@ def profile(
         raise UsageError(
             f"--seq-len must be between 1 and {most:,}{positions}, got {seq if abs(seq) < 10**20 else 'more'}"
         )
-    mbs = _micro_batch_sizes(micro_batch_sizes if micro_batch_sizes is not None else ("1" if quick else "1,2,4"))
-    spec = LaunchSpec(
-        nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, backend=backend
-    )
+    sizes = o["micro_batch_sizes"]
+    mbs = _micro_batch_sizes(sizes if sizes is not None else ("1" if quick else "1,2,4"))
+    launch = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint")
+    spec = LaunchSpec(**{k: o[k] for k in launch}, backend=backend)
     validate(spec)
     require_torch("profile")  # installed (not loaded yet): said before what this machine would hold
     _check_this_machine(model, mbs, seq, spec)
@@ -127,7 +113,7 @@ def profile(
             backend=backend,
             progress_path=None if inside_launcher() else progress_path,
             model_factory=model_factory,
-            blocks_attr=blocks_attr,
+            blocks_attr=o["blocks_attr"],
         )
         results = _launch_with_progress(spec, req, progress_path)
     finally:
@@ -135,9 +121,9 @@ def profile(
             os.unlink(progress_path)
     rank0 = results.get(0)
     if rank0 is None:  # another node: rank 0 writes the profile
-        click.echo(f"node {node_rank}: measurements sent to node 0", err=True)
+        click.echo(f"node {o['node_rank']}: measurements sent to node 0", err=True)
         return
-    cluster = assemble(rank0, name or f"measured-{rank0['env'].hostname}", model)
+    cluster = assemble(rank0, o["name"] or f"measured-{rank0['env'].hostname}", model)
     write_atomic(output, cluster.model_dump_json(indent=2) + "\n")
     render.profile_report(cluster)
     render.note(f"profile written to {output}")

@@ -4,6 +4,7 @@ print only JSON and never call into here."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Optional
 
 import click
 from rich.console import Console
@@ -15,10 +16,13 @@ from rich.table import Table
 from cost_models.compute import total_params
 from planner.presets import HUB_SOURCE
 from planner.units import gib
-from planner.specs import ClusterSpec, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument, Target
+from planner.specs import ClusterSpec, DType, Estimate, ModelSpec, Plan, PlanDocument, SolveDocument, Target
 
 import os
 import sys
+
+if TYPE_CHECKING:  # imported where a bar is made (progress_bar), not at the CLI's start
+    from rich.progress import Progress, TaskID
 
 # What never reaches the terminal as it is, from any text the CLI prints (a model's name, a key
 # or a value from a spec file, a path): C0 and C1 control characters (ESC starts a terminal
@@ -131,7 +135,7 @@ def presets(models: list[ModelSpec], clusters: list[ClusterSpec]) -> None:
         c.add_row(
             cl.name,
             cl.device.name,
-            f"{cl.device.peak_tflops.get('bf16', 0):g}",
+            f"{cl.device.peak_tflops.get(DType.bf16, 0):g}",
             gib(cl.device.memory_gib),
             str(cl.gpus_per_node),
         )
@@ -170,6 +174,7 @@ def plan_summary(plan: Plan) -> str:
 def _recompute_mix(plan: Plan) -> str:
     """Partial recompute in a few characters: layers under none/selective/full, summed."""
     sr = plan.stage_recompute
+    assert sr is not None  # called where the plan has one (plan_summary)
     return f"mixed({sum(r.none for r in sr)} none/{sum(r.selective for r in sr)} sel/{sum(r.full for r in sr)} full)"
 
 
@@ -177,6 +182,7 @@ def time_table(est: Estimate) -> Table:
     title = f"Step time {_fmt_time(est.step_time_s)}"
     if est.step_time_interval_s:
         lo, hi = est.step_time_interval_s
+        assert est.interval_coverage is not None  # set with the interval (cost_models/estimate.py:evaluate)
         title += f" ({_fmt_time(lo)} - {_fmt_time(hi)}, {100 * est.interval_coverage:.0f}% interval)"
     t = Table(title=title, caption=f"bottleneck: pipeline rank {est.bottleneck_pipeline_rank}")
     t.add_column("component")
@@ -463,7 +469,7 @@ def _stacks_table(doc: SolveDocument) -> Table:
 POOR_FIT = 0.25  # a collective fit off by more than this at some measured size is flagged
 
 
-def progress_bar(description: str):
+def progress_bar(description: str) -> Progress:
     """A rich progress bar on stderr (stdout stays for results); the time left is the
     caller's estimate, in the description (rich's own extrapolates from the steps done,
     which a first slow step or a long last phase misleads)."""
@@ -499,7 +505,10 @@ class ProgressLines:
 
         self.label, self.terminal, self.left, self.clock = label, terminal, left, clock or time.monotonic
         self.start = self.printed_at = self.clock()
-        self.bar = self.task = self.last = self.printed = None
+        self.bar: Optional[Progress] = None
+        self.task: Optional[TaskID] = None
+        self.last: Optional[tuple[int, int, str]] = None  # the last report (update's arguments)
+        self.printed: Optional[str] = None  # the phase of the last plain line
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.beater = threading.Thread(target=self._beat, name="plan-progress-beat", daemon=True) if heartbeat else None
 
@@ -547,10 +556,12 @@ class ProgressLines:
     def _render(self, fresh: bool) -> None:
         import re
 
+        assert self.last is not None  # rendered after a report (update, beat)
         done, total, message = self.last
         left = self.left(done, total, message) if self.left else ""
         text = f"{message}{f'; {left}' if left else ''}"
         if self.bar is not None:
+            assert self.task is not None  # added with the bar (__enter__)
             self.bar.update(self.task, completed=done, total=total or None, description=escape(text))
             return
         now, phase = self.clock(), re.sub(r"\d+", "#", message)

@@ -97,48 +97,13 @@ from planner.specs import RunReport
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON report to this file.")
 @signals_interrupt()  # SIGTERM / SIGHUP: workers stopped, temporary files removed, one line, exit 143 / 129
-def run(
-    plan_file: str,
-    nproc_per_node: Optional[int],
-    nnodes: int,
-    node_rank: int,
-    rdzv_endpoint: Optional[str],
-    steps: int,
-    warmup: int,
-    seed: int,
-    lr: float,
-    scale_layers,
-    scale_hidden,
-    scale_heads,
-    scale_vocab,
-    scale_seq_len,
-    rehearse_dp,
-    tolerance: float,
-    timeout_s: float,
-    backend: str,
-    as_json: bool,
-    output: Optional[str],
-) -> None:
+def run(plan_file: str, as_json: bool, output: Optional[str], **options) -> None:
     """Train a few steps of PLAN_FILE's layout with torch.distributed, check every loss and
     gradient norm against one process, and compare time and memory with the prediction."""
     if output is not None:
         check_output(output, (plan_file,))
     try:
-        report = _execute(
-            plan_file,
-            nproc_per_node,
-            nnodes,
-            node_rank,
-            rdzv_endpoint,
-            steps,
-            warmup,
-            seed,
-            lr,
-            Rehearsal(scale_layers, scale_hidden, scale_heads, scale_vocab, scale_seq_len, rehearse_dp),
-            tolerance,
-            timeout_s,
-            backend,
-        )
+        report = _execute(plan_file, options)
     except KeyboardInterrupt:  # Ctrl-C outside the launch (imports, the reference run)
         raise Interrupted("interrupted by Ctrl-C") from None
     if inside_launcher() and int(os.environ["RANK"]) != 0:
@@ -155,22 +120,12 @@ def run(
         raise PlannerError(f"verification failed: {report.verification.message}")
 
 
-def _execute(
-    plan_file,
-    nproc_per_node,
-    nnodes,
-    node_rank,
-    rdzv_endpoint,
-    steps,
-    warmup,
-    seed,
-    lr,
-    rehearsal,
-    tolerance,
-    timeout_s,
-    backend,
-) -> RunReport:
-    """Refuse what cannot run (before any worker starts), launch, verify, report."""
+def _execute(plan_file: str, o: dict) -> RunReport:
+    """Refuse what cannot run (before any worker starts), launch, verify, report. `o`: the
+    command's options (the launch's, the steps', the rehearsal's --scale-*)."""
+    lr, tolerance, timeout_s, seed, nnodes = o["lr"], o["tolerance"], o["timeout_s"], o["seed"], o["nnodes"]
+    scales = ("scale_layers", "scale_hidden", "scale_heads", "scale_vocab", "scale_seq_len", "rehearse_dp")
+    rehearsal = Rehearsal(*(o[k] for k in scales))
     doc = read_plan_file(Path(plan_file))
     check_plan(doc.plan, doc.model, doc.job, doc.num_gpus)  # the same validation as `plan estimate --plan`
     check_real("--lr", lr)
@@ -181,8 +136,9 @@ def _execute(
     check_timeout(timeout_s)
     check_seed(seed)
     case = prepare_case(
-        doc.model, doc.job, doc.plan, rehearsal, steps=steps, warmup=warmup, seed=seed, learning_rate=lr
+        doc.model, doc.job, doc.plan, rehearsal, steps=o["steps"], warmup=o["warmup"], seed=seed, learning_rate=lr
     )
+    nproc_per_node = o["nproc_per_node"]
     if nproc_per_node is None:  # the plan's world, or the rehearsal's (--rehearse-dp)
         if nnodes < 1:
             raise UsageError(f"--nnodes must be at least 1, got {nnodes}")
@@ -191,25 +147,24 @@ def _execute(
                 f"the plan's {case.plan.world_size} ranks do not split over --nnodes {nnodes}; give --nproc-per-node"
             )
         nproc_per_node = case.plan.world_size // nnodes
-    spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    spec = LaunchSpec(nproc_per_node, nnodes, o["node_rank"], o["rdzv_endpoint"])
     validate(spec)  # launch() checks it too, but only after the estimate would have been printed
     world, how = launch_world(spec)
     check_world(case.plan, world, how)
     check_profile_size(doc.cluster, world, plan_file)  # a profile predicts only the world it measured
     require_torch("run")  # installed (not loaded yet): said before what this machine would hold
-    ranks_checked = _check_this_machine(case, rehearsal, doc.cluster, backend, nproc_per_node)
+    ranks_checked = _check_this_machine(case, rehearsal, doc.cluster, o["backend"], nproc_per_node)
     # Everything above refuses a bad request in a fraction of a second; torch (seconds) only now.
     _import_torch()
-    backend = resolve_backend(backend, nproc_per_node)
+    backend = resolve_backend(o["backend"], nproc_per_node)
     check_profile_size(doc.cluster, world, plan_file, backend)
     if backend == "gloo" and not inside_launcher() and not ranks_checked:
         check_host_memory(case, doc.cluster, nproc_per_node, host_memory_bytes())
     if case.fp8:  # run_plans refuses it too, but only after the estimate would have been printed
         check_fp8("cuda" if backend == "nccl" else "cpu")
     with _progress(case, doc.cluster, backend, world) as progress:
-        return run_plans([case], [doc.cluster], spec, RunOptions(tolerance, timeout_s, backend), [plan_file], progress)[
-            0
-        ]
+        options = RunOptions(tolerance, timeout_s, backend)
+        return run_plans([case], [doc.cluster], spec, options, [plan_file], progress)[0]
 
 
 def _check_this_machine(case, rehearsal: Rehearsal, cluster, backend: str, nproc_per_node: int) -> bool:

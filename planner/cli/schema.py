@@ -1,16 +1,17 @@
 """`plan schema`: the JSON Schema of the documents `plan` writes, generated from their
 pydantic models (planner/specs/), so the published format cannot drift from the code.
-The checked-in copies under schemas/ are compared with these by tests/test_schema.py."""
+The checked-in copies under schemas/ are compared with these by tests/unit/specs/test_schema.py."""
 
 from __future__ import annotations
 
 import json
 
 import click
+from pydantic import BaseModel
 
 from planner.specs import SCHEMA_VERSION, PlanDocument, RunReport, SizeDocument, SolveDocument
 
-DOCUMENTS = {
+DOCUMENTS: dict[str, tuple[type[BaseModel], str]] = {
     "plan": (PlanDocument, "`plan estimate --json` / `-o`: model, cluster, job, plan and its estimate"),
     "solve": (
         SolveDocument,

@@ -249,7 +249,7 @@ def _text_row(tl: pictures.Timeline, win: pictures.Window, rank: int, width: int
             t += seconds
     for kind, start, seconds in tl.tails[rank]:
         add(_CHARS[kind], start, seconds)
-    return "".join(max(f, key=f.get) if f and sum(f.values()) >= 0.5 else "." for f in fill), len(ops)
+    return "".join(max(f, key=f.__getitem__) if f and sum(f.values()) >= 0.5 else "." for f in fill), len(ops)
 
 
 def _text_memory(console: Console, bars, capacity: float) -> None:

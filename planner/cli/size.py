@@ -5,6 +5,7 @@ solved as `plan solve` does, time to train against GPU-hours (or cost) and the P
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 import sys
 from pathlib import Path
 from typing import Optional
@@ -18,7 +19,7 @@ from planner.cli.types import SECONDS, SEQUENCES, TOKENS, Real
 from planner.datafile import write_atomic
 from planner.errors import InfeasibleError, UsageError
 from planner.search.deadline import stop_on_signals
-from planner.size import parse_gpu_counts, parse_prices, parse_tokens, sweep, whole_nodes
+from planner.size import SizeRequest, parse_gpu_counts, parse_prices, parse_tokens, sweep, whole_nodes
 
 MONEY = Real(0, 1e15)  # --budget
 
@@ -75,63 +76,29 @@ def parse_days(text: str) -> float:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: `plan schema size`).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON document to this file.")
 @stop_on_signals()
-def size(
-    model_name: str,
-    clusters: str,
-    gpu_counts: str,
-    tokens: str,
-    global_batch: int,
-    seq_len: int,
-    stack: Optional[str],
-    prices: tuple[str, ...],
-    deadline: Optional[str],
-    budget: Optional[float],
-    min_scaling: float,
-    time_limit: Optional[float],
-    picture: Optional[str],
-    as_json: bool,
-    output: Optional[str],
-) -> None:
+def size(model_name: str, clusters: str, picture: Optional[str], as_json: bool, output: Optional[str], **o) -> None:
     """Time to train and GPU-hours (or cost) over clusters and GPU counts, each point solved
     exactly: the Pareto front, and where adding GPUs stops paying."""
     names = [c.strip() for c in clusters.split(",")]
     if not all(names) or len(set(names)) != len(names):
         raise UsageError(f"--clusters {clusters!r}: give distinct cluster presets or profile files, comma-separated")
-    counts = parse_gpu_counts(gpu_counts)
-    budget_tokens = parse_tokens(tokens)
-    price = parse_prices(prices, names)
-    days = parse_days(deadline) if deadline is not None else None
-    if budget is not None and not price:
+    counts = parse_gpu_counts(o["gpu_counts"])
+    budget_tokens = parse_tokens(o["tokens"])
+    price = parse_prices(o["prices"], names)
+    days = parse_days(o["deadline"]) if o["deadline"] is not None else None
+    if o["budget"] is not None and not price:
         raise UsageError("--budget needs prices: give --price CLUSTER=PRICE for the clusters to cost")
     model = api.load_model(model_name)
     loaded = [(n, api.load_cluster(n)) for n in names]
     check_picture_files({"picture": picture} if picture is not None else {}, others={"-o": output})
-    for name, cluster in loaded:  # counts that round to one whole number of nodes are priced once: say which
-        rounded: dict[int, list[int]] = {}
-        for n in counts:
-            rounded.setdefault(whole_nodes(n, cluster.gpus_per_node), []).append(n)
-        for gpus, asked in rounded.items():
-            if len(asked) > 1:
-                listed = ", ".join(f"{n:,}" for n in asked[:-1]) + f" and {asked[-1]:,}"
-                render.note(
-                    f"plan size: {name}: {listed} GPUs round to {gpus:,} (whole nodes of "
-                    f"{cluster.gpus_per_node}): one point"
-                )
+    _say_rounded(loaded, counts)
     on_terminal = sys.stderr.isatty()
+    request = SizeRequest(model, budget_tokens, o["global_batch"], o["seq_len"], o["stack"], price or {}, days)
     doc = sweep(
-        model,
+        replace(request, budget=o["budget"], min_scaling=o["min_scaling"], time_limit=o["time_limit"]),
         loaded,
         counts,
-        budget_tokens,
-        global_batch,
-        seq_len,
-        target=stack,
-        prices=price,
-        deadline_days=days,
-        budget=budget,
-        min_scaling=min_scaling,
-        time_limit=time_limit,
-        progress=(lambda text: click.echo(f"sizing {text}", err=True)) if on_terminal else (lambda _: None),
+        (lambda text: click.echo(f"sizing {text}", err=True)) if on_terminal else (lambda _: None),
     )
     if output:
         write_atomic(output, doc.model_dump_json(indent=2) + "\n")
@@ -152,3 +119,18 @@ def size(
     ):  # nothing fits anywhere: say why, as plan solve does, for the largest count
         largest = max(doc.points, key=lambda p: p.gpus)
         raise InfeasibleError(f"no point has a plan; at {largest.gpus:,} GPUs of {largest.cluster}: {largest.detail}")
+
+
+def _say_rounded(loaded: list, counts: list[int]) -> None:
+    """Counts that round to one whole number of nodes are priced once: say which."""
+    for name, cluster in loaded:
+        rounded: dict[int, list[int]] = {}
+        for n in counts:
+            rounded.setdefault(whole_nodes(n, cluster.gpus_per_node), []).append(n)
+        for gpus, asked in rounded.items():
+            if len(asked) > 1:
+                listed = ", ".join(f"{n:,}" for n in asked[:-1]) + f" and {asked[-1]:,}"
+                render.note(
+                    f"plan size: {name}: {listed} GPUs round to {gpus:,} (whole nodes of "
+                    f"{cluster.gpus_per_node}): one point"
+                )

@@ -9,7 +9,7 @@ import click
 from planner import api
 from planner.errors import MemoryMiss
 from planner.cli import render
-from planner.cli.common import require_names, solve_target_options
+from planner.cli.common import api_keywords, require_names, solve_target_options
 from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOP_K
 from planner.datafile import check_output
 from planner.inputs import cp_degrees  # noqa: F401 (benchmarks/solve_scaling.py imports it from here)
@@ -59,33 +59,7 @@ from planner.specs import FP8_PARTS, memory_limit_gib
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the JSON plan document to this file.")
 @stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: stop within a moment, even inside a MILP; one line, exit 130 / 143 / 129
-def solve(
-    model_name,
-    cluster_name,
-    gpus,
-    nodes,
-    seq_len,
-    precision,
-    optimizer,
-    no_flash_attention,
-    stack,
-    loss_kernel,
-    attention_kernel,
-    moe_dispatcher,
-    grad_reduce_bf16,
-    global_batch,
-    micro_batch_size,
-    micro_batches,
-    top_k,
-    fixes,
-    max_memory_gib,
-    allow_cross_node_tp,
-    fp8,
-    time_limit,
-    solver,
-    as_json: bool,
-    output: Optional[str],
-) -> None:
+def solve(model_name, cluster_name, as_json: bool, output: Optional[str], **options) -> None:
     """Search every layout (dp, tp, pp, interleaving, micro-batching, layer split, per-stage
     recompute, ZeRO, sequence parallel, mesh order) for the fastest that fits; without
     --target, on each training stack, recommending the best plan a stack runs."""
@@ -96,38 +70,16 @@ def solve(
         api.load_cluster(cluster_name)
         check_output(output)
     try:
-        doc = api.solve(
-            model,
-            cluster_name,
-            gpus=gpus,
-            nodes=nodes,
-            global_batch=global_batch,
-            micro_batch_size=micro_batch_size,
-            micro_batches=micro_batches,
-            seq_len=seq_len,
-            target=stack,
-            top_k=top_k,
-            fixes=fixes,
-            max_memory_gib=max_memory_gib,
-            allow_cross_node_tp=allow_cross_node_tp,
-            fp8=fp8,
-            time_limit=time_limit,
-            solver=solver,
-            precision=precision,
-            optimizer=optimizer,
-            flash_attention=not no_flash_attention,
-            loss_kernel=loss_kernel,
-            attention_kernel=attention_kernel,
-            moe_dispatcher=moe_dispatcher,
-            grad_reduce_bf16=bool(grad_reduce_bf16),
-        )
+        doc = api.solve(model, cluster_name, **api_keywords(options))
     except MemoryMiss as exc:  # said beside the miss it changed
+        max_memory_gib = options["max_memory_gib"]
         capped = _capped(max_memory_gib, api.load_cluster(cluster_name).device.memory_gib) if max_memory_gib else None
         if capped:
             raise MemoryMiss(f"{exc} ({capped})") from None
         raise
     if output:
         api.write_plan(doc, output)
+    max_memory_gib = options["max_memory_gib"]
     capped = _capped(max_memory_gib, doc.cluster.device.memory_gib)
     if capped:
         render.note(f"note: {capped}")

@@ -11,10 +11,11 @@ import click
 
 from planner import api
 from planner.cli import render
-from planner.cli.common import check_outputs, require_names, require_torch, target_options
+from planner.cli.common import api_keywords, check_outputs, require_names, require_torch, target_options
 from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOKENS, Real, Whole
 from planner.datafile import write_atomic
-from planner.distributed.launch import Interrupted, signals_interrupt
+from planner.distributed.launch import signals_interrupt
+from planner.errors import Interrupted
 from planner.errors import PlannerError, UsageError
 from planner.inputs import cluster_size
 from planner.tune import journal
@@ -107,132 +108,36 @@ SCALE = Whole(1, 10**7)  # --scale-*: `plan run` checks them against the model a
     "--plan-out", type=click.Path(dir_okay=False), help="Write the winner as a plan file (`plan export`, `plan run`)."
 )
 @signals_interrupt()  # SIGTERM / SIGHUP: the running trial stopped, the journal whole, one line, exit 143 / 129
-def tune(
-    model_name,
-    cluster_name,
-    gpus,
-    nodes,
-    seq_len,
-    precision,
-    optimizer,
-    no_flash_attention,
-    stack,
-    loss_kernel,
-    attention_kernel,
-    moe_dispatcher,
-    grad_reduce_bf16,
-    global_batch,
-    micro_batch_size,
-    micro_batches,
-    fixes,
-    max_memory_gib,
-    allow_cross_node_tp,
-    fp8,
-    trials,
-    time_budget,
-    tolerance,
-    journal_path,
-    resume_path,
-    steps,
-    warmup,
-    trial_timeout,
-    trial_memory_gib,
-    launcher,
-    scale_layers,
-    scale_hidden,
-    scale_heads,
-    scale_vocab,
-    scale_seq_len,
-    as_json: bool,
-    output: Optional[str],
-    plan_out: Optional[str],
-) -> None:
+def tune(as_json: bool, output: Optional[str], plan_out: Optional[str], **options) -> None:
     """Measure a few layouts with `plan run` on this machine's ranks (or under srun), refit
     the cost model's constants to them, and stop when no untried layout can beat the best
     measured; write the tuned profile (-o) and the winner (--plan-out)."""
+    o = options
+    journal_path, resume_path = o["journal_path"], o["resume_path"]
     if journal_path is not None and not journal_path.strip():
         raise UsageError("--journal is empty; give a file name (or leave it out for plan-tune-TIME.jsonl)")
-    check_outputs(
-        {"-o": output, "--plan-out": plan_out, "--journal": journal_path}
-    )  # a journal in no writable place: refused now
-    if (
-        resume_path
-    ):  # the journal resumed is read, and appended to: no output may replace it (refused now, not after the tune)
+    # a journal in no writable place: refused now
+    check_outputs({"-o": output, "--plan-out": plan_out, "--journal": journal_path})
+    if resume_path:  # the journal resumed is read, and appended to: no output may replace it (refused now)
         check_outputs({"-o": output, "--plan-out": plan_out}, read=(resume_path,))
     if journal_path is not None and not resume_path:
         journal.check_new(Path(journal_path))  # and one that exists, before the search, not after it
-    if warmup >= steps:
-        raise UsageError(f"--warmup {warmup} leaves no timed step of --steps {steps}; give fewer warm-up steps")
-    scale = {
-        k: v
-        for k, v in (
-            ("layers", scale_layers),
-            ("hidden", scale_hidden),
-            ("heads", scale_heads),
-            ("vocab", scale_vocab),
-            ("seq_len", scale_seq_len),
+    if o["warmup"] >= o["steps"]:
+        raise UsageError(
+            f"--warmup {o['warmup']} leaves no timed step of --steps {o['steps']}; give fewer warm-up steps"
         )
-        if v is not None
+    scale = {
+        k: o[f"scale_{k}"] for k in ("layers", "hidden", "heads", "vocab", "seq_len") if o[f"scale_{k}"] is not None
     }
     executor = RunExecutor(
-        steps=steps,
-        warmup=warmup,
-        timeout_s=trial_timeout,
-        memory_limit_gib=trial_memory_gib or max_memory_gib,
+        steps=o["steps"],
+        warmup=o["warmup"],
+        timeout_s=o["trial_timeout"],
+        memory_limit_gib=o["trial_memory_gib"] or o["max_memory_gib"],
         scale=scale,
-        launcher=launcher,
+        launcher=o["launcher"],
     )
-    if resume_path:
-        if model_name or cluster_name:
-            raise UsageError(
-                "--resume continues the journal's own inputs; drop --model and --cluster (or start a new tune)"
-            )
-        path = Path(resume_path)
-
-        def runnable(head) -> None:  # the header's search, checked as a new tune's is, before any trial or repair
-            request = request_of(head)
-            try:
-                api.solve(request.model, request.cluster, gpus=request.gpus, top_k=0, **request.search_keywords())
-            except (ValueError, UsageError) as exc:  # a value of the right kind that names nothing (a target 'jax'), a
-                # count out of range (gpus -4); the kinds are journal.py's. Said of the journal: the user gave only --resume
-                raise UsageError(f"the journal {path} has a damaged header (its search options): {exc}") from None
-
-        head, done = journal.read(path, render.note, check=runnable)
-        request = request_of(head)
-    else:
-        require_names(model_name, cluster_name)
-        model, cluster = api.load_model(model_name), api.load_cluster(cluster_name)
-        n = cluster_size(cluster, gpus, nodes, cluster_name)
-        keywords = dict(
-            global_batch=global_batch,
-            micro_batch_size=micro_batch_size,
-            micro_batches=micro_batches,
-            seq_len=seq_len,
-            target=stack,
-            fixes=list(fixes),
-            max_memory_gib=max_memory_gib,
-            allow_cross_node_tp=allow_cross_node_tp,
-            fp8=fp8,
-            precision=precision,
-            optimizer=optimizer,
-            flash_attention=not no_flash_attention,
-            loss_kernel=loss_kernel,
-            attention_kernel=attention_kernel,
-            moe_dispatcher=moe_dispatcher,
-            grad_reduce_bf16=bool(grad_reduce_bf16),
-        )
-        request = TuneRequest(
-            model,
-            cluster,
-            n,
-            {k: v for k, v in keywords.items() if v not in (None, [], False)}
-            | {"flash_attention": not no_flash_attention},
-        )
-        api.solve(
-            model, cluster, gpus=n, top_k=0, **request.search_keywords()
-        )  # a bad request fails here, before any trial
-        path = Path(journal_path or time.strftime("plan-tune-%Y%m%d-%H%M%S.jsonl"))
-        done = []
+    request, path, done = _resumed(o) if resume_path else _new(o)
     if scale:  # what no layout changes (heads that do not split the width), refused before a trial is launched
         from planner.executor.prepare import Rehearsal, scale_model
 
@@ -240,13 +145,59 @@ def tune(
     require_torch("tune")
     if not resume_path:
         journal.start(path, header(request, executor))
-    say = render.note  # stderr, so --json keeps stdout clean
+    result = _run(
+        request, executor, Budget(trials=o["trials"], time_s=o["time_budget"], tolerance=o["tolerance"]), path, done
+    )
+    _report(result, path, as_json, output, plan_out)
+
+
+def _resumed(o: dict) -> tuple[TuneRequest, Path, list]:
+    """A resumed tune: the journal's request (its header's search, checked as a new tune's is,
+    before any trial or repair) and its finished trials."""
+    if o["model_name"] or o["cluster_name"]:
+        raise UsageError(
+            "--resume continues the journal's own inputs; drop --model and --cluster (or start a new tune)"
+        )
+    path = Path(o["resume_path"])
+
+    def runnable(head) -> None:
+        request = request_of(head)
+        try:
+            api.solve(request.model, request.cluster, gpus=request.gpus, top_k=0, **request.search_keywords())
+        except (ValueError, UsageError) as exc:  # a value of the right kind that names nothing (a target 'jax'), a
+            # count out of range (gpus -4); the kinds are journal.py's. Said of the journal: the user gave only --resume
+            raise UsageError(f"the journal {path} has a damaged header (its search options): {exc}") from None
+
+    head, done = journal.read(path, render.note, check=runnable)
+    return request_of(head), path, done
+
+
+def _new(o: dict) -> tuple[TuneRequest, Path, list]:
+    """A new tune: its request (the search's keywords, planner/api.py:SolveOptions, as given)
+    checked by a search before any trial, and its journal's path."""
+    require_names(o["model_name"], o["cluster_name"])
+    model, cluster = api.load_model(o["model_name"]), api.load_cluster(o["cluster_name"])
+    n = cluster_size(cluster, o["gpus"], o["nodes"], o["cluster_name"])
+    searched = api.SolveOptions.__optional_keys__ - {"gpus", "nodes"}
+    keywords = {k: v for k, v in api_keywords(o).items() if k in searched} | {"fixes": list(o["fixes"])}
+    flash = {"flash_attention": keywords["flash_attention"]}
+    request = TuneRequest(model, cluster, n, {k: v for k, v in keywords.items() if v not in (None, [], False)} | flash)
+    api.solve(
+        model, cluster, gpus=n, top_k=0, **request.search_keywords()
+    )  # a bad request fails here, before any trial
+    return request, Path(o["journal_path"] or time.strftime("plan-tune-%Y%m%d-%H%M%S.jsonl")), []
+
+
+def _run(request: TuneRequest, executor: RunExecutor, budget: Budget, path: Path, done: list):
+    """The tune itself, its progress on stderr (so --json keeps stdout clean); an interrupt said
+    with the journal to resume."""
+    say = render.note
     say(f"plan tune: journal {path} ({len(done)} trials done)")
     try:
-        result = run_tune(
+        return run_tune(
             request,
             executor,
-            Budget(trials=trials, time_s=time_budget, tolerance=tolerance),
+            budget,
             path,
             done,
             say=lambda line: say(f"plan tune: {line}"),
@@ -264,6 +215,10 @@ def tune(
         raise Interrupted(
             f"{exc}; the journal {path} holds every finished trial (--resume {path})", exc.exit_code - 128
         ) from None
+
+
+def _report(result, path: Path, as_json: bool, output: Optional[str], plan_out: Optional[str]) -> None:
+    """The tuned profile (-o) and the winner (--plan-out) written, and the report."""
     profile = tuned_profile(result, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     winner = winner_document(result, profile)
     measured = result.best is not None  # every trial failed: a failure, and no tuned profile fitted to nothing

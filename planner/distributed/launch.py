@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from planner._pdeath import LAUNCHER, die_with_parent, in_a_worker, launcher_value
-from planner.errors import PlannerError, UsageError
+from planner.errors import Interrupted, PlannerError, UsageError
 
 # Errors a rank reports because another rank went away first: not the root cause.
 _SECONDARY = (
@@ -54,16 +54,6 @@ _SECONDARY = (
 
 LOOPBACK = "127.0.0.1"
 _LOOPBACK_RENDEZVOUS = "plan-loopback"  # our name for torch's c10d rendezvous kept on loopback
-
-
-class Interrupted(PlannerError):
-    """The launcher was interrupted (Ctrl-C, SIGTERM, SIGHUP); all workers were stopped.
-    The exit code is the shell's for a process the signal ended: 128 + its number
-    (130 for Ctrl-C, 143 for SIGTERM)."""
-
-    def __init__(self, message: str, signum: int = signal.SIGINT):
-        super().__init__(message)
-        self.exit_code = 128 + int(signum)
 
 
 def _signal_name(signum: int) -> str:
@@ -248,6 +238,8 @@ def launch(
     keep_logs = False  # only a failure names its logs; success and interruption remove them
     log_dir = tempfile.mkdtemp(prefix="plan-launch-")
     reaper = Reaper((log_dir, *temporary))
+    endpoint = f"{LOOPBACK}:0" if one_node else spec.rdzv_endpoint
+    assert endpoint is not None  # several nodes have one (validate)
     try:
         config = LaunchConfig(
             min_nodes=spec.nnodes,
@@ -255,7 +247,7 @@ def launch(
             nproc_per_node=spec.nproc_per_node,
             run_id=spec.run_id or (uuid.uuid4().hex[:12] if spec.nnodes == 1 else "plan-run"),
             # One machine: port 0, the loopback store picks a free one (no race with another run).
-            rdzv_endpoint=f"{LOOPBACK}:0" if one_node else spec.rdzv_endpoint,
+            rdzv_endpoint=endpoint,
             rdzv_backend=_LOOPBACK_RENDEZVOUS if one_node else "c10d",
             rdzv_configs={"is_host": spec.node_rank == 0, "rank": spec.node_rank, "join_timeout": spec.join_timeout_s},
             local_addr=LOOPBACK if one_node else None,  # becomes the workers' MASTER_ADDR
@@ -326,6 +318,7 @@ class Reaper:
         import subprocess
 
         self._paths = paths
+        self._proc: Optional[subprocess.Popen[bytes]]
         try:  # -I -S: no user site, no environment variables, nothing from the current directory
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _REAPER],
@@ -339,6 +332,7 @@ class Reaper:
             self._proc = None
 
     def _send(self, op: str, paths: tuple[str, ...]) -> None:
+        assert self._proc is not None and self._proc.stdin is not None  # started, with stdin=PIPE
         for path in paths:
             self._proc.stdin.write(op.encode() + os.fsencode(path).hex().encode() + b"\n")
         self._proc.stdin.flush()
@@ -350,6 +344,7 @@ class Reaper:
             return
         import subprocess
 
+        assert self._proc.stdin is not None  # stdin=PIPE
         try:
             self._send("-", self._paths)
             self._proc.stdin.close()

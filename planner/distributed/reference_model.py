@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import Callable, Optional, Protocol
 
 import torch
 import torch.nn as nn
@@ -32,6 +33,20 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from planner.specs import Activation, ModelSpec, Recompute
+
+
+class SequenceShard(Protocol):
+    """What context parallelism gives the embedding and attention layers as their `context`
+    (planner/executor/context.py:ContextParallel)."""
+
+    @property
+    def positions(self) -> torch.Tensor: ...
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+# MoE.exchange (planner/executor/experts.py:Exchange): (copies, counts, compute) -> the experts' outputs
+ExpertExchange = Callable[[torch.Tensor, torch.Tensor, Callable], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -67,6 +82,9 @@ def apply_rotary(
 
 
 class Attention(nn.Module):
+    cos: torch.Tensor  # the rotary tables, buffers registered with a rotary embedding
+    sin: torch.Tensor
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         h, d = spec.hidden_size, spec.head_dim
@@ -78,7 +96,7 @@ class Attention(nn.Module):
         self.v = nn.Linear(h, spec.kv_heads * d, bias=bias)
         self.o = nn.Linear(spec.num_heads * d, h, bias=bias)
         self.recompute_core = False
-        self.context = None  # context parallelism (planner.executor.context.ContextParallel)
+        self.context: Optional[SequenceShard] = None  # context parallelism (planner.executor.context.ContextParallel)
         if self.rotary:
             cos, sin = rotary_tables(d, spec.max_seq_len)
             self.register_buffer("cos", cos, persistent=False)
@@ -152,12 +170,13 @@ class MoE(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
+        assert spec.num_experts is not None and spec.experts_per_token is not None  # a MoE model's (ModelSpec._shapes)
         h, self.num_experts, self.top_k = spec.hidden_size, spec.num_experts, spec.experts_per_token
         self.router = nn.Linear(h, self.num_experts, bias=False)
         self.experts = nn.ModuleList(MLP(spec, spec.moe_ffn) for _ in range(self.num_experts))
         self.shared = MLP(spec, spec.num_shared_experts * spec.moe_ffn) if spec.num_shared_experts else None
         self.first_expert = 0
-        self.exchange = None
+        self.exchange: Optional[ExpertExchange] = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, expert ids), both (tokens, k): softmax over each token's top-k logits."""
@@ -217,7 +236,7 @@ class Embedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.pos = nn.Embedding(spec.max_seq_len, spec.hidden_size) if spec.learned_position_embeddings else None
-        self.context = None  # context parallelism: the positions of the tokens this rank holds
+        self.context: Optional[SequenceShard] = None  # context parallelism: the positions of the tokens this rank holds
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
@@ -53,7 +54,7 @@ def chunk_positions(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
 class ContextParallel:
     """This rank's place in its CP group: what the embedding and attention layers read."""
 
-    group: object  # the CP process group
+    group: dist.ProcessGroup  # the CP process group
     size: int  # cp
     rank: int  # position in the CP group
     seq_len: int  # the whole sequence
@@ -110,7 +111,7 @@ class RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v]).contiguous()
         out, lse = None, None
         for t in range(ctx.size):  # t = 0: this rank's own block, where every query sees itself
-            works = []
+            works: list = []
             if t < ctx.size - 1:
                 nxt, works = _exchange(ctx, kv)
             s = _scores(q, kv[0], q_pos, ctx.positions_of((ctx.rank - t) % ctx.size), scale)
@@ -120,6 +121,7 @@ class RingAttention(torch.autograd.Function):
             if out is None:
                 out, lse = block_out, block_lse
             else:
+                assert lse is not None  # set with out
                 new = torch.logaddexp(lse, block_lse)
                 out = out * torch.exp(lse - new).unsqueeze(-1) + block_out * torch.exp(block_lse - new).unsqueeze(-1)
                 lse = new
@@ -167,7 +169,7 @@ def context_group(mesh: DeviceMesh, plan: Plan):
 
 
 def apply_context_parallel(
-    stages: dict[int, nn.Module], plan: Plan, mesh: DeviceMesh, seq_len: int, device: torch.device
+    stages: Mapping[int, nn.Module], plan: Plan, mesh: DeviceMesh, seq_len: int, device: torch.device
 ) -> ContextParallel | None:
     """Give every embedding and attention layer of this rank's stages the CP layout; None when cp = 1."""
     if plan.cp == 1:

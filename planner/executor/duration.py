@@ -44,7 +44,7 @@ def core_gemm_rates(seconds: float = 0.1, n: int = 512) -> tuple[float, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return tuple(_rate(torch, dtype, n, seconds) for dtype in (torch.float32, torch.float64))
+        return _rate(torch, torch.float32, n, seconds), _rate(torch, torch.float64, n, seconds)
     finally:
         torch.set_num_threads(threads)
 

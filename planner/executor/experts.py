@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from planner.distributed.reference_model import MoE
+from planner.distributed.reference_model import MoE, StageModule
 from planner.specs import Plan
 
 
@@ -126,6 +126,7 @@ def expert_groups(mesh: DeviceMesh, plan: Plan) -> tuple[object, object, int]:
     creates every group, in the same order (torch.distributed.new_group's rule). With context
     parallelism the groups are carved from the dp x cp ranks (cp innermost), as the plan's
     rules (Plan.validate_for: ep divides tp x dp x cp) count them."""
+    assert mesh.mesh_dim_names is not None  # planner/executor/parallelize.py:build_mesh names every dimension
     names = list(mesh.mesh_dim_names)
     axes = [names.index(a) for a in ("dp", "cp") if a in names]
     replicas = plan.dp * plan.cp
@@ -148,7 +149,7 @@ def expert_groups(mesh: DeviceMesh, plan: Plan) -> tuple[object, object, int]:
     return mine["ep"], mine["edp"], mine["position"]
 
 
-def apply_expert_parallel(stages: dict[int, nn.Module], plan: Plan, mesh: DeviceMesh) -> ExpertParallel | None:
+def apply_expert_parallel(stages: dict[int, StageModule], plan: Plan, mesh: DeviceMesh) -> ExpertParallel | None:
     """Keep this rank's slice of every MoE layer's experts and give the layer its exchange;
     None when ep = 1 (every rank holds every expert: ordinary replicated parameters)."""
     if plan.ep == 1:

@@ -30,7 +30,7 @@ shard:
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 import torch.nn as nn
@@ -61,7 +61,7 @@ def _storage(t: torch.Tensor) -> tuple[int, int] | None:
     return s.data_ptr(), s.nbytes()
 
 
-def distinct_bytes(tensors: Iterable[torch.Tensor]) -> int:
+def distinct_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
     """Bytes of the distinct storages behind `tensors` (freed storages count 0)."""
     seen: dict[int, int] = {}
     for t in tensors:

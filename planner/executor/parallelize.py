@@ -25,6 +25,7 @@ reference bit for bit), keeps its pipeline stages and shards them. Why this orde
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -33,13 +34,14 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    ParallelStyle,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
-from planner.distributed.reference_model import ReferenceModel, StageModule
+from planner.distributed.reference_model import MLP, Block, ReferenceModel, StageModule
 from planner.executor.experts import ExpertParallel, OptimizerSet, expert_parameter_names
 from planner.specs import ModelSpec, Plan, Recompute, Schedule
 
@@ -113,10 +115,11 @@ def _block_tp_plan(block: nn.Module, sequence_parallel: bool) -> dict:
     split), the output projections row-parallel (one all-reduce each, or a reduce-scatter to
     sequence shards with SP, where the norms then run on sequence shards)."""
     mlp = block.mlp
+    assert isinstance(mlp, MLP)  # plan run refuses TP in MoE layers (planner/executor/prepare.py)
     cols = ["mlp.gate", "mlp.up"] if mlp.swiglu else ["mlp.fc1"]
     row_mlp = "mlp.down" if mlp.swiglu else "mlp.fc2"
     out = Shard(1) if sequence_parallel else Replicate()
-    tp_plan = {name: ColwiseParallel() for name in ("attn.q", "attn.k", "attn.v", *cols)}
+    tp_plan: dict[str, ParallelStyle] = {name: ColwiseParallel() for name in ("attn.q", "attn.k", "attn.v", *cols)}
     tp_plan["attn.o"] = RowwiseParallel(output_layouts=out)
     tp_plan[row_mlp] = RowwiseParallel(output_layouts=out)
     if sequence_parallel:
@@ -148,7 +151,7 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
                 PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True),
             )
     if stage.head is not None:
-        head_plan = {
+        head_plan: dict[str, ParallelStyle] = {
             "output": ColwiseParallel(
                 input_layouts=Shard(1) if sequence_parallel else Replicate(), output_layouts=Replicate()
             )
@@ -157,6 +160,7 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             head_plan["norm"] = SequenceParallel()
         parallelize_module(stage.head, tp_mesh, head_plan)
     if tied:
+        assert stage.head is not None and stage.embed is not None  # `tied` says both are here
         # Both shard the vocabulary dimension (Shard(0)) on the same mesh: share one DTensor.
         stage.head.output.weight = stage.embed.tok.weight
 
@@ -172,6 +176,7 @@ def apply_recompute(stages: dict[int, StageModule], plan: Plan, num_layers: int)
     counts = plan.stage_recompute_counts(num_layers)
     for j, stage in stages.items():
         for block, mode in zip(stage.layers, recompute_modes(counts[j]), strict=True):
+            assert isinstance(block, Block)  # a StageModule's layers
             block.set_recompute(mode)
 
 
@@ -235,7 +240,9 @@ def build_optimizer(modules, plan: Plan, mesh: DeviceMesh, lr: float, experts: E
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         dense = [p for p in params if not experts.holds(p)]
-        parts = [ZeroRedundancyOptimizer(dense, optimizer_class=torch.optim.Adam, process_group=group, lr=lr)]
+        parts: list[torch.optim.Optimizer] = [
+            ZeroRedundancyOptimizer(dense, optimizer_class=torch.optim.Adam, process_group=group, lr=lr)
+        ]
         if experts.edp_group is None:
             parts.append(torch.optim.Adam(experts.params, lr=lr))
         else:
@@ -288,7 +295,7 @@ def build_schedule(
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     group = mesh["pp"].get_group()
-    pipe = []
+    pipe: list[Any] = []  # PipelineStages, which the schedules type as torch's private _PipelineStageBase
     for j, mod in sorted(stages.items()):
         inp, out = stage_io(j, plan, spec, seq_len, device)
         in_grad = None if j == 0 else torch.empty_like(inp)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from planner.errors import UsageError
+from planner.stacks import validate_plan
 from cost_models.terms import MODES
 from planner.specs import DType, JobSpec, ModelSpec, Plan, PlanError, Schedule, StageRecompute, cp_problem
 
@@ -404,7 +405,7 @@ def _heads_hint(model: ModelSpec, hidden: int, tp: int, heads: int) -> str:
     return f"--scale-heads {tp} --scale-hidden {_hidden_hint(model, hidden, tp)}"
 
 
-def _hidden_hint(model: ModelSpec, hidden: int, heads: int) -> int:
+def _hidden_hint(model: ModelSpec, hidden: int, heads: int) -> Optional[int]:
     return _nearest(hidden, lambda h: _head_dim_ok(model, h, heads))
 
 
@@ -468,6 +469,8 @@ def rehearsal_problem(original: ModelSpec, model: ModelSpec, job: JobSpec, plan:
         hidden = _nearest(
             model.hidden_size, lambda h: _head_dim_ok(model, h, model.num_heads) and scaled_ffn(original, h) % tp == 0
         )
+        # assumed found, as the message below always has (scaled_ffn needs a width)
+        assert hidden is not None
         return (
             f"tp={tp} does not divide the FFN width {model.ffn} of {name}; rehearse with --scale-hidden {hidden} "
             f"(FFN {scaled_ffn(original, hidden)})"
@@ -498,7 +501,7 @@ def check_runnable(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
     """Refuse what the reference model or torch.distributed cannot run, naming what to change
     (what --scale-* can change is rehearsal_problem's, checked first)."""
     try:
-        plan.validate_for(model, job)
+        validate_plan(plan, model, job)
     except PlanError as exc:
         raise UsageError(str(exc)) from None
     tp, m, pp = plan.tp, plan.num_micro_batches, plan.pp
@@ -540,16 +543,16 @@ def check_world(plan: Plan, world_size: int, how: str) -> None:
 FP8_CAPABILITY = (8, 9)
 
 
-def fp8_problem(device: str, capability: Optional[tuple[int, int]] = None, name: str = "") -> Optional[str]:
+def fp8_problem(device: str, capability: Optional[tuple[int, int]] = None, name: Optional[str] = "") -> Optional[str]:
     """Why this machine cannot run a plan's FP8 GEMMs (`device` "cpu" or "cuda", the GPU's
     compute capability and name), or None."""
     if device == "cuda" and capability is not None and tuple(capability) >= FP8_CAPABILITY:
         return None
-    here = (
-        "on CPU processes (gloo), which have none"
-        if device != "cuda"
-        else (f"on a {name or 'GPU'} of compute capability {capability[0]}.{capability[1]}, which has none")
-    )
+    if device != "cuda":
+        here = "on CPU processes (gloo), which have none"
+    else:
+        assert capability is not None  # a CUDA device's, always given (planner/executor/runner.py:check_fp8)
+        here = f"on a {name or 'GPU'} of compute capability {capability[0]}.{capability[1]}, which has none"
     return (
         f"the plan has fp8: FP8 GEMMs need a GPU with FP8 tensor cores (compute capability 8.9+: H100/H200, L40); "
         f"this machine runs them {here}; rehearse the plan without fp8 (plan estimate/solve without --fp8)"
@@ -683,7 +686,8 @@ def _reference_hints(case: RunCase, rehearsal: Rehearsal, budget: float) -> list
     """'--scale-layers 2', '--scale-seq-len 256', '--scale-vocab 1024', '--rehearse-dp 1': each one change to the
     rehearsal (the others kept) whose run prepares and whose reference fits `budget`."""
     model, job = case.model, case.job
-    options = [
+    # (option, Rehearsal field, current value, the model and job at a value n)
+    options: list[tuple[str, str, int, Callable[[int], tuple[ModelSpec, JobSpec]]]] = [
         ("--scale-layers", "layers", model.num_layers, lambda n: (model.model_copy(update={"num_layers": n}), job)),
         (
             "--scale-seq-len",
@@ -710,7 +714,11 @@ def _reference_hints(case: RunCase, rehearsal: Rehearsal, budget: float) -> list
         )
     hints = []
     for option, name, current, shrunk in options:
-        most = _largest(current, lambda n, shrunk=shrunk: reference_bytes(*shrunk(n)) <= budget)
+
+        def fits_budget(n: int, shrunk: Callable[[int], tuple[ModelSpec, JobSpec]] = shrunk) -> bool:
+            return reference_bytes(*shrunk(n)) <= budget
+
+        most = _largest(current, fits_budget)
         fits = (
             next((n for n in range(most, max(most - 256, 0), -1) if _prepares(case, rehearsal, name, n)), None)
             if most

@@ -14,7 +14,7 @@ Fault injection, for tests only:
   (an exception, the default), "exit" (the process dies with exit code 3) or "hang" (it stops
   answering; the others time out).
 - Wrong arithmetic (WorkerSettings.faults, one entry per case; benchmarks/verifier_sweep.py and
-  tests/test_verify.py check that the verifier catches each): see FAULTS.
+  tests/distributed/test_verify_runs.py check that the verifier catches each): see FAULTS.
 """
 
 from __future__ import annotations
@@ -25,12 +25,19 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from planner.executor.prepare import RunCase
 from planner.specs import MemoryBytes, RankMeasurement
+
+if TYPE_CHECKING:  # imported where a plan is laid out (_lay_out)
+    import torch
+
+    from planner.executor.context import ContextParallel
+    from planner.executor.experts import ExpertParallel
+    from planner.executor.parallelize import RankPlace
 
 
 # Injected errors, each one a bug a parallel layout can have (the verifier must catch all):
@@ -119,15 +126,15 @@ def _maybe_fail(step: int) -> None:
 class _Layout:
     """One plan laid out on this rank: what a step runs and what the verifier reads."""
 
-    where: object  # parallelize.RankPlace
+    where: RankPlace
     wrapped: dict  # virtual stage -> its (data-parallel wrapped) module
-    optimizer: object
+    optimizer: Any  # a torch optimizer, or planner/executor/experts.py:OptimizerSet
     step_fn: Callable
-    context: object  # ContextParallel, or None
-    experts: object  # ExpertParallel, or None
+    context: Optional[ContextParallel]
+    experts: Optional[ExpertParallel]
     blocks: list  # this rank's transformer blocks
     names: list[str]  # the single-process model's parameter names (every rank has all of them)
-    slots: list[tuple[int, object]]  # (index in names, parameter) of each parameter this rank holds
+    slots: list[tuple[int, torch.nn.Parameter]]  # (index in names, parameter) of each parameter this rank holds
 
 
 def _lay_out(case: RunCase, device, fault: Optional[str]) -> _Layout:
@@ -218,7 +225,7 @@ def _tag_modules(model) -> list[str]:
     return [name for name, _ in model.named_parameters()]
 
 
-def _slots(modules, names: list[str]) -> list[tuple[int, object]]:
+def _slots(modules, names: list[str]) -> list[tuple[int, torch.nn.Parameter]]:
     """(index in `names`, parameter) of every parameter this rank holds, each once."""
     index = {name: i for i, name in enumerate(names)}
     seen, out = set(), []

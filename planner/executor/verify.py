@@ -168,30 +168,8 @@ def compare(
                 param_ok,
             )
         )
-    if not complete:
-        message = (
-            f"the run reported {len(run.losses)} steps of {len(run.grad_sq[0]) if run.grad_sq else 0} parameters, "
-            f"the reference {len(ref.losses)} of {len(names)}"
-        )
-    elif layout_problem:
-        message = layout_problem
-    elif bad:
-        i, what, got, want, err, ok = min(bad, key=lambda b: b[0])
-        why = (
-            "the same weights on both sides"
-            if i == 0
-            else f"{tolerance:g} + {SENSITIVITY:g} x the fp32 reference's drift"
-        )
-        message = (
-            f"step {i}: {what} {got:.8g} against the reference's {want:.8g} (relative {err:.1e} > {ok:.2g}: {why})"
-        )
-    else:
-        message = (
-            f"all {len(run.losses)} steps match the single-process reference: loss within {max(loss_err):.1e}, gradient norm "
-            f"within {max(norm_err):.1e}, each of {len(names)} parameters' at step 0 within {param_err:.1e} "
-            f"(allowed: {tolerance:g}, after step 0 + {SENSITIVITY:g} x the fp32 reference's drift from float64, "
-            f"at most {max(norm_drift, default=0.0):.1e})"
-        )
+    errors = (loss_err, norm_err, param_err, norm_drift)
+    message = _message(run, ref, names, tolerance, complete, layout_problem, bad, errors)
     return Verification(
         passed=complete and not layout_problem and not bad,
         tolerance=tolerance,
@@ -213,4 +191,40 @@ def compare(
         allowed_param_grad_rel_error=param_ok,
         worst_parameter=names[param_at] if names else None,
         message=message,
+    )
+
+
+def _message(
+    run: Trajectory,
+    ref: Trajectory,
+    names: list[str],
+    tolerance: float,
+    complete: bool,
+    layout_problem: str | None,
+    bad: list,
+    errors: tuple,
+) -> str:
+    """compare()'s verdict in one sentence: what is missing, the layout's problem, the first step
+    out of tolerance, or how close every step came."""
+    loss_err, norm_err, param_err, norm_drift = errors
+    if not complete:
+        return (
+            f"the run reported {len(run.losses)} steps of {len(run.grad_sq[0]) if run.grad_sq else 0} parameters, "
+            f"the reference {len(ref.losses)} of {len(names)}"
+        )
+    if layout_problem:
+        return layout_problem
+    if bad:
+        i, what, got, want, err, ok = min(bad, key=lambda b: b[0])
+        why = (
+            "the same weights on both sides"
+            if i == 0
+            else f"{tolerance:g} + {SENSITIVITY:g} x the fp32 reference's drift"
+        )
+        return f"step {i}: {what} {got:.8g} against the reference's {want:.8g} (relative {err:.1e} > {ok:.2g}: {why})"
+    return (
+        f"all {len(run.losses)} steps match the single-process reference: loss within {max(loss_err):.1e}, gradient norm "
+        f"within {max(norm_err):.1e}, each of {len(names)} parameters' at step 0 within {param_err:.1e} "
+        f"(allowed: {tolerance:g}, after step 0 + {SENSITIVITY:g} x the fp32 reference's drift from float64, "
+        f"at most {max(norm_drift, default=0.0):.1e})"
     )

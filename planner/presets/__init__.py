@@ -38,7 +38,11 @@ _MOE_FIELDS = (
 )
 # Fields that place experts on only some layers; our model has them on every layer after
 # first_dense_layers, so only these values (also the Hugging Face defaults) are planned.
-_EVERY_LAYER = {"qwen_moe": (("decoder_sparse_step", 1), ("mlp_only_layers", [])), "deepseek": (("moe_layer_freq", 1),)}
+# (Keyed by a family's `moe`: None for a dense family, which has no such fields.)
+_EVERY_LAYER: dict[str | None, tuple[tuple[str, object], ...]] = {
+    "qwen_moe": (("decoder_sparse_step", 1), ("mlp_only_layers", [])),
+    "deepseek": (("moe_layer_freq", 1),),
+}
 _NOT_DECODERS = {
     "bert",
     "roberta",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 from planner.datafile import short_text
 from planner.errors import UsageError
@@ -389,7 +389,7 @@ _WHY = {
 }
 COST_FREE: dict[str, str] = {key: why for why, keys in _WHY.items() for key in keys}
 # Fields of every configuration planned at one value only (PretrainedConfig's; Gemma's).
-_PLANNED_AT = {
+_PLANNED_AT: dict[str, tuple[object, ...]] = {
     "is_encoder_decoder": (False,),
     "add_cross_attention": (False,),
     "tie_encoder_decoder": (False,),
@@ -575,7 +575,7 @@ class _Config:
                 return self.data[key]
         raise UsageError(f"{self.name}: Hugging Face config has no {' / '.join(keys)}")
 
-    def refuse(self, key: str, why: str):
+    def refuse(self, key: str, why: str) -> NoReturn:
         raise UsageError(f"{self.name}: field '{key}' = {short_text(repr(self.data.get(key)))}: {why}")
 
 
@@ -646,15 +646,18 @@ def _rope(c: _Config) -> tuple[float, Optional[dict]]:
     rope_theta (transformers 5: rope_parameters' rope_theta; GPT-NeoX: rotary_emb_base),
     10,000 where the config has none (transformers' default); the scaling's type and factor, with
     Llama 3.1's frequency band, from rope_parameters or rope_scaling (None for 'default')."""
-    params = c.data.get("rope_parameters") if isinstance(c.data.get("rope_parameters"), dict) else {}
+    rope_parameters = c.data.get("rope_parameters")
+    params = rope_parameters if isinstance(rope_parameters, dict) else {}
     key = next((k for k in ("rope_theta", "rotary_emb_base") if c.data.get(k) is not None), None)
-    theta = c.data.get(key) if key else params.get("rope_theta", 10000.0)
+    theta = c.data[key] if key else params.get("rope_theta", 10000.0)
     key = key or "rope_parameters"
     if _kind_problem(("number", 1, 1e12), theta):
         c.refuse(key, "the rotary base must be a number from 1 to 1e+12")
     for key in ("rope_parameters", "rope_scaling"):
         rope = c.data.get(key)
-        kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+        if not isinstance(rope, dict):  # no scaling here
+            continue
+        kind = rope.get("rope_type") or rope.get("type")
         if kind in (None, "default"):
             continue
         if kind not in ROPE_TYPES:
@@ -663,11 +666,11 @@ def _rope(c: _Config) -> tuple[float, Optional[dict]]:
         if factor is None and rope.get("original_max_position_embeddings"):
             factor = (c.get("max_position_embeddings") or 1) / rope["original_max_position_embeddings"]
         out = {"rope_type": kind, "factor": 1.0 if factor is None else factor}
-        parts = {
+        by_kind = {
             "llama3": ("low_freq_factor", "high_freq_factor"),
             "yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"),
         }
-        parts = (*parts.get(kind, ()), "original_max_position_embeddings")
+        parts = (*by_kind.get(kind, ()), "original_max_position_embeddings")
         out.update({k: rope[k] for k in parts if rope.get(k) is not None})
         for part, value in out.items():
             lo = 0.0 if part.startswith("mscale") else 1e-6  # a zero mscale scales nothing (GPT-OSS's mscale_all_dim)

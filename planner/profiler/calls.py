@@ -27,12 +27,15 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from cost_models.communication import GroupLink
 from cost_models.tables import layer_costs
 from cost_models.terms import DataParallel, Linear, dp_exposure
-from planner.specs import DTYPE_BYTES, ClusterSpec, Collective, JobSpec, ModelSpec
+from planner.specs import DTYPE_BYTES, Axis, ClusterSpec, Collective, JobSpec, Layout, ModelSpec
+
+if TYPE_CHECKING:  # torch is imported where it runs (stack_timings)
+    from torch.distributed.device_mesh import DeviceMesh
 
 STACK_LAYERS = 4  # blocks per timed stack: enough calls to average over, few enough to take seconds
 
@@ -74,10 +77,12 @@ def modeled_communication(stack: StackTiming, cluster: ClusterSpec, model: Model
     stack's compute as the window (terms.dp_exposure), per micro-batch."""
     link = GroupLink(cluster, stack.group_size, 1)
     if stack.tp > 1:
-        lc = layer_costs(model, cluster, job, stack.micro_batch_size, stack.tp, False, link)
+        lc = layer_costs(
+            model, cluster, job, Layout(micro_batch_size=stack.micro_batch_size, tp=stack.tp), {Axis.tp: link}
+        )
         return stack.layers * (lc.tp_forward + lc.tp_backward)
     e = DTYPE_BYTES[job.precision]
-    params = layer_costs(model, cluster, job, stack.micro_batch_size, 1, False, link).params
+    params = layer_costs(model, cluster, job, Layout(micro_batch_size=stack.micro_batch_size), {Axis.tp: link}).params
     costs = tuple(
         link.coefficients(c) for c in (Collective.all_reduce, Collective.all_gather, Collective.reduce_scatter)
     )
@@ -128,24 +133,15 @@ def fit_call_overheads(cluster: ClusterSpec, model: ModelSpec, job: JobSpec, sta
 # --------------------------------------------------------------------------- measurement (workers)
 
 
-def time_stacks(
-    model: ModelSpec,
-    device,
-    micro_batch: int,
-    seq_len: int,
-    tp: int,
-    reps: int,
-    warmup: int,
-    sync: Callable[[], None],
-    lockstep,
-) -> list[StackTiming]:
+def time_stacks(model: ModelSpec, device, micro_batch: int, seq_len: int, tp: int, timing) -> list[StackTiming]:
     """Every rank calls this: the TP stack over tp ranks (when tp > 1), the ZeRO-3 stack over
     all ranks, each beside its plain twin, repetitions interleaved so that all four see the
-    same load. Returns the same list on every rank."""
+    same load (`timing`: profiler/compute.py:Timing). Returns the same list on every rank."""
+    warmup, reps, sync, lockstep = timing.warmup, timing.reps, timing.sync, timing.lockstep
     import torch
     import torch.distributed as dist
 
-    from planner.distributed.reference_model import StageModule, build_model
+    from planner.distributed.reference_model import Block, StageModule, build_model
     from planner.executor import parallelize as par
     from planner.profiler.compute import shard_block
     from planner.specs import Plan
@@ -157,16 +153,17 @@ def time_stacks(
     def stack(shard: int = 1) -> StageModule:
         s = StageModule(build_model(spec, seed=0), 0, k, is_first=False, is_last=False)
         for block in s.layers:
+            assert isinstance(block, Block)  # a StageModule's layers
             shard_block(block, spec, shard)
         return s.to(device)
 
-    def layout(dp: int, t: int, zero: int) -> tuple[Plan, object]:
+    def layout(dp: int, t: int, zero: int) -> tuple[Plan, DeviceMesh]:
         plan = Plan(
             dp=dp, tp=t, pp=1, micro_batch_size=micro_batch, num_micro_batches=1, zero_stage=zero, layers_per_stage=[k]
         )
         return plan, par.build_mesh(plan, device.type)
 
-    variants: dict[str, object] = {"plain": stack()}
+    variants: dict[str, torch.nn.Module] = {"plain": stack()}
     if world > 1:  # ZeRO-3 exactly as plan run wraps it (FSDP2 per block, then the root)
         plan, mesh = layout(world, 1, 3)
         variants["zero3"] = par.apply_data_parallel(stack(), plan, mesh)

@@ -17,8 +17,9 @@ warm-up. Inputs are made before the clock starts.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 import time
-from typing import Callable
+from typing import Any, Callable, Literal
 
 import torch
 import torch.nn as nn
@@ -44,7 +45,7 @@ def _cpu_sdpa_backward_flops(
 def flop_counter() -> FlopCounterMode:
     """FlopCounterMode that also counts CPU attention: SDPA dispatches to
     _scaled_dot_product_flash_attention_for_cpu (and _backward), which the registry lacks."""
-    mapping = {}
+    mapping: dict[Any, Callable[..., int]] = {}  # aten operator -> its FLOP count
     aten = torch.ops.aten
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
         mapping[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_sdpa_flops
@@ -127,6 +128,19 @@ class Lockstep:
 ALONE = Lockstep()
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How a layer is timed: `warmup` untimed calls, then the median of `reps`, each started on
+    every rank together (`lockstep`) between device syncs (`sync`); `progress` is told what is
+    measured next."""
+
+    warmup: int
+    reps: int
+    sync: Callable[[], None]
+    progress: Callable[[str], None] = lambda s: None
+    lockstep: Lockstep = ALONE
+
+
 def _median_time(
     fn: Callable,
     reps: int,
@@ -149,7 +163,7 @@ def _median_time(
 
 
 def measure_module(
-    kind: str,
+    kind: Literal["block", "embedding", "head"],
     module: nn.Module,
     make_input: Callable[[], torch.Tensor],
     loss_of: Callable[[torch.Tensor], torch.Tensor],
@@ -157,10 +171,7 @@ def measure_module(
     seq_len: int,
     tp: int,
     analytic: float,
-    warmup: int,
-    reps: int,
-    sync: Callable[[], None],
-    lockstep: Lockstep = ALONE,
+    timing: Timing,
 ) -> LayerMeasurement:
     """Forward and backward time (medians), saved bytes and FLOPs of one module."""
     module.train()
@@ -172,6 +183,7 @@ def measure_module(
         out = fwd(x)
         loss_of(out).backward()
 
+    warmup, reps, sync, lockstep = timing.warmup, timing.reps, timing.sync, timing.lockstep
     for _ in range(warmup):
         step()
     # inputs are made outside the timed region (a layer of a model receives its input)
@@ -209,11 +221,7 @@ def profile_layers(
     micro_batches: list[int],
     seq_len: int,
     tps: list[int],
-    warmup: int,
-    reps: int,
-    sync: Callable[[], None],
-    progress: Callable[[str], None] = lambda s: None,
-    lockstep: Lockstep = ALONE,
+    timing: Timing,
 ) -> list[LayerMeasurement]:
     """Block (per TP shard), embedding and head+loss for every micro-batch size."""
     tdtype = TORCH_DTYPES[dtype]
@@ -224,7 +232,7 @@ def profile_layers(
         hidden = lambda: torch.randn(b, seq_len, spec.hidden_size, device=device, dtype=tdtype, requires_grad=True)  # noqa: E731
         for tp in tps:
             block = shard_block(Block(spec), spec, tp).to(device=device, dtype=tdtype)
-            progress(f"block b={b} tp={tp}")
+            timing.progress(f"block b={b} tp={tp}")
             out.append(
                 measure_module(
                     "block",
@@ -235,15 +243,12 @@ def profile_layers(
                     seq_len,
                     tp,
                     layer_flops_forward(spec, b, seq_len) / tp,
-                    warmup,
-                    reps,
-                    sync,
-                    lockstep,
+                    timing,
                 )
             )
             del block
         emb = Embedding(spec).to(device=device, dtype=tdtype)
-        progress(f"embedding b={b}")
+        timing.progress(f"embedding b={b}")
         out.append(
             measure_module(
                 "embedding",
@@ -254,15 +259,12 @@ def profile_layers(
                 seq_len,
                 1,
                 0.0,
-                warmup,
-                reps,
-                sync,
-                lockstep,
+                timing,
             )
         )
         head = Head(spec).to(device=device, dtype=tdtype)
         targets = torch.randint(0, spec.vocab_size, (b, seq_len), device=device)
-        progress(f"head b={b}")
+        timing.progress(f"head b={b}")
         out.append(
             measure_module(
                 "head",
@@ -273,10 +275,7 @@ def profile_layers(
                 seq_len,
                 1,
                 head_flops_forward(spec, b, seq_len),
-                warmup,
-                reps,
-                sync,
-                lockstep,
+                timing,
             )
         )
         del emb, head
@@ -343,11 +342,7 @@ def profile_factory_blocks(
     device: torch.device,
     micro_batches: list[int],
     seq_len: int,
-    warmup: int,
-    reps: int,
-    sync: Callable[[], None],
-    progress: Callable[[str], None] = lambda s: None,
-    lockstep: Lockstep = ALONE,
+    timing: Timing,
 ) -> list[LayerMeasurement]:
     """The first block of the user's model, unsharded: its input is (b, s, hidden_size)."""
     model = load_factory(factory)()
@@ -357,7 +352,7 @@ def profile_factory_blocks(
     block = blocks[0].to(device=device, dtype=TORCH_DTYPES[dtype])
     out = []
     for b in micro_batches:
-        progress(f"user block b={b}")
+        timing.progress(f"user block b={b}")
         hidden = lambda: torch.randn(  # noqa: E731
             b, seq_len, spec.hidden_size, device=device, dtype=TORCH_DTYPES[dtype], requires_grad=True
         )
@@ -371,10 +366,7 @@ def profile_factory_blocks(
                 seq_len,
                 1,
                 layer_flops_forward(spec, b, seq_len),
-                warmup,
-                reps,
-                sync,
-                lockstep,
+                timing,
             )
         )
     return out

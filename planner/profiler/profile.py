@@ -117,13 +117,13 @@ def work_items(
     stacks = 0.0
     if world > 1 and not req.model_factory:  # plain and ZeRO-3, then TP and its local twin: fwd + bwd each
         tp = stack_tp(tps)
-        shards = 2 + (2 / tp if tp > 1 else 0)
+        stack_runs = 2 + (2 / tp if tp > 1 else 0)
         stacks = (
             (req.warmup + req.layer_reps)
             * 3
             * STACK_LAYERS
             * layer_flops_forward(m, max(req.micro_batches), s)
-            * shards
+            * stack_runs
             / rate
         )
     return (
@@ -196,9 +196,9 @@ def _memory_and_overhead(device, nproc: int) -> tuple[float, float]:
 
     gib = 2**30
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        overhead = (total - free - torch.cuda.memory_allocated(device)) / gib
-        return total / gib, max(overhead, 0.0)
+        free, total_bytes = torch.cuda.mem_get_info(device)
+        overhead = (total_bytes - free - torch.cuda.memory_allocated(device)) / gib
+        return total_bytes / gib, max(overhead, 0.0)
     total = rss = 0.0
     with open("/proc/meminfo") as f:
         for line in f:
@@ -238,55 +238,13 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     tps = _tp_shards(req.model, nproc)
     progress = Progress(req.progress_path, len(work_items(req, tps, world, nproc, 1.0, 1)), rank == 0)
 
-    if req.model_factory:
-        layers = compute.profile_factory_blocks(
-            req.model_factory,
-            req.blocks_attr or "layers",
-            req.model,
-            dtype,
-            device,
-            list(req.micro_batches),
-            req.seq_len,
-            req.warmup,
-            req.layer_reps,
-            sync,
-            progress,
-            lockstep,
-        )
-        progress.skip(len(req.micro_batches) * (len(tps) + 1))  # the reference model's other layers: not measured
-    else:
-        layers = compute.profile_layers(
-            req.model,
-            dtype,
-            device,
-            list(req.micro_batches),
-            req.seq_len,
-            tps,
-            req.warmup,
-            req.layer_reps,
-            sync,
-            progress,
-            lockstep,
-        )
+    timing = compute.Timing(req.warmup, req.layer_reps, sync, progress, lockstep)
+    layers = _layers(req, dtype, device, tps, timing)
     progress("matmul sweep")
     matmul = compute.matmul_sweep(dtype, device, req.matmul_sizes, req.reps, sync, lockstep)
     progress("memory bandwidth")
     bandwidth = compute.copy_bandwidth(device, (64 if req.quick else 256) * 2**20, req.reps, sync, lockstep)
-    tables: dict = {}
-    if device.type == "cuda":  # the presets' kernel tables, measured (planner/profiler/kernels.py)
-        from planner.profiler import kernels
-
-        peak = known_peak(known_cluster(_device_name(device)), max(p.tflops for p in matmul))
-        tables = kernels.device_tables(
-            torch,
-            device,
-            torch.bfloat16,
-            req.reps,
-            sync,
-            [(p.flops, p.seconds) for p in matmul],
-            peak,
-            torch.cuda.get_device_properties(device).multi_processor_count,
-        )
+    tables = _kernel_tables(device, req.reps, sync, matmul) if device.type == "cuda" else {}
     dist.barrier()
     sweeps = links.sweep(rank, world, nproc, req.message_sizes, req.reps + 1, req.warmup, device, sync, progress)
     progress("communication/compute overlap")
@@ -294,17 +252,7 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     progress("collective calls as plan run issues them (a stack of blocks with TP and with ZeRO-3)")
     stacks = []
     if world > 1 and not req.model_factory:  # the executor shards the reference model's blocks only
-        stacks = calls.time_stacks(
-            req.model,
-            device,
-            max(req.micro_batches),
-            req.seq_len,
-            stack_tp(tps),
-            req.layer_reps,
-            req.warmup,
-            sync,
-            lockstep,
-        )
+        stacks = calls.time_stacks(req.model, device, max(req.micro_batches), req.seq_len, stack_tp(tps), timing)
     progress.finish("gathering the measurements")
 
     gathered: list = [None] * world
@@ -313,7 +261,44 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
     if rank != 0:
         dist.destroy_process_group()
         return None
-    env = ProfileEnvironment(
+    env = _environment(req, device, dtype, world, nproc)
+    dist.destroy_process_group()
+    return {"env": env, "per_rank": gathered, "sweeps": sweeps, "overlap": overlap, "stacks": stacks, "kernels": tables}
+
+
+def _layers(req: ProfileRequest, dtype: DType, device, tps: list[int], timing) -> list[LayerMeasurement]:
+    """The layers measured: the user's blocks (--model-factory), or the reference model's."""
+    from planner.profiler import compute
+
+    if req.model_factory:
+        micro = list(req.micro_batches)
+        layers = compute.profile_factory_blocks(
+            req.model_factory, req.blocks_attr or "layers", req.model, dtype, device, micro, req.seq_len, timing
+        )
+        timing.progress.skip(len(req.micro_batches) * (len(tps) + 1))  # the reference model's other layers
+        return layers
+    return compute.profile_layers(req.model, dtype, device, list(req.micro_batches), req.seq_len, tps, timing)
+
+
+def _kernel_tables(device, reps: int, sync, matmul) -> dict:
+    """The presets' kernel tables, measured on a GPU (planner/profiler/kernels.py)."""
+    import torch
+
+    from planner.profiler import kernels
+
+    peak = known_peak(known_cluster(_device_name(device)), max(p.tflops for p in matmul))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return kernels.device_tables(
+        torch, device, torch.bfloat16, reps, sync, [(p.flops, p.seconds) for p in matmul], peak, sms
+    )
+
+
+def _environment(req: ProfileRequest, device, dtype: DType, world: int, nproc: int) -> ProfileEnvironment:
+    """Where and how the profile was measured."""
+    import torch
+    import torch.distributed as dist
+
+    return ProfileEnvironment(
         torch_version=torch.__version__,
         backend=dist.get_backend(),
         device_type=device.type,
@@ -326,8 +311,6 @@ def profile_worker(req: ProfileRequest) -> Optional[dict]:
         hostname=socket.gethostname(),
         quick=req.quick,
     )
-    dist.destroy_process_group()
-    return {"env": env, "per_rank": gathered, "sweeps": sweeps, "overlap": overlap, "stacks": stacks, "kernels": tables}
 
 
 def _median_layers(per_rank: list[list[LayerMeasurement]]) -> list[LayerMeasurement]:
@@ -464,34 +447,7 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
         sustained = known.device.sustained_fraction if known is not None else 1.0
         device = device.model_copy(update={**result["kernels"], "sustained_fraction": sustained})
     sweeps = result["sweeps"]
-
-    def tier(inter: bool, label: str) -> Optional[LinkTier]:
-        fits = [
-            CollectiveFit(
-                collective=s.collective,
-                group_size=s.group_size,
-                latency_us=s.latency_us,
-                bandwidth_gbps=s.bandwidth_gbps,
-            )
-            for s in sweeps
-            if s.inter_node == inter
-        ]
-        missing = set(REQUIRED_COLLECTIVES) - {f.collective for f in fits}
-        if not fits or missing:
-            return None
-        return LinkTier(name=label, collectives=fits)
-
-    intra = tier(False, f"measured inside a node ({env.backend})")
-    inter = tier(True, f"measured across nodes ({env.backend})")
-    if intra is None and inter is None:  # a single rank: nothing to time
-        intra = LinkTier(
-            name="not measured (one rank)",
-            collectives=[CollectiveFit(collective=c, latency_us=0.0, bandwidth_gbps=1e6) for c in REQUIRED_COLLECTIVES],
-        )
-    if inter is None:
-        inter = intra.model_copy(update={"name": "not measured (single node): the intra-node fits"})
-    if intra is None:
-        intra = inter.model_copy(update={"name": "not measured (one rank per node): the inter-node fits"})
+    intra, inter = _link_tiers(sweeps, env.backend)
     domain, note = None, ""
     share = shared_domain_share(sweeps)
     if env.device_type == "cuda" and env.nnodes > 1 and share is not None and share >= DOMAIN_SHARE:
@@ -522,3 +478,38 @@ def assemble(result: dict, name: str, model: ModelSpec) -> ClusterSpec:
         return cluster
     job = JobSpec(global_batch_size=1, seq_len=stacks[0].seq_len, precision=env.dtype)
     return fit_call_overheads(cluster, model, job, stacks)
+
+
+def _link_tiers(sweeps: list, backend: str) -> tuple[LinkTier, LinkTier]:
+    """The intra- and inter-node link tiers the sweeps fit (a tier not measured takes the
+    other's fits; a single rank measures neither)."""
+
+    def tier(inter: bool, label: str) -> Optional[LinkTier]:
+        fits = [
+            CollectiveFit(
+                collective=s.collective,
+                group_size=s.group_size,
+                latency_us=s.latency_us,
+                bandwidth_gbps=s.bandwidth_gbps,
+            )
+            for s in sweeps
+            if s.inter_node == inter
+        ]
+        missing = set(REQUIRED_COLLECTIVES) - {f.collective for f in fits}
+        if not fits or missing:
+            return None
+        return LinkTier(name=label, collectives=fits)
+
+    intra = tier(False, f"measured inside a node ({backend})")
+    inter = tier(True, f"measured across nodes ({backend})")
+    if intra is None and inter is None:  # a single rank: nothing to time
+        intra = LinkTier(
+            name="not measured (one rank)",
+            collectives=[CollectiveFit(collective=c, latency_us=0.0, bandwidth_gbps=1e6) for c in REQUIRED_COLLECTIVES],
+        )
+    if inter is None:
+        assert intra is not None  # set above where both were None
+        inter = intra.model_copy(update={"name": "not measured (single node): the intra-node fits"})
+    if intra is None:
+        intra = inter.model_copy(update={"name": "not measured (one rank per node): the inter-node fits"})
+    return intra, inter

@@ -7,7 +7,7 @@ the same expressions (cost_models/terms.py) that the estimate evaluates and the 
 - :func:`min_peak_memory`: the least peak memory of any split (every layer in its most frugal
   recompute mode, ranks balanced by water-filling).
 
-All are proven lower bounds, so pruning on them is safe; tests/test_terms_consistency.py
+All are proven lower bounds, so pruning on them is safe; tests/unit/cost_models/test_terms_consistency.py
 checks them against the estimate on random splits.
 """
 

@@ -19,7 +19,9 @@ from cost_models.terms import MODES
 from planner.specs import ClusterSpec, JobSpec, ModelSpec
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
-from .candidates import Candidate, CostTables, SearchSpace, candidate_modes, enumerate_candidates
+from planner.specs import Layout
+
+from .candidates import CostTables, SearchSpace, candidate_modes, enumerate_candidates
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -38,7 +40,7 @@ def mode_splits(n: int, modes: tuple = MODES) -> list[tuple[int, int, int]]:
 @dataclass
 class BruteResult:
     value: Optional[float]  # best seconds per token, None if nothing fits
-    candidate: Optional[Candidate]
+    candidate: Optional[Layout]
     counts: Optional[tuple]
     evaluated: int
     seconds: float
@@ -66,7 +68,7 @@ def brute_force(
     full = SearchSpace(**{**space.__dict__, "include_dominated": True})
     cands, _ = enumerate_candidates(model, cluster, full)
     tables = CostTables(model, cluster, job)
-    best = (None, None, None)
+    best: tuple[Optional[float], Optional[Layout], Optional[tuple]] = (None, None, None)  # (value, layout, counts)
     evaluated = 0
     for c in cands:
         pc = tables.pipeline(c)

@@ -1,7 +1,7 @@
 """Step 1 of the search: enumerate layouts (every outer choice except the layer split and
 recompute), cost them from cached tables, and bound them from below.
 
-A Candidate fixes dp, tp, pp, virtual stages, micro-batch size and count, schedule, ZeRO
+A Layout fixes dp, tp, pp, virtual stages, micro-batch size and count, schedule, ZeRO
 stage, sequence parallelism and mesh order. What is left (layers per stage and per-stage
 recompute counts) is the ILP's job. Each candidate gets two lower bounds on its best
 time per token: a cheap one that ignores memory (O(1)) and a refined one that charges the
@@ -34,16 +34,18 @@ from cost_models.terms import MODES
 from planner.specs import (
     MAX_GLOBAL_BATCH,
     REQUIRED_COLLECTIVES,
+    MESH_AXES,
     Axis,
     ClusterSpec,
     Collective,
     JobSpec,
+    Layout,
     ModelSpec,
-    Plan,
     Recompute,
     Schedule,
     tp_problem,
 )
+from planner.stacks.stack import Rules
 
 from .deadline import NO_DEADLINE, Deadline, polled
 
@@ -60,56 +62,9 @@ FIXED = "excluded_by_fix"
 TARGET = "not_expressible_in_target"  # plan solve --target: the stack cannot run the layout
 
 
-@dataclass(frozen=True, order=True)
-class Candidate:
-    """One layout, everything fixed but the layer split and per-stage recompute."""
-
-    dp: int
-    tp: int
-    pp: int
-    vpp: int
-    micro_batch_size: int
-    num_micro_batches: int
-    schedule: Schedule
-    zero_stage: int
-    sequence_parallel: bool
-    mesh_order: tuple
-    tp_comm_overlap: bool = False
-    ep: int = 1  # expert parallelism (MoE models): experts split over ep ranks of tp x dp
-    fp8: bool = False  # GEMMs in FP8
-    cp: int = 1  # context parallelism: each sequence split over cp ranks (inside the dp axis)
-    recompute_norm_act: bool = False  # Plan.recompute_norm_act (its layers never fully recomputed)
-
-    def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
-        return Plan(
-            dp=self.dp,
-            tp=self.tp,
-            pp=self.pp,
-            vpp=self.vpp,
-            micro_batch_size=self.micro_batch_size,
-            ep=self.ep,
-            fp8=self.fp8,
-            cp=self.cp,
-            num_micro_batches=self.num_micro_batches,
-            schedule=self.schedule,
-            zero_stage=self.zero_stage,
-            sequence_parallel=self.sequence_parallel,
-            mesh_order=list(self.mesh_order),
-            tp_comm_overlap=self.tp_comm_overlap,
-            recompute_norm_act=self.recompute_norm_act,
-            layers_per_stage=layers_per_stage,
-            stage_recompute=stage_recompute,
-            recompute=recompute,
-        )
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.dp * self.micro_batch_size * self.num_micro_batches
-
-
 @dataclass(frozen=True)
 class SearchSpace:
-    """What the search may vary. `fixed` pins fields of Candidate (from --fix)."""
+    """What the search may vary. `fixed` pins fields of Layout (from --fix)."""
 
     num_gpus: int
     global_batch_size: Optional[int] = None  # fixed batch; else micro_batch_size (+ micro_batches)
@@ -124,9 +79,9 @@ class SearchSpace:
     tp_comm_overlap: tuple = (False,)  # choices for Plan.tp_comm_overlap (both where the target has it)
     # choices for Plan.recompute_norm_act (both where the target has it and it frees memory: norm_act_choices)
     recompute_norm_act: tuple = (False,)
-    rules: Optional[object] = None  # planner/stacks/stack.py:Rules of the target stack: only what it can express
-    # Candidate -> what else the stack cannot run of the layout (its Stack.layout_problems,
-    # which reads only fields a Candidate shares with a Plan: no Plan is built per candidate)
+    rules: Optional[Rules] = None  # the target stack's Rules: only what it can express
+    # Layout -> what else the stack cannot run of the layout (its Stack.layout_problems,
+    # which reads only fields a Layout shares with a Plan: no Plan is built per candidate)
     target_problems: Optional[Callable] = None
     fp8: tuple = (False,)  # choices for Plan.fp8 ((False, True) with `plan solve --fp8` on a device that has it)
     cp_degrees: tuple = (1,)  # context-parallel degrees to try (plan solve: for long sequences, see cli/solve.py)
@@ -158,6 +113,7 @@ def _batch_options(space: SearchSpace, dp: int, pp: int) -> list[tuple[int, int]
             return []
         per_replica = space.global_batch_size // dp
         return [(b, per_replica // b) for b in divisors(per_replica, space.max_micro_batch_size)]
+    assert space.micro_batch_size is not None  # given where the global batch is not (planner/api.py:solve)
     m = space.micro_batches or 3 * pp  # the usual 2-4x rule for 1F1B: m = 3 x stages
     if dp * space.micro_batch_size * m > MAX_GLOBAL_BATCH:  # a step of more sequences than any document holds
         return []
@@ -175,7 +131,7 @@ def _mesh_orders(cluster: ClusterSpec, dp: int, tp: int, pp: int, keep_all: bool
         links = mesh_links(cluster, dp, tp, pp, order)
         vec = tuple(
             x
-            for a in Axis
+            for a in MESH_AXES
             for c in collectives
             for x in (links[a].coefficients(c) if links[a].size > 1 else (0.0, 0.0))
         )
@@ -200,7 +156,7 @@ class Layouts:
     so far: what the searches of several stacks over one space share (planner/search/stacks.py)."""
 
     space: SearchSpace  # the space they were enumerated for
-    candidates: tuple  # of Candidate, in enumeration order
+    candidates: tuple  # of Layout, in enumeration order
     rejected: Counter
 
     def covers(self, space: SearchSpace) -> bool:
@@ -226,7 +182,7 @@ def _untargeted(space: SearchSpace) -> SearchSpace:
     )
 
 
-def candidate_modes(space: SearchSpace, c: Candidate) -> tuple:
+def candidate_modes(space: SearchSpace, c: Layout) -> tuple:
     """The recompute modes candidate `c`'s layers may use: the space's, less full recompute
     where they recompute their norms and activation (Plan.recompute_norm_act: a fully recomputed
     layer reruns its whole forward, and no stack does both)."""
@@ -241,7 +197,7 @@ def enumerate_candidates(
     space: SearchSpace,
     layouts: Optional[Layouts] = None,
     deadline: Deadline = NO_DEADLINE,
-) -> tuple[list[Candidate], Counter]:
+) -> tuple[list[Layout], Counter]:
     """Every layout of the search space, and how many were rejected and why: the layouts
     (`layouts` when enumerated once for several targets), less what --fix excludes and what
     the target stack cannot express. OutOfTime (planner/search/deadline.py) past `deadline`."""
@@ -250,7 +206,7 @@ def enumerate_candidates(
     elif not layouts.covers(space):
         raise ValueError("enumerate_candidates: layouts of another search space")  # an internal invariant
     rejected = Counter(layouts.rejected)
-    out: list[Candidate] = []
+    out: list[Layout] = []
     seen: dict = {}  # the rules' verdicts, which no micro-batching changes
     for c in polled(layouts.candidates, deadline):
         if c.sequence_parallel and c.tp_comm_overlap not in space.tp_comm_overlap:
@@ -272,7 +228,7 @@ def enumerate_layouts(
     """Every layout of the search space that can work and can win (divisibility, TP inside a
     node, dominated choices), before --fix and the target's rules. OutOfTime past `deadline`."""
     rejected: Counter = Counter()
-    out: list[Candidate] = []
+    out: list[Layout] = []
     n, L = space.num_gpus, model.num_layers
     max_tp = space.max_tp or cluster.domain_gpus  # TP inside the fast link's domain
     order_cache: dict = {}
@@ -338,7 +294,7 @@ def enumerate_layouts(
                                         orders, space.tp_comm_overlap if sp else (False,), eps, space.fp8, norm_act
                                     ):
                                         out.append(
-                                            Candidate(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp, na)
+                                            Layout(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp, na)
                                         )
     return Layouts(space, tuple(out), rejected)
 
@@ -348,10 +304,11 @@ def _ep_degrees(model: ModelSpec, dp: int, tp: int) -> list[int]:
     divisor of the expert count and tp x dp (specs.ep_problem's rule)."""
     if not model.is_moe:
         return [1]
+    assert model.num_experts is not None  # model.is_moe
     return divisors(math.gcd(model.num_experts, tp * dp))
 
 
-def stack_problems(space: SearchSpace, c: Candidate, num_layers: int, seen: Optional[dict] = None) -> list[str]:
+def stack_problems(space: SearchSpace, c: Layout, num_layers: int, seen: Optional[dict] = None) -> list[str]:
     """Why the space's target stack cannot run this layout whatever its split (its Rules, an even
     split the layers do not divide, and what it refuses beyond them); [] where it can. `seen`: a
     cache of the rules' verdicts over one space's candidates (they ignore the micro-batching)."""
@@ -375,21 +332,7 @@ def stack_problems(space: SearchSpace, c: Candidate, num_layers: int, seen: Opti
     )
     out = None if seen is None else seen.get(key)
     if out is None:
-        out = rules.layout_problems(
-            dp=c.dp,
-            tp=c.tp,
-            pp=c.pp,
-            vpp=c.vpp,
-            schedule=c.schedule,
-            zero_stage=c.zero_stage,
-            sequence_parallel=c.sequence_parallel,
-            tp_comm_overlap=c.tp_comm_overlap,
-            mesh_order=c.mesh_order,
-            ep=c.ep,
-            fp8=c.fp8,
-            cp=c.cp,
-            recompute_norm_act=c.recompute_norm_act,
-        )
+        out = rules.layout_problems(c)
         if rules.split == "even" and num_layers % (c.pp * c.vpp):
             out.append(f"{num_layers} layers over {c.pp * c.vpp} stages ({rules.stack} splits layers evenly)")
         if seen is not None:
@@ -410,13 +353,13 @@ class CostTables:
         self._edge: dict = {}
         self._flops: dict = {}
 
-    def links(self, c: Candidate) -> dict:
+    def links(self, c: Layout) -> dict:
         key = (c.dp * c.cp, c.tp, c.pp, c.mesh_order)
         if key not in self._links:
             self._links[key] = mesh_links(self.cluster, c.dp * c.cp, c.tp, c.pp, c.mesh_order)
         return self._links[key]
 
-    def layer(self, c: Candidate) -> LayerCosts:
+    def layer(self, c: Layout) -> LayerCosts:
         tp_link = self.links(c)[Axis.tp]
         ep_link = self.ep_link(c)
         cp_link = cp_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.cp, c.mesh_order)
@@ -434,28 +377,18 @@ class CostTables:
             c.recompute_norm_act,
         )
         if key not in self._layer:
-            self._layer[key] = layer_costs(
-                self.model,
-                self.cluster,
-                rank_job(self.job, c.cp),
-                c.micro_batch_size,
-                c.tp,
-                c.sequence_parallel,
-                tp_link,
-                c.tp_comm_overlap,
-                c.ep,
-                ep_link,
-                fp8=c.fp8,
-                cp=c.cp,
-                cp_link=cp_link,
-                norm_act=c.recompute_norm_act,
-            )
+            groups = {
+                Axis.tp: tp_link,
+                **({Axis.ep: ep_link} if ep_link else {}),
+                **({Axis.cp: cp_link} if cp_link else {}),
+            }
+            self._layer[key] = layer_costs(self.model, self.cluster, rank_job(self.job, c.cp), c, groups)
         return self._layer[key]
 
-    def ep_link(self, c: Candidate):
+    def ep_link(self, c: Layout):
         return ep_link_of(self.cluster, c.dp * c.cp, c.tp, c.pp, c.ep, c.mesh_order) if c.ep > 1 else None
 
-    def edge(self, c: Candidate) -> EdgeCosts:
+    def edge(self, c: Layout) -> EdgeCosts:
         links = self.links(c)
         ep_link = self.ep_link(c)
         # the first dense layers and multi-token prediction are costed from the layer (self.layer):
@@ -478,57 +411,67 @@ class CostTables:
             c.recompute_norm_act if layered else None,
         )
         if key not in self._edge:
-            self._edge[key] = edge_costs(
-                self.model,
-                self.cluster,
-                rank_job(self.job, c.cp),
-                c.micro_batch_size,
-                c.tp,
-                c.sequence_parallel,
-                c.pp,
-                links[Axis.tp],
-                links[Axis.pp],
-                c.ep,
-                ep_link,
-                self.layer(c),
-                c.fp8,
-                c.recompute_norm_act,
-            )
+            groups = {**links, **({Axis.ep: ep_link} if ep_link else {})}
+            self._edge[key] = edge_costs(self.model, self.cluster, rank_job(self.job, c.cp), c, groups, self.layer(c))
         return self._edge[key]
 
-    def job_for(self, c: Candidate) -> JobSpec:
+    def job_for(self, c: Layout) -> JobSpec:
         if c.global_batch_size == self.job.global_batch_size:
             return self.job
         return self.job.model_copy(update={"global_batch_size": c.global_batch_size})
 
-    def flops(self, c: Candidate) -> float:
+    def flops(self, c: Layout) -> float:
         batch = c.global_batch_size
         if batch not in self._flops:
             self._flops[batch] = model_flops_per_step(self.model, batch, self.job.seq_len)
         return self._flops[batch]
 
-    def pipeline(self, c: Candidate) -> PipelineCosts:
+    def pipeline(self, c: Layout) -> PipelineCosts:
         return layout_costs(
-            self.model,
-            self.cluster,
-            self.job,
-            c.dp,
-            c.tp,
-            c.pp,
-            c.vpp,
-            c.micro_batch_size,
-            c.num_micro_batches,
-            c.schedule,
-            c.zero_stage,
-            c.sequence_parallel,
-            c.mesh_order,
-            self.links(c),
-            self.layer(c),
-            self.edge(c),
-            self.flops(c),
-            tp_overlap=c.tp_comm_overlap,
-            ep=c.ep,
-            fp8=c.fp8,
-            cp=c.cp,
-            norm_act=c.recompute_norm_act,
+            self.model, self.cluster, self.job, c, self.links(c), self.layer(c), self.edge(c), self.flops(c)
         )
+
+
+# --fix's names of Layout fields (KEY=VALUE), the short one first: planner/inputs.py:parse_fixes
+# reads them, refusals write them back (fix_key, fix_text).
+FIX_KEYS = {
+    "dp": ("dp", int),
+    "tp": ("tp", int),
+    "pp": ("pp", int),
+    "vpp": ("vpp", int),
+    "ep": ("ep", int),
+    "cp": ("cp", int),
+    "mbs": ("micro_batch_size", int),
+    "micro_batch_size": ("micro_batch_size", int),
+    "zero": ("zero_stage", int),
+    "zero_stage": ("zero_stage", int),
+    "sp": ("sequence_parallel", "bool"),
+    "sequence_parallel": ("sequence_parallel", "bool"),
+    "schedule": ("schedule", str),
+    "mesh_order": ("mesh_order", "axes"),
+    "recompute": ("recompute", str),
+    "tp_comm_overlap": ("tp_comm_overlap", "bool"),
+    "fp8": ("fp8", "bool"),
+    "recompute_norm_act": ("recompute_norm_act", "bool"),
+}
+
+
+def fix_items(fixes) -> tuple[str, ...]:
+    """--fix's KEY=VALUE strings, from those strings or from a mapping {key: value} (the API's:
+    {"tp": 8, "sp": True, "mesh_order": ["tp", "pp", "dp"]})."""
+    if not hasattr(fixes, "items"):
+        return tuple(fixes)
+    return tuple(f"{key}={fix_text(value)}" for key, value in fixes.items())
+
+
+def fix_key(field: str) -> str:
+    """The shortest --fix key for a Layout field (`mbs` for micro_batch_size)."""
+    return next(key for key, (f, _) in FIX_KEYS.items() if f == field)
+
+
+def fix_text(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(getattr(v, "value", v)) for v in value)
+    return str(getattr(value, "value", value))

@@ -21,9 +21,9 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional, cast
 
-from planner.distributed.launch import Interrupted
+from planner.errors import Interrupted
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
@@ -111,7 +111,8 @@ def _interrupted(signum: int) -> Interrupted:
 
 
 def _on_signal(signum, _frame) -> None:
-    cancel = getattr(_in_solver, "cancel", False)
+    # False outside solver_running; inside it, the `cancel` solver_running was given
+    cancel = cast("Literal[False] | Optional[Callable[[], None]]", getattr(_in_solver, "cancel", False))
     if cancel is False:
         raise _interrupted(signum)
     _pending.append(signum)  # solver_running() raises it when the solver returns

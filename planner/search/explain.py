@@ -39,13 +39,13 @@ def explain(
         "activations": peak.activations,
         "temporary": peak.temporary,
     }
-    part = max(parts, key=parts.get)
+    part = max(parts, key=parts.__getitem__)
     memory = (
         f"pipeline rank {peak.pipeline_rank}: {peak.total:.1f} of {gib(est.memory_capacity_gib)} GiB, mostly {part} "
         f"({parts[part]:.1f} GiB); to relieve it: {_MEMORY_HINTS[part]}"
     )
     bd = est.time_breakdown_s.model_dump()
-    top = max(bd, key=bd.get)
+    top = max(bd, key=bd.__getitem__)
     compute = (
         f"{top.replace('_', ' ')} takes {bd[top]:.3g} s of the {est.step_time_s:.3g} s step "
         f"({100 * bd[top] / est.step_time_s:.0f}%) on pipeline rank {est.bottleneck_pipeline_rank}; MFU {100 * est.mfu:.1f}%"

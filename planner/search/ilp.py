@@ -31,7 +31,7 @@ from cost_models.tables import PipelineCosts
 from cost_models.terms import MODES, Hidden, LayoutTerms, Linear, RankTerms
 
 from .bounds import convex_minorant, integer_slowest_rank_time, rank_time_floors
-from .candidates import Candidate
+from planner.specs import Layout
 from .deadline import NO_DEADLINE, Deadline, solver_running, stop_requested
 
 
@@ -50,7 +50,7 @@ FLOOR_SLACK = 1e-9
 
 @dataclass(frozen=True)
 class Solution:
-    candidate: Candidate
+    candidate: Layout
     counts: tuple  # per virtual stage (none, selective, full) layer counts
     objective: float  # the ILP's value for this candidate: seconds per step
     proven: bool  # False when the solver stopped (time limit) before proving it optimal
@@ -174,6 +174,9 @@ class _Block:
     Times enter multiplied by `ts` (time units chosen so that the step is O(100)): the
     solver's absolute feasibility tolerances then stay far below what the model resolves."""
 
+    w: list  # per stage: whether any layer is fully recomputed (binary; _layer_split)
+    slowest_floor: float | None  # bounds.py:integer_slowest_rank_time (add_candidate)
+
     def __init__(self, prob, pc: PipelineCosts, y, ts: float, modes: tuple, rules=None):
         self.prob, self.pc, self.terms, self.y, self.ts, self.rules = prob, pc, pc.terms, y, ts, rules
         L, P = pc.num_layers, pc.num_stages
@@ -269,7 +272,9 @@ def _hidden(b: _Block, name: str, h: Hidden, counts, layer_range: tuple[int, int
     bucket, a binary z picks the piece set (z = 1: full)."""
     ts, U = b.ts, b.var(name, 0)
     b.add(U >= b.lin(h.window_piece(), counts, ts), f"{name}w_")
-    lo, hi = (h.bucket_bytes((n, 0, 0)) for n in layer_range) if h.bucket_bytes is not None else (None, None)
+    # (the gradient bytes at the range's ends; unread without a bucket, which takes the first branch)
+    no_bytes = (float("inf"), float("inf"))
+    lo, hi = (h.bucket_bytes((n, 0, 0)) for n in layer_range) if h.bucket_bytes is not None else no_bytes
     if h.bucket_bytes is None or lo >= h.bucket:
         b.add(U >= b.lin(h.edge_piece(True), counts, ts), f"{name}e_")
     elif hi <= h.bucket:
@@ -437,7 +442,7 @@ def _counts(x) -> tuple:
 
 
 def solve_candidate(
-    cand: Candidate,
+    cand: Layout,
     pc: PipelineCosts,
     memory_limit_gib: float,
     solver: str,

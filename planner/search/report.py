@@ -11,6 +11,7 @@ from .solve import TIE_RULE, SearchResult, SearchStats, seconds_per_token
 
 def solve_document(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, result: SearchResult) -> SolveDocument:
     best = result.best
+    assert best is not None  # a search that found a plan (planner/api.py:solve raises otherwise)
     tables = CostTables(model, cluster, best.job)
     pc = tables.pipeline(best.candidate)
     faster = [i for i, a in enumerate(result.alternatives, start=1) if seconds_per_token(a) < seconds_per_token(best)]

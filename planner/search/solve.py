@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Callable, Optional
+from typing import Optional
 
 from cost_models.estimate import evaluate
 from cost_models.memory import GIB
@@ -30,18 +30,21 @@ from cost_models.tables import PipelineCosts
 from cost_models.terms import MODES
 from planner.errors import InfeasibleError, MemoryMiss
 from planner.specs import ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Recompute, Schedule, StageRecompute
+from planner.stacks import validate_plan
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
 from .bounds import cheap_bound, min_peak_memory, refined_bound
+from planner.specs import Layout
 from .candidates import (
     MEMORY,
     TP_ACROSS_NODES,
-    Candidate,
     CostTables,
     Layouts,
     SearchSpace,
     candidate_modes,
     enumerate_candidates,
+    fix_key,
+    fix_text,
     stack_problems,
 )
 from .deadline import NO_DEADLINE, Deadline, OutOfTime, polled
@@ -52,7 +55,7 @@ REL_TOL = 1e-9  # bound comparisons
 
 @dataclass
 class Found:
-    candidate: Candidate
+    candidate: Layout
     plan: Plan
     job: JobSpec
     estimate: Estimate
@@ -84,7 +87,7 @@ class SearchResult:
     stacks: list = field(default_factory=list)  # without a target: each stack's own search (planner/search/stacks.py)
 
 
-def decode(c: Candidate, counts) -> Plan:
+def decode(c: Layout, counts) -> Plan:
     """A Plan from the ILP's per-stage (none, selective, full) layer counts."""
     layers = [sum(x) for x in counts]
     modes = {i for x in counts for i, v in enumerate(x) if v}
@@ -180,7 +183,6 @@ def solve(
     top_k: int = 3,
     time_limit: Optional[float] = None,
     solver: Optional[str] = None,
-    progress: Optional[Callable[[str], None]] = None,
     layouts: Optional[Layouts] = None,
     deadline: Deadline = NO_DEADLINE,
 ) -> SearchResult:
@@ -204,8 +206,6 @@ def solve(
     except OutOfTime:  # no bound for every candidate yet: no plan, nothing proven (the only bound is 0)
         stats.optimal, stats.lower_bound, stats.solve_time_s = False, 0.0, time.perf_counter() - start
         return SearchResult(None, [], stats)
-    if progress:
-        progress(f"{len(cands)} candidates bounded in {time.perf_counter() - start:.2f} s")
     found, unproven, cut = _search(cands, costs, heap, limit, top_k, solver, space, stats, deadline)
     stats.pruned_by_bound = len(heap) + cut  # + candidates whose ILP proved them no faster than the k-th plan
     stats.solve_time_s = time.perf_counter() - start
@@ -217,9 +217,6 @@ def solve(
 
     results = [
         _materialise(
-            model,
-            cluster,
-            job,
             tables,
             costs[i],
             sol,
@@ -422,9 +419,6 @@ def tidy(
 
 
 def _materialise(
-    model,
-    cluster,
-    job,
     tables: CostTables,
     pc: PipelineCosts,
     sol: Solution,
@@ -437,8 +431,8 @@ def _materialise(
     counts = settle(pc, sol.counts, limit_gib, modes, solver, rules, deadline)
     plan = decode(sol.candidate, counts)
     cjob = tables.job_for(sol.candidate)
-    plan.validate_for(model, cjob)
-    # The ILP optimises exactly what `plan estimate` predicts (tests/test_terms_consistency.py).
+    validate_plan(plan, tables.model, cjob)
+    # The ILP optimises exactly what `plan estimate` predicts (tests/unit/cost_models/test_terms_consistency.py).
     return Found(sol.candidate, plan, cjob, evaluate(pc, list(counts)))
 
 
@@ -508,8 +502,6 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
     (what a solve without them enumerates), each layout scored by the fixes it breaks; a fix
     that alone rules out a layout is named, and two or more such are named as clashing. Else the
     sizes that leave none, and what rejected them. Past the deadline, the short line."""
-    from planner.inputs import fix_key, fix_text  # planner.inputs builds search spaces: imported late
-
     short = "no layout of the search space is valid for this model and GPU count (check --fix and divisibility)"
     shown = {k: f"--fix {fix_key(k)}={fix_text(v)}" for k, v in space.fixed.items()}
     try:
@@ -543,6 +535,7 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
     except OutOfTime:
         refused = None
     if refused:  # layouts with the fixes exist; the target stack runs none of them
+        assert space.rules is not None  # stack_refusal refuses only for a target stack
         names = " and ".join(shown.values())
         return (
             f"no layout {space.rules.stack} can run has {names}: {refused}; change or drop {'it' if len(shown) == 1 else 'them'}, "
@@ -553,8 +546,9 @@ def _no_valid_layout(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
             f"no layout of the search space is valid with {shown[next(iter(alone))]} ({model.name} on {space.num_gpus:,} "
             f"GPUs has layouts without it: its divisibility or the target stack rules it out); change or drop it{cross}"
         )
-    if alone or fewest:
-        names = " and ".join(shown[k] for k in sorted(alone or fewest))
+    clash = alone or fewest
+    if clash:
+        names = " and ".join(shown[k] for k in sorted(clash))
         return (
             f"no layout of the search space is valid with {names} together ({model.name} on {space.num_gpus:,} GPUs has "
             f"layouts without {'any one' if alone else 'all'} of them); change or drop {'one' if alone else 'them'}{cross}"

@@ -17,7 +17,7 @@ from planner.units import gib
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, cast
 
 from cost_models import memory
 from planner import stacks
@@ -25,10 +25,11 @@ from planner.errors import InfeasibleError, UsageError
 from planner.specs import ClusterSpec, JobSpec, ModelSpec, Recompute, Target
 from planner.specs import memory_limit_gib as memory_limit_gib_of
 
-from .candidates import MEMORY, SearchSpace, enumerate_layouts
+from .candidates import MEMORY, SearchSpace, enumerate_layouts, fix_key, fix_text
 from .deadline import NO_DEADLINE, Deadline, OutOfTime
 from .ilp import default_solver
 from .solve import (
+    Found,
     SearchResult,
     SearchStats,
     break_ties,
@@ -47,7 +48,7 @@ STACK_TARGETS = tuple(Target(s) for s in stacks.EXPORT_STACKS)  # what `plan sol
 # gpt3-175b on 1,024 A100s accelerate has 24 candidates (no pipeline), deepspeed 108 (no TP
 # with pp), torchtitan 108 and megatron 3,890 (TP overlap doubles the SP layouts; 0.9 s to
 # enumerate and bound on the 2-core development machine, against a --time-limit 0.5; the order is
-# checked in tests/test_api.py). Results are pooled in STACK_TARGETS order all the same.
+# checked in tests/unit/api/test_api.py). Results are pooled in STACK_TARGETS order all the same.
 SEARCH_ORDER = (Target.accelerate, Target.deepspeed, Target.torchtitan, Target.megatron)
 
 
@@ -114,8 +115,6 @@ def _refuse_fixes(fixed: dict, rules) -> None:
     """FixRefusal for the first --fix the stack cannot express whatever the rest of the layout
     (Rules.value_problem: a ZeRO stage, schedule or feature it lacks, a degree over its maximum).
     (Fixes that clash only with other choices are the search's to report.)"""
-    from planner.inputs import fix_key, fix_text  # planner.inputs builds search spaces: imported late
-
     for key, value in fixed.items():
         why = rules.value_problem(key, value)
         if why:
@@ -195,7 +194,9 @@ def solve_stacks(
         every = replace(
             base,
             tp_comm_overlap=(False, True),
-            recompute_norm_act=tuple(sorted({x for s in todo for x in s.space.recompute_norm_act})),
+            recompute_norm_act=tuple(
+                sorted({x for s in todo if s.space is not None for x in s.space.recompute_norm_act})
+            ),
         )
         layouts = enumerate_layouts(model, cluster, every, deadline.before_first_plan())
     except OutOfTime:
@@ -206,6 +207,7 @@ def solve_stacks(
                 None, [], SearchStats(solver=solver, optimal=False, lower_bound=0.0)
             )  # nothing proven
         else:
+            assert s.space is not None  # todo: the stacks searched
             left = deadline.left()
             share = deadline.sooner(None if left is None else left / (len(todo) - k))
             if any(d.result is not None and d.result.best is not None for d in todo):
@@ -215,8 +217,9 @@ def solve_stacks(
             )
         if s.result.best is None:
             s.reason = _why_none(s.result, limit)
-    best, alternatives, fastest = _pool([s.result for s in todo if s.result.best is not None], top_k)
-    stats = _combined_stats([s.result.stats for s in todo], solver, time.perf_counter() - start, fastest)
+    results = cast(list[SearchResult], [s.result for s in todo])  # each set in the loop above
+    best, alternatives, fastest = _pool([r for r in results if r.best is not None], top_k)
+    stats = _combined_stats([r.stats for r in results], solver, time.perf_counter() - start, fastest)
     return SearchResult(best, alternatives, stats, fastest, searches)
 
 
@@ -251,7 +254,7 @@ def _pool(results: list, top_k: int) -> tuple:
     """(recommendation, alternatives, fastest) over every plan the stacks found: the tie rule
     over all of them; the alternatives are the next `top_k` and each stack's own recommendation.
     A layout two stacks found with the same prediction is listed once (the first stack's)."""
-    found = []
+    found: list[Found] = []
     for f in sorted(
         (f for r in results for f in [r.best, *r.alternatives]), key=seconds_per_token
     ):  # stable: stack order
@@ -315,8 +318,6 @@ def stacks_infeasibility(
         s.target: s.fix_refused for s in searches if s.fix_refused
     }  # the stacks a fix ruled out before the search
     if (len(searched) > 1 or refused) and why and all(why.values()):
-        from planner.inputs import fix_key, fix_text  # planner.inputs builds search spaces: imported late
-
         fixes = " and ".join(f"--fix {fix_key(k)}={fix_text(v)}" for k, v in searched[0].space.fixed.items())
         reasons = {
             s.target: refused.get(s.target) or why[s.target] for s in searches if s.target in refused or s.target in why
@@ -332,5 +333,5 @@ def stacks_infeasibility(
         need = {s.target: min_memory_needed(model, cluster, s.job, s.space, deadline) for s in searched}
     except OutOfTime:
         return infeasibility(model, cluster, searched[0].job, searched[0].space, limit_gib, names, deadline)
-    least = min(searched, key=lambda s: float("inf") if need[s.target] is None else need[s.target])
+    least = min(searched, key=lambda s: float("inf") if (n := need[s.target]) is None else n)
     return infeasibility(model, cluster, least.job, least.space, limit_gib, stacks=names, deadline=deadline)

@@ -3,7 +3,7 @@ description on every field, one module per document.
 
     base.py           SCHEMA_VERSION, bounded numbers (Integer, Real, Fraction, MAX_*), _Spec
     model.py          ModelSpec and its enums (Activation, DType)
-    job.py            JobSpec, Plan, their enums (Target, Schedule, Recompute, Axis, ...), layout rules
+    job.py            JobSpec, Plan, Layout (a Plan less its layer split), their enums (Target, Schedule, Recompute, Axis, ...), layout rules
     cluster.py        ClusterSpec: DeviceSpec, LinkTier, Uncertainty, StackConstants, MeasuredProfile
     estimate.py       Estimate, TimeBreakdown, PipelineRankMemory; _ReadsV1_0 (1.0 names)
     plan_document.py  PlanDocument, SolveDocument and their parts
@@ -47,7 +47,9 @@ from planner.specs.model import Activation, DTYPE_BYTES, DType, ModelSpec, RopeS
 from planner.specs.job import (
     Axis,
     JobSpec,
+    Layout,
     LossKernel,
+    MESH_AXES,
     Optimizer,
     Plan,
     PlanError,
@@ -139,7 +141,9 @@ __all__ = [  # every name the modules define but their private helpers
     "RopeScaling",
     "Axis",
     "JobSpec",
+    "Layout",
     "LossKernel",
+    "MESH_AXES",
     "Optimizer",
     "Plan",
     "PlanError",

@@ -7,7 +7,7 @@ import math
 import numbers
 import re
 from dataclasses import dataclass
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -122,7 +122,8 @@ def Real(lo: float, hi: float, unit: str = "", *, open_lo: bool = False, open_hi
     """A finite real field within lo..hi (open_lo / open_hi: the bound itself excluded): a JSON
     number (an integer is read as a float), never a bool or a string."""
     bounds = _Bounds(float, lo, hi, open_lo, open_hi, unit)
-    limits = Field(**{"gt" if open_lo else "ge": lo, "lt" if open_hi else "le": hi})
+    comparisons: dict[str, Any] = {"gt" if open_lo else "ge": lo, "lt" if open_hi else "le": hi}
+    limits = Field(**comparisons)
     return Annotated[float, limits, BeforeValidator(bounds.check), bounds]
 
 

@@ -256,6 +256,7 @@ class LinkTier(_Spec):
     def fit(self, collective: Collective, group_size: int) -> CollectiveFit:
         """The fit for this collective: exact group size, else a size-free fit, else the nearest size."""
         exact = generic = nearest = None
+        nearest_gap = math.inf  # nearest's |log(its group size / group_size)|
         for f in self.collectives:
             if f.collective != collective:
                 continue
@@ -263,10 +264,8 @@ class LinkTier(_Spec):
                 exact = f
             elif f.group_size is None:
                 generic = f
-            elif nearest is None or abs(math.log(f.group_size / group_size)) < abs(
-                math.log(nearest.group_size / group_size)
-            ):
-                nearest = f
+            elif nearest is None or abs(math.log(f.group_size / group_size)) < nearest_gap:
+                nearest, nearest_gap = f, abs(math.log(f.group_size / group_size))
         found = exact or generic or nearest
         if found is None:
             raise KeyError(f"link tier {self.name!r} has no fit for {collective.value}")

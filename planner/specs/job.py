@@ -3,8 +3,9 @@ LossKernel, Schedule, Recompute, Axis, Optimizer) and the layout rules (tp_probl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional, cast
 
 from pydantic import Field, field_validator, model_validator
 
@@ -70,13 +71,22 @@ class Recompute(str, Enum):
 
 
 class Axis(str, Enum):
-    """Mesh axes. Glossary: dp = data parallel (replicas of the model, each on a slice of
-    the batch); tp = tensor parallel (each weight matrix split across GPUs); pp = pipeline
-    parallel (consecutive layers on different GPUs)."""
+    """Parallel axes, one per degree of a layout (Plan.dp, .tp, .pp, .cp, .ep). Glossary
+    (docs/glossary.md): dp = data parallel (replicas of the model, each on a slice of the batch);
+    tp = tensor parallel (each weight matrix split across GPUs); pp = pipeline parallel
+    (consecutive layers on different GPUs); cp = context parallel (each sequence split across
+    GPUs, inside the dp axis of the mesh); ep = expert parallel (a MoE layer's experts split
+    across GPUs of tp x dp x cp). The first three are the mesh's axes (MESH_AXES), which
+    mesh_order orders."""
 
     dp = "dp"
     tp = "tp"
     pp = "pp"
+    cp = "cp"
+    ep = "ep"
+
+
+MESH_AXES = (Axis.dp, Axis.tp, Axis.pp)  # what mesh_order orders; cp and ep live inside them
 
 
 # --------------------------------------------------------------------------- job
@@ -248,6 +258,7 @@ class Plan(_Spec):
     mesh_order: list[Axis] = Field(
         default=[Axis.tp, Axis.dp, Axis.pp],
         description="Mesh axes from innermost (consecutive ranks, inside a node) to outermost.",
+        json_schema_extra={"items": {"enum": [a.value for a in MESH_AXES], "type": "string"}},  # cp, ep live inside
     )
 
     @property
@@ -339,9 +350,30 @@ class Plan(_Spec):
             return list(self.stage_recompute)
         mode = self.recompute.value
         return [
-            StageRecompute.model_construct(**{"none": 0, "selective": 0, "full": 0, mode: n})
+            StageRecompute.model_construct(**cast("dict[str, Any]", {"none": 0, "selective": 0, "full": 0, mode: n}))
             for n in self.stage_layers(num_layers)
         ]
+
+    @property
+    def layout(self) -> Layout:
+        """The plan's layout, less its layer split and recompute (what the cost model prices)."""
+        return Layout(
+            dp=self.dp,
+            tp=self.tp,
+            pp=self.pp,
+            vpp=self.vpp,
+            micro_batch_size=self.micro_batch_size,
+            num_micro_batches=self.num_micro_batches,
+            schedule=self.schedule,
+            zero_stage=self.zero_stage,
+            sequence_parallel=self.sequence_parallel,
+            mesh_order=tuple(self.mesh_order),
+            tp_comm_overlap=self.tp_comm_overlap,
+            ep=self.ep,
+            fp8=self.fp8,
+            cp=self.cp,
+            recompute_norm_act=self.recompute_norm_act,
+        )
 
     def validate_for(self, model: ModelSpec, job: JobSpec, num_gpus: Optional[int] = None) -> None:
         """Check the plan against a model, job and GPU count; raise PlanError naming the factor to change."""
@@ -373,15 +405,6 @@ class Plan(_Spec):
             raise PlanError(
                 f"the interleaved schedule needs micro-batches ({self.num_micro_batches}) to be a multiple of pp ({self.pp})"
             )
-        for feature in STACK_FEATURES:
-            if getattr(self, feature):
-                from planner.stacks import STACKS, having  # imported here: planner.stacks imports this module
-
-                if not getattr(STACKS[Target(job.target)], feature):
-                    raise PlanError(
-                        f"{feature} is not available in target {Target(job.target).value}; use --target "
-                        f"{having(feature)}, or drop it"
-                    )
         problem = seq_problem(model, job.seq_len)
         if problem:
             raise PlanError(problem)
@@ -425,6 +448,7 @@ def ep_problem(model: ModelSpec, dp: int, tp: int, ep: int, sequence_parallel: b
     """Why expert parallelism `ep` cannot split this model's experts over the layout, or None."""
     if not model.is_moe:
         return f"ep={ep}: {model.name} has no experts (a dense model); use ep=1" if ep > 1 else None
+    assert model.num_experts is not None  # model.is_moe
     if model.num_experts % ep:
         return f"ep={ep} does not divide the {model.num_experts} experts of {model.name}"
     if (tp * dp) % ep:
@@ -461,3 +485,54 @@ def even_split(total: int, parts: int) -> list[int]:
     for i in order[:extra]:
         counts[i] += 1
     return counts
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """A layout: every parallel degree, the micro-batching and schedule, ZeRO sharding and the
+    kernels' switches; everything a Plan fixes but the layer split and recompute. The search
+    enumerates these (planner/search/candidates.py) and the cost model prices one
+    (cost_models/tables.py:layout_costs); the names are Plan's, one per concept
+    (docs/glossary.md)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+    schedule: Schedule = Schedule.one_f_one_b
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    mesh_order: tuple = (Axis.tp, Axis.dp, Axis.pp)  # Plan's default
+    tp_comm_overlap: bool = False
+    ep: int = 1  # expert parallelism (MoE models): experts split over ep ranks of tp x dp
+    fp8: bool = False  # GEMMs in FP8
+    cp: int = 1  # context parallelism: each sequence split over cp ranks (inside the dp axis)
+    recompute_norm_act: bool = False  # Plan.recompute_norm_act (its layers never fully recomputed)
+
+    def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
+        return Plan(
+            dp=self.dp,
+            tp=self.tp,
+            pp=self.pp,
+            vpp=self.vpp,
+            micro_batch_size=self.micro_batch_size,
+            ep=self.ep,
+            fp8=self.fp8,
+            cp=self.cp,
+            num_micro_batches=self.num_micro_batches,
+            schedule=self.schedule,
+            zero_stage=self.zero_stage,
+            sequence_parallel=self.sequence_parallel,
+            mesh_order=list(self.mesh_order),
+            tp_comm_overlap=self.tp_comm_overlap,
+            recompute_norm_act=self.recompute_norm_act,
+            layers_per_stage=layers_per_stage,
+            stage_recompute=stage_recompute,
+            recompute=recompute,
+        )
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.dp * self.micro_batch_size * self.num_micro_batches

@@ -8,7 +8,7 @@ planner/specs/job.py:Target, holding:
   attribute: `attention_kernel` (the device table's fused-attention entry, read by
   cost_models/compute.py and tables.py), `loss_kernel` (its cross-entropy, cost_models/compute.py:
   loss_kernel), `tp_comm_overlap` (whether it has Plan.tp_comm_overlap: `plan solve` tries it,
-  Plan.validate_for refuses it elsewhere), `zero3` (how it shards ZeRO-3: "deepspeed", "fsdp2" or
+  validate_plan refuses it elsewhere), `zero3` (how it shards ZeRO-3: "deepspeed", "fsdp2" or
   "none") and `kernels` (stack.py:Kernels, the kernels a layer of its code launches, operator
   by operator: what it fuses shows as fewer); and where its other facts are:
 - `rules.py`: `RULES`, what it can express as data (stack.py:Rules), and `model_problems(model)`,
@@ -17,9 +17,10 @@ planner/specs/job.py:Target, holding:
   `plan solve --target STACK` searches only what both allow (planner/search/stacks.py:
   target_space hands them to candidates.py and RULES to ilp.py); rules_table() is docs/export.md's
   table of them. A stack with model_problems is not searched at all (model_refusal).
-- `export.py`: `export(plan, model, job, num_gpus[, gpus_per_node]) -> Export`, the stack's own
+- its exporter, planner/export/<name>.py (named by `Stack.exporter`):
+  `export(plan, model, job, num_gpus[, gpus_per_node]) -> Export`, the stack's own
   configuration, and `read_back(data)`, the plan's fields read from it again (the tests' round
-  trip). Imported only to export (Stack.export), so it may import cost_models; the rest may not.
+  trip). It sits a layer above (it may import cost_models) and is imported only to export.
 - `constants.json`: the stack's fitted constants per device, `{DeviceSpec.name or "*":
   {StackConstants fields}}`, a device's own entry before "*". A shipped hardware preset of that
   device takes them for each stack it has no entry of its own for (hardware_profiles/__init__.py:
@@ -29,25 +30,26 @@ planner/specs/job.py:Target, holding:
 `generic` (PyTorch eager as `plan run` executes it) has only `__init__.py` and `constants.json`:
 no Rules (it searches every layout the cost model prices) and no exporter.
 
-Adding a stack is adding its folder and its name to Target (the schema's vocabulary of
+Adding a stack is adding its folder, its exporter and its name to Target (the schema's vocabulary of
 `--target`; a minor schema version). The registry below imports a folder per Target value, in
 Target's order; nothing else lists stacks. `plan export` enters here too (export(),
-EXPORT_STACKS): dispatching to a stack's exporter is a few lines over the registry, so there is
-no export package of its own.
+EXPORT_STACKS): dispatching to a stack's exporter is a few lines over the registry.
 
 Imports: this package, each folder's `__init__.py` and `rules.py` import only planner.specs and
 planner.errors, never cost_models, torch or an exporter: the cost model reads stacks without a
-cycle.
+cycle (.importlinter states it).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Optional
 from importlib import import_module
 from pathlib import Path
 
 from planner.errors import PlannerError, UsageError
-from planner.specs import ModelSpec, StackConstants, Target
+from planner.specs import JobSpec, ModelSpec, Plan, PlanError, StackConstants, Target
+from planner.specs.job import STACK_FEATURES
 from planner.stacks.stack import Export, Rules, Stack
 
 STACKS: dict[Target, Stack] = {t: import_module(f"planner.stacks.{t.value}").STACK for t in Target}
@@ -68,7 +70,19 @@ def having(feature: str) -> str:
     return " or ".join(s.name for s in STACKS.values() if getattr(s, feature))
 
 
-def rules(stack: Target | str) -> Rules:
+def validate_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: Optional[int] = None) -> None:
+    """Plan.validate_for, after refusing what only some stacks run (STACK_FEATURES) where the job's
+    target has none: PlanError naming the stacks that have it."""
+    for feature in STACK_FEATURES:
+        if getattr(plan, feature) and not getattr(STACKS[Target(job.target)], feature):
+            raise PlanError(
+                f"{feature} is not available in target {Target(job.target).value}; use --target "
+                f"{having(feature)}, or drop it"
+            )
+    plan.validate_for(model, job, num_gpus)
+
+
+def rules(stack: Target | str) -> Optional[Rules]:
     """What an exportable stack can express (generic has no Rules: None)."""
     return get(stack).rules
 
@@ -88,6 +102,7 @@ def export(stack: str, plan, model, job, num_gpus: int, gpus_per_node: int | Non
     refusal = model_refusal(stack, model)
     if refusal:
         raise UsageError(refusal)
+    assert s.rules is not None  # every exportable stack has Rules
     problems = s.rules.plan_problems(plan, model) + s.problems(plan, model, job)
     if problems:
         raise StackRefusal(
@@ -150,7 +165,7 @@ def read_constants(path: Path) -> dict[str, StackConstants]:
 
 def rules_table() -> str:
     """docs/export.md's table of what each stack can express, from the Rules themselves
-    (tests/test_export_cli.py checks that the page carries exactly this)."""
+    (tests/cli/test_export.py checks that the page carries exactly this)."""
     split = {"free": "any split", "first_last": "first and last stage may differ", "even": "even only"}
     recompute = {
         "per_stage": "any mix per stage",
@@ -162,8 +177,10 @@ def rules_table() -> str:
         "mesh order (innermost first) | layers per stage | recompute | norm/act recompute |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    notes = []
     for stack in EXPORT_STACKS:
         r = rules(stack)
+        assert r is not None  # every exportable stack has Rules
         orders = " or ".join(",".join(a.value for a in o) for o in r.mesh_orders) if r.mesh_orders else "any"
         cells = [
             stack,
@@ -184,11 +201,8 @@ def rules_table() -> str:
             "yes" if r.recompute_norm_act else "no",
         ]
         rows.append("| " + " | ".join(cells) + " |")
-    notes = [
-        f"- **{stack}**: " + "; ".join(f"{k}: {v}" for k, v in rules(stack).notes.items())
-        for stack in EXPORT_STACKS
-        if rules(stack).notes
-    ]
+        if r.notes:
+            notes.append(f"- **{stack}**: " + "; ".join(f"{k}: {v}" for k, v in r.notes.items()))
     return "\n".join(rows + [""] + notes) + "\n"
 
 

@@ -14,7 +14,18 @@ from functools import lru_cache
 from importlib import import_module
 from typing import Callable, Optional
 
-from planner.specs import ATTENTION_KERNELS, Activation, Axis, Collective, LossKernel, ModelSpec, Plan, Schedule, Target
+from planner.specs import (
+    ATTENTION_KERNELS,
+    Activation,
+    Axis,
+    Collective,
+    Layout,
+    LossKernel,
+    ModelSpec,
+    Plan,
+    Schedule,
+    Target,
+)
 
 ZERO3 = ("deepspeed", "fsdp2", "none")  # Stack.zero3's values
 
@@ -39,7 +50,7 @@ class Stack:
     # ModelSpec -> the architecture fields it cannot build: a stack with any is not searched at all
     model_problems: Callable = _nothing
     # (layout, model, job) -> what it cannot run of a layout beyond `rules`; the layout is a Plan
-    # or a search Candidate, so only the fields both have are read
+    # or a search candidate (a Layout), so only the fields both have are read
     layout_problems: Callable = _nothing
     problems: Callable = _nothing  # (plan, model, job) -> layout_problems and what depends on the layer split
     # The module that writes its configuration: export(plan, model, job, num_gpus[, gpus_per_node])
@@ -61,7 +72,7 @@ class Stack:
     reduce_after_pipeline: bool = False
     # How it holds weights, gradients and optimizer states and what shards them: one of
     # cost_models/memory.py:STATE_RECIPES, whose comment cites each stack's code (checked by
-    # tests/test_stack_memory.py: cost_models imports this package, not the other way round)
+    # tests/unit/stacks/test_memory.py: cost_models imports this package, not the other way round)
     model_states: str = "zero"
 
     def __post_init__(self):  # internal invariants of a stack's folder, not user input
@@ -93,6 +104,7 @@ class Stack:
     def export(self, plan: Plan, model: ModelSpec, job, num_gpus: int, gpus_per_node: Optional[int] = None) -> Export:
         """Its exporter's configuration for `plan` (no checks: planner.stacks.export checks first).
         `gpus_per_node` goes to exporters that name the node count (accelerate)."""
+        assert self.exporter is not None  # planner.stacks.export exports only the stacks that have one
         module = import_module(self.exporter)
         if "gpus_per_node" in inspect.signature(module.export).parameters:
             return module.export(plan, model, job, num_gpus, gpus_per_node=gpus_per_node)
@@ -156,7 +168,7 @@ class Kernels:
 
 
 # PyTorch eager as `plan run`'s executor runs a layer (planner/distributed/reference_model.py:
-# Block), what generic states; tests/test_stacks.py counts the executor's operators to check it.
+# Block), what generic states; tests/unit/stacks/test_registry.py counts the executor's operators to check it.
 EAGER = Kernels(
     separate_qkv=True,
     separate_gate_up=True,
@@ -290,24 +302,11 @@ class Rules:
             return _FEATURES[field].format(stack=self.stack)
         return None
 
-    def layout_problems(
-        self,
-        *,
-        dp: int,
-        tp: int,
-        pp: int,
-        vpp: int,
-        schedule: Schedule,
-        zero_stage: int,
-        sequence_parallel: bool,
-        tp_comm_overlap: bool,
-        mesh_order,
-        ep: int = 1,
-        fp8: bool = False,
-        cp: int = 1,
-        recompute_norm_act: bool = False,
-    ) -> list[str]:
+    def layout_problems(self, layout: Layout) -> list[str]:
         """Why a layout (everything but the layer split and recompute) cannot be expressed."""
+        dp, tp, pp, vpp, cp, ep, fp8 = layout.dp, layout.tp, layout.pp, layout.vpp, layout.cp, layout.ep, layout.fp8
+        zero_stage, schedule, mesh_order = layout.zero_stage, layout.schedule, layout.mesh_order
+        sequence_parallel, recompute_norm_act = layout.sequence_parallel, layout.recompute_norm_act
 
         def check(**fields) -> list[str]:
             return [p for p in (self.value_problem(k, v) for k, v in fields.items()) if p]
@@ -330,7 +329,7 @@ class Rules:
             **({"schedule": schedule} if pp > 1 else {}),
             vpp=vpp,  # a schedule without a pipeline is no choice
             sequence_parallel=sequence_parallel,
-            tp_comm_overlap=tp_comm_overlap,
+            tp_comm_overlap=layout.tp_comm_overlap,
             recompute_norm_act=recompute_norm_act,
         )
         if recompute_norm_act and fp8 and self.recompute_norm_act and not self.recompute_norm_act_fp8:
@@ -348,21 +347,7 @@ class Rules:
         return out
 
     def plan_problems(self, plan: Plan, model: ModelSpec) -> list[str]:
-        out = self.layout_problems(
-            dp=plan.dp,
-            tp=plan.tp,
-            pp=plan.pp,
-            vpp=plan.vpp,
-            schedule=plan.schedule,
-            zero_stage=plan.zero_stage,
-            sequence_parallel=plan.sequence_parallel,
-            tp_comm_overlap=plan.tp_comm_overlap,
-            mesh_order=plan.mesh_order,
-            ep=plan.ep,
-            fp8=plan.fp8,
-            cp=plan.cp,
-            recompute_norm_act=plan.recompute_norm_act,
-        )
+        out = self.layout_problems(plan.layout)
         counts = [(r.none, r.selective, r.full) for r in plan.stage_recompute_counts(model.num_layers)]
         return out + self.counts_problems(counts)
 
@@ -452,7 +437,8 @@ def architecture(model: ModelSpec) -> list[str]:
     logit_softcapping), one phrase each: what a
     stack whose configuration holds no architecture (DeepSpeed, Accelerate: the model is the
     user's code) must be given, and what a model written for torchtitan must have."""
-    out = [rope_phrase(model)] if rope_phrase(model) else []
+    rope = rope_phrase(model)
+    out = [rope] if rope else []
     if model.qkv_bias:
         out.append("biases on the query, key and value projections only")
     if Activation(model.activation) == Activation.geglu:

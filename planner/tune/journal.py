@@ -62,7 +62,7 @@ class TuneHeader(_Record):
 # The search's keywords a header may hold (planner.api.solve's, less model, cluster, gpus and
 # top_k, which the tune sets), each with the JSON kinds it takes: a damaged or hand-edited
 # header is refused in one line, before the search sees a string where a count belongs.
-# tests/test_tune.py checks these are api.solve's keywords, so that one added there is added here.
+# tests/unit/tune/test_tune.py checks these are api.solve's keywords, so that one added there is added here.
 _COUNT, _NUMBER, _TEXT, _FLAG = (int,), (int, float), (str,), (bool,)
 SOLVE_KEYWORDS = {
     "global_batch": _COUNT,
@@ -99,7 +99,7 @@ def _solve_problem(solve: dict) -> Optional[str]:
             return f"{key} is {value!r}"
         if isinstance(value, float) and not math.isfinite(value):
             return f"{key} is {value!r}"
-        if key == "fixes" and not all(isinstance(x, str) for x in value):
+        if key == "fixes" and isinstance(value, list) and not all(isinstance(x, str) for x in value):
             return f"fixes holds {value!r}, not CHOICE=VALUE strings"
     return None
 
@@ -187,7 +187,8 @@ def read(
     data = read_input(path, MAX_JOURNAL_BYTES, "journal")  # a regular file only: no FIFO, no /dev/zero
     lines = data.split(b"\n")
     complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline ('' when whole)
-    records = []
+    header: Optional[TuneHeader] = None
+    trials: list[TrialRecord] = []
     for number, line in enumerate(complete, 1):
         record = _parse(line)
         if record is None or isinstance(record, TuneHeader) != (number == 1):
@@ -198,18 +199,21 @@ def read(
                 f"the journal {path} is damaged at line {number} (not a trial record); "
                 "only a torn last line can be repaired"
             )
-        records.append(record)
-    if not records:
+        if isinstance(record, TuneHeader):  # the first line's
+            header = record
+        else:
+            trials.append(record)
+    if header is None:
         raise UsageError(f"{path} is not a `plan tune` journal (it has no complete first line)")
     seen: dict[str, int] = {}
-    for number, record in enumerate(records[1:], 2):
-        if record.key in seen:  # a tune never runs a layout twice: the file was edited or spliced
+    for number, trial in enumerate(trials, 2):
+        if trial.key in seen:  # a tune never runs a layout twice: the file was edited or spliced
             raise UsageError(
-                f"the journal {path} holds layout {record.label} twice (lines {seen[record.key]} and {number}); "
+                f"the journal {path} holds layout {trial.label} twice (lines {seen[trial.key]} and {number}); "
                 "a tune runs each layout once"
             )
-        seen[record.key] = number
-    check(records[0])
+        seen[trial.key] = number
+    check(header)
     if tail:  # every record ends with a newline in the same write: without one it was torn
         warn(
             f"the journal's last line was cut off (the tuner stopped while writing it); ignoring it: {len(tail)} bytes"
@@ -218,7 +222,7 @@ def read(
             os.truncate(path, len(data) - len(tail))
         except OSError as exc:
             raise PlannerError(f"cannot repair the journal {path}: {exc.strerror or exc}") from None
-    return records[0], records[1:]
+    return header, trials
 
 
 def _header_problem(line: bytes) -> str:
@@ -236,7 +240,7 @@ def _header_problem(line: bytes) -> str:
     return ""
 
 
-def _parse(line: bytes) -> Optional[_Record]:
+def _parse(line: bytes) -> Optional[TuneHeader | TrialRecord]:
     try:
         obj = json.loads(line)
         kind = obj.get("kind") if isinstance(obj, dict) else None

@@ -83,7 +83,7 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Contender:
     key: str
     plan: Plan
     job: JobSpec
@@ -101,7 +101,7 @@ class TuneResult:
     best: Optional[TrialRecord]
     stop: str  # "proven", "trials", "time", "exhausted" (every layout tried)
     margin: Optional[float]  # how much faster the best untried layout could be, fraction (<= tolerance when proven)
-    challenger: Optional[Candidate]
+    challenger: Optional[Contender]
     exhaustive: int  # feasible layouts in the search space (under the prior's memory model)
     tolerance: float = 0.02
     exhaustive_complete: bool = True  # False: the count stopped at its time limit (a lower bound)
@@ -140,7 +140,7 @@ def _tokens(job: JobSpec) -> int:
     return job.global_batch_size * job.seq_len
 
 
-def search(request: TuneRequest, cluster: ClusterSpec, count: int) -> tuple[list[Candidate], bool]:
+def search(request: TuneRequest, cluster: ClusterSpec, count: int) -> tuple[list[Contender], bool]:
     """The `count` best layouts under `cluster`, best first, with their intervals; True when
     the search has no more feasible layouts than it returned."""
     try:
@@ -155,7 +155,7 @@ def search(request: TuneRequest, cluster: ClusterSpec, count: int) -> tuple[list
     out = []
     for plan, job, est in entries:
         low = est.step_time_interval_s[0] if est.step_time_interval_s else est.step_time_s
-        out.append(Candidate(layout_key(plan), plan, job, est, low / _tokens(job), est.step_time_s / _tokens(job)))
+        out.append(Contender(layout_key(plan), plan, job, est, low / _tokens(job), est.step_time_s / _tokens(job)))
     out.sort(key=lambda c: c.mid)
     return out, len(out) < count
 
@@ -167,6 +167,7 @@ def observations(request: TuneRequest, records: list[TrialRecord]) -> tuple[list
         what = r.ran or None
         model, job, plan = (what.model, what.job, what.plan) if what else (request.model, r.job, r.plan)
         if r.status == "ok":
+            assert r.step_time_s is not None  # a trial that ran has its step time (TrialRecord's validator)
             ran.append(Observation(model, job, plan, r.step_time_s, r.peak_memory_gib or 0.0))
         elif r.status == "oom":
             oom.append((model, job, plan))
@@ -176,6 +177,7 @@ def observations(request: TuneRequest, records: list[TrialRecord]) -> tuple[list
 def measured_per_token(request: TuneRequest, record: TrialRecord, cluster: ClusterSpec, job: JobSpec) -> float:
     """A trial's measured time per token of the layout as searched: where a scaled model ran,
     the measurement times the refit model's ratio of the searched layout to what ran."""
+    assert record.step_time_s is not None  # a trial that ran (status ok): TrialRecord's validator
     per_token = record.step_time_s / _tokens(job)
     if record.ran is None:
         return per_token
@@ -209,7 +211,12 @@ class _State:
     budget: Budget
     records: list[TrialRecord]
     capacity_gib: float
-    fit: Refit = None
+    fit: Optional[Refit] = None  # the last refit; tune refits first, before anything reads it
+
+    @property
+    def last_fit(self) -> Refit:
+        assert self.fit is not None  # tune calls refit() before anything else
+        return self.fit
 
     def refit(self) -> None:
         ran, oom = observations(self.request, self.records)
@@ -221,7 +228,9 @@ class _State:
     def best(self) -> tuple[Optional[TrialRecord], Optional[float]]:
         """The fastest measured trial and its time per token (the searched layout's)."""
         timed = [
-            (measured_per_token(self.request, r, self.fit.cluster, r.job), r) for r in self.records if r.status == "ok"
+            (measured_per_token(self.request, r, self.last_fit.cluster, r.job), r)
+            for r in self.records
+            if r.status == "ok"
         ]
         if not timed:
             return None, None
@@ -236,12 +245,12 @@ class _State:
         expected to stay so; untried layouts of a measured signature are chosen and bounded
         with it."""
         ran = [r for r in self.records if r.status == "ok"]
-        per = {}
-        for record, residual in zip(ran, self.fit.residuals):
+        per: dict[tuple[bool, bool, bool, bool], list[float]] = {}
+        for record, residual in zip(ran, self.last_fit.residuals):
             per.setdefault(signature(record.plan), []).append(residual)
         return {sig: math.exp(-sum(rs) / len(rs)) for sig, rs in per.items()}
 
-    def untried(self) -> tuple[list[Candidate], float, bool]:
+    def untried(self) -> tuple[list[Contender], float, bool]:
         """The untried layouts of the search under the refit model (each corrected by its
         signature's factor), best bound first; a floor under every unlisted layout's bound;
         True when the list is all. The search is asked for more layouts only while none
@@ -256,7 +265,7 @@ class _State:
         if len(self.records) < spread_trials(self.budget):
             count = max(count, SPREAD_LIST)  # the spread looks for every term, not only among the best few
         while True:
-            listed, complete = search(self.request, self.fit.cluster, count)
+            listed, complete = search(self.request, self.last_fit.cluster, count)
             rest = sorted(
                 (_corrected(c, factors.get(signature(c.plan), 1.0)) for c in listed if c.key not in tried),
                 key=lambda c: c.low,
@@ -268,7 +277,7 @@ class _State:
             count = min(2 * count, MAX_CANDIDATES)
 
 
-def _corrected(c: Candidate, factor: float) -> Candidate:
+def _corrected(c: Contender, factor: float) -> Contender:
     return c if factor == 1.0 else replace(c, low=c.low * factor, mid=c.mid * factor, factor=factor)
 
 
@@ -278,8 +287,8 @@ def spread_trials(budget: Budget) -> int:
 
 
 def choose(
-    untried: list[Candidate], records: list[TrialRecord], best: Optional[float], budget: Budget
-) -> Optional[tuple[Candidate, str]]:
+    untried: list[Contender], records: list[TrialRecord], best: Optional[float], budget: Budget
+) -> Optional[tuple[Contender, str]]:
     """The next trial and why (the module's docstring states the rule); None: nothing can win."""
     threshold = best * (1 - budget.tolerance) if best is not None else math.inf
     if sum(r.status == "ok" for r in records) <= len(NAMES):  # too few to estimate the interval: no proof yet
@@ -303,7 +312,7 @@ def choose(
     return hopeful[0], "lowest lower bound"
 
 
-def _record(index: int, chosen: Candidate, why: str, measurement, wall_s: float) -> TrialRecord:
+def _record(index: int, chosen: Contender, why: str, measurement, wall_s: float) -> TrialRecord:
     est = chosen.estimate
     interval = est.step_time_interval_s or [est.step_time_s, est.step_time_s]
     return TrialRecord(
@@ -372,18 +381,27 @@ def tune(
                     journal.append(journal_path, record)
                 state.records.append(record)
                 state.refit()
-                trial_hook(record, state.fit)
+                trial_hook(record, state.last_fit)
                 continue
         challenger = untried[0] if untried else None
         break
-    record, best = state.best()
+    best_record, best = state.best()
     margin = None
     if best is not None:
         bound = min([c.low for c in untried] + ([floor] if not complete else []), default=math.inf)
         margin = (best - bound) / best if bound < math.inf else 0.0
     layouts, counted = count_layouts(request)
     return TuneResult(
-        request, state.records, state.fit, record, stop, margin, challenger, layouts, budget.tolerance, counted
+        request,
+        state.records,
+        state.last_fit,
+        best_record,
+        stop,
+        margin,
+        challenger,
+        layouts,
+        budget.tolerance,
+        counted,
     )
 
 
@@ -422,4 +440,6 @@ def verdict(result: TuneResult, record: TrialRecord) -> str:
         )
     if result.best is not None and record.index == result.best.index:
         return "best"
+    # an ok trial, so there is a best (an ok one too) and both have step times (TrialRecord's validator)
+    assert result.best is not None and record.step_time_s is not None and result.best.step_time_s is not None
     return f"+{100 * (record.step_time_s / result.best.step_time_s - 1):.1f} % vs best"

@@ -17,6 +17,6 @@ STACK = Stack(
     model_problems=model_problems,
     layout_problems=layout_problems,
     problems=problems,
-    exporter="planner.stacks.accelerate.export",
+    exporter="planner.export.accelerate",
     kernels=TRANSFORMERS,  # the Hugging Face model it trains, run eagerly (stack.py:TRANSFORMERS)
 )

@@ -6,7 +6,7 @@ installed `accelerate` 1.15.0 package (and of `transformers`, which Accelerate's
 
 from __future__ import annotations
 
-from planner.specs import Axis, DType, ModelSpec, Plan
+from planner.specs import Axis, DType, Layout, ModelSpec, Plan
 from planner.stacks.stack import Rules
 
 RULES = Rules(
@@ -83,9 +83,9 @@ def model_problems(model: ModelSpec) -> list[str]:
     return []
 
 
-def layout_problems(layout, model: ModelSpec, job) -> list[str]:
-    """What Accelerate cannot run that `RULES` does not cover (a Plan, or a search Candidate:
-    the fields both have)."""
+def layout_problems(layout: Layout, model: ModelSpec, job) -> list[str]:
+    """What Accelerate cannot run of a layout (a search candidate, or Plan.layout) that `RULES`
+    does not cover."""
     out = []
     if layout.cp > 1 and model.sliding_window is not None:
         # big_modeling.py:_attach_context_parallel_hooks drops each attention's mask for
@@ -126,4 +126,4 @@ def layout_problems(layout, model: ModelSpec, job) -> list[str]:
 
 
 def problems(plan: Plan, model: ModelSpec, job) -> list[str]:
-    return layout_problems(plan, model, job)
+    return layout_problems(plan.layout, model, job)

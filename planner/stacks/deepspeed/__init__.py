@@ -17,7 +17,7 @@ STACK = Stack(
     model_problems=model_problems,
     layout_problems=layout_problems,
     problems=problems,
-    exporter="planner.stacks.deepspeed.export",
+    exporter="planner.export.deepspeed",
     kernels=TRANSFORMERS,  # the Hugging Face model it trains, run eagerly (stack.py:TRANSFORMERS)
     # ZeRO-0: engine.backward all-reduces the gradients once backward is done (runtime/engine.py,
     # allreduce_gradients after the backward pass). pp > 1: the pipeline engine reduces them only

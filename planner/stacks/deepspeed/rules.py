@@ -6,7 +6,7 @@ plan becomes its config JSON.
 
 from __future__ import annotations
 
-from planner.specs import Axis, Schedule
+from planner.specs import Axis, Layout, Schedule
 from planner.stacks.stack import Rules
 
 MESH_ORDER = (Axis.tp, Axis.dp, Axis.pp)  # innermost first
@@ -104,10 +104,10 @@ def model_problems(model) -> list[str]:
     return []
 
 
-def layout_problems(layout, model, job) -> list[str]:
+def layout_problems(layout: Layout, model, job) -> list[str]:
     """Nothing beyond RULES (tp with pp and selective recompute are rules there)."""
     return []
 
 
 def problems(plan, model, job) -> list[str]:
-    return layout_problems(plan, model, job)
+    return layout_problems(plan.layout, model, job)

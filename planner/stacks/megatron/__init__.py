@@ -20,7 +20,7 @@ STACK = Stack(
     model_problems=model_problems,
     layout_problems=layout_problems,
     problems=problems,
-    exporter="planner.stacks.megatron.export",
+    exporter="planner.export.megatron",
     # Megatron-Core's transformer layer with Transformer Engine (transformer_layer.py,
     # attention.py, mlp.py): fused QKV (linear_qkv) and fc1 holding gate and up (linear_fc1), one
     # normalization kernel per norm (TE's LayerNormLinear and its RMSNorm), fused RoPE (one kernel

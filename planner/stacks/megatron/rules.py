@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from planner.specs import Activation, Axis, JobSpec, ModelSpec, Plan, Recompute, Schedule, StageRecompute
+from planner.specs import Activation, Axis, JobSpec, Layout, ModelSpec, Plan, Recompute, Schedule, StageRecompute
 from planner.stacks.stack import Rules, _effective, windowed
 
 RULES = Rules(
@@ -215,9 +215,9 @@ def _rope_problems(model: ModelSpec) -> list[str]:
     return out
 
 
-def layout_problems(layout, model: ModelSpec, job: JobSpec) -> list[str]:
-    """What Megatron cannot run of a layout (a Plan, or a search Candidate: the fields both
-    have) that `RULES` does not cover."""
+def layout_problems(layout: Layout, model: ModelSpec, job: JobSpec) -> list[str]:
+    """What Megatron cannot run of a layout (a search candidate, or Plan.layout) that `RULES`
+    does not cover."""
     out = []
     # transformer/attention.py: num_query_groups_per_partition = divide(num_query_groups, tp)
     # (core/utils.py:divide asserts an exact division): TP splits the KV heads, never replicates them.
@@ -277,13 +277,14 @@ def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             "recompute other than selective on every layer or full on the first N layers of every stage "
             f"({', '.join(f'{n}/{s}/{f}' for n, s, f in counts)} none/selective/full)"
         )
-    return out + layout_problems(plan, model, job)
+    return out + layout_problems(plan.layout, model, job)
 
 
 def tp_pp_dp_mapping(layout) -> bool:
     """Whether the layout needs --use-tp-pp-dp-mapping (its mesh order is not Megatron's
     default); the dp axis holds dp x cp ranks."""
     order, dp_axis = tuple(Axis(a) for a in layout.mesh_order), layout.dp * layout.cp
+    assert RULES.mesh_orders is not None  # Megatron's, its default first
     return _effective(order, dp_axis, layout.tp, layout.pp) != _effective(
         RULES.mesh_orders[0], dp_axis, layout.tp, layout.pp
     )

@@ -19,7 +19,7 @@ STACK = Stack(
     model_problems=model_problems,
     layout_problems=layout_problems,
     problems=problems,
-    exporter="planner.stacks.torchtitan.export",
+    exporter="planner.export.torchtitan",
     # Its Llama model run eagerly (torchtitan/models/llama3/model: no compile by default): wq, wk,
     # wv and w1, w3 as separate GEMMs; nn.RMSNorm, one fused kernel on CUDA (aten._fused_rms_norm);
     # rotary as a complex product between two casts (3 per tensor); silu(w1 x) * w3 x (2); plain

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from planner.specs import Activation, Axis, DType, JobSpec, ModelSpec, Optimizer, Plan, Schedule
+from planner.specs import Activation, Axis, DType, JobSpec, Layout, ModelSpec, Optimizer, Plan, Schedule
 from planner.stacks.stack import Rules
 
 RULES = Rules(
@@ -288,12 +288,12 @@ def _experts(model: ModelSpec) -> Optional[tuple]:
 def problems(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     """What torchtitan 0.3 cannot run of the plan that `RULES` does not cover: layout_problems
     (nothing here depends on the layer split)."""
-    return layout_problems(plan, model, job)
+    return layout_problems(plan.layout, model, job)
 
 
-def layout_problems(plan, model: ModelSpec, job: JobSpec) -> list[str]:
-    """What torchtitan 0.3 cannot run that `RULES` does not cover, of a Plan or of a search
-    Candidate (the fields both have)."""
+def layout_problems(plan: Layout, model: ModelSpec, job: JobSpec) -> list[str]:
+    """What torchtitan 0.3 cannot run of a layout (a search candidate, or Plan.layout) that
+    `RULES` does not cover."""
     out = []
     if DType(job.precision) not in PRECISIONS:
         out.append(
@@ -340,7 +340,7 @@ def layout_problems(plan, model: ModelSpec, job: JobSpec) -> list[str]:
     return out + _expert_problems(plan, model)
 
 
-def _expert_problems(plan: Plan, model: ModelSpec) -> list[str]:
+def _expert_problems(plan: Layout, model: ModelSpec) -> list[str]:
     """Where torchtitan's expert placement is not the plan's (experts whole, expert-TP 1)."""
     out = []
     if model.is_moe and plan.tp > 1 and plan.ep == 1:
