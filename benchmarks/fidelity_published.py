@@ -1,5 +1,5 @@
 """Predicted against published: every calibration run, the fitted constants, and
-leave-one-group-out cross-validation against a naive estimator.
+leave-one-group-out and leave-one-source-out cross-validation against a naive estimator.
 
     python benchmarks/fidelity_published.py            # the table, the fit, the cross-validation
     python benchmarks/fidelity_published.py --write    # also write the fitted constants into the presets
@@ -31,7 +31,9 @@ not decide the fit):
   per step and cannot tell it from the sustained fraction: 0 there (and in the pooled fit).
 
 Naive estimator: a constant fraction of peak FLOP/s (model FLOPs), fitted to the same runs.
-Cross-validation: for each group, fit both on the other groups and predict it.
+Cross-validation: for each group, fit both on the other groups and predict it; and for each
+source (benchmarks/published_cases.py:SOURCES: a code base's or publisher's tables, which are
+not independent of one another), fit both without any of its groups and predict them.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ import math
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Callable
 from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable as a script from anywhere
-from benchmarks.published_cases import Case, cases  # noqa: E402
+from benchmarks.published_cases import Case, cases, source_of  # noqa: E402
 from cost_models import fit as fitlib  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 from cost_models.fit import NAMES  # noqa: E402
@@ -244,6 +247,10 @@ class Held:
     pooled: float  # predicted by the pooled constants (what `generic` ships)
     naive: float  # by the stack's naive constant
     comm_share: float
+    fold: str = ""  # what was left out with it (its group, or its source)
+
+    def __post_init__(self):
+        self.fold = self.fold or self.case.group  # left out with its group unless said otherwise
 
 
 def comm_share(est) -> float:
@@ -251,22 +258,37 @@ def comm_share(est) -> float:
     return (b.tp_communication + b.pp_communication + b.dp_communication_exposed) / est.step_time_s
 
 
-def cross_validate(cs, thetas: dict) -> list[Held]:
-    """Leave one group out: for each group, the pooled and its stack's constants and the naive
-    fraction fitted on every other group (each fit started from the fit on every run, `thetas`),
-    then the group predicted."""
+def by_group(c: Case) -> str:
+    return c.group
+
+
+def by_source(c: Case) -> str:
+    return source_of(c.group)
+
+
+def cross_validate(cs, thetas: dict, fold: Callable[[Case], str] = by_group) -> list[Held]:
+    """Leave one fold out (a group, or with `fold=by_source` every group of one source): for
+    each fold, the pooled and each stack's constants and the naive fraction fitted on every
+    other fold (each fit started from the fit on every run, `thetas`), then the fold's runs
+    predicted. A stack none of whose runs are left is predicted with the pooled constants and
+    the pooled naive fraction."""
     out = []
-    for g, gcs in _groups(cs).items():
-        rest = [c for c in cs if c.group != g]
+    folds: dict[str, list[Case]] = defaultdict(list)
+    for c in cs:
+        folds[fold(c)].append(c)
+    for f, fcs in folds.items():
+        rest = [c for c in cs if fold(c) != f]
         pooled = fit(dense(rest), start=thetas["generic"])
-        stack = gcs[0].job.target.value
-        rest_stack = [c for c in rest if c.job.target.value == stack]
-        own = stack_fit(rest_stack, pooled, start=thetas[stack]) if dense(rest_stack) else pooled
-        fr = fit_naive_of(rest_stack)
-        for c in gcs:
-            p, est = predict(c, own)
-            q, _ = predict(c, pooled)
-            out.append(Held(c, stack, p, q, naive(c, fr, est), comm_share(est)))
+        for stack in dict.fromkeys(c.job.target.value for c in fcs):
+            rest_stack = [c for c in rest if c.job.target.value == stack]
+            own = stack_fit(rest_stack, pooled, start=thetas[stack]) if dense(rest_stack) else pooled
+            fr = fit_naive_of(rest_stack) if rest_stack else fit_naive(rest)
+            for c in fcs:
+                if c.job.target.value != stack:
+                    continue
+                p, est = predict(c, own)
+                q, _ = predict(c, pooled)
+                out.append(Held(c, stack, p, q, naive(c, fr, est), comm_share(est), f))
     return out
 
 
@@ -292,27 +314,28 @@ def _interval_sample(held: list[Held], stack: str, pooled: bool = False):
     MIN_GROUPS_FOR_OWN_INTERVAL groups, else every stack's."""
     own = [h for h in held if h.stack == stack]
     if pooled:
-        return [(math.log(h.pooled / h.case.published), h.comm_share, h.case.group) for h in held]
+        return [(math.log(h.pooled / h.case.published), h.comm_share, h.fold) for h in held]
     if len({h.case.group for h in own}) < MIN_GROUPS_FOR_OWN_INTERVAL:
         own = held
-    return [(math.log(h.model / h.case.published), h.comm_share, h.case.group) for h in own]
+    return [(math.log(h.model / h.case.published), h.comm_share, h.fold) for h in own]
 
 
 def stack_interval(held: list[Held], stack: str, pooled: bool = False) -> tuple[Interval, float, int]:
-    """(the stack's interval, its out-of-group coverage, runs it was checked on): the stated
+    """(the stack's interval, its out-of-fold coverage, runs it was checked on): the stated
     interval is fitted on all the cross-validated residuals; its coverage is measured by
-    fitting it again without each group and counting that group's runs inside."""
+    fitting it again without each fold (a group, or a source: what `held` left out) and
+    counting that fold's runs inside."""
     sample = _interval_sample(held, stack, pooled)
     iv = interval_of([r for r, _, _ in sample], [f for _, f, _ in sample])
     checked = [h for h in held if pooled or h.stack == stack]
     inside = 0
-    for g in {h.case.group for h in checked}:
+    for g in {h.fold for h in checked}:
         rest = [(r, f) for r, f, gg in sample if gg != g]
         if len(rest) < 3:
             continue
         ivg = interval_of([r for r, _ in rest], [f for _, f in rest])
         for h in checked:
-            if h.case.group == g:
+            if h.fold == g:
                 r = math.log((h.pooled if pooled else h.model) / h.case.published)
                 inside += abs(r) <= ivg.halfwidth(h.comm_share)
     return iv, inside / max(1, len(checked)), len(checked)
@@ -337,8 +360,10 @@ def _print_runs(cs, thetas, frac):
         )
 
 
-def _print_cv(held: list[Held]):
-    print("\nleave-one-group-out cross-validation (constants fitted without the group; ratio = predicted / published)")
+def _print_cv(held: list[Held], what: str = "group"):
+    print(
+        f"\nleave-one-{what}-out cross-validation (constants fitted without the {what}; ratio = predicted / published)"
+    )
     print(
         f"{'stack':10s} {'group':28s} {'runs':>4s} {'model MAPE':>10s} {'naive MAPE':>10s} {'pooled MAPE':>11s}  better"
     )
@@ -349,6 +374,17 @@ def _print_cv(held: list[Held]):
             n = mape([(h.naive, h.case.published) for h in hs])
             q = mape([(h.pooled, h.case.published) for h in hs])
             print(f"{stack:10s} {g:28s} {len(hs):4d} {m:9.1f}% {n:9.1f}% {q:10.1f}%  {'yes' if m < n else 'NO'}")
+    groups = list(dict.fromkeys(h.case.group for h in held))
+    wins = sum(
+        mape([(h.model, h.case.published) for h in held if h.case.group == g])
+        < mape([(h.naive, h.case.published) for h in held if h.case.group == g])
+        for g in groups
+    )
+    print(
+        f"leave-one-{what}-out: the model beats the naive estimator on {wins} of {len(groups)} groups; "
+        f"MAPE over all {len(held)} runs {mape([(h.model, h.case.published) for h in held]):.1f}% "
+        f"(naive {mape([(h.naive, h.case.published) for h in held]):.1f}%)"
+    )
 
 
 def main() -> None:
@@ -394,18 +430,25 @@ def main() -> None:
     _print_runs(cs, thetas, frac)
     held = cross_validate(cs, thetas)
     _print_cv(held)
+    by_src = cross_validate(cs, thetas, by_source)
+    print(
+        f"\n{len({by_source(c) for c in cs})} sources (published_cases.py:SOURCES): a source's groups are left out together"
+    )
+    _print_cv(by_src, "source")
     print(
         "\nintervals fitted on the cross-validated residuals; coverage measured out of group (each group's runs "
-        "against the interval fitted without it)"
+        "against the interval fitted without it) and out of source (the interval fitted on the leave-one-source-out "
+        "residuals without the source, against its runs)"
     )
     intervals = {}
     for stack in (*STACKS, "generic"):
         iv, cov, n = stack_interval(held, stack, pooled=stack == "generic")
+        _, cov_src, _ = stack_interval(by_src, stack, pooled=stack == "generic")
         intervals[stack] = iv
         fc, fm = iv.factors()
         print(
             f"{stack:10s} compute x/ {fc:.3f}, communication x/ {fm:.3f} (log sd {iv.sds[0]:.3f} / {iv.sds[1]:.3f}); "
-            f"stated 80%, out-of-group {100 * cov:.0f}% of {n} runs"
+            f"stated 80%, out-of-group {100 * cov:.0f}%, out-of-source {100 * cov_src:.0f}% of {n} runs"
         )
     if new_hardware:
         _print_new_hardware(new_hardware, thetas, frac, intervals)

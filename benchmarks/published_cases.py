@@ -357,6 +357,63 @@ def _moe_problem(rec: dict) -> Optional[str]:
 DEEPSPEED_GROUPS = ("bloom", "gpt_neox_20b")
 
 
+# Where each group's runs come from: the code base or publisher whose tables they are. Groups of
+# one source share their software, their measuring and their authors' choices, so they are not
+# independent evidence: leave-one-source-out validation (benchmarks/fidelity_published.py) leaves
+# a source's groups out together. NeMo's lineage (NeMo, its launcher, Megatron-Bridge and
+# AutoModel publish one series of performance summaries) is one source; NVIDIA's DGX Cloud
+# benchmarking recipes, its Megatron-MoE model zoo and each paper are others; IBM's FSDP blog
+# and fms-fsdp's README are one team's one code base.
+SOURCES = {
+    "NeMo performance summaries": (
+        "nemo_a100_gpt5b_2206",
+        "nemo_a100_gpt175b_2206",
+        "nemo_a100_gpt5b_2208",
+        "nemo_a100_gpt175b_2208",
+        "nemo_h100_fp8_2407",
+        "nemo_h100_fp8_longseq_2403",
+        "megatron_bridge_h100_fp8",
+        "bridge_moe_h100",
+        "bridge_b200",
+        "bridge_b300",
+        "bridge_gb200",
+        "bridge_gb300",
+        "automodel_moe_h100",
+        "nemo_automodel_h100_bf16",
+    ),
+    "NVIDIA/dgxc-benchmarking": (
+        "dgxc_h100_bf16_2411",
+        "dgxc_h100_bf16_2502",
+        "dgxc_grok1_h100_2411",
+        "dgxc_maxtext_paxml_h100_2411",
+        "dgxc_moe_h100_2505",
+    ),
+    "Megatron-MoE model zoo": ("modelzoo_qwen3_h100",),
+    "MoE Parallel Folding (paper)": ("parallel_folding_2025",),
+    "Megatron-LM 2019 (paper)": ("megatron_2019",),
+    "mosaicml/llm-foundry": (
+        "llm_foundry_a100_40gb",
+        "llm_foundry_a100_80gb",
+        "llm_foundry_h100",
+        "llm_foundry_h100_large",
+    ),
+    "pytorch/torchtitan": ("torchtitan_a100", "torchtitan_h100_2024"),
+    "IBM fms-fsdp": ("fms_fsdp_readme", "ibm_fsdp_blog_2024"),
+    "PyTorch FSDP (paper)": ("fsdp_paper_2023",),
+    "DeepSpeed blog": ("deepspeed_azure_zero3_2207",),
+    "BigScience BLOOM": ("bloom",),
+    "EleutherAI/gpt-neox": ("gpt_neox_20b",),
+}
+_SOURCE_OF = {g: src for src, groups in SOURCES.items() for g in groups}
+
+
+def source_of(group: str) -> str:
+    """The source a group's runs come from (SOURCES); a group added without one is refused."""
+    if group not in _SOURCE_OF:
+        raise KeyError(f"group {group!r} has no source: add it to benchmarks/published_cases.py:SOURCES")
+    return _SOURCE_OF[group]
+
+
 # The frameworks (a record's "framework") whose performance recipes reduce gradients in bf16 (the
 # module docstring)
 BF16_GRAD_FRAMEWORKS = ("Megatron-Bridge", "NeMo 24.", "NeMo 25.", "NeMo (nemo:24", "NeMo Megatron (nemo:24")

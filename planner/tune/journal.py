@@ -59,10 +59,10 @@ class TuneHeader(_Record):
         return v
 
 
-# The search's keywords a header may hold (planner.api.solve's, less model, cluster, gpus and
-# top_k, which the tune sets), each with the JSON kinds it takes: a damaged or hand-edited
-# header is refused in one line, before the search sees a string where a count belongs.
-# tests/unit/tune/test_tune.py checks these are api.solve's keywords, so that one added there is added here.
+# The search's keywords a header may hold (planner/api.py:SolveOptions, less gpus and top_k,
+# which the tune sets), each with the JSON kinds it takes: a damaged or hand-edited header is
+# refused in one line, before the search sees a string where a count belongs.
+# tests/unit/tune/test_tune.py checks these are SolveOptions' keys, so that one added there is added here.
 _COUNT, _NUMBER, _TEXT, _FLAG = (int,), (int, float), (str,), (bool,)
 SOLVE_KEYWORDS = {
     "global_batch": _COUNT,
