@@ -401,8 +401,9 @@ def _dense_first_extra(
     k = model.first_dense_layers
     if not model.is_moe or not k:
         return (0.0, 0.0, 0, 0.0)
-    moe = layer or layer_costs(model, cluster, job, *_edge_layer(layout, links))
-    dense = layer_costs(model, cluster, job, *_edge_layer(layout, links), dense=True)
+    plain = _edge_layer(layout, links)
+    moe = layer or layer_costs(model, cluster, job, *plain)
+    dense = layer_costs(model, cluster, job, *plain, dense=True)
     return (
         k * (dense.forward + dense.tp_forward - moe.forward - moe.tp_forward),
         # (and, under Plan.recompute_norm_act, the dense layer's rerun in place of the MoE layer's)

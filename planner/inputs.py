@@ -211,20 +211,11 @@ def check_keywords(function: str, options: Mapping, allowed: type) -> None:
 
 
 def job_request(options: JobOptions, batch: Optional[int], target: str = "generic") -> JobRequest:
-    """The JobRequest of the API's job keywords, their defaults where left out or None."""
-    o: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
-    return JobRequest(
-        batch,
-        o.get("seq_len"),
-        o.get("precision"),
-        o.get("optimizer", "adam"),
-        o.get("flash_attention", True),
-        o.get("target", target),
-        o.get("loss_kernel"),
-        o.get("moe_dispatcher", "alltoall"),
-        o.get("attention_kernel"),
-        o.get("grad_reduce_bf16", False),
-    )
+    """The JobRequest of the API's job keywords (among `options`, which may hold others), JobRequest's
+    defaults where left out or None."""
+    named = {f.name for f in dataclass_fields(JobRequest)} - {"global_batch_size"}  # `batch` is that
+    given: dict[str, Any] = {k: v for k, v in options.items() if k in named and v is not None}
+    return JobRequest(batch, **{"target": target, **given})
 
 
 @dataclass(frozen=True)
