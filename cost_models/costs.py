@@ -156,6 +156,10 @@ class LayoutTables:
     # ZeRO 0-1 gradient reduction as the stack runs it (Stack.gradient_reduce; terms.dp_exposure)
     gradient_reduce_hidden: bool = True
     gradient_reduce: Collective = Collective.reduce_scatter
+    # Hybrid sharding (Layout.dp_shard): ZeRO's group is `shard_size` ranks (dp_shard x cp) on
+    # dp_link, and the gradient shards are all-reduced across its replicas on replica_link
+    shard_size: int = 0  # 0: all of dp x cp
+    replica_link: Optional[GroupLink] = None
 
     @property
     def num_stages(self) -> int:

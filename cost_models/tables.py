@@ -505,7 +505,12 @@ def layout_costs(
     layer = layer or layer_costs(model, cluster, per_rank, lo, groups)
     edge = edge or edge_costs(model, cluster, per_rank, lo, groups, layer)
     upd = ADAM_UPDATE_BYTES if job.optimizer == Optimizer.adam else SGD_UPDATE_BYTES
-    z3 = lo.zero_stage >= 3 and dpw > 1
+    shard = lo.shard_dp * cp  # the ZeRO group: all of dp x cp, or dp_shard x cp of it
+    dp_link, replica_link = links[Axis.dp], None
+    if shard < dpw:  # hybrid: the innermost dp_shard x cp ranks of the dp axis shard, the rest replicate
+        stride = mesh_strides({Axis.dp: dpw, Axis.tp: tp, Axis.pp: pp}, lo.mesh_order)[Axis.dp]
+        dp_link, replica_link = GroupLink(cluster, shard, stride), GroupLink(cluster, dpw // shard, stride * shard)
+    z3 = lo.zero_stage >= 3 and shard > 1
     batch = lo.global_batch_size
     reduce_hidden, reduce = stacks.get(job.target).gradient_reduce(pp, lo.zero_stage)
     return PipelineCosts(
@@ -520,9 +525,12 @@ def layout_costs(
         edge=edge,
         in_flight=_in_flight_table(lo.schedule, pp, lo.num_micro_batches, lo.vpp),
         comm_bytes_per_param=DTYPE_BYTES[job.precision],
-        dp_link=links[Axis.dp],
+        dp_link=dp_link,
+        shard_size=shard if replica_link else 0,
+        replica_link=replica_link,
         overlap=cluster.overlap_efficiency,
-        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd) / (dpw if lo.zero_stage >= 1 else 1),
+        optimizer_seconds_per_param=compute.memory_bound_time(cluster.device, upd)
+        / (shard if lo.zero_stage >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_reduce_calls_per_layer=zero3_reduce_calls(job, layer.params) if z3 else 1.0,
         step_overhead_s=cluster.step_overhead_s(job.target),
@@ -545,13 +553,13 @@ def _state_tables(model: ModelSpec, job: JobSpec, lo: Layout, layer: LayerCosts,
     """PipelineCosts' model-state fields: bytes per parameter held of the dense and the routed
     expert weights, gradients and optimizer states as the target stack holds them (ZeRO over dp x
     cp, experts over their expert-DP group), the gathered unit and the buffers beside them."""
-    dpw, zero, e = lo.dp * lo.cp, lo.zero_stage, DTYPE_BYTES[job.precision]
+    dpw, zero, e = lo.shard_dp * lo.cp, lo.zero_stage, DTYPE_BYTES[job.precision]  # ZeRO's group (Layout.dp_shard)
     recipe = stacks.get(job.target).model_states  # how the stack holds them (cost_models/memory.py:STATE_RECIPES)
     if recipe == "megatron" and job.grad_reduce_bf16:  # --grad-reduce-in-bf16: a 16-bit gradient buffer
         recipe = "megatron_bf16_grads"
     states = memory.model_state_bytes(1, dpw, zero, job.precision, job.optimizer, recipe)  # per parameter held
     # Routed experts are replicated on tp x dp x cp / ep ranks (the expert-DP group), ZeRO shards over those.
-    edp = max(1, lo.tp * dpw // lo.ep)
+    edp = max(1, lo.tp * dpw // lo.ep)  # (with hybrid sharding: within the shard group)
     expert_states = memory.model_state_bytes(1, edp, zero, job.precision, job.optimizer, recipe)
     if lo.fp8:  # each weight's FP8 copy, cast once per step and kept (ZeRO-3: of the shard; transposes made per use)
         states = (states[0] + 1 / (dpw if zero >= 3 else 1), *states[1:])
@@ -569,7 +577,7 @@ def _state_tables(model: ModelSpec, job: JobSpec, lo: Layout, layer: LayerCosts,
     unit = max(layer.params, edge.embedding_params, edge.head_params)
     buckets = (
         memory.bucket_bytes(recipe, zero, job.precision, GRADIENT_BUCKET_BYTES / e, DEEPSPEED_REDUCE_BUCKET_ELEMENTS)
-        if dpw > 1
+        if lo.dp * lo.cp > 1
         else 0.0
     )
     overlap = memory.tp_overlap_buffer_bytes(model, lo.micro_batch_size, seq, e) if lo.tp_comm_overlap else 0.0

@@ -207,12 +207,18 @@ class DataParallel:
     # the collective that reduces (the stack's: planner/stacks/stack.py:Stack.gradient_reduce)
     reduce_hidden: bool = True
     reduce: Collective = Collective.reduce_scatter
+    # hybrid sharding (Layout.dp_shard): `size` is the shard group; each reduction is followed by
+    # an all-reduce of its 1 / size share across `replicas` groups, (alpha s, beta s per byte)
+    replicas: int = 1
+    replica_costs: tuple = (0.0, 0.0)
 
     @staticmethod
     def of(pc: LayoutTables) -> "DataParallel":
+        size = pc.shard_size or pc.dp
+        replica = pc.replica_link
         return _data_parallel(
-            pc.dp_link if pc.dp > 1 else None,
-            pc.dp,
+            pc.dp_link if size > 1 else None,
+            size,
             pc.zero_stage,
             pc.overlap,
             pc.comm_bytes_per_param,
@@ -220,12 +226,29 @@ class DataParallel:
             pc.zero3_reduce_calls_per_layer,
             pc.gradient_reduce_hidden,
             pc.gradient_reduce,
+            (replica.size, replica.coefficients(Collective.all_reduce)) if replica is not None else (1, (0.0, 0.0)),
         )
+
+    @property
+    def width(self) -> int:
+        """Ranks holding the same weights: the shard group times its replicas."""
+        return self.size * self.replicas
 
     def collective(self, c: Collective, nbytes: Linear) -> Linear:
         """One call moving `nbytes` (a bucketed stream pays the latency once)."""
         alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
         return nbytes.scaled(beta).plus(alpha)
+
+    def reduction(self, c: Collective, nbytes: Linear, calls: float = 0.0) -> Linear:
+        """A gradient reduction of `nbytes` in the shard group (one call, or `calls` per layer), then,
+        hybrid, the all-reduce of each rank's share across the replicas (FSDP2 HSDP, MiCS, Megatron's
+        optimizer instances: reduce-scatter within, all-reduce across)."""
+        out = self.per_layer_calls(c, nbytes, calls) if calls else self.collective(c, nbytes)
+        if self.replicas > 1:
+            alpha, beta = self.replica_costs
+            share = nbytes.scaled(beta / self.size)
+            out = out + (share + Linear.per_layer(0.0, alpha * calls) if calls else share.plus(alpha))
+        return out
 
     def per_layer_calls(self, c: Collective, nbytes: Linear, calls: float = 1.0) -> Linear:
         """`calls` calls per layer moving `nbytes` in all: the latency is paid that often per layer."""
@@ -235,6 +258,11 @@ class DataParallel:
     def time(self, c: Collective, nbytes: float) -> float:
         alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
         return alpha + beta * nbytes
+
+    def reduction_time(self, c: Collective, nbytes: float) -> float:
+        """:meth:`reduction` of one call of `nbytes`, in seconds."""
+        alpha, beta = self.replica_costs
+        return self.time(c, nbytes) + (alpha + beta * nbytes / self.size if self.replicas > 1 else 0.0)
 
 
 @lru_cache(maxsize=1 << 14)
@@ -248,6 +276,7 @@ def _data_parallel(
     reduce_calls: float = 1.0,
     reduce_hidden: bool = True,
     reduce: Collective = Collective.reduce_scatter,
+    replica: tuple = (1, (0.0, 0.0)),  # (replicas, the all-reduce's (alpha, beta) across them)
 ) -> DataParallel:
     """One DataParallel per setting (links are shared between layouts of one search)."""
     costs = (
@@ -256,7 +285,16 @@ def _data_parallel(
         else ((0.0, 0.0),) * len(_DP_COLLECTIVES)
     )
     return DataParallel(
-        size, zero_stage, efficiency, bytes_per_param, layer_bytes, costs, reduce_calls, reduce_hidden, reduce
+        size,
+        zero_stage,
+        efficiency,
+        bytes_per_param,
+        layer_bytes,
+        costs,
+        reduce_calls,
+        reduce_hidden,
+        reduce,
+        *replica,
     )
 
 
@@ -283,17 +321,20 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     What hides is slowed: compute that runs beside a collective loses a fraction
     1 - efficiency of its speed (SMs and memory bandwidth taken by the communication
     kernels), which is what `efficiency` < 1 charges (communication.overlapped)."""
-    if dp.size <= 1:
+    if dp.width <= 1:
         return NO_EXPOSURE
     eta = dp.efficiency
     grad_bytes = params.scaled(dp.bytes_per_param)
     backward = time - forward
+    rsc = Collective.reduce_scatter
 
     def bucketed(c: Collective) -> Hidden:
-        return Hidden(dp.collective(c, grad_bytes), dp.time(c, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
+        return Hidden(
+            dp.reduction(c, grad_bytes), dp.reduction_time(c, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes
+        )
 
     def reduced(c: Collective):
-        return bucketed(c) if dp.reduce_hidden else dp.collective(c, grad_bytes)
+        return bucketed(c) if dp.reduce_hidden else dp.reduction(c, grad_bytes)
 
     ag = dp.collective(Collective.all_gather, grad_bytes)
     if dp.zero_stage == 0:
@@ -301,14 +342,14 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     if dp.zero_stage == 1:
         return Exposure((), (reduced(dp.reduce), ag))
     if dp.zero_stage == 2:  # one reduce-scatter and one gather per layer, as FSDP issues them (plan run's FSDP2)
-        rs_calls = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes)
-        rs = Hidden(rs_calls, dp.time(Collective.reduce_scatter, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
+        rs_calls = dp.reduction(rsc, grad_bytes, 1.0)
+        rs = Hidden(rs_calls, dp.reduction_time(rsc, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
         return Exposure((rs,), (dp.per_layer_calls(Collective.all_gather, grad_bytes),))
     ag_calls = dp.per_layer_calls(Collective.all_gather, grad_bytes)
-    rs_calls = dp.per_layer_calls(Collective.reduce_scatter, grad_bytes, dp.reduce_calls)
+    rs_calls = dp.reduction(rsc, grad_bytes, dp.reduce_calls)
     first = dp.time(Collective.all_gather, dp.layer_bytes)
     bucket = dp.layer_bytes / dp.reduce_calls  # the last call's bucket
-    last = dp.time(Collective.reduce_scatter, bucket)
+    last = dp.reduction_time(rsc, bucket)
     if dp.reduce_calls < 1:
         # buckets spanning layers (DeepSpeed's, fewer calls than layers): a rank whose gradients do
         # not fill one reduces them all in that last bucket, after backward; its gathers still hide

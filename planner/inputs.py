@@ -160,6 +160,7 @@ class LayoutOptions(TypedDict, total=False):
     micro_batch_size: Optional[int]  # [1]
     recompute: Optional[Union[Recompute, str]]  # [none]
     zero: Optional[int]  # [0]
+    dp_shard: Optional[int]  # [all of dp: no replicas]
     sequence_parallel: Optional[bool]  # [False]
     fp8: Optional[bool]  # [False]
     tp_comm_overlap: Optional[bool]  # [False]
@@ -191,6 +192,7 @@ LAYOUT_DEFAULTS: dict[str, Any] = {
     "micro_batch_size": 1,
     "recompute": "none",
     "zero": 0,
+    "dp_shard": None,
     "sequence_parallel": False,
     "fp8": False,
     "tp_comm_overlap": False,
@@ -425,6 +427,7 @@ def new_layout(job: JobSpec, gpus: int, options: dict[str, Any]) -> Plan:
     micro_batch_size, schedule = fields.pop("micro_batch_size"), fields.pop("schedule")
     layers_per_stage, mesh_order = fields.pop("layers_per_stage"), fields.pop("mesh_order")
     check_degrees(dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=micro_batch_size))
+    check_degrees(dict(dp_shard=fields.get("dp_shard")))
     if dp is None:
         dp = data_parallel(gpus, tp, pp, cp)
     return make_plan(
@@ -470,6 +473,7 @@ PLAN_CHANGES = {
     "micro_batch_size": "micro_batch_size",
     "recompute": "recompute",
     "zero": "zero_stage",
+    "dp_shard": "dp_shard",
     "sequence_parallel": "sequence_parallel",
     "tp_comm_overlap": "tp_comm_overlap",
     "schedule": "schedule",
@@ -525,6 +529,14 @@ def what_if_layout(plan: Plan, job: JobSpec, gpus: int, given: dict, world_given
                 fields[field] = False
     if (world_given or given.keys() & {"tp", "pp", "cp"}) and "dp" not in given:
         fields["dp"] = data_parallel(gpus, fields["tp"], fields["pp"], fields["cp"])
+    shard = fields.get("dp_shard")
+    if (
+        shard
+        and "dp_shard" not in given
+        and (fields["dp"] % shard or not fields["zero_stage"] or shard == fields["dp"])
+    ):
+        changes.append(f"dp_shard {shard} dropped (dp {fields['dp']}, zero {fields['zero_stage']}: one shard group)")
+        fields["dp_shard"] = None
     fields["num_micro_batches"] = micro_batch_count(
         job, gpus, fields["dp"], fields["tp"], fields["pp"], fields["cp"], fields["micro_batch_size"]
     )

@@ -42,6 +42,13 @@ from planner.specs import FP8_PARTS, Recompute, Schedule
     show_default=True,
 )
 @click.option("--zero", type=ZERO_STAGE, default=0, show_default=True, help="ZeRO stage.")
+@click.option(
+    "--dp-shard",
+    type=DEGREE,
+    default=None,
+    help="Hybrid sharding: dp ranks per ZeRO shard group, replicated dp / N times (divides dp; needs --zero 1-3) "
+    "[all of dp].",
+)
 @click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1).")
 @click.option(
     "--cp",
@@ -173,6 +180,8 @@ def does_not_fit(doc) -> str:
     ways = []
     if plan.zero_stage < 3 and plan.dp * plan.cp > 1:  # ZeRO shards over dp x cp ranks: none to shard over at 1
         ways.append("a higher --zero")
+    if plan.dp_shard:  # hybrid: a larger shard group holds less per rank
+        ways.append(f"a larger --dp-shard (up to {plan.dp})")
     every_layer_full = all(r.full == r.layers for r in plan.stage_recompute_counts(doc.model.num_layers))
     if plan.recompute_norm_act:  # refused with full recompute (Plan.validate_for): selective is the step left
         if plan.recompute == Recompute.none:

@@ -160,7 +160,8 @@ def plan_summary(plan: Plan) -> str:
         f"schedule={plan.schedule.value}",
         f"recompute={plan.recompute.value if plan.stage_recompute is None else _recompute_mix(plan)}"
         + ("+norm-act" if plan.recompute_norm_act else ""),
-        f"zero={plan.zero_stage}",
+        f"zero={plan.zero_stage}"
+        + (f" (shard {plan.dp_shard} x {plan.dp // plan.dp_shard} replicas)" if plan.dp_shard else ""),
     ]
     if plan.sequence_parallel:
         parts.append("sp")
@@ -889,7 +890,12 @@ def _short_layout(plan: Plan) -> str:
     parts = [f"dp{plan.dp} tp{plan.tp} pp{plan.pp}"] + [
         f"{k}{v}" for k, v in (("vpp", plan.vpp), ("ep", plan.ep), ("cp", plan.cp)) if v > 1
     ]
-    return " ".join(parts + [f"mbs{plan.micro_batch_size} z{plan.zero_stage}", plan.recompute.value])
+    return " ".join(
+        parts
+        + [f"mbs{plan.micro_batch_size} z{plan.zero_stage}"]
+        + ([f"shard{plan.dp_shard}"] if plan.dp_shard else [])
+        + [plan.recompute.value]
+    )
 
 
 def size_report(doc) -> None:

@@ -39,7 +39,7 @@ from planner.specs import FP8_PARTS, memory_limit_gib
     "--fix",
     "fixes",
     multiple=True,
-    help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero sp schedule mesh_order recompute tp_comm_overlap recompute_norm_act fp8).",
+    help="Pin a choice, e.g. --fix tp=8 --fix pp=4 (dp tp pp vpp ep cp mbs zero dp_shard sp schedule mesh_order recompute tp_comm_overlap recompute_norm_act fp8).",
 )
 @click.option(
     "--max-memory-gib", type=MEMORY_GIB, help="Memory limit per GPU [default: 95% of the device's, a 5% headroom]."

@@ -15,6 +15,7 @@ import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Callable, Optional
 
 from cost_models.tables import (
@@ -29,6 +30,7 @@ from cost_models.tables import (
     mesh_links,
     rank_job,
 )
+from cost_models.communication import mesh_strides
 from cost_models.compute import model_flops_per_step
 from cost_models.terms import MODES
 from planner.specs import (
@@ -213,7 +215,7 @@ def enumerate_candidates(
             continue  # a choice this target does not have (layouts enumerated for one that has it)
         if c.recompute_norm_act not in space.recompute_norm_act:
             continue
-        if any(getattr(c, k) != val for k, val in space.fixed.items()):
+        if any(getattr(c, "shard_dp" if k == "dp_shard" else k) != val for k, val in space.fixed.items()):
             rejected[FIXED] += 1
         elif stack_problems(space, c, model.num_layers, seen):
             rejected[TARGET] += 1
@@ -293,10 +295,53 @@ def enumerate_layouts(
                                     for order, ov, ep, fp8, na in itertools.product(
                                         orders, space.tp_comm_overlap if sp else (False,), eps, space.fp8, norm_act
                                     ):
-                                        out.append(
-                                            Layout(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp, na)
-                                        )
+                                        shards = _shard_sizes(cluster, space, dp, cp, tp, pp, order) if zero else (0,)
+                                        for shard in shards:
+                                            out.append(
+                                                Layout(
+                                                    dp,
+                                                    tp,
+                                                    pp,
+                                                    v,
+                                                    b,
+                                                    m,
+                                                    sched,
+                                                    zero,
+                                                    sp,
+                                                    order,
+                                                    ov,
+                                                    ep,
+                                                    fp8,
+                                                    cp,
+                                                    na,
+                                                    shard,
+                                                )
+                                            )
     return Layouts(space, tuple(out), rejected)
+
+
+# Hybrid sharding searched: shard groups spanning this many scale-up domains (nodes), below all
+# of dp. Larger groups save memory and cost latency; past a few nodes the full group is the one
+# to weigh (a --fix dp_shard searches any other).
+SHARD_DOMAINS = (1, 2, 4, 8)
+
+
+@lru_cache(maxsize=4096)
+def _shard_cache(domain: int, dp: int, cp: int, stride: int, fixed: int) -> tuple:
+    out = [0]  # all of dp
+    for d in range(1, dp):
+        if dp % d == 0 and (d == fixed or any(stride * d * cp == domain * k for k in SHARD_DOMAINS)):
+            out.append(d)
+    return tuple(out)
+
+
+def _shard_sizes(cluster: ClusterSpec, space: SearchSpace, dp: int, cp: int, tp: int, pp: int, order) -> tuple:
+    """dp_shard choices of a ZeRO layout: all of dp (0), and each shard group of dp_shard x cp ranks
+    that fills SHARD_DOMAINS whole domains of the mesh (or the size --fix names)."""
+    if dp == 1:
+        return (0,)
+    stride = mesh_strides({Axis.dp: dp * cp, Axis.tp: tp, Axis.pp: pp}, order)[Axis.dp]
+    return _shard_cache(cluster.domain_gpus, dp, cp, stride, space.fixed.get("dp_shard", 0))
 
 
 def _ep_degrees(model: ModelSpec, dp: int, tp: int) -> list[int]:
@@ -329,6 +374,7 @@ def stack_problems(space: SearchSpace, c: Layout, num_layers: int, seen: Optiona
         c.fp8,
         c.cp,
         c.recompute_norm_act,
+        c.dp_shard,
     )
     out = None if seen is None else seen.get(key)
     if out is None:
@@ -445,6 +491,7 @@ FIX_KEYS = {
     "micro_batch_size": ("micro_batch_size", int),
     "zero": ("zero_stage", int),
     "zero_stage": ("zero_stage", int),
+    "dp_shard": ("dp_shard", int),
     "sp": ("sequence_parallel", "bool"),
     "sequence_parallel": ("sequence_parallel", "bool"),
     "schedule": ("schedule", str),

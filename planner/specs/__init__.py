@@ -61,6 +61,7 @@ from planner.specs.job import (
     ep_problem,
     even_split,
     seq_problem,
+    shard_problem,
     tp_problem,
 )
 from planner.specs.cluster import (
@@ -155,6 +156,7 @@ __all__ = [  # every name the modules define but their private helpers
     "ep_problem",
     "even_split",
     "seq_problem",
+    "shard_problem",
     "tp_problem",
     "ATTENTION_KERNELS",
     "AttentionEfficiency",

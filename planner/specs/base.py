@@ -32,7 +32,7 @@ from pydantic_core import PydanticCustomError
 # 1.14: ModelSpec.rope_theta, rope_scaling (Llama 3.1's) and qkv_bias (Qwen2's q/k/v biases), which
 # exports write; read without them, theta 10,000, no scaling, no q/k/v biases. JobSpec.grad_reduce_bf16.
 # (Each version is also in CHANGELOG.md, which is what users read.)
-SCHEMA_VERSION = "1.14"
+SCHEMA_VERSION = "1.15"
 
 
 # ----- numbers

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Optional, cast
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from planner.specs.base import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, Integer, _Spec
 from planner.specs.model import DType, ModelSpec
@@ -185,6 +185,19 @@ def world_size_problem(dp: int, cp: int, tp: int, pp: int, num_gpus: int) -> Opt
     )
 
 
+def shard_problem(dp: int, dp_shard: Optional[int], zero_stage: int) -> Optional[str]:
+    """Why `dp_shard` ranks per ZeRO shard group do not fit dp and the ZeRO stage (naming what to
+    change), or None; None and dp itself are the plain layout."""
+    if not dp_shard or dp_shard == dp:
+        return None
+    if dp % dp_shard:
+        fits = [d for d in range(1, dp) if dp % d == 0]
+        return f"dp_shard {dp_shard} does not divide dp {dp}; use one of {', '.join(map(str, fits[-6:]))} or {dp} (no replicas)"
+    if zero_stage == 0:
+        return f"dp_shard {dp_shard} below dp {dp} shards the model states: it needs ZeRO stage 1, 2 or 3 (zero_stage 0 shards nothing)"
+    return None
+
+
 # Plan fields (booleans) that only some stacks run: a Plan with one on refuses a target without it
 # (Plan's check below), and a what-if to such a target drops it (planner/inputs.py:what_if_layout).
 STACK_FEATURES = ("tp_comm_overlap", "recompute_norm_act")
@@ -243,6 +256,14 @@ class Plan(_Spec):
     zero_stage: Integer(0, 3) = Field(
         default=0, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP)."
     )
+    dp_shard: Optional[Integer(1, MAX_GPUS)] = Field(
+        default=None,
+        description="Hybrid sharding: data-parallel ranks per ZeRO shard group (with cp: dp_shard x cp ranks); the states are "
+        "sharded within the group and dp / dp_shard replicas of it each hold them whole; gradients are reduce-scattered "
+        "within the group and all-reduced across replicas (torchtitan's data_parallel_shard_degree, DeepSpeed MiCS, "
+        "Megatron's distributed-optimizer instances, FSDP HYBRID_SHARD). Divides dp; below dp only with ZeRO stage 1-3. "
+        "Left out (or dp): one group of all dp ranks (schema 1.15).",
+    )
     sequence_parallel: bool = Field(
         default=False, description="Megatron sequence parallelism: norms/dropout sharded over the TP group."
     )
@@ -268,6 +289,22 @@ class Plan(_Spec):
     @property
     def virtual_stages(self) -> int:
         return self.pp * self.vpp
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_shard_spelling(cls, data):
+        """dp_shard equal to dp is the plain layout: one spelling (left out) for it."""
+        if isinstance(data, dict) and data.get("dp_shard") is not None and data.get("dp_shard") == data.get("dp"):
+            data = {k: v for k, v in data.items() if k != "dp_shard"}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _without_default_shard(self, handler):
+        """A plan without hybrid sharding is written as before dp_shard existed."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("dp_shard") is None:
+            out.pop("dp_shard", None)
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -300,6 +337,9 @@ class Plan(_Spec):
             raise PlanError("the interleaved schedule needs pp > 1")
         if self.sequence_parallel and self.tp == 1:
             raise PlanError("sequence_parallel needs tp > 1")
+        problem = shard_problem(self.dp, self.dp_shard, self.zero_stage)
+        if problem:
+            raise PlanError(problem)
         if self.recompute_norm_act and self.stage_recompute_has_full():
             raise PlanError(
                 "recompute_norm_act recomputes the norms and the experts' activation of layers that keep their activations; "
@@ -373,6 +413,7 @@ class Plan(_Spec):
             fp8=self.fp8,
             cp=self.cp,
             recompute_norm_act=self.recompute_norm_act,
+            dp_shard=self.dp_shard or 0,
         )
 
     def validate_for(self, model: ModelSpec, job: JobSpec, num_gpus: Optional[int] = None) -> None:
@@ -510,6 +551,21 @@ class Layout:
     fp8: bool = False  # GEMMs in FP8
     cp: int = 1  # context parallelism: each sequence split over cp ranks (inside the dp axis)
     recompute_norm_act: bool = False  # Plan.recompute_norm_act (its layers never fully recomputed)
+    dp_shard: int = 0  # Plan.dp_shard: dp ranks per ZeRO shard group; 0 = all of dp (also what dp itself becomes)
+
+    def __post_init__(self):
+        if self.dp_shard and (self.dp_shard == self.dp or self.zero_stage == 0):
+            object.__setattr__(self, "dp_shard", 0)  # one spelling of the plain layout
+
+    @property
+    def shard_dp(self) -> int:
+        """Data-parallel ranks per ZeRO shard group (all of dp unless hybrid)."""
+        return self.dp_shard or self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Replicas of the shard group (1 unless hybrid)."""
+        return self.dp // self.shard_dp
 
     def plan(self, layers_per_stage=None, stage_recompute=None, recompute: Recompute = Recompute.none) -> Plan:
         return Plan(
@@ -528,6 +584,7 @@ class Layout:
             mesh_order=list(self.mesh_order),
             tp_comm_overlap=self.tp_comm_overlap,
             recompute_norm_act=self.recompute_norm_act,
+            dp_shard=self.dp_shard or None,
             layers_per_stage=layers_per_stage,
             stage_recompute=stage_recompute,
             recompute=recompute,

@@ -173,9 +173,9 @@ def rules_table() -> str:
         "uniform": "one mode for every layer",
     }
     rows = [
-        "| stack | ZeRO | ZeRO with pp > 1 | ZeRO with tp > 1 | pp | schedules | interleaved | SP | TP overlap | EP | CP | FP8 | "
+        "| stack | ZeRO | ZeRO with pp > 1 | ZeRO with tp > 1 | hybrid sharding (ZeRO) | pp | schedules | interleaved | SP | TP overlap | EP | CP | FP8 | "
         "mesh order (innermost first) | layers per stage | recompute | norm/act recompute |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for stack in EXPORT_STACKS:
@@ -187,6 +187,7 @@ def rules_table() -> str:
             _stages(r.zero_stages),
             _stages(r.zero_stages_with_pp),
             _stages(r.zero_stages_with_tp),
+            _stages(r.hybrid_zero_stages) if r.hybrid_zero_stages else "no",
             "no" if r.max_pp == 1 else "yes",
             ", ".join(s.value for s in r.schedules) if r.max_pp != 1 else "-",
             "yes" if r.interleaved and r.max_pp != 1 else "no",

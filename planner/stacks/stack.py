@@ -250,6 +250,9 @@ class Rules:
     zero_stages: tuple = (0, 1, 2, 3)  # ZeRO stages the stack has at all
     zero_stages_with_pp: tuple = (0, 1, 2, 3)  # ... when pp > 1
     zero_stages_with_tp: tuple = (0, 1, 2, 3)  # ... when tp > 1
+    # ZeRO stages the stack runs with hybrid sharding (Plan.dp_shard below dp: shard within a
+    # group, replicate across groups); () none
+    hybrid_zero_stages: tuple = (1, 2, 3)
     max_pp: Optional[int] = None  # None: any; 1: no pipeline parallelism
     max_tp: Optional[int] = None
     tp_with_pp: bool = True  # tensor and pipeline parallelism together
@@ -321,6 +324,15 @@ class Rules:
                 out.append(
                     f"ZeRO stage {zero_stage} with tensor parallelism ({self.stack} allows stages {_list(self.zero_stages_with_tp)} with tp > 1)"
                 )
+        if layout.dp_shard and zero_stage not in self.hybrid_zero_stages:
+            out.append(
+                f"hybrid sharding dp_shard={layout.dp_shard} with ZeRO stage {zero_stage} ("
+                + (
+                    f"{self.stack} has it with stages {_list(self.hybrid_zero_stages)})"
+                    if self.hybrid_zero_stages
+                    else f"{self.stack} has none)"
+                )
+            )
         out += check(pp=pp)
         if tp > 1 and pp > 1 and not self.tp_with_pp:
             out.append(f"tensor parallelism together with pipeline parallelism ({self.stack} has one or the other)")

@@ -304,7 +304,7 @@ def mesh_twins() -> SolveDocument:
         "--target",
         "generic",
         "--json",
-        *[x for fix in ("tp=2", "pp=2", "mbs=1", "zero=1", "vpp=1", "sp=true") for x in ("--fix", fix)],
+        *[x for fix in ("tp=2", "pp=2", "mbs=1", "zero=1", "vpp=1", "sp=true", "dp_shard=4") for x in ("--fix", fix)],
     ]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output

@@ -25,6 +25,8 @@ RULES = Rules(
     # parallelism_config.py:ParallelismConfig.__post_init__ rejects DDP + TP (dp_replicate > 1,
     # dp_shard == 1, tp > 1).
     zero_stages_with_tp=(2, 3),
+    # FSDP2 on ParallelismConfig(dp_replicate_size, dp_shard_size): HSDP
+    hybrid_zero_stages=(2, 3),
     # No pipeline parallelism on the FSDP2 / ParallelismConfig path: its mesh dimensions are
     # dp_replicate, dp_shard, cp, sp and tp only (parallelism_config.py:_get_mesh). (Pipelines
     # exist only inside the separate Megatron-LM plugin, which this export does not target.)

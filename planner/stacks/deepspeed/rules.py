@@ -22,6 +22,9 @@ RULES = Rules(
     # both inference and training"; ZeRO-3 places AutoTP shards over the DP group
     # (_resolve_zero3_param_placement); stages 1 and 2 take AutoTP shards like any parameter.
     zero_stages_with_tp=(0, 1, 2, 3),
+    # MiCS (zero_optimization.mics_shard_size: ZeRO-3 states sharded within a group of that many ranks,
+    # gradients all-reduced across groups); stages 1-2 have no shard group
+    hybrid_zero_stages=(3,),
     # Any pipeline depth (PipelineModule(num_stages=...)); any AutoTP size
     # (tensor_parallel.autotp_size, runtime/tensor_parallel/config.py:TPTrainingConfig), but
     # AutoTP only on a plain module: problems() refuses tp > 1 with pp > 1.

@@ -23,6 +23,9 @@ RULES = Rules(
     zero_stages=(0, 1),
     zero_stages_with_pp=(0, 1),
     zero_stages_with_tp=(0, 1),
+    # the distributed optimizer in instances: --num-distributed-optimizer-instances dp / dp_shard
+    # (megatron/training/arguments.py; gradients reduce-scattered within an instance, all-reduced across)
+    hybrid_zero_stages=(1,),
     # pipeline_parallel/schedules.py:get_forward_backward_func: pp > 1 runs
     # forward_backward_pipelining_without_interleaving (1F1B) or, with virtual stages,
     # forward_backward_pipelining_with_interleaving; there is no all-forward-then-all-backward

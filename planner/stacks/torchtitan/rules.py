@@ -30,6 +30,8 @@ RULES = Rules(
     # works over the TP mesh's data-parallel axes (distributed/full_dtensor.py:resolve_fsdp_mesh).
     zero_stages_with_pp=(0, 2, 3),
     zero_stages_with_tp=(0, 2, 3),
+    # HSDP: FSDP2 on a (dp_replicate, dp_shard) mesh (parallelism.data_parallel_replicate_degree)
+    hybrid_zero_stages=(2, 3),
     # --parallelism.pipeline_parallel_schedule is any name of torch's get_schedule_class
     # (torch/distributed/pipelining/schedules.py): "GPipe", "1F1B", "Interleaved1F1B", ...
     schedules=(Schedule.gpipe, Schedule.one_f_one_b, Schedule.interleaved_1f1b),
