@@ -7,6 +7,17 @@ data-parallel rank (`parallelism_config_dp_shard_size` = dp), with tensor parall
 size: micro-batch, gradient accumulation and sequence length go to the training script, so
 the export states them in a comment block at the top that `read_back` reads again.
 
+Hybrid sharding (Plan.dp_shard below dp, ZeRO-2/3) is HSDP: `parallelism_config_dp_replicate_size`
+dp / dp_shard and `parallelism_config_dp_shard_size` dp_shard (parallelism_config.py:
+ParallelismConfig, "`dp_replicate_size > 1` and `dp_shard_size > 1`, we obtain Hybrid Sharded
+Data Parallel (HSDP)"). The mesh is dp_replicate, dp_shard, cp, sp, tp (outermost first,
+ParallelismConfig._get_mesh), so a shard group is dp_shard consecutive dp ranks, and
+utils/fsdp_utils.py:fsdp2_prepare_model hands fully_shard the 2-D mesh fsdp_dim_names =
+(dp_replicate, dp_shard_cp): sharded over dp_shard x cp, replicated over dp / dp_shard, the plan's
+groups. A shard group of one dp rank (dp_shard 1) Accelerate refuses: ParallelismConfig.
+__post_init__ takes no replicas beside tp or cp without dp_shard > 1, and _validate_accelerator
+no FSDP2 with dp_shard and cp both 1 ("no dimension for FSDP to shard across").
+
 Context parallelism is `parallelism_config_cp_size` under FSDP2 (cp_backend "torch", the only
 one: parallelism_config.py), with cp_comm_strategy "alltoall": Accelerator._prepare_cp passes it
 to torch's set_rotate_method, whose _AllToAllRotater sends each rank's K/V chunk to the next rank
@@ -113,7 +124,13 @@ def _config(plan: Plan, job, num_gpus: int, num_machines: int) -> dict:
         "fsdp_offload_params": False,
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
     }
-    sizes = {"dp_replicate_size": 1, "dp_shard_size": plan.dp, "tp_size": plan.tp, "cp_size": plan.cp}
+    shard = plan.dp_shard or plan.dp  # HSDP: dp / dp_shard replicas of a shard group (module docstring)
+    if plan.dp_shard == 1:
+        raise UsageError(
+            f"Accelerate cannot shard over a group of one data-parallel rank (dp_shard=1, dp={plan.dp}): "
+            "ParallelismConfig needs dp_shard_size > 1 beside replicas; use dp_shard 2 or more"
+        )
+    sizes = {"dp_replicate_size": plan.dp // shard, "dp_shard_size": shard, "tp_size": plan.tp, "cp_size": plan.cp}
     config["parallelism_config"] = {_PREFIX + k: sizes[k] for k in _SIZES}
     if plan.cp > 1:  # torch's ring rotation (module docstring)
         config["parallelism_config"] |= {_PREFIX + "cp_backend": "torch", _PREFIX + "cp_comm_strategy": "alltoall"}
@@ -131,9 +148,11 @@ def _header(
     if plan.zero_stage == 0:
         layout = f"DDP over dp={plan.dp}" if num_gpus > 1 else "one GPU"
     else:
+        shard = f"dp_shard={plan.dp_shard}" if plan.dp_shard else f"dp={plan.dp}"
         layout = (
-            f"FSDP2 {'full shard (ZeRO-3)' if plan.zero_stage == 3 else 'reshard_after_forward false (ZeRO-2)'} over dp={plan.dp}"
+            f"FSDP2 {'full shard (ZeRO-3)' if plan.zero_stage == 3 else 'reshard_after_forward false (ZeRO-2)'} over {shard}"
             + (f" x cp={plan.cp}" if plan.cp > 1 else "")
+            + (f" (HSDP: {plan.dp // plan.dp_shard} replicas)" if plan.dp_shard else "")
             + f", tp={plan.tp}"
         )
     lines = [
@@ -220,9 +239,11 @@ def _layout(config: dict) -> dict:
     fsdp = config.get("fsdp_config") or {}
     sizes = {k: int((config.get("parallelism_config") or {}).get(_PREFIX + k, 1)) for k in _SIZES}
     tp = sizes["tp_size"]
+    dp_shard = None
     if kind == "FSDP":
         dp = sizes["dp_replicate_size"] * sizes["dp_shard_size"]
         zero = 3 if fsdp.get("fsdp_reshard_after_forward", True) else 2
+        dp_shard = sizes["dp_shard_size"] if sizes["dp_replicate_size"] > 1 else None  # HSDP
     else:
         dp, zero = int(config.get("num_processes", 1)) // tp, 0
     mixed = str(getattr(config.get("mixed_precision"), "value", config.get("mixed_precision") or "no"))
@@ -241,6 +262,7 @@ def _layout(config: dict) -> dict:
     return {
         "num_gpus": int(config.get("num_processes", 1)),
         "dp": dp,
+        "dp_shard": dp_shard,
         "cp": cp,
         "fp8": fp8,
         "tp": tp,

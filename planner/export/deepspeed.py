@@ -17,6 +17,11 @@ tokens beyond its capacity by default (drop_tokens=True) and has no ZeRO-3 (runt
 _validate_zero3_moe_compatibility); it is not what is exported. The cost model assumes balanced
 routing.
 
+Hybrid sharding (Plan.dp_shard) is not exported: DeepSpeed 0.19.8 removed MiCS, its only
+config for ZeRO-3 sharded within groups and replicated across them (DeepSpeedConfig raises for
+zero_optimization.mics_shard_size: runtime/config.py:_REMOVED_ZERO_CONFIG_KEYS), so rules.py
+has no hybrid ZeRO stage and `plan export` refuses such a plan in one line.
+
 Every rule (rules.py) and key below cites the installed package's source (deepspeed/...); the
 tests feed every export to deepspeed.runtime.config.DeepSpeedConfig and to DeepSpeed's own
 partitioner, schedule, topology and AutoEP classes.
@@ -220,6 +225,7 @@ def read_back(data: dict) -> dict:
         )
     return {
         "dp": batch // (micro * accumulation),
+        "dp_shard": None,  # no hybrid sharding in DeepSpeed 0.19.8 (module docstring)
         "tp": tp,
         "pp": pp,
         "vpp": 1,

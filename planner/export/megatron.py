@@ -27,6 +27,18 @@ balancing; arguments.py asserts seq_length % (2 x cp) == 0). Ranks: tp, then cp,
 (parallel_state's "tp-cp-ep-dp-pp"), weights reduced and sharded by the distributed optimizer
 over the dp x cp group (distributed/distributed_data_parallel.py: dp_cp_group).
 
+Hybrid sharding (Plan.dp_shard below dp, ZeRO-1 only: rules.py) is the distributed optimizer in
+instances: --num-distributed-optimizer-instances dp / dp_shard. Megatron-LM's arguments.py
+(core_v0.16.1; not in the megatron-core wheel) declares the flag and initialize.py passes it to
+megatron-core's parallel_state.initialize_model_parallel, which cuts each dp x cp group into that
+many runs of dp_shard x cp consecutive members (_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP, cp
+innermost: the plan's shard group) and asserts that they divide it; training.py copies it into
+DistributedDataParallelConfig, whose buffers reduce-scatter gradients within an instance and
+all-reduce each shard across the instances (distributed/param_and_grad_buffer.py:
+start_grad_sync), and whose DistributedDataParallel asserts "Partial DistOpt cannot be used
+without DistOpt". Experts follow: the expert data-parallel group is cut the same way
+(parallel_state.py asserts that the instances divide it), so ep must divide dp_shard x cp x tp.
+
 FP8 is Transformer Engine's "hybrid" format (--fp8-format hybrid: TransformerConfig.fp8, "e4m3
 for all FP8 activation and weight tensors and e5m2 for all FP8 output activation gradient
 tensors") with per-tensor delayed scaling (--fp8-recipe delayed: each tensor's scale comes from
@@ -151,6 +163,14 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
     if num_gpus != plan.world_size:  # no flag carries dp: the launch's world size sets it
         product = "dp x cp x tp x pp" if plan.cp > 1 else "dp x tp x pp"
         raise UsageError(f"Megatron takes dp from the world size: {product} = {plan.world_size} GPUs, not {num_gpus}")
+    if plan.dp_shard and (plan.dp_shard * plan.cp * plan.tp) % plan.ep:
+        # parallel_state.initialize_model_parallel: "Expert data parallel size should be divisible
+        # by partial DistOpt shard factor" (dp x cp x tp / ep by dp / dp_shard)
+        raise UsageError(
+            f"Megatron cuts the expert data-parallel group into the dp / dp_shard = {plan.dp // plan.dp_shard} "
+            f"optimizer instances too: ep={plan.ep} must divide dp_shard x cp x tp = "
+            f"{plan.dp_shard * plan.cp * plan.tp}; use a larger dp_shard or a smaller ep"
+        )
     L = model.num_layers
     flags = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
     if plan.cp > 1:  # the ring the cost model prices (module docstring)
@@ -190,6 +210,8 @@ def export(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> Export:
         flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")]
     if plan.zero_stage == 1:
         flags.append(("--use-distributed-optimizer", None))
+    if plan.dp_shard:  # hybrid sharding: the distributed optimizer in dp / dp_shard instances (module docstring)
+        flags.append(("--num-distributed-optimizer-instances", plan.dp // plan.dp_shard))
     if plan.dp > 1:  # the cost model hides data-parallel traffic behind the backward
         flags.append(("--overlap-grad-reduce", None))
         if plan.zero_stage == 1:  # arguments.py: param gather overlap needs the distributed optimizer
@@ -376,8 +398,10 @@ def read_back(data: list[str], world_size: Optional[int] = None) -> dict:
             f"--fp8-format {args['fp8-format']} is not our FP8 recipe (E4M3 forward, E5M2 gradients: hybrid)"
         )
     dp = world_size // (tp * pp * cp) if world_size else None
+    instances = int(args.get("num-distributed-optimizer-instances", 1))
     return {
         "dp": dp,
+        "dp_shard": dp // instances if dp and instances > 1 else None,
         "cp": cp,
         "tp": tp,
         "pp": pp,

@@ -48,6 +48,16 @@ its Float8LinearConverter.Config.recipe_name offers only "rowwise" and "rowwise_
 gradient), not the plan's per-tensor E4M3 forward / E5M2 gradient recipe; it also needs torchao
 and an SM89+ GPU where it is built.
 
+Hybrid sharding (Plan.dp_shard below dp, ZeRO-2/3) is torchtitan's HSDP:
+--parallelism.data_parallel_replicate_degree dp / dp_shard and data_parallel_shard_degree dp_shard
+(config/configs.py:ParallelismConfig: "If `data_parallel_replicate_degree` is also greater than 1,
+the parallelism method used is HSDP"). ParallelDims.build_mesh lays the world out as pp,
+dp_replicate, dp_shard, cp, tp (outermost first), so a shard group is dp_shard consecutive dp
+ranks, and distributed/full_dtensor.py:resolve_fsdp_mesh shards over ("dp_shard", "cp") and
+replicates over "dp_replicate": the plan's shard group of dp_shard x cp ranks, dp / dp_shard
+replicas of it. Experts: the sparse mesh is pp, dp_replicate, efsdp, ep with efsdp = dp_shard x
+cp x tp / ep, so ep must divide dp_shard x cp x tp (the export refuses it otherwise).
+
 The world size is no override: torchrun starts the ranks, and ParallelDims
 (distributed/parallel_dims.py) checks that dp_replicate x dp_shard x cp x tp x pp equals it.
 
@@ -59,6 +69,7 @@ from __future__ import annotations
 
 import shlex
 
+from planner.errors import UsageError
 from planner.specs import DTYPE_BYTES, DType, JobSpec, ModelSpec, Plan, Recompute, Schedule
 from planner.stacks.stack import Export, windowed
 from planner.stacks.torchtitan.rules import FLAVORS, PRECISIONS, RULES, matching_flavor
@@ -79,8 +90,25 @@ def _model_args(model: ModelSpec) -> list[str]:
     return ["--module", f.module, "--config", f.config] if f else []
 
 
+def _dp_degrees(plan: Plan) -> tuple[int, int]:
+    """(data_parallel_replicate_degree, data_parallel_shard_degree): a replicate-only mesh for
+    ZeRO-0, HSDP's replicas x shard group for hybrid sharding, else one shard group of all dp."""
+    if plan.zero_stage == 0:
+        return plan.dp, 1
+    if plan.dp_shard:
+        if (plan.dp_shard * plan.cp * plan.tp) % plan.ep:
+            # ParallelDims.build_mesh: efsdp = dp_shard x cp x tp // ep, then the sparse mesh
+            # pp x dp_replicate x efsdp x ep must make the world
+            raise UsageError(
+                f"torchtitan borrows expert-parallel ranks from a shard group: ep={plan.ep} must divide "
+                f"dp_shard x cp x tp = {plan.dp_shard * plan.cp * plan.tp}; use a larger dp_shard or a smaller ep"
+            )
+        return plan.dp // plan.dp_shard, plan.dp_shard
+    return 1, plan.dp
+
+
 def _parallel_args(plan: Plan, model: ModelSpec) -> list[str]:
-    replicate, shard = (plan.dp, 1) if plan.zero_stage == 0 else (1, plan.dp)
+    replicate, shard = _dp_degrees(plan)
     out = [
         "--parallelism.data_parallel_replicate_degree",
         str(replicate),
@@ -176,12 +204,15 @@ def recompute_mode(plan: Plan, model: ModelSpec) -> Recompute:
 
 def _text(args: list[str], plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int) -> str:
     f = matching_flavor(model)
+    shard_dp = plan.dp_shard or plan.dp  # the dp ranks one copy of the states is sharded over (times cp)
     group = f"dp x cp = {plan.dp} x {plan.cp}" if plan.cp > 1 else f"dp={plan.dp}"  # the ranks holding the same weights
+    if plan.dp_shard:
+        group = f"dp_shard x cp = {shard_dp} x {plan.cp}" if plan.cp > 1 else f"dp_shard={shard_dp}"
     dp = {
         0: f"replicated over {group} (ZeRO-0)",
         2: f"FSDP over {group}, parameters kept from forward to backward (ZeRO-2)",
         3: f"FSDP full shard over {group} (ZeRO-3)",
-    }[plan.zero_stage]
+    }[plan.zero_stage] + (f"; HSDP: {plan.dp // shard_dp} replicas of the group" if plan.dp_shard else "")
     degrees = (
         f"dp {plan.dp} x cp {plan.cp} x tp {plan.tp} x pp {plan.pp} (tp innermost, then cp)"
         if plan.cp > 1
@@ -192,8 +223,10 @@ def _text(args: list[str], plan: Plan, model: ModelSpec, job: JobSpec, num_gpus:
         lines += _cp_lines(plan, model, job)
     if model.is_moe:
         shard, cp = ("dp_shard x cp x tp", " x cp") if plan.cp > 1 else ("dp_shard x tp", "")
+        dp_name = "dp_shard" if plan.dp_shard else "dp"
         spread = (
-            f"FSDP-sharded over efsdp = dp{cp} x tp / ep = {plan.dp * plan.cp * plan.tp // plan.ep} ranks"
+            f"FSDP-sharded over efsdp = {dp_name}{cp} x tp / ep = {shard_dp * plan.cp * plan.tp // plan.ep} ranks"
+            + (f", replicated over {plan.dp // shard_dp}" if plan.dp_shard else "")
             if plan.zero_stage
             else f"replicated over the {plan.dp} replicas"
         )
@@ -384,6 +417,7 @@ def read_back(data) -> dict:
     if pp > 1 and not parts:  # pipeline_parallel.py:_get_pipeline_metadata's default: 2 stages a rank if looped
         parts = [[]] * (pp * (2 if schedule == Schedule.interleaved_1f1b.value else 1))
     assert RULES.mesh_orders is not None  # torchtitan's one order (planner/stacks/torchtitan/rules.py)
+    zero = _zero_stage(s["reshard"], s["shard"], pp)
     return {
         "dp": dp,
         "tp": s["tp"],
@@ -393,7 +427,8 @@ def read_back(data) -> dict:
         "num_micro_batches": (local // mbs) * (global_batch // (local * dp)),
         "global_batch_size": global_batch,
         "seq_len": s["seq_len"],
-        "zero_stage": _zero_stage(s["reshard"], s["shard"], pp),
+        "zero_stage": zero,
+        "dp_shard": s["shard"] if zero and s["replicate"] > 1 else None,  # HSDP: replicas of a shard group
         "sequence_parallel": s["tp"] > 1 and s["sp"],
         "tp_comm_overlap": s["async_tp"],
         "schedule": schedule,

@@ -25,7 +25,10 @@ RULES = Rules(
     # parallelism_config.py:ParallelismConfig.__post_init__ rejects DDP + TP (dp_replicate > 1,
     # dp_shard == 1, tp > 1).
     zero_stages_with_tp=(2, 3),
-    # FSDP2 on ParallelismConfig(dp_replicate_size, dp_shard_size): HSDP
+    # FSDP2 on ParallelismConfig(dp_replicate_size dp / dp_shard, dp_shard_size dp_shard): HSDP
+    # (parallelism_config.py; utils/fsdp_utils.py:fsdp2_prepare_model passes fully_shard the 2-D
+    # mesh (dp_replicate, dp_shard_cp)). ParallelismConfig refuses dp_shard_size 1 beside replicas
+    # (__post_init__ with tp or cp, _validate_accelerator without): the exporter refuses dp_shard 1.
     hybrid_zero_stages=(2, 3),
     # No pipeline parallelism on the FSDP2 / ParallelismConfig path: its mesh dimensions are
     # dp_replicate, dp_shard, cp, sp and tp only (parallelism_config.py:_get_mesh). (Pipelines
@@ -68,6 +71,8 @@ RULES = Rules(
         "sequence parallelism": "none (sp_size is DeepSpeed Ulysses, not Megatron SP)",
         "recompute": "fsdp_activation_checkpointing, every layer full or none, no selective",
         "mesh order": "tp innermost, then dp (ParallelismConfig: dp_replicate, dp_shard, cp, sp, tp)",
+        "hybrid sharding": "HSDP: parallelism_config dp_replicate_size dp / dp_shard, dp_shard_size dp_shard (FSDP2 over "
+        "dp_shard x cp); not dp_shard 1 (Accelerate needs dp_shard_size > 1 beside replicas)",
         "batch": "not in the config, micro-batch and accumulation go to the script (a comment block says them)",
         "experts": "no expert parallelism (ParallelismConfig has no expert axis); MoE models at ep = 1, experts sharded by FSDP2",
         "context parallelism": "parallelism_config cp_size, cp_comm_strategy alltoall (torch's ring of K/V chunks, head-tail "

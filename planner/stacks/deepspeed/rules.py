@@ -22,9 +22,14 @@ RULES = Rules(
     # both inference and training"; ZeRO-3 places AutoTP shards over the DP group
     # (_resolve_zero3_param_placement); stages 1 and 2 take AutoTP shards like any parameter.
     zero_stages_with_tp=(0, 1, 2, 3),
-    # MiCS (zero_optimization.mics_shard_size: ZeRO-3 states sharded within a group of that many ranks,
-    # gradients all-reduced across groups); stages 1-2 have no shard group
-    hybrid_zero_stages=(3,),
+    # No hybrid sharding in 0.19.8. MiCS (zero_optimization.mics_shard_size, ZeRO-3 sharded within
+    # groups and replicated across them) is removed: runtime/config.py:_REMOVED_ZERO_CONFIG_KEYS
+    # makes DeepSpeedConfig raise "MiCS ZeRO-3 sharding has been removed" for mics_shard_size and
+    # mics_hierarchical_params_gather, and runtime/zero/mics.py is gone. ZeRO++'s hpZ
+    # (zero_hpz_partition_size) is not it: a secondary copy of the parameters within a group, while
+    # the parameters, gradients and optimizer states stay partitioned over all of dp
+    # (runtime/zero/stage3.py, partition_parameters.py). Stages 1-2 have no shard group.
+    hybrid_zero_stages=(),
     # Any pipeline depth (PipelineModule(num_stages=...)); any AutoTP size
     # (tensor_parallel.autotp_size, runtime/tensor_parallel/config.py:TPTrainingConfig), but
     # AutoTP only on a plain module: problems() refuses tp > 1 with pp > 1.
@@ -91,6 +96,8 @@ RULES = Rules(
         "context parallelism": "no: DeepSpeed's sequence parallelism is Ulysses (all-to-all over attention heads), not a ring of "
         "sequence chunks",
         "FP8": "no: the config has no FP8 training recipe (Transformer Engine is model code)",
+        "hybrid sharding": "no: 0.19.8 removed MiCS (DeepSpeedConfig refuses zero_optimization.mics_shard_size); ZeRO++ hpZ "
+        "only adds a per-group copy of the parameters, the states stay sharded over all of dp",
     },
 )
 

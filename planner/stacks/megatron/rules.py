@@ -24,7 +24,10 @@ RULES = Rules(
     zero_stages_with_pp=(0, 1),
     zero_stages_with_tp=(0, 1),
     # the distributed optimizer in instances: --num-distributed-optimizer-instances dp / dp_shard
-    # (megatron/training/arguments.py; gradients reduce-scattered within an instance, all-reduced across)
+    # (megatron/training/arguments.py at core_v0.16.1 -> parallel_state.initialize_model_parallel's
+    # intra-partial dp x cp groups of dp_shard x cp ranks; gradients reduce-scattered within an
+    # instance, all-reduced across: distributed/param_and_grad_buffer.py). DistributedDataParallel
+    # asserts the distributed optimizer ("Partial DistOpt cannot be used without DistOpt"): ZeRO-1 only.
     hybrid_zero_stages=(1,),
     # pipeline_parallel/schedules.py:get_forward_backward_func: pp > 1 runs
     # forward_backward_pipelining_without_interleaving (1F1B) or, with virtual stages,
@@ -75,6 +78,8 @@ RULES = Rules(
         "ZeRO": "0, and 1 as --use-distributed-optimizer; Megatron-FSDP and torch FSDP2 (ZeRO-2/3) exist but are not exported",
         "mesh order": "tp,dp,pp (default) or tp,pp,dp (--use-tp-pp-dp-mapping)",
         "data parallel": "not a flag: WORLD_SIZE / (tp x pp x cp) from the launcher",
+        "hybrid sharding": "ZeRO-1 as --num-distributed-optimizer-instances dp / dp_shard (instances of dp_shard x cp "
+        "ranks); ep must divide dp_shard x cp x tp",
         "experts": "--expert-model-parallel-size ep with expert-TP 1 (folded from tp x cp x dp), all-to-all dispatch, grouped GEMM; "
         "with --use-tp-pp-dp-mapping and pp > 1 only ep = tp",
         "context parallelism": "--context-parallel-size cp --cp-comm-type p2p (a ring of K/V chunks in Transformer Engine's "

@@ -30,7 +30,10 @@ RULES = Rules(
     # works over the TP mesh's data-parallel axes (distributed/full_dtensor.py:resolve_fsdp_mesh).
     zero_stages_with_pp=(0, 2, 3),
     zero_stages_with_tp=(0, 2, 3),
-    # HSDP: FSDP2 on a (dp_replicate, dp_shard) mesh (parallelism.data_parallel_replicate_degree)
+    # HSDP: FSDP2 on a (dp_replicate, dp_shard) mesh (config/configs.py:ParallelismConfig
+    # data_parallel_replicate_degree dp / dp_shard, data_parallel_shard_degree dp_shard;
+    # distributed/full_dtensor.py:resolve_fsdp_mesh shards over dp_shard x cp, replicates over
+    # dp_replicate). ZeRO-0 is the replicate-only mesh: nothing to shard.
     hybrid_zero_stages=(2, 3),
     # --parallelism.pipeline_parallel_schedule is any name of torch's get_schedule_class
     # (torch/distributed/pipelining/schedules.py): "GPipe", "1F1B", "Interleaved1F1B", ...
@@ -78,6 +81,8 @@ RULES = Rules(
         "sequence parallelism": "on or off with TP (--parallelism.[no_]enable_sequence_parallel)",
         "TP overlap": "async TP under torch.compile (--compile.enable_async_tensor_parallel)",
         "mesh order": "tp innermost, then dp, then pp (ParallelDims: pp, dp_replicate, dp_shard, cp, tp)",
+        "hybrid sharding": "HSDP: --parallelism.data_parallel_replicate_degree dp / dp_shard, data_parallel_shard_degree "
+        "dp_shard (FSDP over dp_shard x cp); ep must divide dp_shard x cp x tp",
         "model": "llama3 8B/70B/405B, deepseek_v3 671B, qwen3 30B-A3B by --config; any other model needs the user's own "
         "config_registry function",
         "experts": "--parallelism.expert_parallel_degree (expert-TP 1, borrowed from dp_shard x cp x tp); with ZeRO-0 only ep = tp; "

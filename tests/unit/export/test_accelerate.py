@@ -90,6 +90,10 @@ MATRIX = {
     "8b-fsdp3-fp8-dp16": case("llama3-8b", 16, 16, 1, 3, 1, 2, fp8=True, per_node=8),
     "8b-ddp-fp8-full": case("llama3-8b", 8, 8, 1, 0, 1, 2, fp8=True, recompute="full"),
     "8b-fsdp3-cp2-fp8-dp4": case("llama3-8b", 8, 4, 1, 3, 1, 2, cp=2, fp8=True, seq=8192),
+    # Hybrid sharding (HSDP): two replicas of an 8-rank shard group (one node each), and
+    # replicas of a dp_shard x cp group beside TP.
+    "8b-hsdp3-shard8-dp16": case("llama3-8b", 16, 16, 1, 3, 1, 2, dp_shard=8, per_node=8),
+    "8b-hsdp2-shard2-cp2-tp2": case("llama3-8b", 16, 4, 2, 2, 1, 2, dp_shard=2, cp=2, seq=8192, per_node=8),
     # A Hugging Face architecture beyond Llama's (Gemma 2: GeGLU, four norms, windows, soft-capped
     # logits), which the script's model builds: the header names it.
     "gemma2-fsdp3-tp2-dp4": case(str(HF / "gemma-2-9b.json"), 8, 4, 2, 3, 1, 2),
@@ -106,6 +110,7 @@ def _expected(c) -> dict:
     return {
         "num_gpus": c.gpus,
         "dp": c.plan.dp,
+        "dp_shard": c.plan.dp_shard,
         "cp": c.plan.cp,
         "fp8": c.plan.fp8,
         "tp": c.plan.tp,
@@ -134,8 +139,8 @@ def test_export_text_is_the_data_and_reads_back_to_the_plan(name):
     assert yaml.safe_load(out.text) == out.data  # the comment block is only comments
     assert read_back(out.text) == _expected(c)
     degrees = read_back(out.data)  # the structured data alone: no batch (it is not in Accelerate's config)
-    assert {k: degrees[k] for k in ("dp", "tp", "zero_stage", "precision")} == {
-        k: _expected(c)[k] for k in ("dp", "tp", "zero_stage", "precision")
+    assert {k: degrees[k] for k in ("dp", "dp_shard", "tp", "zero_stage", "precision")} == {
+        k: _expected(c)[k] for k in ("dp", "dp_shard", "tp", "zero_stage", "precision")
     }
     assert ('tp_plan="auto"' in out.text) == (c.plan.tp > 1)
 
@@ -197,6 +202,9 @@ REFUSED = {
     "context parallelism cp=2 with a sliding window": _refused(
         str(HF / "mistral-7b-v0.1.json"), 16, dp=8, tp=1, cp=2, zero_stage=3
     ),
+    "hybrid sharding dp_shard=8 with ZeRO stage 1 (accelerate has it with stages 2, 3)": _refused(
+        "llama3-8b", 16, dp=16, tp=1, zero_stage=1, dp_shard=8
+    ),
 }
 
 
@@ -208,6 +216,15 @@ def test_plans_accelerate_cannot_run_are_refused_naming_the_feature(feature):
     with pytest.raises(UsageError, match=r"accelerate cannot run this plan: .*--target accelerate") as err:
         exporters.export("accelerate", plan, model, job, plan.world_size)
     assert found[0] in str(err.value)
+
+
+def test_a_shard_group_of_one_rank_is_refused_in_one_line():
+    """dp_shard 1 (replicas of one rank each) is no ParallelismConfig Accelerate takes
+    (test_hsdp_over_one_rank_is_rejected_by_accelerate): refused, not written as FSDP."""
+    plan, model, job = _refused("llama3-8b", 16, dp=16, tp=1, zero_stage=3, dp_shard=1)
+    with pytest.raises(UsageError, match="dp_shard=1") as err:
+        exporters.export("accelerate", plan, model, job, plan.world_size)
+    assert len(str(err.value).splitlines()) == 1
 
 
 def test_the_header_names_an_architecture_beyond_llamas():
@@ -362,15 +379,19 @@ def test_accelerate_launch_accepts_the_export_and_means_the_plan(name, tmp_path,
         c.plan.zero_stage == 3
     )  # ZeRO-3 full shard, ZeRO-2 keeps params through backward
     assert run.fsdp.activation_checkpointing is (_expected(c)["recompute"] == "full")
+    shard = c.plan.dp_shard or c.plan.dp  # HSDP: dp / dp_shard replicas of a shard group
     assert (
         run.sizes.total_size,
         run.sizes.dp_shard_size,
         run.sizes.dp_replicate_size,
         run.sizes.tp_size,
         run.sizes.cp_size,
-    ) == (c.gpus, c.plan.dp, 1, c.plan.tp, c.plan.cp)
+    ) == (c.gpus, shard, c.plan.dp // shard, c.plan.tp, c.plan.cp)
+    # fully_shard's mesh (utils/fsdp_utils.py:fsdp2_prepare_model): replicas outside the shard group
+    assert run.sizes.fsdp_dim_names == (["dp_replicate"] if c.plan.dp_shard else []) + ["dp_shard_cp"]
     names, shape = run.sizes._get_mesh()  # outermost first
-    innermost_first = [{"dp_shard": "dp", "tp": "tp", "cp": "cp"}[n] for n in reversed(names)]
+    axes = [{"dp_replicate": "dp", "dp_shard": "dp", "tp": "tp", "cp": "cp"}[n] for n in reversed(names)]
+    innermost_first = [a for i, a in enumerate(axes) if a not in axes[:i]]  # dp: the shard group, then its replicas
     degree = {"dp": c.plan.dp, "cp": c.plan.cp, "tp": c.plan.tp, "pp": 1}
     planned = [
         b for a in c.plan.mesh_order for b in (("cp", "dp") if a.value == "dp" else (a.value,))
@@ -395,6 +416,7 @@ def test_round_trip_through_accelerates_loader(name, tmp_path):
     layout_keys = (
         "num_gpus",
         "dp",
+        "dp_shard",
         "cp",
         "fp8",
         "tp",
@@ -489,6 +511,20 @@ def test_ddp_beside_tp_is_rejected(tmp_path, monkeypatch):
         ),
     )
     with pytest.raises(ValueError, match="cannot be used with pure data parallelism"):
+        _launch(path, monkeypatch)
+
+
+def test_hsdp_over_one_rank_is_rejected_by_accelerate(tmp_path, monkeypatch):
+    """Why the exporter refuses dp_shard 1: replicas of a one-rank shard group leave FSDP2
+    nothing to shard across (ParallelismConfig._validate_accelerator)."""
+    path = _broken(
+        tmp_path,
+        "8b-hsdp3-shard8-dp16",
+        lambda d: d["parallelism_config"].update(
+            parallelism_config_dp_replicate_size=16, parallelism_config_dp_shard_size=1
+        ),
+    )
+    with pytest.raises(ValueError, match="no dimension for FSDP to shard across"):
         _launch(path, monkeypatch)
 
 

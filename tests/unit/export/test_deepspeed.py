@@ -127,6 +127,7 @@ def test_rules_state_what_deepspeed_has():
     assert r.mesh_orders == ((Axis.tp, Axis.dp, Axis.pp),)
     assert (r.split, r.recompute) == ("even", "uniform")
     assert {"ZeRO", "mesh order", "uneven stages", "per-stage recompute"} <= set(r.notes)
+    assert r.hybrid_zero_stages == () and "removed MiCS" in r.notes["hybrid sharding"]
     assert r.max_cp == 1 and "Ulysses" in r.notes["context parallelism"]
     assert not r.fp8 and "no FP8 training recipe" in r.notes["FP8"]
 
@@ -205,6 +206,15 @@ REFUSED = [
     ("llama3-8b", _p(tp=2, pp=1, mesh_order=["dp", "tp", "pp"]), "mesh order dp,tp,pp"),
     ("llama3-8b", _p(cp=2, dp=1), "context parallelism cp=2 (deepspeed has none)"),
     ("llama3-8b", _p(fp8=True), "FP8 GEMMs (this export of deepspeed has no FP8 recipe)"),
+    # hybrid sharding: none since 0.19.8 removed MiCS (test_deepspeed_refuses_mics)
+    *[
+        (
+            "llama3-8b",
+            _p(pp=1, dp=8, zero_stage=z, dp_shard=4),
+            f"hybrid sharding dp_shard=4 with ZeRO stage {z} (deepspeed has none)",
+        )
+        for z in (1, 2, 3)
+    ],
 ]
 
 
@@ -221,6 +231,26 @@ def test_refusals_are_one_line_naming_the_feature():
         with pytest.raises(UsageError) as err:
             export("deepspeed", plan, load_model("llama3-8b"), job(16), plan.world_size)
         assert len(str(err.value).splitlines()) == 1 and feature in str(err.value)
+
+
+def test_plan_export_of_a_hybrid_plan_exits_2_with_one_line(tmp_path):
+    """`plan export --to deepspeed` of a hybrid ZeRO-3 plan: refused in one line (exit 2), not
+    written as a full shard."""
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    path = tmp_path / "hybrid.json"
+    size = ["--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "32"]
+    layout = ["--dp", "16", "--tp", "1", "--pp", "1", "--zero", "3", "--dp-shard", "8"]
+    made = CliRunner().invoke(cli, ["estimate", *size, *layout, "--target", "generic", "-o", str(path)])
+    assert made.exit_code == 0, made.output
+    res = CliRunner().invoke(cli, ["export", str(path), "--to", "deepspeed"])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        "error: deepspeed cannot run this plan: hybrid sharding dp_shard=8 with ZeRO stage 3 (deepspeed has none); "
+        "re-plan with `plan solve ... --target deepspeed`, which searches only what deepspeed can express"
+    ]
 
 
 def test_read_back_refuses_ulysses_as_context_parallelism():
@@ -358,6 +388,18 @@ def test_a_wrong_batch_is_rejected_by_deepspeed(ds_config):
         ds_config({**e.data, "zero_optimization": {"stage": 1, "reduce_bucket_sise": 1}}, 2)
 
 
+def test_deepspeed_refuses_mics(ds_config):
+    """Why RULES has no hybrid ZeRO stage: DeepSpeed 0.19.8 refuses MiCS' keys, its only shard
+    group with replicas (runtime/config.py:_REMOVED_ZERO_CONFIG_KEYS)."""
+    from deepspeed.runtime.config import DeepSpeedConfigError
+
+    _, e = _export("llama3-8b", _p(pp=1, dp=8, zero_stage=3), job(64))
+    ds_config(e.data, 8)  # the plain ZeRO-3 export passes
+    for key, value in (("mics_shard_size", 4), ("mics_hierarchical_params_gather", True)):
+        with pytest.raises(DeepSpeedConfigError, match="MiCS ZeRO-3 sharding has been removed"):
+            ds_config({**e.data, "zero_optimization": {**e.data["zero_optimization"], key: value}}, 8)
+
+
 def test_autotp_without_an_mpu_counts_tp_ranks_as_replicas(monkeypatch):
     """What the export's planner.autotp_batch note says: with no mpu DeepSpeedConfig divides
     the batch by every rank (dist.get_world_size()), so an AutoTP export needs one."""
@@ -460,6 +502,7 @@ def ours(plan: Plan, model, job_spec: JobSpec) -> dict:
     full = plan.recompute == "full" or plan.stage_recompute is not None
     return {
         "dp": plan.dp,
+        "dp_shard": plan.dp_shard,
         "tp": plan.tp,
         "pp": plan.pp,
         "vpp": plan.vpp,

@@ -405,6 +405,30 @@ MATRIX = [
         dict(dp=2, cp=2, ep=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1),
         dict(seq_len=8192),
     ),
+    # Hybrid sharding: the distributed optimizer in dp / dp_shard instances of dp_shard x cp ranks,
+    # beside TP; with experts borrowed from the instance (ep = dp_shard x tp).
+    (
+        "llama8b-zero1-shard2-dp4-cp2-tp2",
+        "llama3-8b",
+        dict(
+            dp=4,
+            dp_shard=2,
+            cp=2,
+            tp=2,
+            pp=1,
+            micro_batch_size=1,
+            num_micro_batches=2,
+            zero_stage=1,
+            sequence_parallel=True,
+        ),
+        dict(seq_len=8192),
+    ),
+    (
+        "mixtral-zero1-shard4-ep4-dp8",
+        "mixtral-8x7b",
+        dict(dp=8, dp_shard=4, ep=4, tp=1, pp=1, micro_batch_size=1, num_micro_batches=2, zero_stage=1),
+        {},
+    ),
     (
         "gpt-dp4-fp8-fp16",
         "gpt3-1.3b",
@@ -719,6 +743,7 @@ LM_FLAGS = {
     "num_virtual_stages_per_pipeline_rank": int,
     "num_layers_per_virtual_pipeline_stage": int,
     "use_distributed_optimizer": bool,
+    "num_distributed_optimizer_instances": int,  # _add_distributed_args, default 1
     "overlap_grad_reduce": bool,
     "overlap_param_gather": bool,
     "grad_reduce_in_bf16": bool,  # _add_mixed_precision_args
@@ -873,6 +898,10 @@ def megatron_lm(argv: list[str], world_size: int):
         assert L % pp == 0, "Number of layers should be divisible by the pipeline-model-parallel size"
     if lm.get("overlap_param_gather"):
         assert lm.get("use_distributed_optimizer") and lm.get("overlap_grad_reduce")
+    instances = lm.get("num_distributed_optimizer_instances", 1)
+    # megatron-core's distributed_data_parallel.py (DistributedDataParallel.__init__) and
+    # parallel_state.initialize_model_parallel, which model_parallel() below runs
+    assert instances == 1 or lm.get("use_distributed_optimizer"), "Partial DistOpt cannot be used without DistOpt"
     if kw.get("tp_comm_overlap"):
         assert kw.get("sequence_parallel")
     assert lm["max_position_embeddings"] >= lm["seq_length"]
@@ -920,6 +949,7 @@ def megatron_lm(argv: list[str], world_size: int):
         ddp=DistributedDataParallelConfig(
             grad_reduce_in_fp32=bool(kw.get("bf16")) and not lm.get("grad_reduce_in_bf16", False),
             use_distributed_optimizer=lm.get("use_distributed_optimizer", False),
+            num_distributed_optimizer_instances=instances,
             overlap_grad_reduce=lm.get("overlap_grad_reduce", False),
             overlap_param_gather=lm.get("overlap_param_gather", False),
         ),
@@ -1079,6 +1109,7 @@ def model_parallel(m):
             context_parallel_size=c.context_parallel_size,
             expert_model_parallel_size=c.expert_model_parallel_size,
             expert_tensor_parallel_size=c.expert_tensor_parallel_size,
+            num_distributed_optimizer_instances=m.ddp.num_distributed_optimizer_instances if hasattr(m, "ddp") else 1,
             order=m.order,
             create_gloo_process_groups=False,
         )
@@ -1225,6 +1256,7 @@ def check_means_the_plan(data: list[str], plan: Plan, model, job: JobSpec) -> No
     assert layers == plan.stage_layers(L)
     assert [recomputed(c, n) for n in layers] == plan.stage_recompute_counts(L)
     assert m.ddp.use_distributed_optimizer == m.optimizer.use_distributed_optimizer == (plan.zero_stage == 1)
+    assert m.ddp.num_distributed_optimizer_instances == plan.dp // (plan.dp_shard or plan.dp)  # hybrid sharding
     assert m.ddp.overlap_grad_reduce == (plan.dp > 1)
     # the gradient buffer's dtype the memory model priced (cost_models/memory.py: megatron's recipes)
     assert m.ddp.grad_reduce_in_fp32 == (job.precision == "bf16" and not job.grad_reduce_bf16)
@@ -1388,6 +1420,7 @@ def test_round_trip_through_megatron(case, mcore):
         k: back[k]
         for k in (
             "dp",
+            "dp_shard",
             "cp",
             "tp",
             "pp",
@@ -1405,6 +1438,7 @@ def test_round_trip_through_megatron(case, mcore):
     }
     assert mine == dict(
         dp=plan.dp,
+        dp_shard=plan.dp_shard,
         cp=plan.cp,
         tp=plan.tp,
         pp=plan.pp,
@@ -1536,6 +1570,51 @@ def test_megatron_core_builds_the_context_parallel_groups(case, mcore):
         )
         assert sorted(dist.get_process_group_ranks(ps.get_tensor_model_parallel_group())) == want["tp"]
         assert ps.get_data_parallel_world_size() == plan.dp
+
+
+HYBRID_CASES = [c for c in MATRIX if c[2].get("dp_shard")]
+
+
+@pytest.mark.parametrize("case", HYBRID_CASES, ids=[c[0] for c in HYBRID_CASES])
+def test_megatron_core_builds_the_optimizer_instances(case, mcore):
+    """parallel_state.initialize_model_parallel with --num-distributed-optimizer-instances (rank
+    0 of a fake group of the world size): the partial data-parallel group the distributed
+    optimizer shards over is the plan's shard group, dp_shard x cp ranks (cp innermost), and the
+    instance group across which gradients are all-reduced holds one rank of each replica."""
+    import torch.distributed as dist
+
+    plan, model, job = matrix_case(case)
+    m = megatron_lm(export("megatron", plan, model, job, plan.world_size).data, plan.world_size)
+    dp_cp = next(g for g in mesh_groups(plan)["dp-cp"] if 0 in g)  # by rank: dp index, then cp index
+    group = plan.dp_shard * plan.cp
+    with model_parallel(m) as ps:
+        shard = ps.get_data_parallel_group(with_context_parallel=True, partial_data_parallel=True)
+        assert sorted(dist.get_process_group_ranks(shard)) == dp_cp[:group]
+        across = ps.get_inter_distributed_optimizer_instance_group()
+        assert sorted(dist.get_process_group_ranks(across)) == dp_cp[::group]
+
+
+def test_hybrid_sharding_megatron_cannot_run_is_refused(mcore):
+    """Only the distributed optimizer runs in instances: hybrid ZeRO-2 is refused in one line (its
+    own stage first); experts the instances would cut are refused by the export, as megatron-core's
+    parallel_state refuses the flags it would have written."""
+    plan = Plan(**{**BASE, "dp": 4, "zero_stage": 2, "dp_shard": 2})
+    with pytest.raises(UsageError, match=r"megatron cannot run this plan: ZeRO stage 2 .*\(and 1 more\)") as err:
+        export("megatron", plan, load_model("llama3-8b"), job_for(plan), plan.world_size)
+    assert len(str(err.value).splitlines()) == 1
+    assert (
+        "hybrid sharding dp_shard=2 with ZeRO stage 2 (megatron has it with stages 1)"
+        in mlm_rules.RULES.layout_problems(plan.layout)
+    )
+    plan, model, job = _case("mixtral-zero1-shard4-ep4-dp8")
+    wide = plan.model_copy(update={"ep": 8})
+    with pytest.raises(UsageError, match=r"ep=8 must divide dp_shard x cp x tp = 4") as err:
+        export("megatron", wide, model, job, plan.world_size)
+    assert len(str(err.value).splitlines()) == 1
+    data = _replace(export("megatron", plan, model, job, plan.world_size).data, "--expert-model-parallel-size", 8)
+    with pytest.raises(AssertionError, match="Expert data parallel size should be divisible by partial DistOpt"):
+        with model_parallel(megatron_lm(data, plan.world_size)):
+            pass
 
 
 def test_the_tp_pp_dp_mapping_moves_cp(mcore):

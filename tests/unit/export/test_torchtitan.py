@@ -141,6 +141,11 @@ MATRIX = {
         "llama3-70b", 64, 2, 8, 2, 1, 8, vpp=2, schedule="interleaved-1f1b", cp=2, seq=32768, recompute="full"
     ),
     "mixtral-generic-cp2-ep8-fsdp3": case("mixtral-8x7b", 8, 4, 1, 1, 1, 2, ep=8, cp=2, seq=8192),
+    # Hybrid sharding (HSDP): replicas of a shard group beside TP, of a dp_shard x cp group with a
+    # pipeline (ZeRO-2), and experts borrowed from the shard group.
+    "8b-hsdp3-shard4-dp8-tp2": case("llama3-8b", 16, 8, 2, 1, 1, 2, dp_shard=4),
+    "8b-hsdp2-shard2-dp4-cp2-pp2": case("llama3-8b", 16, 4, 1, 2, 1, 4, zero=2, dp_shard=2, cp=2, seq=8192),
+    "mixtral-generic-hsdp3-shard4-ep4": case("mixtral-8x7b", 16, 16, 1, 1, 1, 1, ep=4, dp_shard=4),
 }
 
 
@@ -153,6 +158,7 @@ def _expected(c) -> dict:
     p, pipeline = c.plan, c.plan.pp > 1
     return {
         "dp": p.dp,
+        "dp_shard": p.dp_shard,
         "tp": p.tp,
         "pp": p.pp,
         "vpp": p.vpp,
@@ -251,6 +257,8 @@ def test_zero_stages_map_to_replicate_and_reshard():
     assert settings(MATRIX["8b-zero0-tp2-no-sp-fp32"]) == ("8", "1", "default")
     assert settings(MATRIX["8b-zero2-tp4-overlap-full"]) == ("1", "4", "never")
     assert settings(MATRIX["8b-fsdp3-dp16"]) == ("1", "16", "always")
+    assert settings(MATRIX["8b-hsdp3-shard4-dp8-tp2"]) == ("2", "4", "always")  # HSDP: 2 replicas of 4
+    assert settings(MATRIX["8b-hsdp2-shard2-dp4-cp2-pp2"]) == ("2", "2", "never")
 
 
 def test_pipeline_batch_is_one_schedule_without_accumulation():
@@ -328,6 +336,12 @@ def test_geglu_is_refused_in_one_line():
 def test_plans_torchtitan_cannot_run_are_refused_naming_the_feature():
     dp16, tp4, pp = MATRIX["8b-fsdp3-dp16"], MATRIX["8b-zero2-tp4-overlap-full"], MATRIX["8b-fsdp3-tp4-pp2-1f1b"]
     assert "ZeRO stage 1" in _refusal(dp16, plan={"zero_stage": 1})
+    hybrid = MATRIX["8b-hsdp3-shard4-dp8-tp2"]  # no ZeRO-1 at all, so no hybrid ZeRO-1 either
+    assert "ZeRO stage 1 (torchtitan has stages 0, 2, 3) (and 1 more)" in _refusal(hybrid, plan={"zero_stage": 1})
+    zero1 = Plan.model_validate({**hybrid.plan.model_dump(), "zero_stage": 1})
+    assert tt_rules.RULES.layout_problems(zero1.layout)[1] == (
+        "hybrid sharding dp_shard=4 with ZeRO stage 1 (torchtitan has it with stages 2, 3)"
+    )
     assert "selective recompute" in _refusal(dp16, plan={"recompute": "selective"})
     mixed = [StageRecompute(none=8, full=8), StageRecompute(full=16)]
     assert "recompute mixing modes" in _refusal(pp, plan={"recompute": "mixed", "stage_recompute": mixed})
@@ -446,8 +460,10 @@ def test_torchtitan_parses_the_overrides_and_they_mean_the_plan(titan, name):
         plan.pp,
         plan.ep,
     )
+    shard = plan.dp_shard or plan.dp
+    assert (dims.dp_replicate, dims.dp_shard) == ((plan.dp, 1) if plan.zero_stage == 0 else (plan.dp // shard, shard))
     assert dims.fsdp_enabled == (
-        plan.zero_stage > 0 and plan.dp > 1 or plan.cp > 1
+        plan.zero_stage > 0 and shard > 1 or plan.cp > 1
     )  # why problems() refuses ZeRO-0 with cp > 1
 
 
@@ -628,8 +644,18 @@ def test_the_mesh_puts_tp_innermost_then_dp_then_pp(titan, fake_world, name):
         from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh
 
         assert resolve_fsdp_mesh(dims)[1].shard == ("dp_shard", "cp")
+    shard = c.plan.dp_shard or dp
+    if c.plan.dp_shard:  # HSDP: a shard group is dp_shard consecutive dp ranks (x cp), replicated outside it
+        from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh
+
+        assert resolve_fsdp_mesh(dims)[1].replicate == "dp_replicate"
+        assert (ranks("dp_shard", shard), ranks("dp_replicate", dp // shard)) == (
+            [i * tp * cp for i in range(shard)],
+            [i * tp * cp * shard for i in range(dp // shard)],
+        )
     if c.plan.ep > 1:  # the cost model's folding: ep consecutive ranks of the tp x cp x dp block, expert-TP 1
-        efsdp = dp * cp * tp // c.plan.ep if c.plan.zero_stage else 1  # ZeRO-0: ep = tp, experts whole on every replica
+        # ZeRO-0: ep = tp, experts whole on every replica
+        efsdp = shard * cp * tp // c.plan.ep if c.plan.zero_stage else 1
         assert (ranks("ep", c.plan.ep), dims.get_mesh("efsdp").size()) == (list(range(c.plan.ep)), efsdp)
 
 
@@ -782,6 +808,20 @@ def test_expert_degrees_that_do_not_tile_the_sharded_ranks_are_rejected(titan, f
     fake_world(c.gpus)
     broken = _parsed(titan, c, _with(_export(c).data, "--parallelism.expert_parallel_degree", "4"))
     with pytest.raises(ValueError, match=r"mesh_sizes=\(1, 4, 0, 4\) is 0"):
+        titan.ParallelDims.from_config(broken.parallelism, world_size=c.gpus).build_mesh()
+
+
+def test_experts_beyond_a_shard_group_are_refused_in_one_line(titan, fake_world):
+    """ep 8 over shard groups of 4 ranks: the export refuses it, as torchtitan's mesh does
+    (efsdp = dp_shard x cp x tp // ep = 0) for the overrides it would have written."""
+    c = MATRIX["mixtral-generic-hsdp3-shard4-ep4"]
+    plan = c.plan.model_copy(update={"ep": 8})
+    with pytest.raises(UsageError, match=r"ep=8 must divide dp_shard x cp x tp = 4") as err:
+        exporters.export("torchtitan", plan, c.model, c.job, c.gpus)
+    assert len(str(err.value).splitlines()) == 1
+    fake_world(c.gpus)
+    broken = _parsed(titan, c, _with(_export(c).data, "--parallelism.expert_parallel_degree", "8"))
+    with pytest.raises(ValueError, match=r"mesh_sizes=\(1, 4, 0, 8\) is 0"):
         titan.ParallelDims.from_config(broken.parallelism, world_size=c.gpus).build_mesh()
 
 
