@@ -16,6 +16,10 @@ reference bit for bit), keeps its pipeline stages and shards them. Why this orde
 - Tensor parallelism before data parallelism: FSDP2 must see the TP DTensors to shard
   them a second time over dp (2-D parameters); DDP cannot wrap DTensors at all, so with
   tp > 1 ZeRO-0/1 use composable `replicate` (FSDP2's replicated sibling) instead.
+- Hybrid sharding (Plan.dp_shard) splits the mesh's dp dimension in two, replicas outside
+  the shard group (shard_mesh): ZeRO-2/3 are FSDP2 on the 2-D (replicas, shard group) mesh,
+  which is HSDP; ZeRO-1 averages gradients over all of dp x cp like ZeRO-0 and shards the
+  optimizer state within the shard group.
 - Recompute is a per-block flag read in forward; setting it before FSDP2 replaces the
   block classes keeps the flag where the blocks' code reads it.
 - PipelineStage wraps the data-parallel module last, so the schedule drives DDP's
@@ -58,38 +62,79 @@ class RankPlace:
 
 
 REPLICAS = "dp_cp"  # the flattened dp x cp dimension of a mesh with context parallelism
+SHARD_GROUP = "dp_shard_cp"  # the flattened dp_shard x cp dimension (hybrid sharding with context parallelism)
+
+
+def hybrid(plan: Plan) -> bool:
+    """ZeRO shards within groups of dp_shard x cp ranks, replicated dp / dp_shard times."""
+    return plan.layout.replicas > 1
+
+
+def dp_dims(plan: Plan) -> list[tuple[str, int]]:
+    """(name, degree) of the mesh dimensions that make up dp x cp, outermost first: dp, or
+    dp_replicate x dp_shard with hybrid sharding (a replica's shard group is dp_shard
+    consecutive dp ranks, torchtitan's names), then cp (placement's layout: cp innermost)."""
+    layout = plan.layout
+    dims = [("dp_replicate", layout.replicas), ("dp_shard", layout.shard_dp)] if hybrid(plan) else [("dp", plan.dp)]
+    return dims + ([("cp", plan.cp)] if plan.cp > 1 else [])
 
 
 def mesh_dims(plan: Plan) -> list[tuple[str, int]]:
     """(name, degree) of each mesh dimension, outermost first: the plan's mesh_order lists axes
     innermost first (consecutive ranks) and init_device_mesh's last dimension varies fastest,
-    so reversed; with cp > 1, cp right inside dp (planner/pictures.py:placement's layout)."""
-    degree = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}
-    dims = []
+    so reversed; the dp axis is dp_dims (with cp right inside dp: planner/pictures.py:placement's layout)."""
+    degree = {"tp": plan.tp, "pp": plan.pp}
+    dims: list[tuple[str, int]] = []
     for axis in reversed(plan.mesh_order):
-        dims.append((axis.value, degree[axis.value]))
-        if axis.value == "dp" and plan.cp > 1:
-            dims.append(("cp", plan.cp))
+        dims += dp_dims(plan) if axis.value == "dp" else [(axis.value, degree[axis.value])]
     return dims
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
-    """A 3-D mesh (4-D with context parallelism, dp x cp also flattened: replica_mesh)."""
+    """A 3-D mesh (a dimension more for each of context parallelism and hybrid sharding; the
+    dimensions of dp x cp and of a shard group also flattened: replica_mesh, shard_mesh)."""
     names, sizes = zip(*mesh_dims(plan))
     mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     replica_mesh(mesh, plan)  # the flattened groups are made now, by every rank together
+    shard_mesh(mesh, plan)
     return mesh
 
 
+def _flat(mesh: DeviceMesh, names: list[str], flat_name: str) -> DeviceMesh:
+    """The named dimensions as one: flattened once, then the root mesh's copy (torch 2.13
+    warns that slicing a flattened dimension out of the root will go)."""
+    return mesh[names[0]] if len(names) == 1 else mesh[tuple(names)]._flatten(flat_name)
+
+
 def replica_mesh(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
-    """The ranks holding the same weights, over which gradients are averaged and ZeRO shards:
-    dp, or dp x cp with context parallelism (flattened once, then the root mesh's copy:
-    torch 2.13 warns that slicing a flattened dimension out of the root will go)."""
-    return mesh["dp", "cp"]._flatten(REPLICAS) if plan.cp > 1 else mesh["dp"]
+    """The ranks holding the same weights, over which gradients are averaged: dp, or dp x cp
+    with context parallelism."""
+    return _flat(mesh, [name for name, _ in dp_dims(plan)], REPLICAS if plan.cp > 1 else "dp")
+
+
+def shard_mesh(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
+    """The ranks over which ZeRO shards the model states: the replica mesh, or with hybrid
+    sharding the dp_shard x cp innermost of its ranks (a shard group)."""
+    if not hybrid(plan):
+        return replica_mesh(mesh, plan)
+    return _flat(mesh, ["dp_shard", "cp"] if plan.cp > 1 else ["dp_shard"], SHARD_GROUP)
+
+
+def fsdp_mesh(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
+    """FSDP2's mesh: 1-D (shard over every replica), or (replicas, shard group) for hybrid
+    sharding, which fully_shard runs as HSDP: it shards over the last dimension, replicates
+    over the first (reduce-scatter in the group, then all-reduce across the replicas)."""
+    if not hybrid(plan):
+        return replica_mesh(mesh, plan)
+    return DeviceMesh._concatenate([mesh["dp_replicate"], shard_mesh(mesh, plan)])
 
 
 def place(mesh: DeviceMesh, plan: Plan) -> RankPlace:
-    dp, tp, pp = (mesh[a].get_local_rank() for a in ("dp", "tp", "pp"))
+    tp, pp = (mesh[a].get_local_rank() for a in ("tp", "pp"))
+    if hybrid(plan):
+        dp = mesh["dp_replicate"].get_local_rank() * plan.layout.shard_dp + mesh["dp_shard"].get_local_rank()
+    else:
+        dp = mesh["dp"].get_local_rank()
     cp = mesh["cp"].get_local_rank() if plan.cp > 1 else 0
     return RankPlace(dp, tp, pp, tuple(j for j in range(plan.virtual_stages) if j % plan.pp == pp), cp)
 
@@ -188,18 +233,19 @@ def apply_data_parallel(
     gathered parameters from forward to backward (reshard_after_forward=False); ZeRO-3: FSDP2
     regathering per block. FSDP2 goes per block, then on the stage (the root). Expert-parallel
     parameters are left out of DDP (ExpertParallel.reduce_gradients reduces them). All of it
-    over dp x cp with context parallelism (replica_mesh)."""
+    over dp x cp with context parallelism (replica_mesh); with hybrid sharding FSDP2 shards
+    within the shard group and replicates across the groups (fsdp_mesh: HSDP)."""
     if plan.dp * plan.cp == 1:
         return stage
-    dp_mesh = replica_mesh(mesh, plan)
     if plan.zero_stage >= 2:
         from torch.distributed.fsdp import fully_shard
 
-        reshard = plan.zero_stage == 3
+        reshard, sharded = plan.zero_stage == 3, fsdp_mesh(mesh, plan)
         for block in stage.layers:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+            fully_shard(block, mesh=sharded, reshard_after_forward=reshard)
+        fully_shard(stage, mesh=sharded, reshard_after_forward=reshard)
         return stage
+    dp_mesh = replica_mesh(mesh, plan)
     if plan.tp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -233,10 +279,13 @@ def build_optimizer(modules, plan: Plan, mesh: DeviceMesh, lr: float, experts: E
     equivalent, zero.py, because ZeroRedundancyOptimizer cannot broadcast DTensors).
     ZeRO-2/3 shard it already: FSDP2's parameters are the shards. With expert parallelism,
     ZeRO-1 shards the expert parameters' state over their expert-data-parallel group only
-    (the dp ranks holding the same experts). Over dp x cp with context parallelism."""
+    (the dp ranks holding the same experts). Over dp x cp with context parallelism, within
+    the shard group with hybrid sharding (shard_mesh: every replica of the group updates its
+    copy alike, from gradients averaged over all of dp x cp)."""
     params = unique_parameters(modules)
-    group = replica_mesh(mesh, plan).get_group()
-    if plan.zero_stage == 1 and plan.dp * plan.cp > 1 and experts is not None:
+    sharded = shard_mesh(mesh, plan)
+    group = sharded.get_group()
+    if plan.zero_stage == 1 and sharded.size() > 1 and experts is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         dense = [p for p in params if not experts.holds(p)]
@@ -252,7 +301,7 @@ def build_optimizer(modules, plan: Plan, mesh: DeviceMesh, lr: float, experts: E
                 )
             )
         return OptimizerSet(parts)
-    if plan.zero_stage == 1 and plan.dp * plan.cp > 1:
+    if plan.zero_stage == 1 and sharded.size() > 1:
         if plan.tp > 1:
             from planner.executor.zero import ShardedStateOptimizer
 

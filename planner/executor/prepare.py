@@ -13,8 +13,9 @@ recorded as a note for the report:
   ("llama3-8b scaled to 2 layers, ...") in every message and in the report, and a
   refusal names the --scale-* value that would work.
 - `--rehearse-dp N` shrinks the world: the same layout with N data-parallel replicas, each
-  keeping its micro-batch size and count (the global batch follows). A launch of the wrong
-  size is told which --rehearse-dp / --nproc-per-node fit it (world_hint).
+  keeping its micro-batch size and count (the global batch follows), and with hybrid sharding
+  the plan's shard group where it divides N (else the largest that does: rehearsed_shard).
+  A launch of the wrong size is told which --rehearse-dp / --nproc-per-node fit it (world_hint).
 - The reference model has no dropout (so a distributed run can be compared with one
   process); the spec says so, which is also what the prediction must cost.
 - Tied embeddings are untied when pp > 1 (input embedding and LM head live on different
@@ -109,6 +110,11 @@ def prepare_case(
         run_plan = run_plan.model_copy(update={"recompute_norm_act": False})
     if run_plan.dp * run_plan.cp == 1 and run_plan.zero_stage:
         notes.append(f"ZeRO-{run_plan.zero_stage} at dp=1 shards nothing: run without a data-parallel wrapper")
+    elif run_plan.layout.shard_dp * run_plan.cp == 1 and run_plan.zero_stage:
+        notes.append(
+            f"ZeRO-{run_plan.zero_stage} in shard groups of one rank (dp_shard 1) shards nothing: every one of the "
+            f"{run_plan.dp} replicas holds the model states whole"
+        )
     problem = rehearsal_problem(model, run_model, run_job, run_plan)
     if problem:
         raise UsageError(problem)
@@ -120,10 +126,12 @@ def prepare_case(
 
 
 def layout_factors(plan: Plan, dp: Optional[int] = None) -> str:
-    """'dp 8 x tp 4 x pp 2' (cp where it is not 1): the factors of the plan's world, or of
-    the same layout with `dp` replicas."""
+    """'dp 8 x tp 4 x pp 2' (cp where it is not 1, the shard group with hybrid sharding): the
+    factors of the plan's world, or of the same layout with `dp` replicas."""
     cp = f" x cp {plan.cp}" if plan.cp > 1 else ""
-    return f"dp {plan.dp if dp is None else dp}{cp} x tp {plan.tp} x pp {plan.pp}"
+    layout = plan.layout
+    shard = f" (shard {layout.shard_dp} x {layout.replicas} replicas)" if dp is None and layout.replicas > 1 else ""
+    return f"dp {plan.dp if dp is None else dp}{shard}{cp} x tp {plan.tp} x pp {plan.pp}"
 
 
 def smallest_dp(plan: Plan) -> int:
@@ -146,13 +154,29 @@ def rehearse_world(plan: Plan, job: JobSpec, dp: Optional[int], notes: list[str]
             f"use --rehearse-dp {least} (or a multiple of it)"
         )
     batch = dp * plan.micro_batch_size * plan.num_micro_batches
-    rehearsed = _plan(plan.model_dump() | {"dp": dp})
+    rehearsed = _plan(plan.model_dump() | {"dp": dp, "dp_shard": rehearsed_shard(plan, dp, notes)})
     notes.append(
         f"rehearsal world (--rehearse-dp {dp}): {layout_factors(rehearsed)} = {rehearsed.world_size} processes instead of "
         f"{layout_factors(plan)} = {plan.world_size}; global batch {job.global_batch_size} -> {batch} (each replica keeps its "
         f"{plan.num_micro_batches} micro-batch{'es' if plan.num_micro_batches > 1 else ''} of {plan.micro_batch_size})"
     )
     return rehearsed, job.model_copy(update={"global_batch_size": batch})
+
+
+def rehearsed_shard(plan: Plan, dp: int, notes: list[str]) -> Optional[int]:
+    """Plan.dp_shard at `dp` data-parallel ranks: the plan's shard group where it divides dp
+    (fewer replicas of it), else the largest group that divides both, said in the notes (a
+    group of all of dp is the plain layout). None where the plan has no hybrid sharding."""
+    if not plan.dp_shard:
+        return None
+    shard = math.gcd(plan.dp_shard, dp)
+    if shard != plan.dp_shard:
+        now = "all of them (no replicas)" if shard == dp else f"{shard} ({dp // shard} replicas)"
+        notes.append(
+            f"hybrid sharding: the plan's shard group of dp_shard {plan.dp_shard} does not divide the rehearsal's dp {dp}; "
+            f"ZeRO-{plan.zero_stage} shards over {now}"
+        )
+    return shard
 
 
 def world_hint(plan: Plan, world_size: int) -> str:
@@ -513,6 +537,11 @@ def check_runnable(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
         raise UsageError(
             f"plan run shards expert-parallel experts with ZeRO-0 or 1 only (ep={plan.ep} with ZeRO-{plan.zero_stage}); "
             "use --zero 1, or ep=1"
+        )
+    if plan.ep > 1 and plan.layout.replicas > 1:
+        raise UsageError(
+            f"plan run shards expert-parallel plans over all of dp x cp only (ep={plan.ep} with dp_shard {plan.dp_shard} "
+            f"of dp {plan.dp}); leave dp_shard out of the plan, or use ep=1"
         )
     if plan.schedule == Schedule.one_f_one_b and pp > 1 and m < pp:
         raise UsageError(
