@@ -39,3 +39,4 @@ meaning  # cost_models/fit.py: Constant's description, for the people who read t
 price_per_gpu_hour  # planner/specs/size_document.py:SizePoint, for readers of `plan size --json`
 # planner/datafile.py: PyYAML's resolver reads its class's table of implicit resolvers (replaced by YAML 1.2's)
 yaml_implicit_resolvers
+_without_default_shard  # planner/specs/job.py: pydantic calls the Plan's model_serializer

@@ -43,6 +43,7 @@ import json
 import math
 import sys
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 from datetime import date
@@ -51,9 +52,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable as a script from anywhere
 from benchmarks.published_cases import Case, cases, source_of  # noqa: E402
 from cost_models import fit as fitlib  # noqa: E402
+from cost_models import tables  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 from cost_models.fit import NAMES  # noqa: E402
-from hardware_profiles import PRESET_DIR, UNCALIBRATED, uncalibrated_entry, widened  # noqa: E402
+from hardware_profiles import PRESET_DIR, UNCALIBRATED, uncalibrated_entry, uncalibrated_reason, widened  # noqa: E402
+from planner.specs import Uncertainty  # noqa: E402
 
 STACK_DIR = Path(__file__).resolve().parent.parent / "planner" / "stacks"
 
@@ -320,6 +323,81 @@ def _interval_sample(held: list[Held], stack: str, pooled: bool = False):
     return [(math.log(h.model / h.case.published), h.comm_share, h.fold) for h in own]
 
 
+# How much wider the interval grows per doubling beyond the calibrated region (planner/specs/
+# cluster.py:Uncertainty.widening): checked below on each source left out, whose runs beyond the
+# region of the other sources' runs are widened as a plan beyond the shipped region is.
+EXTRAPOLATION = 0.5
+
+
+def gpus_of(c: Case) -> int:
+    return c.plan.dp * c.plan.cp * c.plan.tp * c.plan.pp
+
+
+def shard_of(c: Case) -> int:
+    """Ranks of the run's ZeRO shard group (0: no ZeRO)."""
+    return ((c.plan.dp_shard or c.plan.dp) * c.plan.cp) if c.plan.zero_stage else 0
+
+
+def region_of(cs) -> tuple[int, int]:
+    """(GPUs of the largest run, ranks of the largest ZeRO shard group) of runs cs."""
+    return max(map(gpus_of, cs)), max([shard_of(c) for c in cs] + [1])
+
+
+def widening(region: tuple[int, int], c: Case, extrapolation: float = EXTRAPOLATION) -> float:
+    u = Uncertainty(
+        relative=0.1,
+        coverage=0.8,
+        calibrated_gpus=region[0],
+        calibrated_shard=region[1],
+        extrapolation=extrapolation,
+    )
+    return u.widening(gpus_of(c), shard_of(c))[0]
+
+
+@dataclass
+class Coverage:
+    """An interval's coverage measured on folds left out: inside / checked, in and out of the
+    region of the runs it was fitted on (out: widened)."""
+
+    inside: int = 0
+    checked: int = 0
+    inside_out: int = 0
+    out: int = 0
+
+    @property
+    def share(self) -> float:
+        return self.inside / max(1, self.checked)
+
+
+def stack_interval_by_source(
+    held: list[Held], stack: str, pooled: bool = False, extrapolation: float = EXTRAPOLATION
+) -> tuple[Interval, Coverage, tuple[int, int]]:
+    """(the stack's interval fitted on the leave-one-source-out residuals `held`, its coverage,
+    the region of its runs): the coverage fits it again without each source and counts that
+    source's runs inside it, widened where they leave the region of the other sources' runs."""
+    sample = _interval_sample(held, stack, pooled)
+    iv = interval_of([r for r, _, _ in sample], [f for _, f, _ in sample])
+    checked = [h for h in held if pooled or h.stack == stack]
+    cov = Coverage()
+    for g in {h.fold for h in checked}:
+        rest = [(r, f) for r, f, gg in sample if gg != g]
+        if len(rest) < 3:
+            continue
+        ivg = interval_of([r for r, _ in rest], [f for _, f in rest])
+        region = region_of([h.case for h in checked if h.fold != g] or [h.case for h in held if h.fold != g])
+        for h in checked:
+            if h.fold == g:
+                r = math.log((h.pooled if pooled else h.model) / h.case.published)
+                k = widening(region, h.case, extrapolation)
+                ok = abs(r) <= k * ivg.halfwidth(h.comm_share)
+                cov.inside += ok
+                cov.checked += 1
+                if k > 1:
+                    cov.out += 1
+                    cov.inside_out += ok
+    return iv, cov, region_of([h.case for h in checked])
+
+
 def stack_interval(held: list[Held], stack: str, pooled: bool = False) -> tuple[Interval, float, int]:
     """(the stack's interval, its out-of-fold coverage, runs it was checked on): the stated
     interval is fitted on all the cross-validated residuals; its coverage is measured by
@@ -394,6 +472,9 @@ def main() -> None:
         action="store_true",
         help="write the fitted constants into hardware_profiles/presets (pooled) and planner/stacks/*/constants.json",
     )
+    ap.add_argument(
+        "--no-mechanisms", action="store_true", help="skip flipping each mechanism (saves about two minutes each)"
+    )
     args = ap.parse_args()
     every, skipped = cases()
     # Runs on hardware the shipped presets mark uncalibrated (hardware_profiles.UNCALIBRATED:
@@ -435,21 +516,9 @@ def main() -> None:
         f"\n{len({by_source(c) for c in cs})} sources (published_cases.py:SOURCES): a source's groups are left out together"
     )
     _print_cv(by_src, "source")
-    print(
-        "\nintervals fitted on the cross-validated residuals; coverage measured out of group (each group's runs "
-        "against the interval fitted without it) and out of source (the interval fitted on the leave-one-source-out "
-        "residuals without the source, against its runs)"
-    )
-    intervals = {}
-    for stack in (*STACKS, "generic"):
-        iv, cov, n = stack_interval(held, stack, pooled=stack == "generic")
-        _, cov_src, _ = stack_interval(by_src, stack, pooled=stack == "generic")
-        intervals[stack] = iv
-        fc, fm = iv.factors()
-        print(
-            f"{stack:10s} compute x/ {fc:.3f}, communication x/ {fm:.3f} (log sd {iv.sds[0]:.3f} / {iv.sds[1]:.3f}); "
-            f"stated 80%, out-of-group {100 * cov:.0f}%, out-of-source {100 * cov_src:.0f}% of {n} runs"
-        )
+    intervals, regions = _print_intervals(held, by_src)
+    if not args.no_mechanisms:
+        _print_mechanisms(cs, by_src)
     if new_hardware:
         _print_new_hardware(new_hardware, thetas, frac, intervals)
     resid = sorted(abs(math.log(h.model / h.case.published)) for h in held)
@@ -464,7 +533,114 @@ def main() -> None:
     for w, k in sorted(why.items(), key=lambda x: -x[1]):
         print(f"  {k:3d}  {w}")
     if args.write:
-        write_constants(thetas, intervals, len(cs))
+        write_constants(thetas, intervals, regions, len(cs))
+
+
+# The model's mechanisms beyond the alpha-beta cost of each operator, each checked by flipping it
+# (cost_models/tables.py:MECHANISMS, and the per-generation constants of SPLIT) and cross-validating
+# by source again; MOTIVATED_BY names the groups whose residuals suggested it, which its verdict
+# leaves out: a mechanism earns its place by what it does to the others.
+MOTIVATED_BY = {
+    "calls_as_issued": (),  # suggested by held-out runs (sharded data parallelism at scale), none of these
+    "fp32_gradient_reduce": (),  # a default of two stacks' code, suggested by no group
+    "per_generation_fraction": ("llm_foundry_h100", "llm_foundry_a100_80gb", "ibm_fsdp_blog_2024"),
+}
+
+
+@contextmanager
+def flipped(name: str):
+    """The model with mechanism `name` turned the other way (on -> off, or off -> on)."""
+    global SPLIT
+    if name == "per_generation_fraction":
+        saved, SPLIT = SPLIT, (() if SPLIT else ("torchtitan",))
+        try:
+            yield
+        finally:
+            SPLIT = saved
+        return
+    tables.MECHANISMS[name] = not tables.MECHANISMS[name]
+    try:
+        yield
+    finally:
+        tables.MECHANISMS[name] = not tables.MECHANISMS[name]
+
+
+def shipped(name: str) -> bool:
+    return bool(SPLIT) if name == "per_generation_fraction" else tables.MECHANISMS[name]
+
+
+def refit(cs) -> dict:
+    pooled = fit(dense(cs))
+    return {"generic": pooled, **{st: stack_fit([c for c in cs if c.job.target.value == st], pooled) for st in STACKS}}
+
+
+def group_mapes(held: list[Held]) -> dict:
+    return {
+        g: mape([(h.model, h.case.published) for h in held if h.case.group == g])
+        for g in dict.fromkeys(h.case.group for h in held)
+    }
+
+
+def _print_mechanisms(cs, by_src: list[Held]) -> None:
+    """Each mechanism flipped: the leave-one-source-out MAPE of each group with it and without,
+    and the verdict on the groups that did not motivate it (kept if it lowers their mean)."""
+    print(
+        "\nmechanisms (cost_models/tables.py:MECHANISMS; SPLIT), each flipped and cross-validated by source again: "
+        "leave-one-source-out MAPE with / without it"
+    )
+    base = group_mapes(by_src)
+    for name, motivated in MOTIVATED_BY.items():
+        with flipped(name):
+            other = group_mapes(cross_validate(cs, refit(cs), by_source))
+        on, off = (base, other) if shipped(name) else (other, base)
+        rest = [g for g in base if g not in motivated]
+        mean_on, mean_off = (sum(m[g] for g in rest) / len(rest) for m in (on, off))
+        better = sum(on[g] < off[g] - 0.05 for g in rest)
+        worse = sum(on[g] > off[g] + 0.05 for g in rest)
+        keep = mean_on < mean_off
+        state = "on" if shipped(name) else "off"
+        verdict = "kept" if keep == shipped(name) else "FLIP IT"
+        moved = ", ".join(f"{g} {on[g]:.1f}/{off[g]:.1f}" for g in sorted(rest, key=lambda g: -abs(on[g] - off[g]))[:4])
+        print(
+            f"  {name:26s} ({state}) other groups' mean {mean_on:.2f}% with / {mean_off:.2f}% without "
+            f"({better} better, {worse} worse by > 0.05 points): {verdict}; most moved: {moved}"
+        )
+        if motivated:
+            mine = [g for g in motivated if g in base]
+            print("    the groups that motivated it: " + ", ".join(f"{g} {on[g]:.1f}/{off[g]:.1f}" for g in mine))
+
+
+def _print_intervals(held: list[Held], by_src: list[Held]) -> tuple[dict, dict]:
+    """Each stack's interval, fitted on the leave-one-source-out residuals, and its coverage on
+    each source left out (widened beyond the other sources' region), beside the coverage of an
+    interval fitted on the leave-one-group-out residuals measured on each group left out; then
+    the coverage of runs beyond the region at other growths per doubling. (intervals, regions)."""
+    print(
+        "\nintervals fitted on the leave-one-source-out residuals; coverage measured on each source left out (the "
+        "interval fitted without it, widened by x(1 + "
+        f"{EXTRAPOLATION:g} log2(n / largest)) for runs beyond the other sources' GPUs or ZeRO shard group), beside an "
+        "interval fitted on the leave-one-group-out residuals measured on each group left out"
+    )
+    intervals, regions = {}, {}
+    for stack in (*STACKS, "generic"):
+        pooled = stack == "generic"
+        iv, cov, region = stack_interval_by_source(by_src, stack, pooled)
+        _, cov_group, _ = stack_interval(held, stack, pooled)
+        intervals[stack], regions[stack] = iv, region
+        fc, fm = iv.factors()
+        out = f"{cov.inside_out} of {cov.out} beyond the region inside" if cov.out else "none beyond the region"
+        print(
+            f"{stack:10s} compute x/ {fc:.3f}, communication x/ {fm:.3f} (log sd {iv.sds[0]:.3f} / {iv.sds[1]:.3f}); "
+            f"stated 80%, out-of-source {100 * cov.share:.0f}% of {cov.checked} runs ({out}); out-of-group "
+            f"{100 * cov_group:.0f}%; region {region[0]:,} GPUs, shard group {region[1]:,}"
+        )
+    for w in (0.0, 0.25, 1.0):
+        covs = [stack_interval_by_source(by_src, st, st == "generic", w)[1] for st in STACKS]
+        print(
+            f"  growth {w:g} per doubling instead: out-of-source {100 * sum(c.inside for c in covs) / max(1, sum(c.checked for c in covs)):.0f}%, "
+            f"beyond the region {sum(c.inside_out for c in covs)} of {sum(c.out for c in covs)} inside (the stacks' own)"
+        )
+    return intervals, regions
 
 
 def _print_new_hardware(cs, thetas, frac, intervals) -> None:
@@ -498,7 +674,7 @@ def _print_new_hardware(cs, thetas, frac, intervals) -> None:
         )
 
 
-def _uncertainty(iv: Interval) -> dict:
+def _uncertainty(iv: Interval, region: tuple[int, int]) -> dict:
     fc, fm = iv.factors()
     q = max(fc, fm)
     return {
@@ -506,10 +682,13 @@ def _uncertainty(iv: Interval) -> dict:
         "coverage": 0.8,
         "compute": round(fc - 1, 4),
         "communication": round(fm - 1, 4),
+        "calibrated_gpus": region[0],
+        "calibrated_shard": region[1],
+        "extrapolation": EXTRAPOLATION,
     }
 
 
-def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
+def write_constants(thetas: dict, intervals: dict, regions: dict, runs: int) -> None:
     """The pooled constants as every preset's own (what `generic` and profiles without a stack
     entry use); each stack's in its folder's constants.json (planner/stacks/<stack>/), which the
     preset loader adds to every preset: for any device ("*") with the Hopper sustained fraction,
@@ -532,7 +711,7 @@ def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
                 "kernel_overhead_us": round(t[1], 3),
                 "overlap_efficiency": round(t[2], 4),
                 **host,
-                "uncertainty": _uncertainty(intervals[src]),
+                "uncertainty": _uncertainty(intervals[src], regions[src]),
                 "provenance": f"benchmarks/fidelity_published.py {today}: fitted on the {src} runs of "
                 f"benchmarks/data (of {runs}), pulled towards the pooled fit; sustained fraction {where}",
             }
@@ -549,9 +728,12 @@ def write_constants(thetas: dict, intervals: dict, runs: int) -> None:
         data["device"]["sustained_fraction"] = round(th[3] if f.stem in AMPERE else th[0], 4)
         data["device"]["kernel_overhead_us"] = round(th[1], 3)
         data["overlap_efficiency"] = round(th[2], 4)
-        data["uncertainty"] = _uncertainty(intervals["generic"])
+        data["uncertainty"] = _uncertainty(intervals["generic"], regions["generic"])
         if f.stem in UNCALIBRATED:
-            data["uncertainty"] = widened(data["uncertainty"])
+            data["uncertainty"] = {
+                **widened(data["uncertainty"]),
+                "widened_for": uncalibrated_reason(data["device"]["name"]),
+            }
             data["stack_constants"] = {s: uncalibrated_entry(e, data["device"]["name"]) for s, e in entries.items()}
         f.write_text(json.dumps(data, indent=2) + "\n")
     print("wrote the constants into", PRESET_DIR, "and", STACK_DIR)

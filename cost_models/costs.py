@@ -160,6 +160,10 @@ class LayoutTables:
     # dp_link, and the gradient shards are all-reduced across its replicas on replica_link
     shard_size: int = 0  # 0: all of dp x cp
     replica_link: Optional[GroupLink] = None
+    # collectives as the stack issues them (tables.dp_calls; terms.DataParallel)
+    zero3_gathers_per_layer: float = 1.0
+    reduce_bucket_bytes: float = 0.0
+    grad_wire_scale: float = 1.0
 
     @property
     def num_stages(self) -> int:

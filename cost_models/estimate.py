@@ -99,26 +99,31 @@ def evaluate(pc: PipelineCosts, counts: list[tuple[int, int, int]]) -> Estimate:
         bottleneck_pipeline_rank=bn,
         model_flops_per_step=mf,
         interval_coverage=u.coverage if u else None,
-        **_interval(u, breakdown, step),
+        **_interval(u, breakdown, step, gpus, (pc.shard_size or pc.dp) if pc.zero_stage else 0),
     )
 
 
 COMMUNICATION_TERMS = ("tp_communication", "pp_communication", "dp_communication_exposed")
 
 
-def _interval(u, breakdown: TimeBreakdown, step: float) -> dict:
+def _interval(u, breakdown: TimeBreakdown, step: float, gpus: int, shard: int) -> dict:
     """The step-time interval and per-term uncertainty from the cluster's cross-validated
     errors: compute-like and communication terms each carry their own relative error, taken
-    as independent (combined in quadrature, in log space)."""
+    as independent (combined in quadrature, in log space); widened where the plan leaves the
+    calibrated region (Uncertainty.widening: `gpus` GPUs, ZeRO over `shard` ranks), saying why."""
     if u is None:
         return {}
     terms = breakdown.model_dump()
     comm = sum(terms[k] for k in COMMUNICATION_TERMS)
-    w = u.log_halfwidth((step - comm) / step, comm / step)
+    factor, why = u.widening(gpus, shard)
+    w = factor * u.log_halfwidth((step - comm) / step, comm / step)
     out: dict[str, object] = {"step_time_interval_s": [step * math.exp(-w), step * math.exp(w)]}
+    if why:
+        out["interval_widened"] = why
     if u.compute is not None and u.communication is not None:
+        grow = math.exp(factor * math.log1p(u.compute)) - 1, math.exp(factor * math.log1p(u.communication)) - 1
         out["time_uncertainty_s"] = TimeBreakdown(
-            **{k: v * (u.communication if k in COMMUNICATION_TERMS else u.compute) for k, v in terms.items()}
+            **{k: v * (grow[1] if k in COMMUNICATION_TERMS else grow[0]) for k, v in terms.items()}
         )
     return out
 

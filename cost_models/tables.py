@@ -533,6 +533,7 @@ def layout_costs(
         / (shard if lo.zero_stage >= 1 else 1),
         overhead_bytes=cluster.device.framework_overhead_gib * memory.GIB,
         zero3_reduce_calls_per_layer=zero3_reduce_calls(job, layer.params) if z3 else 1.0,
+        **dp_calls(job, lo, shard),
         step_overhead_s=cluster.step_overhead_s(job.target),
         gradient_reduce_hidden=reduce_hidden,
         gradient_reduce=reduce,
@@ -587,6 +588,49 @@ def _state_tables(model: ModelSpec, job: JobSpec, lo: Layout, layer: LayerCosts,
         zero3_gather_bytes=unit * live,
         comm_buffer_bytes=overlap + buckets,
     )
+
+
+# The data-parallel mechanisms beyond the alpha-beta ring, each a fact of how a stack issues its
+# collectives (dp_calls); benchmarks/fidelity_published.py turns each off in turn to show what it
+# does to the error of each source left out.
+MECHANISMS = {
+    # each bucket of a bucketed gradient reduction (and ZeRO-1's parameter gather) is a call paying
+    # the ring's latency, with the stack's bucket; DeepSpeed's ZeRO-3 gathers module by module
+    "calls_as_issued": True,
+    # gradients reduced in fp32 where the stack does so by default: Megatron's fp32 main-gradient
+    # buffer without --grad-reduce-in-bf16 (torchtitan's FSDP2 reduces in fp32 too, but the PyTorch
+    # FSDP runs it is calibrated on, fms-fsdp's and llm-foundry's recipes, reduce in bf16: not priced)
+    "fp32_gradient_reduce": True,
+}
+# Megatron-Core's default bucket: max(40M, 1M x dp) parameters ("large enough to remain
+# bandwidth-bound rather than latency-bound": megatron/core/distributed/distributed_data_parallel.py)
+MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK = 40_000_000, 1_000_000
+# DeepSpeed's ZeRO-3 fetches each parameterised module of a block on its own (its partitioned
+# parameter coordinator, deepspeed/runtime/zero/partitioned_param_coordinator.py): the two norms,
+# the fused QKV and output projections and the two MLP projections of a Megatron-DeepSpeed block.
+DEEPSPEED_ZERO3_GATHERS_PER_LAYER = 6
+
+
+def dp_calls(job: JobSpec, lo: Layout, shard: int) -> dict:
+    """How job.target issues its data-parallel collectives (MECHANISMS): ZeRO-3 gathers per
+    layer, the bytes of one bucket of a bucketed reduction (0: one call), and the gradients'
+    bytes on the wire per parameter byte."""
+    stack = stacks.get(job.target)
+    e = DTYPE_BYTES[job.precision]
+    scale = 1.0
+    if MECHANISMS["fp32_gradient_reduce"] and e == 2 and stack.model_states == "megatron" and not job.grad_reduce_bf16:
+        scale = 2.0
+    if not MECHANISMS["calls_as_issued"]:
+        return dict(grad_wire_scale=scale)
+    grad = e * scale
+    if stack.model_states.startswith("megatron"):
+        bucket = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * lo.dp * lo.cp) * grad
+    elif stack.model_states == "deepspeed":
+        bucket = DEEPSPEED_REDUCE_BUCKET_ELEMENTS * grad
+    else:
+        bucket = GRADIENT_BUCKET_BYTES
+    gathers = DEEPSPEED_ZERO3_GATHERS_PER_LAYER if stack.zero3 == "deepspeed" and lo.zero_stage >= 3 else 1.0
+    return dict(zero3_gathers_per_layer=gathers, reduce_bucket_bytes=bucket, grad_wire_scale=scale)
 
 
 def zero3_reduce_calls(job: JobSpec, layer_params: float) -> float:

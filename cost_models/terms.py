@@ -211,6 +211,11 @@ class DataParallel:
     # an all-reduce of its 1 / size share across `replicas` groups, (alpha s, beta s per byte)
     replicas: int = 1
     replica_costs: tuple = (0.0, 0.0)
+    # calls as the stack issues them (tables.dp_calls): ZeRO-3 gathers per layer, and the bytes
+    # of one bucket of a bucketed reduction (each bucket a call paying the latency; 0: one call)
+    gathers: float = 1.0
+    bucket_bytes: float = 0.0
+    grad_scale: float = 1.0  # gradient bytes on the wire per parameter byte (2: an fp32 reduce of 16-bit weights)
 
     @staticmethod
     def of(pc: LayoutTables) -> "DataParallel":
@@ -223,7 +228,7 @@ class DataParallel:
             pc.overlap,
             pc.comm_bytes_per_param,
             pc.layer.params * pc.comm_bytes_per_param,
-            pc.zero3_reduce_calls_per_layer,
+            (pc.zero3_reduce_calls_per_layer, pc.zero3_gathers_per_layer, pc.reduce_bucket_bytes, pc.grad_wire_scale),
             pc.gradient_reduce_hidden,
             pc.gradient_reduce,
             (replica.size, replica.coefficients(Collective.all_reduce)) if replica is not None else (1, (0.0, 0.0)),
@@ -235,9 +240,11 @@ class DataParallel:
         return self.size * self.replicas
 
     def collective(self, c: Collective, nbytes: Linear) -> Linear:
-        """One call moving `nbytes` (a bucketed stream pays the latency once)."""
+        """A bucketed stream moving `nbytes`: the latency paid once per bucket (bucket_bytes; at
+        least once), the bytes at the link's bandwidth."""
         alpha, beta = self.costs[_DP_COLLECTIVES.index(c)]
-        return nbytes.scaled(beta).plus(alpha)
+        per_byte = beta + (alpha / self.bucket_bytes if self.bucket_bytes else 0.0)
+        return nbytes.scaled(per_byte).plus(alpha)
 
     def reduction(self, c: Collective, nbytes: Linear, calls: float = 0.0) -> Linear:
         """A gradient reduction of `nbytes` in the shard group (one call, or `calls` per layer), then,
@@ -246,8 +253,11 @@ class DataParallel:
         out = self.per_layer_calls(c, nbytes, calls) if calls else self.collective(c, nbytes)
         if self.replicas > 1:
             alpha, beta = self.replica_costs
-            share = nbytes.scaled(beta / self.size)
-            out = out + (share + Linear.per_layer(0.0, alpha * calls) if calls else share.plus(alpha))
+            if calls:
+                out = out + nbytes.scaled(beta / self.size) + Linear.per_layer(0.0, alpha * calls)
+            else:  # one all-reduce per bucket of the shard
+                per_call = alpha / self.bucket_bytes if self.bucket_bytes else 0.0
+                out = out + nbytes.scaled(beta / self.size + per_call).plus(alpha)
         return out
 
     def per_layer_calls(self, c: Collective, nbytes: Linear, calls: float = 1.0) -> Linear:
@@ -273,7 +283,7 @@ def _data_parallel(
     efficiency: float,
     bytes_per_param: int,
     layer_bytes: float,
-    reduce_calls: float = 1.0,
+    calls: tuple = (1.0, 1.0, 0.0, 1.0),  # (reduce_calls, gathers, bucket_bytes, grad_scale) of DataParallel
     reduce_hidden: bool = True,
     reduce: Collective = Collective.reduce_scatter,
     replica: tuple = (1, (0.0, 0.0)),  # (replicas, the all-reduce's (alpha, beta) across them)
@@ -291,10 +301,11 @@ def _data_parallel(
         bytes_per_param,
         layer_bytes,
         costs,
-        reduce_calls,
+        calls[0],
         reduce_hidden,
         reduce,
         *replica,
+        *calls[1:],
     )
 
 
@@ -324,28 +335,31 @@ def dp_exposure(dp: DataParallel, params: Linear, forward: Linear, time: Linear)
     if dp.width <= 1:
         return NO_EXPOSURE
     eta = dp.efficiency
-    grad_bytes = params.scaled(dp.bytes_per_param)
+    param_bytes = params.scaled(dp.bytes_per_param)
+    grad_bytes = params.scaled(dp.bytes_per_param * dp.grad_scale)
     backward = time - forward
     rsc = Collective.reduce_scatter
 
+    last_bucket = dp.bucket_bytes or GRADIENT_BUCKET_BYTES
+
     def bucketed(c: Collective) -> Hidden:
         return Hidden(
-            dp.reduction(c, grad_bytes), dp.reduction_time(c, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes
+            dp.reduction(c, grad_bytes), dp.reduction_time(c, last_bucket), backward, eta, grad_bytes, last_bucket
         )
 
     def reduced(c: Collective):
         return bucketed(c) if dp.reduce_hidden else dp.reduction(c, grad_bytes)
 
-    ag = dp.collective(Collective.all_gather, grad_bytes)
+    ag = dp.collective(Collective.all_gather, param_bytes)
     if dp.zero_stage == 0:
         return Exposure((), (reduced(Collective.all_reduce),))
     if dp.zero_stage == 1:
         return Exposure((), (reduced(dp.reduce), ag))
     if dp.zero_stage == 2:  # one reduce-scatter and one gather per layer, as FSDP issues them (plan run's FSDP2)
         rs_calls = dp.reduction(rsc, grad_bytes, 1.0)
-        rs = Hidden(rs_calls, dp.reduction_time(rsc, GRADIENT_BUCKET_BYTES), backward, eta, grad_bytes)
-        return Exposure((rs,), (dp.per_layer_calls(Collective.all_gather, grad_bytes),))
-    ag_calls = dp.per_layer_calls(Collective.all_gather, grad_bytes)
+        rs = Hidden(rs_calls, dp.reduction_time(rsc, last_bucket), backward, eta, grad_bytes, last_bucket)
+        return Exposure((rs,), (dp.per_layer_calls(Collective.all_gather, param_bytes),))
+    ag_calls = dp.per_layer_calls(Collective.all_gather, param_bytes, dp.gathers)
     rs_calls = dp.reduction(rsc, grad_bytes, dp.reduce_calls)
     first = dp.time(Collective.all_gather, dp.layer_bytes)
     bucket = dp.layer_bytes / dp.reduce_calls  # the last call's bucket

@@ -31,12 +31,20 @@ def widened(uncertainty: dict, factor: float = UNCALIBRATED_WIDENING) -> dict:
     }
 
 
+def uncalibrated_reason(device_name: str) -> str:
+    """What an estimate on an uncalibrated device says of its interval (Uncertainty.widened_for)."""
+    return (
+        f"no published run on {device_name}: the constants of the A100/H100 runs, "
+        f"log half-width x{UNCALIBRATED_WIDENING:g}"
+    )
+
+
 def uncalibrated_entry(entry: dict, device_name: str) -> dict:
     """A stack's shipped constants entry (JSON dict, the "*" one) as an uncalibrated preset of
     `device_name` carries it: the same constants, the interval widened, the provenance saying so."""
     out = dict(entry)
     if entry.get("uncertainty") is not None:
-        out["uncertainty"] = widened(entry["uncertainty"])
+        out["uncertainty"] = {**widened(entry["uncertainty"]), "widened_for": uncalibrated_reason(device_name)}
     out["provenance"] = (
         f'uncalibrated on {device_name}: the constants fitted for any device ("*") on A100/H100 runs, '
         f"taken as they are; interval widened (log half-width x{UNCALIBRATED_WIDENING:g}). "

@@ -185,7 +185,10 @@ def time_table(est: Estimate) -> Table:
         lo, hi = est.step_time_interval_s
         assert est.interval_coverage is not None  # set with the interval (cost_models/estimate.py:evaluate)
         title += f" ({_fmt_time(lo)} - {_fmt_time(hi)}, {100 * est.interval_coverage:.0f}% interval)"
-    t = Table(title=title, caption=f"bottleneck: pipeline rank {est.bottleneck_pipeline_rank}")
+    caption = f"bottleneck: pipeline rank {est.bottleneck_pipeline_rank}"
+    if est.interval_widened:  # outside the calibrated region: say which widening applied
+        caption += "\ninterval widened: " + "; ".join(est.interval_widened)
+    t = Table(title=title, caption=caption)
     t.add_column("component")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")

@@ -238,7 +238,6 @@ def enumerate_layouts(
     keep_orders = space.include_dominated or "mesh_order" in space.fixed
     keep_gpipe = space.include_dominated or space.fixed.get("schedule") == Schedule.gpipe
     keep_zero = space.include_dominated or space.fixed.get("zero_stage", 0) > 0
-    norm_act = space.recompute_norm_act
     for tp in divisors(n):
         if tp_problem(model, tp):
             rejected[DIVISIBILITY] += 1
@@ -292,31 +291,8 @@ def enumerate_layouts(
                                         rejected[DOMINATED] += len(MESH_ORDERS)
                                         continue
                                     rejected[DOMINATED] += dropped_orders
-                                    for order, ov, ep, fp8, na in itertools.product(
-                                        orders, space.tp_comm_overlap if sp else (False,), eps, space.fp8, norm_act
-                                    ):
-                                        shards = _shard_sizes(cluster, space, dp, cp, tp, pp, order) if zero else (0,)
-                                        for shard in shards:
-                                            out.append(
-                                                Layout(
-                                                    dp,
-                                                    tp,
-                                                    pp,
-                                                    v,
-                                                    b,
-                                                    m,
-                                                    sched,
-                                                    zero,
-                                                    sp,
-                                                    order,
-                                                    ov,
-                                                    ep,
-                                                    fp8,
-                                                    cp,
-                                                    na,
-                                                    shard,
-                                                )
-                                            )
+                                    base = Layout(dp, tp, pp, v, b, m, sched, zero, sp, cp=cp)
+                                    out.extend(_variants(cluster, space, base, orders, eps))
     return Layouts(space, tuple(out), rejected)
 
 
@@ -342,6 +318,28 @@ def _shard_sizes(cluster: ClusterSpec, space: SearchSpace, dp: int, cp: int, tp:
         return (0,)
     stride = mesh_strides({Axis.dp: dp * cp, Axis.tp: tp, Axis.pp: pp}, order)[Axis.dp]
     return _shard_cache(cluster.domain_gpus, dp, cp, stride, space.fixed.get("dp_shard", 0))
+
+
+def _variants(cluster: ClusterSpec, space: SearchSpace, base: Layout, orders, eps) -> list[Layout]:
+    """`base` in each mesh order, TP-overlap, expert degree, FP8 and norm/act choice and, with
+    ZeRO, each shard group (_shard_sizes; hybrid sharding with experts is not searched)."""
+    out = []
+    dp, tp, pp, v, b, m, cp = (
+        base.dp,
+        base.tp,
+        base.pp,
+        base.vpp,
+        base.micro_batch_size,
+        base.num_micro_batches,
+        base.cp,
+    )
+    sched, zero, sp = base.schedule, base.zero_stage, base.sequence_parallel
+    overlaps = space.tp_comm_overlap if sp else (False,)
+    for order, ov, ep, fp8, na in itertools.product(orders, overlaps, eps, space.fp8, space.recompute_norm_act):
+        shards = _shard_sizes(cluster, space, dp, cp, tp, pp, order) if zero and ep == 1 else (0,)
+        for shard in shards:
+            out.append(Layout(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp, na, shard))
+    return out
 
 
 def _ep_degrees(model: ModelSpec, dp: int, tp: int) -> list[int]:

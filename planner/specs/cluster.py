@@ -401,6 +401,41 @@ class Uncertainty(_Spec):
     communication: Optional[Real(0, 1_000)] = Field(
         default=None, description="Per term: relative half-width of the exposed communication (TP, pipeline sends, DP)."
     )
+    calibrated_gpus: Optional[Integer(1, MAX_GPUS)] = Field(
+        default=None,
+        description="GPUs of the largest run the interval was fitted on: a plan on more has its log half-width widened "
+        "by `extrapolation` per doubling beyond (schema 1.15).",
+    )
+    calibrated_shard: Optional[Integer(1, MAX_GPUS)] = Field(
+        default=None,
+        description="Ranks of the largest ZeRO / FSDP shard group among those runs: a plan sharding its model states "
+        "over more is widened the same way (schema 1.15).",
+    )
+    extrapolation: Real(0, 10) = Field(
+        default=0.5,
+        description="Growth of the log half-width per doubling beyond the calibrated region (benchmarks/"
+        "fidelity_published.py checks it on each source left out).",
+    )
+    widened_for: Optional[str] = Field(
+        default=None,
+        description="Why these half-widths are already widened (an uncalibrated device: its stack's constants taken as "
+        "they are), said with every estimate.",
+    )
+
+    def widening(self, gpus: int, shard: int) -> tuple[float, list[str]]:
+        """The factor on the log half-width of a plan on `gpus` GPUs sharding its model states over
+        `shard` ranks (0: none), and a line per reason: each doubling beyond the calibrated region
+        adds `extrapolation` (compounded over both)."""
+        factor, why = 1.0, [self.widened_for] if self.widened_for else []
+        for n, most, what in (
+            (gpus, self.calibrated_gpus, "GPUs, beyond the {:,} of the largest calibrated run"),
+            (shard, self.calibrated_shard, "ranks per ZeRO shard group, beyond the {:,} of the calibrated runs"),
+        ):
+            if most and n > most:
+                f = 1 + self.extrapolation * math.log2(n / most)
+                factor *= f
+                why.append(f"{n:,} {what.format(most)} (x{f:.2f})")
+        return factor, why
 
     def log_halfwidth(self, compute_share: float, communication_share: float) -> float:
         """ln of the interval's factor for a step with these shares of compute and communication."""

@@ -94,6 +94,12 @@ class Estimate(_ReadsV1_0):
     interval_coverage: Optional[float] = Field(
         default=None, description="Fraction of held-out published runs whose step time fell inside such an interval."
     )
+    interval_widened: Optional[list[str]] = Field(
+        default=None,
+        description="Why the interval is wider than the calibrated one, each with its factor on the log half-width: a "
+        "device without runs of the stack, more GPUs or a larger ZeRO shard group than any calibrated run "
+        "(Uncertainty.widening); None where none applies (schema 1.15).",
+    )
     time_uncertainty_s: Optional[TimeBreakdown] = Field(
         default=None,
         description="Per term of time_breakdown_s, how far it may be off (+/- seconds, the cluster's per-term relative "

@@ -333,6 +333,12 @@ class Rules:
                     else f"{self.stack} has none)"
                 )
             )
+        if layout.dp_shard and ep > 1 and (layout.dp_shard * cp * tp) % ep:
+            # the stacks cut the expert data-parallel group by the replicas too (planner/export/megatron.py)
+            out.append(
+                f"expert parallelism ep={ep} across shard groups (ep must divide dp_shard x cp x tp = "
+                f"{layout.dp_shard * cp * tp} with hybrid sharding)"
+            )
         out += check(pp=pp)
         if tp > 1 and pp > 1 and not self.tp_with_pp:
             out.append(f"tensor parallelism together with pipeline parallelism ({self.stack} has one or the other)")

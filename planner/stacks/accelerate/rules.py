@@ -117,6 +117,10 @@ def layout_problems(layout: Layout, model: ModelSpec, job) -> list[str]:
         out.append(
             f"FP8 with tensor parallelism tp={layout.tp} (Accelerate's TE conversion rebuilds TP-sharded linears whole)"
         )
+    if layout.dp_shard == 1 and layout.cp == 1:
+        # ParallelismConfig: replicas beside nothing to shard over (dp_shard_size 1, cp 1) are refused
+        # (planner/export/accelerate.py)
+        out.append(f"a shard group of one rank (dp_shard=1 of dp={layout.dp}: Accelerate's HSDP needs dp_shard > 1)")
     if layout.tp > 1 and layout.dp == 1 and layout.zero_stage in RULES.zero_stages_with_tp:
         # ParallelismConfig._validate_accelerator: FSDP2 with dp_shard_size == cp_size == 1 has
         # nothing to shard across and is refused.

@@ -80,8 +80,13 @@ def test_reduction_is_group_reduce_scatter_then_replica_all_reduce():
     assert ar_beta * H100.inter_node.fit(Collective.all_reduce, 8).bandwidth_gbps * 1e9 == pytest.approx(2 * 7 / 8)
     want = rs_alpha + rs_beta * nbytes + ar_alpha + ar_beta * nbytes / 8
     assert dp.reduction_time(Collective.reduce_scatter, nbytes) == pytest.approx(want, rel=1e-12)
+    # a bucketed stream of nbytes: each bucket one reduce-scatter in the group and one all-reduce
+    # across the replicas, each paying its latency (the generic stack's 25 MiB buckets)
+    b = dp.bucket_bytes
+    assert b == 25 * 2**20
+    stream = rs_alpha + ar_alpha + nbytes * (rs_beta + rs_alpha / b + ar_beta / 8 + ar_alpha / b)
     got = dp.reduction(Collective.reduce_scatter, Linear.per_layer(nbytes, 0.0))
-    assert got.const == pytest.approx(want, rel=1e-12)
+    assert got.const == pytest.approx(stream, rel=1e-12)
 
 
 def test_full_sharding_has_no_replica_term():

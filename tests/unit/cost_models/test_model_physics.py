@@ -44,7 +44,9 @@ def test_zero3_stops_gaining_once_parameter_traffic_exceeds_compute_while_tp_pp_
         )
         for dp in (64, 128, 256)
     }
-    assert z[128] / z[64] < 0.65  # 4 -> 2 sequences per GPU: compute still covers the traffic
+    # 4 -> 2 sequences per GPU: compute still covers most of the traffic (DeepSpeed's module-by-module
+    # gathers, six latencies per layer, bend a little sooner)
+    assert z[128] / z[64] < (0.7 if target == "deepspeed" else 0.65)
     assert z[256] / z[128] > 0.7  # 2 -> 1: at most 30% gained from twice the GPUs
     m = {
         dp: step(
