@@ -373,6 +373,11 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
         row(a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", degrees[a], strides[a], links[a])
         for a in plan.mesh_order
     ]
+    if plan.dp_shard:  # hybrid sharding: the ZeRO group (innermost dp_shard x cp of the dp axis) and its replicas
+        shard, stride = plan.dp_shard * plan.cp, strides[Axis.dp]
+        replicas = plan.dp // plan.dp_shard
+        axes.append(row("dp shard (ZeRO group)", shard, stride, GroupLink(cluster, shard, stride)))
+        axes.append(row("dp replicas", replicas, stride * shard, GroupLink(cluster, replicas, stride * shard)))
     if plan.ep > 1:
         link = GroupLink(cluster, plan.ep, expert_stride)  # the group cost_models/tables.py:ep_link_of prices
         ep = row("ep", plan.ep, expert_stride, link)

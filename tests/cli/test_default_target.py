@@ -249,7 +249,7 @@ TIE_CASE = [
     "--cluster",
     "dgx-h100-80gb",
     "--gpus",
-    "128",
+    "256",
     "--global-batch",
     "512",
     "--seq-len",
@@ -260,7 +260,7 @@ TIE_CASE = [
 
 
 def test_the_tie_rule_is_said_where_the_recommendation_is_printed():
-    """Llama 3 70B on 128 H100, --target deepspeed: faster plans lose to the tie rule. The JSON names
+    """Llama 3 70B on 256 H100, --target deepspeed: faster plans lose to the tie rule. The JSON names
     them and the rule; the line under the recommendation says it in one sentence, in English."""
     from planner.search.solve import TIE_RULE
 

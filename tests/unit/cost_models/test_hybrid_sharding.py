@@ -81,12 +81,25 @@ def test_reduction_is_group_reduce_scatter_then_replica_all_reduce():
     want = rs_alpha + rs_beta * nbytes + ar_alpha + ar_beta * nbytes / 8
     assert dp.reduction_time(Collective.reduce_scatter, nbytes) == pytest.approx(want, rel=1e-12)
     # a bucketed stream of nbytes: each bucket one reduce-scatter in the group and one all-reduce
-    # across the replicas, each paying its latency (the generic stack's 25 MiB buckets)
-    b = dp.bucket_bytes
-    assert b == 25 * 2**20
-    stream = rs_alpha + ar_alpha + nbytes * (rs_beta + rs_alpha / b + ar_beta / 8 + ar_alpha / b)
+    # across the replicas, each paying its latency (one call where the model counts no buckets:
+    # cost_models/tables.py:MECHANISMS)
+    per = 1 / dp.bucket_bytes if dp.bucket_bytes else 0.0
+    stream = rs_alpha + ar_alpha + nbytes * (rs_beta + rs_alpha * per + ar_beta / 8 + ar_alpha * per)
     got = dp.reduction(Collective.reduce_scatter, Linear.per_layer(nbytes, 0.0))
     assert got.const == pytest.approx(stream, rel=1e-12)
+
+
+@pytest.mark.parametrize("calls", [False, True])
+def test_buckets_pay_the_latency_once_each(monkeypatch, calls):
+    """With calls_as_issued, a stream of nbytes pays alpha per bucket of the stack's size."""
+    from cost_models import tables
+
+    monkeypatch.setitem(tables.MECHANISMS, "calls_as_issued", calls)
+    dp = DataParallel.of(pipeline_costs(MODEL, H100, JOB, plan(64, 8, 1)))
+    alpha, beta = dp.costs[2]  # reduce-scatter
+    nbytes = 10 * 25 * 2**20
+    got = dp.collective(Collective.reduce_scatter, Linear.per_layer(nbytes, 0.0)).const
+    assert got == pytest.approx(alpha * (1 + (10 if calls else 0)) + beta * nbytes, rel=1e-12)
 
 
 def test_full_sharding_has_no_replica_term():

@@ -1608,7 +1608,7 @@ def test_hybrid_sharding_megatron_cannot_run_is_refused(mcore):
     )
     plan, model, job = _case("mixtral-zero1-shard4-ep4-dp8")
     wide = plan.model_copy(update={"ep": 8})
-    with pytest.raises(UsageError, match=r"ep=8 must divide dp_shard x cp x tp = 4") as err:
+    with pytest.raises(UsageError, match=r"ep=8 across shard groups \(ep must divide dp_shard x cp x tp = 4") as err:
         export("megatron", wide, model, job, plan.world_size)
     assert len(str(err.value).splitlines()) == 1
     data = _replace(export("megatron", plan, model, job, plan.world_size).data, "--expert-model-parallel-size", 8)

@@ -349,3 +349,13 @@ def test_chunks_of_unequal_length_are_priced_as_the_slowest():
     ]
     assert 1.27 < max(r[0] for r in ratios) < 1.29 and 1.08 < max(r[1] for r in ratios) < 1.09
     assert max(r[2] for r in ratios) <= 1 + 1e-12 and 0.57 < min(r[2] for r in ratios) < 0.58
+
+
+def test_placement_shows_the_shard_groups_and_their_replicas():
+    """Hybrid sharding on 4 nodes of 8: dp 32 (tp 1) as 4 replicas of a node-wide shard group; the
+    group stays on NVLink, the replicas cross nodes one rank per node (one rail each)."""
+    plan = Plan(dp=32, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, zero_stage=3, dp_shard=8)
+    rows = {a["axis"]: a for a in pictures.placement(plan, load_cluster("dgx-a100-80gb")).axes}
+    shard, replicas = rows["dp shard (ZeRO group)"], rows["dp replicas"]
+    assert (shard["degree"], shard["stride"], shard["inter_node"]) == (8, 1, False)
+    assert (replicas["degree"], replicas["stride"], replicas["inter_node"], replicas["rails"]) == (4, 8, True, 1)

@@ -24,6 +24,10 @@ start's Megatron plan is now dp 32 tp 4 pp 8 vpp 6 at 58.7 GiB), and interleaved
 chunks hold L // (pp v) layers or one more (new candidates, priced as if every chunk were the
 slowest: cost_models/pipeline.py; the free search's recommendations are those of before, some
 alternatives changed).
+
+Both were rewritten again by issue 43's change: hybrid sharding searched (Plan.dp_shard: shard
+groups of 1, 2, 4 and 8 nodes beside all of dp, new candidates) and the constants refitted on the
+published runs with two added (the FSDP paper's) and intervals fitted leaving each source out.
 """
 
 from __future__ import annotations
