@@ -306,7 +306,8 @@ SHARD_DOMAINS = (1, 2, 4, 8)
 def _shard_cache(domain: int, dp: int, cp: int, stride: int, fixed: int) -> tuple:
     out = [0]  # all of dp
     for d in range(1, dp):
-        if dp % d == 0 and (d == fixed or any(stride * d * cp == domain * k for k in SHARD_DOMAINS)):
+        # a group of one rank shards nothing (ZeRO-0's twin): only where --fix asks for it
+        if dp % d == 0 and (d == fixed or (d * cp > 1 and any(stride * d * cp == domain * k for k in SHARD_DOMAINS))):
             out.append(d)
     return tuple(out)
 
