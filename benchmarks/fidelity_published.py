@@ -763,7 +763,7 @@ def write_constants(thetas: dict, intervals: dict, regions: dict, devices: dict,
             f"no published {stack} run on this device: the constants of its runs on {', '.join(mine)}"
             if mine
             else f"no published {stack} run: the constants of {src}'s runs"
-        )
+        ) + f", log half-width x{UNCALIBRATED_WIDENING:g}"
         anywhere = {**base[stack], "uncertainty": {**widened(base[stack]["uncertainty"]), "widened_for": why}}
         own = {name: entry(*fraction(name)) for name in mine}
         (STACK_DIR / stack / "constants.json").write_text(json.dumps({"*": anywhere, **own}, indent=2) + "\n")

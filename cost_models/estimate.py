@@ -122,8 +122,9 @@ def _interval(u, breakdown: TimeBreakdown, step: float, gpus: int, shard: int) -
         out["interval_widened"] = why
     if u.compute is not None and u.communication is not None:
         grow = math.exp(factor * math.log1p(u.compute)) - 1, math.exp(factor * math.log1p(u.communication)) - 1
+        most = step * math.expm1(w)  # no term is more uncertain than the whole step's interval allows
         out["time_uncertainty_s"] = TimeBreakdown(
-            **{k: v * (grow[1] if k in COMMUNICATION_TERMS else grow[0]) for k, v in terms.items()}
+            **{k: min(most, v * (grow[1] if k in COMMUNICATION_TERMS else grow[0])) for k, v in terms.items()}
         )
     return out
 

@@ -55,3 +55,17 @@ def test_the_estimate_widens_its_interval_and_says_why():
     assert wide.interval_widened and "256 GPUs" in wide.interval_widened[0]
     half = math.log(plain.step_time_interval_s[1] / plain.step_time_s)
     assert math.log(wide.step_time_interval_s[1] / wide.step_time_s) == pytest.approx(2 * half, rel=1e-9)
+
+
+def test_no_term_is_more_uncertain_than_the_step():
+    """Far beyond the region the communication term's +/- would exceed the whole step's interval
+    (x/ 2.9 widened 5x): it is capped at the interval's upper width."""
+    base = load_cluster("dgx-h100-80gb")
+    u = Uncertainty(relative=1.9, coverage=0.8, compute=0.1, communication=1.9, calibrated_gpus=64, calibrated_shard=64)
+    model, job = load_model("llama3-8b"), JobSpec(global_batch_size=2048, seq_len=4096)
+    plan = Plan(dp=2048, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, zero_stage=3)
+    est = estimate(model, base.model_copy(update={"uncertainty": u}), job, plan)
+    most = est.step_time_interval_s[1] - est.step_time_s
+    spread = est.time_uncertainty_s.model_dump()
+    assert max(spread.values()) == pytest.approx(most, rel=1e-9)
+    assert all(v <= most * (1 + 1e-12) for v in spread.values())
