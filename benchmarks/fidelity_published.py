@@ -764,8 +764,14 @@ def write_constants(thetas: dict, intervals: dict, regions: dict, devices: dict,
             if mine
             else f"no published {stack} run: the constants of {src}'s runs"
         ) + f", log half-width x{UNCALIBRATED_WIDENING:g}"
-        anywhere = {**base[stack], "uncertainty": {**widened(base[stack]["uncertainty"]), "widened_for": why}}
-        own = {name: entry(*fraction(name)) for name in mine}
+
+        def wide(e: dict, why=why) -> dict:
+            return {**e, "uncertainty": {**widened(e["uncertainty"]), "widened_for": why}}
+
+        anywhere = wide(base[stack])
+        # a shared stack (no runs of its own) keeps its source's per-device fractions, widened everywhere
+        shared = [] if stack == src else sorted(n for n in devices[src] if fraction(n) != fraction("*"))
+        own = {name: entry(*fraction(name)) for name in mine} | {name: wide(entry(*fraction(name))) for name in shared}
         (STACK_DIR / stack / "constants.json").write_text(json.dumps({"*": anywhere, **own}, indent=2) + "\n")
     th = thetas["generic"]
     for f in sorted(PRESET_DIR.glob("*.json")):

@@ -196,7 +196,9 @@ def _calibrated(stack):
     path = STACKS_DIR / stack / "constants.json"
     if not path.exists():
         return None
-    entries = {k: v for k, v in json.loads(path.read_text()).items() if k != "*"}
+    entries = {
+        k: v for k, v in json.loads(path.read_text()).items() if k != "*" and not v["uncertainty"].get("widened_for")
+    }
     return entries.get("H100-SXM5-80GB") or next(iter(entries.values()), None)
 
 

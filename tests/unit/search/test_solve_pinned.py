@@ -42,7 +42,6 @@ from hardware_profiles import load_cluster
 from planner.presets import load_model
 from cost_models.estimate import evaluate, recompute_counts
 from cost_models.terms import MODES
-from planner.specs import Layout
 from planner.search.candidates import CostTables, SearchSpace
 from planner.search.ilp import default_solver
 from planner.search.solve import decode, settle, solve
@@ -119,19 +118,7 @@ def canonical(name: str, plan_json: dict) -> dict:
     """A pinned plan with its split replaced by the canonical one of equal step time."""
     model, cluster, job, _, _ = _setting(name)
     plan = Plan.model_validate(plan_json)
-    cand = Layout(
-        plan.dp,
-        plan.tp,
-        plan.pp,
-        plan.vpp,
-        plan.micro_batch_size,
-        plan.num_micro_batches,
-        plan.schedule,
-        plan.zero_stage,
-        plan.sequence_parallel,
-        tuple(plan.mesh_order),
-        plan.tp_comm_overlap,
-    )
+    cand = plan.layout  # every layout field, dp_shard included
     pc = CostTables(model, cluster, job).pipeline(cand)
     counts = settle(pc, recompute_counts(plan, model.num_layers), memory_limit_gib(cluster), MODES, default_solver())
     assert math.isclose(
