@@ -424,6 +424,15 @@ def cp_link_of(cluster: ClusterSpec, dpw: int, tp: int, pp: int, cp: int, mesh_o
     return GroupLink(cluster, cp, mesh_strides({Axis.dp: dpw, Axis.tp: tp, Axis.pp: pp}, mesh_order)[Axis.dp])
 
 
+def shard_links_of(
+    cluster: ClusterSpec, dpw: int, tp: int, pp: int, shard: int, mesh_order
+) -> tuple[GroupLink, GroupLink]:
+    """Hybrid sharding's two groups on the mesh's dp axis (dp x cp = `dpw` ranks): the ZeRO shard
+    group, its innermost `shard` positions, and the replicas of it, `shard` positions apart."""
+    stride = mesh_strides({Axis.dp: dpw, Axis.tp: tp, Axis.pp: pp}, mesh_order)[Axis.dp]
+    return GroupLink(cluster, shard, stride), GroupLink(cluster, dpw // shard, stride * shard)
+
+
 def rank_job(job: JobSpec, cp: int) -> JobSpec:
     """The job as one rank sees it: s / cp tokens of each sequence under context parallelism."""
     return job.model_copy(update={"seq_len": job.seq_len // cp}) if cp > 1 else job
@@ -508,8 +517,7 @@ def layout_costs(
     shard = lo.shard_dp * cp  # the ZeRO group: all of dp x cp, or dp_shard x cp of it
     dp_link, replica_link = links[Axis.dp], None
     if shard < dpw:  # hybrid: the innermost dp_shard x cp ranks of the dp axis shard, the rest replicate
-        stride = mesh_strides({Axis.dp: dpw, Axis.tp: tp, Axis.pp: pp}, lo.mesh_order)[Axis.dp]
-        dp_link, replica_link = GroupLink(cluster, shard, stride), GroupLink(cluster, dpw // shard, stride * shard)
+        dp_link, replica_link = shard_links_of(cluster, dpw, tp, pp, shard, lo.mesh_order)
     z3 = lo.zero_stage >= 3 and shard > 1
     batch = lo.global_batch_size
     reduce_hidden, reduce = stacks.get(job.target).gradient_reduce(pp, lo.zero_stage)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from cost_models.communication import GroupLink, mesh_strides
 from cost_models.estimate import rank_counts, recompute_counts
-from cost_models.tables import ep_stride, mesh_links, pipeline_costs, spine_factor
+from cost_models.tables import ep_stride, mesh_links, pipeline_costs, shard_links_of, spine_factor
 from planner.errors import PlannerError
 from planner.specs import MESH_AXES, Axis, ClusterSpec, Estimate, JobSpec, ModelSpec, Plan, Schedule
 
@@ -373,11 +373,12 @@ def placement(plan: Plan, cluster: ClusterSpec) -> Placement:
         row(a.value if a != Axis.dp or plan.cp == 1 else "dp x cp", degrees[a], strides[a], links[a])
         for a in plan.mesh_order
     ]
-    if plan.dp_shard:  # hybrid sharding: the ZeRO group (innermost dp_shard x cp of the dp axis) and its replicas
-        shard, stride = plan.dp_shard * plan.cp, strides[Axis.dp]
-        replicas = plan.dp // plan.dp_shard
-        axes.append(row("dp shard (ZeRO group)", shard, stride, GroupLink(cluster, shard, stride)))
-        axes.append(row("dp replicas", replicas, stride * shard, GroupLink(cluster, replicas, stride * shard)))
+    if plan.dp_shard:  # hybrid sharding: the ZeRO group and its replicas, as the cost model prices them
+        group, replicas = shard_links_of(
+            cluster, degrees[Axis.dp], plan.tp, plan.pp, plan.dp_shard * plan.cp, plan.mesh_order
+        )
+        axes.append(row("dp shard (ZeRO group)", group.size, strides[Axis.dp], group))
+        axes.append(row("dp replicas", replicas.size, strides[Axis.dp] * group.size, replicas))
     if plan.ep > 1:
         link = GroupLink(cluster, plan.ep, expert_stride)  # the group cost_models/tables.py:ep_link_of prices
         ep = row("ep", plan.ep, expert_stride, link)
