@@ -498,23 +498,30 @@ class LayoutTerms:
 
     def ranks(self) -> list["RankTerms"]:
         if self._ranks is None:
-            self._ranks = [self._rank(r) for r in range(self.pp)]
+            exposures: dict = {}  # the middle ranks' equal terms have equal exposure: priced once
+            self._ranks = [self._rank(r, exposures) for r in range(self.pp)]
         return self._ranks
 
-    def _rank(self, r: int) -> "RankTerms":
+    def _rank(self, r: int, exposures: Optional[dict] = None) -> "RankTerms":
         # The rank's stages share their per-layer slopes: in the rank's summed counts, its
         # time is the sum of the stages' constants (stage_time(j).total.const) plus one slope.
         xs = [self.pc.stage_extras(j) for j in self.rank_stages(r)]
         time = Linear(sum(x.constant for x in xs), self.stage_time_slope())
         forward = Linear.per_layer(sum(x.forward for x in xs), self.layer_forward)
         params = self.rank_params(r, xs)
+        key = (time.const, time.slope, forward.const, forward.slope, params.const, params.slope)
+        exposure = exposures.get(key) if exposures is not None else None
+        if exposure is None:
+            exposure = self.exposure(params, forward, time)
+            if exposures is not None:
+                exposures[key] = exposure
         return RankTerms(
             self,
             r,
             time,
             forward,
             params,
-            self.exposure(params, forward, time),
+            exposure,
             self.optimizer_time(params),
             self.rank_memory(r, xs, params),
         )

@@ -14,6 +14,7 @@ every rank a linear constraint with its largest transient buffer as T >= each st
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -74,13 +75,16 @@ def quiet_stdout():
         os.close(saved)
 
 
-def make_solver(name: str, time_limit: float | None, exact: bool = False, deadline: Deadline = NO_DEADLINE):
+def make_solver(
+    name: str, time_limit: float | None, exact: bool = False, deadline: Deadline = NO_DEADLINE, cutoff: float | None = None
+):
     """`exact`: an integer objective, solved to within half a unit. HiGHS runs in this process
     and stops when `deadline` passes or a stop signal comes (:class:`_StoppableHiGHS`); CBC is a
     subprocess with its own wall-clock limit, killed on a stop signal (:func:`run_solver`)."""
     gaps = dict(gapRel=0.0, gapAbs=0.5) if exact else dict(gapRel=MIP_GAP, gapAbs=0.0)
     if name == "highs":
-        return _StoppableHiGHS(deadline, msg=False, timeLimit=time_limit, threads=1, **gaps)
+        bound = {} if cutoff is None else dict(objective_bound=cutoff)
+        return _StoppableHiGHS(deadline, msg=False, timeLimit=time_limit, threads=1, **gaps, **bound)
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1, **gaps)
 
 
@@ -441,6 +445,17 @@ def _counts(x) -> tuple:
     return tuple(tuple(int(round(xv.value() or 0)) for xv in xj) for xj in x)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a candidate's MILP: the split found (or None), the solver's status, and the
+    least step time (seconds) the run proved for any split of the candidate (its dual bound; 0
+    where the solver says nothing)."""
+
+    solution: Solution | None
+    status: str
+    lower_bound_s: float = 0.0
+
+
 def solve_candidate(
     cand: Layout,
     pc: PipelineCosts,
@@ -455,27 +470,58 @@ def solve_candidate(
     """The best layer split of one candidate. Returns (solution, or None if none fits or
     none was found in time; solver status). `time_limit` (seconds) and `deadline`: whichever
     comes first stops the solver. `cutoff_s`: only a split faster than this step
-    time is of use (the search already holds enough faster plans); the row lets the solver
-    stop as soon as it proves none is, and the status is then "Cutoff"."""
+    time is of use (the search already holds enough faster plans); the solver stops as soon as
+    it proves none is, and the status is then "Cutoff". HiGHS takes it as its objective bound
+    (nodes whose bound passes it are pruned); CBC as a row (term <= cutoff): a row parallel to
+    the objective slowed HiGHS up to 80x on near-ties (docs/benchmarks.md)."""
+    got = attempt_candidate(cand, pc, memory_limit_gib, solver, time_limit, modes, rules, cutoff_s, deadline)
+    return got.solution, got.status
+
+
+def attempt_candidate(
+    cand: Layout,
+    pc: PipelineCosts,
+    memory_limit_gib: float,
+    solver: str,
+    time_limit: float | None = None,
+    modes: tuple = MODES,
+    rules=None,
+    cutoff_s: float | None = None,
+    deadline: Deadline = NO_DEADLINE,
+) -> Attempt:
+    """:func:`solve_candidate`, with the bound a stopped run proved (:class:`Attempt`)."""
     # Time unit: about 1/100 of the step (the compute per pipeline rank).
     rough = (pc.layer.forward + pc.layer.backward) * pc.num_layers * pc.num_micro_batches / pc.pp
     ts = 100.0 / max(rough, 1e-12)
     rank_rows = rank_rows_help(pc) and pc.num_micro_batches - 1 / pc.vpp >= pc.pp
     prob, term, x = candidate_problem("layout", pc, memory_limit_gib, modes, ts, rules, rank_rows, symmetry=True)
     prob += term
-    if cutoff_s is not None:
-        prob += term <= cutoff_s * ts * (1 + 1e-9), "cutoff"
+    cutoff = None if cutoff_s is None else cutoff_s * ts * (1 + 1e-9)
+    if cutoff is not None and solver != "highs":
+        prob += term <= cutoff, "cutoff"
     stop = deadline.sooner(time_limit)
-    run_solver(prob, make_solver(solver, stop.left(), deadline=stop), stop)
+    run_solver(prob, make_solver(solver, stop.left(), deadline=stop, cutoff=cutoff), stop)
     status = pulp.LpStatus[prob.status]
     if cutoff_s is not None and status == "Infeasible":
-        return None, "Cutoff"
+        return Attempt(None, "Cutoff")
     # PuLP reports a MILP stopped by the time limit as "Optimal" with an integer-feasible
     # (or no) solution: only LpSolutionOptimal is proven.
     proven = prob.sol_status == pulp.LpSolutionOptimal
     if status != "Optimal" or not (proven or _has_solution(prob)):
-        return None, status if status != "Optimal" else "Not Solved"
-    return Solution(cand, _counts(x), pulp.value(term) / ts, proven), status
+        return Attempt(None, status if status != "Optimal" else "Not Solved", _dual_bound(prob) / ts)
+    if cutoff is not None and proven and pulp.value(term) > cutoff:
+        return Attempt(None, "Cutoff")  # HiGHS may return a split its bound did not prune
+    return Attempt(Solution(cand, _counts(x), pulp.value(term) / ts, proven), status, _dual_bound(prob) / ts)
+
+
+def _dual_bound(prob) -> float:
+    """The least objective a stopped HiGHS run proved for the MILP (0 when it proved nothing, or
+    for CBC, whose PuLP interface does not say)."""
+    model = getattr(prob, "solverModel", None)
+    if model is None or not hasattr(model, "getInfo"):
+        return 0.0
+    bound = model.getInfo().mip_dual_bound
+    return bound if math.isfinite(bound) and bound > 0 else 0.0
 
 
 def rank_rows_help(pc: PipelineCosts) -> bool:

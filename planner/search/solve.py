@@ -48,9 +48,12 @@ from .candidates import (
     stack_problems,
 )
 from .deadline import NO_DEADLINE, Deadline, OutOfTime, polled
-from .ilp import Solution, canonical_counts, default_solver, solve_candidate
+from .ilp import Solution, attempt_candidate, canonical_counts, default_solver
 
 REL_TOL = 1e-9  # bound comparisons
+# A candidate's MILP not settled within this many seconds waits for the plans found meanwhile
+# (`_search`); measured in docs/benchmarks.md.
+DEFER_AFTER_S = 1.0
 
 
 @dataclass
@@ -67,6 +70,7 @@ class SearchStats:
     rejected: Counter = field(default_factory=Counter)
     refined: int = 0
     ilps_solved: int = 0
+    deferred: int = 0  # MILPs stopped after DEFER_AFTER_S and solved again later (counted in ilps_solved)
     pruned_by_bound: int = 0
     solver: str = ""
     solve_time_s: float = 0.0
@@ -254,6 +258,7 @@ def _search(
     found: list[tuple[float, int, Solution]] = []
     unproven = float("inf")
     cut = 0
+    deferred: set[int] = set()
 
     def threshold() -> float:
         need = top_k + 1
@@ -284,22 +289,19 @@ def _search(
         heapq.heappop(heap)
         # Only a plan faster than the (top_k + 1)-th found so far can change the answer.
         cutoff = threshold() * costs[i].tokens_per_step if len(found) > top_k else None
-        sol, status = solve_candidate(
-            cands[i],
-            costs[i],
-            limit,
-            solver,
-            None,
-            candidate_modes(space, cands[i]),
-            space.rules,
-            cutoff,
-            deadline=stop,
-        )
+        got = _attempt(cands[i], costs[i], limit, solver, space, cutoff, stop, i not in deferred)
+        sol, status = got.solution, got.status
         stats.ilps_solved += 1
         if status == "Cutoff":
             cut += 1
             continue
-        if status != "Infeasible" and (sol is None or not sol.proven):
+        settled = status == "Infeasible" or (sol is not None and sol.proven)
+        if not settled and i not in deferred and not stop.expired():
+            deferred.add(i)  # back on the heap under the bound its first try proved
+            stats.deferred += 1
+            heapq.heappush(heap, (max(lb, got.lower_bound_s / costs[i].tokens_per_step), i, True))
+            continue
+        if not settled:
             stats.optimal = False  # stopped by the time limit: the candidate keeps only its bound
             unproven = min(unproven, lb)
         if sol is None:
@@ -309,6 +311,33 @@ def _search(
         found.append((sol.objective / costs[i].tokens_per_step, i, sol))
         found.sort(key=lambda t: (t[0], t[1]))
     return found, unproven, cut
+
+
+def _attempt(
+    cand: Layout,
+    pc: PipelineCosts,
+    limit: float,
+    solver: str,
+    space: SearchSpace,
+    cutoff: Optional[float],
+    stop: Deadline,
+    first_try: bool,
+):
+    """One candidate's ILP. A first try gets DEFER_AFTER_S; one it does not settle goes back on
+    the heap under the bound it proved (`_search`) and is solved in full when that bound comes
+    to the front again, with the cutoff of the plans found meanwhile (often enough to prune it
+    at once): a hard MILP no longer holds up the easy ones that would have cut it off."""
+    return attempt_candidate(
+        cand,
+        pc,
+        limit,
+        solver,
+        DEFER_AFTER_S if first_try else None,
+        candidate_modes(space, cand),
+        space.rules,
+        cutoff,
+        deadline=stop,
+    )
 
 
 def _per_token(f: Found, t: float) -> float:

@@ -273,7 +273,7 @@ def _combined_stats(stats: list[SearchStats], solver: str, wall_s: float, fastes
     the least bound any of them left (0 from a search the time cut before it bounded anything:
     the plans of that stack may be any faster)."""
     out = SearchStats(solver=solver, solve_time_s=wall_s, rejected=sum((s.rejected for s in stats), Counter()))
-    for field in ("candidates_considered", "refined", "ilps_solved", "pruned_by_bound"):
+    for field in ("candidates_considered", "refined", "ilps_solved", "deferred", "pruned_by_bound"):
         setattr(out, field, sum(getattr(s, field) for s in stats))
     for s in stats:
         out.layouts_represented_log10 = log10_sum(out.layouts_represented_log10, s.layouts_represented_log10)

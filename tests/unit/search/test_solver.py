@@ -195,7 +195,7 @@ def test_time_limit_gives_a_plan_and_a_proven_gap(monkeypatch, ilps):
     best = 1 / exact.best.estimate.tokens_per_s
     import planner.search.solve as search
 
-    solved, real = [0], search.solve_candidate
+    solved, real = [0], search.attempt_candidate
 
     def counted(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -206,7 +206,7 @@ def test_time_limit_gives_a_plan_and_a_proven_gap(monkeypatch, ilps):
         def expired(self) -> bool:
             return solved[0] >= ilps
 
-    monkeypatch.setattr(search, "solve_candidate", counted)
+    monkeypatch.setattr(search, "attempt_candidate", counted)
     res = solve(model, cluster, job, space, deadline=AfterILPs())
     assert res.best is not None
     assert res.stats.optimal is (ilps == 1000)  # 1 and 3 ILPs stop it; 1000 let it finish
