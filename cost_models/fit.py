@@ -192,11 +192,13 @@ def with_constants(
     values = dict(zip(NAMES, theta))
     old = cluster.stack_constants.get(Target(target))
     step = step_overhead_s if step_overhead_s is not None else cluster.step_overhead_s(target)
-    entry = StackConstants(
-        **values,
-        step_overhead_s=step,
-        uncertainty=uncertainty if uncertainty is not None else (old.uncertainty if old else None),
-        provenance=provenance,
+    entry = StackConstants.model_validate(
+        {
+            **values,
+            "step_overhead_s": step,
+            "uncertainty": uncertainty if uncertainty is not None else (old.uncertainty if old else None),
+            "provenance": provenance,
+        }
     )
     return cluster.model_copy(update={"stack_constants": {**cluster.stack_constants, Target(target): entry}})
 

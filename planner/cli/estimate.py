@@ -15,6 +15,7 @@ from planner.cli.types import ALTERNATIVE, DEGREE, LAYERS, SEQUENCES, ZERO_STAGE
 from planner.datafile import check_output
 from planner.errors import InfeasibleError, UsageError
 from planner.plan_file import read_plan_file
+from planner.search.stacks import tuned_refusal
 from planner.specs import FP8_PARTS, Recompute, Schedule
 
 
@@ -121,11 +122,14 @@ def estimate(
         model = _read_inputs(plan_file, alternative, model_name, cluster_name)
         check_output(output, (plan_file,))
     changed = None  # with --plan: what the options changed, said only when the estimate stands
+    tuned = None  # the stack a tuned profile chose where --target was not given
     if plan_file:
         doc, changed = _what_if(plan_file, alternative, given, ctx.params)
+        _refuse_untuned(doc, cluster_name or f"{plan_file}'s cluster {doc.cluster.name}")
     else:
         assert model is not None and cluster_name is not None  # require_names above
-        doc = api.estimate(model, cluster_name, **api_keywords(options))
+        tuned = _tuned_target(cluster_name, options["stack"], "stack" in given)
+        doc = api.estimate(model, cluster_name, **api_keywords({**options, "stack": tuned or options["stack"]}))
     if output:
         api.write_plan(doc, output)
     if as_json:
@@ -138,8 +142,34 @@ def estimate(
         raise InfeasibleError(does_not_fit(doc))
     if changed:
         render.note(changed)
+    if tuned:
+        render.note(f"note: costed for --target {tuned}, the stack {cluster_name} was tuned for")
     if output:
         render.note(f"plan written to {output}")
+
+
+def _tuned_target(cluster_name: str, target: str, given: bool) -> Optional[str]:
+    """On a profile `plan tune` wrote (ClusterSpec.tuned_stacks), the stack to cost for where
+    --target was not given and the default is not tuned: its one tuned stack (None: the
+    default, or the --target given, stands). UsageError for a --target it was not tuned for,
+    or where it was tuned for several stacks none of which is the default."""
+    cluster = api.load_cluster(cluster_name)
+    tuned = cluster.tuned_stacks
+    if given or not tuned or target in tuned:
+        refusal = tuned_refusal(cluster, target, cluster_name)
+        if refusal:
+            raise UsageError(refusal)
+        return None
+    if len(tuned) > 1:
+        raise UsageError(f"{tuned_refusal(cluster, target, cluster_name)} (--target is {target} by default)")
+    return tuned[0].value
+
+
+def _refuse_untuned(doc, name: str) -> None:
+    """UsageError for a re-estimate whose target its tuned cluster was not tuned for."""
+    refusal = tuned_refusal(doc.cluster, doc.job.target, name)
+    if refusal:
+        raise UsageError(refusal)
 
 
 def _read_inputs(

@@ -306,7 +306,7 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
     job, est = doc.job, doc.estimate
     _header(
         doc.model,
-        f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(doc.cluster.name)}); "
+        f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(_cluster_label(doc.cluster))}); "
         f"sequence {job.seq_len}, {job.precision.value}, {job.optimizer.value}, memory limit {gib(limit_gib)} GiB",
     )
     details = layout_details([doc.plan] + [a.plan for a in doc.alternatives], doc.model.num_layers)
@@ -350,7 +350,7 @@ def solve_report(doc: SolveDocument, limit_gib: float) -> None:
                 f"{_numbered(tied, 'lies', 'lie')} within the recommended plan's interval: the prediction cannot "
                 "tell them apart; measure them (`plan run`) before committing to one"
             )
-    if doc.stacks:
+    if len(doc.stacks) > 1:  # one stack (a profile tuned for one): its best is the recommendation
         console.print(_stacks_table(doc))
     s = doc.search
     infeasible = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in s.infeasible.items()) or "none"
@@ -377,8 +377,13 @@ def _gap(gap: float) -> str:
 
 def _runs_on(doc: SolveDocument) -> str:
     """Which stack runs the recommendation, in parentheses after 'recommended'."""
-    target = doc.job.target
+    target, tuned = doc.job.target, " tuned" if doc.cluster.tuned_stacks else ""
     if target == Target.generic:
+        if doc.stacks:  # searched without --target on a profile tuned for generic (stacks.py:default_targets)
+            return (
+                "(generic, a stack the profile was tuned for: the PyTorch-eager optimum, which no `plan export` "
+                "stack runs as is)"
+            )
         return (
             "(generic: the PyTorch-eager optimum, which no `plan export` stack runs as is; without --target, "
             "`plan solve` recommends the best plan a stack runs)"
@@ -386,22 +391,26 @@ def _runs_on(doc: SolveDocument) -> str:
     searched = sum(s.search is not None for s in doc.stacks)
     best_of = (
         ""
-        if not doc.stacks
+        if len(doc.stacks) < 2
         else (
-            f", the best of the {searched} stacks searched"
+            f", the best of the {searched}{tuned} stacks searched"
             if searched == len(doc.stacks)
-            else f", the best of the {searched} of {len(doc.stacks)} stacks searched"
+            else f", the best of the {searched} of {len(doc.stacks)}{tuned} stacks searched"
         )
     )
     return f"(for {target.value}{best_of}: `plan export PLAN --to {target.value}`)"
 
 
 def _searched(doc: SolveDocument) -> str:
-    """'the 4 stacks', or '2 of the 4 stacks, the others unsearched (see the table)'."""
+    """'the 4 stacks', '2 of the 4 stacks, the others unsearched (see the table)'; on a tuned
+    profile 'the tuned stack generic', 'the 2 tuned stacks'."""
     searched, n = sum(s.search is not None for s in doc.stacks), len(doc.stacks)
+    tuned = " tuned" if doc.cluster.tuned_stacks else ""
+    if n == 1:
+        return f"the{tuned} stack {doc.stacks[0].target.value}"
     if searched == n:
-        return f"the {n} stacks"
-    return f"{searched} of the {n} stacks, the others unsearched (see the table)"
+        return f"the {n}{tuned} stacks"
+    return f"{searched} of the {n}{tuned} stacks, the others unsearched (see the table)"
 
 
 def _numbered(alternatives: list[int], one: str = "is", many: str = "are") -> str:
@@ -424,7 +433,8 @@ def _alternatives_table(doc: SolveDocument, details: list[str]) -> Table:
     narrow = _narrow()
     alt = Table(title="Alternatives")
     alt.add_column("#", justify="right")
-    if doc.stacks:
+    several = len(doc.stacks) > 1  # one stack (a profile tuned for one): each row's is the recommendation's
+    if several:
         alt.add_column("stack")
     alt.add_column("layout", overflow="fold")
     alt.add_column("step time (vs best)", justify="right", max_width=9 if narrow else None)
@@ -433,7 +443,7 @@ def _alternatives_table(doc: SolveDocument, details: list[str]) -> Table:
     alt.add_column("peak GiB", justify="right", max_width=6 if narrow else None)
     for i, a in enumerate(doc.alternatives, start=1):
         e = a.estimate
-        stack = [(a.target or doc.job.target).value] if doc.stacks else []
+        stack = [(a.target or doc.job.target).value] if several else []
         alt.add_row(
             str(i),
             *stack,
@@ -664,6 +674,13 @@ def profile_report(cluster: ClusterSpec) -> None:
     console.print(mm)
 
 
+def _cluster_label(cluster: ClusterSpec) -> str:
+    """The cluster's name in a report's first line, and the stacks it was tuned for where `plan
+    tune` wrote it (ClusterSpec.tuned_stacks): 'dgx-a100-80gb, tuned for generic'."""
+    tuned = cluster.tuned_stacks
+    return f"{cluster.name}, tuned for {' and '.join(t.value for t in tuned)}" if tuned else cluster.name
+
+
 def _header(model: ModelSpec, rest: str) -> None:
     """The report's first line; a model from the Hugging Face cache also says which revision."""
     console.print(f"[bold]{escape(model.name)}[/bold] {rest}")  # a directory's name may hold [brackets]
@@ -675,7 +692,7 @@ def estimate_report(doc: PlanDocument) -> None:
     job = doc.job
     _header(
         doc.model,
-        f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(doc.cluster.name)}); "
+        f"on {doc.num_gpus} x {escape(doc.cluster.device.name)} ({escape(_cluster_label(doc.cluster))}); "
         f"global batch {job.global_batch_size} x {job.seq_len} tokens, {job.precision.value}, {job.optimizer.value}",
     )
     console.print(f"layout: {plan_summary(doc.plan)}")
@@ -825,7 +842,7 @@ def tune_report(result, profile_path, plan_path) -> None:
     import math
 
     t = Table()
-    for col in ("#", "layout", "why", "predicted before", "after refit", "measured", "memory", "verdict"):
+    for col in ("#", "layout", "why", "predicted before", "after refit", "measured", "spread", "memory", "verdict"):
         t.add_column(col, justify="left" if col in ("layout", "why", "verdict") else "right")
     for r in result.records:
         before, after = predicted_before_after(result, r)
@@ -834,10 +851,11 @@ def tune_report(result, profile_path, plan_path) -> None:
         t.add_row(
             str(r.index + 1),
             layout_label(r.plan),
-            r.why.split(":")[0],
+            r.why.split(":")[0] + (f" of #{r.repeat_of + 1}" if r.repeat_of is not None else ""),
             _fmt_time(before),
             _fmt_time(after),
             measured,
+            _step_spread(r.steps_s),
             memory,
             verdict(result, r),
         )
@@ -857,19 +875,46 @@ def tune_report(result, profile_path, plan_path) -> None:
             note(f"{what} written to {path}")
 
 
+def _step_spread(steps: list[float]) -> str:
+    """The interquartile range of a trial's timed steps relative to their median ('-' with fewer than 3)."""
+    if len(steps) < 3:
+        return "-"
+    import statistics
+
+    q1, _, q3 = statistics.quantiles(steps, n=4)
+    return f"{100 * (q3 - q1) / statistics.median(steps):.1f} %"
+
+
 def tune_summary(result) -> list[str]:
-    """The answer, its margin, and how it ended (also on stderr at the end of a --json run)."""
+    """The answer (the best, or a tie within noise with the layouts named), the noise it was
+    measured under, its margin, and how it ended (also on stderr at the end of a --json run)."""
+    import math
+
     from planner.tune.loop import layout_label
 
     if result.best is None:
         return [f"no trial ran to the end ({result.stop}); nothing measured to recommend"]
-    best = result.best
-    lines = [f"measured best: {layout_label(best.plan)}, {_fmt_time(best.step_time_s)} a step (trial {best.index + 1})"]
+    best = result.measured[0]
+    times = f"{len(best.values)} measurement{'s' if len(best.values) > 1 else ''}"
+    lines = [
+        f"measured best: {layout_label(best.first.plan)}, {_fmt_time(best.step_time_s)} a step "
+        f"(median of {times}; trial {best.first.index + 1})"
+    ]
+    if result.tied:
+        others = "; ".join(
+            f"{layout_label(m.first.plan)} (+{100 * (m.per_token / best.per_token - 1):.1f} %)" for m in result.tied[1:]
+        )
+        lines.append(
+            f"tied within noise with: {others}; the measurements cannot order them, so choose among them by memory "
+            "headroom or simplicity"
+        )
+    lines.append(f"noise: {result.noise.describe()}; {result.repeats} of {len(result.records)} trials were repeats")
     margin = result.margin or 0.0
+    limit = max(result.tolerance, result.noise.level)
     if result.stop in ("proven", "exhausted"):
         lines.append(
             f"proven: no untried layout's interval beats it by more than {100 * max(margin, 0):.1f} % "
-            f"(tolerance {100 * result.tolerance:.1f} %)"
+            f"(the margin {100 * limit:.1f} %: the tolerance {100 * result.tolerance:.1f} % or the noise, whichever is wider)"
             if result.stop == "proven"
             else "every layout was tried"
         )
@@ -878,6 +923,11 @@ def tune_summary(result) -> list[str]:
             f"stopped: the {'trial' if result.stop == 'trials' else 'time'} budget is spent; an untried layout "
             f"could still be up to {100 * max(margin, 0):.1f} % faster"
             + (f" ({layout_label(result.challenger.plan)})" if result.challenger is not None and margin > 0 else "")
+        )
+    if result.held_out_error is not None:
+        lines.append(
+            f"refit error on each measured layout left out of the fit: {100 * result.held_out_error:.1f} % "
+            f"(one measurement's noise, sigma {100 * math.expm1(result.noise.sigma):.1f} %, is what no model beats)"
         )
     count = f"{result.exhaustive:,}" if result.exhaustive_complete else f"at least {result.exhaustive:,}"
     lines.append(f"an exhaustive sweep would have run {count} trials; this tune ran {len(result.records)}")

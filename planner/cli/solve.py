@@ -7,13 +7,14 @@ from typing import Optional
 import click
 
 from planner import api
-from planner.errors import MemoryMiss
+from planner.errors import MemoryMiss, UsageError
 from planner.cli import render
 from planner.cli.common import api_keywords, require_names, solve_target_options
 from planner.cli.types import MEMORY_GIB, SECONDS, SEQUENCES, TOP_K
 from planner.datafile import check_output
 from planner.inputs import cp_degrees  # noqa: F401 (benchmarks/solve_scaling.py imports it from here)
 from planner.search.deadline import stop_on_signals
+from planner.search.stacks import tuned_refusal, tuned_search_note
 from planner.specs import FP8_PARTS, memory_limit_gib
 
 
@@ -69,6 +70,7 @@ def solve(model_name, cluster_name, as_json: bool, output: Optional[str], **opti
         model = api.load_model(model_name)
         api.load_cluster(cluster_name)
         check_output(output)
+    tuned = tuned_stacks_note(cluster_name, options["stack"])
     try:
         doc = api.solve(model, cluster_name, **api_keywords(options))
     except MemoryMiss as exc:  # said beside the miss it changed
@@ -83,12 +85,26 @@ def solve(model_name, cluster_name, as_json: bool, output: Optional[str], **opti
     capped = _capped(max_memory_gib, doc.cluster.device.memory_gib)
     if capped:
         render.note(f"note: {capped}")
+    if tuned:
+        render.note(f"note: {tuned}")
     if as_json:
         click.echo(doc.model_dump_json(indent=2))
     else:
         render.solve_report(doc, memory_limit_gib(doc.cluster, max_memory_gib))
     if output:  # on stderr, with --json too
         render.note(f"plan written to {output}")
+
+
+def tuned_stacks_note(cluster_name: str, target: Optional[str]) -> Optional[str]:
+    """On a profile `plan tune` wrote: UsageError for a --target it was not tuned for; without
+    --target, the line saying that only its tuned stacks are searched. None on another cluster."""
+    cluster = api.load_cluster(cluster_name)
+    if target is None:
+        return tuned_search_note(cluster, cluster_name)
+    refusal = tuned_refusal(cluster, target, cluster_name)
+    if refusal:
+        raise UsageError(refusal)
+    return None
 
 
 def _capped(max_memory_gib: Optional[float], capacity: float) -> Optional[str]:

@@ -1,10 +1,10 @@
 """Brute-force enumeration of the whole search space: the reference the ILP search is
 tested against, and the same-run baseline of benchmarks/solve_scaling.py.
 
-Every candidate, dominated ones included (all six mesh orders, GPipe, ZeRO stages at
-dp = 1), every split of the layers into stages and every per-stage count of layers under
-each recompute mode, each evaluated by cost_models.estimate.evaluate. Exponential: for
-small instances only.
+Every candidate, dominated ones included (all six mesh orders, GPipe, ZeRO stages over
+one-rank shard groups, which shard nothing), every split of the layers into stages and every
+per-stage count of layers under each recompute mode, each evaluated by
+cost_models.estimate.evaluate. Exponential: for small instances only.
 """
 
 from __future__ import annotations

@@ -279,13 +279,14 @@ def enumerate_layouts(
                                     if sp and cp > 1 and space.seq_len and (space.seq_len // cp) % tp:
                                         rejected[DIVISIBILITY] += 1
                                         continue
-                                    # GPipe runs as fast as 1F1B and holds more activations; with
-                                    # dp = 1 every ZeRO stage is ZeRO-0, unless routed experts are
-                                    # replicated over tp / ep ranks (their expert-DP group, which
-                                    # ZeRO shards them over). Neither can win.
+                                    # GPipe runs as fast as 1F1B and holds more activations: it
+                                    # cannot win. A ZeRO stage whose shard groups have one rank
+                                    # each (dp x cp = 1, no routed experts replicated over tp / ep
+                                    # ranks) shards nothing: the same run as ZeRO-0, enumerated once,
+                                    # as ZeRO-0 (zero_shards_nothing; --fix zero=N keeps it).
                                     eps = _ep_degrees(model, dpw, tp)
-                                    if zero > 0 and dpw == 1 and not keep_zero:
-                                        eps = [ep for ep in eps if tp * dpw // ep > 1]
+                                    if zero > 0 and not keep_zero:
+                                        eps = [ep for ep in eps if not zero_shards_nothing(model, dpw, tp, ep)]
                                     dominated = (sched == Schedule.gpipe and not keep_gpipe) or not eps
                                     if dominated:
                                         rejected[DOMINATED] += len(MESH_ORDERS)
@@ -341,6 +342,14 @@ def _variants(cluster: ClusterSpec, space: SearchSpace, base: Layout, orders, ep
         for shard in shards:
             out.append(Layout(dp, tp, pp, v, b, m, sched, zero, sp, order, ov, ep, fp8, cp, na, shard))
     return out
+
+
+def zero_shards_nothing(model: ModelSpec, dpw: int, tp: int, ep: int) -> bool:
+    """Whether every ZeRO group of a layout has one rank, so a ZeRO stage above 0 is the same
+    run as ZeRO-0: the dense states' group is dp x cp (`dpw`, cost_models/tables.py:
+    _state_tables), and a MoE model's routed experts are also sharded over their expert-DP group
+    of tp x dp x cp / ep ranks."""
+    return dpw == 1 and (not model.is_moe or tp * dpw // ep == 1)
 
 
 def _ep_degrees(model: ModelSpec, dp: int, tp: int) -> list[int]:

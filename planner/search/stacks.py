@@ -8,6 +8,10 @@ which reads neither the job nor the stack. The answers are then pooled: every pl
 found, fastest first, and the tie rule (solve.py:break_ties) over all of them, so the
 recommendation's worst case is no higher than any stack's own recommendation's, and the fastest
 plan found is the fastest any stack can run. Each stack's own answer stays in the result.
+
+A profile `plan tune` wrote (ClusterSpec.tuned_stacks) holds fitted constants of the stacks it
+tuned: without --target only those are searched (default_targets), and a --target of another
+stack is refused (tuned_refusal), since the constants of the others are not the profile's.
 """
 
 from __future__ import annotations
@@ -96,6 +100,44 @@ def target_space(base: SearchSpace, model: ModelSpec, job: JobSpec) -> SearchSpa
     )
 
 
+def default_targets(cluster: ClusterSpec) -> tuple[Target, ...]:
+    """The stacks `plan solve` searches without --target: those a tuned profile was tuned for
+    (ClusterSpec.tuned_stacks: its fitted constants are of those stacks, all of them used), else
+    STACK_TARGETS."""
+    return cluster.tuned_stacks or STACK_TARGETS
+
+
+def tuned_refusal(cluster: ClusterSpec, target: Target | str, name: str) -> Optional[str]:
+    """Why a plan for `target` may not use cluster `name` (as the user gave it), a profile tuned
+    for other stacks: its constants are theirs. None where it may (no tuned stack, or this one)."""
+    tuned, target = cluster.tuned_stacks, Target(target)
+    if not tuned or target in tuned:
+        return None
+    targets = " or ".join(f"--target {t.value}" for t in tuned)
+    return (
+        f"{name} was tuned for {_tuned_names(tuned)}; its constants do not apply to {target.value}: "
+        f"pass {targets}, or tune with --target {target.value}"
+    )
+
+
+def tuned_search_note(cluster: ClusterSpec, name: str) -> Optional[str]:
+    """The line `plan solve` without --target says on a tuned profile (default_targets), or None."""
+    tuned = cluster.tuned_stacks
+    if not tuned:
+        return None
+    what = "that stack" if len(tuned) == 1 else "those stacks"
+    return (
+        f"{name} was tuned for {_tuned_names(tuned)}: searched {what} only (the other stacks have no tuned "
+        "constants here; `plan tune --target STACK` tunes one)"
+    )
+
+
+def _tuned_names(tuned: tuple) -> str:
+    """'--target generic', '--target generic and megatron'."""
+    names = [t.value for t in tuned]
+    return "--target " + (names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}")
+
+
 class FixRefusal(UsageError):
     """A --fix choice a stack cannot honour: `problem` (the fix and why) and what to do."""
 
@@ -174,10 +216,11 @@ def solve_stacks(
     top_k: int = 3,
     time_limit: Optional[float] = None,
     solver: Optional[str] = None,
-    targets: tuple = STACK_TARGETS,
+    targets: Optional[tuple] = None,
     deadline: Deadline = NO_DEADLINE,
 ) -> SearchResult:
-    """The best plan any of `targets` runs (job's own target is ignored): each stack searched
+    """The best plan any of `targets` (default_targets: every stack, or a tuned profile's)
+    runs (job's own target is ignored): each stack searched
     with its own job and space. A --time-limit (`time_limit` seconds from now, or `deadline`,
     whichever comes first) is shared out in SEARCH_ORDER: each stack gets the time left over
     the stacks still to search, so what one leaves unused goes to the next; a stack with no
@@ -188,7 +231,7 @@ def solve_stacks(
     deadline = deadline.sooner(time_limit)
     limit = memory_limit_gib_of(cluster, memory_limit_gib)
     solver = solver or default_solver()
-    searches = [_stack_search(base, model, job, t) for t in targets]
+    searches = [_stack_search(base, model, job, t) for t in (default_targets(cluster) if targets is None else targets)]
     todo = [s for s in searches if s.space is not None]
     try:  # every target's TP-overlap choice in one enumeration; each search takes its own (candidates.py)
         every = replace(

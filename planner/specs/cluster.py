@@ -446,6 +446,11 @@ class Uncertainty(_Spec):
         )
 
 
+# How planner/tune/output.py:tuned_profile's provenance begins: what marks the tuned profiles
+# written before StackConstants.tuned.
+TUNE_PROVENANCE = "plan tune,"
+
+
 class StackConstants(_Spec):
     """The constants that are properties of the software a plan runs on, not of the hardware:
     how fast one training stack's kernels run on this cluster's device, fitted to that stack's
@@ -471,6 +476,22 @@ class StackConstants(_Spec):
         default=None, description="Out-of-group error of this stack's predictions (None: the cluster's)."
     )
     provenance: Optional[str] = Field(default=None, description="What the constants were fitted on, when and how.")
+    tuned: bool = Field(
+        default=False,
+        description="Whether `plan tune` fitted these constants to trials of this stack measured on this cluster "
+        "(provenance says which): a profile with a tuned stack plans for its tuned stacks only (`plan solve` without "
+        "--target searches those; a --target of another stack is refused). (schema 1.15; read without it, true where "
+        "provenance begins 'plan tune', as in the tuned profiles written before it.)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tuned_from_provenance(cls, data):
+        """A profile tuned before the field: its tuned entries are those `plan tune` wrote."""
+        provenance = data.get("provenance") if isinstance(data, dict) else None
+        if isinstance(provenance, str) and provenance.startswith(TUNE_PROVENANCE) and "tuned" not in data:
+            return {**data, "tuned": True}
+        return data
 
 
 class Spine(_Spec):
@@ -535,6 +556,12 @@ class ClusterSpec(_Spec):
         description="Per training stack (JobSpec.target): the software's constants on this cluster, fitted to that stack's runs; "
         "a stack without an entry uses the device's and the cluster's own figures. (schema 1.7)",
     )
+
+    @property
+    def tuned_stacks(self) -> tuple[Target, ...]:
+        """The stacks `plan tune` fitted this cluster's constants for (StackConstants.tuned), in
+        Target's order; () for a preset or a measured profile no tune has refit."""
+        return tuple(t for t in Target if t in self.stack_constants and self.stack_constants[t].tuned)
 
     @property
     def domain_gpus(self) -> int:

@@ -9,7 +9,7 @@ from typing import Optional
 from cost_models.estimate import estimate as predict
 from cost_models.fit import NAMES, with_constants
 from planner.inputs import check_plan
-from planner.specs import ClusterSpec, PlanDocument
+from planner.specs import ClusterSpec, PlanDocument, Target
 from planner.tune.loop import TuneResult
 from planner.tune.refit import profile_uncertainty
 
@@ -19,9 +19,9 @@ def slice_nodes(result: TuneResult) -> int:
 
 
 def tuned_profile(result: TuneResult, when: str) -> ClusterSpec:
-    """The prior cluster with the refit constants of the tuned stack, their provenance (which
-    trials, when, which stack, the slice) and the interval for jobs beyond the slice; the
-    memory overhead the trials taught, if any."""
+    """The prior cluster with the refit constants of the tuned stack, marked tuned, their
+    provenance (which trials, when, which stack, the slice) and the interval for jobs beyond the
+    slice; the memory overhead the trials taught, if any."""
     request, fit = result.request, result.refit
     ran = [r for r in result.records if r.status == "ok"]
     one_node = slice_nodes(result) == 1
@@ -48,13 +48,21 @@ def tuned_profile(result: TuneResult, when: str) -> ClusterSpec:
             update={"device": base.device.model_copy(update={"framework_overhead_gib": fit.overhead_gib})}
         )
         provenance += f"; framework_overhead_gib {fit.overhead_gib:.4g} from out-of-memory trials"
-    return with_constants(
+    profile = with_constants(
         base,
         request.target,
         fit.constants,
         provenance=provenance,
         uncertainty=profile_uncertainty(request.cluster, request.target, fit, one_node),
     )
+    return mark_tuned(profile, Target(request.target))
+
+
+def mark_tuned(cluster: ClusterSpec, target: Target) -> ClusterSpec:
+    """`cluster` with `target`'s constants marked as tuned (StackConstants.tuned): `plan solve`
+    then plans for its tuned stacks only, those of an earlier tune of another stack included."""
+    entry = cluster.stack_constants[target].model_copy(update={"tuned": True})
+    return cluster.model_copy(update={"stack_constants": {**cluster.stack_constants, target: entry}})
 
 
 def _shape(model, job) -> tuple:
