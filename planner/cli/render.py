@@ -743,7 +743,7 @@ def run_verification_table(v) -> Table:
 def run_time_table(report) -> Table:
     tm = report.time
     t = Table(
-        title=f"Step time, predicted ({escape(report.cluster.name)}) against measured (mean of {tm.measured_steps} steps, slowest rank)",
+        title=f"Step time, predicted ({escape(report.cluster.name)}) against measured (median of {tm.measured_steps} steps, slowest rank)",
         caption=prediction_verdict(tm.predicted_step_time_s, tm.measured_step_time_s),
     )
     for col in ("", "predicted", "measured", "predicted / measured"):
@@ -793,11 +793,13 @@ def run_memory_table(report) -> Table:
 
 
 def run_ranks_table(report) -> Table:
-    t = Table(title="Per rank (measured)")
+    import statistics
+
+    t = Table(title="Per rank (measured; step time: median over the timed steps)")
     for col in ("rank", "dp", "tp", "pp", "stages", "layers", "step time", "peak memory"):
         t.add_column(col, justify="right")
     for r in report.ranks:
-        step = sum(r.step_times_s) / len(r.step_times_s)
+        step = statistics.median(r.step_times_s)
         t.add_row(
             str(r.rank),
             str(r.dp_rank),

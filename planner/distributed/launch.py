@@ -17,6 +17,10 @@ path only (the spawn bootstrap `python -c ...` would otherwise put the current d
 first, so a `multiprocessing/` or `torch/` folder there would be imported by every worker),
 and on one machine everything listens on 127.0.0.1 only (see _loopback_rendezvous).
 
+CPU workers may own their cores (own_cores: each pinned to a disjoint slice of the launcher's
+cores, where there are at least as many as workers; `plan run`'s workers call it), so that
+ranks do not preempt each other and step times repeat.
+
 If the environment already has RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT (a
 torchrun job), or a Slurm job step with several tasks plus MASTER_ADDR/MASTER_PORT (each
 task one rank), the worker function runs in this process instead.
@@ -35,7 +39,7 @@ import threading
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from planner._pdeath import LAUNCHER, die_with_parent, in_a_worker, launcher_value
 from planner.errors import Interrupted, PlannerError, UsageError
@@ -569,6 +573,59 @@ def init_process_group(backend: str = "auto", timeout_s: float = 120.0):
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def core_slices(cores: Sequence[int], ranks: int) -> Optional[list[tuple[int, ...]]]:
+    """Cores of their own for `ranks` processes of one machine: rank i gets the i-th of
+    `ranks` disjoint contiguous slices of the sorted `cores`, len(cores) // ranks each (the
+    remainder is left idle, for the launcher); None where there are fewer cores than ranks
+    (then they share them)."""
+    if ranks < 1 or len(cores) < ranks:
+        return None
+    ordered, width = sorted(cores), len(cores) // ranks
+    return [tuple(ordered[i * width : (i + 1) * width]) for i in range(ranks)]
+
+
+def own_cores() -> Optional[tuple[int, ...]]:
+    """Pin this worker to its slice of the cores its launcher may use (core_slices by
+    LOCAL_RANK of LOCAL_WORLD_SIZE; every worker of a launch inherits the launcher's
+    affinity, so the slices are disjoint); the cores pinned to, or None where the ranks
+    outnumber the cores. CPU ranks that share cores are preempted by each other at random,
+    which is step-time noise of tens of percent. Only in workers a `plan` launcher started:
+    torchrun and Slurm (srun --cpu-bind) bind their own tasks."""
+    if not in_a_worker() or not hasattr(os, "sched_setaffinity"):
+        return None
+    local, count = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    slices = core_slices(list(os.sched_getaffinity(0)), count)
+    if slices is None:
+        return None
+    # Every thread of the process, not only this one: an affinity is per thread on Linux, and
+    # gloo's threads started with the process group (the threads started later inherit it).
+    for thread in _threads():
+        try:
+            os.sched_setaffinity(thread, slices[local])
+        except ProcessLookupError:  # ended meanwhile
+            continue
+    return slices[local]
+
+
+def process_cores() -> list[int]:
+    """The cores any thread of this process may run on (the union of their affinities)."""
+    cores: set[int] = set()
+    for thread in _threads():
+        try:
+            cores |= os.sched_getaffinity(thread)
+        except ProcessLookupError:
+            continue
+    return sorted(cores)
+
+
+def _threads() -> list[int]:
+    """This process's thread ids (Linux: /proc/self/task), else this thread only (0)."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
 def _join_enclosing(backend: str, timeout_s: float) -> None:
     """Start the process group inside torchrun / Slurm once every rank has checked in: each
     sets its key in the job's store (rank 0 hosts it, or torchrun's agent does) and waits up
@@ -714,6 +771,9 @@ __all__ = [
     "launch",
     "inside_launcher",
     "init_process_group",
+    "core_slices",
+    "own_cores",
+    "process_cores",
     "free_port",
     "validate",
     "signals_interrupt",

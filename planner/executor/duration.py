@@ -97,6 +97,7 @@ def estimate_run(case, rates: tuple[float, float], gpu_cluster=None, cores: Opti
     cores = cores or usable_cores()
     ranks = case.plan.world_size
     crowd = max(1.0, ranks / cores) if gpu_cluster is None else 1.0  # ranks sharing a core run that much slower
+    threads = max(1, cores // ranks)  # each rank pinned to cores of its own, a thread each (launch.own_cores)
     model_flops = model_flops_per_step(case.model, case.job.global_batch_size, case.job.seq_len)
     fp32, fp64 = rates
     reference_s = case.steps * model_flops * (1 / fp32 + 1 / fp64) / REFERENCE_EFFICIENCY
@@ -108,8 +109,8 @@ def estimate_run(case, rates: tuple[float, float], gpu_cluster=None, cores: Opti
             startup_s, est.step_time_s, case.steps, reference_s, f"the plan's prediction on {gpu_cluster.name}", busy
         )
     step_flops = model_flops * est.hardware_tflops_per_gpu / est.model_tflops_per_gpu  # recompute included; any cluster
-    step_s = step_flops / ranks / (fp32 * STEP_EFFICIENCY) * crowd
-    share = f", {ranks} ranks on {cores} cores" if ranks > cores else ""
+    step_s = step_flops / ranks / (fp32 * threads * STEP_EFFICIENCY) * crowd
+    share = f", {ranks} ranks on {cores} cores" if ranks > cores else f", {threads} cores a rank" if threads > 1 else ""
     return RunEstimate(
         startup_s,
         step_s,

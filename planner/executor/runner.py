@@ -8,17 +8,19 @@ that. `plan run` passes one case; the tests pass a batch.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
-from statistics import mean
+from statistics import median
 from typing import Callable, Optional
 
 from cost_models.estimate import estimate as predict
 from cost_models.memory import GIB
 from planner.errors import UsageError
+from planner.executor.duration import usable_cores
 from planner.executor.prepare import RunCase, check_world, fp8_problem
 from planner.executor.verify import DEFAULT_TOLERANCE, Trajectory, compare, reference_runs
-from planner.distributed.launch import LaunchSpec, inside_launcher
+from planner.distributed.launch import LaunchSpec, core_slices, inside_launcher
 from planner.specs import (
     ClusterSpec,
     MemoryBytes,
@@ -52,17 +54,22 @@ def run_plans(
     options: RunOptions = RunOptions(),
     plan_files: Optional[list[Optional[str]]] = None,
     progress: Optional[Callable[[int, int, str], None]] = None,
+    say: Optional[Callable[[str], None]] = None,
 ) -> list[RunReport]:
     """Execute every case in one launch and report each against its reference. Raises
     UsageError before launching when a case does not fit the launch, PlannerError when a
     rank fails. `progress(done, total, message)` hears of each training step, then of each
-    single-process reference run."""
+    single-process reference run; `say(line)` of what makes the measurement doubtful
+    (CPU ranks sharing cores, core_sharing)."""
     world, how = launch_world(spec)
     for case in cases:
         check_world(case.plan, world, how)
     backend, device = _backend(options.backend)
     if any(case.fp8 for case in cases):
         check_fp8(device)
+    sharing = core_sharing(spec, backend)
+    if sharing:
+        (say or _stderr_line)(sharing)
     per_rank = _launch_workers(cases, spec, options, progress)
     results = per_rank[min(per_rank)]  # every rank returns every rank's results
     references: dict = {}
@@ -86,6 +93,7 @@ def run_plans(
             device=device,
             timeout_s=options.timeout_s,
             changes=list(case.notes),
+            pinned=all(r.cores for r in result.ranks),
         )
         verification = compare(
             Trajectory(result.losses, result.grad_sq),
@@ -98,6 +106,10 @@ def run_plans(
         file = plan_files[i] if plan_files else None
         reports.append(build_report(case, clusters[i], run, result.ranks, verification, file))
     return reports
+
+
+def _stderr_line(text: str) -> None:
+    print(f"plan run: {text}", file=sys.stderr, flush=True)
 
 
 def _reference_key(case: RunCase) -> tuple:
@@ -138,6 +150,19 @@ def _launch_workers(cases: list[RunCase], spec: LaunchSpec, options: RunOptions,
     finally:
         if path:
             os.unlink(path)
+
+
+def core_sharing(spec: LaunchSpec, backend: str) -> Optional[str]:
+    """'4 ranks share 2 cores: ...' where this launch's CPU ranks cannot each be pinned to a
+    core of their own (planner/distributed/launch.py:own_cores); None where they can, on GPUs,
+    and inside torchrun or Slurm (their binding)."""
+    if backend != "gloo" or inside_launcher():
+        return None
+    cores, ranks = usable_cores(), spec.nproc_per_node
+    if core_slices(range(cores), ranks) is not None:
+        return None
+    s = "s" if cores > 1 else ""
+    return f"{ranks} ranks share {cores} core{s}: step times are noisy; use at most {cores} rank{s} here to measure"
 
 
 def resolve_backend(requested: str, nproc_per_node: Optional[int] = None) -> str:
@@ -227,10 +252,16 @@ def rank_comparisons(est, ranks: list[RankMeasurement]) -> list[PipelineRankComp
     return out
 
 
+def slowest_rank_steps(ranks: list[RankMeasurement]) -> list[float]:
+    """Each measured step's time: a step lasts as long as its slowest rank."""
+    return [max(r.step_times_s[i] for r in ranks) for i in range(len(ranks[0].step_times_s))]
+
+
 def time_comparison(est, case: RunCase, ranks: list[RankMeasurement]) -> TimeComparison:
-    """Each step lasts as long as its slowest rank; the mean over the measured steps."""
-    per_step = [max(r.step_times_s[i] for r in ranks) for i in range(len(ranks[0].step_times_s))]
-    measured = mean(per_step)
+    """The median over the measured steps of the slowest rank's time: robust to the one step
+    that other work on the machine slowed (a mean moves with it)."""
+    per_step = slowest_rank_steps(ranks)
+    measured = median(per_step)
     tokens = case.job.global_batch_size * case.job.seq_len
     return TimeComparison(
         predicted_step_time_s=est.step_time_s,

@@ -77,12 +77,15 @@ def run_worker(cases: list[RunCase], settings: WorkerSettings) -> list[CaseResul
     import torch
     import torch.distributed as dist
 
-    from planner.distributed.launch import init_process_group, report_progress
+    from planner.distributed.launch import init_process_group, own_cores, process_cores, report_progress
 
     warnings.filterwarnings("ignore", category=UserWarning)  # torch's experimental-API notices
     warnings.filterwarnings("ignore", category=FutureWarning)
     _, _, device = init_process_group(settings.backend, settings.timeout_s)
-    torch.set_num_threads(1)  # ranks outnumber cores on a CPU rehearsal
+    # CPU ranks: each on cores of its own, as many threads as it has cores; ranks that
+    # outnumber the cores share them, one thread each (GPU ranks: the device is theirs).
+    cores = own_cores() if device.type == "cpu" else None
+    torch.set_num_threads(len(cores) if cores else 1)
     total, done = sum(case.steps for case in cases), 0
     path = settings.progress_path if int(os.environ.get("LOCAL_RANK", 0)) == 0 else None
 
@@ -96,6 +99,7 @@ def run_worker(cases: list[RunCase], settings: WorkerSettings) -> list[CaseResul
         for i, case in enumerate(cases):
             fault = settings.faults[i] if i < len(settings.faults) else None
             losses, grad_sq, mine = train_case(case, device, step_done, fault)
+            mine = mine.model_copy(update={"cores": process_cores() if cores else []})  # read back, every thread
             everyone: list = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
             results.append(CaseResult(losses, grad_sq, everyone))

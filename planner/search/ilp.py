@@ -76,7 +76,11 @@ def quiet_stdout():
 
 
 def make_solver(
-    name: str, time_limit: float | None, exact: bool = False, deadline: Deadline = NO_DEADLINE, cutoff: float | None = None
+    name: str,
+    time_limit: float | None,
+    exact: bool = False,
+    deadline: Deadline = NO_DEADLINE,
+    cutoff: float | None = None,
 ):
     """`exact`: an integer objective, solved to within half a unit. HiGHS runs in this process
     and stops when `deadline` passes or a stop signal comes (:class:`_StoppableHiGHS`); CBC is a

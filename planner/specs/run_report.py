@@ -54,6 +54,12 @@ class RankMeasurement(_Spec):
         description="CUDA: the allocator's peak over all steps; CPU: the sum of the counted kinds."
     )
     memory_method: str = Field(description="How memory was measured on this device.")
+    cores: list[int] = Field(
+        default_factory=list,
+        description="The CPU cores this rank was pinned to, its own (no other rank of its machine ran there; "
+        "os.sched_getaffinity of its threads, read back after the steps); empty where it was not pinned: ranks "
+        "outnumbering the machine's cores, GPU ranks, ranks of torchrun or Slurm (which bind their own). (schema 1.15)",
+    )
 
 
 class PipelineRankComparison(_ReadsV1_0):
@@ -79,7 +85,10 @@ class TimeComparison(_Spec):
     predicted_step_time_s: float = Field(
         description="The cost model's step time for the model that ran, on the plan file's cluster."
     )
-    measured_step_time_s: float = Field(description="Mean over measured steps of the slowest rank's step time.")
+    measured_step_time_s: float = Field(
+        description="Median over measured steps of the slowest rank's step time (median: one step slowed by "
+        "other work on the machine does not move it)."
+    )
     error_pct: float = Field(description="(predicted - measured) / measured, percent.")
     predicted_tokens_per_s: float = Field(description="Predicted tokens per second of the whole run.")
     measured_tokens_per_s: float = Field(description="Global batch x sequence length / measured step time.")
@@ -158,6 +167,12 @@ class RunSettings(_Spec):
     backend: str = Field(description="torch.distributed backend: gloo (CPU) or nccl (CUDA).")
     device: str = Field(description="Device type of the ranks.")
     timeout_s: float = Field(description="Process-group timeout.")
+    pinned: bool = Field(
+        default=False,
+        description="Every rank ran on CPU cores of its own (RankMeasurement.cores): false where CPU ranks "
+        "outnumbered the cores and shared them (step times are then noisy), on GPUs, and in reports from before "
+        "schema 1.15. (schema 1.15)",
+    )
     changes: list[str] = Field(
         description="How what ran differs from the plan file (scaled model, untied embeddings, fp32, ...)."
     )

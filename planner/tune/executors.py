@@ -30,7 +30,8 @@ class Trial:
 @dataclass(frozen=True)
 class Measurement:
     status: str  # "ok", "oom" (did not fit), "failed", "timeout"
-    step_time_s: Optional[float] = None  # slowest rank per step, mean over the timed steps
+    step_time_s: Optional[float] = None  # slowest rank per step, median over the timed steps
+    steps_s: tuple[float, ...] = ()  # every timed step (after warm-up): the slowest rank's time
     peak_memory_gib: Optional[float] = None  # the largest rank's measured peak
     detail: str = ""
     ran: Optional[Ran] = None  # what ran, where it differs from the trial (a scaled model); None: as given

@@ -4,8 +4,9 @@ One `plan run PLAN --json -o REPORT` per trial, in a session of its own: on this
 CPU or GPU ranks (its own elastic launch), or with `srun` (one task per rank; inside a Slurm
 allocation, or asked for with launcher="srun"), MASTER_ADDR/MASTER_PORT exported as `plan
 run` reads them in a Slurm step. `plan run` already verifies the steps against one process,
-measures step time (slowest rank, mean of the timed steps) and memory per rank, and stops
-its workers cleanly on SIGTERM; so this module only launches, waits, and reads the report:
+measures step time (the slowest rank's, every timed step: the trial keeps them all, and
+their median is its step time) and memory per rank, and stops its workers cleanly on
+SIGTERM; so this module only launches, waits, and reads the report:
 - a trial that outlives `timeout_s` gets SIGTERM (its workers stopped by `plan run`), then
   SIGKILL after a grace, and is recorded as "timeout";
 - the tuner interrupted (Ctrl-C, SIGTERM) does the same before it re-raises, and the child
@@ -34,6 +35,7 @@ from typing import Optional
 from cost_models.estimate import estimate as predict
 from cost_models.memory import GIB
 from planner.errors import UsageError
+from planner.executor.runner import slowest_rank_steps
 from planner.specs import PlanDocument, RunReport
 from planner.tune.executors import Measurement, Trial
 from planner.tune.journal import Ran
@@ -181,24 +183,25 @@ class RunExecutor:
         report = RunReport.model_validate(json.loads(report_path.read_text()))
         peak = max(r.peak_memory_bytes for r in report.ranks) / GIB
         ran = Ran(model=report.model, job=report.job, plan=report.plan, num_gpus=trial.num_gpus)
-        step = report.time.measured_step_time_s
+        # every timed step of the slowest rank, and their median (the report's: runner.time_comparison)
+        timing = {"step_time_s": report.time.measured_step_time_s, "steps_s": tuple(slowest_rank_steps(report.ranks))}
         if self.memory_limit_gib is not None and peak > self.memory_limit_gib:
             return {
                 "status": "oom",
                 "peak_memory_gib": peak,
-                "step_time_s": step,
+                **timing,
                 "ran": ran,
                 "detail": f"a rank peaked at {peak:.4g} GiB, over the limit of {self.memory_limit_gib:.4g} GiB",
             }
         if not report.verification.passed:
             return {
                 "status": "failed",
-                "step_time_s": step,
+                **timing,
                 "peak_memory_gib": peak,
                 "ran": ran,
                 "detail": f"verification failed: {report.verification.message}",
             }
-        return {"status": "ok", "step_time_s": step, "peak_memory_gib": peak, "ran": ran}
+        return {"status": "ok", **timing, "peak_memory_gib": peak, "ran": ran}
 
 
 def _argv(command: list[str]) -> list[str]:
