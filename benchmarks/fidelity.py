@@ -1,17 +1,21 @@
 """Can the numbers be trusted? Profile this machine, solve, run the top plans, compare.
 
-    python benchmarks/fidelity.py [--top-k 4] [--steps 7] [--worlds 2,4] [--pinned zero=3,tp=2] [--keep DIR]
+    python benchmarks/fidelity.py [--top-k 4] [--steps 7] [--worlds 2] [--repeats 3] [--pinned zero=3,tp=2] [--keep DIR]
 
-For each world size (CPU processes standing in for GPUs): `plan profile` measures this
+For each world size (CPU processes standing in for GPUs, each pinned to its own core where the
+machine has one per rank: `plan run` pins them; default 2 ranks, this machine's cores): `plan profile` measures this
 machine and a small GPT model, `plan solve --cluster profile.json` ranks the layouts, and
 `plan run` trains each of the top-k plans (verification against one process included), then
 the best plan of each pinned family (`plan solve --fix zero=3`, `--fix tp=2`) that the top-k
 lacks, so that the layouts with many small collective calls are checked even when the
 solver (rightly) ranks them lower.
-Printed per plan (pinned families marked +): predicted and measured step time and their
-error; then, over all of them, the mean absolute error, the Spearman rank correlation between
+Each plan is measured --repeats times, interleaved (every plan once, then every plan again in
+reverse order, ...), so that a drift of the machine's load falls on all of them alike.
+Printed per plan (pinned families marked +): predicted and measured step time (the median of
+its measurements, and each) and their error; the repeatability (two measurements of one plan)
+and the noise sigma pooled over the plans, against which the errors are read; then, over all of them, the mean absolute error, the Spearman rank correlation between
 predicted and measured times, and the regret: how much slower the recommended plan ran than
-the fastest plan measured. Above the table: the profile's per-call overheads of collectives
+the fastest plan measured, said to be within noise or beyond it. Above the table: the profile's per-call overheads of collectives
 (LinkTier.call_overhead_us), what each call costs beyond the back-to-back fits. Everything goes
 through the real commands (subprocesses), as a user would run them.
 
@@ -89,6 +93,16 @@ def measured_step(report: dict) -> float:
     """Median over timed steps of the slowest rank's step time."""
     ranks = report["ranks"]
     return statistics.median(max(r["step_times_s"][i] for r in ranks) for i in range(len(ranks[0]["step_times_s"])))
+
+
+def pinning(ranks: int) -> str:
+    """Whether `plan run` can give each rank its own core here."""
+    cores = len(os.sched_getaffinity(0))
+    return (
+        f"ranks pinned, {cores // ranks} core(s) each"
+        if cores >= ranks
+        else f"{ranks} ranks share {cores} cores: noisy"
+    )
 
 
 def plan_cmd(*args: str) -> list[str]:
@@ -188,8 +202,9 @@ def main() -> None:
 
     top_k = int(opt("--top-k", "4"))
     steps = opt("--steps", "7")
-    worlds = [int(w) for w in opt("--worlds", "2,4").split(",")]
+    worlds = [int(w) for w in opt("--worlds", "2").split(",")]
     pinned = [f for f in opt("--pinned", "zero=3,tp=2").split(",") if f]
+    repeats = int(opt("--repeats", "3"))
     workdir = Path(opt("--keep", "")) if "--keep" in args else Path(tempfile.mkdtemp(prefix="plan-fidelity-"))
     workdir.mkdir(parents=True, exist_ok=True)
     model_path = workdir / "model.json"
@@ -222,65 +237,102 @@ def main() -> None:
             paths += plan_files(
                 solve(model_path, profile, world, 0, "--fix", fix), workdir, f"plan-{world}-{key}{value}"
             )
+        # Every plan measured `repeats` times, interleaved (the plans in order, then reversed, ...),
+        # so that a drift of the machine's load falls on all of them alike.
+        runs: dict[Path, list] = {path: [] for path in paths}
+        for r in range(repeats):
+            for path in paths if r % 2 == 0 else list(reversed(paths)):
+                report_path = path.with_suffix(f".report-{r}.json")
+                cmd = plan_cmd(
+                    "run",
+                    str(path),
+                    "--nproc-per-node",
+                    str(world),
+                    "--steps",
+                    steps,
+                    "--warmup",
+                    "2",
+                    "-o",
+                    str(report_path),
+                )
+                with OtherLoad() as load:
+                    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+                if not report_path.exists():
+                    tail = (out.stderr or out.stdout).strip().splitlines()[-1:]
+                    runs[path].append((None, None, False, load.cores, " ".join(tail)))
+                    continue
+                rep = json.loads(report_path.read_text())
+                runs[path].append(
+                    (
+                        rep["time"]["predicted_step_time_s"],
+                        measured_step(rep),
+                        rep["verification"]["passed"],
+                        load.cores,
+                        "",
+                    )
+                )
         rows = []
         for path in paths:
-            report_path = path.with_suffix(".report.json")
-            cmd = plan_cmd(
-                "run",
-                str(path),
-                "--nproc-per-node",
-                str(world),
-                "--steps",
-                steps,
-                "--warmup",
-                "2",
-                "-o",
-                str(report_path),
-            )
-            with OtherLoad() as load:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             doc = json.loads(path.read_text())
-            if not report_path.exists():
-                tail = (out.stderr or out.stdout).strip().splitlines()[-1:]
-                rows.append(
-                    (describe(doc["plan"]), doc["estimate"]["step_time_s"], None, False, load.cores, " ".join(tail))
-                )
-                continue
-            rep = json.loads(report_path.read_text())
+            got = runs[path]
+            times = [m for _, m, _, _, _ in got if m is not None]
+            pred = next((p for p, _, _, _, _ in got if p is not None), doc["estimate"]["step_time_s"])
+            notes = " ".join(n for *_, n in got if n)
             rows.append(
                 (
                     describe(doc["plan"]),
-                    rep["time"]["predicted_step_time_s"],
-                    measured_step(rep),
-                    rep["verification"]["passed"],
-                    load.cores,
-                    "",
+                    pred,
+                    times,
+                    all(ok for _, _, ok, _, _ in got),
+                    max(c for _, _, _, c, _ in got),
+                    notes,
                 )
             )
         print(
             f"\n{world} ranks (profile {t_profile:.0f} s, {profile.name}; other processes used {profile_load.cores:.2f} "
-            f"of {os.cpu_count()} cores meanwhile); global batch {GLOBAL_BATCH} x {MODEL['max_seq_len']} tokens"
+            f"of {os.cpu_count()} cores meanwhile; {pinning(world)}); global batch {GLOBAL_BATCH} x "
+            f"{MODEL['max_seq_len']} tokens; each plan measured {repeats} times, interleaved"
         )
         print(call_overheads(profile))
         print(
-            f"{'#':>2} {'plan':44s} {'predicted s':>12s} {'measured s':>11s} {'error':>7s} {'verified':>8s} {'others':>6s}"
+            f"{'#':>2} {'plan':44s} {'predicted s':>12s} {'measured s (median; each)':>34s} {'error':>7s} "
+            f"{'verified':>8s} {'others':>6s}"
         )
-        for i, (name, pred, meas, ok, others, note) in enumerate(rows):
+        for i, (name, pred, times, ok, others, note) in enumerate(rows):
             i = i if i < len(plans) else "+"  # best plan of a pinned family
+            meas = statistics.median(times) if times else None
+            each = " ".join(f"{t:.4f}" for t in times)
             err = f"{100 * (pred - meas) / meas:+6.1f}%" if meas else "   -  "
+            cell = f"{meas:.4f} ({each})" if meas else "-"
+            print(f"{i:>2} {name:44s} {pred:12.4f} {cell:>34s} {err:>7s} {str(ok):>8s} {others:6.2f} {note}")
+        done = [(p, statistics.median(ts), ts) for _, p, ts, _, _, _ in rows if ts]
+        pairs = [(ts[0], ts[1]) for _, _, ts in done if len(ts) > 1]
+        logs = [[math.log(t) for t in ts] for _, _, ts in done if len(ts) > 1]
+        dof = sum(len(x) - 1 for x in logs)
+        sigma = (
+            math.sqrt(sum(sum((v - statistics.mean(x)) ** 2 for v in x) for x in logs) / dof) if dof else float("nan")
+        )
+        if pairs:
+            repeat = statistics.mean(abs(a / b - 1) for a, b in pairs)
             print(
-                f"{i:>2} {name:44s} {pred:12.4f} {meas if meas is not None else float('nan'):11.4f} {err:>7s} {str(ok):>8s} "
-                f"{others:6.2f} {note}"
+                f"repeatability: two measurements of one plan differ by {100 * repeat:.1f} % on average "
+                f"(mean |a / b - 1| over {len(pairs)} plans); sigma of one measurement {100 * math.expm1(sigma):.1f} %, "
+                f"so a prediction cannot be judged closer than that"
             )
-        done = [(p, m) for _, p, m, _, _, _ in rows if m]
         if len(done) >= 2:
-            mae = sum(abs(p - m) / m for p, m in done) / len(done)
-            rho = spearman([p for p, _ in done], [m for _, m in done])
-            fastest = min(m for _, m in done)
-            regret = rows[0][2] / fastest - 1 if rows[0][2] else float("nan")
+            mae = sum(abs(p - m) / m for p, m, _ in done) / len(done)
+            rho = spearman([p for p, _, _ in done], [m for _, m, _ in done])
+            fastest = min(m for _, m, _ in done)
+            first = statistics.median(rows[0][2]) if rows[0][2] else float("nan")
+            regret = first / fastest - 1
+            # two medians of `repeats` measurements each differ by 2 sigma sqrt(2 / repeats) by chance
+            noise = math.expm1(2 * sigma * math.sqrt(2 / repeats)) if dof else float("nan")
+            verdict = "within noise" if regret <= noise else "beyond noise"
             print(
-                f"mean absolute error {100 * mae:.1f}%; Spearman rank correlation {rho:+.2f}; "
-                f"regret of the recommended plan {100 * regret:.1f}% (ratio {rows[0][2] / fastest:.2f} to the fastest measured)"
+                f"mean absolute error {100 * mae:.1f}% (against the median of each plan; noise sigma "
+                f"{100 * math.expm1(sigma):.1f} %); Spearman rank correlation {rho:+.2f}; regret of the recommended "
+                f"plan {100 * regret:.1f}% (ratio {first / fastest:.2f} to the fastest measured; {verdict}: two medians "
+                f"differ by up to {100 * noise:.1f} % by chance)"
             )
     print(f"\nfiles in {workdir}")
 

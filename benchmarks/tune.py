@@ -1,31 +1,34 @@
-"""Does `plan tune` find the best layout with a third of the trials an exhaustive sweep needs?
+"""Does `plan tune` find the best layout, under noise, with a third of the trials an exhaustive sweep needs?
 
-    python benchmarks/tune.py [--profile profile.json] [--ranks 4] [--trials K] [--steps 4]
+    python benchmarks/tune.py [--profile profile.json] [--ranks 2] [--trials K] [--steps 6] [--repeats 3]
 
-On this machine's CPU processes (one thread each, gloo): a small GPT (4 layers, hidden 256,
-sequence 128, global batch 16, fp32) over a search space of every layout with micro-batch 2
-and no recompute or sequence parallelism (dp x tp x pp, schedules, ZeRO 0-3: 20 feasible
-layouts on 4 ranks). The cluster is a `plan profile` of this machine (made here unless
---profile gives one) whose stack constants are deliberately wrong: the DGX A100 preset's
-fitted ones (its sustained fraction, kernel gap and overlap efficiency), as if the user had
-tuned on another machine. Then, in one run:
-1. `plan tune` (planner.tune, the real executor: `plan run` of each trial) with a budget of
-   a third of the layouts (--trials);
+On this machine's CPU processes (gloo), each rank pinned to its own core (`plan run` pins where
+the machine has a core per rank): a small GPT (4 layers, hidden 256, sequence 128, global batch
+16, fp32) over a search space of every layout the search lists without sequence parallelism:
+dp x tp x pp, schedules, ZeRO 0-3, micro-batch sizes 1-16 (and recompute where memory asks for
+it): 30 feasible layouts on 2 ranks. The cluster is a `plan profile` of this machine (made here
+unless --profile gives one) whose stack constants are deliberately wrong: the DGX A100 preset's
+fitted ones, as if the user had tuned on another machine. Then, in one run:
+1. `plan tune` (planner.tune, the real executor: `plan run` of each trial) with a budget of a
+   third of the layouts (--trials), repeats included;
 2. the exhaustive sweep: every layout of the same space run by the same executor (steps,
-   warm-up, timing), in one launch rather than one per layout (startup paid once).
-Printed: the tune's trials, then the sweep, the tuned answer's regret (its time in the sweep
-against the sweep's fastest), the prediction's error on the sweep's layouts the tune did not
-measure, with the wrong prior and with the refit constants (mean |predicted / measured - 1|),
-the model's own floor on this machine (its constants refit to every layout of the sweep, in
-sample: no choice of trials can do better), the repeatability of a measurement (the tune's
-trials measured again in the sweep: what no model can predict), and the wall time of each. Its last line is
-`tune: regret R % with K of N trials, refit error E %`.
+   warm-up, timing, pinning), each --repeats times, interleaved (every layout once, then every
+   layout again in reverse order, ...), in one launch (startup paid once). A layout's truth is
+   the median of its measurements' medians.
+Printed: the tune's trials and its answer (the best, or a tie within noise), the sweep, the
+regret (the truth's time of the tuned answer, for a tie of the best of the tied layouts, over
+the truth's best), the repeatability (mean |a / b - 1| between two measurements of one layout
+in the sweep, and the noise sigma pooled over all of them), the prediction's error on the
+layouts the tune did not measure (against their truth) with the wrong prior and refit, and
+the wall time. Its last line is
+`tune: regret R % with K of N trials, refit error E %, repeatability P %`.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -40,8 +43,8 @@ from cost_models.fit import constants_of, with_constants  # noqa: E402
 from planner import api  # noqa: E402
 from planner.specs import ModelSpec, RunReport  # noqa: E402
 from planner.tune import journal  # noqa: E402
-from planner.tune.refit import Observation, refit  # noqa: E402
-from planner.tune.loop import Budget, TuneRequest, header, layout_key, layout_label, search, tune  # noqa: E402
+from planner.cli.render import tune_summary  # noqa: E402
+from planner.tune.loop import Budget, TuneRequest, header, layout_label, search, tune  # noqa: E402
 from planner.tune.run_executor import RunExecutor  # noqa: E402
 
 MODEL = ModelSpec(
@@ -64,7 +67,7 @@ PROFILED = {
     "dropout": False,
     "source": "the model whose layers the profile times (not the tuned one: compute is then analytic)",
 }
-SOLVE = {"global_batch": 16, "seq_len": 128, "precision": "fp32", "fixes": ["recompute=none", "sp=false", "mbs=2"]}
+SOLVE = {"global_batch": 16, "seq_len": 128, "precision": "fp32", "fixes": ["sp=false"]}
 
 
 def _profile(ranks: int, directory: Path) -> Path:
@@ -120,15 +123,23 @@ def _repeat(pairs) -> float:
     return 100 * statistics.mean(abs(a / b - 1) for a, b in pairs)
 
 
-def _sweep(space, prior, ranks: int, steps: int, directory: Path) -> dict:
-    """Every layout of the space measured as a trial is (the same executor, steps and warm-up),
-    in one launch (planner/executor/batch.py: workers start once, not once per layout, which on
-    this loaded 2-core machine costs minutes a launch). {key: (candidate, Measurement)}."""
+def _median_step(report: RunReport) -> float:
+    """The slowest rank's time per step, median over the timed steps."""
+    ranks = report.ranks
+    return statistics.median(max(r.step_times_s[i] for r in ranks) for i in range(len(ranks[0].step_times_s)))
+
+
+def _sweep(space, prior, ranks: int, steps: int, repeats: int, directory: Path) -> dict:
+    """Every layout of the space measured `repeats` times as a trial is (the same executor, steps
+    and warm-up), interleaved: the space in order, then reversed, then in order ..., all in one
+    launch (planner/executor/batch.py: workers start once). {key: (candidate, [median step of
+    each measurement], what ran)} for the layouts whose every measurement passed verification."""
     import json
 
-    from planner.tune.executors import Measurement
     from planner.tune.journal import Ran
 
+    rounds = [list(space) if r % 2 == 0 else list(reversed(space)) for r in range(repeats)]
+    order = [c for one in rounds for c in one]
     cases, reports = directory / "cases.json", directory / "reports.json"
     cases.write_text(
         json.dumps(
@@ -141,7 +152,7 @@ def _sweep(space, prior, ranks: int, steps: int, directory: Path) -> dict:
                     "steps": steps,
                     "warmup": 2,
                 }
-                for c in space
+                for c in order
             ]
         )
     )
@@ -159,19 +170,27 @@ def _sweep(space, prior, ranks: int, steps: int, directory: Path) -> dict:
         ],
         check=True,
     )
-    out = {}
-    for i, (c, r) in enumerate(zip(space, json.loads(reports.read_text()))):
+    times: dict[str, list[float]] = {}
+    ran: dict[str, Ran] = {}
+    failed: set[str] = set()
+    for c, r in zip(order, json.loads(reports.read_text())):
         report = RunReport.model_validate(r)
-        ok = report.verification.passed
-        m = Measurement(
-            "ok" if ok else "failed",
-            step_time_s=report.time.measured_step_time_s,
-            ran=Ran(model=report.model, job=report.job, plan=report.plan, num_gpus=ranks),
-        )
-        out[c.key] = (c, m)
+        if not report.verification.passed:
+            failed.add(c.key)
+            continue
+        times.setdefault(c.key, []).append(_median_step(report))
+        ran[c.key] = Ran(model=report.model, job=report.job, plan=report.plan, num_gpus=ranks)
+    out = {}
+    for i, c in enumerate(space):
+        if c.key in failed or c.key not in times:
+            print(f"  sweep {i + 1}/{len(space)} {layout_label(c.plan):44} failed", flush=True)
+            continue
+        ts = times[c.key]
+        out[c.key] = (c, ts, ran[c.key])
         print(
-            f"  sweep {i + 1}/{len(space)} {layout_label(c.plan):40} {m.status:6} {m.step_time_s:.4f} s "
-            f"(prior predicted {c.estimate.step_time_s:.4f} s)",
+            f"  sweep {i + 1}/{len(space)} {layout_label(c.plan):44} "
+            + " ".join(f"{t:.4f}" for t in ts)
+            + f" s -> {statistics.median(ts):.4f} s (prior predicted {c.estimate.step_time_s:.4f} s)",
             flush=True,
         )
     return out
@@ -180,11 +199,18 @@ def _sweep(space, prior, ranks: int, steps: int, directory: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", help="a `plan profile` of this machine on --ranks ranks [default: made now]")
-    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--trials", type=int, default=None, help="the tune's budget [default: a third of the layouts]")
-    parser.add_argument("--steps", type=int, default=4, help="steps per trial, 2 of them warm-up")
+    parser.add_argument("--steps", type=int, default=6, help="steps per trial, 2 of them warm-up")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements of each layout in the sweep")
     args = parser.parse_args()
+    started = time.monotonic()
     directory = Path(tempfile.mkdtemp(prefix="tune-bench-"))
+    cores = len(os.sched_getaffinity(0))
+    print(
+        f"machine: {cores} usable cores for {args.ranks} ranks ({'pinned, one core or more each' if cores >= args.ranks else 'shared: step times are noisy'})",
+        flush=True,
+    )
     t0 = time.monotonic()
     profile = Path(args.profile) if args.profile else _profile(args.ranks, directory)
     print(
@@ -198,7 +224,8 @@ def main() -> None:
     budget = Budget(trials=args.trials or n // 3)
     executor = RunExecutor(steps=args.steps, warmup=2, timeout_s=600)
     print(
-        f"space: {n} layouts; tune budget {budget.trials} trials; prior constants {constants_of(prior, 'generic')}",
+        f"space: {n} layouts; tune budget {budget.trials} trials (repeats included); prior constants "
+        f"{constants_of(prior, 'generic')}",
         flush=True,
     )
 
@@ -212,57 +239,56 @@ def main() -> None:
         budget,
         journal_path,
         say=lambda line: print(f"  tune {line}", flush=True),
-        trial_hook=lambda r, f: print(f"    -> {r.status} {r.step_time_s or 0:.4f} s", flush=True),
+        trial_hook=lambda r, f: print(
+            f"    -> {r.status} {r.step_time_s or 0:.4f} s"
+            + (f" (steps {', '.join(f'{x:.4f}' for x in r.steps_s)})" if r.steps_s else ""),
+            flush=True,
+        ),
     )
     tune_s = time.monotonic() - t0
-    winner = result.best
-    print(
-        f"tuned: {winner.label if winner else None}; stop: {result.stop}; refit constants "
-        f"{tuple(round(x, 4) for x in result.refit.constants)}; {tune_s:.0f} s",
-        flush=True,
-    )
+    for line in tune_summary(result):
+        print(f"  {line}", flush=True)
+    named = [m.key for m in result.tied] or ([result.best.key] if result.best else [])
 
     t0 = time.monotonic()
-    measured = _sweep(space, prior, args.ranks, args.steps, directory)
+    measured = _sweep(space, prior, args.ranks, args.steps, args.repeats, directory)
     sweep_s = time.monotonic() - t0
-    ok = {k: (c, m) for k, (c, m) in measured.items() if m.status == "ok"}
-    best_key = min(ok, key=lambda k: ok[k][1].step_time_s)
-    best = ok[best_key][1].step_time_s
-    tuned_time = (
-        ok[layout_key(winner.plan)][1].step_time_s if winner and layout_key(winner.plan) in ok else float("inf")
-    )
-    regret = 100 * (tuned_time / best - 1)
+    truth = {k: statistics.median(ts) for k, (_, ts, _) in measured.items()}
+    best_key = min(truth, key=truth.get)
+    best = truth[best_key]
+    got = min((truth[k] for k in named if k in truth), default=float("inf"))
+    regret = 100 * (got / best - 1)
+    pairs = [(ts[0], ts[1]) for _, ts, _ in measured.values() if len(ts) > 1]
+    repeat = _repeat(pairs) if pairs else float("nan")
+    logs = [[math.log(t) for t in ts] for _, ts, _ in measured.values() if len(ts) > 1]
+    dof = sum(len(x) - 1 for x in logs)
+    sigma = math.sqrt(sum(sum((v - statistics.mean(x)) ** 2 for v in x) for x in logs) / dof) if dof else float("nan")
     tried = {r.key for r in result.records}
-    held_out = [(m.ran.model, m.ran.job, m.ran.plan, m.step_time_s) for k, (c, m) in ok.items() if k not in tried]
+    held_out = [(ran.model, ran.job, ran.plan, truth[k]) for k, (_, _, ran) in measured.items() if k not in tried]
     before, after = _error(prior, held_out), _error(result.refit.cluster, held_out)
+    answer = " / ".join(layout_label(measured[k][0].plan) for k in named if k in measured)
+    print(f"sweep best: {layout_label(measured[best_key][0].plan)} {best:.4f} s")
+    print(f"tuned answer{' (a tie)' if len(named) > 1 else ''}: {answer}; its truth {got:.4f} s, regret {regret:.1f} %")
     print(
-        f"sweep best: {layout_label(ok[best_key][0].plan)} {best:.4f} s; tuned answer in the sweep: {tuned_time:.4f} s"
+        f"repeatability: two measurements of one layout differ by {repeat:.1f} % on average (mean |a / b - 1| over "
+        f"{len(pairs)} layouts); sigma pooled over the sweep's {args.repeats} measurements each: "
+        f"{100 * math.expm1(sigma):.1f} %; the tune estimated {100 * math.expm1(result.noise.sigma):.1f} % "
+        f"({result.noise.source})"
     )
     print(
-        f"prediction error on the {len(held_out)} layouts the tune did not measure: {before:.1f} % with the prior, "
-        f"{after:.1f} % refit"
+        f"prediction error on the {len(held_out)} layouts the tune did not measure (against their truth): "
+        f"{before:.1f} % with the prior, {after:.1f} % refit"
     )
-    every = [Observation(m.ran.model, m.ran.job, m.ran.plan, m.step_time_s, 0.0) for _, m in ok.values()]
-    floor = refit(prior, "generic", every, [], prior.device.memory_gib, start=result.refit.constants).cluster
-    print(
-        f"the model's own floor: its constants refit to all {len(every)} layouts of the sweep (in sample, what no "
-        f"choice of trials could beat) miss them by {_error(floor, [(o.model, o.job, o.plan, o.step_time_s) for o in every]):.1f} %"
-    )
-    twice = [(r.step_time_s, ok[r.key][1].step_time_s) for r in result.records if r.status == "ok" and r.key in ok]
-    if twice:
-        repeat = _repeat(twice)
-        print(
-            f"repeatability: the {len(twice)} layouts measured twice (in the tune and again in the sweep) differ by "
-            f"{repeat:.1f} % on average (mean |tune / sweep - 1|); a model that knew each layout's mean exactly "
-            f"would be about {repeat / math.sqrt(2):.1f} % off single measurements (1/sqrt 2 of it, for "
-            f"independent errors of equal spread)"
-        )
     per_trial = statistics.mean(r.wall_s for r in result.records)
     print(
-        f"wall time: tune {tune_s:.0f} s ({len(result.records)} launches, {per_trial:.0f} s a trial); sweep {sweep_s:.0f} s in one "
-        f"launch; as {n} trials like the tune's it would take about {n * per_trial:.0f} s ({tune_s / (n * per_trial):.2f}x)"
+        f"wall time: tune {tune_s:.0f} s ({len(result.records)} launches, {per_trial:.0f} s a trial); sweep "
+        f"{sweep_s:.0f} s in one launch ({len(space) * args.repeats} measurements); whole benchmark "
+        f"{time.monotonic() - started:.0f} s"
     )
-    print(f"tune: regret {regret:.1f} % with {len(result.records)} of {n} trials, refit error {after:.1f} %")
+    print(
+        f"tune: regret {regret:.1f} % with {len(result.records)} of {n} trials, refit error {after:.1f} %, "
+        f"repeatability {repeat:.1f} %"
+    )
 
 
 if __name__ == "__main__":

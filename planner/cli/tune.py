@@ -201,11 +201,7 @@ def _run(request: TuneRequest, executor: RunExecutor, budget: Budget, path: Path
             path,
             done,
             say=lambda line: say(f"plan tune: {line}"),
-            trial_hook=lambda r, fit: say(
-                f"plan tune: trial {r.index + 1} {layout_label(r.plan)}: {r.status}"
-                + (f", {r.step_time_s:.4g} s" if r.step_time_s else "")
-                + (f" ({r.detail})" if r.detail else "")
-            ),
+            trial_hook=lambda r, fit: say(_trial_line(request, r)),
         )
     except KeyboardInterrupt:
         raise Interrupted(
@@ -215,6 +211,21 @@ def _run(request: TuneRequest, executor: RunExecutor, budget: Budget, path: Path
         raise Interrupted(
             f"{exc}; the journal {path} holds every finished trial (--resume {path})", exc.exit_code - 128
         ) from None
+
+
+def _trial_line(request: TuneRequest, r) -> str:
+    """A finished trial in one line: measured, against the one prediction the table shows for it
+    (the prior's, for what ran: a scaled model where --scale-* ran one)."""
+    from cost_models.estimate import estimate as predict
+
+    line = f"plan tune: trial {r.index + 1} {layout_label(r.plan)}: {r.status}"
+    if r.step_time_s:
+        what = r.ran
+        model, job, plan = (what.model, what.job, what.plan) if what else (request.model, r.job, r.plan)
+        predicted = predict(model, request.cluster, job, plan).step_time_s
+        spread = f", {len(r.steps_s)} steps" if r.steps_s else ""
+        line += f", measured {r.step_time_s:.4g} s (median{spread}); predicted {predicted:.4g} s before the refit"
+    return line + (f" ({r.detail})" if r.detail else "")
 
 
 def _report(result, path: Path, as_json: bool, output: Optional[str], plan_out: Optional[str]) -> None:
@@ -260,6 +271,8 @@ def _json(result, profile, journal_path, output, plan_out) -> str:
                         "why",
                         "status",
                         "step_time_s",
+                        "steps_s",
+                        "repeat_of",
                         "peak_memory_gib",
                         "detail",
                         "wall_s",
@@ -275,6 +288,17 @@ def _json(result, profile, journal_path, output, plan_out) -> str:
         {
             "stop": result.stop,
             "margin": result.margin,
+            "noise": {
+                "sigma": result.noise.sigma,
+                "level": result.noise.level,
+                "source": result.noise.source,
+                "repeats": result.noise.repeats,
+            },
+            "tied": [
+                {"label": m.first.label, "index": m.first.index, "median_step_time_s": m.step_time_s}
+                for m in result.tied
+            ],
+            "held_out_error": result.held_out_error,
             "tolerance": result.tolerance,
             "exhaustive_trials": result.exhaustive,
             "exhaustive_counted_whole": result.exhaustive_complete,
@@ -283,7 +307,8 @@ def _json(result, profile, journal_path, output, plan_out) -> str:
             else {
                 "index": best.index,
                 "label": best.label,
-                "step_time_s": best.step_time_s,
+                "step_time_s": result.best_step_time_s,
+                "measurements": len(result.measured[0].values),
                 "plan": best.plan.model_dump(mode="json"),
             },
             "constants": dict(zip(NAMES, result.refit.constants)),

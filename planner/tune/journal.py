@@ -131,7 +131,21 @@ class TrialRecord(_Record):
         description="ok: measured; oom: out of memory; failed; timeout."
     )
     step_time_s: Optional[float] = Field(
-        default=None, gt=0, allow_inf_nan=False, description="Measured step time (slowest rank, mean over timed steps)."
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Measured step time: the slowest rank's per step, median over the timed steps.",
+    )
+    steps_s: list[float] = Field(
+        default_factory=list,
+        max_length=100_000,
+        description="Every timed step (after warm-up), the slowest rank's time, seconds, in order.",
+    )
+    repeat_of: Optional[int] = Field(
+        default=None,
+        ge=0,
+        description="A repeat: the index of this layout's first trial (the tune measures a layout again to "
+        "tell it from a close contender and to measure the noise).",
     )
     peak_memory_gib: Optional[float] = Field(
         default=None, ge=0, allow_inf_nan=False, description="Measured peak memory, the largest of any rank, GiB."
@@ -143,10 +157,19 @@ class TrialRecord(_Record):
     wall_s: float = Field(ge=0, allow_inf_nan=False, description="Wall time of the trial, seconds.")
     finished_at: str = Field(description="When it ended, UTC ISO 8601.")
 
+    @field_validator("steps_s")
+    @classmethod
+    def _positive_steps(cls, v: list[float]) -> list[float]:
+        if not all(math.isfinite(x) and x > 0 for x in v):
+            raise ValueError("every timed step is a positive number of seconds")
+        return v
+
     @model_validator(mode="after")
     def _measured_when_ok(self) -> "TrialRecord":
         if self.status == "ok" and self.step_time_s is None:
             raise ValueError("a trial that ran (status ok) has its step time")
+        if self.repeat_of is not None and self.repeat_of >= self.index:
+            raise ValueError("a repeat names an earlier trial")
         return self
 
 
@@ -205,14 +228,18 @@ def read(
             trials.append(record)
     if header is None:
         raise UsageError(f"{path} is not a `plan tune` journal (it has no complete first line)")
-    seen: dict[str, int] = {}
+    seen: dict[str, tuple[int, int]] = {}  # key: (line, index) of the layout's first trial
     for number, trial in enumerate(trials, 2):
-        if trial.key in seen:  # a tune never runs a layout twice: the file was edited or spliced
-            raise UsageError(
-                f"the journal {path} holds layout {trial.label} twice (lines {seen[trial.key]} and {number}); "
-                "a tune runs each layout once"
+        first = seen.get(trial.key)
+        # a layout runs again only as a repeat naming its first trial: else the file was edited or spliced
+        if (first is None) != (trial.repeat_of is None) or (first is not None and trial.repeat_of != first[1]):
+            why = (
+                f"holds layout {trial.label} twice (lines {first[0]} and {number}) without marking the second a repeat"
+                if first is not None and trial.repeat_of is None
+                else f"has a repeat at line {number} that names no earlier trial of its layout"
             )
-        seen[trial.key] = number
+            raise UsageError(f"the journal {path} {why}; it was edited or spliced")
+        seen.setdefault(trial.key, (number, trial.index))
     check(header)
     if tail:  # every record ends with a newline in the same write: without one it was torn
         warn(

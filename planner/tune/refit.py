@@ -64,6 +64,9 @@ class Observation:
     plan: Plan
     step_time_s: float
     peak_memory_gib: float
+    # Its weight in the fit, relative to the others' (mean 1): a layout measured more often, or
+    # whose measurements spread less, counts more (planner/tune/loop.py:observations).
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -84,13 +87,15 @@ def _prior_log_halfwidth(u: Uncertainty) -> float:
     return math.log1p(u.relative)  # the whole step's (per-term widths apply to their shares of it)
 
 
-def residuals_of(cluster: ClusterSpec, target: str, observations: Sequence[Observation]):
-    """fit_constants' residuals: log(predicted / measured) of every observation, one group."""
+def residuals_of(cluster: ClusterSpec, target: str, observations: Sequence[Observation], weighted: bool = False):
+    """fit_constants' residuals: log(predicted / measured) of every observation, one group;
+    `weighted`: each times the square root of its weight (the fit's loss is their mean square)."""
 
     def residuals(theta):
         trial_cluster = with_constants(cluster, target, theta)
         for o in observations:
-            yield "trials", math.log(predict(o.model, trial_cluster, o.job, o.plan).step_time_s / o.step_time_s)
+            r = math.log(predict(o.model, trial_cluster, o.job, o.plan).step_time_s / o.step_time_s)
+            yield "trials", r * math.sqrt(o.weight) if weighted else r
 
     return residuals
 
@@ -103,20 +108,25 @@ def refit(
     capacity_gib: float,
     start: Optional[Sequence[float]] = None,
     rounds: int = 6,
+    noise_floor_log: float = 0.0,
 ) -> Refit:
     """The constants that best explain `ran` (the prior's as a penalty), the interval, and the
     memory overhead that `ran` and the out-of-memory trials agree with. `start`: where the
     search for the constants begins (the previous refit's: each refit goes on from the last,
-    so the coordinate-wise search of fit_constants gets further along a narrow valley)."""
+    so the coordinate-wise search of fit_constants gets further along a narrow valley).
+    Each observation counts by its weight. `noise_floor_log`: the measured repeatability (2
+    sigma, log), under which the interval does not narrow."""
     centre = constants_of(prior, target)
     width = tuple((c.hi - c.lo) / 2 for c in CONSTANTS)  # the prior's trust: the published fit's ranges
     n = len(ran)
     residuals = residuals_of(prior, target, ran)
     w0 = _prior_log_halfwidth(prior_uncertainty(prior, target))
-    theta = _fit(residuals, Prior(centre, width, NOISE_LOG**2 / n), start or centre, rounds) if n else centre
+    weighted = residuals_of(prior, target, ran, weighted=True)
+    theta = _fit(weighted, Prior(centre, width, NOISE_LOG**2 / n), start or centre, rounds) if n else centre
     errors = tuple(r for _, r in residuals(theta))
     dof = n - len(NAMES)
-    w = w0 if dof < 1 else max(FLOOR_LOG, 2 * math.sqrt((sum(r * r for r in errors) + (w0 / 2) ** 2) / (dof + 1)))
+    floor = max(FLOOR_LOG, noise_floor_log)  # no interval narrower than a measurement repeats
+    w = w0 if dof < 1 else max(floor, 2 * math.sqrt((sum(r * r for r in errors) + (w0 / 2) ** 2) / (dof + 1)))
     base = prior.device.framework_overhead_gib
     peaks = [(predict(o.model, prior, o.job, o.plan).peak_memory_gib, o.peak_memory_gib) for o in ran]
     ooms = [predict(m, prior, j, p).peak_memory_gib for m, j, p in out_of_memory]
