@@ -6,14 +6,15 @@ On this machine's CPU processes (gloo), each rank pinned to its own core (`plan 
 the machine has a core per rank): a small GPT (4 layers, hidden 256, sequence 128, global batch
 16, fp32) over a search space of every layout the search lists without sequence parallelism:
 dp x tp x pp, schedules, ZeRO 0-3, micro-batch sizes 1-16 (and recompute where memory asks for
-it): 30 feasible layouts on 2 ranks. The cluster is a `plan profile` of this machine (made here
+it): 30 feasible layouts on 2 ranks, 29 that `plan run` executes. The cluster is a `plan profile` of this machine (made here
 unless --profile gives one) whose stack constants are deliberately wrong: the DGX A100 preset's
 fitted ones, as if the user had tuned on another machine. Then, in one run:
 1. `plan tune` (planner.tune, the real executor: `plan run` of each trial) with a budget of a
    third of the layouts (--trials), repeats included;
 2. the exhaustive sweep: every layout of the same space run by the same executor (steps,
    warm-up, timing, pinning), each --repeats times, interleaved (every layout once, then every
-   layout again in reverse order, ...), in one launch (startup paid once). A layout's truth is
+   layout again in reverse order, ...), a launch per round (startup paid once a round) with
+   the host's own single-core GEMM speed probed between rounds. A layout's truth is
    the median of its measurements' medians.
 Printed: the tune's trials and its answer (the best, or a tie within noise), the sweep, the
 regret (the truth's time of the tuned answer, for a tie of the best of the tied layouts, over
@@ -129,51 +130,69 @@ def _median_step(report: RunReport) -> float:
     return statistics.median(max(r.step_times_s[i] for r in ranks) for i in range(len(ranks[0].step_times_s)))
 
 
+def _host_speed() -> float:
+    """One core's fp32 GEMM rate, FLOP/s, over about a second (planner/executor/duration.py)."""
+    from planner.executor.duration import core_gemm_rates
+
+    return max(core_gemm_rates(0.5)[0] for _ in range(2))
+
+
 def _sweep(space, prior, ranks: int, steps: int, repeats: int, directory: Path) -> dict:
     """Every layout of the space measured `repeats` times as a trial is (the same executor, steps
-    and warm-up), interleaved: the space in order, then reversed, then in order ..., all in one
-    launch (planner/executor/batch.py: workers start once). {key: (candidate, [median step of
+    and warm-up), interleaved: the space in order, then reversed, then in order ..., a launch
+    per round (planner/executor/batch.py: workers start once a round), the host's single-core
+    speed probed before each round and after the last (_host_speed). {key: (candidate, [median step of
     each measurement], what ran)} for the layouts whose every measurement passed verification."""
     import json
 
     from planner.tune.journal import Ran
 
     rounds = [list(space) if r % 2 == 0 else list(reversed(space)) for r in range(repeats)]
-    order = [c for one in rounds for c in one]
-    cases, reports = directory / "cases.json", directory / "reports.json"
-    cases.write_text(
-        json.dumps(
-            [
-                {
-                    "model": MODEL.model_dump(mode="json"),
-                    "job": c.job.model_dump(mode="json"),
-                    "plan": c.plan.model_dump(mode="json"),
-                    "cluster": prior.model_dump(mode="json"),
-                    "steps": steps,
-                    "warmup": 2,
-                }
-                for c in order
-            ]
+    results: list = []
+    speeds = [_host_speed()]
+    for r, one in enumerate(rounds):  # a launch per round, the host's own speed probed between them
+        cases, reports = directory / f"cases-{r}.json", directory / f"reports-{r}.json"
+        cases.write_text(
+            json.dumps(
+                [
+                    {
+                        "model": MODEL.model_dump(mode="json"),
+                        "job": c.job.model_dump(mode="json"),
+                        "plan": c.plan.model_dump(mode="json"),
+                        "cluster": prior.model_dump(mode="json"),
+                        "steps": steps,
+                        "warmup": 2,
+                    }
+                    for c in one
+                ]
+            )
         )
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "planner.executor.batch",
-            str(cases),
-            str(reports),
-            "--nproc-per-node",
-            str(ranks),
-            "--timeout",
-            "600",
-        ],
-        check=True,
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "planner.executor.batch",
+                str(cases),
+                str(reports),
+                "--nproc-per-node",
+                str(ranks),
+                "--timeout",
+                "600",
+            ],
+            check=True,
+        )
+        results += zip(one, json.loads(reports.read_text()))
+        speeds.append(_host_speed())
+    print(
+        "host speed, one core's fp32 GEMM before each round and after the last (GFLOP/s): "
+        + ", ".join(f"{x / 1e9:.1f}" for x in speeds)
+        + f"; max / min {max(speeds) / min(speeds):.2f} (what the machine itself varied, with no rank running)",
+        flush=True,
     )
     times: dict[str, list[float]] = {}
     ran: dict[str, Ran] = {}
     failed: set[str] = set()
-    for c, r in zip(order, json.loads(reports.read_text())):
+    for c, r in results:
         report = RunReport.model_validate(r)
         if not report.verification.passed:
             failed.add(c.key)
@@ -218,8 +237,15 @@ def main() -> None:
     )
     prior = _wrong_prior(profile)
     request = TuneRequest(MODEL, prior, args.ranks, dict(SOLVE))
-    space, complete = search(request, prior, 1000)
+    listed, complete = search(request, prior, 1000)
     assert complete, "the benchmark's space must be listed whole"
+    # `plan run` pipelines with torch.distributed.pipelining, whose 1F1B needs a micro-batch per
+    # stage at least: the sweep cannot measure the layouts with fewer (nor could a tune)
+    space = [c for c in listed if c.plan.pp == 1 or c.plan.num_micro_batches >= c.plan.pp]
+    if len(space) < len(listed):
+        print(
+            f"space: {len(listed) - len(space)} of {len(listed)} listed layouts left out: 1F1B with fewer micro-batches than stages, which `plan run` cannot execute"
+        )
     n = len(space)
     budget = Budget(trials=args.trials or n // 3)
     executor = RunExecutor(steps=args.steps, warmup=2, timeout_s=600)
@@ -282,7 +308,7 @@ def main() -> None:
     per_trial = statistics.mean(r.wall_s for r in result.records)
     print(
         f"wall time: tune {tune_s:.0f} s ({len(result.records)} launches, {per_trial:.0f} s a trial); sweep "
-        f"{sweep_s:.0f} s in one launch ({len(space) * args.repeats} measurements); whole benchmark "
+        f"{sweep_s:.0f} s in {args.repeats} launches ({len(space) * args.repeats} measurements); whole benchmark "
         f"{time.monotonic() - started:.0f} s"
     )
     print(

@@ -22,7 +22,8 @@ Noise (issue 44). A trial keeps every timed step; its time is their median (slow
 per step). A layout measured several times counts by the median of its trials. When a new
 layout lands within noise of the best (NOISE_Z sigma of the difference, or the tolerance),
 both are measured again, the incumbent first (A B A B: a drift of the machine's load falls
-on both), up to MAX_MEASURES times each; the repeats count against the budget. The noise
+on both), up to MAX_MEASURES times each and REPEAT_SHARE of the budget in all; the repeats
+count against the budget. The noise
 (sigma of one trial's log time) is pooled from the repeats (_noise), printed, and widens the
 margins: a layout is tried only if it could beat the best by more than max(tolerance, NOISE_Z
 sigma), and before the tune says "proven" it measures the best again if nothing was repeated
@@ -74,6 +75,11 @@ SPREAD_LIST = 64  # layouts listed while the trials spread
 NOISE_Z = 2.0
 MAX_MEASURES = 3
 ASSUMED_SIGMA = FLOOR_LOG / NOISE_Z
+# At most this share of the trial budget goes to repeats (at least one, to measure the noise):
+# on a machine whose noise exceeds the differences between layouts, repeats could otherwise take
+# the whole budget (benchmarks/tune.py measured 6 of 9 so, December 2026) and leave layouts
+# untried; beyond it, layouts within noise are reported tied.
+REPEAT_SHARE = 1 / 3
 SIGMA_FLOOR = 1e-3  # the least sigma a layout's weight assumes (0.1 %: below any timer's repeatability)
 
 
@@ -443,7 +449,8 @@ class _State:
         """The layouts to measure again next, in order: the best, then its closest contender
         (interleaved with their earlier trials), while a measured layout is within noise of
         the best, the noise and not the tolerance is what ties them (more measurements can
-        still tell them apart) and either has fewer than MAX_MEASURES trials; when `stopping`
+        still tell them apart) and either has fewer than MAX_MEASURES trials, while repeats are
+        fewer than REPEAT_SHARE of the budget; when `stopping`
         and no layout was measured twice yet, the best once more, so that the noise the answer
         states is measured."""
         left = self.budget.trials - len(self.records)
@@ -451,6 +458,9 @@ class _State:
         if left < 1 or not layouts:
             return []
         best, noise = layouts[0], self.noise()
+        repeats = sum(r.repeat_of is not None for r in self.records)
+        if repeats >= max(1, int(self.budget.trials * REPEAT_SHARE)):
+            return []  # the rest of the budget explores: a tie is reported rather than resolved
         for other in layouts[1:]:
             spread = NOISE_Z * noise.sigma * math.sqrt(1 / len(best.values) + 1 / len(other.values))
             if spread <= math.log1p(self.budget.tolerance) or not _close(best, other, noise, self.budget.tolerance):
