@@ -460,28 +460,6 @@ class Attempt:
     lower_bound_s: float = 0.0
 
 
-def solve_candidate(
-    cand: Layout,
-    pc: PipelineCosts,
-    memory_limit_gib: float,
-    solver: str,
-    time_limit: float | None = None,
-    modes: tuple = MODES,
-    rules=None,
-    cutoff_s: float | None = None,
-    deadline: Deadline = NO_DEADLINE,
-) -> tuple[Solution | None, str]:
-    """The best layer split of one candidate. Returns (solution, or None if none fits or
-    none was found in time; solver status). `time_limit` (seconds) and `deadline`: whichever
-    comes first stops the solver. `cutoff_s`: only a split faster than this step
-    time is of use (the search already holds enough faster plans); the solver stops as soon as
-    it proves none is, and the status is then "Cutoff". HiGHS takes it as its objective bound
-    (nodes whose bound passes it are pruned); CBC as a row (term <= cutoff): a row parallel to
-    the objective slowed HiGHS up to 80x on near-ties (docs/benchmarks.md)."""
-    got = attempt_candidate(cand, pc, memory_limit_gib, solver, time_limit, modes, rules, cutoff_s, deadline)
-    return got.solution, got.status
-
-
 def attempt_candidate(
     cand: Layout,
     pc: PipelineCosts,
@@ -493,7 +471,14 @@ def attempt_candidate(
     cutoff_s: float | None = None,
     deadline: Deadline = NO_DEADLINE,
 ) -> Attempt:
-    """:func:`solve_candidate`, with the bound a stopped run proved (:class:`Attempt`)."""
+    """The best layer split of one candidate (:class:`Attempt`: the split, or None if none fits
+    or none was found in time; the solver's status; the bound a stopped run proved).
+    `time_limit` (seconds) and `deadline`: whichever comes first stops the solver. `cutoff_s`:
+    only a split faster than this step time is of use (the search already holds enough faster
+    plans); the solver stops as soon as it proves none is, and the status is then "Cutoff".
+    HiGHS takes it as its objective bound (nodes whose bound passes it are pruned); CBC as a
+    row (term <= cutoff): a row parallel to the objective slowed HiGHS up to 80x on near-ties
+    (docs/benchmarks.md)."""
     # Time unit: about 1/100 of the step (the compute per pipeline rank).
     rough = (pc.layer.forward + pc.layer.backward) * pc.num_layers * pc.num_micro_batches / pc.pp
     ts = 100.0 / max(rough, 1e-12)

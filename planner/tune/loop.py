@@ -459,8 +459,10 @@ class _State:
             return []
         best, noise = layouts[0], self.noise()
         repeats = sum(r.repeat_of is not None for r in self.records)
-        if repeats >= max(1, int(self.budget.trials * REPEAT_SHARE)):
+        allowed = max(1, int(self.budget.trials * REPEAT_SHARE)) - repeats
+        if allowed < 1:
             return []  # the rest of the budget explores: a tie is reported rather than resolved
+        left = min(left, allowed)
         for other in layouts[1:]:
             spread = NOISE_Z * noise.sigma * math.sqrt(1 / len(best.values) + 1 / len(other.values))
             if spread <= math.log1p(self.budget.tolerance) or not _close(best, other, noise, self.budget.tolerance):

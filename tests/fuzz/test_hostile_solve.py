@@ -37,7 +37,7 @@ from planner.specs import Layout
 from planner.search.candidates import CostTables
 from planner.search.deadline import NO_DEADLINE, Deadline, stop_on_signals
 from planner.search import ilp
-from planner.search.ilp import solve_candidate
+from planner.search.ilp import attempt_candidate
 from planner.search.solve import layouts_represented, layouts_represented_log10
 from planner.specs import Axis, JobSpec, Schedule, memory_limit_gib
 
@@ -300,7 +300,7 @@ def test_a_signal_stops_a_running_milp(solver, sig, monkeypatch):
     try:  # a MILP that ends first must not leave the signal to land in pytest later
         with pytest.raises(Interrupted) as caught, stop_on_signals():
             timer.start()
-            solve_candidate(cand, pc, limit, solver, 60.0)
+            attempt_candidate(cand, pc, limit, solver, 60.0)
     finally:
         timer.cancel()
     took = time.monotonic() - sent[0]
@@ -320,7 +320,7 @@ def test_ctrl_c_inside_a_milp_reaches_a_python_caller(monkeypatch):
     start = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
-            solve_candidate(cand, pc, limit, "highs", 60.0)
+            attempt_candidate(cand, pc, limit, "highs", 60.0)
     finally:
         timer.cancel()
     assert time.monotonic() - start < 1.0 + STOP_S
@@ -340,7 +340,7 @@ def test_the_deadline_stops_a_running_milp(solver, monkeypatch):
     cand, pc, limit = _hard_milp(monkeypatch)
     before = _children()  # children of earlier tests, alive whatever the MILP does
     start = time.monotonic()
-    sol, status = solve_candidate(cand, pc, limit, solver, deadline=Deadline.after(1.0))
+    sol = attempt_candidate(cand, pc, limit, solver, deadline=Deadline.after(1.0)).solution
     assert time.monotonic() - start < 1.0 + 0.5
     assert sol is None or not sol.proven
     assert not _children() - before

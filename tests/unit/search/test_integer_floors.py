@@ -188,13 +188,14 @@ def test_ordering_identical_ranks_keeps_the_optimum(monkeypatch, m, zero, limit_
     )
     pc = CostTables(model, cluster, JobSpec(global_batch_size=8 * m, seq_len=4096)).pipeline(cand)
     limit = memory_limit_gib(cluster) * limit_scale
-    with_rows, status = ilp.solve_candidate(cand, pc, limit, "highs")
+    got = ilp.attempt_candidate(cand, pc, limit, "highs")
+    with_rows, status = got.solution, got.status
     prob, _, _ = ilp.candidate_problem("probe", pc, limit, MODES, 1.0, symmetry=True)
     ordered = sorted(int(c.name.split("_")[1]) for c in prob.constraints.values() if c.name.startswith("order_"))
     in_flight = [min(m, pc.pp - r) for r in range(pc.pp)]
     assert ordered == [r for r in range(1, pc.pp - 2) if in_flight[r] == in_flight[r + 1]]
     monkeypatch.setattr(ilp, "_order_identical_ranks", lambda *args: None)
-    without, _ = ilp.solve_candidate(cand, pc, limit, "highs")
+    without = ilp.attempt_candidate(cand, pc, limit, "highs").solution
     assert (with_rows is None) == (without is None), status
     if with_rows is not None:
         assert with_rows.proven and without.proven
