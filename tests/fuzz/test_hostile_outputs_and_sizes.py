@@ -249,4 +249,6 @@ def test_solve_of_a_model_that_fits_nowhere_ends(work, limit):
         1,
         seconds=10.0 if not limit else 6.0,
     )
-    assert "no layout fits" in line, line
+    # with the time limit the search may stop before the least memory is known: "no layout any of
+    # the stacks can express fits in ..., --time-limit ran out ..." is the same refusal
+    assert line.startswith("error: no layout") and " fits" in line, line
