@@ -287,11 +287,15 @@ def _noise(layouts: list[Measured]) -> Noise:
     return Noise(ASSUMED_SIGMA)
 
 
+def _spread(a: Measured, b: Measured, noise: Noise) -> float:
+    """NOISE_Z sigma of the difference of the two layouts' log medians (of so many measurements)."""
+    return NOISE_Z * noise.sigma * math.sqrt(1 / len(a.values) + 1 / len(b.values))
+
+
 def _close(a: Measured, b: Measured, noise: Noise, tolerance: float) -> bool:
     """Whether b cannot be told from a: their medians differ by no more than the tolerance or
-    NOISE_Z sigma of the difference of two medians of so many measurements."""
-    spread = NOISE_Z * noise.sigma * math.sqrt(1 / len(a.values) + 1 / len(b.values))
-    return abs(math.log(b.per_token / a.per_token)) <= max(math.log1p(tolerance), spread)
+    the noise of their difference (_spread)."""
+    return abs(math.log(b.per_token / a.per_token)) <= max(math.log1p(tolerance), _spread(a, b, noise))
 
 
 def observations(
@@ -464,8 +468,9 @@ class _State:
             return []  # the rest of the budget explores: a tie is reported rather than resolved
         left = min(left, allowed)
         for other in layouts[1:]:
-            spread = NOISE_Z * noise.sigma * math.sqrt(1 / len(best.values) + 1 / len(other.values))
-            if spread <= math.log1p(self.budget.tolerance) or not _close(best, other, noise, self.budget.tolerance):
+            if _spread(best, other, noise) <= math.log1p(self.budget.tolerance) or not _close(
+                best, other, noise, self.budget.tolerance
+            ):
                 continue
             keys = [m.key for m in (best, other) if len(m.values) < MAX_MEASURES]
             if keys:
@@ -614,6 +619,7 @@ def tune(
         bound = min([c.low for c in untried] + ([floor] if not complete else []), default=math.inf)
         margin = (best - bound) / best if bound < math.inf else 0.0
     layouts, counted = count_layouts(request)
+    tied = state.tied()
     return TuneResult(
         request,
         state.records,
@@ -627,7 +633,7 @@ def tune(
         counted,
         noise=state.noise(),
         measured=state.measured(),
-        tied=state.tied() if len(state.tied()) > 1 else [],
+        tied=tied if len(tied) > 1 else [],
         held_out_error=held_out_error(state),
     )
 

@@ -12,51 +12,19 @@ import statistics
 import pytest
 
 from cost_models.estimate import estimate as predict
-from cost_models.fit import with_constants
-from planner import api
-from planner.specs import ModelSpec, Uncertainty
 from planner.tune.journal import TrialRecord
 from planner.tune.loop import (
     NOISE_Z,
     Budget,
     Measured,
-    TuneRequest,
     _close,
     _noise,
     observations,
-    search,
     tune,
 )
 from tests.fakes import FakeExecutor
 
-MODEL = ModelSpec(
-    name="tune-noise",
-    num_layers=8,
-    hidden_size=1024,
-    num_heads=16,
-    vocab_size=32000,
-    max_seq_len=2048,
-    dropout=False,
-    source="tests/unit/tune/test_tune_noise.py",
-)
-TRUE = (0.6, 20.0, 0.4)
-PRIOR = (0.7206, 49.922, 0.805)
-PRIOR_INTERVAL = Uncertainty(relative=0.1544, coverage=0.8, compute=0.1467, communication=1.572)
-
-
-@pytest.fixture(scope="module")
-def request_():
-    cluster = with_constants(api.load_cluster("dgx-a100-80gb"), "generic", PRIOR, uncertainty=PRIOR_INTERVAL)
-    return TuneRequest(
-        MODEL, cluster, 4, {"global_batch": 16, "seq_len": 2048, "fixes": ["sp=false", "recompute=none", "mbs=2"]}
-    )
-
-
-@pytest.fixture(scope="module")
-def space(request_):
-    listed, complete = search(request_, request_.cluster, 1000)
-    assert complete
-    return listed
+from tests.unit.tune.conftest import MODEL, TRUE  # and the fixtures request_ and space
 
 
 def _truth(request_, space, executor) -> dict:
